@@ -1,0 +1,22 @@
+//! The weightstream API, `weightstream.dev/v1alpha1`: the [`TrainingJob`] a user declares and the status the
+//! appliance reports. It depends on no other crate of ours, so the operator, the runtime and `wsctl` all parse
+//! and validate jobs through exactly this code.
+
+mod spec;
+mod status;
+mod validate;
+
+pub use spec::*;
+pub use status::*;
+pub use validate::{parse_training_job, ApiError};
+
+/// The API group, for code that builds references to jobs by hand.
+pub const GROUP: &str = "weightstream.dev";
+/// The API version of the types in this crate.
+pub const VERSION: &str = "v1alpha1";
+
+/// The CustomResourceDefinition as YAML, generated from the types so the checked-in copy can be compared with it.
+pub fn crd_yaml() -> Result<String, ApiError> {
+    use kube::CustomResourceExt;
+    serde_yaml::to_string(&TrainingJob::crd()).map_err(|e| ApiError::Internal(e.to_string()))
+}

@@ -1,0 +1,270 @@
+//! The `TrainingJob` spec: what a user declares. Everything that runs a job — `wsctl run`, `wsctl plan`
+//! and the operator — reads it through these types, so a manifest means the same thing everywhere.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::status::TrainingJobStatus;
+
+/// A training job for the appliance: a model, its data, how to train it, and how many CS-2 systems to use.
+///
+/// The user never says how the model is distributed: the appliance assembles MemoryX, the SwarmX tree and one
+/// engine per CS-2 from this alone.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "weightstream.dev",
+    version = "v1alpha1",
+    kind = "TrainingJob",
+    plural = "trainingjobs",
+    shortname = "tj",
+    namespaced,
+    status = "TrainingJobStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"CS-2","type":"integer","jsonPath":".spec.cs2"}"#,
+    printcolumn = r#"{"name":"Step","type":"integer","jsonPath":".status.step"}"#,
+    printcolumn = r#"{"name":"Loss","type":"number","jsonPath":".status.loss"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TrainingJobSpec {
+    /// How many CS-2 systems (one engine each) train the model data-parallel. The global batch is split
+    /// evenly over them, so it must be divisible by this count.
+    #[serde(default = "default_cs2")]
+    #[schemars(range(min = 1, max = 192))]
+    pub cs2: u32,
+    /// The network to train.
+    pub model: ModelSpec,
+    /// Where the training and held-out examples come from.
+    pub data: DataSpec,
+    /// Batch, length of training, seed, optimizer and learning-rate schedule.
+    pub training: TrainingSpec,
+    /// How often MemoryX writes a checkpoint of weights and optimizer state.
+    #[serde(default)]
+    pub checkpoint: CheckpointSpec,
+    /// Which engine the CS-2 systems carry, and its SRAM budget.
+    #[serde(default)]
+    pub engine: EngineSpec,
+    /// Whether weights stay resident on the engine or are streamed layer by layer.
+    #[serde(default)]
+    pub execution_mode: ExecutionMode,
+}
+
+fn default_cs2() -> u32 {
+    1
+}
+
+/// The network. Kind-specific fields sit beside `kind` so the schema stays structural for Kubernetes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelSpec {
+    /// The model family.
+    pub kind: ModelKind,
+    /// Widths from input to output for an `mlp`, e.g. `[784, 512, 512, 10]`: one weight layer per adjacent pair.
+    #[serde(default)]
+    pub layers: Vec<u32>,
+    /// The non-linearity between layers.
+    #[serde(default)]
+    pub activation: Activation,
+    /// Fraction of each weight matrix that is zero, fixed by a seeded random mask. Only non-zeros are streamed
+    /// and computed on, so 0.9 streams and multiplies a tenth of the weights.
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 0.99))]
+    pub sparsity: f64,
+}
+
+/// Model families the appliance can build.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ModelKind {
+    /// A fully connected network (the seeds' FC-MNIST).
+    Mlp,
+}
+
+/// Element-wise non-linearities.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Activation {
+    /// max(0, x).
+    #[default]
+    Relu,
+    /// The tanh approximation of x·Φ(x), as in GPT-2.
+    Gelu,
+}
+
+/// The data set.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataSpec {
+    /// The data set format.
+    pub kind: DataKind,
+    /// Folder holding the files under their standard names (raw or `.gz`); relative paths are taken from the
+    /// current directory of the process that runs the job.
+    pub path: String,
+}
+
+/// Data set formats the appliance reads.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum DataKind {
+    /// MNIST digits in IDX files: `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`, `t10k-…`.
+    Mnist,
+}
+
+/// How to train.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TrainingSpec {
+    /// Samples per optimizer step over all CS-2s together.
+    #[schemars(range(min = 1))]
+    pub batch_size: u32,
+    /// Train for this many optimizer steps (give `steps` or `epochs`, not both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u64>,
+    /// Train for this many passes over the training set (give `steps` or `epochs`, not both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epochs: Option<u32>,
+    /// Seeds initial weights, sparsity masks and data order, so a run can be repeated exactly.
+    #[serde(default)]
+    pub seed: u64,
+    /// The update rule MemoryX applies.
+    pub optimizer: OptimizerSpec,
+    /// How the learning rate changes over the run.
+    #[serde(default)]
+    pub schedule: ScheduleSpec,
+}
+
+/// The optimizer MemoryX runs on the summed gradients.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OptimizerSpec {
+    /// The update rule.
+    pub kind: OptimizerKind,
+    /// Peak learning rate (reached after warm-up).
+    pub learning_rate: f64,
+    /// L2 penalty (`sgd`, `momentum`, `adam`) or decoupled decay (`adamw`); biases are never decayed.
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// Momentum coefficient for `momentum`.
+    #[serde(default = "default_momentum")]
+    pub momentum: f64,
+    /// First-moment decay for `adam`/`adamw`.
+    #[serde(default = "default_beta1")]
+    pub beta1: f64,
+    /// Second-moment decay for `adam`/`adamw`.
+    #[serde(default = "default_beta2")]
+    pub beta2: f64,
+    /// Denominator guard for `adam`/`adamw`.
+    #[serde(default = "default_epsilon")]
+    pub epsilon: f64,
+}
+
+fn default_momentum() -> f64 {
+    0.9
+}
+fn default_beta1() -> f64 {
+    0.9
+}
+fn default_beta2() -> f64 {
+    0.999
+}
+fn default_epsilon() -> f64 {
+    1e-8
+}
+
+/// Update rules.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum OptimizerKind {
+    /// Plain gradient descent.
+    Sgd,
+    /// Gradient descent with heavy-ball momentum.
+    Momentum,
+    /// Adam with L2 penalty folded into the gradient.
+    Adam,
+    /// Adam with decoupled weight decay.
+    Adamw,
+}
+
+/// Linear warm-up, then a constant rate or a cosine decay to `minLearningRate`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScheduleSpec {
+    /// Steps over which the rate ramps linearly from near zero to its peak.
+    #[serde(default)]
+    pub warmup_steps: u64,
+    /// What happens after warm-up.
+    #[serde(default)]
+    pub decay: Decay,
+    /// The floor the cosine decays to.
+    #[serde(default)]
+    pub min_learning_rate: f64,
+}
+
+/// Learning-rate decay after warm-up.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Decay {
+    /// Keep the peak rate.
+    Constant,
+    /// Half a cosine from the peak rate down to the floor at the last step.
+    #[default]
+    Cosine,
+}
+
+/// Checkpointing of MemoryX state.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Write a checkpoint every this many steps (0 turns periodic checkpoints off; the final state is always
+    /// written when a checkpoint directory is given).
+    #[serde(default)]
+    pub interval_steps: u64,
+    /// How many checkpoints to keep; older ones are removed once a newer one is complete.
+    #[serde(default = "default_keep")]
+    pub keep: u32,
+}
+
+fn default_keep() -> u32 {
+    3
+}
+
+/// The engine each CS-2 carries.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EngineSpec {
+    /// The engine generation, which sets the SRAM size and speed the simulation uses.
+    #[serde(default)]
+    pub preset: EnginePreset,
+    /// Override the preset's on-chip SRAM in bytes, e.g. to check that a model too large for the engine still
+    /// trains by weight streaming.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub sram_bytes: Option<u64>,
+}
+
+/// Engine generations.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum EnginePreset {
+    /// WSE-2, as in the CS-2 system.
+    #[default]
+    Wse2,
+    /// WSE-3.
+    Wse3,
+    /// A scaled-down engine for tests.
+    Tiny,
+}
+
+/// How weights reach the engine.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ExecutionMode {
+    /// Pipelined when all weights fit the engine's SRAM beside the activations, weight streaming otherwise.
+    #[default]
+    Auto,
+    /// All weights resident on the engine.
+    Pipelined,
+    /// Weights streamed from MemoryX one layer at a time.
+    WeightStreaming,
+}

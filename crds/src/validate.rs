@@ -1,0 +1,225 @@
+//! Parsing and validation: the one place that decides whether a manifest is a job the appliance can run,
+//! and that says in one line what is wrong and how to fix it when it is not.
+
+use crate::spec::{DataKind, ModelKind, TrainingJob, TrainingJobSpec};
+
+/// Why a manifest is not a runnable job. Each message names the field and what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The text is not YAML of the right shape (syntax, an unknown field or value, a missing field).
+    #[error("invalid TrainingJob manifest at {path}: {message}")]
+    Syntax {
+        /// Where in the document the problem is (`spec.model.kind`).
+        path: String,
+        /// What the parser found.
+        message: String,
+    },
+    /// The manifest parses but a value is out of range or inconsistent with another.
+    #[error("invalid TrainingJob: {field}: {message}")]
+    Invalid {
+        /// The offending field (`spec.model.layers[2]`).
+        field: String,
+        /// What is wrong and what would be accepted.
+        message: String,
+    },
+    /// A failure of ours, not of the manifest.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> ApiError {
+    ApiError::Invalid { field: field.into(), message: message.into() }
+}
+
+/// Reads a `TrainingJob` manifest and validates it, so every entry point rejects the same things the same way.
+pub fn parse_training_job(text: &str) -> Result<TrainingJob, ApiError> {
+    if text.trim().is_empty() {
+        return Err(ApiError::Syntax {
+            path: "the document".into(),
+            message: "the file is empty; start from examples/jobs/fc-mnist.yaml".into(),
+        });
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Types {
+        #[serde(default)]
+        api_version: String,
+        #[serde(default)]
+        kind: String,
+    }
+    let syntax = |e: serde_path_to_error::Error<serde_yaml::Error>| {
+        let path = e.path().to_string();
+        ApiError::Syntax {
+            path: if path == "." { "the document".into() } else { path },
+            message: e.into_inner().to_string(),
+        }
+    };
+    let types: Types = serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(syntax)?;
+    let want = format!("{}/{}", crate::GROUP, crate::VERSION);
+    if types.api_version != want || types.kind != "TrainingJob" {
+        return Err(invalid(
+            "apiVersion/kind",
+            format!(
+                "expected apiVersion {want} and kind TrainingJob, found '{}' and '{}'",
+                types.api_version, types.kind
+            ),
+        ));
+    }
+    let job: TrainingJob = serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(syntax)?;
+    job.spec.validate()?;
+    Ok(job)
+}
+
+impl TrainingJobSpec {
+    /// Checks ranges and cross-field rules that the schema alone cannot express for a local run.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        if self.cs2 == 0 || self.cs2 > 192 {
+            return Err(invalid("spec.cs2", format!("{} is out of range: use 1 to 192 CS-2 systems", self.cs2)));
+        }
+        self.validate_model()?;
+        self.validate_training()?;
+        if self.checkpoint.keep == 0 {
+            return Err(invalid("spec.checkpoint.keep", "must keep at least 1 checkpoint"));
+        }
+        if self.engine.sram_bytes == Some(0) {
+            return Err(invalid("spec.engine.sramBytes", "must be at least 1 byte; omit it to use the preset's SRAM"));
+        }
+        Ok(())
+    }
+
+    fn validate_model(&self) -> Result<(), ApiError> {
+        let m = &self.model;
+        if !(m.sparsity.is_finite() && (0.0..=0.99).contains(&m.sparsity)) {
+            return Err(invalid(
+                "spec.model.sparsity",
+                format!("{} is outside [0, 0.99]: use 0 for dense weights, 0.9 for 90% zeros", m.sparsity),
+            ));
+        }
+        match m.kind {
+            ModelKind::Mlp => {
+                if m.layers.len() < 2 {
+                    return Err(invalid(
+                        "spec.model.layers",
+                        "an mlp needs at least an input and an output width, e.g. [784, 512, 512, 10]",
+                    ));
+                }
+                if let Some(i) = m.layers.iter().position(|&w| w == 0) {
+                    return Err(invalid(
+                        format!("spec.model.layers[{i}]"),
+                        "a layer of width 0 has no units: every width must be at least 1",
+                    ));
+                }
+            }
+        }
+        match self.data.kind {
+            DataKind::Mnist => {
+                let (first, last) = (m.layers[0], m.layers[m.layers.len() - 1]);
+                if first != 784 || last != 10 {
+                    return Err(invalid(
+                        "spec.model.layers",
+                        format!(
+                            "mnist has 784 input pixels and 10 classes, so layers must start with 784 and end \
+                             with 10 (found {first} … {last})"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_training(&self) -> Result<(), ApiError> {
+        let t = &self.training;
+        if t.batch_size == 0 {
+            return Err(invalid("spec.training.batchSize", "must be at least 1"));
+        }
+        if t.batch_size % self.cs2 != 0 {
+            return Err(invalid(
+                "spec.training.batchSize",
+                format!(
+                    "{} is not divisible by spec.cs2 = {}: each CS-2 takes an equal shard of the batch",
+                    t.batch_size, self.cs2
+                ),
+            ));
+        }
+        match (t.steps, t.epochs) {
+            (Some(_), Some(_)) => {
+                return Err(invalid("spec.training", "give either steps or epochs, not both"));
+            }
+            (None, None) => return Err(invalid("spec.training", "give the length of training as steps or epochs")),
+            (Some(0), _) => return Err(invalid("spec.training.steps", "must be at least 1")),
+            (_, Some(0)) => return Err(invalid("spec.training.epochs", "must be at least 1")),
+            _ => {}
+        }
+        let o = &t.optimizer;
+        if !(o.learning_rate.is_finite() && o.learning_rate > 0.0) {
+            return Err(invalid("spec.training.optimizer.learningRate", "must be a positive number"));
+        }
+        if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
+            return Err(invalid("spec.training.optimizer.weightDecay", "must be zero or positive"));
+        }
+        for (name, v) in [("momentum", o.momentum), ("beta1", o.beta1), ("beta2", o.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return Err(invalid(format!("spec.training.optimizer.{name}"), format!("{v} is outside [0, 1)")));
+            }
+        }
+        if !(o.epsilon.is_finite() && o.epsilon > 0.0) {
+            return Err(invalid("spec.training.optimizer.epsilon", "must be a positive number"));
+        }
+        let floor = t.schedule.min_learning_rate;
+        if !(floor.is_finite() && floor >= 0.0 && floor <= o.learning_rate) {
+            return Err(invalid(
+                "spec.training.schedule.minLearningRate",
+                format!("{floor} must lie between 0 and the learning rate {}", o.learning_rate),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+apiVersion: weightstream.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: t}
+spec:
+  cs2: 2
+  model: {kind: mlp, layers: [784, 32, 10], sparsity: 0.5}
+  data: {kind: mnist, path: examples/data/mnist}
+  training:
+    batchSize: 64
+    epochs: 1
+    optimizer: {kind: adamw, learningRate: 0.001}
+"#;
+
+    fn err(text: &str) -> String {
+        parse_training_job(text).expect_err("should be rejected").to_string()
+    }
+
+    #[test]
+    fn a_good_job_parses_with_defaults() {
+        let job = parse_training_job(GOOD).expect("valid");
+        assert_eq!(job.spec.cs2, 2);
+        assert_eq!(job.spec.checkpoint.keep, 3);
+        assert_eq!(job.spec.training.optimizer.beta2, 0.999);
+    }
+
+    #[test]
+    fn bad_manifests_name_the_field() {
+        assert!(err("spec: [").contains("invalid TrainingJob manifest"));
+        assert!(err(&GOOD.replace("kind: mlp", "kind: cnn")).contains("spec.model.kind"));
+        assert!(err(&GOOD.replace("[784, 32, 10]", "[784, 0, 10]")).contains("spec.model.layers[1]"));
+        assert!(err(&GOOD.replace("0.5}", "1.5}")).contains("spec.model.sparsity"));
+        assert!(err(&GOOD.replace("0.5}", "-0.1}")).contains("spec.model.sparsity"));
+        assert!(err(&GOOD.replace("batchSize: 64", "batchSize: 63")).contains("not divisible"));
+        assert!(err(&GOOD.replace("epochs: 1", "epochs: 1\n    steps: 4")).contains("not both"));
+        assert!(err(&GOOD.replace("learningRate: 0.001", "learningRate: 0")).contains("learningRate"));
+        assert!(err(&GOOD.replace("[784, 32, 10]", "[700, 32, 10]")).contains("784"));
+        assert!(err(&GOOD.replace("sparsity: 0.5", "sparsity: 0.5, depth: 3")).contains("unknown field"));
+        assert!(err(&GOOD.replace("weightstream.dev/v1alpha1", "v1")).contains("apiVersion"));
+        assert!(err("").contains("empty"));
+    }
+}

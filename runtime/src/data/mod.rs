@@ -1,0 +1,120 @@
+//! Training data: readers for the data sets a job can name, and the seeded order in which samples are dealt
+//! into batches and the batches into per-engine shards.
+
+pub mod mnist;
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::engine::Shard;
+use crate::tensor::Mat;
+
+/// Labelled examples with their features as bytes, turned into engine activations on demand.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dataset {
+    /// Features per sample.
+    pub features: usize,
+    /// Sample-major feature bytes (`samples × features`).
+    pub pixels: Vec<u8>,
+    /// One class per sample.
+    pub labels: Vec<u8>,
+}
+
+impl Dataset {
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// True when there are no samples.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// The shard of `indices` as the engine holds it: features first, scaled to MNIST's usual zero mean and
+    /// unit variance.
+    pub fn shard(&self, indices: &[u32]) -> Shard {
+        const MEAN: f32 = 0.1307;
+        const STD: f32 = 0.3081;
+        let n = indices.len();
+        let mut inputs = Mat::zeros(self.features, n);
+        for (j, &i) in indices.iter().enumerate() {
+            let row = &self.pixels[i as usize * self.features..(i as usize + 1) * self.features];
+            for (f, &p) in row.iter().enumerate() {
+                inputs.data[f * n + j] = (p as f32 / 255.0 - MEAN) / STD;
+            }
+        }
+        Shard { inputs, labels: indices.iter().map(|&i| self.labels[i as usize]).collect() }
+    }
+}
+
+/// Deals samples into batches: a fresh seeded permutation every epoch, full batches only.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    samples: usize,
+    batch: usize,
+    seed: u64,
+}
+
+impl Sampler {
+    /// Batches of `batch` from `samples` examples, ordered by `seed`.
+    pub fn new(samples: usize, batch: usize, seed: u64) -> Self {
+        Sampler { samples, batch, seed }
+    }
+
+    /// Full batches per epoch (a trailing partial batch is left out).
+    pub fn steps_per_epoch(&self) -> u64 {
+        (self.samples / self.batch.max(1)) as u64
+    }
+
+    /// The sample indices of global step `step` (0-based).
+    pub fn batch(&self, step: u64) -> Vec<u32> {
+        let per_epoch = self.steps_per_epoch().max(1);
+        let epoch = step / per_epoch;
+        let mut order: Vec<u32> = (0..self.samples as u32).collect();
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(self.seed.wrapping_add(epoch.wrapping_mul(0x2545_F491))));
+        let start = (step % per_epoch) as usize * self.batch;
+        order[start..start + self.batch].to_vec()
+    }
+}
+
+/// Splits `indices` into `parts` contiguous shards whose sizes differ by at most one: engine `i` always takes
+/// the `i`-th, so the split depends only on the engine count.
+pub fn split_even(indices: &[u32], parts: usize) -> Vec<&[u32]> {
+    let parts = parts.max(1);
+    let (base, extra) = (indices.len() / parts, indices.len() % parts);
+    let mut out = Vec::with_capacity(parts);
+    let mut start = 0;
+    for i in 0..parts {
+        let len = base + usize::from(i < extra);
+        out.push(&indices[start..start + len]);
+        start += len;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_cover_each_epoch_once_and_repeat_by_seed() {
+        let s = Sampler::new(10, 3, 42);
+        assert_eq!(s.steps_per_epoch(), 3);
+        let mut seen: Vec<u32> = (0..3).flat_map(|k| s.batch(k)).collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 9, "one epoch draws distinct samples");
+        assert_eq!(s.batch(4), Sampler::new(10, 3, 42).batch(4));
+        assert_ne!(s.batch(0), s.batch(3), "a new epoch reshuffles");
+    }
+
+    #[test]
+    fn shards_are_even() {
+        let idx: Vec<u32> = (0..10).collect();
+        let parts = split_even(&idx, 4);
+        assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), vec![3, 3, 2, 2]);
+        assert_eq!(parts.concat(), idx);
+    }
+}

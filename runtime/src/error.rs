@@ -1,0 +1,49 @@
+//! The runtime's one error type: every failure a job can meet, each worded so the user knows what to change.
+
+/// Why a job could not run or continue.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The manifest is not a runnable job.
+    #[error(transparent)]
+    Spec(#[from] crds::ApiError),
+    /// The data set is missing, truncated or not what the job says it is.
+    #[error("data: {0}")]
+    Data(String),
+    /// An engine was asked to hold more than its SRAM.
+    #[error(
+        "{engine}: SRAM budget exceeded: {what} needs {} but the engine has {}; lower spec.training.batchSize, \
+         raise spec.cs2 to split the batch over more engines, or raise spec.engine.sramBytes",
+        crate::units::bytes(*needed), crate::units::bytes(*available)
+    )]
+    OutOfSram {
+        /// Which engine.
+        engine: String,
+        /// What it was holding when the budget ran out.
+        what: String,
+        /// Bytes it needed.
+        needed: u64,
+        /// Bytes it has.
+        available: u64,
+    },
+    /// A role received a message that does not fit the job (unknown layer, wrong shape, out of order).
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// Reading or writing files of the job's output or checkpoints failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, with the path.
+        context: String,
+        /// The underlying failure.
+        source: std::io::Error,
+    },
+}
+
+/// Shorthand used across the runtime.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An I/O error with the path or action it happened on.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { context: context.into(), source }
+    }
+}

@@ -1,0 +1,377 @@
+//! Unstructured sparse kernels, written the way the wafer runs them: one AXPY per non-zero weight over the
+//! token dimension, and a dot product per non-zero for the weight gradient.
+//!
+//! A [`SparsePattern`] is a static mask stored compressed by lines (rows for the forward pass, columns for the
+//! backward pass). Lines are stored in decreasing order of their non-zero count and dealt round-robin to the
+//! workers, so the heaviest lines are spread out and no worker is left with the tail. Two kernels cover all
+//! three products of a sparse linear layer:
+//! - [`gather`]: `dst[line] = Σ values[k] · src[idx[k]]` — forward `Y = W·X` on the row pattern, and backward
+//!   `dX = Wᵀ·dY` on the column pattern.
+//! - [`sddmm`]: `out[k] = a[line] · b[idx[k]]` — the weight gradient, computed only where the mask has a weight.
+
+use multiversion::multiversion;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+
+use crate::tensor::Mat;
+
+/// Tokens processed per tile: the tile of the source rows stays in cache while every line is visited, and the
+/// accumulator of one line fits in vector registers.
+const TILE: usize = 64;
+
+/// A static sparsity mask in compressed form: for each stored line, the inner indices of its non-zeros.
+///
+/// Values are kept apart (they change every step, the mask never does), in the order of `idx`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SparsePattern {
+    outer: usize,
+    inner: usize,
+    order: Vec<u32>,
+    ptr: Vec<u32>,
+    idx: Vec<u32>,
+}
+
+impl SparsePattern {
+    /// A seeded random mask over a `rows × cols` matrix keeping each weight with probability `density`:
+    /// unstructured, as the seeds' sparse models are. Stored by rows.
+    pub fn random(rows: usize, cols: usize, density: f64, seed: u64) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let lines = (0..rows)
+            .map(|_| (0..cols as u32).filter(|_| rng.random_bool(density.clamp(0.0, 1.0))).collect())
+            .collect();
+        Self::from_lines(rows, cols, lines)
+    }
+
+    /// Builds the compressed form from each line's inner indices (in line order), sorting lines by
+    /// decreasing non-zero count.
+    pub fn from_lines(outer: usize, inner: usize, lines: Vec<Vec<u32>>) -> Self {
+        assert_eq!(lines.len(), outer, "from_lines: {outer} lines expected");
+        let mut order: Vec<u32> = (0..outer as u32).collect();
+        // Stable sort: equal counts keep index order, so the layout is deterministic.
+        order.sort_by_key(|&l| std::cmp::Reverse(lines[l as usize].len()));
+        let mut ptr = Vec::with_capacity(outer + 1);
+        let mut idx = Vec::with_capacity(lines.iter().map(Vec::len).sum());
+        ptr.push(0u32);
+        for &l in &order {
+            let line = &lines[l as usize];
+            debug_assert!(line.iter().all(|&i| (i as usize) < inner));
+            idx.extend_from_slice(line);
+            ptr.push(idx.len() as u32);
+        }
+        SparsePattern { outer, inner, order, ptr, idx }
+    }
+
+    /// Rebuilds a pattern received over the wire, checking every index so a bad message cannot make a kernel
+    /// read out of bounds.
+    pub fn from_parts(
+        outer: usize,
+        inner: usize,
+        order: Vec<u32>,
+        ptr: Vec<u32>,
+        idx: Vec<u32>,
+    ) -> Result<Self, String> {
+        if order.len() != outer || ptr.len() != outer + 1 {
+            return Err(format!("pattern of {outer} lines has {} line ids and {} pointers", order.len(), ptr.len()));
+        }
+        if ptr[0] != 0 || ptr.windows(2).any(|w| w[0] > w[1]) || ptr[outer] as usize != idx.len() {
+            return Err("pattern pointers are not increasing from 0 to the non-zero count".into());
+        }
+        let mut seen = vec![false; outer];
+        for &l in &order {
+            let slot = seen.get_mut(l as usize).ok_or_else(|| format!("line id {l} is outside 0..{outer}"))?;
+            if std::mem::replace(slot, true) {
+                return Err(format!("line id {l} appears twice"));
+            }
+        }
+        if let Some(&bad) = idx.iter().find(|&&i| i as usize >= inner) {
+            return Err(format!("index {bad} is outside 0..{inner}"));
+        }
+        Ok(SparsePattern { outer, inner, order, ptr, idx })
+    }
+
+    /// The same mask stored by the other dimension, and for each of its non-zeros the position of that
+    /// non-zero in `self`: MemoryX uses it to stream values in the order the backward pass consumes them.
+    pub fn transpose(&self) -> (SparsePattern, Vec<u32>) {
+        let mut lines: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.inner];
+        for s in 0..self.outer {
+            let line = self.order[s];
+            for k in self.ptr[s] as usize..self.ptr[s + 1] as usize {
+                lines[self.idx[k] as usize].push((line, k as u32));
+            }
+        }
+        let perm_lines: Vec<Vec<u32>> = lines.iter().map(|l| l.iter().map(|&(_, k)| k).collect()).collect();
+        let idx_lines: Vec<Vec<u32>> = lines.into_iter().map(|l| l.into_iter().map(|(i, _)| i).collect()).collect();
+        let t = SparsePattern::from_lines(self.inner, self.outer, idx_lines);
+        let mut perm = Vec::with_capacity(self.nnz());
+        for &l in &t.order {
+            perm.extend_from_slice(&perm_lines[l as usize]);
+        }
+        (t, perm)
+    }
+
+    /// Number of stored lines (rows of the matrix the pattern was built by).
+    pub fn outer(&self) -> usize {
+        self.outer
+    }
+
+    /// Length of each line (the other dimension).
+    pub fn inner(&self) -> usize {
+        self.inner
+    }
+
+    /// Number of non-zeros.
+    pub fn nnz(&self) -> usize {
+        self.idx.len()
+    }
+
+    /// Line id of each stored line, heaviest first.
+    pub fn order(&self) -> &[u32] {
+        &self.order
+    }
+
+    /// Stored line `s` spans `idx()[ptr()[s]..ptr()[s+1]]`.
+    pub fn ptr(&self) -> &[u32] {
+        &self.ptr
+    }
+
+    /// Inner index of each non-zero, tagging its value as the wafer's weight messages are tagged.
+    pub fn idx(&self) -> &[u32] {
+        &self.idx
+    }
+
+    /// Non-zeros per line in line-id order, for balance statistics and the cost model.
+    pub fn line_counts(&self) -> Vec<u32> {
+        let mut counts = vec![0; self.outer];
+        for s in 0..self.outer {
+            counts[self.order[s] as usize] = self.ptr[s + 1] - self.ptr[s];
+        }
+        counts
+    }
+
+    /// Bytes of the pattern on the wire: a 4-byte index per non-zero plus line ids and pointers.
+    pub fn wire_bytes(&self) -> u64 {
+        4 * (self.idx.len() + self.order.len() + self.ptr.len()) as u64
+    }
+
+    /// The dense `outer × inner` matrix holding `values` at the mask's positions (for references and tests).
+    pub fn to_dense(&self, values: &[f32]) -> Mat {
+        let mut m = Mat::zeros(self.outer, self.inner);
+        for s in 0..self.outer {
+            let line = self.order[s] as usize;
+            for k in self.ptr[s] as usize..self.ptr[s + 1] as usize {
+                m.data[line * self.inner + self.idx[k] as usize] = values[k];
+            }
+        }
+        m
+    }
+}
+
+/// A pointer through which workers write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct Disjoint(*mut f32);
+// SAFETY: shared only between workers that write provably disjoint ranges (see the callers).
+unsafe impl Send for Disjoint {}
+unsafe impl Sync for Disjoint {}
+
+fn workers(work: usize) -> usize {
+    if work < super::PARALLEL_MIN_FLOPS { 1 } else { rayon::current_num_threads().max(1) }
+}
+
+/// `dst[order[s], :] = Σ_k values[k] · src[idx[k], :]` for every stored line `s`: one AXPY per non-zero.
+///
+/// `src` has a row per inner index and `dst` a row per line; both have one column per token.
+pub fn gather(p: &SparsePattern, values: &[f32], src: &Mat, dst: &mut Mat) {
+    assert_eq!(values.len(), p.nnz(), "gather: {} values for {} non-zeros", values.len(), p.nnz());
+    assert_eq!(src.rows, p.inner, "gather: source has {} rows, pattern needs {}", src.rows, p.inner);
+    assert_eq!((dst.rows, dst.cols), (p.outer, src.cols), "gather: destination shape");
+    let n = workers(p.nnz() * src.cols);
+    let out = Disjoint(dst.data.as_mut_ptr());
+    (0..n).into_par_iter().for_each(|w| {
+        // SAFETY: worker `w` writes only rows `order[s]` for `s ≡ w (mod n)`; `order` is a permutation
+        // (checked by every constructor), so no two workers touch the same row, and each row lies inside `dst`.
+        unsafe { gather_worker(p, values, &src.data, src.cols, out, w, n) }
+    });
+}
+
+#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+unsafe fn gather_worker(
+    p: &SparsePattern,
+    values: &[f32],
+    src: &[f32],
+    tokens: usize,
+    out: Disjoint,
+    w: usize,
+    n: usize,
+) {
+    let mut t0 = 0;
+    while t0 < tokens {
+        let tl = TILE.min(tokens - t0);
+        let mut s = w;
+        while s < p.outer {
+            let line = p.order[s] as usize;
+            let nz = p.ptr[s] as usize..p.ptr[s + 1] as usize;
+            // SAFETY: see `gather`: row `line` belongs to this worker alone and lies inside the buffer.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(line * tokens + t0), tl) };
+            if tl == TILE {
+                let mut acc = [0.0f32; TILE];
+                for k in nz {
+                    let v = values[k];
+                    let off = p.idx[k] as usize * tokens + t0;
+                    let x = &src[off..off + TILE];
+                    for j in 0..TILE {
+                        acc[j] += v * x[j];
+                    }
+                }
+                dst.copy_from_slice(&acc);
+            } else {
+                dst.fill(0.0);
+                for k in nz {
+                    let v = values[k];
+                    let x = &src[p.idx[k] as usize * tokens + t0..][..tl];
+                    for (d, &xj) in dst.iter_mut().zip(x) {
+                        *d += v * xj;
+                    }
+                }
+            }
+            s += n;
+        }
+        t0 += tl;
+    }
+}
+
+/// `out[k] = a[order[s], :] · b[idx[k], :]` for every non-zero `k` of line `s`: the sampled dense-dense product
+/// that gives a weight gradient only where the mask holds a weight.
+pub fn sddmm(p: &SparsePattern, a: &Mat, b: &Mat, out: &mut [f32]) {
+    assert_eq!(out.len(), p.nnz(), "sddmm: {} outputs for {} non-zeros", out.len(), p.nnz());
+    assert_eq!(a.rows, p.outer, "sddmm: a has {} rows, pattern has {} lines", a.rows, p.outer);
+    assert_eq!(b.rows, p.inner, "sddmm: b has {} rows, pattern needs {}", b.rows, p.inner);
+    assert_eq!(a.cols, b.cols, "sddmm: token counts differ");
+    let n = workers(p.nnz() * a.cols);
+    let dst = Disjoint(out.as_mut_ptr());
+    (0..n).into_par_iter().for_each(|w| {
+        // SAFETY: worker `w` writes only `out[ptr[s]..ptr[s+1]]` for `s ≡ w (mod n)`; these ranges are
+        // disjoint and inside `out` because `ptr` increases from 0 to nnz (checked by every constructor).
+        unsafe { sddmm_worker(p, &a.data, &b.data, a.cols, dst, w, n) }
+    });
+}
+
+#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+unsafe fn sddmm_worker(p: &SparsePattern, a: &[f32], b: &[f32], tokens: usize, out: Disjoint, w: usize, n: usize) {
+    let mut t0 = 0;
+    while t0 < tokens {
+        let tl = TILE.min(tokens - t0);
+        let mut s = w;
+        while s < p.outer {
+            let line = p.order[s] as usize;
+            let (lo, hi) = (p.ptr[s] as usize, p.ptr[s + 1] as usize);
+            // SAFETY: see `sddmm`: this range of `out` belongs to this worker alone.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(lo), hi - lo) };
+            let arow = &a[line * tokens + t0..][..tl];
+            for (d, &i) in dst.iter_mut().zip(&p.idx[lo..hi]) {
+                let brow = &b[i as usize * tokens + t0..][..tl];
+                let part = dot(arow, brow);
+                *d = if t0 == 0 { part } else { *d + part };
+            }
+            s += n;
+        }
+        t0 += tl;
+    }
+}
+
+/// A dot product with eight independent partial sums, so the compiler can keep a vector of them in flight.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::reference;
+
+    fn random_mat(rows: usize, cols: usize, seed: u64) -> Mat {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        Mat::from_vec(rows, cols, (0..rows * cols).map(|_| rng.random_range(-1.0..1.0)).collect())
+    }
+
+    fn close(a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "element {i}: {x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn mask_density_and_order() {
+        let p = SparsePattern::random(200, 300, 0.1, 7);
+        let density = p.nnz() as f64 / 60_000.0;
+        assert!((density - 0.1).abs() < 0.01, "density {density}");
+        let counts: Vec<u32> = p.ptr.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(counts.windows(2).all(|w| w[0] >= w[1]), "lines are stored heaviest first");
+        assert_eq!(SparsePattern::random(200, 300, 0.1, 7), p, "same seed, same mask");
+        assert_ne!(SparsePattern::random(200, 300, 0.1, 8), p);
+    }
+
+    #[test]
+    fn kernels_match_the_dense_reference() {
+        // Token counts around the tile size exercise both the full-tile and the remainder paths; the large
+        // case runs on several workers.
+        for &(rows, cols, tokens, density) in
+            &[(17, 23, 5, 0.3), (64, 48, 64, 0.5), (130, 70, 150, 0.1), (300, 500, 200, 0.2), (8, 9, 3, 0.0)]
+        {
+            let p = SparsePattern::random(rows, cols, density, 3);
+            let mut rng = ChaCha8Rng::seed_from_u64(5);
+            let values: Vec<f32> = (0..p.nnz()).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let w = p.to_dense(&values);
+            let x = random_mat(cols, tokens, 11);
+            let dy = random_mat(rows, tokens, 13);
+
+            let mut y = Mat::zeros(rows, tokens);
+            gather(&p, &values, &x, &mut y);
+            close(&y.data, &reference::matmul(&w, &x).data);
+
+            let (t, perm) = p.transpose();
+            let tvalues: Vec<f32> = perm.iter().map(|&k| values[k as usize]).collect();
+            let mut dx = Mat::zeros(cols, tokens);
+            gather(&t, &tvalues, &dy, &mut dx);
+            close(&dx.data, &reference::matmul(&reference::transpose(&w), &dy).data);
+
+            let mut g = vec![0.0; p.nnz()];
+            sddmm(&p, &dy, &x, &mut g);
+            close(&g, &reference::sddmm(&p, &dy, &x));
+            let mut gt = vec![0.0; t.nnz()];
+            sddmm(&t, &x, &dy, &mut gt);
+            let back: Vec<f32> = {
+                let mut v = vec![0.0; p.nnz()];
+                for (kt, &k) in perm.iter().enumerate() {
+                    v[k as usize] = gt[kt];
+                }
+                v
+            };
+            close(&back, &g);
+        }
+    }
+
+    #[test]
+    fn wire_patterns_are_checked() {
+        let p = SparsePattern::random(10, 12, 0.3, 1);
+        let ok = SparsePattern::from_parts(10, 12, p.order.clone(), p.ptr.clone(), p.idx.clone());
+        assert_eq!(ok.as_ref(), Ok(&p));
+        let mut bad_idx = p.idx.clone();
+        bad_idx[0] = 12;
+        assert!(SparsePattern::from_parts(10, 12, p.order.clone(), p.ptr.clone(), bad_idx).is_err());
+        let mut dup = p.order.clone();
+        dup[1] = dup[0];
+        assert!(SparsePattern::from_parts(10, 12, dup, p.ptr.clone(), p.idx.clone()).is_err());
+        assert!(SparsePattern::from_parts(10, 12, p.order.clone(), p.ptr[..5].to_vec(), p.idx.clone()).is_err());
+    }
+}

@@ -1,0 +1,212 @@
+//! MemoryX: the store that owns every weight and all optimizer state. It streams each layer to the engines
+//! (forward, then again backward), receives the summed gradients and runs the optimizer. The engines never hold
+//! the model; MemoryX never computes activations.
+
+use std::sync::{Arc, RwLock};
+
+use crds::{OptimizerSpec, ScheduleSpec};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::error::{Error, Result};
+use crate::kernels::sparse::SparsePattern;
+use crate::model::{LinearShape, ModelLayout};
+use crate::optim::{self, OptState};
+use crate::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
+
+/// What the training loop needs from MemoryX; a gRPC client implements it the same way as [`MemoryX`].
+///
+/// Methods take `&self` so the next layer can be streamed while the current one's gradient is applied.
+pub trait WeightStore: Sync {
+    /// Layer `layer`'s weights for the forward pass: non-zeros tagged by output row when sparse.
+    fn forward_stream(&self, layer: usize) -> Result<LayerStream>;
+    /// Layer `layer`'s weights for the backward pass, ordered by input column; the first layer sends only
+    /// its mask (or nothing when dense), since no delta flows past it.
+    fn backward_stream(&self, layer: usize) -> Result<LayerStream>;
+    /// Runs the optimizer on layer `grad.layer` with the gradients summed over all engines for step `step`
+    /// (0-based). A step's gradient is applied exactly once: a repeat or a skip is refused.
+    fn apply(&self, grad: &LayerGrad, step: u64) -> Result<()>;
+}
+
+/// The static mask of a sparse layer in both orders, and the map between them.
+#[derive(Debug)]
+struct Masks {
+    by_row: Arc<SparsePattern>,
+    by_col: Arc<SparsePattern>,
+    /// For each non-zero in column order, its position in row order.
+    col_to_row: Vec<u32>,
+}
+
+#[derive(Debug)]
+struct LayerState {
+    shape: LinearShape,
+    /// Dense: row-major `outputs × inputs`. Sparse: non-zeros in row-pattern order.
+    weights: Vec<f32>,
+    bias: Vec<f32>,
+    weights_opt: OptState,
+    bias_opt: OptState,
+    masks: Option<Masks>,
+    /// Optimizer steps applied so far: the next gradient must be for exactly this step.
+    updates: u64,
+}
+
+/// The in-process MemoryX.
+#[derive(Debug)]
+pub struct MemoryX {
+    layout: ModelLayout,
+    optimizer: OptimizerSpec,
+    schedule: ScheduleSpec,
+    total_steps: u64,
+    layers: Vec<RwLock<LayerState>>,
+}
+
+/// Seed of layer `l`'s mask and initial values, derived from the job seed so layers differ.
+fn layer_seed(seed: u64, l: usize, salt: u64) -> u64 {
+    seed ^ (l as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt
+}
+
+impl MemoryX {
+    /// Initialises every layer from `seed`: masks drawn at the layout's sparsity, weights from a He-scaled
+    /// uniform distribution over each output's actual fan-in, biases at zero.
+    pub fn new(
+        layout: ModelLayout,
+        optimizer: OptimizerSpec,
+        schedule: ScheduleSpec,
+        total_steps: u64,
+        seed: u64,
+    ) -> Self {
+        let layers = layout
+            .linears
+            .iter()
+            .enumerate()
+            .map(|(l, &shape)| {
+                let mut rng = ChaCha8Rng::seed_from_u64(layer_seed(seed, l, 0x5eed));
+                let density = 1.0 - if shape.sparse { layout.sparsity } else { 0.0 };
+                let fan_in = (shape.inputs as f64 * density).max(1.0);
+                let limit = (6.0 / fan_in).sqrt() as f32; // uniform(-a, a) has variance a²/3 = 2 / fan_in
+                let masks = shape.sparse.then(|| {
+                    let by_row =
+                        SparsePattern::random(shape.outputs, shape.inputs, density, layer_seed(seed, l, 0x3a5c));
+                    let (by_col, col_to_row) = by_row.transpose();
+                    Masks { by_row: Arc::new(by_row), by_col: Arc::new(by_col), col_to_row }
+                });
+                let n = masks.as_ref().map_or(shape.dense_weights(), |m| m.by_row.nnz());
+                let weights = (0..n).map(|_| rng.random_range(-limit..limit)).collect();
+                RwLock::new(LayerState {
+                    shape,
+                    weights,
+                    bias: vec![0.0; shape.outputs],
+                    weights_opt: OptState::new(optimizer.kind, n),
+                    bias_opt: OptState::new(optimizer.kind, shape.outputs),
+                    masks,
+                    updates: 0,
+                })
+            })
+            .collect();
+        MemoryX { layout, optimizer, schedule, total_steps, layers }
+    }
+
+    /// The model it stores.
+    pub fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
+    /// Weights actually stored (non-zeros for sparse layers) plus biases.
+    pub fn parameters(&self) -> usize {
+        self.layers
+            .iter()
+            .filter_map(|l| l.read().ok().map(|s| s.weights.len() + s.bias.len()))
+            .sum()
+    }
+
+    /// Each layer's weights as a dense row-major matrix, for tests and inspection.
+    pub fn dense_weights(&self, layer: usize) -> Result<Vec<f32>> {
+        let state = self.read(layer)?;
+        Ok(match &state.masks {
+            Some(m) => m.by_row.to_dense(&state.weights).data,
+            None => state.weights.clone(),
+        })
+    }
+
+    fn read(&self, layer: usize) -> Result<std::sync::RwLockReadGuard<'_, LayerState>> {
+        self.layers
+            .get(layer)
+            .ok_or_else(|| Error::Protocol(format!("layer {layer} requested but the model has {}", self.layers.len())))?
+            .read()
+            .map_err(|_| Error::Protocol(format!("layer {layer}'s state was poisoned by a failed update")))
+    }
+}
+
+impl WeightStore for MemoryX {
+    fn forward_stream(&self, layer: usize) -> Result<LayerStream> {
+        let state = self.read(layer)?;
+        let weights = match &state.masks {
+            Some(m) => WeightPayload::Sparse { pattern: m.by_row.clone(), values: state.weights.clone() },
+            None => WeightPayload::Dense(state.weights.clone()),
+        };
+        Ok(LayerStream { layer, pass: Pass::Forward, weights, bias: state.bias.clone() })
+    }
+
+    fn backward_stream(&self, layer: usize) -> Result<LayerStream> {
+        let state = self.read(layer)?;
+        let weights = match (&state.masks, layer) {
+            (Some(m), 0) => WeightPayload::Mask(m.by_col.clone()),
+            (Some(m), _) => WeightPayload::Sparse {
+                pattern: m.by_col.clone(),
+                values: m.col_to_row.iter().map(|&k| state.weights[k as usize]).collect(),
+            },
+            (None, 0) => WeightPayload::Nothing,
+            (None, _) => WeightPayload::Dense(state.weights.clone()),
+        };
+        Ok(LayerStream { layer, pass: Pass::Backward, weights, bias: Vec::new() })
+    }
+
+    fn apply(&self, grad: &LayerGrad, step: u64) -> Result<()> {
+        let lock = self.layers.get(grad.layer).ok_or_else(|| {
+            Error::Protocol(format!("gradient for layer {} but the model has {} layers", grad.layer, self.layers.len()))
+        })?;
+        let mut state =
+            lock.write().map_err(|_| Error::Protocol(format!("layer {}'s state was poisoned", grad.layer)))?;
+        if step != state.updates {
+            return Err(Error::Protocol(format!(
+                "gradient of step {step} for layer {} refused: the layer expects step {}",
+                grad.layer, state.updates
+            )));
+        }
+        if grad.weights.len() != state.weights.len() || grad.bias.len() != state.shape.outputs {
+            return Err(Error::Protocol(format!(
+                "gradient for layer {} has {} weight and {} bias values; {} and {} expected",
+                grad.layer,
+                grad.weights.len(),
+                grad.bias.len(),
+                state.weights.len(),
+                state.shape.outputs
+            )));
+        }
+        if grad.weights.iter().chain(&grad.bias).any(|g| !g.is_finite()) {
+            return Err(Error::Protocol(format!(
+                "gradient for layer {} holds NaN or infinity; lower the learning rate",
+                grad.layer
+            )));
+        }
+        let reordered;
+        let weight_grads: &[f32] = match &state.masks {
+            Some(m) => {
+                let mut g = vec![0.0; grad.weights.len()];
+                for (kc, &kr) in m.col_to_row.iter().enumerate() {
+                    g[kr as usize] = grad.weights[kc];
+                }
+                reordered = g;
+                &reordered
+            }
+            None => &grad.weights,
+        };
+        let lr = optim::learning_rate(&self.optimizer, &self.schedule, step, self.total_steps);
+        let t = state.updates + 1;
+        let LayerState { weights, bias, weights_opt, bias_opt, .. } = &mut *state;
+        optim::update(&self.optimizer, weights, weight_grads, weights_opt, lr, t, true);
+        optim::update(&self.optimizer, bias, &grad.bias, bias_opt, lr, t, false);
+        state.updates += 1;
+        Ok(())
+    }
+}

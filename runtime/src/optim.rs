@@ -1,0 +1,140 @@
+//! The optimizers MemoryX runs on summed gradients, and the learning-rate schedule. They live with the
+//! weights, not on the engines: the engines never see optimizer state.
+
+use crds::{Decay, OptimizerKind, OptimizerSpec, ScheduleSpec};
+
+/// Per-tensor optimizer state: first and second moments, allocated only by the rules that use them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OptState {
+    /// Momentum buffer or Adam's first moment.
+    pub m: Vec<f32>,
+    /// Adam's second moment.
+    pub v: Vec<f32>,
+}
+
+impl OptState {
+    /// State for a tensor of `n` values under `kind`.
+    pub fn new(kind: OptimizerKind, n: usize) -> Self {
+        match kind {
+            OptimizerKind::Sgd => OptState::default(),
+            OptimizerKind::Momentum => OptState { m: vec![0.0; n], v: Vec::new() },
+            OptimizerKind::Adam | OptimizerKind::Adamw => OptState { m: vec![0.0; n], v: vec![0.0; n] },
+        }
+    }
+
+    /// Values per parameter this state adds to MemoryX (0, 1 or 2).
+    pub fn values_per_parameter(kind: OptimizerKind) -> u64 {
+        match kind {
+            OptimizerKind::Sgd => 0,
+            OptimizerKind::Momentum => 1,
+            OptimizerKind::Adam | OptimizerKind::Adamw => 2,
+        }
+    }
+}
+
+/// The learning rate at `step` (0-based) of `total`: linear warm-up, then constant or cosine to the floor.
+pub fn learning_rate(opt: &OptimizerSpec, schedule: &ScheduleSpec, step: u64, total: u64) -> f64 {
+    let peak = opt.learning_rate;
+    if step < schedule.warmup_steps {
+        return peak * (step + 1) as f64 / schedule.warmup_steps as f64;
+    }
+    match schedule.decay {
+        Decay::Constant => peak,
+        Decay::Cosine => {
+            let span = total.saturating_sub(schedule.warmup_steps).max(1) as f64;
+            let progress = ((step - schedule.warmup_steps) as f64 / span).min(1.0);
+            let floor = schedule.min_learning_rate;
+            floor + 0.5 * (peak - floor) * (1.0 + (std::f64::consts::PI * progress).cos())
+        }
+    }
+}
+
+/// Applies one update to `params` from `grads`. `t` is the 1-based update count (for Adam's bias
+/// correction); `decay` is false for biases, which are never decayed.
+pub fn update(
+    opt: &OptimizerSpec,
+    params: &mut [f32],
+    grads: &[f32],
+    state: &mut OptState,
+    lr: f64,
+    t: u64,
+    decay: bool,
+) {
+    let lr = lr as f32;
+    let wd = if decay { opt.weight_decay as f32 } else { 0.0 };
+    match opt.kind {
+        OptimizerKind::Sgd => {
+            for (p, &g) in params.iter_mut().zip(grads) {
+                *p -= lr * (g + wd * *p);
+            }
+        }
+        OptimizerKind::Momentum => {
+            let mu = opt.momentum as f32;
+            for ((p, &g), m) in params.iter_mut().zip(grads).zip(&mut state.m) {
+                *m = mu * *m + g + wd * *p;
+                *p -= lr * *m;
+            }
+        }
+        OptimizerKind::Adam | OptimizerKind::Adamw => {
+            let (b1, b2, eps) = (opt.beta1 as f32, opt.beta2 as f32, opt.epsilon as f32);
+            let c1 = 1.0 - (opt.beta1).powi(t as i32) as f32;
+            let c2 = 1.0 - (opt.beta2).powi(t as i32) as f32;
+            let decoupled = opt.kind == OptimizerKind::Adamw;
+            for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(&mut state.m).zip(&mut state.v) {
+                let g = if decoupled { g } else { g + wd * *p };
+                *m = b1 * *m + (1.0 - b1) * g;
+                *v = b2 * *v + (1.0 - b2) * g * g;
+                let step = (*m / c1) / ((*v / c2).sqrt() + eps);
+                if decoupled {
+                    *p -= lr * wd * *p;
+                }
+                *p -= lr * step;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(kind: OptimizerKind) -> OptimizerSpec {
+        OptimizerSpec { kind, learning_rate: 0.1, weight_decay: 0.0, momentum: 0.9, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 }
+    }
+
+    #[test]
+    fn every_rule_descends_a_quadratic() {
+        for kind in [OptimizerKind::Sgd, OptimizerKind::Momentum, OptimizerKind::Adam, OptimizerKind::Adamw] {
+            let opt = spec(kind);
+            let mut p = vec![3.0f32, -2.0];
+            let mut s = OptState::new(kind, 2);
+            for t in 1..=200 {
+                let g: Vec<f32> = p.iter().map(|x| 2.0 * x).collect();
+                update(&opt, &mut p, &g, &mut s, 0.05, t, true);
+            }
+            assert!(p.iter().all(|x| x.abs() < 0.1), "{kind:?} ended at {p:?}");
+        }
+    }
+
+    #[test]
+    fn schedule_warms_up_then_decays_to_the_floor() {
+        let opt = spec(OptimizerKind::Sgd);
+        let sched = ScheduleSpec { warmup_steps: 10, decay: Decay::Cosine, min_learning_rate: 0.01 };
+        assert!((learning_rate(&opt, &sched, 0, 100) - 0.01).abs() < 1e-12);
+        assert!((learning_rate(&opt, &sched, 9, 100) - 0.1).abs() < 1e-12);
+        assert!((learning_rate(&opt, &sched, 10, 100) - 0.1).abs() < 1e-12);
+        assert!((learning_rate(&opt, &sched, 100, 100) - 0.01).abs() < 1e-9);
+        let mid = learning_rate(&opt, &sched, 55, 100);
+        assert!((mid - 0.055).abs() < 1e-9, "{mid}");
+    }
+
+    #[test]
+    fn adamw_decays_weights_but_not_biases() {
+        let mut opt = spec(OptimizerKind::Adamw);
+        opt.weight_decay = 0.5;
+        let (mut w, mut b) = (vec![1.0f32], vec![1.0f32]);
+        update(&opt, &mut w, &[0.0], &mut OptState::new(opt.kind, 1), 0.1, 1, true);
+        update(&opt, &mut b, &[0.0], &mut OptState::new(opt.kind, 1), 0.1, 1, false);
+        assert!((w[0] - 0.95).abs() < 1e-6 && b[0] == 1.0);
+    }
+}

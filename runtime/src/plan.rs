@@ -1,0 +1,135 @@
+//! The plan: one function from a job spec to the appliance that runs it — what MemoryX stores, what each
+//! engine holds, what streams per layer. `wsctl plan`, `wsctl run` and the operator all call it, so a job
+//! means the same thing everywhere, and a job that cannot fit is refused before anything starts.
+
+use crds::{ExecutionMode, TrainingJobSpec};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::model::ModelLayout;
+use crate::optim::OptState;
+
+/// One layer's stream.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LayerPlan {
+    /// Input features.
+    pub inputs: usize,
+    /// Output features.
+    pub outputs: usize,
+    /// Weights kept (non-zeros when sparse).
+    pub weights: usize,
+    /// Bytes of the forward stream if the layer were dense.
+    pub dense_bytes: u64,
+    /// Bytes of the forward stream as sent.
+    pub stream_bytes: u64,
+}
+
+/// The assembled appliance for one job.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    /// CS-2 systems, one engine each.
+    pub cs2: u32,
+    /// Samples each engine takes per step.
+    pub shard: usize,
+    /// Bytes MemoryX holds: weights, biases and optimizer state.
+    pub memoryx_bytes: u64,
+    /// SRAM of each engine.
+    pub engine_sram_bytes: u64,
+    /// Bytes of one shard's activations, resident for a whole step.
+    pub activation_bytes: u64,
+    /// The most an engine holds at once: activations, one layer and the prefetched next layer.
+    pub peak_engine_bytes: u64,
+    /// How weights reach the engines.
+    pub execution_mode: ExecutionMode,
+    /// The layer-by-layer stream.
+    pub layers: Vec<LayerPlan>,
+    /// Bytes a step moves between MemoryX and the fabric (forward and backward streams, gradients back).
+    pub step_bytes: u64,
+    /// The same for the dense model: what sparsity is measured against.
+    pub dense_equivalent_step_bytes: u64,
+}
+
+impl Plan {
+    /// Plans `spec` for engines of `sram_bytes`, refusing a job whose shard cannot fit one engine.
+    pub fn new(spec: &TrainingJobSpec, sram_bytes: u64) -> Result<Plan> {
+        spec.validate()?;
+        let layout = ModelLayout::from_spec(&spec.model);
+        let shard = (spec.training.batch_size / spec.cs2) as usize;
+        let n = layout.linears.len();
+        let layers: Vec<LayerPlan> = (0..n)
+            .map(|l| {
+                let s = layout.linears[l];
+                LayerPlan {
+                    inputs: s.inputs,
+                    outputs: s.outputs,
+                    weights: layout.expected_weights(l),
+                    dense_bytes: 4 * (s.dense_weights() + s.outputs) as u64,
+                    stream_bytes: layout.forward_stream_bytes(l),
+                }
+            })
+            .collect();
+        let activation_bytes = layout.activation_bytes(shard);
+        let streaming_peak = (0..n)
+            .map(|l| layers[l].stream_bytes + layers.get(l + 1).map_or(0, |next| next.stream_bytes))
+            .max()
+            .unwrap_or(0);
+        let all_weights: u64 = layers.iter().map(|l| l.stream_bytes).sum();
+        let execution_mode = match spec.execution_mode {
+            ExecutionMode::Auto if activation_bytes + all_weights <= sram_bytes => ExecutionMode::Pipelined,
+            ExecutionMode::Auto => ExecutionMode::WeightStreaming,
+            mode => mode,
+        };
+        let peak_engine_bytes = activation_bytes
+            + if execution_mode == ExecutionMode::Pipelined { all_weights } else { streaming_peak };
+        if peak_engine_bytes > sram_bytes {
+            let what = match execution_mode {
+                ExecutionMode::Pipelined => format!(
+                    "pipelined execution (all weights resident beside the activations of a {shard}-sample shard; \
+                     set spec.executionMode to auto or weightStreaming to stream them)"
+                ),
+                _ => format!("the activations of a {shard}-sample shard plus two layers of weights"),
+            };
+            return Err(Error::OutOfSram {
+                engine: "every engine".into(),
+                what,
+                needed: peak_engine_bytes,
+                available: sram_bytes,
+            });
+        }
+        let stored: u64 = layers.iter().map(|l| (l.weights + l.outputs) as u64).sum();
+        let opt = OptState::values_per_parameter(spec.training.optimizer.kind);
+        let sparse_index_bytes: u64 = (0..n).filter(|&l| layout.linears[l].sparse).map(|l| 8 * layers[l].weights as u64).sum();
+        Ok(Plan {
+            cs2: spec.cs2,
+            shard,
+            memoryx_bytes: 4 * stored * (1 + opt) + sparse_index_bytes,
+            engine_sram_bytes: sram_bytes,
+            activation_bytes,
+            peak_engine_bytes,
+            execution_mode,
+            step_bytes: step_bytes(&layout, false),
+            dense_equivalent_step_bytes: step_bytes(&layout, true),
+            layers,
+        })
+    }
+}
+
+/// Bytes one training step moves between MemoryX and the fabric: every layer forward (values, indices and
+/// bias), every layer backward but the first's values (the first sends its mask, or nothing when dense), and the
+/// gradients back. With `dense` the same for the model without its mask.
+pub fn step_bytes(layout: &ModelLayout, dense: bool) -> u64 {
+    let mut total = 0;
+    for (l, s) in layout.linears.iter().enumerate() {
+        let sparse = s.sparse && !dense;
+        let nnz = if dense { s.dense_weights() } else { layout.expected_weights(l) } as u64;
+        let values = 4 * nnz;
+        let out = s.outputs as u64;
+        let inp = s.inputs as u64;
+        let (fwd_index, bwd_index) =
+            if sparse { (4 * nnz + 4 * (2 * out + 1), 4 * nnz + 4 * (2 * inp + 1)) } else { (0, 0) };
+        total += values + fwd_index + 4 * out;
+        total += bwd_index + if l > 0 { values } else { 0 };
+        total += values + 4 * out;
+    }
+    total
+}

@@ -1,0 +1,128 @@
+//! The messages that cross role boundaries: what MemoryX streams, what engines send back. In one process they
+//! are passed by reference; the gRPC transport encodes exactly these, so both count the same bytes.
+
+use std::sync::Arc;
+
+use crate::kernels::sparse::SparsePattern;
+use crate::model::linear::Weights;
+
+/// Which pass a stream feeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// Layers 1..L, to compute activations.
+    Forward,
+    /// Layers L..1, to compute deltas and weight gradients.
+    Backward,
+}
+
+/// A layer's weights as they travel.
+#[derive(Clone, Debug)]
+pub enum WeightPayload {
+    /// Every value, row-major `outputs × inputs`.
+    Dense(Vec<f32>),
+    /// Non-zero values tagged by the pattern's indices (by output row forward, by input column backward).
+    Sparse {
+        /// Where the non-zeros sit; static for the whole run.
+        pattern: Arc<SparsePattern>,
+        /// The current values, in the pattern's order.
+        values: Vec<f32>,
+    },
+    /// The mask alone: all the first layer's backward pass needs, since it computes weight gradients but no
+    /// deltas, and a weight gradient needs to know only where weights exist.
+    Mask(Arc<SparsePattern>),
+    /// Nothing: the first dense layer's backward pass needs no weights at all.
+    Nothing,
+}
+
+impl WeightPayload {
+    /// The weights as the layer math takes them, when the payload carries values.
+    pub fn weights(&self) -> Option<Weights<'_>> {
+        match self {
+            WeightPayload::Dense(v) => Some(Weights::Dense(v)),
+            WeightPayload::Sparse { pattern, values } => Some(Weights::Sparse { pattern, values }),
+            WeightPayload::Mask(_) | WeightPayload::Nothing => None,
+        }
+    }
+
+    /// The mask, when the payload is sparse.
+    pub fn pattern(&self) -> Option<&SparsePattern> {
+        match self {
+            WeightPayload::Sparse { pattern, .. } | WeightPayload::Mask(pattern) => Some(pattern),
+            _ => None,
+        }
+    }
+
+    /// Bytes on the wire: 4 per value plus the pattern's indices.
+    pub fn wire_bytes(&self) -> u64 {
+        match self {
+            WeightPayload::Dense(v) => 4 * v.len() as u64,
+            WeightPayload::Sparse { pattern, values } => pattern.wire_bytes() + 4 * values.len() as u64,
+            WeightPayload::Mask(pattern) => pattern.wire_bytes(),
+            WeightPayload::Nothing => 0,
+        }
+    }
+}
+
+/// One layer streamed from MemoryX to the engines.
+#[derive(Clone, Debug)]
+pub struct LayerStream {
+    /// Index of the weight layer, 0-based in forward order.
+    pub layer: usize,
+    /// The pass it feeds.
+    pub pass: Pass,
+    /// The weights.
+    pub weights: WeightPayload,
+    /// The bias (forward only; the backward pass does not need it).
+    pub bias: Vec<f32>,
+}
+
+impl LayerStream {
+    /// Bytes this stream puts on the wire.
+    pub fn wire_bytes(&self) -> u64 {
+        self.weights.wire_bytes() + 4 * self.bias.len() as u64
+    }
+}
+
+/// A layer's gradients, from the engines back to MemoryX, summed over engines by SwarmX.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerGrad {
+    /// Index of the weight layer.
+    pub layer: usize,
+    /// Weight gradients in the order of the backward stream's weights (row-major for dense layers, the
+    /// backward pattern's order for sparse ones).
+    pub weights: Vec<f32>,
+    /// Bias gradients.
+    pub bias: Vec<f32>,
+}
+
+impl LayerGrad {
+    /// Adds another engine's gradients: the reduction SwarmX performs.
+    pub fn add(&mut self, other: &LayerGrad) -> Result<(), String> {
+        if other.layer != self.layer
+            || other.weights.len() != self.weights.len()
+            || other.bias.len() != self.bias.len()
+        {
+            return Err(format!(
+                "cannot sum gradients of layer {} ({} + {} values) with layer {} ({} + {} values)",
+                self.layer,
+                self.weights.len(),
+                self.bias.len(),
+                other.layer,
+                other.weights.len(),
+                other.bias.len()
+            ));
+        }
+        for (a, b) in self.weights.iter_mut().zip(&other.weights) {
+            *a += b;
+        }
+        for (a, b) in self.bias.iter_mut().zip(&other.bias) {
+            *a += b;
+        }
+        Ok(())
+    }
+
+    /// Bytes on the wire.
+    pub fn wire_bytes(&self) -> u64 {
+        4 * (self.weights.len() + self.bias.len()) as u64
+    }
+}

@@ -1,0 +1,120 @@
+//! `wsctl bench kernels`: the dense GEMM of the `gemm` crate against our sparse forward, backward and
+//! weight-gradient kernels on one weight shape, over a range of sparsities.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::Subcommand;
+use runtime::kernels::{dense, sparse};
+use runtime::tensor::Mat;
+use serde::Serialize;
+
+/// What to measure.
+#[derive(Subcommand)]
+pub enum Bench {
+    /// Dense GEMM vs the sparse kernels.
+    Kernels {
+        /// Output and input features of the square weight matrix.
+        #[arg(long, default_value_t = 4096)]
+        features: usize,
+        /// Tokens (batch columns) per product.
+        #[arg(long, default_value_t = 512)]
+        tokens: usize,
+        /// Timed repetitions per kernel; the median is reported.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Sparsities to measure.
+        #[arg(long, value_delimiter = ',', default_value = "0,0.5,0.8,0.9,0.95,0.99")]
+        sparsity: Vec<f64>,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Serialize)]
+struct Row {
+    sparsity: f64,
+    dense_s: f64,
+    sparse_fwd_s: f64,
+    sparse_bwd_s: f64,
+    sparse_wgrad_s: f64,
+    speedup_fwd: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    features: usize,
+    tokens: usize,
+    threads: usize,
+    rows: Vec<Row>,
+}
+
+/// Median wall time of `repeats` runs of `f`, after one warm-up run.
+fn time(repeats: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut times: Vec<f64> = (0..repeats.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn filled(rows: usize, cols: usize, seed: u32) -> Mat {
+    // A cheap deterministic fill; the kernels' speed does not depend on the values.
+    let data = (0..rows * cols).map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5).collect();
+    Mat::from_vec(rows, cols, data)
+}
+
+/// Runs the requested benchmark and prints its report.
+pub fn bench(what: Bench) -> Result<()> {
+    let Bench::Kernels { features, tokens, repeats, sparsity, json } = what;
+    if features == 0 || tokens == 0 {
+        bail!("--features and --tokens must be at least 1");
+    }
+    if let Some(bad) = sparsity.iter().find(|s| !(0.0..=0.99).contains(*s)) {
+        bail!("--sparsity {bad} is outside [0, 0.99]");
+    }
+    let n = features;
+    let x = filled(n, tokens, 1);
+    let dy = filled(n, tokens, 2);
+    let w = filled(n, n, 3);
+    let mut y = Mat::zeros(n, tokens);
+    let dense_s = time(repeats, || dense::matmul(&mut y.data, w.view(), x.view(), false));
+    let mut rows = Vec::new();
+    for &s in &sparsity {
+        let p = sparse::SparsePattern::random(n, n, 1.0 - s, 7);
+        let values: Vec<f32> = (0..p.nnz()).map(|k| (k % 97) as f32 / 97.0 - 0.5).collect();
+        let (t, perm) = p.transpose();
+        let tvalues: Vec<f32> = perm.iter().map(|&k| values[k as usize]).collect();
+        let mut dx = Mat::zeros(n, tokens);
+        let mut g = vec![0.0; t.nnz()];
+        let sparse_fwd_s = time(repeats, || sparse::gather(&p, &values, &x, &mut y));
+        let sparse_bwd_s = time(repeats, || sparse::gather(&t, &tvalues, &dy, &mut dx));
+        let sparse_wgrad_s = time(repeats, || sparse::sddmm(&t, &x, &dy, &mut g));
+        rows.push(Row { sparsity: s, dense_s, sparse_fwd_s, sparse_bwd_s, sparse_wgrad_s, speedup_fwd: dense_s / sparse_fwd_s });
+    }
+    let report = Report { features, tokens, threads: rayon::current_num_threads(), rows };
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!("weight {n}x{n}, {tokens} tokens, {} threads; median of {repeats}", report.threads);
+    println!("sparsity  dense GEMM   sparse fwd   sparse bwd  sparse wgrad  fwd speed-up");
+    for r in &report.rows {
+        println!(
+            "{:>8.2}  {:>9.2}ms  {:>9.2}ms  {:>9.2}ms  {:>10.2}ms  {:>11.2}x",
+            r.sparsity,
+            1e3 * r.dense_s,
+            1e3 * r.sparse_fwd_s,
+            1e3 * r.sparse_bwd_s,
+            1e3 * r.sparse_wgrad_s,
+            r.speedup_fwd
+        );
+    }
+    Ok(())
+}
