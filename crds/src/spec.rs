@@ -213,7 +213,7 @@ pub enum Decay {
 }
 
 /// Checkpointing of MemoryX state.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CheckpointSpec {
     /// Write a checkpoint every this many steps (0 turns periodic checkpoints off; the final state is always
@@ -227,6 +227,12 @@ pub struct CheckpointSpec {
 
 fn default_keep() -> u32 {
     3
+}
+
+impl Default for CheckpointSpec {
+    fn default() -> Self {
+        CheckpointSpec { interval_steps: 0, keep: default_keep() }
+    }
 }
 
 /// The engine each CS-2 carries.

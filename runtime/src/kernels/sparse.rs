@@ -204,9 +204,11 @@ unsafe fn gather_worker(
     w: usize,
     n: usize,
 ) {
+    let mut packed = Vec::new();
     let mut t0 = 0;
     while t0 < tokens {
         let tl = TILE.min(tokens - t0);
+        let tile = pack(src, tokens, p.inner, t0, tl, &mut packed);
         let mut s = w;
         while s < p.outer {
             let line = p.order[s] as usize;
@@ -214,21 +216,36 @@ unsafe fn gather_worker(
             // SAFETY: see `gather`: row `line` belongs to this worker alone and lies inside the buffer.
             let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(line * tokens + t0), tl) };
             if tl == TILE {
-                let mut acc = [0.0f32; TILE];
-                for k in nz {
-                    let v = values[k];
-                    let off = p.idx[k] as usize * tokens + t0;
-                    let x = &src[off..off + TILE];
+                // Two accumulators, for even and odd non-zeros, so consecutive AXPYs do not wait on each
+                // other's additions.
+                let (mut even, mut odd) = ([0.0f32; TILE], [0.0f32; TILE]);
+                let mut k = nz.start;
+                while k + 1 < nz.end {
+                    let (v0, v1) = (values[k], values[k + 1]);
+                    let (o0, o1) = (p.idx[k] as usize * TILE, p.idx[k + 1] as usize * TILE);
+                    let (x0, x1) = (&tile[o0..o0 + TILE], &tile[o1..o1 + TILE]);
                     for j in 0..TILE {
-                        acc[j] += v * x[j];
+                        even[j] += v0 * x0[j];
+                        odd[j] += v1 * x1[j];
+                    }
+                    k += 2;
+                }
+                if k < nz.end {
+                    let v = values[k];
+                    let o = p.idx[k] as usize * TILE;
+                    let x = &tile[o..o + TILE];
+                    for j in 0..TILE {
+                        even[j] += v * x[j];
                     }
                 }
-                dst.copy_from_slice(&acc);
+                for (d, (e, o)) in dst.iter_mut().zip(even.iter().zip(&odd)) {
+                    *d = e + o;
+                }
             } else {
                 dst.fill(0.0);
                 for k in nz {
                     let v = values[k];
-                    let x = &src[p.idx[k] as usize * tokens + t0..][..tl];
+                    let x = &tile[p.idx[k] as usize * tl..][..tl];
                     for (d, &xj) in dst.iter_mut().zip(x) {
                         *d += v * xj;
                     }
@@ -238,6 +255,18 @@ unsafe fn gather_worker(
         }
         t0 += tl;
     }
+}
+
+/// Copies columns `t0..t0 + tl` of the `rows × tokens` matrix `src` into `buf` as a contiguous `rows × tl`
+/// block. Rows of activations are often a power of two apart, which maps them onto a few cache sets; the
+/// packed tile is contiguous, so it stays in L2 while every line of the pattern is visited.
+#[inline(always)]
+fn pack<'b>(src: &[f32], tokens: usize, rows: usize, t0: usize, tl: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
+    buf.clear();
+    for r in 0..rows {
+        buf.extend_from_slice(&src[r * tokens + t0..r * tokens + t0 + tl]);
+    }
+    buf
 }
 
 /// `out[k] = a[order[s], :] · b[idx[k], :]` for every non-zero `k` of line `s`: the sampled dense-dense product
@@ -258,9 +287,11 @@ pub fn sddmm(p: &SparsePattern, a: &Mat, b: &Mat, out: &mut [f32]) {
 
 #[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
 unsafe fn sddmm_worker(p: &SparsePattern, a: &[f32], b: &[f32], tokens: usize, out: Disjoint, w: usize, n: usize) {
+    let mut packed = Vec::new();
     let mut t0 = 0;
     while t0 < tokens {
         let tl = TILE.min(tokens - t0);
+        let tile = pack(b, tokens, p.inner, t0, tl, &mut packed);
         let mut s = w;
         while s < p.outer {
             let line = p.order[s] as usize;
@@ -269,7 +300,7 @@ unsafe fn sddmm_worker(p: &SparsePattern, a: &[f32], b: &[f32], tokens: usize, o
             let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(lo), hi - lo) };
             let arow = &a[line * tokens + t0..][..tl];
             for (d, &i) in dst.iter_mut().zip(&p.idx[lo..hi]) {
-                let brow = &b[i as usize * tokens + t0..][..tl];
+                let brow = &tile[i as usize * tl..][..tl];
                 let part = dot(arow, brow);
                 *d = if t0 == 0 { part } else { *d + part };
             }
