@@ -1,7 +1,8 @@
 //! The `TrainingJob` spec: what a user declares. Everything that runs a job — `wsctl run`, `wsctl plan`
 //! and the operator — reads it through these types, so a manifest means the same thing everywhere.
 
-use kube::CustomResource;
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -11,7 +12,7 @@ use crate::status::TrainingJobStatus;
 ///
 /// The user never says how the model is distributed: the appliance assembles MemoryX, the SwarmX tree and one
 /// engine per CS-2 from this alone.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "weightstream.dev",
     version = "v1alpha1",
@@ -25,6 +26,17 @@ use crate::status::TrainingJobStatus;
     printcolumn = r#"{"name":"Step","type":"integer","jsonPath":".status.step"}"#,
     printcolumn = r#"{"name":"Loss","type":"number","jsonPath":".status.loss"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(
+    validation = Rule::new("self.training.batchSize % self.cs2 == 0")
+        .message("spec.training.batchSize must be divisible by spec.cs2: each CS-2 takes an equal shard of the batch")
+        .field_path(".training.batchSize"),
+    validation = Rule::new(
+        "self.data.kind != 'mnist' || (size(self.model.layers) >= 2 && self.model.layers[0] == 784 && \
+         self.model.layers[size(self.model.layers) - 1] == 10)"
+    )
+    .message("spec.model.layers: mnist has 784 input pixels and 10 classes, so layers must start with 784 and end with 10")
+    .field_path(".model.layers")
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TrainingJobSpec {
@@ -48,20 +60,113 @@ pub struct TrainingJobSpec {
     /// Whether weights stay resident on the engine or are streamed layer by layer.
     #[serde(default)]
     pub execution_mode: ExecutionMode,
+    /// Stop the job and give back its CS-2s without losing progress: the appliance writes a checkpoint first and
+    /// keeps it, and setting this back to false resumes from it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub suspend: bool,
+    /// How many failures of MemoryX or engines the job survives before it is marked Failed: each failure costs a
+    /// restart from the last checkpoint or a redone step, and a job that keeps failing should stop using CS-2s.
+    #[serde(default = "default_restart_limit")]
+    #[schemars(range(max = 100))]
+    pub restart_limit: u32,
+    /// Admission order when CS-2s are scarce: higher runs first, equal priorities run in creation order.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(min = -1000, max = 1000))]
+    pub priority: i32,
+    /// Container images of the appliance, for clusters that mirror or pin them.
+    #[serde(default, skip_serializing_if = "ImagesSpec::is_default")]
+    pub images: ImagesSpec,
+    /// Compute resources per role, so a cluster can size MemoryX's memory and the engines' hosts.
+    #[serde(default, skip_serializing_if = "RolesResources::is_default")]
+    pub resources: RolesResources,
 }
 
 fn default_cs2() -> u32 {
     1
 }
 
+fn default_restart_limit() -> u32 {
+    3
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero(v: &i32) -> bool {
+    *v == 0
+}
+
+/// The image every role runs (`memoryx`, `swarmx` and `sim-wse` are one image), overridable per cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImagesSpec {
+    /// The data-plane image; the operator's default (`weightstream/runtime:0.1.0`) when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub runtime: Option<String>,
+    /// When the kubelet pulls it: `Always`, `IfNotPresent` (the default) or `Never`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_policy: Option<PullPolicy>,
+}
+
+impl ImagesSpec {
+    fn is_default(&self) -> bool {
+        *self == ImagesSpec::default()
+    }
+}
+
+/// Kubernetes image pull policies.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PullPolicy {
+    /// Pull on every start.
+    Always,
+    /// Pull only when the node lacks the image.
+    IfNotPresent,
+    /// Never pull: the image must be preloaded.
+    Never,
+}
+
+/// Resource requests and limits of each role's container.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RolesResources {
+    /// MemoryX holds weights and optimizer state: give it memory for the plan's `memoryxBytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memoryx: Option<ResourceRequirements>,
+    /// Each SwarmX node broadcasts and reduces: mostly network and a little CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swarmx: Option<ResourceRequirements>,
+    /// Each engine host (the `weightstream.dev/cs2` request is added by the operator, not here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<ResourceRequirements>,
+}
+
+impl RolesResources {
+    fn is_default(&self) -> bool {
+        *self == RolesResources::default()
+    }
+}
+
 /// The network. Kind-specific fields sit beside `kind` so the schema stays structural for Kubernetes.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+///
+/// It cannot change once the job exists: checkpoints hold this model's weights, so a different network is a new
+/// job.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(
+    validation = Rule::new("self == oldSelf")
+        .message("spec.model is immutable: checkpoints hold this model's weights; create a new TrainingJob instead"),
+    validation = Rule::new("self.kind != 'mlp' || size(self.layers) >= 2")
+        .message("spec.model.layers: an mlp needs at least an input and an output width, e.g. [784, 512, 512, 10]")
+        .field_path(".layers")
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelSpec {
     /// The model family.
     pub kind: ModelKind,
     /// Widths from input to output for an `mlp`, e.g. `[784, 512, 512, 10]`: one weight layer per adjacent pair.
     #[serde(default)]
+    #[schemars(length(max = 64), inner(range(min = 1)))]
     pub layers: Vec<u32>,
     /// The non-linearity between layers.
     #[serde(default)]
@@ -112,7 +217,14 @@ pub enum DataKind {
 }
 
 /// How to train.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(
+    validation = Rule::new("has(self.steps) != has(self.epochs)")
+        .message("spec.training: give the length of training as either steps or epochs, not both"),
+    validation = Rule::new("self.schedule.minLearningRate <= self.optimizer.learningRate")
+        .message("spec.training.schedule.minLearningRate must lie between 0 and the learning rate")
+        .field_path(".schedule.minLearningRate")
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TrainingSpec {
     /// Samples per optimizer step over all CS-2s together.
@@ -120,9 +232,11 @@ pub struct TrainingSpec {
     pub batch_size: u32,
     /// Train for this many optimizer steps (give `steps` or `epochs`, not both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub steps: Option<u64>,
     /// Train for this many passes over the training set (give `steps` or `epochs`, not both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub epochs: Option<u32>,
     /// Seeds initial weights, sparsity masks and data order, so a run can be repeated exactly.
     #[serde(default)]
@@ -135,7 +249,17 @@ pub struct TrainingSpec {
 }
 
 /// The optimizer MemoryX runs on the summed gradients.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(
+    validation = Rule::new("self.learningRate > 0.0")
+        .message("spec.training.optimizer.learningRate must be a positive number")
+        .field_path(".learningRate"),
+    validation = Rule::new("self.momentum < 1.0 && self.beta1 < 1.0 && self.beta2 < 1.0")
+        .message("spec.training.optimizer: momentum, beta1 and beta2 must lie in [0, 1)"),
+    validation = Rule::new("self.epsilon > 0.0")
+        .message("spec.training.optimizer.epsilon must be a positive number")
+        .field_path(".epsilon")
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OptimizerSpec {
     /// The update rule.
@@ -144,15 +268,19 @@ pub struct OptimizerSpec {
     pub learning_rate: f64,
     /// L2 penalty (`sgd`, `momentum`, `adam`) or decoupled decay (`adamw`); biases are never decayed.
     #[serde(default)]
+    #[schemars(range(min = 0.0))]
     pub weight_decay: f64,
     /// Momentum coefficient for `momentum`.
     #[serde(default = "default_momentum")]
+    #[schemars(range(min = 0.0))]
     pub momentum: f64,
     /// First-moment decay for `adam`/`adamw`.
     #[serde(default = "default_beta1")]
+    #[schemars(range(min = 0.0))]
     pub beta1: f64,
     /// Second-moment decay for `adam`/`adamw`.
     #[serde(default = "default_beta2")]
+    #[schemars(range(min = 0.0))]
     pub beta2: f64,
     /// Denominator guard for `adam`/`adamw`.
     #[serde(default = "default_epsilon")]
@@ -198,6 +326,7 @@ pub struct ScheduleSpec {
     pub decay: Decay,
     /// The floor the cosine decays to.
     #[serde(default)]
+    #[schemars(range(min = 0.0))]
     pub min_learning_rate: f64,
 }
 
@@ -222,7 +351,20 @@ pub struct CheckpointSpec {
     pub interval_steps: u64,
     /// How many checkpoints to keep; older ones are removed once a newer one is complete.
     #[serde(default = "default_keep")]
+    #[schemars(range(min = 1))]
     pub keep: u32,
+    /// Size of MemoryX's checkpoint volume (a Kubernetes quantity such as `1Gi`); it outlives suspension so a
+    /// resumed job continues from it.
+    #[serde(default = "default_volume_size")]
+    #[schemars(length(min = 1, max = 64))]
+    pub volume_size: String,
+    /// Storage class of the checkpoint volume; the cluster's default class when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+fn default_volume_size() -> String {
+    "1Gi".into()
 }
 
 fn default_keep() -> u32 {
@@ -231,7 +373,12 @@ fn default_keep() -> u32 {
 
 impl Default for CheckpointSpec {
     fn default() -> Self {
-        CheckpointSpec { interval_steps: 0, keep: default_keep() }
+        CheckpointSpec {
+            interval_steps: 0,
+            keep: default_keep(),
+            volume_size: default_volume_size(),
+            storage_class_name: None,
+        }
     }
 }
 

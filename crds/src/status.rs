@@ -1,8 +1,11 @@
 //! What the appliance reports about a job: written by the operator to the status subresource and by
 //! `wsctl run` to its summary, so both speak of progress in the same terms.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::spec::ExecutionMode;
 
 /// Observed state of a [`crate::TrainingJob`].
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -11,6 +14,18 @@ pub struct TrainingJobStatus {
     /// Where the job is in its life.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
+    /// Why the job is in its phase, one condition per aspect (`Admitted`, `Ready`, `Suspended`, `Complete`,
+    /// `Failed`), each with a machine-readable reason and a sentence for people.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// CS-2 systems the job holds now. Admission sums this over all jobs to know what is free, so the pool's
+    /// state survives an operator restart without any memory of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_cs2: Option<u32>,
     /// The optimizer steps completed so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<u64>,
@@ -23,9 +38,86 @@ pub struct TrainingJobStatus {
     /// Training throughput over the last steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub samples_per_second: Option<f64>,
-    /// The spec generation this status describes.
+    /// What one step takes on the simulated engines' cost model (the wall clock of the simulation is not it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
+    pub simulated_step_seconds: Option<f64>,
+    /// Held-out accuracy of the last evaluation, when the job has run one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy: Option<f64>,
+    /// The newest complete checkpoint: where a restart, a resume or a rescale continues from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<CheckpointRef>,
+    /// Failures survived so far (engines or SwarmX nodes replaced, MemoryX restarted); past `spec.restartLimit`
+    /// the job fails.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u32,
+    /// Restarts of the current MemoryX container already counted in `restarts`, so each is counted once.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memoryx_restarts_seen: u32,
+    /// The step at which the operator asked MemoryX for a checkpoint (to suspend or rescale); the job moves on
+    /// once a checkpoint at or after it exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_requested_at_step: Option<u64>,
+    /// When the job was first admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the job succeeded or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// The appliance the operator assembled for the spec it last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanStatus>,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// A complete checkpoint MemoryX wrote.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointRef {
+    /// The optimizer step whose state it holds.
+    pub step: u64,
+    /// Where it is on MemoryX's checkpoint volume.
+    pub path: String,
+}
+
+/// The appliance for one job, as the plan computes it: enough to see where memory goes and how the fabric is
+/// shaped without running `wsctl plan`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanStatus {
+    /// CS-2 systems, one engine each.
+    pub cs2: u32,
+    /// Samples each engine takes per step.
+    pub shard: u64,
+    /// Bytes MemoryX holds: weights, biases and optimizer state.
+    pub memoryx_bytes: u64,
+    /// SRAM of each engine.
+    pub engine_sram_bytes: u64,
+    /// The most an engine holds at once.
+    pub peak_engine_bytes: u64,
+    /// How weights reach the engines.
+    pub execution_mode: ExecutionMode,
+    /// Bytes one step moves between MemoryX and the fabric.
+    pub step_bytes: u64,
+    /// The SwarmX tree between MemoryX and the engines.
+    pub swarmx: SwarmxTree,
+    /// The engine pods, in index order.
+    pub engines: Vec<String>,
+}
+
+/// The SwarmX broadcast/reduce tree.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SwarmxTree {
+    /// Children per node (engines under a leaf, nodes under an inner node).
+    pub fan_out: u32,
+    /// Levels of nodes from the root (1 when a single node reaches every engine).
+    pub depth: u32,
+    /// SwarmX node pods, root first.
+    pub nodes: Vec<String>,
 }
 
 /// Phases of a job's life.
@@ -45,4 +137,30 @@ pub enum Phase {
     Succeeded,
     /// Stopped for good; the conditions say why.
     Failed,
+}
+
+impl Phase {
+    /// Whether the job is over for good, so it holds nothing and is never admitted again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+
+    /// The name as it appears in the API, for events, logs and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Queued => "Queued",
+            Phase::Starting => "Starting",
+            Phase::Running => "Running",
+            Phase::Checkpointing => "Checkpointing",
+            Phase::Suspended => "Suspended",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }

@@ -81,6 +81,18 @@ impl TrainingJobSpec {
         if self.checkpoint.keep == 0 {
             return Err(invalid("spec.checkpoint.keep", "must keep at least 1 checkpoint"));
         }
+        if self.restart_limit > 100 {
+            return Err(invalid("spec.restartLimit", format!("{} is out of range: use 0 to 100", self.restart_limit)));
+        }
+        if !(-1000..=1000).contains(&self.priority) {
+            return Err(invalid("spec.priority", format!("{} is out of range: use -1000 to 1000", self.priority)));
+        }
+        if self.checkpoint.volume_size.trim().is_empty() {
+            return Err(invalid("spec.checkpoint.volumeSize", "must be a Kubernetes quantity such as 1Gi"));
+        }
+        if self.images.runtime.as_deref().is_some_and(|i| i.trim().is_empty()) {
+            return Err(invalid("spec.images.runtime", "must name an image; omit it to use the operator's default"));
+        }
         if self.engine.sram_bytes == Some(0) {
             return Err(invalid("spec.engine.sramBytes", "must be at least 1 byte; omit it to use the preset's SRAM"));
         }
