@@ -1,8 +1,10 @@
 //! `wsctl`: the user's front door to weightstream. `run` trains a job on local processes, `plan` shows the
-//! appliance a job would get without running it, `bench` measures the kernels.
+//! appliance a job would get without running it, `bench` measures the kernels,
+//! `simulate` reproduces the seeds' sparsity and scaling figures with the wafer's cost model.
 
 mod bench;
 mod run;
+mod simulate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,6 +43,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Reproduce the seeds' figures with the wafer's cost model: sparsity to acceleration, and speed-up against
+    /// engine count; prints two tables and writes sparsity.svg and scaling.svg.
+    Simulate {
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+        /// Where to write the SVG plots.
+        #[arg(long, default_value = "runs/simulate")]
+        out: PathBuf,
+        /// The engine generation to simulate.
+        #[arg(long, value_enum, default_value = "wse2")]
+        preset: Preset,
+    },
     /// Measure kernels.
     Bench {
         #[command(subcommand)]
@@ -48,11 +63,33 @@ enum Command {
     },
 }
 
+/// Engine generations `wsctl simulate` can model (the CRD's enum has no clap derive).
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Preset {
+    /// WSE-2, the CS-2's engine.
+    Wse2,
+    /// WSE-3.
+    Wse3,
+    /// The scaled-down test engine.
+    Tiny,
+}
+
+impl From<Preset> for crds::EnginePreset {
+    fn from(p: Preset) -> Self {
+        match p {
+            Preset::Wse2 => crds::EnginePreset::Wse2,
+            Preset::Wse3 => crds::EnginePreset::Wse3,
+            Preset::Tiny => crds::EnginePreset::Tiny,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run { job, out, cs2 } => run::run(&job, out, cs2),
         Command::Plan { job, cs2, json } => run::plan(&job, cs2, json),
+        Command::Simulate { json, out, preset } => simulate::simulate(preset.into(), json, out),
         Command::Bench { what } => bench::bench(what),
     };
     match result {
