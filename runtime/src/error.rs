@@ -28,6 +28,10 @@ pub enum Error {
     /// A role received a message that does not fit the job (unknown layer, wrong shape, out of order).
     #[error("protocol: {0}")]
     Protocol(String),
+    /// A component (an engine, a SwarmX node, MemoryX) could not be reached or dropped out mid-step; the step
+    /// can be rerun once it is back.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
     /// Reading or writing files of the job's output or checkpoints failed.
     #[error("{context}: {source}")]
     Io {

@@ -19,6 +19,7 @@ pub mod plan;
 pub mod protocol;
 pub mod swarmx;
 pub mod tensor;
+pub mod transport;
 pub mod train;
 pub mod units;
 

@@ -11,13 +11,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::data::{split_even, Dataset, Sampler};
+use crate::data::Sampler;
 use crate::engine::EngineStats;
 use crate::error::{Error, Result};
 use crate::memoryx::WeightStore;
 use crate::model::loss::LossSum;
 use crate::protocol::LayerStream;
-use crate::swarmx::Swarm;
+use crate::swarmx::{Split, StepRequest, Swarm};
 
 /// What one training step reports.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -64,8 +64,12 @@ pub struct Summary {
     pub dense_equivalent_bytes: u64,
     /// CS-2 systems (engines) used.
     pub cs2: u32,
-    /// Per-engine counters.
+    /// Per-engine counters at the end of training (before evaluation).
     pub engines: Vec<EngineStats>,
+    /// Fraction of the training wall time the engines spent computing (mean over engines).
+    pub wse_utilization: f64,
+    /// Seconds per step a real wafer would take, from the engines' cost model (slowest engine).
+    pub simulated_step_s: f64,
 }
 
 /// Streams one pass's layers in the given order on a helper thread, one ahead of the consumer: the
@@ -91,56 +95,57 @@ fn with_prefetch<T>(
     })
 }
 
-/// Runs one training step over `shards` (one per engine) and returns the loss sums and bytes moved.
+/// Runs one training step over the global batch `samples` and returns the loss sums and bytes moved.
+///
+/// Gradients are applied only once every layer's gradient has arrived, so a step that fails midway (an engine
+/// lost, a bad message) leaves MemoryX exactly as it was and can simply be run again.
 pub fn train_step(
     store: &dyn WeightStore,
     swarm: &mut dyn Swarm,
     layers: usize,
-    shards: Vec<crate::engine::Shard>,
-    grad_scale: f32,
+    samples: Vec<u32>,
     step: u64,
 ) -> Result<(LossSum, u64)> {
-    swarm.begin_step(shards, grad_scale, true)?;
+    let grad_scale = 1.0 / samples.len().max(1) as f32;
+    swarm.begin_step(&StepRequest { step, samples, split: Split::Train, grad_scale })?;
     let order = (0..layers).map(|l| (l, true)).chain((0..layers).rev().map(|l| (l, false))).collect();
-    with_prefetch(store, order, |next| {
+    let (loss, grads, bytes) = with_prefetch(store, order, |next| {
         let mut bytes = 0;
-        for _ in 0..layers {
-            let stream = next()?;
-            bytes += stream.wire_bytes();
-            swarm.forward(&stream)?;
-        }
-        let loss = swarm.loss()?;
-        for _ in 0..layers {
-            let stream = next()?;
-            bytes += stream.wire_bytes();
-            let grad = swarm.backward(&stream)?;
-            bytes += grad.wire_bytes();
-            store.apply(&grad, step)?;
-        }
-        Ok((loss, bytes))
-    })
+        let mut counted = || {
+            let s = next()?;
+            bytes += s.wire_bytes();
+            Ok(s)
+        };
+        let loss = swarm.forward_pass(layers, &mut counted)?;
+        let grads = swarm.backward_pass(layers, &mut counted)?;
+        Ok((loss, grads, bytes))
+    })?;
+    if grads.len() != layers {
+        return Err(Error::Protocol(format!("{} layer gradients returned for {layers} layers", grads.len())));
+    }
+    let grad_bytes: u64 = grads.iter().map(|g| g.wire_bytes()).sum();
+    for grad in &grads {
+        store.apply(grad, step)?;
+    }
+    Ok((loss, bytes + grad_bytes))
 }
 
-/// Forward passes over all of `data` in batches of `batch`, split over the engines like training batches.
+/// Forward passes over the whole held-out split in batches of `batch`, split over the engines like training
+/// batches.
 pub fn evaluate(
     store: &dyn WeightStore,
     swarm: &mut dyn Swarm,
     layers: usize,
-    data: &Dataset,
+    samples: usize,
     batch: usize,
+    step: u64,
 ) -> Result<EvalReport> {
     let mut total = LossSum::default();
-    let all: Vec<u32> = (0..data.len() as u32).collect();
+    let all: Vec<u32> = (0..samples as u32).collect();
     for chunk in all.chunks(batch.max(1)) {
-        let shards = split_even(chunk, swarm.engines()).into_iter().map(|s| data.shard(s)).collect();
-        swarm.begin_step(shards, 0.0, false)?;
+        swarm.begin_step(&StepRequest { step, samples: chunk.to_vec(), split: Split::Test, grad_scale: 0.0 })?;
         let order = (0..layers).map(|l| (l, true)).collect();
-        let sum = with_prefetch(store, order, |next| {
-            for _ in 0..layers {
-                swarm.forward(&next()?)?;
-            }
-            swarm.loss()
-        })?;
+        let sum = with_prefetch(store, order, |next| swarm.forward_pass(layers, next))?;
         total.add(&sum);
     }
     let n = total.samples.max(1) as f64;
@@ -159,29 +164,56 @@ pub fn total_steps(training: &crds::TrainingSpec, samples: usize) -> Result<u64>
     Ok(training.steps.unwrap_or_else(|| per_epoch * u64::from(training.epochs.unwrap_or(1))))
 }
 
-/// Trains for `total` steps from `start` and evaluates; `on_step` sees every step's metrics as it finishes.
+/// How a run reacts to an engine or fabric that drops out mid-step.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    /// Attempts at one step before the run fails.
+    pub attempts: u32,
+    /// Pause between attempts, while the lost component comes back.
+    pub pause: std::time::Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy { attempts: 120, pause: std::time::Duration::from_millis(500) }
+    }
+}
+
+/// Trains steps `start..total` and evaluates. `on_step` sees every step's metrics as it finishes (and may
+/// checkpoint); a step that fails because a component is unavailable is rerun whole, so no gradient is lost or
+/// applied twice.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     spec: &crds::TrainingJobSpec,
     store: &dyn WeightStore,
     swarm: &mut dyn Swarm,
-    layers: usize,
-    train: &Dataset,
-    test: &Dataset,
+    train_samples: usize,
+    test_samples: usize,
+    start: u64,
     total: u64,
-    on_step: &mut dyn FnMut(&StepMetrics),
+    retry: RetryPolicy,
+    on_step: &mut dyn FnMut(&StepMetrics) -> Result<()>,
 ) -> Result<Summary> {
     let batch = spec.training.batch_size as usize;
-    let sampler = Sampler::new(train.len(), batch, spec.training.seed);
+    let sampler = Sampler::new(train_samples, batch, spec.training.seed);
     let layout = crate::model::ModelLayout::from_spec(&spec.model);
+    let layers = layout.linears.len();
     let dense_step = crate::plan::step_bytes(&layout, true);
     let started = Instant::now();
     let (mut bytes, mut final_loss) = (0u64, f64::NAN);
-    for step in 0..total {
+    for step in start..total {
         let step_started = Instant::now();
-        let indices = sampler.batch(step);
-        let shards = split_even(&indices, swarm.engines()).into_iter().map(|s| train.shard(s)).collect();
-        let (loss, step_bytes) = train_step(store, swarm, layers, shards, 1.0 / batch as f32, step)?;
+        let mut attempt = 1;
+        let (loss, step_bytes) = loop {
+            match train_step(store, swarm, layers, sampler.batch(step), step) {
+                Err(Error::Unavailable(why)) if attempt < retry.attempts => {
+                    tracing::warn!(step = step + 1, attempt, "step aborted, rerunning: {why}");
+                    attempt += 1;
+                    std::thread::sleep(retry.pause);
+                }
+                other => break other?,
+            }
+        };
         final_loss = loss.loss / loss.samples.max(1) as f64;
         if !final_loss.is_finite() {
             return Err(Error::Protocol(format!(
@@ -196,20 +228,34 @@ pub fn run(
             samples_per_s: batch as f64 / step_started.elapsed().as_secs_f64().max(1e-9),
             bytes_streamed: step_bytes,
             learning_rate: crate::optim::learning_rate(&spec.training.optimizer, &spec.training.schedule, step, total),
-        });
+        })?;
     }
     let wall_s = started.elapsed().as_secs_f64();
+    let engines = swarm.stats()?;
     let eval_batch = batch.max(swarm.engines());
-    let eval = evaluate(store, swarm, layers, test, eval_batch)?;
+    let mut attempt = 1;
+    let eval = loop {
+        match evaluate(store, swarm, layers, test_samples, eval_batch, total) {
+            Err(Error::Unavailable(why)) if attempt < retry.attempts => {
+                tracing::warn!(attempt, "evaluation aborted, rerunning: {why}");
+                attempt += 1;
+                std::thread::sleep(retry.pause);
+            }
+            other => break other?,
+        }
+    };
+    let steps_run = total - start;
     Ok(Summary {
         steps: total,
         final_loss,
         eval,
         wall_s,
-        samples_per_s: (total as usize * batch) as f64 / wall_s.max(1e-9),
+        samples_per_s: (steps_run as usize * batch) as f64 / wall_s.max(1e-9),
         bytes_streamed: bytes,
-        dense_equivalent_bytes: dense_step * total,
+        dense_equivalent_bytes: dense_step * steps_run,
         cs2: spec.cs2,
-        engines: swarm.stats(),
+        wse_utilization: engines.iter().map(|e| e.compute_s).sum::<f64>() / engines.len().max(1) as f64 / wall_s.max(1e-9),
+        simulated_step_s: engines.iter().map(|e| e.counters.simulated_s).fold(0.0, f64::max) / steps_run.max(1) as f64,
+        engines,
     })
 }

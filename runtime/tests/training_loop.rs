@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crds::{Activation, ModelKind, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
-use runtime::data::{mnist, split_even, Dataset, Sampler};
+use runtime::data::{mnist, Dataset, Sampler};
 use runtime::engine::{CountingHw, EngineRole, Wse};
 use runtime::kernels::sparse::SparsePattern;
 use runtime::memoryx::{MemoryX, WeightStore};
@@ -35,26 +35,24 @@ fn train_set() -> Dataset {
         .expect("the shipped digits load")
 }
 
-fn engines(layout: &ModelLayout, n: usize) -> LocalSwarm {
+fn engines(layout: &ModelLayout, n: usize, data: &Arc<Dataset>) -> LocalSwarm {
     let engines: Vec<Box<dyn EngineRole>> = (0..n)
         .map(|i| Box::new(Wse::new(format!("engine-{i}"), layout.clone(), CountingHw::new(1 << 30))) as Box<dyn EngineRole>)
         .collect();
-    LocalSwarm::new(engines).expect("engines")
+    LocalSwarm::new(engines, data.clone(), data.clone()).expect("engines")
 }
 
 /// Trains `steps` steps of 64 samples on `n` engines and returns the loss curve and the bytes per step.
 fn curve(layout: &ModelLayout, n: usize, steps: u64, seed: u64) -> (Vec<f64>, Vec<u64>) {
-    let data = train_set();
+    let data = Arc::new(train_set());
     let store = MemoryX::new(layout.clone(), adam(), ScheduleSpec::default(), steps, seed);
-    let mut swarm = engines(layout, n);
+    let mut swarm = engines(layout, n, &data);
     let sampler = Sampler::new(data.len(), 64, seed);
     let mut losses = Vec::new();
     let mut bytes = Vec::new();
     for step in 0..steps {
-        let idx = sampler.batch(step);
-        let shards = split_even(&idx, n).into_iter().map(|s| data.shard(s)).collect();
-        let (loss, b) = train::train_step(&store, &mut swarm, layout.linears.len(), shards, 1.0 / 64.0, step)
-            .expect("step runs");
+        let (loss, b) =
+            train::train_step(&store, &mut swarm, layout.linears.len(), sampler.batch(step), step).expect("step runs");
         losses.push(loss.loss / loss.samples as f64);
         bytes.push(b);
     }

@@ -4,6 +4,7 @@
 //! ([`cost`]) that charges the time a real wafer would take, so a run reports it beside the CPU's.
 
 pub mod cost;
+pub mod node;
 pub mod preset;
 pub mod report;
 

@@ -98,11 +98,11 @@ pub fn run(path: &Path, out: Option<PathBuf>, cs2: Option<u32>) -> Result<()> {
     );
 
     let layout = ModelLayout::from_spec(&spec.model);
-    let layers = layout.linears.len();
     let engines: Vec<Box<dyn EngineRole>> = (0..spec.cs2)
         .map(|i| Box::new(sim_wse::engine(format!("engine-{i}"), layout.clone(), &spec.engine)) as Box<dyn EngineRole>)
         .collect();
-    let mut swarm = LocalSwarm::new(engines)?;
+    let (train_len, test_len) = (train.len(), test.len());
+    let mut swarm = LocalSwarm::new(engines, std::sync::Arc::new(train), std::sync::Arc::new(test))?;
     let memoryx = MemoryX::new(
         layout,
         spec.training.optimizer.clone(),
@@ -125,12 +125,14 @@ pub fn run(path: &Path, out: Option<PathBuf>, cs2: Option<u32>) -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut write_error = None;
-    let summary = runtime::train::run(spec, &memoryx, &mut swarm, layers, &train, &test, total, &mut |m| {
+    let retry = runtime::train::RetryPolicy::default();
+    let summary = runtime::train::run(spec, &memoryx, &mut swarm, train_len, test_len, 0, total, retry, &mut |m| {
         if let Err(e) = serde_json::to_writer(&mut metrics, m).map_err(std::io::Error::from).and_then(|()| metrics.write_all(b"\n")) {
             write_error.get_or_insert(e);
         }
         bar.set_message(format!("loss {:.4}  {:.0} samples/s", m.loss, m.samples_per_s));
         bar.inc(1);
+        Ok(())
     });
     bar.finish_and_clear();
     let summary = summary?;

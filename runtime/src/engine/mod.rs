@@ -4,7 +4,9 @@
 //!
 //! The hardware it runs on is a small trait, [`EngineHw`]: an SRAM budget and a hook that sees every piece of
 //! work, so a simulator can count bytes and FLOPs and charge time. `sim-wse` implements it; the tests here use
-//! [`CountingHw`].
+//! [`CountingHw`]. [`server`] puts an engine on the network.
+
+pub mod server;
 
 use std::time::{Duration, Instant};
 

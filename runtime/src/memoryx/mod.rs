@@ -2,6 +2,9 @@
 //! (forward, then again backward), receives the summed gradients and runs the optimizer. The engines never hold
 //! the model; MemoryX never computes activations.
 
+pub mod checkpoint;
+pub mod node;
+
 use std::sync::{Arc, RwLock};
 
 use crds::{OptimizerSpec, ScheduleSpec};
@@ -207,6 +210,84 @@ impl WeightStore for MemoryX {
         optim::update(&self.optimizer, weights, weight_grads, weights_opt, lr, t, true);
         optim::update(&self.optimizer, bias, &grad.bias, bias_opt, lr, t, false);
         state.updates += 1;
+        Ok(())
+    }
+}
+
+/// MemoryX's whole state as named tensors, for checkpoints.
+pub type Tensors = Vec<(String, Vec<f32>)>;
+
+impl MemoryX {
+    /// Every weight, bias and optimizer moment as named tensors, with the steps applied so far. Taken between
+    /// steps, so all layers agree on the step.
+    pub fn snapshot(&self) -> Result<(u64, Tensors)> {
+        let mut out = Vec::new();
+        let mut step = None;
+        for (l, lock) in self.layers.iter().enumerate() {
+            let s = lock.read().map_err(|_| Error::Protocol(format!("layer {l}'s state was poisoned")))?;
+            if *step.get_or_insert(s.updates) != s.updates {
+                return Err(Error::Protocol("a snapshot was taken in the middle of a step".into()));
+            }
+            for (name, values) in [
+                ("weight", &s.weights),
+                ("bias", &s.bias),
+                ("weight.m", &s.weights_opt.m),
+                ("weight.v", &s.weights_opt.v),
+                ("bias.m", &s.bias_opt.m),
+                ("bias.v", &s.bias_opt.v),
+            ] {
+                if !values.is_empty() {
+                    out.push((format!("layer.{l}.{name}"), values.clone()));
+                }
+            }
+        }
+        Ok((step.unwrap_or(0), out))
+    }
+
+    /// Puts back a snapshot taken of the same model (same layout, seed and optimizer), refusing one that does
+    /// not fit before anything is changed.
+    pub fn restore(&self, step: u64, tensors: &Tensors) -> Result<()> {
+        let find = |name: &str| tensors.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+        let mut staged = Vec::new();
+        for (l, lock) in self.layers.iter().enumerate() {
+            let s = lock.read().map_err(|_| Error::Protocol(format!("layer {l}'s state was poisoned")))?;
+            let mut parts = Vec::new();
+            for (name, want) in [
+                ("weight", s.weights.len()),
+                ("bias", s.bias.len()),
+                ("weight.m", s.weights_opt.m.len()),
+                ("weight.v", s.weights_opt.v.len()),
+                ("bias.m", s.bias_opt.m.len()),
+                ("bias.v", s.bias_opt.v.len()),
+            ] {
+                let key = format!("layer.{l}.{name}");
+                let values = match (find(&key), want) {
+                    (Some(v), n) if v.len() == n => v.clone(),
+                    (None, 0) => Vec::new(),
+                    (found, n) => {
+                        return Err(Error::Protocol(format!(
+                            "checkpoint tensor {key} has {} values but this job's model needs {n}; the checkpoint \
+                             belongs to another model, seed, sparsity or optimizer",
+                            found.map_or(0, Vec::len)
+                        )));
+                    }
+                };
+                parts.push(values);
+            }
+            staged.push(parts);
+        }
+        for (lock, parts) in self.layers.iter().zip(staged) {
+            let mut s = lock.write().map_err(|_| Error::Protocol("layer state poisoned".into()))?;
+            let mut it = parts.into_iter();
+            let mut next = || it.next().unwrap_or_default();
+            s.weights = next();
+            s.bias = next();
+            s.weights_opt.m = next();
+            s.weights_opt.v = next();
+            s.bias_opt.m = next();
+            s.bias_opt.v = next();
+            s.updates = step;
+        }
         Ok(())
     }
 }

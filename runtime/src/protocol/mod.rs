@@ -1,5 +1,14 @@
 //! The messages that cross role boundaries: what MemoryX streams, what engines send back. In one process they
-//! are passed by reference; the gRPC transport encodes exactly these, so both count the same bytes.
+//! are passed by reference; over the network [`wire`] cuts exactly these into chunks of the gRPC protocol in
+//! `proto/weightstream/v1alpha1/stage.proto`, so both count the same bytes.
+
+pub mod wire;
+
+/// The generated gRPC messages and `Stage` service.
+#[allow(missing_docs, clippy::all)]
+pub mod pb {
+    tonic::include_proto!("weightstream.v1alpha1");
+}
 
 use std::sync::Arc;
 

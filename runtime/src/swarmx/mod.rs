@@ -1,40 +1,78 @@
 //! SwarmX: the fabric between MemoryX and the engines. It broadcasts each streamed layer to every engine and
 //! sums what comes back — gradients and loss reports — so MemoryX and the training loop see one engine
 //! however many CS-2s the job uses.
+//!
+//! [`LocalSwarm`] holds its engines in this process; `relay` is a SwarmX node on the network whose children
+//! are engines or further SwarmX nodes, and `remote` is the client the training loop uses to reach one.
 
-use crate::engine::{EngineRole, EngineStats, Shard};
+pub mod node;
+pub mod relay;
+pub mod remote;
+
+use std::sync::Arc;
+
+use crate::data::{split_even, Dataset};
+use crate::engine::{EngineRole, EngineStats};
 use crate::error::{Error, Result};
 use crate::model::loss::LossSum;
 use crate::protocol::{LayerGrad, LayerStream};
 
-/// What the training loop needs from the fabric; a gRPC client to a SwarmX tree implements it the same way.
+/// Which data set a step draws its samples from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// The training examples: a training step.
+    Train,
+    /// The held-out examples: an evaluation step (forward only).
+    Test,
+}
+
+/// What a step asks of the engines: which samples (by index into the split) and how to scale gradients.
+/// Engines hold the data themselves, as the seeds' input servers feed each engine directly, so only sample
+/// indices travel through the fabric.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepRequest {
+    /// The global step (0-based); evaluation steps reuse the step they follow.
+    pub step: u64,
+    /// The global batch, split evenly over the engines in order.
+    pub samples: Vec<u32>,
+    /// Where the samples come from; `Test` runs the forward pass only.
+    pub split: Split,
+    /// 1 / global batch, so engine gradients sum to the batch mean.
+    pub grad_scale: f32,
+}
+
+/// The source of a pass's layer streams, in order: the loop prefetches behind it.
+pub type StreamSource<'a> = &'a mut dyn FnMut() -> Result<LayerStream>;
+
+/// What the training loop needs from the fabric; the network client implements it the same way.
 pub trait Swarm {
     /// Engines behind the fabric.
     fn engines(&self) -> usize;
-    /// Hands each engine its shard (`shards[i]` to engine `i`) and starts the step.
-    fn begin_step(&mut self, shards: Vec<Shard>, grad_scale: f32, train: bool) -> Result<()>;
-    /// Broadcasts a forward stream to every engine.
-    fn forward(&mut self, stream: &LayerStream) -> Result<()>;
-    /// The step's loss sums, added over engines.
-    fn loss(&mut self) -> Result<LossSum>;
-    /// Broadcasts a backward stream and returns the gradients summed over engines.
-    fn backward(&mut self, stream: &LayerStream) -> Result<LayerGrad>;
-    /// Each engine's counters.
-    fn stats(&self) -> Vec<EngineStats>;
+    /// Starts a step on every engine with its share of the samples.
+    fn begin_step(&mut self, request: &StepRequest) -> Result<()>;
+    /// Broadcasts `layers` forward streams pulled from `next` and returns the loss summed over engines.
+    fn forward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<LossSum>;
+    /// Broadcasts `layers` backward streams pulled from `next` (last layer first) and returns each layer's
+    /// gradients summed over engines, in the order streamed.
+    fn backward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<Vec<LayerGrad>>;
+    /// Each engine's counters, in engine order.
+    fn stats(&mut self) -> Result<Vec<EngineStats>>;
 }
 
 /// SwarmX with its engines in the same process: broadcast is a shared reference, reduce a sum in engine order.
 pub struct LocalSwarm {
     engines: Vec<Box<dyn EngineRole>>,
+    train: Arc<Dataset>,
+    test: Arc<Dataset>,
 }
 
 impl LocalSwarm {
-    /// A fabric over `engines`; there must be at least one.
-    pub fn new(engines: Vec<Box<dyn EngineRole>>) -> Result<Self> {
+    /// A fabric over `engines`, which read their shards from `train` and `test`; there must be at least one.
+    pub fn new(engines: Vec<Box<dyn EngineRole>>, train: Arc<Dataset>, test: Arc<Dataset>) -> Result<Self> {
         if engines.is_empty() {
             return Err(Error::Protocol("SwarmX needs at least one engine".into()));
         }
-        Ok(LocalSwarm { engines })
+        Ok(LocalSwarm { engines, train, test })
     }
 }
 
@@ -43,21 +81,24 @@ impl Swarm for LocalSwarm {
         self.engines.len()
     }
 
-    fn begin_step(&mut self, shards: Vec<Shard>, grad_scale: f32, train: bool) -> Result<()> {
-        if shards.len() != self.engines.len() {
-            return Err(Error::Protocol(format!("{} shards for {} engines", shards.len(), self.engines.len())));
-        }
-        for (engine, shard) in self.engines.iter_mut().zip(shards) {
-            engine.begin_step(shard, grad_scale, train)?;
+    fn begin_step(&mut self, request: &StepRequest) -> Result<()> {
+        let data = match request.split {
+            Split::Train => &self.train,
+            Split::Test => &self.test,
+        };
+        check_samples(&request.samples, data.len())?;
+        let parts = split_even(&request.samples, self.engines.len());
+        for (engine, part) in self.engines.iter_mut().zip(parts) {
+            engine.begin_step(data.shard(part), request.grad_scale, request.split == Split::Train)?;
         }
         Ok(())
     }
 
-    fn forward(&mut self, stream: &LayerStream) -> Result<()> {
-        self.engines.iter_mut().try_for_each(|e| e.forward(stream))
-    }
-
-    fn loss(&mut self) -> Result<LossSum> {
+    fn forward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<LossSum> {
+        for _ in 0..layers {
+            let stream = next()?;
+            self.engines.iter_mut().try_for_each(|e| e.forward(&stream))?;
+        }
         let mut total = LossSum::default();
         for engine in &mut self.engines {
             total.add(&engine.loss()?);
@@ -65,17 +106,32 @@ impl Swarm for LocalSwarm {
         Ok(total)
     }
 
-    fn backward(&mut self, stream: &LayerStream) -> Result<LayerGrad> {
-        let mut engines = self.engines.iter_mut();
-        let first = engines.next().ok_or_else(|| Error::Protocol("no engines".into()))?;
-        let mut sum = first.backward(stream)?;
-        for engine in engines {
-            sum.add(&engine.backward(stream)?).map_err(Error::Protocol)?;
+    fn backward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<Vec<LayerGrad>> {
+        let mut grads = Vec::with_capacity(layers);
+        for _ in 0..layers {
+            let stream = next()?;
+            let mut sum: Option<LayerGrad> = None;
+            for engine in &mut self.engines {
+                let g = engine.backward(&stream)?;
+                match &mut sum {
+                    None => sum = Some(g),
+                    Some(s) => s.add(&g).map_err(Error::Protocol)?,
+                }
+            }
+            grads.push(sum.ok_or_else(|| Error::Protocol("no engines".into()))?);
         }
-        Ok(sum)
+        Ok(grads)
     }
 
-    fn stats(&self) -> Vec<EngineStats> {
-        self.engines.iter().map(|e| e.stats()).collect()
+    fn stats(&mut self) -> Result<Vec<EngineStats>> {
+        Ok(self.engines.iter().map(|e| e.stats()).collect())
+    }
+}
+
+/// Refuses sample indices outside the data set, so a bad request cannot reach the engines' data.
+pub fn check_samples(samples: &[u32], len: usize) -> Result<()> {
+    match samples.iter().find(|&&i| i as usize >= len) {
+        Some(bad) => Err(Error::Protocol(format!("sample {bad} requested but the data set has {len}"))),
+        None => Ok(()),
     }
 }

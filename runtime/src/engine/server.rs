@@ -1,0 +1,210 @@
+//! An engine on the network: the `Stage` gRPC service in front of one engine program. Layers arrive as
+//! concurrent streams — the next one is received into a buffer (the prefetch) while the current one computes —
+//! and are computed strictly in the order of the step: forward 1..L, loss, backward L..1.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use futures::Stream;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{EngineRole, EngineStats};
+use crate::data::Dataset;
+use crate::error::{Error, Result};
+use crate::protocol::pb::stage_server::Stage;
+use crate::protocol::pb::{self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk};
+use crate::protocol::wire::{encode_grad, LayerAssembler};
+use crate::protocol::Pass;
+use crate::swarmx::check_samples;
+use crate::transport::to_status;
+
+/// Where the engine is in its step: which step (and which attempt at it), and how many of its operations
+/// (forward layers, loss, backward layers) are done.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Turn {
+    step: u64,
+    attempt: u64,
+    done: usize,
+}
+
+/// The `Stage` service of one engine.
+pub struct EngineServer {
+    job: String,
+    layers: usize,
+    engine: Arc<Mutex<Box<dyn EngineRole>>>,
+    train: Arc<Dataset>,
+    test: Arc<Dataset>,
+    turn: watch::Sender<Turn>,
+}
+
+impl EngineServer {
+    /// Serves `engine` (running a model of `layers` weight layers) for `job`, reading shards from the data sets.
+    pub fn new(job: String, layers: usize, engine: Box<dyn EngineRole>, train: Arc<Dataset>, test: Arc<Dataset>) -> Self {
+        EngineServer { job, layers, engine: Arc::new(Mutex::new(engine)), train, test, turn: watch::channel(Turn::default()).0 }
+    }
+
+    /// Counters of the engine, for this process's metrics.
+    pub fn stats(&self) -> Option<EngineStats> {
+        self.engine.lock().ok().map(|e| e.stats())
+    }
+
+    fn check_job(&self, job: &str) -> Result<(), Status> {
+        if job != self.job {
+            return Err(Status::failed_precondition(format!(
+                "request for job '{job}' reached an engine of job '{}'",
+                self.job
+            )));
+        }
+        Ok(())
+    }
+
+    /// Waits until operation `op` of `step` is next, so concurrently received layers compute in order.
+    async fn wait_turn(&self, step: u64, op: usize) -> Result<Turn, Status> {
+        let mut rx = self.turn.subscribe();
+        let attempt = rx.borrow().attempt;
+        loop {
+            let now = *rx.borrow_and_update();
+            if now.step != step || now.attempt != attempt {
+                return Err(Status::aborted(format!("step {step} was superseded by step {} (attempt {})", now.step, now.attempt)));
+            }
+            if now.done == op {
+                return Ok(now);
+            }
+            if now.done > op {
+                return Err(Status::invalid_argument(format!("operation {op} of step {step} arrived twice")));
+            }
+            rx.changed().await.map_err(|_| Status::unavailable("engine shutting down"))?;
+        }
+    }
+
+    /// Runs `f` on the engine off the async threads, then lets the next operation go.
+    async fn compute<T: Send + 'static>(
+        &self,
+        turn: Turn,
+        f: impl FnOnce(&mut dyn EngineRole) -> Result<T> + Send + 'static,
+    ) -> Result<T, Status> {
+        let engine = self.engine.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let mut guard = engine.lock().map_err(|_| Error::Protocol("engine state poisoned".into()))?;
+            f(guard.as_mut())
+        })
+        .await
+        .map_err(|e| Status::internal(format!("engine task failed: {e}")))?;
+        self.turn.send_if_modified(|t| {
+            let same = t.step == turn.step && t.attempt == turn.attempt;
+            if same {
+                t.done += 1;
+            }
+            same
+        });
+        result.map_err(to_status)
+    }
+
+    async fn receive(&self, mut stream: Streaming<LayerChunk>) -> Result<(u64, crate::protocol::LayerStream), Status> {
+        let mut asm = LayerAssembler::default();
+        while let Some(chunk) = stream.message().await? {
+            asm.push(chunk, &self.job).map_err(to_status)?;
+        }
+        asm.finish().map_err(to_status)
+    }
+}
+
+type GradStream = Pin<Box<dyn Stream<Item = Result<GradChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Stage for EngineServer {
+    async fn info(&self, request: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
+        self.check_job(&request.get_ref().job)?;
+        Ok(Response::new(InfoReply { job: self.job.clone(), engines: 1 }))
+    }
+
+    async fn begin_step(&self, request: Request<BeginStepRequest>) -> Result<Response<Ack>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        let (data, train) = match pb::Split::try_from(r.split) {
+            Ok(pb::Split::Train) => (self.train.clone(), true),
+            Ok(pb::Split::Test) => (self.test.clone(), false),
+            Err(_) => return Err(Status::invalid_argument(format!("unknown split {}", r.split))),
+        };
+        check_samples(&r.samples, data.len()).map_err(to_status)?;
+        let engine = self.engine.clone();
+        let (samples, scale) = (r.samples, r.grad_scale);
+        tokio::task::spawn_blocking(move || {
+            let shard = data.shard(&samples);
+            engine.lock().map_err(|_| Error::Protocol("engine state poisoned".into()))?.begin_step(shard, scale, train)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(to_status)?;
+        self.turn.send_modify(|t| *t = Turn { step: r.step, attempt: t.attempt + 1, done: 0 });
+        Ok(Response::new(Ack {}))
+    }
+
+    async fn forward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<Ack>, Status> {
+        let (step, stream) = self.receive(request.into_inner()).await?;
+        if stream.pass != Pass::Forward || stream.layer >= self.layers {
+            return Err(Status::invalid_argument(format!("forward call carried layer {} ({:?} pass)", stream.layer, stream.pass)));
+        }
+        let turn = self.wait_turn(step, stream.layer).await?;
+        self.compute(turn, move |e| e.forward(&stream)).await?;
+        Ok(Response::new(Ack {}))
+    }
+
+    async fn loss(&self, request: Request<pb::LossRequest>) -> Result<Response<pb::LossReply>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        let turn = self.wait_turn(r.step, self.layers).await?;
+        let sum = self.compute(turn, |e| e.loss()).await?;
+        Ok(Response::new(pb::LossReply { loss: sum.loss, correct: sum.correct, samples: sum.samples }))
+    }
+
+    type BackwardStream = GradStream;
+
+    async fn backward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<GradStream>, Status> {
+        let (step, stream) = self.receive(request.into_inner()).await?;
+        if stream.pass != Pass::Backward || stream.layer >= self.layers {
+            return Err(Status::invalid_argument(format!("backward call carried layer {} ({:?} pass)", stream.layer, stream.pass)));
+        }
+        let op = self.layers + 1 + (self.layers - 1 - stream.layer);
+        let turn = self.wait_turn(step, op).await?;
+        let grad = self.compute(turn, move |e| e.backward(&stream)).await?;
+        Ok(Response::new(Box::pin(tokio_stream::iter(encode_grad(&grad).into_iter().map(Ok)))))
+    }
+
+    async fn stats(&self, request: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
+        self.check_job(&request.get_ref().job)?;
+        let s = self.stats().ok_or_else(|| Status::internal("engine state poisoned"))?;
+        Ok(Response::new(pb::StatsReply { engines: vec![stats_to_pb(&s)] }))
+    }
+}
+
+/// Engine counters as they travel.
+pub fn stats_to_pb(s: &EngineStats) -> pb::EngineStats {
+    pb::EngineStats {
+        bytes_received: s.counters.bytes_received,
+        bytes_sent: s.counters.bytes_sent,
+        dense_equivalent_flops: s.counters.dense_equivalent_flops,
+        flops: s.counters.flops,
+        simulated_s: s.counters.simulated_s,
+        peak_sram_bytes: s.peak_sram_bytes,
+        sram_bytes: s.sram_bytes,
+        compute_s: s.compute_s,
+    }
+}
+
+/// Engine counters as they arrive.
+pub fn stats_from_pb(s: &pb::EngineStats) -> EngineStats {
+    EngineStats {
+        counters: super::EngineCounters {
+            bytes_received: s.bytes_received,
+            bytes_sent: s.bytes_sent,
+            dense_equivalent_flops: s.dense_equivalent_flops,
+            flops: s.flops,
+            simulated_s: s.simulated_s,
+        },
+        peak_sram_bytes: s.peak_sram_bytes,
+        sram_bytes: s.sram_bytes,
+        compute_s: s.compute_s,
+    }
+}

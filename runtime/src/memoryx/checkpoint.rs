@@ -1,0 +1,166 @@
+//! Checkpoints of MemoryX: every weight and optimizer moment in a `safetensors` file named by its step, with
+//! the step and a CRC-32 of the tensor data in the file's metadata. A checkpoint is written to a temporary
+//! file, flushed and renamed into place, so a crash leaves either the old set or the new one, never half a file;
+//! a file whose checksum does not match is passed over for the one before it.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+
+use super::Tensors;
+use crate::error::{Error, Result};
+
+const PREFIX: &str = "step-";
+const SUFFIX: &str = ".safetensors";
+
+/// The file a checkpoint of `step` lives in.
+pub fn path_for(dir: &Path, step: u64) -> PathBuf {
+    dir.join(format!("{PREFIX}{step:08}{SUFFIX}"))
+}
+
+fn checksum(tensors: &Tensors) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    for (name, values) in tensors {
+        h.update(name.as_bytes());
+        for v in values {
+            h.update(&v.to_le_bytes());
+        }
+    }
+    h.finalize()
+}
+
+/// Writes a checkpoint of `step` into `dir` atomically and keeps only the newest `keep`. Returns its path.
+pub fn write(dir: &Path, step: u64, tensors: &Tensors, job: &str, keep: usize) -> Result<PathBuf> {
+    fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating checkpoint directory {}", dir.display()), e))?;
+    let bytes: Vec<(String, Vec<u8>)> =
+        tensors.iter().map(|(n, v)| (n.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
+    let views = bytes
+        .iter()
+        .zip(tensors)
+        .map(|((name, data), (_, values))| {
+            TensorView::new(Dtype::F32, vec![values.len()], data)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| Error::Protocol(format!("tensor {name}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let metadata = HashMap::from([
+        ("format".to_string(), "weightstream/v1alpha1".to_string()),
+        ("job".to_string(), job.to_string()),
+        ("step".to_string(), step.to_string()),
+        ("crc32".to_string(), format!("{:08x}", checksum(tensors))),
+    ]);
+    let data = safetensors::tensor::serialize(views, Some(metadata))
+        .map_err(|e| Error::Protocol(format!("serialising checkpoint: {e}")))?;
+    let path = path_for(dir, step);
+    let tmp = dir.join(format!(".{PREFIX}{step:08}{SUFFIX}.tmp"));
+    let mut file = fs::File::create(&tmp).map_err(|e| Error::io(format!("creating {}", tmp.display()), e))?;
+    file.write_all(&data).and_then(|()| file.sync_all()).map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
+    fs::rename(&tmp, &path).map_err(|e| Error::io(format!("renaming {} into place", tmp.display()), e))?;
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    for (_, old) in list(dir)?.into_iter().skip(keep.max(1)) {
+        let _ = fs::remove_file(old);
+    }
+    Ok(path)
+}
+
+/// Checkpoint files in `dir`, newest first.
+pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
+    };
+    let mut found: Vec<(u64, PathBuf)> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let step = name.strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?.parse().ok()?;
+            Some((step, e.path()))
+        })
+        .collect();
+    found.sort_by(|a, b| b.0.cmp(&a.0));
+    Ok(found)
+}
+
+/// Reads one checkpoint, verifying its checksum.
+pub fn read(path: &Path) -> Result<(u64, Tensors)> {
+    let bytes = fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    let bad = |why: String| Error::Protocol(format!("checkpoint {} is unusable: {why}", path.display()));
+    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
+    let info = meta.metadata().clone().unwrap_or_default();
+    let step: u64 = info.get("step").and_then(|s| s.parse().ok()).ok_or_else(|| bad("no step in its metadata".into()))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+    let mut names: Vec<String> = st.names().into_iter().map(|n| n.to_string()).collect();
+    names.sort_by_key(|n| tensor_order(n));
+    let mut tensors = Vec::with_capacity(names.len());
+    for name in names {
+        let view = st.tensor(&name).map_err(|e| bad(e.to_string()))?;
+        if view.dtype() != Dtype::F32 {
+            return Err(bad(format!("tensor {name} is not f32")));
+        }
+        let values = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        tensors.push((name, values));
+    }
+    let want = info.get("crc32").cloned().unwrap_or_default();
+    let have = format!("{:08x}", checksum(&tensors));
+    if want != have {
+        return Err(bad(format!("checksum {have} does not match the recorded {want}")));
+    }
+    Ok((step, tensors))
+}
+
+/// The order tensors were written in (layer, then kind), so the checksum is computed over the same sequence.
+fn tensor_order(name: &str) -> (usize, usize) {
+    let mut parts = name.splitn(3, '.');
+    let layer = parts.nth(1).and_then(|l| l.parse().ok()).unwrap_or(usize::MAX);
+    let kind = ["weight", "bias", "weight.m", "weight.v", "bias.m", "bias.v"]
+        .iter()
+        .position(|k| name.ends_with(&format!(".{layer}.{k}")))
+        .unwrap_or(usize::MAX);
+    (layer, kind)
+}
+
+/// The newest readable checkpoint in `dir`, passing over damaged ones with a warning.
+pub fn latest(dir: &Path) -> Result<Option<(u64, Tensors, PathBuf)>> {
+    for (_, path) in list(dir)? {
+        match read(&path) {
+            Ok((step, tensors)) => return Ok(Some((step, tensors, path))),
+            Err(e) => tracing::warn!("{e}; trying an older checkpoint"),
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_keep_and_corruption() {
+        let dir = std::env::temp_dir().join(format!("ws-ckpt-{}", std::process::id()));
+        fs::remove_dir_all(&dir).ok();
+        let t = |x: f32| -> Tensors {
+            vec![("layer.0.weight".into(), vec![x, 2.0]), ("layer.0.bias".into(), vec![3.0]), ("layer.1.weight".into(), vec![4.0; 10])]
+        };
+        for step in 1..=4 {
+            write(&dir, step * 10, &t(step as f32), "job", 2).unwrap();
+        }
+        let files = list(&dir).unwrap();
+        assert_eq!(files.iter().map(|f| f.0).collect::<Vec<_>>(), vec![40, 30], "only the newest two are kept");
+        let (step, tensors, _) = latest(&dir).unwrap().unwrap();
+        assert_eq!((step, tensors), (40, t(4.0)));
+        // Flip a byte of the newest: it is passed over for the older one.
+        let mut bytes = fs::read(&files[0].1).unwrap();
+        let n = bytes.len();
+        bytes[n - 3] ^= 0xff;
+        fs::write(&files[0].1, bytes).unwrap();
+        assert!(read(&files[0].1).unwrap_err().to_string().contains("checksum"));
+        assert_eq!(latest(&dir).unwrap().unwrap().0, 30);
+        fs::remove_dir_all(&dir).ok();
+    }
+}

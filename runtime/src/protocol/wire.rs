@@ -1,0 +1,297 @@
+//! Layer streams and gradients on the wire: cut into chunks of at most 1 MiB and put back together with every
+//! length and index checked, so a truncated stream, a wrong shape or a bad index is refused before it reaches a
+//! kernel or MemoryX's state.
+
+use std::sync::Arc;
+
+use super::pb::{Encoding, GradChunk, LayerChunk, Pass as PbPass};
+use super::{LayerGrad, LayerStream, Pass, WeightPayload};
+use crate::error::{Error, Result};
+use crate::kernels::sparse::SparsePattern;
+
+/// 4-byte words per chunk: just under 1 MiB of payload, leaving room for the header and framing.
+pub const CHUNK_WORDS: usize = 250_000;
+
+/// Cuts a layer stream into chunks for `job` and `step`.
+pub fn encode_layer(stream: &LayerStream, job: &str, step: u64) -> Vec<LayerChunk> {
+    let (encoding, pattern, values): (Encoding, Option<&SparsePattern>, &[f32]) = match &stream.weights {
+        WeightPayload::Dense(v) => (Encoding::Dense, None, v),
+        WeightPayload::Sparse { pattern, values } => (Encoding::Sparse, Some(pattern), values),
+        WeightPayload::Mask(pattern) => (Encoding::Mask, Some(pattern), &[]),
+        WeightPayload::Nothing => (Encoding::Nothing, None, &[]),
+    };
+    let empty: &[u32] = &[];
+    let (order, ptr, indices) = pattern.map_or((empty, empty, empty), |p| (p.order(), p.ptr(), p.idx()));
+    let header = LayerChunk {
+        job: job.to_string(),
+        step,
+        layer: stream.layer as u32,
+        pass: match stream.pass {
+            Pass::Forward => PbPass::Forward,
+            Pass::Backward => PbPass::Backward,
+        } as i32,
+        encoding: encoding as i32,
+        first: true,
+        outer: pattern.map_or(0, |p| p.outer() as u32),
+        inner: pattern.map_or(0, |p| p.inner() as u32),
+        indices_len: indices.len() as u64,
+        values_len: values.len() as u64,
+        bias_len: stream.bias.len() as u64,
+        ..LayerChunk::default()
+    };
+    let mut chunks = vec![header];
+    let mut room = CHUNK_WORDS;
+    let mut take = |chunks: &mut Vec<LayerChunk>, mut data: &[u32], put: fn(&mut LayerChunk, &[u32])| {
+        while !data.is_empty() {
+            if room == 0 {
+                chunks.push(LayerChunk { job: job.to_string(), step, layer: stream.layer as u32, ..LayerChunk::default() });
+                room = CHUNK_WORDS;
+            }
+            let n = room.min(data.len());
+            if let Some(last) = chunks.last_mut() {
+                put(last, &data[..n]);
+            }
+            data = &data[n..];
+            room -= n;
+        }
+    };
+    take(&mut chunks, order, |c, d| c.order.extend_from_slice(d));
+    take(&mut chunks, ptr, |c, d| c.ptr.extend_from_slice(d));
+    take(&mut chunks, indices, |c, d| c.indices.extend_from_slice(d));
+    let value_bits: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
+    take(&mut chunks, &value_bits, |c, d| c.values.extend(d.iter().map(|&b| f32::from_bits(b))));
+    let bias_bits: Vec<u32> = stream.bias.iter().map(|v| v.to_bits()).collect();
+    take(&mut chunks, &bias_bits, |c, d| c.bias.extend(d.iter().map(|&b| f32::from_bits(b))));
+    if let Some(last) = chunks.last_mut() {
+        last.last = true;
+    }
+    chunks
+}
+
+/// Puts a layer stream back together from its chunks, checking that it is for `job` and complete.
+#[derive(Default)]
+pub struct LayerAssembler {
+    header: Option<LayerChunk>,
+    done: bool,
+}
+
+impl LayerAssembler {
+    /// Adds the next chunk.
+    pub fn push(&mut self, chunk: LayerChunk, job: &str) -> Result<()> {
+        if chunk.job != job {
+            return Err(Error::Protocol(format!("a chunk for job '{}' reached a stage of job '{job}'", chunk.job)));
+        }
+        if self.done {
+            return Err(Error::Protocol("a chunk arrived after the layer's last chunk".into()));
+        }
+        match &mut self.header {
+            None if !chunk.first => return Err(Error::Protocol("a layer stream must start with its header".into())),
+            None => {
+                self.done = chunk.last;
+                self.header = Some(chunk);
+            }
+            Some(_) if chunk.first => return Err(Error::Protocol("a second header in one layer stream".into())),
+            Some(h) => {
+                if chunk.layer != h.layer || chunk.step != h.step {
+                    return Err(Error::Protocol(format!(
+                        "chunk of layer {} step {} inside the stream of layer {} step {}",
+                        chunk.layer, chunk.step, h.layer, h.step
+                    )));
+                }
+                h.order.extend(chunk.order);
+                h.ptr.extend(chunk.ptr);
+                h.indices.extend(chunk.indices);
+                h.values.extend(chunk.values);
+                h.bias.extend(chunk.bias);
+                self.done = chunk.last;
+                let too_long = h.indices.len() as u64 > h.indices_len
+                    || h.values.len() as u64 > h.values_len
+                    || h.bias.len() as u64 > h.bias_len;
+                if too_long {
+                    return Err(Error::Protocol(format!("layer {} stream is longer than its header says", h.layer)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The step the stream belongs to, once its header has arrived.
+    pub fn step(&self) -> Option<u64> {
+        self.header.as_ref().map(|h| h.step)
+    }
+
+    /// The whole stream, or an error naming what is missing.
+    pub fn finish(self) -> Result<(u64, LayerStream)> {
+        let h = self.header.ok_or_else(|| Error::Protocol("an empty layer stream".into()))?;
+        if !self.done {
+            return Err(Error::Protocol(format!("layer {} stream was cut off before its last chunk", h.layer)));
+        }
+        let lengths_ok = h.indices.len() as u64 == h.indices_len
+            && h.values.len() as u64 == h.values_len
+            && h.bias.len() as u64 == h.bias_len;
+        if !lengths_ok {
+            return Err(Error::Protocol(format!(
+                "layer {} stream is truncated: {} of {} indices, {} of {} values, {} of {} bias values",
+                h.layer,
+                h.indices.len(),
+                h.indices_len,
+                h.values.len(),
+                h.values_len,
+                h.bias.len(),
+                h.bias_len
+            )));
+        }
+        let pattern = |h: LayerChunk| -> Result<Arc<SparsePattern>> {
+            SparsePattern::from_parts(h.outer as usize, h.inner as usize, h.order, h.ptr, h.indices)
+                .map(Arc::new)
+                .map_err(|e| Error::Protocol(format!("layer {} mask: {e}", h.layer)))
+        };
+        let pass = match PbPass::try_from(h.pass) {
+            Ok(PbPass::Forward) => Pass::Forward,
+            Ok(PbPass::Backward) => Pass::Backward,
+            Err(_) => return Err(Error::Protocol(format!("unknown pass {}", h.pass))),
+        };
+        let (layer, step, bias) = (h.layer as usize, h.step, h.bias.clone());
+        let weights = match Encoding::try_from(h.encoding) {
+            Ok(Encoding::Dense) => WeightPayload::Dense(h.values),
+            Ok(Encoding::Sparse) => {
+                let values = h.values.clone();
+                let p = pattern(h)?;
+                if values.len() != p.nnz() {
+                    return Err(Error::Protocol(format!("layer {layer}: {} values for {} non-zeros", values.len(), p.nnz())));
+                }
+                WeightPayload::Sparse { pattern: p, values }
+            }
+            Ok(Encoding::Mask) => WeightPayload::Mask(pattern(h)?),
+            Ok(Encoding::Nothing) => WeightPayload::Nothing,
+            Err(_) => return Err(Error::Protocol(format!("unknown encoding {}", h.encoding))),
+        };
+        Ok((step, LayerStream { layer, pass, weights, bias }))
+    }
+}
+
+/// Cuts a gradient into chunks.
+pub fn encode_grad(grad: &LayerGrad) -> Vec<GradChunk> {
+    let mut chunks = Vec::new();
+    let pieces = grad.weights.chunks(CHUNK_WORDS).map(|w| (w, &[][..])).chain(grad.bias.chunks(CHUNK_WORDS).map(|b| (&[][..], b)));
+    for (weights, bias) in pieces {
+        chunks.push(GradChunk { layer: grad.layer as u32, weights: weights.to_vec(), bias: bias.to_vec(), ..GradChunk::default() });
+    }
+    if chunks.is_empty() {
+        chunks.push(GradChunk { layer: grad.layer as u32, ..GradChunk::default() });
+    }
+    chunks[0].first = true;
+    chunks[0].weights_len = grad.weights.len() as u64;
+    chunks[0].bias_len = grad.bias.len() as u64;
+    if let Some(last) = chunks.last_mut() {
+        last.last = true;
+    }
+    chunks
+}
+
+/// Puts a gradient back together, checking it is complete.
+pub fn decode_grad(chunks: impl IntoIterator<Item = GradChunk>) -> Result<LayerGrad> {
+    let mut header: Option<GradChunk> = None;
+    let mut done = false;
+    for c in chunks {
+        if done {
+            return Err(Error::Protocol("a gradient chunk arrived after the last one".into()));
+        }
+        done = c.last;
+        match &mut header {
+            None if !c.first => return Err(Error::Protocol("a gradient stream must start with its header".into())),
+            None => header = Some(c),
+            Some(h) => {
+                if c.first || c.layer != h.layer {
+                    return Err(Error::Protocol("gradient chunks of two layers are mixed".into()));
+                }
+                h.weights.extend(c.weights);
+                h.bias.extend(c.bias);
+            }
+        }
+    }
+    let h = header.ok_or_else(|| Error::Protocol("an empty gradient stream".into()))?;
+    if !done || h.weights.len() as u64 != h.weights_len || h.bias.len() as u64 != h.bias_len {
+        return Err(Error::Protocol(format!(
+            "layer {} gradient is truncated: {} of {} weights, {} of {} bias values",
+            h.layer,
+            h.weights.len(),
+            h.weights_len,
+            h.bias.len(),
+            h.bias_len
+        )));
+    }
+    Ok(LayerGrad { layer: h.layer as usize, weights: h.weights, bias: h.bias })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sparse_stream() -> LayerStream {
+        let p = SparsePattern::random(700, 900, 0.9, 1);
+        let values: Vec<f32> = (0..p.nnz()).map(|k| k as f32 * 0.5).collect();
+        LayerStream { layer: 2, pass: Pass::Forward, weights: WeightPayload::Sparse { pattern: Arc::new(p), values }, bias: vec![1.0; 700] }
+    }
+
+    fn assemble(chunks: Vec<LayerChunk>, job: &str) -> Result<(u64, LayerStream)> {
+        let mut a = LayerAssembler::default();
+        for c in chunks {
+            a.push(c, job)?;
+        }
+        a.finish()
+    }
+
+    #[test]
+    fn streams_round_trip_in_chunks_of_at_most_a_mebibyte() {
+        let s = sparse_stream();
+        let chunks = encode_layer(&s, "job-a", 7);
+        assert!(chunks.len() > 4, "a 567k-non-zero layer takes several chunks");
+        for c in &chunks {
+            let words = c.order.len() + c.ptr.len() + c.indices.len() + c.values.len() + c.bias.len();
+            assert!(words * 4 <= 1 << 20);
+            assert!(prost::Message::encoded_len(c) <= 1 << 20);
+        }
+        let (step, back) = assemble(chunks, "job-a").unwrap();
+        assert_eq!(step, 7);
+        assert_eq!(back.layer, 2);
+        match (&back.weights, &s.weights) {
+            (WeightPayload::Sparse { pattern: a, values: va }, WeightPayload::Sparse { pattern: b, values: vb }) => {
+                assert_eq!(a, b);
+                assert_eq!(va, vb);
+            }
+            _ => panic!("encoding changed"),
+        }
+        assert_eq!(back.bias, s.bias);
+
+        let g = LayerGrad { layer: 1, weights: (0..600_000).map(|i| i as f32).collect(), bias: vec![2.0; 5] };
+        assert_eq!(decode_grad(encode_grad(&g)).unwrap(), g);
+    }
+
+    #[test]
+    fn bad_streams_are_refused() {
+        let chunks = encode_layer(&sparse_stream(), "job-a", 1);
+        // Another job.
+        assert!(assemble(chunks.clone(), "job-b").unwrap_err().to_string().contains("job 'job-a'"));
+        // Truncated: the last chunk never arrives.
+        let mut cut = chunks.clone();
+        cut.pop();
+        assert!(assemble(cut, "job-a").unwrap_err().to_string().contains("cut off"));
+        // A wrong shape: an index outside the layer.
+        let mut bad = chunks.clone();
+        if let Some(c) = bad.iter_mut().find(|c| !c.indices.is_empty()) {
+            c.indices[0] = 5000;
+        }
+        assert!(assemble(bad, "job-a").unwrap_err().to_string().contains("outside"));
+        // Values missing although the header promised them.
+        let mut short = chunks;
+        if let Some(c) = short.iter_mut().rev().find(|c| !c.values.is_empty()) {
+            c.values.pop();
+        }
+        assert!(assemble(short, "job-a").unwrap_err().to_string().contains("truncated"));
+        // A gradient cut short.
+        let mut g = encode_grad(&LayerGrad { layer: 0, weights: vec![1.0; 300_000], bias: vec![0.0; 3] });
+        g.pop();
+        assert!(decode_grad(g).is_err());
+    }
+}

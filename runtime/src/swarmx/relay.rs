@@ -1,0 +1,193 @@
+//! A SwarmX node on the network. Its children are stages — engines or further SwarmX nodes — so nodes stack
+//! into a tree of any fan-out. Down the tree it splits the batch and broadcasts each layer; up the tree it sums
+//! gradients and losses, so its parent sees one stage whatever is below.
+
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use futures::future::try_join_all;
+use futures::Stream;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::data::split_even;
+use crate::error::{Error, Result};
+use crate::model::loss::LossSum;
+use crate::protocol::pb::stage_client::StageClient;
+use crate::protocol::pb::stage_server::Stage;
+use crate::protocol::pb::{self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk};
+use crate::protocol::wire::{decode_grad, encode_grad};
+use crate::protocol::LayerGrad;
+use crate::transport::{from_status, to_status};
+
+/// One child of a SwarmX node.
+#[derive(Clone)]
+pub struct Child {
+    /// Its address, for error messages.
+    pub url: String,
+    /// A client that reconnects by itself when the child comes back.
+    pub client: StageClient<Channel>,
+    /// Engines below it.
+    pub engines: u32,
+}
+
+/// Connects to a stage at `url` for `job`, waiting up to `timeout` for it to come up, and learns its engines.
+pub async fn connect(url: &str, job: &str, timeout: Duration) -> Result<Child> {
+    let endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|e| Error::Protocol(format!("bad stage address '{url}': {e}")))?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true);
+    let client = StageClient::new(endpoint.connect_lazy())
+        .max_decoding_message_size(8 << 20)
+        .max_encoding_message_size(8 << 20);
+    let deadline = Instant::now() + timeout;
+    loop {
+        match client.clone().info(InfoRequest { job: job.to_string() }).await {
+            Ok(reply) => {
+                let reply = reply.into_inner();
+                return Ok(Child { url: url.to_string(), client, engines: reply.engines });
+            }
+            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                return Err(Error::Protocol(format!("{url}: {}", s.message())));
+            }
+            Err(s) if Instant::now() >= deadline => {
+                return Err(Error::Unavailable(format!("{url} did not answer within {timeout:?}: {}", s.message())));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// The `Stage` service of a SwarmX node.
+pub struct Relay {
+    job: String,
+    children: Vec<Child>,
+}
+
+impl Relay {
+    /// A node for `job` over connected `children`, in engine order.
+    pub fn new(job: String, children: Vec<Child>) -> Self {
+        Relay { job, children }
+    }
+
+    /// Engines below this node.
+    pub fn engines(&self) -> u32 {
+        self.children.iter().map(|c| c.engines).sum()
+    }
+
+    fn check_job(&self, job: &str) -> Result<(), Status> {
+        if job != self.job {
+            return Err(Status::failed_precondition(format!("request for job '{job}' reached a SwarmX node of job '{}'", self.job)));
+        }
+        Ok(())
+    }
+
+    /// Passes a child's failure up with the child named, keeping "unavailable" distinguishable.
+    fn child_error(child: &Child, s: Status) -> Status {
+        to_status(from_status(s, &child.url))
+    }
+
+    async fn collect(&self, mut stream: Streaming<LayerChunk>) -> Result<Vec<LayerChunk>, Status> {
+        let mut chunks = Vec::new();
+        while let Some(c) = stream.message().await? {
+            self.check_job(&c.job)?;
+            chunks.push(c);
+        }
+        Ok(chunks)
+    }
+}
+
+type GradStream = Pin<Box<dyn Stream<Item = Result<GradChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Stage for Relay {
+    async fn info(&self, request: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
+        self.check_job(&request.get_ref().job)?;
+        Ok(Response::new(InfoReply { job: self.job.clone(), engines: self.engines() }))
+    }
+
+    async fn begin_step(&self, request: Request<BeginStepRequest>) -> Result<Response<Ack>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        // Split as if over all engines below, then give each child its engines' consecutive parts, so the
+        // shards do not depend on the shape of the tree.
+        let parts = split_even(&r.samples, self.engines() as usize);
+        let mut next = 0;
+        let calls = self.children.iter().map(|child| {
+            let mine: Vec<u32> = parts[next..next + child.engines as usize].concat();
+            next += child.engines as usize;
+            let req = BeginStepRequest { samples: mine, ..r.clone() };
+            let mut client = child.client.clone();
+            async move { client.begin_step(req).await.map_err(|s| Self::child_error(child, s)) }
+        });
+        try_join_all(calls).await?;
+        Ok(Response::new(Ack {}))
+    }
+
+    async fn forward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<Ack>, Status> {
+        let chunks = self.collect(request.into_inner()).await?;
+        let calls = self.children.iter().map(|child| {
+            let mut client = child.client.clone();
+            let chunks = chunks.clone();
+            async move { client.forward(tokio_stream::iter(chunks)).await.map_err(|s| Self::child_error(child, s)) }
+        });
+        try_join_all(calls).await?;
+        Ok(Response::new(Ack {}))
+    }
+
+    async fn loss(&self, request: Request<pb::LossRequest>) -> Result<Response<pb::LossReply>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        let calls = self.children.iter().map(|child| {
+            let mut client = child.client.clone();
+            let r = r.clone();
+            async move { client.loss(r).await.map_err(|s| Self::child_error(child, s)) }
+        });
+        let mut total = LossSum::default();
+        for reply in try_join_all(calls).await? {
+            let reply = reply.into_inner();
+            total.add(&LossSum { loss: reply.loss, correct: reply.correct, samples: reply.samples });
+        }
+        Ok(Response::new(pb::LossReply { loss: total.loss, correct: total.correct, samples: total.samples }))
+    }
+
+    type BackwardStream = GradStream;
+
+    async fn backward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<GradStream>, Status> {
+        let chunks = self.collect(request.into_inner()).await?;
+        let calls = self.children.iter().map(|child| {
+            let mut client = child.client.clone();
+            let chunks = chunks.clone();
+            async move {
+                let mut stream = client.backward(tokio_stream::iter(chunks)).await.map_err(|s| Self::child_error(child, s))?.into_inner();
+                let mut parts = Vec::new();
+                while let Some(c) = stream.message().await.map_err(|s| Self::child_error(child, s))? {
+                    parts.push(c);
+                }
+                decode_grad(parts).map_err(|e| to_status(Error::Protocol(format!("{}: {e}", child.url))))
+            }
+        });
+        let grads = try_join_all(calls).await?;
+        let mut sum: Option<LayerGrad> = None;
+        for g in grads {
+            match &mut sum {
+                None => sum = Some(g),
+                Some(s) => s.add(&g).map_err(Status::invalid_argument)?,
+            }
+        }
+        let sum = sum.ok_or_else(|| Status::internal("SwarmX node has no children"))?;
+        Ok(Response::new(Box::pin(tokio_stream::iter(encode_grad(&sum).into_iter().map(Ok)))))
+    }
+
+    async fn stats(&self, request: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        let calls = self.children.iter().map(|child| {
+            let mut client = child.client.clone();
+            let r = r.clone();
+            async move { client.stats(r).await.map_err(|s| Self::child_error(child, s)) }
+        });
+        let engines = try_join_all(calls).await?.into_iter().flat_map(|r| r.into_inner().engines).collect();
+        Ok(Response::new(pb::StatsReply { engines }))
+    }
+}

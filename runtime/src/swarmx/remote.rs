@@ -1,0 +1,136 @@
+//! The training loop's view of a SwarmX tree on the network: the [`Swarm`] trait over gRPC. It keeps one
+//! layer in flight ahead of the one being computed, so the engines find the next layer already received when
+//! they finish the current one, and never more than that.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+
+use super::relay::{connect, Child};
+use super::{Split, StepRequest, StreamSource, Swarm};
+use crate::engine::server::stats_from_pb;
+use crate::engine::EngineStats;
+use crate::error::{Error, Result};
+use crate::model::loss::LossSum;
+use crate::protocol::pb::{self, BeginStepRequest};
+use crate::protocol::wire::{decode_grad, encode_layer};
+use crate::protocol::LayerGrad;
+use crate::transport::from_status;
+
+/// Layers sent ahead of the one the engines are computing.
+const PREFETCH: usize = 1;
+
+/// A client of the root SwarmX node (or of a single engine: they speak the same service).
+pub struct RemoteSwarm {
+    handle: Handle,
+    root: Child,
+    job: String,
+    step: u64,
+}
+
+impl RemoteSwarm {
+    /// Connects to the stage at `url` for `job`, waiting up to `timeout` for it, on the runtime of `handle`.
+    /// Call it from outside the runtime's worker threads: the loop blocks on the network.
+    pub fn connect(handle: Handle, url: &str, job: &str, timeout: Duration) -> Result<Self> {
+        let root = handle.block_on(connect(url, job, timeout))?;
+        Ok(RemoteSwarm { handle, root, job: job.to_string(), step: 0 })
+    }
+
+    /// Runs one pass: sends each stream as its own call, at most `PREFETCH` ahead, and returns the results in
+    /// order. On failure the calls still in flight are abandoned.
+    fn pass<T: Send + 'static>(
+        &mut self,
+        layers: usize,
+        next: StreamSource<'_>,
+        call: impl Fn(pb::stage_client::StageClient<tonic::transport::Channel>, Vec<pb::LayerChunk>) -> JoinHandle<Result<T>>,
+    ) -> Result<Vec<T>> {
+        let (client, job, step, url) = (self.root.client.clone(), self.job.clone(), self.step, self.root.url.clone());
+        self.handle.clone().block_on(async move {
+            let mut inflight: VecDeque<JoinHandle<Result<T>>> = VecDeque::new();
+            let mut out = Vec::with_capacity(layers);
+            let result: Result<()> = async {
+                for _ in 0..layers {
+                    let stream = next()?;
+                    inflight.push_back(call(client.clone(), encode_layer(&stream, &job, step)));
+                    while inflight.len() > PREFETCH {
+                        if let Some(h) = inflight.pop_front() {
+                            out.push(h.await.map_err(|e| Error::Unavailable(format!("{url}: {e}")))??);
+                        }
+                    }
+                }
+                while let Some(h) = inflight.pop_front() {
+                    out.push(h.await.map_err(|e| Error::Unavailable(format!("{url}: {e}")))??);
+                }
+                Ok(())
+            }
+            .await;
+            for h in inflight {
+                h.abort();
+            }
+            result.map(|()| out)
+        })
+    }
+}
+
+impl Swarm for RemoteSwarm {
+    fn engines(&self) -> usize {
+        self.root.engines as usize
+    }
+
+    fn begin_step(&mut self, request: &StepRequest) -> Result<()> {
+        self.step = request.step;
+        let req = BeginStepRequest {
+            job: self.job.clone(),
+            step: request.step,
+            samples: request.samples.clone(),
+            split: match request.split {
+                Split::Train => pb::Split::Train,
+                Split::Test => pb::Split::Test,
+            } as i32,
+            grad_scale: request.grad_scale,
+        };
+        let mut client = self.root.client.clone();
+        let url = self.root.url.clone();
+        self.handle.block_on(async move { client.begin_step(req).await.map(|_| ()).map_err(|s| from_status(s, &url)) })
+    }
+
+    fn forward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<LossSum> {
+        let url = self.root.url.clone();
+        let u = url.clone();
+        self.pass(layers, next, move |mut client, chunks| {
+            let u = u.clone();
+            tokio::spawn(async move {
+                client.forward(tokio_stream::iter(chunks)).await.map(|_| ()).map_err(|s| from_status(s, &u))
+            })
+        })?;
+        let mut client = self.root.client.clone();
+        let req = pb::LossRequest { job: self.job.clone(), step: self.step };
+        let reply = self.handle.block_on(async move { client.loss(req).await.map_err(|s| from_status(s, &url)) })?;
+        let r = reply.into_inner();
+        Ok(LossSum { loss: r.loss, correct: r.correct, samples: r.samples })
+    }
+
+    fn backward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<Vec<LayerGrad>> {
+        let url = self.root.url.clone();
+        self.pass(layers, next, move |mut client, chunks| {
+            let u = url.clone();
+            tokio::spawn(async move {
+                let mut stream = client.backward(tokio_stream::iter(chunks)).await.map_err(|s| from_status(s, &u))?.into_inner();
+                let mut parts = Vec::new();
+                while let Some(c) = stream.message().await.map_err(|s| from_status(s, &u))? {
+                    parts.push(c);
+                }
+                decode_grad(parts)
+            })
+        })
+    }
+
+    fn stats(&mut self) -> Result<Vec<EngineStats>> {
+        let mut client = self.root.client.clone();
+        let (req, url) = (pb::StatsRequest { job: self.job.clone() }, self.root.url.clone());
+        let reply = self.handle.block_on(async move { client.stats(req).await.map_err(|s| from_status(s, &url)) })?;
+        Ok(reply.into_inner().engines.iter().map(stats_from_pb).collect())
+    }
+}

@@ -1,0 +1,132 @@
+//! What the gRPC roles share: turning errors into statuses and back, so a lost component stays distinguishable
+//! from a bad message on every hop, and the small HTTP side of every server (health and Prometheus metrics).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::registry::Registry;
+use tonic::{Code, Status};
+
+use crate::error::Error;
+
+/// The status a role answers with for an error, keeping "unavailable" apart from "refused".
+pub fn to_status(e: Error) -> Status {
+    match e {
+        Error::Unavailable(m) => Status::unavailable(m),
+        Error::OutOfSram { .. } => Status::resource_exhausted(e.to_string()),
+        Error::Protocol(m) => Status::invalid_argument(m),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+/// The error a caller sees for a status from `peer`: transport failures and lost peers become
+/// [`Error::Unavailable`] (the step can be rerun), refusals stay refusals.
+pub fn from_status(s: Status, peer: &str) -> Error {
+    match s.code() {
+        Code::Unavailable | Code::Cancelled | Code::Aborted | Code::DeadlineExceeded | Code::Unknown => {
+            Error::Unavailable(format!("{peer}: {}", s.message()))
+        }
+        _ => Error::Protocol(format!("{peer}: {}", s.message())),
+    }
+}
+
+/// Serves `/healthz` and `/metrics` (Prometheus text from `registry`) on `listener` until the process ends.
+/// `extra` adds role-specific routes (MemoryX's `/status`).
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Mutex<Registry>>,
+    extra: Router,
+) -> std::io::Result<()> {
+    let metrics = move || {
+        let registry = registry.clone();
+        async move {
+            let mut text = String::new();
+            if let Ok(r) = registry.lock() {
+                // Encoding into a String cannot fail for well-formed metrics.
+                let _ = encode(&mut text, &r);
+            }
+            ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
+        }
+    };
+    let app = Router::new().route("/healthz", get(|| async { "ok" })).route("/metrics", get(metrics)).merge(extra);
+    axum::serve(listener, app).await
+}
+
+/// Logs through tracing-subscriber: human-readable by default, one JSON object per line with `json`.
+pub fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json { builder.json().try_init() } else { builder.try_init() };
+}
+
+/// Flags every role program shares. They can also be given as environment variables, since the programs run
+/// as pods.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CommonArgs {
+    /// The TrainingJob manifest.
+    #[arg(long, env = "WS_JOB")]
+    pub job: std::path::PathBuf,
+    /// The job's identity on the wire (default: its name); stages refuse requests of another job.
+    #[arg(long, env = "WS_JOB_ID")]
+    pub job_id: Option<String>,
+    /// Address of the health and metrics endpoint (port 0 picks one).
+    #[arg(long, env = "WS_HTTP", default_value = "127.0.0.1:0")]
+    pub http: SocketAddr,
+    /// Log one JSON object per line.
+    #[arg(long, env = "WS_JSON_LOGS")]
+    pub json_logs: bool,
+    /// Exit when standard input closes, so a local supervisor that dies takes its children with it.
+    #[arg(long)]
+    pub exit_with_stdin: bool,
+}
+
+impl CommonArgs {
+    /// Reads the job manifest and its wire identity.
+    pub fn load(&self) -> crate::Result<(crds::TrainingJob, String)> {
+        let text = std::fs::read_to_string(&self.job)
+            .map_err(|e| Error::io(format!("reading {}", self.job.display()), e))?;
+        let job = crds::parse_training_job(&text)?;
+        let id = self.job_id.clone().unwrap_or_else(|| job.metadata.name.clone().unwrap_or_else(|| "job".into()));
+        Ok((job, id))
+    }
+
+    /// Starts logging and, when asked, the standard-input watchdog.
+    pub fn start(&self) {
+        init_logging(self.json_logs);
+        if self.exit_with_stdin {
+            std::thread::spawn(|| {
+                let mut sink = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+                std::process::exit(0);
+            });
+        }
+    }
+}
+
+/// Binds `addr` and announces the bound address on standard output as `ROLE listening on ADDR`, which is how a
+/// local supervisor learns the ephemeral ports of its children.
+pub async fn bind(addr: SocketAddr, role: &str, what: &str) -> crate::Result<tokio::net::TcpListener> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::io(format!("{role}: binding {what} on {addr}"), e))?;
+    let local = listener.local_addr().map_err(|e| Error::io("reading the bound address", e))?;
+    println!("{role} {what} listening on {local}");
+    Ok(listener)
+}
+
+/// Serves a `Stage` service on an already bound listener until the process ends.
+pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(service: S, listener: tokio::net::TcpListener) -> crate::Result<()> {
+    let svc = crate::protocol::pb::stage_server::StageServer::new(service)
+        .max_decoding_message_size(8 << 20)
+        .max_encoding_message_size(8 << 20);
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(svc)
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+        .await
+        .map_err(|e| Error::Unavailable(format!("gRPC server stopped: {e}")))
+}
