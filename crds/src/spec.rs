@@ -25,7 +25,9 @@ use crate::status::TrainingJobStatus;
     printcolumn = r#"{"name":"CS-2","type":"integer","jsonPath":".spec.cs2"}"#,
     printcolumn = r#"{"name":"Step","type":"integer","jsonPath":".status.step"}"#,
     printcolumn = r#"{"name":"Loss","type":"number","jsonPath":".status.loss"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("size(self.metadata.name) <= 40")
+        .message("metadata.name must be at most 40 characters: the appliance's pod names and hostnames extend it")
 )]
 #[x_kube(
     validation = Rule::new("self.training.batchSize % self.cs2 == 0")

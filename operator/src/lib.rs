@@ -1,1 +1,111 @@
+//! The weightstream operator: it turns a `TrainingJob` into an appliance (MemoryX, the SwarmX tree, one
+//! engine per CS-2), admits jobs only when all their CS-2s are free, keeps the status true from MemoryX's
+//! reports, and cleans up. A library, so the integration tests run the very controller the binary runs.
 
+pub mod admission;
+pub mod children;
+pub mod coordinator;
+pub mod leader;
+pub mod metrics;
+pub mod reconcile;
+pub mod status;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use coordinator::{Coordinator, CoordinatorPhase, CoordinatorStatus, HttpCoordinator, ScriptedCoordinator};
+pub use reconcile::{Context, run};
+
+/// The field manager of every server-side apply, so ownership of fields is clear in `managedFields`.
+pub const MANAGER: &str = "weightstream-operator";
+/// The finalizer that lets the operator remove a job's children itself, so deletion cleans up even on a
+/// cluster whose garbage collector is slow or absent.
+pub const FINALIZER: &str = "weightstream.dev/cleanup";
+/// The default data-plane image.
+pub const DEFAULT_RUNTIME_IMAGE: &str = "weightstream/runtime:0.1.0";
+
+/// Why an operator step failed. One enum for the whole crate: reconcile's error policy and the binary's exit
+/// both see every failure through it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or could not be reached.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The plan refuses the job (it cannot fit an engine).
+    #[error("the plan refuses the job: {0}")]
+    Plan(String),
+    /// An object could not be serialized (a bug of ours).
+    #[error("cannot serialize: {0}")]
+    Serialize(String),
+    /// An object from the API server lacks a field the server always sets.
+    #[error("the object has no {0}")]
+    MissingField(&'static str),
+    /// MemoryX did not answer.
+    #[error("MemoryX at {url} is unreachable: {message}")]
+    Coordinator {
+        /// What was asked.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// Adding or removing the finalizer, or cleaning up, failed.
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+    /// The operator's own configuration is unusable.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// Another replica holds the lease, or it was lost.
+    #[error("leadership: {0}")]
+    Leadership(String),
+}
+
+impl Error {
+    /// Whether the error is an optimistic-concurrency conflict (someone wrote the object first): retried at
+    /// once rather than backed off.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(s)) if s.code == 409)
+            || matches!(self, Error::Finalizer(m) if m.contains("409"))
+    }
+}
+
+/// How the operator runs; flags and environment of the binary, or set directly by tests.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Watch only this namespace (and count only its jobs against the pool); all namespaces when unset.
+    pub namespace: Option<String>,
+    /// CS-2s in the pool when no node advertises `weightstream.dev/cs2`.
+    pub pool: Option<u32>,
+    /// The data-plane image when a job names none.
+    pub default_image: String,
+    /// Children per SwarmX node.
+    pub fan_out: u32,
+    /// How often a live job is reconciled (and MemoryX polled) without any change to trigger it.
+    pub poll: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            namespace: None,
+            pool: None,
+            default_image: DEFAULT_RUNTIME_IMAGE.into(),
+            fan_out: children::DEFAULT_FAN_OUT,
+            poll: Duration::from_secs(3),
+        }
+    }
+}
+
+/// The state an operator process shares between its controller and its HTTP endpoints.
+#[derive(Clone)]
+pub struct Shared {
+    /// Prometheus metrics.
+    pub metrics: Arc<metrics::Metrics>,
+    /// Set once the controller runs (as leader): what `/readyz` reports.
+    pub ready: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared { metrics: Arc::new(metrics::Metrics::new()), ready: Arc::new(std::sync::atomic::AtomicBool::new(false)) }
+    }
+}

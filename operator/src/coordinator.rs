@@ -1,0 +1,200 @@
+//! How progress reaches the status: the operator polls the job's MemoryX (the job's coordinator) at
+//! `GET /status` through its Service, and asks it for a checkpoint with `POST /checkpoint` before a suspend or a
+//! rescale. It is a trait so tests (and clusters without a data plane) can stand in for MemoryX.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crds::TrainingJob;
+use futures::future::BoxFuture;
+use kube::ResourceExt;
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// MemoryX's view of the training loop, as its `/status` endpoint returns it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CoordinatorStatus {
+    /// Where the loop is.
+    pub phase: CoordinatorPhase,
+    /// Optimizer steps completed.
+    #[serde(default)]
+    pub step: u64,
+    /// Steps the job runs in all.
+    #[serde(default)]
+    pub total_steps: Option<u64>,
+    /// Mean loss of the last step.
+    #[serde(default)]
+    pub loss: Option<f64>,
+    /// Throughput over the last steps.
+    #[serde(default)]
+    pub samples_per_second: Option<f64>,
+    /// The cost model's time for one step.
+    #[serde(default)]
+    pub simulated_step_seconds: Option<f64>,
+    /// The newest complete checkpoint.
+    #[serde(default)]
+    pub last_checkpoint: Option<CheckpointInfo>,
+    /// Held-out accuracy of the last evaluation.
+    #[serde(default)]
+    pub eval_accuracy: Option<f64>,
+    /// Why, when it failed.
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+/// A checkpoint MemoryX completed.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointInfo {
+    /// The step it holds.
+    pub step: u64,
+    /// Its path on the checkpoint volume.
+    pub path: String,
+}
+
+/// The phases MemoryX reports.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CoordinatorPhase {
+    /// Training.
+    #[default]
+    Running,
+    /// Writing a checkpoint.
+    Checkpointing,
+    /// Trained to the end (and wrote the final checkpoint).
+    Succeeded,
+    /// Gave up; `message` says why.
+    Failed,
+}
+
+/// Reads a job's progress from its coordinator and asks it for checkpoints.
+pub trait Coordinator: Send + Sync + 'static {
+    /// The coordinator's current report for `job`.
+    fn status<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<CoordinatorStatus, Error>>;
+    /// Asks the coordinator to write a checkpoint after the step in flight.
+    fn checkpoint<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<(), Error>>;
+}
+
+/// The real thing: HTTP to MemoryX's Service, `http://<job>-memoryx.<namespace>.svc:8080`.
+pub struct HttpCoordinator {
+    client: reqwest::Client,
+}
+
+impl HttpCoordinator {
+    /// A client with short timeouts, so one unreachable MemoryX never stalls reconciling the others.
+    pub fn new() -> Result<HttpCoordinator, Error> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| Error::Config(format!("cannot build the HTTP client for MemoryX: {e}")))?;
+        Ok(HttpCoordinator { client })
+    }
+
+    fn base(job: &TrainingJob) -> String {
+        crate::children::memoryx_http(&job.name_any(), &job.namespace().unwrap_or_default())
+    }
+}
+
+fn unreachable(url: &str, e: impl std::fmt::Display) -> Error {
+    Error::Coordinator { url: url.into(), message: e.to_string() }
+}
+
+impl Coordinator for HttpCoordinator {
+    fn status<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<CoordinatorStatus, Error>> {
+        Box::pin(async move {
+            let url = format!("{}/status", Self::base(job));
+            let resp = self.client.get(&url).send().await.map_err(|e| unreachable(&url, e))?;
+            let resp = resp.error_for_status().map_err(|e| unreachable(&url, e))?;
+            resp.json::<CoordinatorStatus>().await.map_err(|e| unreachable(&url, format!("bad /status body: {e}")))
+        })
+    }
+
+    fn checkpoint<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let url = format!("{}/checkpoint", Self::base(job));
+            let resp = self.client.post(&url).send().await.map_err(|e| unreachable(&url, e))?;
+            resp.error_for_status().map_err(|e| unreachable(&url, e))?;
+            Ok(())
+        })
+    }
+}
+
+/// A stand-in for MemoryX whose reports the caller sets, for tests and for exercising the operator on a cluster
+/// without a data plane. Like MemoryX, a checkpoint request makes the current step the last checkpoint.
+#[derive(Clone, Default)]
+pub struct ScriptedCoordinator {
+    reports: Arc<Mutex<HashMap<String, CoordinatorStatus>>>,
+    requests: Arc<Mutex<Vec<String>>>,
+}
+
+impl ScriptedCoordinator {
+    /// Makes `namespace/name` report `status` from now on.
+    pub fn set(&self, key: &str, status: CoordinatorStatus) {
+        if let Ok(mut m) = self.reports.lock() {
+            m.insert(key.to_string(), status);
+        }
+    }
+
+    /// Makes `namespace/name` unreachable again.
+    pub fn clear(&self, key: &str) {
+        if let Ok(mut m) = self.reports.lock() {
+            m.remove(key);
+        }
+    }
+
+    /// The jobs (`namespace/name`) a checkpoint was requested for, in order.
+    pub fn checkpoint_requests(&self) -> Vec<String> {
+        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    fn key(job: &TrainingJob) -> String {
+        format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any())
+    }
+}
+
+impl Coordinator for ScriptedCoordinator {
+    fn status<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<CoordinatorStatus, Error>> {
+        let key = Self::key(job);
+        let found = self.reports.lock().ok().and_then(|m| m.get(&key).cloned());
+        Box::pin(async move { found.ok_or_else(|| unreachable(&key, "no report scripted")) })
+    }
+
+    fn checkpoint<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<(), Error>> {
+        let key = Self::key(job);
+        let result = match self.reports.lock() {
+            Ok(mut m) => match m.get_mut(&key) {
+                Some(s) => {
+                    s.last_checkpoint = Some(CheckpointInfo { step: s.step, path: format!("ckpt-{:08}", s.step) });
+                    if let Ok(mut r) = self.requests.lock() {
+                        r.push(key.clone());
+                    }
+                    Ok(())
+                }
+                None => Err(unreachable(&key, "no report scripted")),
+            },
+            Err(_) => Err(unreachable(&key, "poisoned")),
+        };
+        Box::pin(async move { result })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_what_memoryx_serves() {
+        let body = r#"{"phase":"Checkpointing","step":12,"totalSteps":100,"loss":0.25,"samplesPerSecond":900.5,
+            "simulatedStepSeconds":0.001,"lastCheckpoint":{"step":10,"path":"/var/lib/weightstream/checkpoints/10"},
+            "evalAccuracy":0.9,"message":null}"#;
+        let s: CoordinatorStatus = serde_json::from_str(body).unwrap();
+        assert_eq!(s.phase, CoordinatorPhase::Checkpointing);
+        assert_eq!((s.step, s.total_steps, s.last_checkpoint.unwrap().step), (12, Some(100), 10));
+        let minimal: CoordinatorStatus = serde_json::from_str(r#"{"phase":"Running","step":0}"#).unwrap();
+        assert_eq!(minimal.loss, None);
+        assert!(serde_json::from_str::<CoordinatorStatus>(r#"{"phase":"Sleeping"}"#).is_err());
+    }
+}

@@ -1,0 +1,491 @@
+//! The controller: for each `TrainingJob`, observe (pods, MemoryX, the pool), decide (`status::decide`), then
+//! act (apply or release the children, ask for a checkpoint, write the status). Every pass starts from what
+//! the API server holds, so a pass can be repeated, interrupted or run by a freshly started replica.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crds::{Phase, TrainingJob};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::admission::{self, Claim, Verdict};
+use crate::children::{self, JOB_LABEL, ROLE_LABEL, SPEC_HASH_ANNOTATION, Settings};
+use crate::coordinator::Coordinator;
+use crate::status::{self, Children, Observed};
+use crate::{Config, Error, FINALIZER, MANAGER, Shared};
+
+/// What every reconcile pass needs.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// How the operator runs.
+    pub config: Config,
+    /// Where progress comes from.
+    pub coordinator: Arc<dyn Coordinator>,
+    /// Serializes admission: the pool is read and a job's allocation written under it, so two jobs never both
+    /// take the last free CS-2s. (A lock, not state: nothing in it survives or needs to survive a restart.)
+    pub admission: tokio::sync::Mutex<()>,
+    /// Metrics and readiness.
+    pub shared: Shared,
+    /// Publishes Events on phase changes.
+    pub recorder: Recorder,
+}
+
+fn jobs_api(client: &Client, namespace: Option<&str>) -> Api<TrainingJob> {
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs the controller until `shutdown` resolves. The binary calls it once it leads; tests call it directly.
+pub async fn run(
+    client: Client,
+    config: Config,
+    coordinator: Arc<dyn Coordinator>,
+    shared: Shared,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), Error> {
+    let jobs = jobs_api(&client, config.namespace.as_deref());
+    let pods: Api<Pod> = match config.namespace.as_deref() {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let sets: Api<StatefulSet> = match config.namespace.as_deref() {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let reporter = Reporter { controller: MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        config,
+        coordinator,
+        admission: tokio::sync::Mutex::new(()),
+        shared: shared.clone(),
+        recorder,
+    });
+    let children = watcher::Config::default().labels(JOB_LABEL);
+    let controller = Controller::new(jobs, watcher::Config::default());
+    let store = controller.store();
+    let census = {
+        let shared = shared.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let mut counts: Vec<(String, i64)> = Vec::new();
+                for job in store.state() {
+                    let phase = job.status.as_ref().and_then(|s| s.phase).map_or("Pending", Phase::as_str).to_string();
+                    match counts.iter_mut().find(|(p, _)| *p == phase) {
+                        Some((_, n)) => *n += 1,
+                        None => counts.push((phase, 1)),
+                    }
+                }
+                shared.metrics.census(&counts);
+            }
+        }
+    };
+    let census = tokio::spawn(census);
+    shared.ready.store(true, std::sync::atomic::Ordering::Relaxed);
+    controller
+        .owns(pods, children.clone())
+        .owns(sets, children)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => tracing::debug!(job = %obj.name, "reconciled"),
+                Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+            }
+        })
+        .await;
+    census.abort();
+    shared.ready.store(false, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+/// One pass for one job: adds the cleanup finalizer, then either brings the job's world in line with its spec
+/// or, when it is being deleted, removes its children.
+pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, job, |event| async {
+        match event {
+            FinalizerEvent::Apply(job) => apply(job, ctx.clone()).await,
+            FinalizerEvent::Cleanup(job) => cleanup(job, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    });
+    ctx.shared.metrics.observe(result.is_ok(), started.elapsed());
+    result
+}
+
+/// Retries a failed pass: conflicts at once (someone else wrote first; the next pass reads their write),
+/// anything else after a short pause.
+pub fn error_policy(job: Arc<TrainingJob>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(job = %job.name_any(), error = %error, "reconcile error");
+    if error.is_conflict() { Action::requeue(Duration::from_millis(200)) } else { Action::requeue(Duration::from_secs(2)) }
+}
+
+/// The CS-2 pool: the sum of the nodes' allocatable `weightstream.dev/cs2`, or the configured size when no
+/// node advertises it. The second value says whether engines should request the resource.
+async fn pool(ctx: &Context) -> Result<Option<(u32, bool)>, Error> {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let mut total: u32 = 0;
+    for node in nodes.list(&ListParams::default()).await? {
+        let q = node.status.and_then(|s| s.allocatable).and_then(|a| a.get(children::CS2_RESOURCE).cloned());
+        if let Some(q) = q {
+            total += q.0.trim().parse::<u32>().unwrap_or(0);
+        }
+    }
+    if total > 0 {
+        return Ok(Some((total, true)));
+    }
+    Ok(ctx.config.pool.map(|p| (p, false)))
+}
+
+#[derive(Default)]
+struct PodCensus {
+    ready: bool,
+    failed: Vec<String>,
+    delete: Vec<String>,
+    missing: Vec<Pod>,
+    memoryx_restarts: Option<u32>,
+}
+
+fn pod_ready(p: &Pod) -> bool {
+    let st = p.status.as_ref();
+    st.and_then(|s| s.phase.as_deref()) == Some("Running")
+        && st.and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn hash_of(p: &Pod) -> Option<&String> {
+    p.metadata.annotations.as_ref().and_then(|a| a.get(SPEC_HASH_ANNOTATION))
+}
+
+/// Compares the job's engine and SwarmX pods with the desired ones: which are failed (replace and count),
+/// outdated or surplus (replace or remove), missing (create), and whether all are ready.
+fn census(existing: &[Pod], desired: &[Pod], memoryx_pod: &str) -> PodCensus {
+    let mut c = PodCensus { ready: true, ..Default::default() };
+    for p in existing {
+        let name = p.name_any();
+        if name == memoryx_pod {
+            c.memoryx_restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|cs| cs.iter().find(|x| x.name == "memoryx"))
+                .map(|x| u32::try_from(x.restart_count).unwrap_or(0));
+            continue;
+        }
+        let role = p.labels().get(ROLE_LABEL).map(String::as_str);
+        if !matches!(role, Some("engine" | "swarmx")) || p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        match desired.iter().find(|d| d.name_any() == name) {
+            None => c.delete.push(name),
+            Some(d) if hash_of(d) != hash_of(p) => c.delete.push(name),
+            Some(_) if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed") => {
+                c.failed.push(name.clone());
+                c.delete.push(name);
+            }
+            Some(_) => {}
+        }
+    }
+    for d in desired {
+        let name = d.name_any();
+        let current = existing.iter().find(|p| p.name_any() == name);
+        match current {
+            Some(p) if !c.delete.contains(&name) && p.metadata.deletion_timestamp.is_none() => {
+                c.ready &= pod_ready(p);
+            }
+            Some(_) => c.ready = false,
+            None => {
+                c.ready = false;
+                c.missing.push(d.clone());
+            }
+        }
+    }
+    c
+}
+
+async fn apply_one<K>(api: &Api<K>, obj: &K) -> Result<(), Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
+    api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(obj)).await?;
+    Ok(())
+}
+
+async fn delete_ignoring_absent<K>(api: &Api<K>, name: &str) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let name = job.name_any();
+    let client = &ctx.client;
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
+
+    // MemoryX is asked before taking the admission lock: a slow MemoryX must not hold up other jobs.
+    let coordinator = if holds > 0 { Some(ctx.coordinator.status(&job).await.map_err(|e| e.to_string())) } else { None };
+
+    let _admission = ctx.admission.lock().await;
+    // Read the pool and every job afresh (not from the cache): admission must see every allocation made so far.
+    let all = jobs_api(client, ctx.config.namespace.as_deref()).list(&ListParams::default()).await?;
+    let Some(job) = all.items.iter().find(|j| j.uid() == job.uid()).cloned() else {
+        return Ok(Action::await_change());
+    };
+    if job.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::requeue(Duration::from_millis(100)));
+    }
+    let claims: Vec<Claim> = all.items.iter().map(Claim::of).collect();
+    let pool = pool(&ctx).await?;
+    let (pool_size, request_cs2) = pool.unwrap_or((0, false));
+    ctx.shared.metrics.set_pool(pool_size, claims.iter().map(|c| c.holds).sum());
+    let key = format!("{ns}/{name}");
+    let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
+    let admission = (holds == 0).then(|| match pool {
+        Some(_) => admission::decide(pool_size, &claims, &key),
+        None => Verdict::Wait {
+            reason: "NoPool",
+            message: "no node advertises weightstream.dev/cs2 and no pool size is configured (WS_CS2_POOL)".into(),
+        },
+    });
+    let may_grow = job.spec.cs2 <= holds || admission::may_grow(pool_size, &claims, job.spec.cs2 - holds);
+    let settings = Settings { default_image: ctx.config.default_image.clone(), fan_out: ctx.config.fan_out, request_cs2 };
+
+    let existing = pods_api.list(&ListParams::default().labels(&format!("{JOB_LABEL}={name}"))).await?.items;
+    let desired = if holds > 0 {
+        let mut d = children::swarmx_pods(&job, &settings, holds)?;
+        d.extend(children::engine_pods(&job, &settings, holds)?);
+        d
+    } else {
+        Vec::new()
+    };
+    let pods = census(&existing, &desired, &format!("{}-0", children::names::memoryx(&name)));
+
+    let observed = Observed {
+        admission,
+        may_grow,
+        plan: children::plan(&job, job.spec.cs2, ctx.config.fan_out).map(|(_, s)| s).map_err(|e| e.to_string()),
+        pods_ready: holds > 0 && pods.ready,
+        failed_pods: pods.failed.clone(),
+        memoryx_restarts: pods.memoryx_restarts,
+        coordinator,
+        now: Timestamp::now(),
+    };
+    let decision = status::decide(&job, &observed);
+
+    match decision.children {
+        Children::Nothing => {}
+        Children::Assemble(n) => {
+            assemble(&ctx, &job, &settings, n, if n == holds { Some(&pods) } else { None }, &existing).await?;
+        }
+        Children::Release => release(&ctx, &job, &existing).await?,
+    }
+    if decision.request_checkpoint {
+        // A refused request is not fatal: the next pass sees no new checkpoint and asks again.
+        if let Err(e) = ctx.coordinator.checkpoint(&job).await {
+            tracing::warn!(job = %key, error = %e, "asking MemoryX for a checkpoint failed");
+        }
+    }
+    let changed = job.status.as_ref() != Some(&decision.status);
+    if changed {
+        let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+        let patch = serde_json::json!({
+            "apiVersion": format!("{}/{}", crds::GROUP, crds::VERSION),
+            "kind": "TrainingJob",
+            // The resourceVersion makes this a compare-and-swap: a status computed from a stale read is refused
+            // (409) and recomputed, so a counter such as `restarts` is never double-counted.
+            "metadata": { "name": name, "resourceVersion": job.resource_version() },
+            "status": decision.status,
+        });
+        api.patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?;
+    }
+    drop(_admission);
+    if let Some(t) = &decision.transition {
+        tracing::info!(job = %key, phase = %t.phase, reason = %t.reason, message = %t.message, "phase changed");
+        let event = Event {
+            type_: if t.warning { EventType::Warning } else { EventType::Normal },
+            reason: t.reason.clone(),
+            note: Some(format!("{}: {}", t.phase, t.message)),
+            action: t.phase.as_str().into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
+            tracing::warn!(job = %key, error = %e, "cannot record event");
+        }
+    }
+    let phase = decision.status.phase;
+    Ok(match phase {
+        Some(Phase::Succeeded | Phase::Failed | Phase::Suspended) => Action::requeue(Duration::from_secs(300)),
+        _ if !pods.delete.is_empty() => Action::requeue(Duration::from_millis(500)),
+        _ => Action::requeue(ctx.config.poll),
+    })
+}
+
+/// Applies every child for `n` CS-2s. Outdated, failed and surplus pods are deleted first; their
+/// replacements are created on the next pass, once the old pod is gone and its name free.
+async fn assemble(
+    ctx: &Context,
+    job: &TrainingJob,
+    settings: &Settings,
+    n: u32,
+    census_at_n: Option<&PodCensus>,
+    existing: &[Pod],
+) -> Result<(), Error> {
+    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let client = &ctx.client;
+    let (plan, _) = children::plan(job, n, settings.fan_out)?;
+    apply_one(&Api::<ConfigMap>::namespaced(client.clone(), &ns), &children::config_map(job, n, &plan)?).await?;
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    for s in children::services(job)? {
+        apply_one(&services, &s).await?;
+    }
+    apply_one(&Api::<StatefulSet>::namespaced(client.clone(), &ns), &children::memoryx(job, settings, 1)?).await?;
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let owned;
+    let census = match census_at_n {
+        Some(c) => c,
+        None => {
+            let mut desired = children::swarmx_pods(job, settings, n)?;
+            desired.extend(children::engine_pods(job, settings, n)?);
+            owned = census(existing, &desired, &format!("{}-0", children::names::memoryx(&job.name_any())));
+            &owned
+        }
+    };
+    for name in &census.delete {
+        tracing::info!(job = %job.name_any(), pod = %name, "replacing pod");
+        delete_ignoring_absent(&pods_api, name).await?;
+    }
+    for pod in &census.missing {
+        apply_one(&pods_api, pod).await?;
+    }
+    Ok(())
+}
+
+/// Gives the job's CS-2s back: engines and SwarmX nodes go, MemoryX scales to zero and its checkpoint volume
+/// stays for a resume.
+async fn release(ctx: &Context, job: &TrainingJob, existing: &[Pod]) -> Result<(), Error> {
+    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
+    let memoryx = children::names::memoryx(&job.name_any());
+    if let Some(sts) = sets.get_opt(&memoryx).await? {
+        if sts.spec.as_ref().and_then(|s| s.replicas) != Some(0) {
+            let scale = serde_json::json!({ "spec": { "replicas": 0 } });
+            sets.patch(&memoryx, &PatchParams::default(), &Patch::Merge(&scale)).await?;
+        }
+    }
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    for p in existing {
+        let role = p.labels().get(ROLE_LABEL).map(String::as_str);
+        if matches!(role, Some("engine" | "swarmx")) && p.metadata.deletion_timestamp.is_none() {
+            delete_ignoring_absent(&pods_api, &p.name_any()).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes every child of a deleted job by label (owner references would do it too, given a garbage collector;
+/// this does not depend on one), including MemoryX's checkpoint volume.
+async fn cleanup(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let selector = ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any()));
+    let c = &ctx.client;
+    delete_labelled(&Api::<Pod>::namespaced(c.clone(), &ns), &selector).await?;
+    delete_labelled(&Api::<StatefulSet>::namespaced(c.clone(), &ns), &selector).await?;
+    delete_labelled(&Api::<Service>::namespaced(c.clone(), &ns), &selector).await?;
+    delete_labelled(&Api::<ConfigMap>::namespaced(c.clone(), &ns), &selector).await?;
+    delete_labelled(&Api::<PersistentVolumeClaim>::namespaced(c.clone(), &ns), &selector).await?;
+    tracing::info!(job = %job.name_any(), namespace = %ns, "job deleted; children removed");
+    Ok(Action::await_change())
+}
+
+async fn delete_labelled<K>(api: &Api<K>, selector: &ListParams) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    for obj in api.list(selector).await?.items {
+        delete_ignoring_absent(api, &obj.name_any()).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+
+    fn with_status(mut p: Pod, phase: &str, ready: bool) -> Pod {
+        p.status = Some(PodStatus {
+            phase: Some(phase.into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn desired(n: u32) -> Vec<Pod> {
+        let mut j = crds::parse_training_job(
+            "apiVersion: weightstream.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: j, namespace: ns}\nspec:\n  cs2: 2\n  model: {kind: mlp, layers: [784, 8, 10]}\n  data: {kind: mnist, path: /d}\n  training: {batchSize: 8, steps: 1, optimizer: {kind: sgd, learningRate: 0.1}}\n",
+        )
+        .unwrap();
+        j.metadata.uid = Some("u".into());
+        let s = Settings { default_image: "i".into(), fan_out: 2, request_cs2: false };
+        let mut d = children::swarmx_pods(&j, &s, n).unwrap();
+        d.extend(children::engine_pods(&j, &s, n).unwrap());
+        d
+    }
+
+    #[test]
+    fn census_finds_missing_failed_outdated_and_surplus_pods() {
+        let want = desired(2);
+        let c = census(&[], &want, "j-memoryx-0");
+        assert_eq!((c.ready, c.missing.len()), (false, 3));
+
+        let all_ready: Vec<Pod> = want.iter().cloned().map(|p| with_status(p, "Running", true)).collect();
+        let c = census(&all_ready, &want, "j-memoryx-0");
+        assert!(c.ready && c.missing.is_empty() && c.delete.is_empty());
+
+        let mut one_failed = all_ready.clone();
+        one_failed[2] = with_status(one_failed[2].clone(), "Failed", false);
+        let c = census(&one_failed, &want, "j-memoryx-0");
+        assert_eq!((c.ready, c.failed.clone(), c.delete.clone()), (false, vec!["j-engine-1".to_string()], vec!["j-engine-1".to_string()]));
+
+        // Shrinking to one engine: the second engine is surplus and the root's children changed.
+        let c = census(&all_ready, &desired(1), "j-memoryx-0");
+        assert!(c.delete.contains(&"j-engine-1".to_string()));
+        assert!(c.delete.contains(&"j-swarmx-0-0".to_string()));
+        assert!(c.failed.is_empty());
+    }
+}

@@ -1,0 +1,627 @@
+//! The job's life as one pure function: from the job, its previous status and what the operator observed (its
+//! pods, MemoryX's report, admission), to the next status and what to do with the children. Everything the
+//! lifecycle promises (gang admission, replacement of failed engines, the restart limit, suspend through a
+//! checkpoint, rescale between steps) is decided here and unit-tested without a cluster.
+
+use crds::{CheckpointRef, Phase, PlanStatus, TrainingJob, TrainingJobStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::admission::Verdict;
+use crate::coordinator::{CoordinatorPhase, CoordinatorStatus};
+
+/// Condition type: whether the job holds its CS-2s.
+pub const ADMITTED: &str = "Admitted";
+/// Condition type: whether every child is up and MemoryX reports progress.
+pub const READY: &str = "Ready";
+/// Condition type: whether the job is suspended on request.
+pub const SUSPENDED: &str = "Suspended";
+/// Condition type: whether the job trained to the end.
+pub const COMPLETE: &str = "Complete";
+/// Condition type: whether the job stopped for good on an error.
+pub const FAILED: &str = "Failed";
+
+/// What the operator saw this pass, beyond the job itself.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    /// Admission's verdict, when the job holds no CS-2s.
+    pub admission: Option<Verdict>,
+    /// Whether a running job may grow to its spec's CS-2 count now.
+    pub may_grow: bool,
+    /// The plan for the spec's CS-2 count, or why it refuses the job.
+    pub plan: Result<PlanStatus, String>,
+    /// Whether every engine and SwarmX pod of the assembled size exists, is current and is ready.
+    pub pods_ready: bool,
+    /// Names of engine and SwarmX pods that failed this pass (the operator replaces them).
+    pub failed_pods: Vec<String>,
+    /// Container restarts of the current MemoryX pod, when it exists.
+    pub memoryx_restarts: Option<u32>,
+    /// MemoryX's `/status`, or why it could not be read; `None` when it was not asked (nothing assembled).
+    pub coordinator: Option<Result<CoordinatorStatus, String>>,
+    /// Now, for condition and start/completion times.
+    pub now: Timestamp,
+}
+
+/// What to do with the children.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Children {
+    /// Nothing exists nor should: a queued job.
+    Nothing,
+    /// Assemble (or keep) the appliance for this many CS-2s, replacing failed and outdated pods.
+    Assemble(u32),
+    /// Give the CS-2s back: remove engines and SwarmX nodes, scale MemoryX to zero, keep its checkpoints.
+    Release,
+}
+
+/// An Event to record when the phase changes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transition {
+    /// The phase reached.
+    pub phase: Phase,
+    /// Why, as a CamelCase reason.
+    pub reason: String,
+    /// A sentence for people.
+    pub message: String,
+    /// Whether it is bad news (a Warning event).
+    pub warning: bool,
+}
+
+/// The outcome of one pass.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// The status to write.
+    pub status: TrainingJobStatus,
+    /// What to do with the children.
+    pub children: Children,
+    /// Ask MemoryX to write a checkpoint now (before a suspend or a rescale).
+    pub request_checkpoint: bool,
+    /// The phase change, if any, for an Event.
+    pub transition: Option<Transition>,
+}
+
+/// Sets condition `type_` in `conditions`, keeping its transition time when its status does not change, so a
+/// pass that changes nothing writes nothing.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let status = if status { "True" } else { "False" }.to_string();
+    let message = message.into();
+    if let Some(c) = conditions.iter_mut().find(|c| c.type_ == type_) {
+        if c.status != status {
+            c.last_transition_time = Time(now);
+        }
+        c.status = status;
+        c.reason = reason.into();
+        c.message = message;
+        c.observed_generation = generation;
+        return;
+    }
+    conditions.push(Condition {
+        type_: type_.into(),
+        status,
+        reason: reason.into(),
+        message,
+        observed_generation: generation,
+        last_transition_time: Time(now),
+    });
+}
+
+/// Decides the next status of `job` and what to do with its children.
+pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
+    let spec = &job.spec;
+    let prev = job.status.clone().unwrap_or_default();
+    let generation = job.metadata.generation;
+    let mut d = Pass { s: prev.clone(), generation, now: obs.now, reason: String::new(), message: String::new() };
+    d.s.observed_generation = generation;
+    let holds = prev.allocated_cs2.unwrap_or(0);
+    if let Some(Ok(c)) = &obs.coordinator {
+        d.progress(c);
+    }
+
+    let (children, request_checkpoint) = 'decided: {
+        if prev.phase.is_some_and(Phase::is_terminal) {
+            d.s.allocated_cs2 = None;
+            break 'decided (Children::Release, false);
+        }
+        if let Err(why) = &obs.plan {
+            d.fail("PlanRejected", why.clone());
+            break 'decided (Children::Release, false);
+        }
+        if holds == 0 {
+            if spec.suspend {
+                d.phase(Phase::Suspended, "Suspended", "suspended on request; set spec.suspend to false to resume");
+                d.cond(SUSPENDED, true);
+                d.cond_with(ADMITTED, false, "Suspended", "a suspended job holds no CS-2s");
+                break 'decided (Children::Release, false);
+            }
+            match &obs.admission {
+                Some(Verdict::Admit) => {
+                    d.s.allocated_cs2 = Some(spec.cs2);
+                    d.s.start_time.get_or_insert(Time(obs.now));
+                    let resumed = prev.conditions.iter().any(|c| c.type_ == SUSPENDED && c.status == "True");
+                    let (reason, msg) = if resumed {
+                        ("Resumed", format!("resumed on {} CS-2s from the last checkpoint", spec.cs2))
+                    } else {
+                        ("Admitted", format!("all {} CS-2s are free; assembling the appliance", spec.cs2))
+                    };
+                    d.phase(Phase::Starting, reason, msg);
+                    d.cond(ADMITTED, true);
+                    if prev.conditions.iter().any(|c| c.type_ == SUSPENDED) {
+                        d.cond_with(SUSPENDED, false, "Resumed", "resumed");
+                    }
+                    d.cond_with(READY, false, "Assembling", "the appliance is being assembled");
+                    d.s.plan = obs.plan.clone().ok();
+                    break 'decided (Children::Assemble(spec.cs2), false);
+                }
+                Some(Verdict::Wait { reason, message }) => {
+                    d.phase(Phase::Queued, reason, message.clone());
+                    d.cond(ADMITTED, false);
+                    break 'decided (Children::Nothing, false);
+                }
+                None => {
+                    d.phase(Phase::Queued, "AwaitingAdmission", "waiting for admission");
+                    d.cond(ADMITTED, false);
+                    break 'decided (Children::Nothing, false);
+                }
+            }
+        }
+
+        // The job holds its CS-2s from here on.
+        if let Some(Ok(c)) = &obs.coordinator {
+            match c.phase {
+                CoordinatorPhase::Succeeded => {
+                    d.s.allocated_cs2 = None;
+                    d.s.completion_time.get_or_insert(Time(obs.now));
+                    d.phase(Phase::Succeeded, "TrainingComplete", format!("trained {} steps", c.step));
+                    d.cond(COMPLETE, true);
+                    d.cond_with(READY, false, "Finished", "the job is over and its CS-2s are free");
+                    d.cond_with(ADMITTED, false, "Released", "the job is over and its CS-2s are free");
+                    break 'decided (Children::Release, false);
+                }
+                CoordinatorPhase::Failed => {
+                    let why = c.message.clone().unwrap_or_else(|| "MemoryX reported a failure".into());
+                    d.fail("DataPlaneFailed", why);
+                    break 'decided (Children::Release, false);
+                }
+                CoordinatorPhase::Running | CoordinatorPhase::Checkpointing => {}
+            }
+        }
+        let mut restarts = prev.restarts + obs.failed_pods.len() as u32;
+        if let Some(rc) = obs.memoryx_restarts {
+            restarts += rc.saturating_sub(prev.memoryx_restarts_seen);
+            d.s.memoryx_restarts_seen = rc;
+        }
+        d.s.restarts = restarts;
+        if restarts > spec.restart_limit {
+            d.fail(
+                "RestartLimitExceeded",
+                format!("{restarts} failures of MemoryX or engines exceed spec.restartLimit = {}", spec.restart_limit),
+            );
+            break 'decided (Children::Release, false);
+        }
+
+        let resize = spec.cs2 != holds;
+        let grow_blocked = resize && spec.cs2 > holds && !obs.may_grow;
+        if spec.suspend || (resize && !grow_blocked) {
+            let (why, doing) = if spec.suspend {
+                ("Suspending", "checkpointing before giving back the CS-2s".to_string())
+            } else {
+                ("Rescaling", format!("checkpointing before rescaling from {holds} to {} CS-2s", spec.cs2))
+            };
+            let reachable = match &obs.coordinator {
+                Some(Ok(c)) => Some(c),
+                _ => None,
+            };
+            let saved = |c: &CoordinatorStatus| c.last_checkpoint.as_ref().map_or(0, |k| k.step);
+            match (reachable, prev.checkpoint_requested_at_step) {
+                (Some(c), None) if c.step > saved(c) => {
+                    d.s.checkpoint_requested_at_step = Some(c.step);
+                    d.phase(Phase::Checkpointing, why, doing);
+                    break 'decided (Children::Assemble(holds), true);
+                }
+                (Some(c), Some(at)) if saved(c) < at => {
+                    d.phase(Phase::Checkpointing, why, doing);
+                    break 'decided (Children::Assemble(holds), false);
+                }
+                _ => {}
+            }
+            // A checkpoint of the latest step exists (or there is no MemoryX to ask): act now.
+            d.s.checkpoint_requested_at_step = None;
+            let at = d.s.last_checkpoint.as_ref().map_or("no checkpoint yet".to_string(), |k| format!("step {}", k.step));
+            if spec.suspend {
+                d.s.allocated_cs2 = None;
+                d.phase(Phase::Suspended, "Suspended", format!("suspended with its checkpoint at {at}; CS-2s released"));
+                d.cond(SUSPENDED, true);
+                d.cond_with(ADMITTED, false, "Suspended", "a suspended job holds no CS-2s");
+                d.cond_with(READY, false, "Suspended", "suspended");
+                break 'decided (Children::Release, false);
+            }
+            d.s.allocated_cs2 = Some(spec.cs2);
+            d.s.plan = obs.plan.clone().ok();
+            d.phase(Phase::Starting, "Rescaled", format!("rescaled from {holds} to {} CS-2s, continuing from {at}", spec.cs2));
+            d.cond_with(ADMITTED, true, "Rescaled", format!("holds {} CS-2s", spec.cs2));
+            d.cond_with(READY, false, "Assembling", "the appliance is being reassembled");
+            break 'decided (Children::Assemble(spec.cs2), false);
+        }
+
+        d.s.checkpoint_requested_at_step = None;
+        if grow_blocked {
+            d.cond_with(
+                ADMITTED,
+                true,
+                "RescaleWaitingForCapacity",
+                format!("holds {holds} CS-2s; growing to {} waits for free CS-2s", spec.cs2),
+            );
+        } else {
+            d.cond_with(ADMITTED, true, "Admitted", format!("holds {holds} CS-2s"));
+        }
+        match (&obs.coordinator, obs.pods_ready) {
+            (Some(Ok(c)), true) => {
+                let phase = if c.phase == CoordinatorPhase::Checkpointing { Phase::Checkpointing } else { Phase::Running };
+                d.phase(phase, "Training", format!("step {} of {}", c.step, c.total_steps.map_or("?".into(), |t| t.to_string())));
+                d.cond_with(READY, true, "Training", "every child is ready and MemoryX reports progress");
+            }
+            (_, false) => {
+                let msg = if obs.failed_pods.is_empty() {
+                    "waiting for engine and SwarmX pods to be ready".to_string()
+                } else {
+                    format!("replacing failed pods: {}", obs.failed_pods.join(", "))
+                };
+                let reason = if obs.failed_pods.is_empty() { "PodsNotReady" } else { "ReplacingFailedPods" };
+                d.phase(Phase::Starting, reason, msg.clone());
+                d.cond_with(READY, false, reason, msg);
+            }
+            (other, true) => {
+                let msg = match other {
+                    Some(Err(e)) => format!("MemoryX does not answer yet: {e}"),
+                    _ => "MemoryX has not been asked yet".into(),
+                };
+                d.phase(Phase::Starting, "CoordinatorUnreachable", msg.clone());
+                d.cond_with(READY, false, "CoordinatorUnreachable", msg);
+            }
+        }
+        (Children::Assemble(holds), false)
+    };
+
+    let transition = (d.s.phase != prev.phase).then(|| Transition {
+        phase: d.s.phase.unwrap_or(Phase::Queued),
+        reason: d.reason.clone(),
+        message: d.message.clone(),
+        warning: d.s.phase == Some(Phase::Failed),
+    });
+    Decision { status: d.s, children, request_checkpoint, transition }
+}
+
+/// The status being built, with the reason and message of the phase it was last set to.
+struct Pass {
+    s: TrainingJobStatus,
+    generation: Option<i64>,
+    now: Timestamp,
+    reason: String,
+    message: String,
+}
+
+impl Pass {
+    fn phase(&mut self, phase: Phase, reason: &str, message: impl Into<String>) {
+        self.s.phase = Some(phase);
+        self.reason = reason.into();
+        self.message = message.into();
+    }
+
+    /// Sets a condition with the phase's reason and message.
+    fn cond(&mut self, type_: &str, status: bool) {
+        let (r, m) = (self.reason.clone(), self.message.clone());
+        self.cond_with(type_, status, &r, m);
+    }
+
+    fn cond_with(&mut self, type_: &str, status: bool, reason: &str, message: impl Into<String>) {
+        set_condition(&mut self.s.conditions, type_, status, reason, message, self.generation, self.now);
+    }
+
+    fn fail(&mut self, reason: &str, message: String) {
+        self.s.allocated_cs2 = None;
+        self.s.checkpoint_requested_at_step = None;
+        self.s.completion_time.get_or_insert(Time(self.now));
+        self.phase(Phase::Failed, reason, message);
+        self.cond(FAILED, true);
+        self.cond_with(READY, false, reason, "the job failed and its CS-2s are free");
+        self.cond_with(ADMITTED, false, "Released", "the job failed and its CS-2s are free");
+    }
+
+    fn progress(&mut self, c: &CoordinatorStatus) {
+        self.s.step = Some(c.step);
+        if c.total_steps.is_some() {
+            self.s.total_steps = c.total_steps;
+        }
+        if c.loss.is_some() {
+            self.s.loss = c.loss;
+        }
+        if c.samples_per_second.is_some() {
+            self.s.samples_per_second = c.samples_per_second;
+        }
+        if c.simulated_step_seconds.is_some() {
+            self.s.simulated_step_seconds = c.simulated_step_seconds;
+        }
+        if c.eval_accuracy.is_some() {
+            self.s.eval_accuracy = c.eval_accuracy;
+        }
+        if let Some(k) = &c.last_checkpoint {
+            self.s.last_checkpoint = Some(CheckpointRef { step: k.step, path: k.path.clone() });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coordinator::CheckpointInfo;
+
+    fn job(cs2: u32) -> TrainingJob {
+        let mut j = crds::parse_training_job(&format!(
+            r#"
+apiVersion: weightstream.dev/v1alpha1
+kind: TrainingJob
+metadata: {{name: j, namespace: ns}}
+spec:
+  cs2: {cs2}
+  restartLimit: 2
+  model: {{kind: mlp, layers: [784, 16, 10]}}
+  data: {{kind: mnist, path: /d}}
+  training: {{batchSize: 64, steps: 100, optimizer: {{kind: sgd, learningRate: 0.1}}}}
+  engine: {{preset: tiny}}
+"#
+        ))
+        .unwrap();
+        j.metadata.generation = Some(1);
+        j
+    }
+
+    fn obs() -> Observed {
+        Observed {
+            admission: None,
+            may_grow: true,
+            plan: Ok(PlanStatus {
+                cs2: 2,
+                shard: 32,
+                memoryx_bytes: 1,
+                engine_sram_bytes: 1,
+                peak_engine_bytes: 1,
+                execution_mode: crds::ExecutionMode::Pipelined,
+                step_bytes: 1,
+                swarmx: crds::SwarmxTree { fan_out: 8, depth: 1, nodes: vec![] },
+                engines: vec![],
+            }),
+            pods_ready: false,
+            failed_pods: vec![],
+            memoryx_restarts: None,
+            coordinator: None,
+            now: Timestamp::from_second(1_000_000).unwrap(),
+        }
+    }
+
+    fn running(step: u64, ckpt: Option<u64>) -> Option<Result<CoordinatorStatus, String>> {
+        Some(Ok(CoordinatorStatus {
+            phase: CoordinatorPhase::Running,
+            step,
+            total_steps: Some(100),
+            loss: Some(0.5),
+            last_checkpoint: ckpt.map(|s| CheckpointInfo { step: s, path: format!("/ckpt/{s}") }),
+            ..Default::default()
+        }))
+    }
+
+    /// Applies a decision as the operator would, so the next pass starts from it.
+    fn step(j: &mut TrainingJob, o: &Observed) -> Decision {
+        let d = decide(j, o);
+        j.status = Some(d.status.clone());
+        d
+    }
+
+    fn cond<'a>(j: &'a TrainingJob, t: &str) -> &'a Condition {
+        j.status.as_ref().unwrap().conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn queued_until_admitted_then_starting_then_running() {
+        let mut j = job(2);
+        let mut o = obs();
+        o.admission = Some(Verdict::Wait { reason: "InsufficientCapacity", message: "needs 2".into() });
+        let d = step(&mut j, &o);
+        assert_eq!(d.status.phase, Some(Phase::Queued));
+        assert_eq!(d.children, Children::Nothing);
+        assert_eq!(cond(&j, ADMITTED).reason, "InsufficientCapacity");
+        assert_eq!(d.transition.unwrap().phase, Phase::Queued);
+
+        o.admission = Some(Verdict::Admit);
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.phase, d.status.allocated_cs2), (Some(Phase::Starting), Some(2)));
+        assert_eq!(d.children, Children::Assemble(2));
+        assert!(d.status.start_time.is_some() && d.status.plan.is_some());
+
+        o.admission = None;
+        o.coordinator = running(0, None);
+        let d = step(&mut j, &o);
+        assert_eq!(d.status.phase, Some(Phase::Starting), "pods are not ready yet");
+        assert_eq!(cond(&j, READY).reason, "PodsNotReady");
+
+        o.pods_ready = true;
+        o.coordinator = running(7, None);
+        let d = step(&mut j, &o);
+        assert_eq!(d.status.phase, Some(Phase::Running));
+        assert_eq!((d.status.step, d.status.loss), (Some(7), Some(0.5)));
+        assert_eq!(cond(&j, READY).status, "True");
+    }
+
+    #[test]
+    fn a_pass_that_observes_nothing_new_changes_nothing() {
+        let mut j = job(2);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        step(&mut j, &o);
+        o.admission = None;
+        o.pods_ready = true;
+        o.coordinator = running(3, None);
+        step(&mut j, &o);
+        let before = j.status.clone();
+        o.now = Timestamp::from_second(2_000_000).unwrap();
+        let d = step(&mut j, &o);
+        assert_eq!(Some(d.status), before, "same observations must give the same status");
+        assert!(d.transition.is_none());
+    }
+
+    #[test]
+    fn unreachable_memoryx_keeps_the_job_starting_with_the_reason() {
+        let mut j = job(2);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        step(&mut j, &o);
+        o.admission = None;
+        o.pods_ready = true;
+        o.coordinator = Some(Err("connection refused".into()));
+        let d = step(&mut j, &o);
+        assert_eq!(d.status.phase, Some(Phase::Starting));
+        assert!(cond(&j, READY).message.contains("connection refused"));
+    }
+
+    #[test]
+    fn failed_engines_are_replaced_until_the_restart_limit() {
+        let mut j = job(2);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        step(&mut j, &o);
+        o.admission = None;
+        o.pods_ready = false;
+        o.coordinator = running(5, None);
+        o.failed_pods = vec!["j-engine-1".into()];
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.phase, d.status.restarts), (Some(Phase::Starting), 1));
+        assert_eq!(d.children, Children::Assemble(2));
+        assert_eq!(cond(&j, READY).reason, "ReplacingFailedPods");
+        // MemoryX restarting twice counts too, once each.
+        o.failed_pods = vec![];
+        o.memoryx_restarts = Some(1);
+        let d = step(&mut j, &o);
+        assert_eq!(d.status.restarts, 2);
+        let d = step(&mut j, &o);
+        assert_eq!(d.status.restarts, 2, "the same MemoryX restart is not counted twice");
+        o.memoryx_restarts = Some(2);
+        let d = step(&mut j, &o);
+        assert_eq!(d.status.phase, Some(Phase::Failed));
+        assert_eq!(d.children, Children::Release);
+        assert_eq!(d.status.allocated_cs2, None);
+        assert_eq!(cond(&j, FAILED).reason, "RestartLimitExceeded");
+        assert!(d.transition.unwrap().warning);
+        // Failed is final.
+        o.memoryx_restarts = Some(0);
+        assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Failed));
+    }
+
+    #[test]
+    fn suspend_checkpoints_first_then_releases_and_resume_readmits() {
+        let mut j = job(2);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        step(&mut j, &o);
+        o.admission = None;
+        o.pods_ready = true;
+        o.coordinator = running(40, Some(30));
+        step(&mut j, &o);
+        j.spec.suspend = true;
+        let d = step(&mut j, &o);
+        assert_eq!(d.status.phase, Some(Phase::Checkpointing));
+        assert!(d.request_checkpoint);
+        assert_eq!(d.status.checkpoint_requested_at_step, Some(40));
+        assert_eq!(d.children, Children::Assemble(2), "keeps running until the checkpoint exists");
+        o.coordinator = running(41, Some(30));
+        let d = step(&mut j, &o);
+        assert_eq!(d.status.phase, Some(Phase::Checkpointing));
+        assert!(!d.request_checkpoint, "asks once");
+        o.coordinator = running(41, Some(41));
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.phase, d.status.allocated_cs2), (Some(Phase::Suspended), None));
+        assert_eq!(d.children, Children::Release);
+        assert_eq!(d.status.last_checkpoint.as_ref().unwrap().step, 41);
+        assert_eq!(cond(&j, SUSPENDED).status, "True");
+        // Resume: through admission again.
+        j.spec.suspend = false;
+        o.coordinator = None;
+        o.admission = Some(Verdict::Wait { reason: "InsufficientCapacity", message: "busy".into() });
+        assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Queued));
+        o.admission = Some(Verdict::Admit);
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.phase, d.children.clone()), (Some(Phase::Starting), Children::Assemble(2)));
+        assert_eq!(d.transition.unwrap().reason, "Resumed");
+        assert_eq!(cond(&j, SUSPENDED).status, "False");
+    }
+
+    #[test]
+    fn rescale_checkpoints_then_reassembles_at_the_new_size() {
+        let mut j = job(2);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        step(&mut j, &o);
+        o.admission = None;
+        o.pods_ready = true;
+        o.coordinator = running(10, None);
+        step(&mut j, &o);
+        j.spec.cs2 = 4;
+        o.may_grow = false;
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.phase, d.children.clone()), (Some(Phase::Running), Children::Assemble(2)));
+        assert_eq!(cond(&j, ADMITTED).reason, "RescaleWaitingForCapacity");
+        o.may_grow = true;
+        let d = step(&mut j, &o);
+        assert!(d.request_checkpoint);
+        assert_eq!(d.status.phase, Some(Phase::Checkpointing));
+        o.coordinator = running(11, Some(11));
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.phase, d.status.allocated_cs2), (Some(Phase::Starting), Some(4)));
+        assert_eq!(d.children, Children::Assemble(4));
+        // Shrinking needs no capacity.
+        j.spec.cs2 = 1;
+        o.may_grow = false;
+        o.coordinator = running(11, Some(11));
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.allocated_cs2, d.children), (Some(1), Children::Assemble(1)));
+    }
+
+    #[test]
+    fn memoryx_success_completes_and_releases() {
+        let mut j = job(2);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        step(&mut j, &o);
+        o.admission = None;
+        o.coordinator = Some(Ok(CoordinatorStatus { phase: CoordinatorPhase::Succeeded, step: 100, ..Default::default() }));
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.phase, d.status.allocated_cs2), (Some(Phase::Succeeded), None));
+        assert!(d.status.completion_time.is_some());
+        assert_eq!(d.children, Children::Release);
+        assert_eq!(cond(&j, COMPLETE).status, "True");
+    }
+
+    #[test]
+    fn a_plan_that_cannot_fit_fails_the_job_with_the_reason() {
+        let mut j = job(2);
+        let mut o = obs();
+        o.plan = Err("needs 9 bytes of SRAM, has 1".into());
+        o.admission = Some(Verdict::Admit);
+        let d = step(&mut j, &o);
+        assert_eq!(d.status.phase, Some(Phase::Failed));
+        assert!(cond(&j, FAILED).message.contains("SRAM"));
+    }
+
+    #[test]
+    fn suspending_a_queued_job_needs_no_checkpoint() {
+        let mut j = job(2);
+        j.spec.suspend = true;
+        let d = step(&mut j, &obs());
+        assert_eq!((d.status.phase, d.request_checkpoint), (Some(Phase::Suspended), false));
+    }
+}
