@@ -118,6 +118,10 @@ pub async fn bind(addr: SocketAddr, role: &str, what: &str) -> crate::Result<tok
     Ok(listener)
 }
 
+/// HTTP/2 flow-control window per stream: larger than any chunk, so a layer streams without waiting for
+/// window updates on every 64 KiB.
+pub const WINDOW: u32 = 8 << 20;
+
 /// Serves a `Stage` service on an already bound listener until the process ends.
 pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(service: S, listener: tokio::net::TcpListener) -> crate::Result<()> {
     let svc = crate::protocol::pb::stage_server::StageServer::new(service)
@@ -125,8 +129,10 @@ pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(service: S
         .max_encoding_message_size(8 << 20);
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        .initial_stream_window_size(WINDOW)
+        .initial_connection_window_size(4 * WINDOW)
         .add_service(svc)
-        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
         .await
         .map_err(|e| Error::Unavailable(format!("gRPC server stopped: {e}")))
 }

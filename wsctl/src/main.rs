@@ -3,6 +3,7 @@
 //! `simulate` reproduces the seeds' sparsity and scaling figures with the wafer's cost model.
 
 mod bench;
+mod local;
 mod run;
 mod simulate;
 
@@ -31,6 +32,22 @@ enum Command {
         /// Override the job's CS-2 count (spec.cs2).
         #[arg(long)]
         cs2: Option<u32>,
+        /// Run every role in this process instead of as separate local processes.
+        #[arg(long)]
+        in_process: bool,
+        /// Children per SwarmX node: engines are grouped under nodes of this fan-out, nodes under nodes.
+        #[arg(long, default_value_t = 8)]
+        fanout: usize,
+        /// Where MemoryX keeps checkpoints and resumes from (default: OUT/checkpoints when the job sets
+        /// spec.checkpoint.intervalSteps).
+        #[arg(long)]
+        checkpoint_dir: Option<PathBuf>,
+    },
+    /// Run one role of the appliance (what `wsctl run` starts for each component).
+    #[command(hide = true)]
+    Node {
+        #[command(subcommand)]
+        role: Role,
     },
     /// Show the appliance a job would be assembled into, without running anything.
     Plan {
@@ -63,6 +80,17 @@ enum Command {
     },
 }
 
+/// The programs of the appliance, as `wsctl run` starts them.
+#[derive(Subcommand)]
+enum Role {
+    /// MemoryX, the weight store and coordinator.
+    Memoryx(runtime::memoryx::node::Args),
+    /// A SwarmX node.
+    Swarmx(runtime::swarmx::node::Args),
+    /// A simulated engine.
+    Engine(sim_wse::node::Args),
+}
+
 /// Engine generations `wsctl simulate` can model (the CRD's enum has no clap derive).
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum Preset {
@@ -87,7 +115,14 @@ impl From<Preset> for crds::EnginePreset {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { job, out, cs2 } => run::run(&job, out, cs2),
+        Command::Run { job, out, cs2, in_process, fanout, checkpoint_dir } => {
+            run::run(&job, run::RunOptions { cs2, out, in_process, fanout, checkpoint_dir })
+        }
+        Command::Node { role } => match role {
+            Role::Memoryx(a) => runtime::memoryx::node::main(a).map_err(Into::into),
+            Role::Swarmx(a) => runtime::swarmx::node::main(a).map_err(Into::into),
+            Role::Engine(a) => sim_wse::node::main(a).map_err(Into::into),
+        },
         Command::Plan { job, cs2, json } => run::plan(&job, cs2, json),
         Command::Simulate { json, out, preset } => simulate::simulate(preset.into(), json, out),
         Command::Bench { what } => bench::bench(what),

@@ -79,24 +79,110 @@ fn write_json_atomic(path: &Path, value: &impl serde::Serialize) -> Result<()> {
     Ok(())
 }
 
+/// How `wsctl run` assembles the appliance.
+pub struct RunOptions {
+    /// Override of spec.cs2.
+    pub cs2: Option<u32>,
+    /// Where results go (default: runs/<job name>).
+    pub out: Option<PathBuf>,
+    /// Run MemoryX, SwarmX and the engines as threads of this process instead of separate processes.
+    pub in_process: bool,
+    /// Children per SwarmX node.
+    pub fanout: usize,
+    /// Where MemoryX keeps checkpoints (default: OUT/checkpoints when spec.checkpoint.intervalSteps > 0).
+    pub checkpoint_dir: Option<PathBuf>,
+}
+
 /// `wsctl run`.
-pub fn run(path: &Path, out: Option<PathBuf>, cs2: Option<u32>) -> Result<()> {
-    let job = load_job(path, cs2)?;
+pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
+    let job = load_job(path, opts.cs2)?;
     let spec = &job.spec;
     let plan = plan_of(spec)?;
     let data_dir = Path::new(&spec.data.path);
     let train = mnist::load(data_dir, Split::Train)?;
     let test = mnist::load(data_dir, Split::Test)?;
     let total = runtime::train::total_steps(&spec.training, train.len())?;
-
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
-    let out = out.unwrap_or_else(|| Path::new("runs").join(&name));
+    let out = opts.out.clone().unwrap_or_else(|| Path::new("runs").join(&name));
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    eprintln!(
+        "{name}: {} steps of {} samples on {} CS-2 ({:?}{})",
+        total,
+        spec.training.batch_size,
+        spec.cs2,
+        plan.execution_mode,
+        if opts.in_process { ", in one process" } else { "" }
+    );
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  ETA {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let result = if opts.in_process {
+        run_in_process(&job, total, train, test, &out, &bar)
+    } else {
+        run_local(&job, &opts, total, &out, &bar)
+    };
+    bar.finish_and_clear();
+    let summary = result?;
+    let get = |k: &str| summary.pointer(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+    println!(
+        "{name}: {} steps in {:.1}s ({:.0} samples/s), final loss {:.4}, held-out accuracy {:.2}% on {} samples; \
+         streamed {} ({:.1}% of dense), engines busy {:.0}% -> {}",
+        get("/steps"),
+        get("/wall_s"),
+        get("/samples_per_s"),
+        get("/final_loss"),
+        100.0 * get("/eval/accuracy"),
+        get("/eval/samples"),
+        units::bytes(get("/bytes_streamed") as u64),
+        100.0 * get("/bytes_streamed") / get("/dense_equivalent_bytes").max(1.0),
+        100.0 * get("/wse_utilization"),
+        out.join("summary.json").display()
+    );
+    Ok(())
+}
+
+/// The appliance as processes: engines, the SwarmX tree and MemoryX, supervised until MemoryX finishes.
+fn run_local(job: &crds::TrainingJob, opts: &RunOptions, total: u64, out: &Path, bar: &ProgressBar) -> Result<serde_json::Value> {
+    // The children read the job as this run sees it (with --cs2 applied), from the run's own folder.
+    let job_file = std::fs::canonicalize(out)?.join("job.yaml");
+    std::fs::write(&job_file, serde_yaml::to_string(job)?).with_context(|| format!("cannot write {}", job_file.display()))?;
+    let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
+    let job_id = format!("{name}-{}", std::process::id());
+    let mut appliance = crate::local::Appliance::new(job_file, job_id, out.join("logs"))?;
+    let root = appliance.start_fabric(job.spec.cs2, opts.fanout)?;
+    let mut args = vec!["--swarmx".to_string(), root, "--out".into(), out.display().to_string(), "--progress".into()];
+    let checkpoints = opts.checkpoint_dir.clone().or_else(|| (job.spec.checkpoint.interval_steps > 0).then(|| out.join("checkpoints")));
+    if let Some(dir) = checkpoints {
+        args.extend(["--checkpoint-dir".to_string(), dir.display().to_string()]);
+    }
+    let _ = total;
+    appliance.run_memoryx(&args, |m| {
+        let loss = m["loss"].as_f64().unwrap_or(f64::NAN);
+        let rate = m["samples_per_s"].as_f64().unwrap_or(0.0);
+        bar.set_message(format!("loss {loss:.4}  {rate:.0} samples/s"));
+        bar.set_position(m["step"].as_u64().unwrap_or(0));
+    })?;
+    drop(appliance);
+    let text = std::fs::read_to_string(out.join("summary.json")).context("MemoryX finished without a summary.json")?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// The appliance in this process: the same roles as threads and calls, for benchmarks and debugging.
+fn run_in_process(
+    job: &crds::TrainingJob,
+    total: u64,
+    train: runtime::data::Dataset,
+    test: runtime::data::Dataset,
+    out: &Path,
+    bar: &ProgressBar,
+) -> Result<serde_json::Value> {
+    let spec = &job.spec;
     let metrics_path = out.join("metrics.jsonl");
     let mut metrics = BufWriter::new(
         File::create(&metrics_path).with_context(|| format!("cannot create {}", metrics_path.display()))?,
     );
-
     let layout = ModelLayout::from_spec(&spec.model);
     let engines: Vec<Box<dyn EngineRole>> = (0..spec.cs2)
         .map(|i| Box::new(sim_wse::engine(format!("engine-{i}"), layout.clone(), &spec.engine)) as Box<dyn EngineRole>)
@@ -110,49 +196,15 @@ pub fn run(path: &Path, out: Option<PathBuf>, cs2: Option<u32>) -> Result<()> {
         total,
         spec.training.seed,
     );
-    eprintln!(
-        "{name}: {} steps of {} samples on {} CS-2 ({:?}), {} parameters in MemoryX",
-        total,
-        spec.training.batch_size,
-        spec.cs2,
-        plan.execution_mode,
-        memoryx.parameters()
-    );
-
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  ETA {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let mut write_error = None;
     let retry = runtime::train::RetryPolicy::default();
     let summary = runtime::train::run(spec, &memoryx, &mut swarm, train_len, test_len, 0, total, retry, &mut |m| {
-        if let Err(e) = serde_json::to_writer(&mut metrics, m).map_err(std::io::Error::from).and_then(|()| metrics.write_all(b"\n")) {
-            write_error.get_or_insert(e);
-        }
+        serde_json::to_writer(&mut metrics, m).map_err(|e| runtime::Error::io("writing metrics.jsonl", e.into()))?;
+        metrics.write_all(b"\n").map_err(|e| runtime::Error::io("writing metrics.jsonl", e))?;
         bar.set_message(format!("loss {:.4}  {:.0} samples/s", m.loss, m.samples_per_s));
         bar.inc(1);
         Ok(())
-    });
-    bar.finish_and_clear();
-    let summary = summary?;
-    if let Some(e) = write_error {
-        return Err(e).with_context(|| format!("cannot write {}", metrics_path.display()));
-    }
+    })?;
     metrics.flush().with_context(|| format!("cannot write {}", metrics_path.display()))?;
     write_json_atomic(&out.join("summary.json"), &summary)?;
-    println!(
-        "{name}: {} steps in {:.1}s ({:.0} samples/s), final loss {:.4}, held-out accuracy {:.2}% on {} samples; \
-         streamed {} ({:.1}% of dense) -> {}",
-        summary.steps,
-        summary.wall_s,
-        summary.samples_per_s,
-        summary.final_loss,
-        100.0 * summary.eval.accuracy,
-        summary.eval.samples,
-        units::bytes(summary.bytes_streamed),
-        100.0 * summary.bytes_streamed as f64 / summary.dense_equivalent_bytes.max(1) as f64,
-        out.join("summary.json").display()
-    );
-    Ok(())
+    Ok(serde_json::to_value(&summary)?)
 }

@@ -9,8 +9,8 @@ use super::{LayerGrad, LayerStream, Pass, WeightPayload};
 use crate::error::{Error, Result};
 use crate::kernels::sparse::SparsePattern;
 
-/// 4-byte words per chunk: just under 1 MiB of payload, leaving room for the header and framing.
-pub const CHUNK_WORDS: usize = 250_000;
+/// Payload bytes per chunk: just under 1 MiB, leaving room for the header and framing.
+pub const CHUNK_BYTES: usize = 1_000_000;
 
 /// Cuts a layer stream into chunks for `job` and `step`.
 pub fn encode_layer(stream: &LayerStream, job: &str, step: u64) -> Vec<LayerChunk> {
@@ -40,32 +40,38 @@ pub fn encode_layer(stream: &LayerStream, job: &str, step: u64) -> Vec<LayerChun
         ..LayerChunk::default()
     };
     let mut chunks = vec![header];
-    let mut room = CHUNK_WORDS;
-    let mut take = |chunks: &mut Vec<LayerChunk>, mut data: &[u32], put: fn(&mut LayerChunk, &[u32])| {
+    let mut room = CHUNK_BYTES;
+    let mut take = |chunks: &mut Vec<LayerChunk>, mut data: &[u8], field: fn(&mut LayerChunk) -> &mut Vec<u8>| {
         while !data.is_empty() {
             if room == 0 {
                 chunks.push(LayerChunk { job: job.to_string(), step, layer: stream.layer as u32, ..LayerChunk::default() });
-                room = CHUNK_WORDS;
+                room = CHUNK_BYTES;
             }
             let n = room.min(data.len());
             if let Some(last) = chunks.last_mut() {
-                put(last, &data[..n]);
+                field(last).extend_from_slice(&data[..n]);
             }
             data = &data[n..];
             room -= n;
         }
     };
-    take(&mut chunks, order, |c, d| c.order.extend_from_slice(d));
-    take(&mut chunks, ptr, |c, d| c.ptr.extend_from_slice(d));
-    take(&mut chunks, indices, |c, d| c.indices.extend_from_slice(d));
-    let value_bits: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
-    take(&mut chunks, &value_bits, |c, d| c.values.extend(d.iter().map(|&b| f32::from_bits(b))));
-    let bias_bits: Vec<u32> = stream.bias.iter().map(|v| v.to_bits()).collect();
-    take(&mut chunks, &bias_bits, |c, d| c.bias.extend(d.iter().map(|&b| f32::from_bits(b))));
+    take(&mut chunks, bytemuck::cast_slice(order), |c| &mut c.order);
+    take(&mut chunks, bytemuck::cast_slice(ptr), |c| &mut c.ptr);
+    take(&mut chunks, bytemuck::cast_slice(indices), |c| &mut c.indices);
+    take(&mut chunks, bytemuck::cast_slice(values), |c| &mut c.values);
+    take(&mut chunks, bytemuck::cast_slice(&stream.bias), |c| &mut c.bias);
     if let Some(last) = chunks.last_mut() {
         last.last = true;
     }
     chunks
+}
+
+/// 4-byte words from little-endian bytes, refusing a length that is not a whole number of words.
+fn words<T: bytemuck::Pod>(bytes: &[u8], what: &str) -> Result<Vec<T>> {
+    if bytes.len() % 4 != 0 {
+        return Err(Error::Protocol(format!("{what} holds {} bytes, not a whole number of 4-byte values", bytes.len())));
+    }
+    Ok(bytemuck::pod_collect_to_vec(bytes))
 }
 
 /// Puts a layer stream back together from its chunks, checking that it is for `job` and complete.
@@ -98,15 +104,15 @@ impl LayerAssembler {
                         chunk.layer, chunk.step, h.layer, h.step
                     )));
                 }
-                h.order.extend(chunk.order);
-                h.ptr.extend(chunk.ptr);
-                h.indices.extend(chunk.indices);
-                h.values.extend(chunk.values);
-                h.bias.extend(chunk.bias);
+                h.order.extend_from_slice(&chunk.order);
+                h.ptr.extend_from_slice(&chunk.ptr);
+                h.indices.extend_from_slice(&chunk.indices);
+                h.values.extend_from_slice(&chunk.values);
+                h.bias.extend_from_slice(&chunk.bias);
                 self.done = chunk.last;
-                let too_long = h.indices.len() as u64 > h.indices_len
-                    || h.values.len() as u64 > h.values_len
-                    || h.bias.len() as u64 > h.bias_len;
+                let too_long = h.indices.len() as u64 > 4 * h.indices_len
+                    || h.values.len() as u64 > 4 * h.values_len
+                    || h.bias.len() as u64 > 4 * h.bias_len;
                 if too_long {
                     return Err(Error::Protocol(format!("layer {} stream is longer than its header says", h.layer)));
                 }
@@ -115,54 +121,51 @@ impl LayerAssembler {
         Ok(())
     }
 
-    /// The step the stream belongs to, once its header has arrived.
-    pub fn step(&self) -> Option<u64> {
-        self.header.as_ref().map(|h| h.step)
-    }
-
-    /// The whole stream, or an error naming what is missing.
+    /// The whole stream with its step, or an error naming what is missing.
     pub fn finish(self) -> Result<(u64, LayerStream)> {
         let h = self.header.ok_or_else(|| Error::Protocol("an empty layer stream".into()))?;
         if !self.done {
             return Err(Error::Protocol(format!("layer {} stream was cut off before its last chunk", h.layer)));
         }
-        let lengths_ok = h.indices.len() as u64 == h.indices_len
-            && h.values.len() as u64 == h.values_len
-            && h.bias.len() as u64 == h.bias_len;
+        let lengths_ok = h.indices.len() as u64 == 4 * h.indices_len
+            && h.values.len() as u64 == 4 * h.values_len
+            && h.bias.len() as u64 == 4 * h.bias_len;
         if !lengths_ok {
             return Err(Error::Protocol(format!(
                 "layer {} stream is truncated: {} of {} indices, {} of {} values, {} of {} bias values",
                 h.layer,
-                h.indices.len(),
+                h.indices.len() / 4,
                 h.indices_len,
-                h.values.len(),
+                h.values.len() / 4,
                 h.values_len,
-                h.bias.len(),
+                h.bias.len() / 4,
                 h.bias_len
             )));
         }
-        let pattern = |h: LayerChunk| -> Result<Arc<SparsePattern>> {
-            SparsePattern::from_parts(h.outer as usize, h.inner as usize, h.order, h.ptr, h.indices)
+        let (layer, step) = (h.layer as usize, h.step);
+        let pattern = |h: &LayerChunk| -> Result<Arc<SparsePattern>> {
+            let parts = (words(&h.order, "order")?, words(&h.ptr, "ptr")?, words(&h.indices, "indices")?);
+            SparsePattern::from_parts(h.outer as usize, h.inner as usize, parts.0, parts.1, parts.2)
                 .map(Arc::new)
-                .map_err(|e| Error::Protocol(format!("layer {} mask: {e}", h.layer)))
+                .map_err(|e| Error::Protocol(format!("layer {layer} mask: {e}")))
         };
         let pass = match PbPass::try_from(h.pass) {
             Ok(PbPass::Forward) => Pass::Forward,
             Ok(PbPass::Backward) => Pass::Backward,
             Err(_) => return Err(Error::Protocol(format!("unknown pass {}", h.pass))),
         };
-        let (layer, step, bias) = (h.layer as usize, h.step, h.bias.clone());
+        let bias = words(&h.bias, "bias")?;
         let weights = match Encoding::try_from(h.encoding) {
-            Ok(Encoding::Dense) => WeightPayload::Dense(h.values),
+            Ok(Encoding::Dense) => WeightPayload::Dense(words(&h.values, "values")?),
             Ok(Encoding::Sparse) => {
-                let values = h.values.clone();
-                let p = pattern(h)?;
+                let p = pattern(&h)?;
+                let values: Vec<f32> = words(&h.values, "values")?;
                 if values.len() != p.nnz() {
                     return Err(Error::Protocol(format!("layer {layer}: {} values for {} non-zeros", values.len(), p.nnz())));
                 }
                 WeightPayload::Sparse { pattern: p, values }
             }
-            Ok(Encoding::Mask) => WeightPayload::Mask(pattern(h)?),
+            Ok(Encoding::Mask) => WeightPayload::Mask(pattern(&h)?),
             Ok(Encoding::Nothing) => WeightPayload::Nothing,
             Err(_) => return Err(Error::Protocol(format!("unknown encoding {}", h.encoding))),
         };
@@ -172,11 +175,13 @@ impl LayerAssembler {
 
 /// Cuts a gradient into chunks.
 pub fn encode_grad(grad: &LayerGrad) -> Vec<GradChunk> {
-    let mut chunks = Vec::new();
-    let pieces = grad.weights.chunks(CHUNK_WORDS).map(|w| (w, &[][..])).chain(grad.bias.chunks(CHUNK_WORDS).map(|b| (&[][..], b)));
-    for (weights, bias) in pieces {
-        chunks.push(GradChunk { layer: grad.layer as u32, weights: weights.to_vec(), bias: bias.to_vec(), ..GradChunk::default() });
-    }
+    let weights: &[u8] = bytemuck::cast_slice(&grad.weights);
+    let bias: &[u8] = bytemuck::cast_slice(&grad.bias);
+    let mut chunks: Vec<GradChunk> = weights
+        .chunks(CHUNK_BYTES)
+        .map(|w| GradChunk { layer: grad.layer as u32, weights: w.to_vec(), ..GradChunk::default() })
+        .chain(bias.chunks(CHUNK_BYTES).map(|b| GradChunk { layer: grad.layer as u32, bias: b.to_vec(), ..GradChunk::default() }))
+        .collect();
     if chunks.is_empty() {
         chunks.push(GradChunk { layer: grad.layer as u32, ..GradChunk::default() });
     }
@@ -205,23 +210,23 @@ pub fn decode_grad(chunks: impl IntoIterator<Item = GradChunk>) -> Result<LayerG
                 if c.first || c.layer != h.layer {
                     return Err(Error::Protocol("gradient chunks of two layers are mixed".into()));
                 }
-                h.weights.extend(c.weights);
-                h.bias.extend(c.bias);
+                h.weights.extend_from_slice(&c.weights);
+                h.bias.extend_from_slice(&c.bias);
             }
         }
     }
     let h = header.ok_or_else(|| Error::Protocol("an empty gradient stream".into()))?;
-    if !done || h.weights.len() as u64 != h.weights_len || h.bias.len() as u64 != h.bias_len {
+    if !done || h.weights.len() as u64 != 4 * h.weights_len || h.bias.len() as u64 != 4 * h.bias_len {
         return Err(Error::Protocol(format!(
             "layer {} gradient is truncated: {} of {} weights, {} of {} bias values",
             h.layer,
-            h.weights.len(),
+            h.weights.len() / 4,
             h.weights_len,
-            h.bias.len(),
+            h.bias.len() / 4,
             h.bias_len
         )));
     }
-    Ok(LayerGrad { layer: h.layer as usize, weights: h.weights, bias: h.bias })
+    Ok(LayerGrad { layer: h.layer as usize, weights: words(&h.weights, "weights")?, bias: words(&h.bias, "bias")? })
 }
 
 #[cfg(test)]
@@ -248,8 +253,8 @@ mod tests {
         let chunks = encode_layer(&s, "job-a", 7);
         assert!(chunks.len() > 4, "a 567k-non-zero layer takes several chunks");
         for c in &chunks {
-            let words = c.order.len() + c.ptr.len() + c.indices.len() + c.values.len() + c.bias.len();
-            assert!(words * 4 <= 1 << 20);
+            let bytes = c.order.len() + c.ptr.len() + c.indices.len() + c.values.len() + c.bias.len();
+            assert!(bytes <= 1 << 20);
             assert!(prost::Message::encoded_len(c) <= 1 << 20);
         }
         let (step, back) = assemble(chunks, "job-a").unwrap();
@@ -280,13 +285,13 @@ mod tests {
         // A wrong shape: an index outside the layer.
         let mut bad = chunks.clone();
         if let Some(c) = bad.iter_mut().find(|c| !c.indices.is_empty()) {
-            c.indices[0] = 5000;
+            c.indices[..4].copy_from_slice(&5000u32.to_le_bytes());
         }
         assert!(assemble(bad, "job-a").unwrap_err().to_string().contains("outside"));
         // Values missing although the header promised them.
         let mut short = chunks;
         if let Some(c) = short.iter_mut().rev().find(|c| !c.values.is_empty()) {
-            c.values.pop();
+            c.values.truncate(c.values.len() - 4);
         }
         assert!(assemble(short, "job-a").unwrap_err().to_string().contains("truncated"));
         // A gradient cut short.

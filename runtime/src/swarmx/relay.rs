@@ -36,7 +36,9 @@ pub async fn connect(url: &str, job: &str, timeout: Duration) -> Result<Child> {
     let endpoint = Endpoint::from_shared(url.to_string())
         .map_err(|e| Error::Protocol(format!("bad stage address '{url}': {e}")))?
         .connect_timeout(Duration::from_secs(2))
-        .tcp_nodelay(true);
+        .tcp_nodelay(true)
+        .initial_stream_window_size(crate::transport::WINDOW)
+        .initial_connection_window_size(4 * crate::transport::WINDOW);
     let client = StageClient::new(endpoint.connect_lazy())
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20);
