@@ -114,13 +114,21 @@ pub async fn bind(addr: SocketAddr, role: &str, what: &str) -> crate::Result<tok
         .await
         .map_err(|e| Error::io(format!("{role}: binding {what} on {addr}"), e))?;
     let local = listener.local_addr().map_err(|e| Error::io("reading the bound address", e))?;
-    println!("{role} {what} listening on {local}");
+    announce(&format!("{role} {what} listening on {local}"));
     Ok(listener)
 }
 
 /// HTTP/2 flow-control window per stream: larger than any chunk, so a layer streams without waiting for
 /// window updates on every 64 KiB.
 pub const WINDOW: u32 = 8 << 20;
+
+/// Prints a line for a supervisor on standard output. A supervisor that stopped reading must not bring the
+/// role down, so a closed pipe is ignored rather than a panic as `println!` would make it.
+pub fn announce(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
 
 /// Serves a `Stage` service on an already bound listener until the process ends.
 pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(service: S, listener: tokio::net::TcpListener) -> crate::Result<()> {

@@ -192,6 +192,7 @@ fn coordinate(
             std::fs::create_dir_all(out).map_err(|e| Error::io(format!("creating {}", out.display()), e))?;
             let path = out.join("metrics.jsonl");
             let file = if start > 0 {
+                keep_steps_up_to(&path, start)?;
                 OpenOptions::new().append(true).create(true).open(&path)
             } else {
                 File::create(&path)
@@ -232,7 +233,7 @@ fn coordinate(
             f.write_all(b"\n").and_then(|()| f.flush()).map_err(|e| Error::io("writing metrics.jsonl", e))?;
         }
         if args.progress {
-            println!("progress {}", serde_json::to_string(m).unwrap_or_default());
+            crate::transport::announce(&format!("progress {}", serde_json::to_string(m).unwrap_or_default()));
         }
         let due = interval > 0 && m.step % interval == 0;
         if due || want_checkpoint.swap(false, Ordering::SeqCst) {
@@ -255,11 +256,23 @@ fn coordinate(
         std::fs::write(&tmp, text + "\n").map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io(format!("renaming {}", tmp.display()), e))?;
     }
-    println!(
+    crate::transport::announce(&format!(
         "done {}",
         serde_json::to_string(&serde_json::json!({"steps": summary.steps, "accuracy": summary.eval.accuracy})).unwrap_or_default()
-    );
+    ));
     Ok(summary)
+}
+
+/// After a restart from the checkpoint of step `start`, drops the metrics of steps after it, which are about
+/// to be run again, so the file keeps one line per step.
+fn keep_steps_up_to(path: &Path, start: u64) -> Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
+    let kept: String = text
+        .lines()
+        .filter(|l| serde_json::from_str::<serde_json::Value>(l).ok().and_then(|v| v["step"].as_u64()).is_some_and(|s| s <= start))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(path, kept).map_err(|e| Error::io(format!("rewriting {}", path.display()), e))
 }
 
 fn swarm_engines(s: &RemoteSwarm) -> usize {

@@ -1,0 +1,222 @@
+//! The appliance as separate processes on loopback: the same loss curve for any engine count, an engine
+//! killed mid-run and replaced, and MemoryX restarted from its checkpoint.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wsctl-appliance-{}-{name}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+const JOB: &str = r#"
+apiVersion: weightstream.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: plane}
+spec:
+  cs2: 1
+  model: {kind: mlp, layers: [784, 64, 32, 10], sparsity: 0.7}
+  data: {kind: mnist, path: examples/data/mnist}
+  training:
+    batchSize: 64
+    steps: 24
+    seed: 5
+    optimizer: {kind: adamw, learningRate: 0.002, weightDecay: 0.0001}
+  checkpoint: {intervalSteps: 5, keep: 2}
+"#;
+
+fn losses(out: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("json line");
+            (v["step"].as_u64().expect("step"), v["loss"].as_f64().expect("loss"))
+        })
+        .collect()
+}
+
+fn same_curve(a: &[(u64, f64)], b: &[(u64, f64)], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: step counts differ");
+    for ((sa, la), (sb, lb)) in a.iter().zip(b) {
+        assert_eq!(sa, sb, "{what}: steps differ");
+        assert!((la - lb).abs() <= 1e-3 * (1.0 + la.abs()), "{what}: step {sa}: {la} vs {lb}");
+    }
+}
+
+fn wsctl_run(job: &Path, out: &Path, extra: &[&str]) {
+    let o = Command::new(env!("CARGO_BIN_EXE_wsctl"))
+        .arg("run")
+        .arg(job)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .current_dir(repo())
+        .output()
+        .expect("wsctl runs");
+    assert!(o.status.success(), "wsctl run {extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn one_two_and_four_engines_give_the_same_curve() {
+    let dir = scratch("equivalence");
+    let job = dir.join("job.yaml");
+    std::fs::write(&job, JOB.replace("intervalSteps: 5", "intervalSteps: 0")).unwrap();
+    wsctl_run(&job, &dir.join("in-process"), &["--in-process"]);
+    let reference = losses(&dir.join("in-process"));
+    assert_eq!(reference.len(), 24);
+    for n in ["1", "2", "4"] {
+        let out = dir.join(format!("cs2-{n}"));
+        wsctl_run(&job, &out, &["--cs2", n, "--fanout", "2"]);
+        same_curve(&reference, &losses(&out), &format!("{n} engine processes vs in-process"));
+        let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+        assert_eq!(summary["engines"].as_array().map(Vec::len), Some(n.parse().unwrap()));
+        assert!(summary["wse_utilization"].as_f64().is_some_and(|u| u > 0.0 && u <= 1.0), "{summary}");
+    }
+    assert!(pgrep_nodes(&dir).is_empty(), "no process is left behind");
+}
+
+/// Processes of ours still running with a job file under `dir`.
+fn pgrep_nodes(dir: &Path) -> Vec<String> {
+    let out = Command::new("pgrep").arg("-fa").arg(dir.to_str().unwrap()).output().expect("pgrep");
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+}
+
+/// A role started by hand, as a pod would be.
+struct Node {
+    child: Child,
+    addr: String,
+    _stdout: BufReader<ChildStdout>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(role: &str, job: &Path, args: &[&str]) -> (Child, BufReader<ChildStdout>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wsctl"))
+        .args(["node", role, "--job"])
+        .arg(job)
+        .args(args)
+        .current_dir(repo())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("role starts");
+    let out = BufReader::new(child.stdout.take().expect("stdout"));
+    (child, out)
+}
+
+fn node(role: &str, job: &Path, args: &[&str]) -> Node {
+    let (child, mut out) = start(role, job, args);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(out.read_line(&mut line).expect("read") > 0, "{role} exited before listening");
+        if let Some(addr) = line.trim().strip_prefix(&format!("{role} grpc listening on ")) {
+            return Node { child, addr: addr.to_string(), _stdout: out };
+        }
+    }
+}
+
+#[test]
+fn a_killed_engine_is_replaced_and_the_step_reruns() {
+    let dir = scratch("engine-fault");
+    let job = dir.join("job.yaml");
+    let long = JOB.replace("cs2: 1", "cs2: 2").replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 120");
+    std::fs::write(&job, long).unwrap();
+    wsctl_run(&job, &dir.join("undisturbed"), &[]);
+
+    let e0 = node("engine", &job, &["--index", "0"]);
+    let mut e1 = node("engine", &job, &["--index", "1"]);
+    let children = format!("http://{},http://{}", e0.addr, e1.addr);
+    let sx = node("swarmx", &job, &["--children", &children]);
+    let out = dir.join("disturbed");
+    let log = dir.join("memoryx.log");
+    let mut mx = Command::new(env!("CARGO_BIN_EXE_wsctl"))
+        .args(["node", "memoryx", "--job"])
+        .arg(&job)
+        .args(["--swarmx", &format!("http://{}", sx.addr), "--out", out.to_str().unwrap(), "--progress"])
+        .current_dir(repo())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut progress = BufReader::new(mx.stdout.take().unwrap());
+    // Freeze MemoryX a few steps in, kill engine 1 under it, let it go on against the dead engine, and only
+    // then start a replacement on the same address.
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(progress.read_line(&mut line).unwrap() > 0, "memoryx ended early");
+        if line.contains("\"step\":6,") {
+            break;
+        }
+    }
+    let signal = |sig: &str| Command::new("kill").args([sig, &mx.id().to_string()]).status().unwrap();
+    assert!(signal("-STOP").success());
+    let addr = e1.addr.clone();
+    e1.child.kill().unwrap();
+    e1.child.wait().unwrap();
+    assert!(signal("-CONT").success());
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let _replacement = node("engine", &job, &["--index", "1", "--listen", &addr]);
+    std::thread::spawn(move || for _ in progress.lines() {});
+    let status = mx.wait().unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "memoryx finished after the engine was replaced: {stderr}");
+    assert!(stderr.contains("step aborted, rerunning"), "a step really was aborted and rerun: {stderr}");
+    same_curve(&losses(&dir.join("undisturbed")), &losses(&out), "with an engine killed mid-run");
+    drop((e0, sx));
+}
+
+#[test]
+fn memoryx_restarts_from_its_checkpoint() {
+    let dir = scratch("memoryx-restart");
+    let job = dir.join("job.yaml");
+    std::fs::write(&job, JOB).unwrap();
+    wsctl_run(&job, &dir.join("undisturbed"), &["--checkpoint-dir", dir.join("ckpt-a").to_str().unwrap()]);
+
+    let e0 = node("engine", &job, &[]);
+    let sx = node("swarmx", &job, &["--children", &format!("http://{}", e0.addr)]);
+    let out = dir.join("restarted");
+    let ckpt = dir.join("ckpt-b");
+    let args = ["--swarmx", &format!("http://{}", sx.addr), "--out", out.to_str().unwrap(), "--checkpoint-dir", ckpt.to_str().unwrap()];
+    // Crash after 12 steps: the newest checkpoint holds step 10.
+    let crashed = Command::new(env!("CARGO_BIN_EXE_wsctl"))
+        .args(["node", "memoryx", "--job"])
+        .arg(&job)
+        .args(args)
+        .args(["--crash-after-steps", "12"])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert_eq!(crashed.status.code(), Some(3), "fault injection exits abruptly: {}", String::from_utf8_lossy(&crashed.stderr));
+    assert_eq!(losses(&out).len(), 12);
+    let steps: Vec<String> = std::fs::read_dir(&ckpt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    assert!(steps.iter().any(|s| s.contains("00000010")), "checkpoint of step 10 is there: {steps:?}");
+    assert!(!steps.iter().any(|s| s.ends_with(".tmp")), "no half-written checkpoint: {steps:?}");
+
+    let resumed = Command::new(env!("CARGO_BIN_EXE_wsctl"))
+        .args(["node", "memoryx", "--job"])
+        .arg(&job)
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let curve = losses(&out);
+    assert_eq!(curve.iter().map(|c| c.0).collect::<Vec<_>>(), (1..=24).collect::<Vec<_>>(), "every step exactly once");
+    same_curve(&losses(&dir.join("undisturbed")), &curve, "after a MemoryX restart");
+    drop((e0, sx));
+}
