@@ -64,7 +64,7 @@ setsid "$ETCD" --name ws-e2e --data-dir "$RUN/etcd" \
   --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
   --listen-peer-urls "http://127.0.0.1:$PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$PEER_PORT" \
   --initial-cluster "ws-e2e=http://127.0.0.1:$PEER_PORT" --listen-metrics-urls "" \
-  >"$RUN/etcd.log" 2>&1 < /dev/null &
+  >"$RUN/etcd.log" 2>&1 < /dev/null 8>&- &
 echo $! > "$RUN/etcd.pid"
 for _ in $(seq 1 100); do
   curl -sf --max-time 1 "http://127.0.0.1:$ETCD_PORT/health" >/dev/null 2>&1 && break
@@ -81,7 +81,7 @@ setsid "$APISERVER" \
   --service-account-signing-key-file "$RUN/pki/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
   --disable-admission-plugins ServiceAccount --cert-dir "$RUN/pki" \
   --enable-priority-and-fairness=false --profiling=false \
-  >"$RUN/kube-apiserver.log" 2>&1 < /dev/null &
+  >"$RUN/kube-apiserver.log" 2>&1 < /dev/null 8>&- &
 echo $! > "$RUN/kube-apiserver.pid"
 
 for i in $(seq 1 300); do
