@@ -130,6 +130,9 @@ pub fn announce(line: &str) {
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
+/// HTTP/2 frame size: large frames carry a layer in a few frames instead of one per 16 KiB.
+pub const FRAME: u32 = (1 << 20) - 1;
+
 /// Serves a `Stage` service on an already bound listener until the process ends.
 pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(service: S, listener: tokio::net::TcpListener) -> crate::Result<()> {
     let svc = crate::protocol::pb::stage_server::StageServer::new(service)
@@ -139,6 +142,7 @@ pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(service: S
         .tcp_nodelay(true)
         .initial_stream_window_size(WINDOW)
         .initial_connection_window_size(4 * WINDOW)
+        .max_frame_size(FRAME)
         .add_service(svc)
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
         .await

@@ -38,7 +38,8 @@ pub async fn connect(url: &str, job: &str, timeout: Duration) -> Result<Child> {
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
         .initial_stream_window_size(crate::transport::WINDOW)
-        .initial_connection_window_size(4 * crate::transport::WINDOW);
+        .initial_connection_window_size(4 * crate::transport::WINDOW)
+        .max_frame_size(crate::transport::FRAME);
     let client = StageClient::new(endpoint.connect_lazy())
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20);
