@@ -100,7 +100,7 @@ impl Default for Config {
 pub struct Shared {
     /// Prometheus metrics.
     pub metrics: Arc<metrics::Metrics>,
-    /// Set once the controller runs (as leader): what `/readyz` reports.
+    /// What `/readyz` reports: the process reached the API server and runs (or stands by to run) the controller.
     pub ready: Arc<std::sync::atomic::AtomicBool>,
 }
 

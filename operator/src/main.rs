@@ -62,7 +62,12 @@ async fn run(args: Args) -> Result<(), Error> {
         return Err(Error::Config(format!("--swarmx-fan-out must be at least 2, got {}", args.swarmx_fan_out)));
     }
     let client = kube::Client::try_default().await?;
+    let version = client.apiserver_version().await?;
+    tracing::info!(server = %version.git_version, "reached the API server");
     let shared = Shared::default();
+    // Ready means "reached the API server and able to lead": a standby replica is ready too, so a rolling
+    // update of a two-replica Deployment never waits on the replica that does not hold the lease.
+    shared.ready.store(true, std::sync::atomic::Ordering::Relaxed);
     let listener = tokio::net::TcpListener::bind(args.http)
         .await
         .map_err(|e| Error::Config(format!("cannot listen on {}: {e}", args.http)))?;

@@ -110,7 +110,7 @@ impl Default for Metrics {
     }
 }
 
-/// `/healthz` (the process serves), `/readyz` (the controller runs, as leader) and `/metrics`.
+/// `/healthz` (the process serves), `/readyz` (it reached the API server) and `/metrics`.
 pub fn router(shared: Shared) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -120,7 +120,7 @@ pub fn router(shared: Shared) -> Router {
                 if s.ready.load(Ordering::Relaxed) {
                     (StatusCode::OK, "ready").into_response()
                 } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not leading yet").into_response()
+                    (StatusCode::SERVICE_UNAVAILABLE, "not connected to the API server yet").into_response()
                 }
             }),
         )
@@ -151,5 +151,22 @@ mod tests {
         assert!(text.contains(r#"weightstream_operator_jobs{phase="Queued"} 1"#), "{text}");
         assert!(text.contains("weightstream_operator_cs2_pool 8"), "{text}");
         assert!(text.contains("weightstream_operator_reconcile_duration_seconds_count 2"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn health_readiness_and_metrics_are_served() {
+        let shared = Shared::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = router(shared.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let get = |path: &str| reqwest::get(format!("http://{addr}{path}"));
+        assert_eq!(get("/healthz").await.unwrap().status(), 200);
+        assert_eq!(get("/readyz").await.unwrap().status(), 503, "not ready before the controller runs");
+        shared.ready.store(true, Ordering::Relaxed);
+        assert_eq!(get("/readyz").await.unwrap().status(), 200);
+        shared.metrics.observe(true, Duration::from_millis(1));
+        let body = get("/metrics").await.unwrap().text().await.unwrap();
+        assert!(body.contains("weightstream_operator_reconciles_total{result=\"ok\"} 1"), "{body}");
     }
 }
