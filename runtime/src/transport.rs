@@ -134,8 +134,11 @@ pub fn announce(line: &str) {
 pub const FRAME: u32 = (1 << 20) - 1;
 
 /// Serves a `Stage` service on an already bound listener until the process ends.
-pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(service: S, listener: tokio::net::TcpListener) -> crate::Result<()> {
-    let svc = crate::protocol::pb::stage_server::StageServer::new(service)
+pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(
+    service: Arc<S>,
+    listener: tokio::net::TcpListener,
+) -> crate::Result<()> {
+    let svc = crate::protocol::pb::stage_server::StageServer::from_arc(service)
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20);
     tonic::transport::Server::builder()

@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use runtime::data::mnist::{self, Split};
@@ -44,12 +46,63 @@ pub fn main(args: Args) -> Result<()> {
     rt.block_on(async move {
         let grpc = bind(args.listen, "engine", "grpc").await?;
         let http = bind(args.common.http, "engine", "http").await?;
+        let server = Arc::new(server);
         let mut registry = Registry::default();
-        let sram = Gauge::<i64>::default();
-        sram.set(crate::preset::sram_bytes(&spec.engine).min(i64::MAX as u64) as i64);
-        registry.register("ws_engine_sram_bytes", "SRAM budget of this engine", sram);
+        let gauges = EngineGauges::register(&mut registry);
         tokio::spawn(serve_http(http, Arc::new(Mutex::new(registry)), axum::Router::new()));
+        let (watched, started) = (server.clone(), std::time::Instant::now());
+        tokio::spawn(async move {
+            loop {
+                if let Some(s) = watched.stats() {
+                    gauges.update(&s, started.elapsed().as_secs_f64());
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        });
         tracing::info!(index = args.index, "engine ready");
         serve_stage(server, grpc).await
     })
+}
+
+/// The engine's counters as Prometheus gauges, refreshed every second.
+struct EngineGauges {
+    busy: Gauge<f64, AtomicU64>,
+    compute: Gauge<f64, AtomicU64>,
+    simulated: Gauge<f64, AtomicU64>,
+    received: Gauge<f64, AtomicU64>,
+    flops: Gauge<f64, AtomicU64>,
+    peak_sram: Gauge<f64, AtomicU64>,
+    sram: Gauge<f64, AtomicU64>,
+}
+
+impl EngineGauges {
+    fn register(r: &mut Registry) -> Self {
+        let g = EngineGauges {
+            busy: Gauge::default(),
+            compute: Gauge::default(),
+            simulated: Gauge::default(),
+            received: Gauge::default(),
+            flops: Gauge::default(),
+            peak_sram: Gauge::default(),
+            sram: Gauge::default(),
+        };
+        r.register("ws_engine_busy_fraction", "Share of the engine's life spent computing", g.busy.clone());
+        r.register("ws_engine_compute_seconds", "Wall time spent computing", g.compute.clone());
+        r.register("ws_engine_simulated_seconds", "Time a real wafer would have taken", g.simulated.clone());
+        r.register("ws_engine_bytes_received", "Bytes streamed into the engine", g.received.clone());
+        r.register("ws_engine_flops", "Floating-point operations done (zeros skipped)", g.flops.clone());
+        r.register("ws_engine_peak_sram_bytes", "Most SRAM held at once", g.peak_sram.clone());
+        r.register("ws_engine_sram_bytes", "SRAM budget", g.sram.clone());
+        g
+    }
+
+    fn update(&self, s: &runtime::engine::EngineStats, uptime_s: f64) {
+        self.busy.set(s.compute_s / uptime_s.max(1e-9));
+        self.compute.set(s.compute_s);
+        self.simulated.set(s.counters.simulated_s);
+        self.received.set(s.counters.bytes_received as f64);
+        self.flops.set(s.counters.flops as f64);
+        self.peak_sram.set(s.peak_sram_bytes as f64);
+        self.sram.set(s.sram_bytes as f64);
+    }
 }

@@ -34,8 +34,11 @@ fn plan_of(spec: &crds::TrainingJobSpec) -> Result<Plan> {
 pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     let job = load_job(path, cs2)?;
     let plan = plan_of(&job.spec)?;
+    let simulated = sim_wse::cost::estimate(&job.spec);
     if json {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
+        let mut value = serde_json::to_value(&plan)?;
+        value["simulated"] = serde_json::to_value(&simulated)?;
+        println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
     println!("appliance for {}:", job.metadata.name.as_deref().unwrap_or("(unnamed)"));
@@ -61,6 +64,15 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
             units::bytes(layer.stream_bytes)
         );
     }
+    println!(
+        "  simulated   {:.1} µs per step on {} x {}, {:.0} samples/s ({:.0}% computing, {:.0}% streaming)",
+        1e6 * simulated.step_s,
+        simulated.engines,
+        simulated.engine,
+        simulated.samples_per_s,
+        100.0 * simulated.compute_share,
+        100.0 * simulated.streaming_share
+    );
     println!(
         "  per step    {} moved ({:.1}% of the dense model's {})",
         units::bytes(plan.step_bytes),

@@ -220,3 +220,54 @@ fn memoryx_restarts_from_its_checkpoint() {
     same_curve(&losses(&dir.join("undisturbed")), &curve, "after a MemoryX restart");
     drop((e0, sx));
 }
+
+/// A plain HTTP/1.1 GET over loopback, enough to read a health or metrics endpoint.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+#[test]
+fn every_server_has_health_and_metrics() {
+    let dir = scratch("metrics");
+    let job = dir.join("job.yaml");
+    std::fs::write(&job, JOB.replace("intervalSteps: 5", "intervalSteps: 0")).unwrap();
+    let (mut engine, mut out) = start("engine", &job, &[]);
+    let (mut grpc, mut http) = (String::new(), String::new());
+    let mut line = String::new();
+    while grpc.is_empty() || http.is_empty() {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "engine exited");
+        if let Some(a) = line.trim().strip_prefix("engine grpc listening on ") {
+            grpc = a.to_string();
+        }
+        if let Some(a) = line.trim().strip_prefix("engine http listening on ") {
+            http = a.to_string();
+        }
+    }
+    let (mut swarmx, mut sout) = start("swarmx", &job, &["--children", &format!("http://{grpc}")]);
+    let mut shttp = String::new();
+    while shttp.is_empty() {
+        line.clear();
+        assert!(sout.read_line(&mut line).unwrap() > 0, "swarmx exited");
+        if let Some(a) = line.trim().strip_prefix("swarmx http listening on ") {
+            shttp = a.to_string();
+        }
+    }
+    assert!(http_get(&http, "/healthz").ends_with("ok"));
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let metrics = http_get(&http, "/metrics");
+    for name in ["ws_engine_busy_fraction", "ws_engine_bytes_received", "ws_engine_sram_bytes"] {
+        assert!(metrics.contains(name), "{name} missing from engine metrics:\n{metrics}");
+    }
+    let metrics = http_get(&shttp, "/metrics");
+    assert!(metrics.contains("ws_swarmx_reduce_seconds") && metrics.contains("ws_swarmx_engines 1"), "{metrics}");
+    for c in [&mut engine, &mut swarmx] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

@@ -152,6 +152,8 @@ fn plan_prints_the_appliance_without_running() {
     assert_eq!(plan["cs2"], 4);
     assert_eq!(plan["shard"], 32);
     assert_eq!(plan["layers"].as_array().map(Vec::len), Some(3));
+    assert!(plan["simulated"]["step_s"].as_f64().is_some_and(|s| s > 0.0), "simulated step time: {plan}");
+    assert!(plan["simulated"]["samples_per_s"].as_f64().is_some_and(|s| s > 0.0));
     let o = wsctl(&["plan", "examples/jobs/fc-mnist.yaml", "--cs2", "3"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not divisible"));
 }

@@ -44,6 +44,7 @@ pub fn main(args: Args) -> Result<()> {
         let engines = Gauge::<i64>::default();
         engines.set(i64::from(relay.engines()));
         registry.register("ws_swarmx_engines", "Engines below this SwarmX node", engines);
+        registry.register("ws_swarmx_reduce_seconds", "Backward broadcast to summed gradients", relay.reduce_seconds());
         let http = bind(args.common.http, "swarmx", "http").await?;
         tracing::info!(engines = relay.engines(), "SwarmX node ready");
         let registry = Arc::new(Mutex::new(registry));
@@ -51,7 +52,7 @@ pub fn main(args: Args) -> Result<()> {
             let app = axum::Router::new();
             let _ = serve_http(http, registry, app).await;
         });
-        let served = serve_stage(relay, grpc).await;
+        let served = serve_stage(Arc::new(relay), grpc).await;
         http_task.abort();
         served
     })

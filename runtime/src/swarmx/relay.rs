@@ -65,12 +65,19 @@ pub async fn connect(url: &str, job: &str, timeout: Duration) -> Result<Child> {
 pub struct Relay {
     job: String,
     children: Vec<Child>,
+    reduce_seconds: prometheus_client::metrics::histogram::Histogram,
 }
 
 impl Relay {
     /// A node for `job` over connected `children`, in engine order.
     pub fn new(job: String, children: Vec<Child>) -> Self {
-        Relay { job, children }
+        let buckets = prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 16);
+        Relay { job, children, reduce_seconds: prometheus_client::metrics::histogram::Histogram::new(buckets) }
+    }
+
+    /// Time from broadcasting a backward layer to having its gradients summed, for `/metrics`.
+    pub fn reduce_seconds(&self) -> prometheus_client::metrics::histogram::Histogram {
+        self.reduce_seconds.clone()
     }
 
     /// Engines below this node.
@@ -158,6 +165,7 @@ impl Stage for Relay {
 
     async fn backward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<GradStream>, Status> {
         let chunks = self.collect(request.into_inner()).await?;
+        let started = std::time::Instant::now();
         let calls = self.children.iter().map(|child| {
             let mut client = child.client.clone();
             let chunks = chunks.clone();
@@ -179,6 +187,7 @@ impl Stage for Relay {
             }
         }
         let sum = sum.ok_or_else(|| Status::internal("SwarmX node has no children"))?;
+        self.reduce_seconds.observe(started.elapsed().as_secs_f64());
         Ok(Response::new(Box::pin(tokio_stream::iter(encode_grad(&sum).into_iter().map(Ok)))))
     }
 
