@@ -497,19 +497,31 @@ async fn too_many_failures_fail_the_job_and_free_its_cs2s() {
     start_pods(&pods, "flaky", 2).await;
     op.coordinator.set(&format!("{ns}/flaky"), running(3, None));
     wait_phase(&jobs, "flaky", Phase::Running).await;
-    for round in 0..2 {
-        let old = ok(pods.get("flaky-engine-0").await, "engine").uid();
-        ok(set_pod_phase(&pods, "flaky-engine-0", "Failed").await, "fail");
-        if round == 0 {
-            ok(
-                wait_for(WAIT, "replacement", || async { (pods.get("flaky-engine-0").await.ok()?.uid() != old).then_some(()) })
-                    .await,
-                "replace",
-            );
-            ok(set_pod_phase(&pods, "flaky-engine-0", "Running").await, "run");
-            wait_phase(&jobs, "flaky", Phase::Running).await;
-        }
-    }
+    // First failure: an engine. It is replaced and the job carries on.
+    let old = ok(pods.get("flaky-engine-0").await, "engine").uid();
+    ok(set_pod_phase(&pods, "flaky-engine-0", "Failed").await, "fail");
+    ok(
+        wait_for(WAIT, "replacement", || async { (pods.get("flaky-engine-0").await.ok()?.uid() != old).then_some(()) }).await,
+        "replace",
+    );
+    ok(set_pod_phase(&pods, "flaky-engine-0", "Running").await, "run");
+    wait_phase(&jobs, "flaky", Phase::Running).await;
+    assert_eq!(jobs.get("flaky").await.ok().and_then(|j| j.status).map(|s| s.restarts), Some(1));
+    // Second failure: MemoryX's container restarts (its StatefulSet's pod, played here by hand as there is no
+    // StatefulSet controller). That exceeds restartLimit = 1.
+    let memoryx: Pod = ok(
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "flaky-memoryx-0", "labels": {
+                "weightstream.dev/job": "flaky", "weightstream.dev/role": "memoryx" } },
+            "spec": { "containers": [ { "name": "memoryx", "image": "weightstream/runtime:0.1.0" } ] }
+        })),
+        "memoryx pod",
+    );
+    ok(pods.create(&PostParams::default(), &memoryx).await, "create memoryx pod");
+    let restarted = serde_json::json!({ "status": { "phase": "Running", "containerStatuses": [ {
+        "name": "memoryx", "image": "weightstream/runtime:0.1.0", "imageID": "", "ready": true, "restartCount": 1,
+        "state": { "running": {} } } ] } });
+    ok(pods.patch_status("flaky-memoryx-0", &PatchParams::default(), &Patch::Merge(&restarted)).await, "restart");
     let j = wait_phase(&jobs, "flaky", Phase::Failed).await;
     let failed = j.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Failed")).cloned();
     let failed = failed.unwrap_or_else(|| panic!("no Failed condition"));

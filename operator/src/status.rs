@@ -456,6 +456,13 @@ spec:
         assert_eq!(d.status.phase, Some(Phase::Running));
         assert_eq!((d.status.step, d.status.loss), (Some(7), Some(0.5)));
         assert_eq!(cond(&j, READY).status, "True");
+
+        // MemoryX writing a periodic checkpoint shows as Checkpointing, then Running again.
+        o.coordinator = Some(Ok(CoordinatorStatus { phase: CoordinatorPhase::Checkpointing, ..running(10, None).unwrap().unwrap() }));
+        assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Checkpointing));
+        o.coordinator = running(11, Some(10));
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.phase, d.status.last_checkpoint.map(|c| c.step)), (Some(Phase::Running), Some(10)));
     }
 
     #[test]
