@@ -233,5 +233,26 @@ spec:
         assert!(err(&GOOD.replace("sparsity: 0.5", "sparsity: 0.5, depth: 3")).contains("unknown field"));
         assert!(err(&GOOD.replace("weightstream.dev/v1alpha1", "v1")).contains("apiVersion"));
         assert!(err("").contains("empty"));
+        assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  restartLimit: 101")).contains("spec.restartLimit"));
+        assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  priority: 5000")).contains("spec.priority"));
+        assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  images: {runtime: ' '}")).contains("spec.images.runtime"));
+        assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  images: {pullPolicy: Sometimes}")).contains("pullPolicy"));
+    }
+
+    #[test]
+    fn appliance_fields_default_to_a_running_job_with_three_restarts() {
+        let job = parse_training_job(GOOD).expect("valid");
+        assert!(!job.spec.suspend);
+        assert_eq!((job.spec.restart_limit, job.spec.priority), (3, 0));
+        assert_eq!(job.spec.checkpoint.volume_size, "1Gi");
+        assert_eq!(job.spec.images, crate::ImagesSpec::default());
+        let with = parse_training_job(&GOOD.replace(
+            "cs2: 2",
+            "cs2: 2\n  suspend: true\n  priority: -3\n  images: {runtime: 'r:1', pullPolicy: Never}\n  resources: {engine: {limits: {cpu: '2'}}}",
+        ))
+        .expect("valid");
+        assert!(with.spec.suspend);
+        assert_eq!(with.spec.images.runtime.as_deref(), Some("r:1"));
+        assert!(with.spec.resources.engine.is_some() && with.spec.resources.memoryx.is_none());
     }
 }

@@ -26,3 +26,20 @@ fn crd_names_the_api() {
         assert!(yaml.contains(needle), "missing `{needle}` in\n{yaml}");
     }
 }
+
+#[test]
+fn crd_carries_the_cross_field_rules_and_the_status_schema() {
+    let yaml = crds::crd_yaml().expect("the CRD serialises");
+    for rule in [
+        "self.training.batchSize % self.cs2 == 0",
+        "has(self.steps) != has(self.epochs)",
+        "self == oldSelf",
+        "size(self.metadata.name) <= 40",
+        "self.schedule.minLearningRate <= self.optimizer.learningRate",
+    ] {
+        assert!(yaml.contains(rule), "missing CEL rule `{rule}`");
+    }
+    for field in ["allocatedCs2:", "conditions:", "lastCheckpoint:", "simulatedStepSeconds:", "completionTime:", "plan:"] {
+        assert!(yaml.contains(field), "status lacks `{field}`");
+    }
+}
