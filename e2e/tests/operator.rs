@@ -457,6 +457,11 @@ async fn suspend_checkpoints_and_frees_the_cs2s_resume_and_rescale_continue_from
 
     // Rescale 2 -> 4 between steps: a checkpoint first, then the appliance is reassembled at 4.
     let old_root = ok(pods.get("s-swarmx-0-0").await, "root").uid();
+    let old_engine = ok(pods.get("s-engine-0").await, "engine 0").uid();
+    let config_hash = |sts: StatefulSet| {
+        sts.spec.and_then(|s| s.template.metadata).and_then(|m| m.annotations).map(|a| a["weightstream.dev/config-hash"].clone())
+    };
+    let old_config = config_hash(ok(sets.get("s-memoryx").await, "sts"));
     ok(jobs.patch("s", &PatchParams::default(), &Patch::Merge(&serde_json::json!({"spec": {"cs2": 4}}))).await, "rescale");
     ok(
         wait_for(WAIT, "the job to hold 4 CS-2s", || async {
@@ -479,6 +484,8 @@ async fn suspend_checkpoints_and_frees_the_cs2s_resume_and_rescale_continue_from
         "new root",
     );
     start_pods(&pods, "s", 4).await;
+    assert_ne!(ok(pods.get("s-engine-0").await, "engine 0").uid(), old_engine, "engines restart with the new shard");
+    assert_ne!(config_hash(ok(sets.get("s-memoryx").await, "sts")), old_config, "MemoryX restarts at the new size");
     op.coordinator.set(&key, running(22, Some(21)));
     let j = wait_phase(&jobs, "s", Phase::Running).await;
     assert_eq!(j.status.and_then(|s| s.plan).map(|p| p.cs2), Some(4));

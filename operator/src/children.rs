@@ -23,9 +23,13 @@ use crate::Error;
 pub const JOB_LABEL: &str = "weightstream.dev/job";
 /// Label naming a child's role (`memoryx`, `swarmx`, `engine`), for selectors and for people.
 pub const ROLE_LABEL: &str = "weightstream.dev/role";
-/// Annotation holding a hash of a pod's desired spec: pods are immutable, so a pod whose hash differs from the
-/// desired one (a rescaled tree, a new image) is replaced rather than patched.
+/// Annotation holding a hash of a pod's desired spec and of the configuration it reads at start: pods are
+/// immutable, so a pod whose hash differs from the desired one (a rescaled tree, a new image, a new CS-2 count
+/// in `job.yaml`) is replaced rather than patched.
 pub const SPEC_HASH_ANNOTATION: &str = "weightstream.dev/spec-hash";
+/// Annotation on MemoryX's pod template with the hash of its configuration: a rescale changes `job.yaml`, which
+/// changes the template, so the StatefulSet restarts MemoryX, which resumes from its checkpoint at the new size.
+pub const CONFIG_HASH_ANNOTATION: &str = "weightstream.dev/config-hash";
 /// The extended resource a node advertises for each CS-2 it is attached to.
 pub const CS2_RESOURCE: &str = "weightstream.dev/cs2";
 /// Where every role finds the job manifest and plan.
@@ -348,7 +352,7 @@ fn job_file() -> String {
 /// MemoryX: a one-replica StatefulSet (zero while the job holds no CS-2s) whose checkpoint volume outlives its
 /// pod, so a MemoryX restart, a resume or a rescale continues from the last checkpoint. It is also the job's
 /// coordinator: it drives the training loop through the SwarmX root.
-pub fn memoryx(job: &TrainingJob, settings: &Settings, replicas: i32) -> Result<StatefulSet, Error> {
+pub fn memoryx(job: &TrainingJob, settings: &Settings, replicas: i32, cs2: u32) -> Result<StatefulSet, Error> {
     let name = job.name_any();
     let ns = job.namespace().unwrap_or_default();
     let args = vec![
@@ -375,6 +379,7 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, replicas: i32) -> Result<
     let pod_spec = PodSpec { containers: vec![c], volumes: Some(vec![config_volume(job)]), ..Default::default() };
     let mut template_labels = labels(&name, Some("memoryx"));
     let hash = spec_hash(&pod_spec)?;
+    let config = config_hash(job, cs2, settings.fan_out)?;
     let claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some("checkpoints".into()),
@@ -410,7 +415,10 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, replicas: i32) -> Result<
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(template_labels),
-                    annotations: Some(BTreeMap::from([(SPEC_HASH_ANNOTATION.to_string(), hash)])),
+                    annotations: Some(BTreeMap::from([
+                        (SPEC_HASH_ANNOTATION.to_string(), hash),
+                        (CONFIG_HASH_ANNOTATION.to_string(), config),
+                    ])),
                     ..Default::default()
                 }),
                 spec: Some(pod_spec),
@@ -422,13 +430,13 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, replicas: i32) -> Result<
     })
 }
 
-fn pod(job: &TrainingJob, name: String, role: &str, service: String, spec: PodSpec) -> Result<Pod, Error> {
+fn pod(job: &TrainingJob, name: String, role: &str, service: String, spec: PodSpec, config: &str) -> Result<Pod, Error> {
     let mut spec = spec;
     spec.hostname = Some(name.clone());
     spec.subdomain = Some(service);
     // A failed pod is replaced by the operator (same name, same DNS), which counts it against restartLimit.
     spec.restart_policy = Some("Never".into());
-    let hash = spec_hash(&spec)?;
+    let hash = fnv(format!("{}/{config}", spec_hash(&spec)?).as_bytes());
     let mut m = meta(job, name, Some(role))?;
     m.annotations = Some(BTreeMap::from([(SPEC_HASH_ANNOTATION.to_string(), hash)]));
     Ok(Pod { metadata: m, spec: Some(spec), ..Default::default() })
@@ -439,6 +447,7 @@ fn pod(job: &TrainingJob, name: String, role: &str, service: String, spec: PodSp
 pub fn swarmx_pods(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<Vec<Pod>, Error> {
     let name = job.name_any();
     let ns = job.namespace().unwrap_or_default();
+    let config = config_hash(job, cs2, settings.fan_out)?;
     swarmx_nodes(&name, &ns, cs2, settings.fan_out)
         .into_iter()
         .map(|node| {
@@ -462,7 +471,7 @@ pub fn swarmx_pods(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<V
                 vec![],
             );
             let spec = PodSpec { containers: vec![c], volumes: Some(vec![config_volume(job)]), ..Default::default() };
-            pod(job, node.name, "swarmx", names::swarmx_service(&name), spec)
+            pod(job, node.name, "swarmx", names::swarmx_service(&name), spec, &config)
         })
         .collect()
 }
@@ -471,6 +480,7 @@ pub fn swarmx_pods(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<V
 /// `weightstream.dev/cs2` when nodes advertise that resource, so the scheduler places it on a CS-2's host.
 pub fn engine_pods(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<Vec<Pod>, Error> {
     let name = job.name_any();
+    let config = config_hash(job, cs2, settings.fan_out)?;
     (0..cs2)
         .map(|i| {
             let args = vec![
@@ -492,7 +502,7 @@ pub fn engine_pods(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<V
             let resources = (resources != ResourceRequirements::default()).then_some(resources);
             let c = container(job, settings, "engine", args, ("engine", ENGINE_PORT), resources, vec![]);
             let spec = PodSpec { containers: vec![c], volumes: Some(vec![config_volume(job)]), ..Default::default() };
-            pod(job, names::engine(&name, i), "engine", names::engine_service(&name), spec)
+            pod(job, names::engine(&name, i), "engine", names::engine_service(&name), spec, &config)
         })
         .collect()
 }
@@ -501,12 +511,24 @@ pub fn engine_pods(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<V
 /// so an operator upgrade does not replace running pods.
 pub fn spec_hash(spec: &PodSpec) -> Result<String, Error> {
     let json = serde_json::to_vec(spec).map_err(|e| Error::Serialize(e.to_string()))?;
+    Ok(fnv(&json))
+}
+
+/// A stable hash of the ConfigMap data the roles read at start for `cs2` engines: `job.yaml` and `plan.json`.
+pub fn config_hash(job: &TrainingJob, cs2: u32, fan_out: u32) -> Result<String, Error> {
+    let (plan, _) = plan(job, cs2, fan_out)?;
+    let data = config_map(job, cs2, &plan)?.data;
+    let json = serde_json::to_vec(&data).map_err(|e| Error::Serialize(e.to_string()))?;
+    Ok(fnv(&json))
+}
+
+fn fnv(bytes: &[u8]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in json {
+    for &b in bytes {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    Ok(format!("{h:016x}"))
+    format!("{h:016x}")
 }
 
 #[cfg(test)]
@@ -597,7 +619,7 @@ spec:
         let j = job(4);
         let s = settings(false);
         let (p, _) = plan(&j, 4, 2).unwrap();
-        let mut metas = vec![config_map(&j, 4, &p).unwrap().metadata, memoryx(&j, &s, 1).unwrap().metadata];
+        let mut metas = vec![config_map(&j, 4, &p).unwrap().metadata, memoryx(&j, &s, 1, 4).unwrap().metadata];
         metas.extend(services(&j).unwrap().into_iter().map(|x| x.metadata));
         metas.extend(swarmx_pods(&j, &s, 4).unwrap().into_iter().map(|x| x.metadata));
         metas.extend(engine_pods(&j, &s, 4).unwrap().into_iter().map(|x| x.metadata));
@@ -615,7 +637,7 @@ spec:
     fn the_tree_wires_memoryx_to_the_root_and_leaves_to_engines() {
         let j = job(4);
         let s = settings(false);
-        let sts = memoryx(&j, &s, 1).unwrap();
+        let sts = memoryx(&j, &s, 1, 4).unwrap();
         let c = &sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
         let a = c.args.clone().unwrap();
         let swarmx_at = a.iter().position(|x| x == "--swarmx").unwrap();
@@ -686,5 +708,21 @@ spec:
         let h = |p: &Pod| p.metadata.annotations.as_ref().unwrap()[SPEC_HASH_ANNOTATION].clone();
         assert_ne!(h(root4), h(root2));
         assert_eq!(h(root4), h(again));
+    }
+
+    #[test]
+    fn a_new_cs2_count_replaces_every_pod_and_restarts_memoryx() {
+        // Engine 0's own spec is the same at 2 and 4 engines, but its shard (from job.yaml) is not.
+        let j = job(4);
+        let s = settings(false);
+        let h = |p: &Pod| p.metadata.annotations.as_ref().unwrap()[SPEC_HASH_ANNOTATION].clone();
+        assert_ne!(h(&engine_pods(&j, &s, 4).unwrap()[0]), h(&engine_pods(&j, &s, 2).unwrap()[0]));
+        let tmpl = |n| {
+            memoryx(&j, &s, 1, n).unwrap().spec.unwrap().template.metadata.unwrap().annotations.unwrap()
+                [CONFIG_HASH_ANNOTATION]
+                .clone()
+        };
+        assert_ne!(tmpl(4), tmpl(2));
+        assert_eq!(tmpl(4), tmpl(4));
     }
 }

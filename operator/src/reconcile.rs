@@ -368,7 +368,7 @@ async fn assemble(
     for s in children::services(job)? {
         apply_one(&services, &s).await?;
     }
-    apply_one(&Api::<StatefulSet>::namespaced(client.clone(), &ns), &children::memoryx(job, settings, 1)?).await?;
+    apply_one(&Api::<StatefulSet>::namespaced(client.clone(), &ns), &children::memoryx(job, settings, 1, n)?).await?;
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let owned;
     let census = match census_at_n {
