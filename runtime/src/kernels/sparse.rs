@@ -168,14 +168,21 @@ impl SparsePattern {
         4 * (self.idx.len() + self.order.len() + self.ptr.len()) as u64
     }
 
-    /// The dense `outer × inner` matrix holding `values` at the mask's positions (for references and tests).
+    /// The dense `outer × inner` matrix holding `values` at the mask's positions: the dense path of the kernels
+    /// and the references of the tests. Rows are filled in parallel.
     pub fn to_dense(&self, values: &[f32]) -> Mat {
         let mut m = Mat::zeros(self.outer, self.inner);
-        for s in 0..self.outer {
-            let line = self.order[s] as usize;
-            for k in self.ptr[s] as usize..self.ptr[s + 1] as usize {
-                m.data[line * self.inner + self.idx[k] as usize] = values[k];
-            }
+        let mut stored_at = vec![0usize; self.outer];
+        for (s, &line) in self.order.iter().enumerate() {
+            stored_at[line as usize] = s;
+        }
+        if self.inner > 0 {
+            m.data.par_chunks_mut(self.inner).enumerate().for_each(|(line, row)| {
+                let s = stored_at[line];
+                for k in self.ptr[s] as usize..self.ptr[s + 1] as usize {
+                    row[self.idx[k] as usize] = values[k];
+                }
+            });
         }
         m
     }
