@@ -406,6 +406,42 @@ async fn admission_is_all_or_nothing_and_in_priority_then_arrival_order() {
     finish("b");
     wait_phase(&jobs, "c", Phase::Starting).await;
     check_gangs().await;
+
+    // Deleting a job that holds CS-2s removes its pods and frees them for the next.
+    ok(
+        wait_for(WAIT, "c's engines", || async { (pods_of(&pods, "c", "engine").await.len() == 2).then_some(()) }).await,
+        "engines of c",
+    );
+    create(&jobs, &job("d", 4)).await;
+    wait_phase(&jobs, "d", Phase::Queued).await;
+    ok(jobs.delete("c", &DeleteParams::default()).await, "delete c");
+    ok(
+        wait_for(WAIT, "c's pods to go", || async {
+            let sel = ListParams::default().labels("weightstream.dev/job=c");
+            pods.list(&sel).await.ok()?.items.is_empty().then_some(())
+        })
+        .await,
+        "c cleaned up",
+    );
+    wait_phase(&jobs, "d", Phase::Starting).await;
+    check_gangs().await;
+    op.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_cannot_fit_an_engine_fails_with_the_reason() {
+    let (client, ns) = setup("nofit").await;
+    let op = RunningOperator::start(&client, &ns, 4);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let mut j = job("huge", 1);
+    j.spec.engine.sram_bytes = Some(1024);
+    create(&jobs, &j).await;
+    let j = wait_phase(&jobs, "huge", Phase::Failed).await;
+    let failed = j.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Failed")).cloned();
+    let failed = failed.unwrap_or_else(|| panic!("no Failed condition"));
+    assert_eq!(failed.reason, "PlanRejected");
+    assert!(failed.message.contains("SRAM budget exceeded"), "the message should say what it lacks: {}", failed.message);
+    assert_eq!(j.status.and_then(|s| s.allocated_cs2), None, "a job that cannot run holds no CS-2s");
     op.stop().await;
 }
 
