@@ -6,12 +6,19 @@
 set -euo pipefail
 
 K8S_VERSION="${WS_K8S_VERSION:-1.34.4}"
-CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/weightstream}"
+CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
 BIN="$CACHE/bin"
 APISERVER="$BIN/kube-apiserver-v$K8S_VERSION"
 mkdir -p "$BIN"
+# Go needs a home for its caches; CI may run without HOME.
+export GOCACHE="${GOCACHE:-$(go env GOCACHE 2>/dev/null || true)}"
+[[ -n "$GOCACHE" && "$GOCACHE" != off ]] || export GOCACHE="$CACHE/go-build"
+export GOMODCACHE="${GOMODCACHE:-$(go env GOMODCACHE 2>/dev/null || true)}"
+[[ -n "$GOMODCACHE" ]] || export GOMODCACHE="$CACHE/go-mod"
+[[ -n "${HOME:-}" ]] || export GOPATH="${GOPATH:-$CACHE/go}"
 
 log() { echo "[build.sh $(date -u +%H:%M:%S)] $*" >&2; }
+trap 'log "FAILED at line $LINENO: $BASH_COMMAND"' ERR
 
 # One builder at a time: parallel test binaries may all ask for the binaries at once.
 exec 9>"$CACHE/build.lock"
@@ -47,7 +54,8 @@ if [[ ! -x "$APISERVER" ]]; then
   W="$CACHE/k8s-wrapper-v$K8S_VERSION"
   mkdir -p "$W"
   log "building kube-apiserver v$K8S_VERSION in $W (a cold build takes a long while on 2 cores)"
-  go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" >/dev/null
+  go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" >"$W/download.json" \
+    || { log "cannot download k8s.io/kubernetes@v$K8S_VERSION: $(cat "$W/download.json")"; exit 1; }
   MODFILE="$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/v$K8S_VERSION.mod"
   STAGING=$(sed -n 's/^\s*\(k8s\.io\/[a-z0-9-]*\) v0\.0\.0$/\1/p' "$MODFILE" | sort -u)
   MINOR="$(echo "$K8S_VERSION" | cut -d. -f2)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stops the instance up.sh started (by its pid files) and, with --wipe, removes its etcd data.
 set -euo pipefail
-CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/weightstream}"
+CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
 RUN="$CACHE/run/${WS_APISERVER_INSTANCE:-default}"
 for p in kube-apiserver etcd; do
   if [[ -f "$RUN/$p.pid" ]]; then

@@ -8,7 +8,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/weightstream}"
+CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
 INSTANCE="${WS_APISERVER_INSTANCE:-default}"
 OFFSET="${WS_APISERVER_PORT_OFFSET:-0}"
 RUN="$CACHE/run/$INSTANCE"
@@ -32,9 +32,17 @@ if alive etcd && alive kube-apiserver && ready; then
   exit 0
 fi
 
-mapfile -t BINS < <("$HERE/build.sh")
-ETCD="${BINS[0]}"
-APISERVER="${BINS[1]}"
+if ! "$HERE/build.sh" > "$RUN/binaries"; then
+  log "building or installing etcd and kube-apiserver failed (see the build.sh lines above)"
+  exit 1
+fi
+mapfile -t BINS < "$RUN/binaries"
+ETCD="${BINS[0]:-}"
+APISERVER="${BINS[1]:-}"
+if [[ ! -x "$ETCD" || ! -x "$APISERVER" ]]; then
+  log "build.sh named no usable binaries: '$ETCD' '$APISERVER'"
+  exit 1
+fi
 
 # Credentials: a CA, a serving certificate for 127.0.0.1/localhost, a service-account key and an admin token.
 if [[ ! -f "$RUN/pki/server.crt" ]]; then
