@@ -2,6 +2,8 @@
 //! engine per CS-2), admits jobs only when all their CS-2s are free, keeps the status true from MemoryX's
 //! reports, and cleans up. A library, so the integration tests run the very controller the binary runs.
 
+#![warn(missing_docs)]
+
 pub mod admission;
 pub mod children;
 pub mod coordinator;
