@@ -58,6 +58,8 @@ pub struct CheckpointInfo {
 /// The phases MemoryX reports.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CoordinatorPhase {
+    /// Up, but still loading data, restoring a checkpoint or waiting for its engines.
+    Starting,
     /// Training.
     #[default]
     Running,
@@ -80,6 +82,7 @@ pub trait Coordinator: Send + Sync + 'static {
 /// The real thing: HTTP to MemoryX's Service, `http://<job>-memoryx.<namespace>.svc:8080`.
 pub struct HttpCoordinator {
     client: reqwest::Client,
+    template: Option<String>,
 }
 
 impl HttpCoordinator {
@@ -90,11 +93,22 @@ impl HttpCoordinator {
             .timeout(Duration::from_secs(5))
             .build()
             .map_err(|e| Error::Config(format!("cannot build the HTTP client for MemoryX: {e}")))?;
-        Ok(HttpCoordinator { client })
+        Ok(HttpCoordinator { client, template: None })
     }
 
-    fn base(job: &TrainingJob) -> String {
-        crate::children::memoryx_http(&job.name_any(), &job.namespace().unwrap_or_default())
+    /// Reaches MemoryX at `template` instead of its Service, with `{job}` and `{namespace}` filled in: for an
+    /// operator running outside the cluster (through a port-forward or an ingress).
+    pub fn with_url_template(mut self, template: impl Into<String>) -> HttpCoordinator {
+        self.template = Some(template.into());
+        self
+    }
+
+    fn base(&self, job: &TrainingJob) -> String {
+        let (name, ns) = (job.name_any(), job.namespace().unwrap_or_default());
+        match &self.template {
+            Some(t) => t.replace("{job}", &name).replace("{namespace}", &ns).trim_end_matches('/').to_string(),
+            None => crate::children::memoryx_http(&name, &ns),
+        }
     }
 }
 
@@ -105,7 +119,7 @@ fn unreachable(url: &str, e: impl std::fmt::Display) -> Error {
 impl Coordinator for HttpCoordinator {
     fn status<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<CoordinatorStatus, Error>> {
         Box::pin(async move {
-            let url = format!("{}/status", Self::base(job));
+            let url = format!("{}/status", self.base(job));
             let resp = self.client.get(&url).send().await.map_err(|e| unreachable(&url, e))?;
             let resp = resp.error_for_status().map_err(|e| unreachable(&url, e))?;
             resp.json::<CoordinatorStatus>().await.map_err(|e| unreachable(&url, format!("bad /status body: {e}")))
@@ -114,7 +128,7 @@ impl Coordinator for HttpCoordinator {
 
     fn checkpoint<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
-            let url = format!("{}/checkpoint", Self::base(job));
+            let url = format!("{}/checkpoint", self.base(job));
             let resp = self.client.post(&url).send().await.map_err(|e| unreachable(&url, e))?;
             resp.error_for_status().map_err(|e| unreachable(&url, e))?;
             Ok(())
@@ -193,8 +207,49 @@ mod tests {
         let s: CoordinatorStatus = serde_json::from_str(body).unwrap();
         assert_eq!(s.phase, CoordinatorPhase::Checkpointing);
         assert_eq!((s.step, s.total_steps, s.last_checkpoint.unwrap().step), (12, Some(100), 10));
-        let minimal: CoordinatorStatus = serde_json::from_str(r#"{"phase":"Running","step":0}"#).unwrap();
+        let minimal: CoordinatorStatus = serde_json::from_str(r#"{"phase":"Starting","step":0,"totalSteps":0}"#).unwrap();
+        assert_eq!(minimal.phase, CoordinatorPhase::Starting);
         assert_eq!(minimal.loss, None);
         assert!(serde_json::from_str::<CoordinatorStatus>(r#"{"phase":"Sleeping"}"#).is_err());
+    }
+
+    #[tokio::test]
+    async fn http_coordinator_reads_status_and_asks_for_checkpoints() {
+        use axum::routing::{get, post};
+        let asked = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let app = axum::Router::new()
+            .route(
+                "/j/ns/status",
+                get(|| async {
+                    r#"{"phase":"Running","step":7,"totalSteps":50,"loss":0.5,"samplesPerSecond":null,
+                        "simulatedStepSeconds":0.01,"lastCheckpoint":{"step":5,"path":"/c/5"},"evalAccuracy":null,"message":null}"#
+                }),
+            )
+            .route(
+                "/j/ns/checkpoint",
+                post({
+                    let asked = asked.clone();
+                    move || async move {
+                        asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        axum::http::StatusCode::ACCEPTED
+                    }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let c = HttpCoordinator::new().unwrap().with_url_template(format!("http://{addr}/{{job}}/{{namespace}}/"));
+        let mut job = crds::TrainingJob::new("j", serde_json::from_value(serde_json::json!({
+            "model": {"kind": "mlp", "layers": [784, 10]}, "data": {"kind": "mnist", "path": "d"},
+            "training": {"batchSize": 1, "steps": 1, "optimizer": {"kind": "sgd", "learningRate": 0.1}}
+        })).unwrap());
+        job.metadata.namespace = Some("ns".into());
+        let s = c.status(&job).await.unwrap();
+        assert_eq!((s.phase, s.step, s.last_checkpoint.unwrap().step), (CoordinatorPhase::Running, 7, 5));
+        c.checkpoint(&job).await.unwrap();
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        job.metadata.name = Some("missing".into());
+        let err = c.status(&job).await.unwrap_err().to_string();
+        assert!(err.contains("/missing/ns/status"), "{err}");
     }
 }

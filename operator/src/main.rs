@@ -28,6 +28,10 @@ struct Args {
     /// Seconds between polls of a live job's MemoryX.
     #[arg(long, env = "WS_POLL_SECONDS", default_value_t = 3)]
     poll_seconds: u64,
+    /// Reach each job's MemoryX at this URL instead of its Service (`{job}` and `{namespace}` are filled in),
+    /// e.g. when the operator runs outside the cluster.
+    #[arg(long, env = "WS_MEMORYX_URL")]
+    memoryx_url: Option<String>,
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, env = "WS_HTTP", default_value = "0.0.0.0:8080")]
     http: SocketAddr,
@@ -84,7 +88,10 @@ async fn run(args: Args) -> Result<(), Error> {
         fan_out: args.swarmx_fan_out,
         poll: Duration::from_secs(args.poll_seconds.max(1)),
     };
-    let coordinator = Arc::new(HttpCoordinator::new()?);
+    let coordinator = match args.memoryx_url {
+        Some(t) => Arc::new(HttpCoordinator::new()?.with_url_template(t)),
+        None => Arc::new(HttpCoordinator::new()?),
+    };
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -189,7 +189,7 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
                     d.fail("DataPlaneFailed", why);
                     break 'decided (Children::Release, false);
                 }
-                CoordinatorPhase::Running | CoordinatorPhase::Checkpointing => {}
+                CoordinatorPhase::Starting | CoordinatorPhase::Running | CoordinatorPhase::Checkpointing => {}
             }
         }
         let mut restarts = prev.restarts + obs.failed_pods.len() as u32;
@@ -262,6 +262,11 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
             d.cond_with(ADMITTED, true, "Admitted", format!("holds {holds} CS-2s"));
         }
         match (&obs.coordinator, obs.pods_ready) {
+            (Some(Ok(c)), true) if c.phase == CoordinatorPhase::Starting => {
+                let msg = "MemoryX is starting (loading data, restoring its checkpoint, reaching its engines)";
+                d.phase(Phase::Starting, "CoordinatorStarting", msg);
+                d.cond_with(READY, false, "CoordinatorStarting", msg);
+            }
             (Some(Ok(c)), true) => {
                 let phase = if c.phase == CoordinatorPhase::Checkpointing { Phase::Checkpointing } else { Phase::Running };
                 d.phase(phase, "Training", format!("step {} of {}", c.step, c.total_steps.map_or("?".into(), |t| t.to_string())));
@@ -451,6 +456,9 @@ spec:
         assert_eq!(cond(&j, READY).reason, "PodsNotReady");
 
         o.pods_ready = true;
+        o.coordinator = Some(Ok(CoordinatorStatus { phase: CoordinatorPhase::Starting, ..Default::default() }));
+        assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Starting));
+        assert_eq!(cond(&j, READY).reason, "CoordinatorStarting");
         o.coordinator = running(7, None);
         let d = step(&mut j, &o);
         assert_eq!(d.status.phase, Some(Phase::Running));
