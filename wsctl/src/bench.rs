@@ -21,7 +21,7 @@ pub enum Bench {
         #[arg(long, default_value_t = 512)]
         tokens: usize,
         /// Timed repetitions per kernel; the median is reported.
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 5)]
         repeats: usize,
         /// Sparsities to measure.
         #[arg(long, value_delimiter = ',', default_value = "0,0.5,0.8,0.9,0.95,0.99")]
@@ -50,18 +50,28 @@ struct Report {
     rows: Vec<Row>,
 }
 
-/// Median wall time of `repeats` runs of `f`, after one warm-up run.
-fn time(repeats: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut times: Vec<f64> = (0..repeats.max(1))
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
+/// Median wall time of each of `kernels` over `repeats` rounds, after one warm-up round. The kernels run
+/// interleaved, round after round, so a machine that gets busier or quieter during the benchmark affects all of
+/// them alike and their ratios stay meaningful.
+fn time_interleaved(repeats: usize, kernels: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+    for k in kernels.iter_mut() {
+        k();
+    }
+    let mut times = vec![Vec::new(); kernels.len()];
+    for _ in 0..repeats.max(1) {
+        for (k, t) in kernels.iter_mut().zip(&mut times) {
+            let start = Instant::now();
+            k();
+            t.push(start.elapsed().as_secs_f64());
+        }
+    }
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
         })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+        .collect()
 }
 
 fn filled(rows: usize, cols: usize, seed: u32) -> Mat {
@@ -84,7 +94,7 @@ pub fn bench(what: Bench) -> Result<()> {
     let dy = filled(n, tokens, 2);
     let w = filled(n, n, 3);
     let mut y = Mat::zeros(n, tokens);
-    let dense_s = time(repeats, || dense::matmul(&mut y.data, w.view(), x.view(), false));
+    let mut y_dense = Mat::zeros(n, tokens);
     let mut rows = Vec::new();
     for &s in &sparsity {
         let p = sparse::SparsePattern::random(n, n, 1.0 - s, 7);
@@ -93,10 +103,23 @@ pub fn bench(what: Bench) -> Result<()> {
         let tvalues: Vec<f32> = perm.iter().map(|&k| values[k as usize]).collect();
         let mut dx = Mat::zeros(n, tokens);
         let mut g = vec![0.0; t.nnz()];
-        let sparse_fwd_s = time(repeats, || sparse::gather(&p, &values, &x, &mut y));
-        let sparse_bwd_s = time(repeats, || sparse::gather(&t, &tvalues, &dy, &mut dx));
-        let sparse_wgrad_s = time(repeats, || sparse::sddmm(&t, &x, &dy, &mut g));
-        rows.push(Row { sparsity: s, dense_s, sparse_fwd_s, sparse_bwd_s, sparse_wgrad_s, speedup_fwd: dense_s / sparse_fwd_s });
+        let times = time_interleaved(
+            repeats,
+            &mut [
+                &mut || dense::matmul(&mut y_dense.data, w.view(), x.view(), false),
+                &mut || sparse::gather(&p, &values, &x, &mut y),
+                &mut || sparse::gather(&t, &tvalues, &dy, &mut dx),
+                &mut || sparse::sddmm(&t, &x, &dy, &mut g),
+            ],
+        );
+        rows.push(Row {
+            sparsity: s,
+            dense_s: times[0],
+            sparse_fwd_s: times[1],
+            sparse_bwd_s: times[2],
+            sparse_wgrad_s: times[3],
+            speedup_fwd: times[0] / times[1],
+        });
     }
     let report = Report { features, tokens, threads: rayon::current_num_threads(), rows };
     if json {

@@ -34,6 +34,8 @@ pub struct SparsePattern {
     order: Vec<u32>,
     ptr: Vec<u32>,
     idx: Vec<u32>,
+    /// Every position is kept and stored in natural order, so the values are the dense row-major matrix.
+    full: bool,
 }
 
 impl SparsePattern {
@@ -63,7 +65,14 @@ impl SparsePattern {
             idx.extend_from_slice(line);
             ptr.push(idx.len() as u32);
         }
-        SparsePattern { outer, inner, order, ptr, idx }
+        Self::finish(outer, inner, order, ptr, idx)
+    }
+
+    fn finish(outer: usize, inner: usize, order: Vec<u32>, ptr: Vec<u32>, idx: Vec<u32>) -> Self {
+        let full = idx.len() == outer * inner
+            && order.iter().enumerate().all(|(s, &l)| l as usize == s)
+            && idx.iter().enumerate().all(|(k, &i)| i as usize == k % inner.max(1));
+        SparsePattern { outer, inner, order, ptr, idx, full }
     }
 
     /// Rebuilds a pattern received over the wire, checking every index so a bad message cannot make a kernel
@@ -91,7 +100,7 @@ impl SparsePattern {
         if let Some(&bad) = idx.iter().find(|&&i| i as usize >= inner) {
             return Err(format!("index {bad} is outside 0..{inner}"));
         }
-        Ok(SparsePattern { outer, inner, order, ptr, idx })
+        Ok(Self::finish(outer, inner, order, ptr, idx))
     }
 
     /// The same mask stored by the other dimension, and for each of its non-zeros the position of that
@@ -168,24 +177,36 @@ impl SparsePattern {
         4 * (self.idx.len() + self.order.len() + self.ptr.len()) as u64
     }
 
-    /// The dense `outer × inner` matrix holding `values` at the mask's positions: the dense path of the kernels
-    /// and the references of the tests. Rows are filled in parallel.
+    /// The dense `outer × inner` matrix holding `values` at the mask's positions (for references and tests).
     pub fn to_dense(&self, values: &[f32]) -> Mat {
         let mut m = Mat::zeros(self.outer, self.inner);
+        self.fill_dense(values, &mut m.data);
+        m
+    }
+
+    /// Writes the dense matrix into `out` (`outer × inner`, row-major), rows in parallel.
+    fn fill_dense(&self, values: &[f32], out: &mut Vec<f32>) {
+        out.clear();
+        out.resize(self.outer * self.inner, 0.0);
         let mut stored_at = vec![0usize; self.outer];
         for (s, &line) in self.order.iter().enumerate() {
             stored_at[line as usize] = s;
         }
         if self.inner > 0 {
-            m.data.par_chunks_mut(self.inner).enumerate().for_each(|(line, row)| {
+            out.par_chunks_mut(self.inner).enumerate().for_each(|(line, row)| {
                 let s = stored_at[line];
                 for k in self.ptr[s] as usize..self.ptr[s + 1] as usize {
                     row[self.idx[k] as usize] = values[k];
                 }
             });
         }
-        m
     }
+}
+
+thread_local! {
+    /// The dense matrix of the dense path, kept between calls: a fresh allocation of this size would be
+    /// faulted in page by page on every call, which costs as much as the scatter itself.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A pointer through which workers write disjoint parts of one buffer.
@@ -206,9 +227,17 @@ pub fn gather(p: &SparsePattern, values: &[f32], src: &Mat, dst: &mut Mat) {
     assert_eq!(values.len(), p.nnz(), "gather: {} values for {} non-zeros", values.len(), p.nnz());
     assert_eq!(src.rows, p.inner, "gather: source has {} rows, pattern needs {}", src.rows, p.inner);
     assert_eq!((dst.rows, dst.cols), (p.outer, src.cols), "gather: destination shape");
+    if p.full {
+        let view = super::dense::MatView::new(values, p.outer, p.inner);
+        super::dense::matmul(&mut dst.data, view, src.view(), false);
+        return;
+    }
     if p.runs_dense() {
-        let w = p.to_dense(values);
-        super::dense::matmul(&mut dst.data, w.view(), src.view(), false);
+        SCRATCH.with_borrow_mut(|w| {
+            p.fill_dense(values, w);
+            let view = super::dense::MatView::new(w, p.outer, p.inner);
+            super::dense::matmul(&mut dst.data, view, src.view(), false);
+        });
         return;
     }
     let n = workers(p.nnz() * src.cols);
@@ -247,6 +276,8 @@ unsafe fn gather_worker(
                 let (mut even, mut odd) = ([0.0f32; TILE], [0.0f32; TILE]);
                 let mut k = nz.start;
                 while k + 1 < nz.end {
+                    prefetch(tile, &p.idx, k + PREFETCH_AHEAD, nz.end);
+                    prefetch(tile, &p.idx, k + PREFETCH_AHEAD + 1, nz.end);
                     let (v0, v1) = (values[k], values[k + 1]);
                     let (o0, o1) = (p.idx[k] as usize * TILE, p.idx[k + 1] as usize * TILE);
                     let (x0, x1) = (&tile[o0..o0 + TILE], &tile[o1..o1 + TILE]);
@@ -283,6 +314,32 @@ unsafe fn gather_worker(
     }
 }
 
+/// How many non-zeros ahead the gather kernel asks for the source row it will need.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Hints the cache to fetch the tile row of non-zero `k`: rows are visited in a data-dependent order the
+/// hardware prefetcher cannot predict.
+#[inline(always)]
+fn prefetch(tile: &[f32], idx: &[u32], k: usize, end: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if k < end {
+        let row = idx[k] as usize * TILE;
+        if row + TILE <= tile.len() {
+            let p = tile[row..].as_ptr() as *const i8;
+            // SAFETY: a prefetch is only a hint; the address lies inside `tile`, and SSE is baseline on x86_64.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch(p, _MM_HINT_T0);
+                _mm_prefetch(p.add(64), _MM_HINT_T0);
+                _mm_prefetch(p.add(128), _MM_HINT_T0);
+                _mm_prefetch(p.add(192), _MM_HINT_T0);
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (tile, idx, k, end);
+}
+
 /// Copies columns `t0..t0 + tl` of the `rows × tokens` matrix `src` into `buf` as a contiguous `rows × tl`
 /// block. Rows of activations are often a power of two apart, which maps them onto a few cache sets; the
 /// packed tile is contiguous, so it stays in L2 while every line of the pattern is visited.
@@ -302,15 +359,22 @@ pub fn sddmm(p: &SparsePattern, a: &Mat, b: &Mat, out: &mut [f32]) {
     assert_eq!(a.rows, p.outer, "sddmm: a has {} rows, pattern has {} lines", a.rows, p.outer);
     assert_eq!(b.rows, p.inner, "sddmm: b has {} rows, pattern needs {}", b.rows, p.inner);
     assert_eq!(a.cols, b.cols, "sddmm: token counts differ");
+    if p.full {
+        super::dense::matmul(out, a.view(), b.view().t(), false);
+        return;
+    }
     if p.runs_dense() {
-        let mut full = Mat::zeros(p.outer, p.inner);
-        super::dense::matmul(&mut full.data, a.view(), b.view().t(), false);
-        for (s, &line) in p.order.iter().enumerate() {
-            let row = full.row(line as usize);
-            for k in p.ptr[s] as usize..p.ptr[s + 1] as usize {
-                out[k] = row[p.idx[k] as usize];
+        SCRATCH.with_borrow_mut(|full| {
+            full.clear();
+            full.resize(p.outer * p.inner, 0.0);
+            super::dense::matmul(full, a.view(), b.view().t(), false);
+            for (s, &line) in p.order.iter().enumerate() {
+                let row = &full[line as usize * p.inner..(line as usize + 1) * p.inner];
+                for k in p.ptr[s] as usize..p.ptr[s + 1] as usize {
+                    out[k] = row[p.idx[k] as usize];
+                }
             }
-        }
+        });
         return;
     }
     let n = workers(p.nnz() * a.cols);
@@ -394,7 +458,7 @@ mod tests {
         // Token counts around the tile size exercise both the full-tile and the remainder paths; the large
         // case runs on several workers.
         for &(rows, cols, tokens, density) in
-            &[(17, 23, 5, 0.3), (64, 48, 64, 0.5), (130, 70, 150, 0.1), (300, 500, 200, 0.2), (8, 9, 3, 0.0), (90, 80, 70, 0.95)]
+            &[(17, 23, 5, 0.3), (64, 48, 64, 0.5), (130, 70, 150, 0.1), (300, 500, 200, 0.2), (8, 9, 3, 0.0), (90, 80, 70, 0.95), (33, 41, 20, 1.0)]
         {
             let p = SparsePattern::random(rows, cols, density, 3);
             let mut rng = ChaCha8Rng::seed_from_u64(5);
