@@ -109,7 +109,7 @@ pub struct RunOptions {
 pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     let job = load_job(path, opts.cs2)?;
     let spec = &job.spec;
-    let plan = plan_of(spec)?;
+    plan_of(spec)?;
     let data_dir = Path::new(&spec.data.path);
     let train = mnist::load(data_dir, Split::Train)?;
     let test = mnist::load(data_dir, Split::Test)?;
@@ -118,12 +118,11 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     let out = opts.out.clone().unwrap_or_else(|| Path::new("runs").join(&name));
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     eprintln!(
-        "{name}: {} steps of {} samples on {} CS-2 ({:?}{})",
+        "{name}: {} steps of {} samples on {} CS-2{}, weights streamed from MemoryX layer by layer",
         total,
         spec.training.batch_size,
         spec.cs2,
-        plan.execution_mode,
-        if opts.in_process { ", in one process" } else { "" }
+        if opts.in_process { " in one process" } else { "" }
     );
     let bar = ProgressBar::new(total);
     bar.set_style(
