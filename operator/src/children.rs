@@ -36,8 +36,6 @@ pub const CS2_RESOURCE: &str = "weightstream.dev/cs2";
 pub const CONFIG_DIR: &str = "/etc/weightstream";
 /// Where MemoryX keeps its checkpoints (a persistent volume, so restarts and resumes continue from them).
 pub const CHECKPOINT_DIR: &str = "/var/lib/weightstream/checkpoints";
-/// MemoryX's weight-stream port.
-pub const MEMORYX_PORT: i32 = 7000;
 /// A SwarmX node's port.
 pub const SWARMX_PORT: i32 = 7100;
 /// An engine's port.
@@ -269,7 +267,8 @@ pub fn headless_service(job: &TrainingJob, name: String, role: &str, ports: &[(&
 pub fn services(job: &TrainingJob) -> Result<Vec<Service>, Error> {
     let name = job.name_any();
     Ok(vec![
-        headless_service(job, names::memoryx(&name), "memoryx", &[("stream", MEMORYX_PORT), ("http", HTTP_PORT)])?,
+        // MemoryX only dials out (to the SwarmX root); its Service carries the HTTP port the operator polls.
+        headless_service(job, names::memoryx(&name), "memoryx", &[("http", HTTP_PORT)])?,
         headless_service(job, names::swarmx_service(&name), "swarmx", &[("fabric", SWARMX_PORT), ("http", HTTP_PORT)])?,
         headless_service(job, names::engine_service(&name), "engine", &[("engine", ENGINE_PORT), ("http", HTTP_PORT)])?,
     ])
@@ -293,7 +292,7 @@ fn container(
     settings: &Settings,
     role: &str,
     args: Vec<String>,
-    port: (&str, i32),
+    port: Option<(&str, i32)>,
     resources: Option<ResourceRequirements>,
     extra_mounts: Vec<VolumeMount>,
 ) -> Container {
@@ -310,10 +309,12 @@ fn container(
         image_pull_policy: Some(pull_policy(job)),
         command: Some(vec![role_binary(role).into()]),
         args: Some(args),
-        ports: Some(vec![
-            ContainerPort { name: Some(port.0.into()), container_port: port.1, ..Default::default() },
-            ContainerPort { name: Some("http".into()), container_port: HTTP_PORT, ..Default::default() },
-        ]),
+        ports: Some(
+            port.into_iter()
+                .map(|(n, p)| ContainerPort { name: Some(n.into()), container_port: p, ..Default::default() })
+                .chain([ContainerPort { name: Some("http".into()), container_port: HTTP_PORT, ..Default::default() }])
+                .collect(),
+        ),
         readiness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
                 path: Some("/healthz".into()),
@@ -358,21 +359,20 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, replicas: i32, cs2: u32) 
     let args = vec![
         "--job".into(),
         job_file(),
-        "--listen".into(),
-        format!("0.0.0.0:{MEMORYX_PORT}"),
         "--swarmx".into(),
         swarmx_address(&name, &ns, 0, 0),
         "--checkpoint-dir".into(),
         CHECKPOINT_DIR.into(),
         "--http".into(),
         format!("0.0.0.0:{HTTP_PORT}"),
+        "--json-logs".into(),
     ];
     let c = container(
         job,
         settings,
         "memoryx",
         args,
-        ("stream", MEMORYX_PORT),
+        None,
         job.spec.resources.memoryx.clone(),
         vec![VolumeMount { name: "checkpoints".into(), mount_path: CHECKPOINT_DIR.into(), ..Default::default() }],
     );
@@ -460,13 +460,14 @@ pub fn swarmx_pods(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<V
                 node.children.join(","),
                 "--http".into(),
                 format!("0.0.0.0:{HTTP_PORT}"),
+                "--json-logs".into(),
             ];
             let c = container(
                 job,
                 settings,
                 "swarmx",
                 args,
-                ("fabric", SWARMX_PORT),
+                Some(("fabric", SWARMX_PORT)),
                 job.spec.resources.swarmx.clone(),
                 vec![],
             );
@@ -492,6 +493,7 @@ pub fn engine_pods(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<V
                 format!("0.0.0.0:{ENGINE_PORT}"),
                 "--http".into(),
                 format!("0.0.0.0:{HTTP_PORT}"),
+                "--json-logs".into(),
             ];
             let mut resources = job.spec.resources.engine.clone().unwrap_or_default();
             if settings.request_cs2 {
@@ -500,7 +502,7 @@ pub fn engine_pods(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<V
                 resources.requests.get_or_insert_with(BTreeMap::new).insert(CS2_RESOURCE.into(), one);
             }
             let resources = (resources != ResourceRequirements::default()).then_some(resources);
-            let c = container(job, settings, "engine", args, ("engine", ENGINE_PORT), resources, vec![]);
+            let c = container(job, settings, "engine", args, Some(("engine", ENGINE_PORT)), resources, vec![]);
             let spec = PodSpec { containers: vec![c], volumes: Some(vec![config_volume(job)]), ..Default::default() };
             pod(job, names::engine(&name, i), "engine", names::engine_service(&name), spec, &config)
         })
@@ -598,7 +600,10 @@ spec:
         let names: Vec<_> = pods.iter().map(|p| p.name_any()).collect();
         assert_eq!(names, ["mnist-engine-0", "mnist-engine-1", "mnist-engine-2", "mnist-engine-3"]);
         let a = args(&pods[2]);
-        assert_eq!(a, ["--job", "/etc/weightstream/job.yaml", "--index", "2", "--listen", "0.0.0.0:7200", "--http", "0.0.0.0:8080"]);
+        assert_eq!(
+            a,
+            ["--job", "/etc/weightstream/job.yaml", "--index", "2", "--listen", "0.0.0.0:7200", "--http", "0.0.0.0:8080", "--json-logs"]
+        );
         let spec = pods[2].spec.as_ref().unwrap();
         assert_eq!(spec.hostname.as_deref(), Some("mnist-engine-2"));
         assert_eq!(spec.subdomain.as_deref(), Some("mnist-engine"));
