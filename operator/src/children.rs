@@ -366,6 +366,9 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, replicas: i32, cs2: u32) 
         "--http".into(),
         format!("0.0.0.0:{HTTP_PORT}"),
         "--json-logs".into(),
+        // Keep answering /status after the job ends, so the operator reads Succeeded or Failed (an exit would
+        // be restarted by the StatefulSet and counted as a failure).
+        "--linger".into(),
     ];
     let c = container(
         job,
@@ -648,6 +651,7 @@ spec:
         let swarmx_at = a.iter().position(|x| x == "--swarmx").unwrap();
         assert_eq!(a[swarmx_at + 1], "http://mnist-swarmx-0-0.mnist-swarmx.ml.svc:7100");
         assert!(a.contains(&CHECKPOINT_DIR.to_string()));
+        assert!(a.contains(&"--linger".to_string()), "MemoryX must keep serving its final status");
         let pods = swarmx_pods(&j, &s, 4).unwrap();
         let names: Vec<_> = pods.iter().map(|p| p.name_any()).collect();
         assert_eq!(names, ["mnist-swarmx-0-0", "mnist-swarmx-1-0", "mnist-swarmx-1-1"]);
