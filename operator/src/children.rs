@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crds::{EnginePreset, PlanStatus, PullPolicy, SwarmxTree, TrainingJob};
+use crds::{PlanStatus, PullPolicy, SwarmxTree, TrainingJob};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim,
@@ -150,15 +150,10 @@ pub fn memoryx_http(job: &str, namespace: &str) -> String {
 /// (`sim_wse::preset::SWARMX_FANOUT`), so the tree the operator builds is the one the estimates price.
 pub const DEFAULT_FAN_OUT: u32 = 8;
 
-/// The SRAM of each engine: the spec's override, else the preset's. The same table as the simulated engine's
-/// presets (`sim_wse::preset`); kept here so the control plane does not link the simulator.
+/// The SRAM of each engine: the spec's override, else the preset's, from the one table of engine figures
+/// (`sim_wse::preset`), so the operator plans with the same numbers the engines enforce.
 pub fn sram_bytes(job: &TrainingJob) -> u64 {
-    const GB: u64 = 1_000_000_000;
-    job.spec.engine.sram_bytes.unwrap_or(match job.spec.engine.preset {
-        EnginePreset::Wse2 => 40 * GB,
-        EnginePreset::Wse3 => 44 * GB,
-        EnginePreset::Tiny => 64 << 20,
-    })
+    sim_wse::preset::sram_bytes(&job.spec.engine)
 }
 
 /// The plan for the job at `cs2` engines (the allocated count, which differs from the spec while a rescale
