@@ -132,7 +132,7 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     let result = if opts.in_process {
         run_in_process(&job, total, train, test, &out, &bar)
     } else {
-        run_local(&job, &opts, total, &out, &bar)
+        run_local(&job, &opts, &out, &bar)
     };
     bar.finish_and_clear();
     let summary = result?;
@@ -155,7 +155,7 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
 }
 
 /// The appliance as processes: engines, the SwarmX tree and MemoryX, supervised until MemoryX finishes.
-fn run_local(job: &crds::TrainingJob, opts: &RunOptions, total: u64, out: &Path, bar: &ProgressBar) -> Result<serde_json::Value> {
+fn run_local(job: &crds::TrainingJob, opts: &RunOptions, out: &Path, bar: &ProgressBar) -> Result<serde_json::Value> {
     // The children read the job as this run sees it (with --cs2 applied), from the run's own folder.
     let job_file = std::fs::canonicalize(out)?.join("job.yaml");
     std::fs::write(&job_file, serde_yaml::to_string(job)?).with_context(|| format!("cannot write {}", job_file.display()))?;
@@ -168,7 +168,6 @@ fn run_local(job: &crds::TrainingJob, opts: &RunOptions, total: u64, out: &Path,
     if let Some(dir) = checkpoints {
         args.extend(["--checkpoint-dir".to_string(), dir.display().to_string()]);
     }
-    let _ = total;
     appliance.run_memoryx(&args, |m| {
         let loss = m["loss"].as_f64().unwrap_or(f64::NAN);
         let rate = m["samples_per_s"].as_f64().unwrap_or(0.0);

@@ -20,6 +20,7 @@ use super::{checkpoint, MemoryX};
 use crate::error::{Error, Result};
 use crate::model::ModelLayout;
 use crate::swarmx::remote::RemoteSwarm;
+use crate::swarmx::Swarm;
 use crate::train::{self, RetryPolicy, StepMetrics};
 use crate::transport::{bind, serve_http, CommonArgs};
 
@@ -185,7 +186,7 @@ fn coordinate(
         s.total_steps = total;
     });
     let mut swarm = RemoteSwarm::connect(handle, &args.swarmx, job_id, Duration::from_secs(args.connect_timeout))?;
-    tracing::info!(engines = swarm_engines(&swarm), start, total, "training");
+    tracing::info!(engines = swarm.engines(), start, total, "training");
 
     let mut metrics_file = match &args.out {
         Some(out) => {
@@ -273,8 +274,4 @@ fn keep_steps_up_to(path: &Path, start: u64) -> Result<()> {
         .map(|l| format!("{l}\n"))
         .collect();
     std::fs::write(path, kept).map_err(|e| Error::io(format!("rewriting {}", path.display()), e))
-}
-
-fn swarm_engines(s: &RemoteSwarm) -> usize {
-    crate::swarmx::Swarm::engines(s)
 }
