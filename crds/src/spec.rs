@@ -33,6 +33,9 @@ use crate::status::TrainingJobStatus;
     validation = Rule::new("self.training.batchSize % self.cs2 == 0")
         .message("spec.training.batchSize must be divisible by spec.cs2: each CS-2 takes an equal shard of the batch")
         .field_path(".training.batchSize"),
+    validation = Rule::new("(self.data.kind == 'text') == (self.model.kind == 'gpt')")
+        .message("spec.data.kind: a gpt trains on text and an mlp on mnist")
+        .field_path(".data.kind"),
     validation = Rule::new(
         "self.data.kind != 'mnist' || (size(self.model.layers) >= 2 && self.model.layers[0] == 784 && \
          self.model.layers[size(self.model.layers) - 1] == 10)"
@@ -160,7 +163,12 @@ impl RolesResources {
         .message("spec.model is immutable: checkpoints hold this model's weights; create a new TrainingJob instead"),
     validation = Rule::new("self.kind != 'mlp' || size(self.layers) >= 2")
         .message("spec.model.layers: an mlp needs at least an input and an output width, e.g. [784, 512, 512, 10]")
-        .field_path(".layers")
+        .field_path(".layers"),
+    validation = Rule::new(
+        "self.kind != 'gpt' || (has(self.width) && has(self.heads) && has(self.blocks) && has(self.contextLength) \
+         && self.width % self.heads == 0)"
+    )
+    .message("spec.model: a gpt needs width, heads, blocks and contextLength, with width divisible by heads")
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelSpec {
@@ -178,6 +186,73 @@ pub struct ModelSpec {
     #[serde(default)]
     #[schemars(range(min = 0.0, max = 0.99))]
     pub sparsity: f64,
+    /// Tokens a `gpt` reads: 256, one per byte, so no tokenizer has to be downloaded.
+    #[serde(default = "default_vocab", skip_serializing_if = "is_default_vocab")]
+    #[schemars(range(min = 2, max = 65536))]
+    pub vocab_size: u32,
+    /// Tokens a `gpt` attends over: each training sample is a window of this many bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 2, max = 4096))]
+    pub context_length: Option<u32>,
+    /// Features of a `gpt`'s residual stream (the model dimension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16384))]
+    pub width: Option<u32>,
+    /// Attention heads of a `gpt`; `width` must be divisible by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub heads: Option<u32>,
+    /// Transformer blocks of a `gpt`: each is four stream units (QKV, attention output, MLP up, MLP down).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub blocks: Option<u32>,
+    /// Hidden width of a `gpt` block's MLP as a multiple of `width`.
+    #[serde(default = "default_mlp_ratio", skip_serializing_if = "is_default_mlp_ratio")]
+    #[schemars(range(min = 1, max = 16))]
+    pub mlp_ratio: u32,
+    /// Whether a `gpt`'s output head reuses the token embedding: fewer weights, and the usual choice for
+    /// small language models.
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub tied_embeddings: bool,
+}
+
+fn default_vocab() -> u32 {
+    256
+}
+fn is_default_vocab(v: &u32) -> bool {
+    *v == 256
+}
+fn default_mlp_ratio() -> u32 {
+    4
+}
+fn is_default_mlp_ratio(v: &u32) -> bool {
+    *v == 4
+}
+fn default_true() -> bool {
+    true
+}
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+impl ModelSpec {
+    /// A fully connected network of `layers` widths, every other field at its default: what tests and tools
+    /// that build specs in code need.
+    pub fn mlp(layers: Vec<u32>, activation: Activation, sparsity: f64) -> Self {
+        ModelSpec {
+            kind: ModelKind::Mlp,
+            layers,
+            activation,
+            sparsity,
+            vocab_size: default_vocab(),
+            context_length: None,
+            width: None,
+            heads: None,
+            blocks: None,
+            mlp_ratio: default_mlp_ratio(),
+            tied_embeddings: true,
+        }
+    }
 }
 
 /// Model families the appliance can build.
@@ -186,6 +261,9 @@ pub struct ModelSpec {
 pub enum ModelKind {
     /// A fully connected network (the seeds' FC-MNIST).
     Mlp,
+    /// A decoder-only transformer language model over bytes: token and position embedding, pre-norm blocks of
+    /// causal multi-head attention and a GELU MLP, a final norm and an LM head.
+    Gpt,
 }
 
 /// Element-wise non-linearities.
@@ -205,8 +283,8 @@ pub enum Activation {
 pub struct DataSpec {
     /// The data set format.
     pub kind: DataKind,
-    /// Folder holding the files under their standard names (raw or `.gz`); relative paths are taken from the
-    /// current directory of the process that runs the job.
+    /// For `mnist`, the folder holding the files under their standard names (raw or `.gz`); for `text`, the
+    /// file. Relative paths are taken from the current directory of the process that runs the job.
     pub path: String,
 }
 
@@ -216,6 +294,8 @@ pub struct DataSpec {
 pub enum DataKind {
     /// MNIST digits in IDX files: `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`, `t10k-…`.
     Mnist,
+    /// A UTF-8 text file (raw or `.gz`) read as bytes, for `gpt`: the last 5% is held out.
+    Text,
 }
 
 /// How to train.

@@ -122,9 +122,17 @@ impl TrainingJobSpec {
                     ));
                 }
             }
+            ModelKind::Gpt => self.validate_gpt()?,
         }
-        match self.data.kind {
-            DataKind::Mnist => {
+        match (self.data.kind, m.kind) {
+            (DataKind::Text, ModelKind::Gpt) => {}
+            (DataKind::Text, _) | (_, ModelKind::Gpt) => {
+                return Err(invalid(
+                    "spec.data.kind",
+                    "a gpt trains on text (data.kind: text) and an mlp on mnist (data.kind: mnist)",
+                ));
+            }
+            (DataKind::Mnist, _) => {
                 let (first, last) = (m.layers[0], m.layers[m.layers.len() - 1]);
                 if first != 784 || last != 10 {
                     return Err(invalid(
@@ -136,6 +144,38 @@ impl TrainingJobSpec {
                     ));
                 }
             }
+        }
+        Ok(())
+    }
+
+    fn validate_gpt(&self) -> Result<(), ApiError> {
+        let m = &self.model;
+        let need = |name: &str, v: Option<u32>, min: u32, example: &str| match v {
+            None => Err(invalid(format!("spec.model.{name}"), format!("a gpt needs it, e.g. {name}: {example}"))),
+            Some(v) if v < min => Err(invalid(format!("spec.model.{name}"), format!("{v} is too small: use at least {min}"))),
+            Some(v) => Ok(v),
+        };
+        let width = need("width", m.width, 1, "256")?;
+        let heads = need("heads", m.heads, 1, "4")?;
+        need("blocks", m.blocks, 1, "4")?;
+        need("contextLength", m.context_length, 2, "128")?;
+        if width % heads != 0 {
+            return Err(invalid(
+                "spec.model.heads",
+                format!("width {width} is not divisible by {heads} heads: each head takes an equal slice of the width"),
+            ));
+        }
+        if m.vocab_size != 256 {
+            return Err(invalid(
+                "spec.model.vocabSize",
+                format!("{} is not supported: the byte-level tokenizer has exactly 256 tokens", m.vocab_size),
+            ));
+        }
+        if m.mlp_ratio == 0 {
+            return Err(invalid("spec.model.mlpRatio", "must be at least 1 (4 is usual)"));
+        }
+        if !m.layers.is_empty() {
+            return Err(invalid("spec.model.layers", "is for an mlp; a gpt is shaped by width, heads and blocks"));
         }
         Ok(())
     }
@@ -237,6 +277,32 @@ spec:
         assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  priority: 5000")).contains("spec.priority"));
         assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  images: {runtime: ' '}")).contains("spec.images.runtime"));
         assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  images: {pullPolicy: Sometimes}")).contains("pullPolicy"));
+        assert!(err(&GOOD.replace("kind: mnist", "kind: text")).contains("spec.data.kind"));
+    }
+
+    const GPT: &str = r#"
+apiVersion: weightstream.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: g}
+spec:
+  model: {kind: gpt, contextLength: 64, width: 64, heads: 4, blocks: 2, sparsity: 0.9}
+  data: {kind: text, path: examples/data/moby-dick/moby-dick.txt.gz}
+  training:
+    batchSize: 8
+    steps: 10
+    optimizer: {kind: adamw, learningRate: 0.001}
+"#;
+
+    #[test]
+    fn a_gpt_job_needs_its_shape_and_text() {
+        let job = parse_training_job(GPT).expect("valid");
+        assert_eq!((job.spec.model.vocab_size, job.spec.model.mlp_ratio, job.spec.model.tied_embeddings), (256, 4, true));
+        assert!(err(&GPT.replace("heads: 4", "heads: 3")).contains("spec.model.heads"));
+        assert!(err(&GPT.replace("width: 64, ", "")).contains("spec.model.width"));
+        assert!(err(&GPT.replace("contextLength: 64", "contextLength: 1")).contains("contextLength"));
+        assert!(err(&GPT.replace("kind: text", "kind: mnist")).contains("spec.data.kind"));
+        assert!(err(&GPT.replace("blocks: 2", "blocks: 2, vocabSize: 1000")).contains("vocabSize"));
+        assert!(err(&GPT.replace("blocks: 2", "blocks: 2, layers: [1, 2]")).contains("spec.model.layers"));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! - [`memoryx`]: the weight and optimizer store that streams layers and applies gradients.
 //! - [`swarmx`]: the fabric that broadcasts layers to engines and sums their gradients.
 //! - [`engine`]: what an engine does with streamed layers, against a small hardware trait.
-//! - [`train`]: the loop that drives the three; [`plan`]: what a job needs before it runs.
+//! - [`train`]: the loop that drives the three; [`plan`]: what a job needs before it runs; [`sample`]: text
+//!   decoded from a trained language model.
 //! - [`protocol`]: the messages between roles; [`data`]: data sets, batching and sharding.
 
 pub mod data;
@@ -17,6 +18,7 @@ pub mod model;
 pub mod optim;
 pub mod plan;
 pub mod protocol;
+pub mod sample;
 pub mod swarmx;
 pub mod tensor;
 pub mod transport;

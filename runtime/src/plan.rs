@@ -31,6 +31,11 @@ pub struct Plan {
     pub cs2: u32,
     /// Samples each engine takes per step.
     pub shard: usize,
+    /// Tokens each engine takes per step (samples × context length for a GPT).
+    pub shard_tokens: usize,
+    /// Bytes of the model's weights as stored and streamed (values, indices, biases): what the engine would
+    /// have to hold to run without streaming.
+    pub weight_bytes: u64,
     /// Bytes MemoryX holds: weights, biases and optimizer state.
     pub memoryx_bytes: u64,
     /// SRAM of each engine.
@@ -63,7 +68,7 @@ impl Plan {
                     inputs: s.inputs,
                     outputs: s.outputs,
                     weights: layout.expected_weights(l),
-                    dense_bytes: 4 * (s.dense_weights() + s.outputs) as u64,
+                    dense_bytes: 4 * (s.dense_weights() + s.bias_len()) as u64,
                     stream_bytes: layout.forward_stream_bytes(l),
                 }
             })
@@ -73,7 +78,7 @@ impl Plan {
             .map(|l| layers[l].stream_bytes + layers.get(l + 1).map_or(0, |next| next.stream_bytes))
             .max()
             .unwrap_or(0);
-        let all_weights: u64 = layers.iter().map(|l| l.stream_bytes).sum();
+        let all_weights = layout.weight_bytes();
         let execution_mode = match spec.execution_mode {
             ExecutionMode::Auto if activation_bytes + all_weights <= sram_bytes => ExecutionMode::Pipelined,
             ExecutionMode::Auto => ExecutionMode::WeightStreaming,
@@ -96,12 +101,19 @@ impl Plan {
                 available: sram_bytes,
             });
         }
-        let stored: u64 = layers.iter().map(|l| (l.weights + l.outputs) as u64).sum();
+        let stored: u64 = (0..n)
+            .map(|l| {
+                let s = layout.linears[l];
+                (if s.tied_to.is_some() { 0 } else { layers[l].weights } + s.bias_len()) as u64
+            })
+            .sum();
         let opt = OptState::values_per_parameter(spec.training.optimizer.kind);
         let sparse_index_bytes: u64 = (0..n).filter(|&l| layout.linears[l].sparse).map(|l| 8 * layers[l].weights as u64).sum();
         Ok(Plan {
             cs2: spec.cs2,
             shard,
+            shard_tokens: shard * layout.tokens_per_sample(),
+            weight_bytes: layout.weight_bytes(),
             memoryx_bytes: 4 * stored * (1 + opt) + sparse_index_bytes,
             engine_sram_bytes: sram_bytes,
             activation_bytes,
@@ -125,11 +137,12 @@ pub fn step_bytes(layout: &ModelLayout, dense: bool) -> u64 {
         let values = 4 * nnz;
         let out = s.outputs as u64;
         let inp = s.inputs as u64;
+        let bias = s.bias_len() as u64;
         let (fwd_index, bwd_index) =
             if sparse { (4 * nnz + 4 * (2 * out + 1), 4 * nnz + 4 * (2 * inp + 1)) } else { (0, 0) };
-        total += values + fwd_index + 4 * out;
+        total += values + fwd_index + 4 * bias;
         total += bwd_index + if l > 0 { values } else { 0 };
-        total += values + 4 * out;
+        total += values + 4 * bias;
     }
     total
 }

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::data::Sampler;
+use crate::data::{Dataset, Sampler};
 use crate::engine::EngineStats;
 use crate::error::{Error, Result};
 use crate::memoryx::WeightStore;
@@ -37,12 +37,19 @@ pub struct StepMetrics {
 /// Held-out results.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct EvalReport {
-    /// Mean loss.
+    /// Mean loss per prediction (per sample for an MLP, per token for a GPT).
     pub loss: f64,
-    /// Fraction classified correctly.
+    /// Fraction of predictions correct (the class, or the next byte).
     pub accuracy: f64,
-    /// Samples evaluated.
+    /// Predictions evaluated (samples, or tokens).
     pub samples: u64,
+    /// `exp(loss)`, for language models.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub perplexity: Option<f64>,
+    /// The held-out loss of the best context-free guess (the training text's byte frequencies): what a
+    /// language model has to beat to have learned anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unigram_loss: Option<f64>,
 }
 
 /// The result of a whole run, written as `summary.json`.
@@ -58,6 +65,11 @@ pub struct Summary {
     pub wall_s: f64,
     /// Training samples per second over the run.
     pub samples_per_s: f64,
+    /// Training tokens per second over the run (samples × context length for a GPT).
+    pub tokens_per_s: f64,
+    /// Bytes of the model's weights as stored (values, indices, biases): compare with the engines'
+    /// `sram_bytes` and `peak_sram_bytes` to see that weight streaming ran a model larger than the engine.
+    pub model_weight_bytes: u64,
     /// Bytes moved between MemoryX and the fabric over all training steps.
     pub bytes_streamed: u64,
     /// The same for the dense model.
@@ -70,6 +82,9 @@ pub struct Summary {
     pub wse_utilization: f64,
     /// Seconds per step a real wafer would take, from the engines' cost model (slowest engine).
     pub simulated_step_s: f64,
+    /// Lines of text decoded from the trained model (`--sample N`, language models only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub samples: Vec<String>,
 }
 
 /// Streams one pass's layers in the given order on a helper thread, one ahead of the consumer: the
@@ -99,14 +114,16 @@ fn with_prefetch<T>(
 ///
 /// Gradients are applied only once every layer's gradient has arrived, so a step that fails midway (an engine
 /// lost, a bad message) leaves MemoryX exactly as it was and can simply be run again.
+/// `tokens_per_sample` turns the batch of samples into the count the gradient is averaged over.
 pub fn train_step(
     store: &dyn WeightStore,
     swarm: &mut dyn Swarm,
     layers: usize,
+    tokens_per_sample: usize,
     samples: Vec<u32>,
     step: u64,
 ) -> Result<(LossSum, u64)> {
-    let grad_scale = 1.0 / samples.len().max(1) as f32;
+    let grad_scale = 1.0 / (samples.len() * tokens_per_sample).max(1) as f32;
     swarm.begin_step(&StepRequest { step, samples, split: Split::Train, grad_scale })?;
     let order = (0..layers).map(|l| (l, true)).chain((0..layers).rev().map(|l| (l, false))).collect();
     let (loss, grads, bytes) = with_prefetch(store, order, |next| {
@@ -149,7 +166,7 @@ pub fn evaluate(
         total.add(&sum);
     }
     let n = total.samples.max(1) as f64;
-    Ok(EvalReport { loss: total.loss / n, accuracy: total.correct as f64 / n, samples: total.samples })
+    Ok(EvalReport { loss: total.loss / n, accuracy: total.correct as f64 / n, samples: total.samples, ..EvalReport::default() })
 }
 
 /// The length of a run in optimizer steps, from the spec's `steps` or `epochs` over `samples` examples.
@@ -187,17 +204,18 @@ pub fn run(
     spec: &crds::TrainingJobSpec,
     store: &dyn WeightStore,
     swarm: &mut dyn Swarm,
-    train_samples: usize,
-    test_samples: usize,
+    data: (&Dataset, &Dataset),
     start: u64,
     total: u64,
     retry: RetryPolicy,
     on_step: &mut dyn FnMut(&StepMetrics) -> Result<()>,
 ) -> Result<Summary> {
+    let (train_samples, test_samples) = (data.0.len(), data.1.len());
     let batch = spec.training.batch_size as usize;
     let sampler = Sampler::new(train_samples, batch, spec.training.seed);
     let layout = crate::model::ModelLayout::from_spec(&spec.model);
     let layers = layout.linears.len();
+    let per_sample = layout.tokens_per_sample();
     let dense_step = crate::plan::step_bytes(&layout, true);
     let started = Instant::now();
     let (mut bytes, mut final_loss) = (0u64, f64::NAN);
@@ -205,7 +223,7 @@ pub fn run(
         let step_started = Instant::now();
         let mut attempt = 1;
         let (loss, step_bytes) = loop {
-            match train_step(store, swarm, layers, sampler.batch(step), step) {
+            match train_step(store, swarm, layers, per_sample, sampler.batch(step), step) {
                 Err(Error::Unavailable(why)) if attempt < retry.attempts => {
                     tracing::warn!(step = step + 1, attempt, "step aborted, rerunning: {why}");
                     attempt += 1;
@@ -244,18 +262,27 @@ pub fn run(
             other => break other?,
         }
     };
+    let mut eval = eval;
+    if let (Dataset::Text(train), Dataset::Text(test)) = data {
+        eval.perplexity = Some(eval.loss.exp());
+        eval.unigram_loss = Some(test.unigram_loss(train));
+    }
     let steps_run = total - start;
+    let samples_per_s = (steps_run as usize * batch) as f64 / wall_s.max(1e-9);
     Ok(Summary {
         steps: total,
         final_loss,
         eval,
         wall_s,
-        samples_per_s: (steps_run as usize * batch) as f64 / wall_s.max(1e-9),
+        samples_per_s,
+        tokens_per_s: samples_per_s * per_sample as f64,
+        model_weight_bytes: layout.weight_bytes(),
         bytes_streamed: bytes,
         dense_equivalent_bytes: dense_step * steps_run,
         cs2: spec.cs2,
         wse_utilization: engines.iter().map(|e| e.compute_s).sum::<f64>() / engines.len().max(1) as f64 / wall_s.max(1e-9),
         simulated_step_s: engines.iter().map(|e| e.counters.simulated_s).fold(0.0, f64::max) / steps_run.max(1) as f64,
         engines,
+        samples: Vec::new(),
     })
 }

@@ -15,7 +15,7 @@ use runtime::tensor::Mat;
 use runtime::{train, Error};
 
 fn layout(widths: &[u32], sparsity: f64, activation: Activation) -> ModelLayout {
-    ModelLayout::from_spec(&ModelSpec { kind: ModelKind::Mlp, layers: widths.to_vec(), activation, sparsity })
+    ModelLayout::from_spec(&ModelSpec::mlp(widths.to_vec(), activation, sparsity))
 }
 
 fn adam() -> OptimizerSpec {
@@ -31,8 +31,10 @@ fn adam() -> OptimizerSpec {
 }
 
 fn train_set() -> Dataset {
-    mnist::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/mnist"), mnist::Split::Train)
-        .expect("the shipped digits load")
+    Dataset::Images(
+        mnist::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/mnist"), mnist::Split::Train)
+            .expect("the shipped digits load"),
+    )
 }
 
 fn engines(layout: &ModelLayout, n: usize, data: &Arc<Dataset>) -> LocalSwarm {
@@ -52,7 +54,7 @@ fn curve(layout: &ModelLayout, n: usize, steps: u64, seed: u64) -> (Vec<f64>, Ve
     let mut bytes = Vec::new();
     for step in 0..steps {
         let (loss, b) =
-            train::train_step(&store, &mut swarm, layout.linears.len(), sampler.batch(step), step).expect("step runs");
+            train::train_step(&store, &mut swarm, layout.linears.len(), 1, sampler.batch(step), step).expect("step runs");
         losses.push(loss.loss / loss.samples as f64);
         bytes.push(b);
     }

@@ -3,14 +3,12 @@
 //! serves the `Stage` service to its SwarmX node.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use runtime::data::mnist::{self, Split};
 use runtime::engine::server::EngineServer;
 use runtime::model::ModelLayout;
 use runtime::transport::{bind, serve_http, serve_stage, CommonArgs};
@@ -35,9 +33,8 @@ pub fn main(args: Args) -> Result<()> {
     args.common.start();
     let (job, job_id) = args.common.load()?;
     let spec = job.spec;
-    let data = Path::new(&spec.data.path);
-    let train = Arc::new(mnist::load(data, Split::Train)?);
-    let test = Arc::new(mnist::load(data, Split::Test)?);
+    let (train, test) = runtime::data::load(&spec)?;
+    let (train, test) = (Arc::new(train), Arc::new(test));
     let layout = ModelLayout::from_spec(&spec.model);
     let layers = layout.linears.len();
     let engine = crate::engine(format!("engine-{}", args.index), layout, &spec.engine);

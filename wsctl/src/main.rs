@@ -42,6 +42,9 @@ enum Command {
         /// spec.checkpoint.intervalSteps).
         #[arg(long)]
         checkpoint_dir: Option<PathBuf>,
+        /// After training a language model, decode and print this many lines of text from it.
+        #[arg(long, default_value_t = 0)]
+        sample: usize,
     },
     /// Run one role of the appliance (what `wsctl run` starts for each component).
     #[command(hide = true)]
@@ -115,8 +118,8 @@ impl From<Preset> for crds::EnginePreset {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { job, out, cs2, in_process, fanout, checkpoint_dir } => {
-            run::run(&job, run::RunOptions { cs2, out, in_process, fanout, checkpoint_dir })
+        Command::Run { job, out, cs2, in_process, fanout, checkpoint_dir, sample } => {
+            run::run(&job, run::RunOptions { cs2, out, in_process, fanout, checkpoint_dir, sample })
         }
         Command::Node { role } => match role {
             Role::Memoryx(a) => runtime::memoryx::node::main(a).map_err(Into::into),

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use runtime::data::mnist::{self, Split};
 use runtime::engine::EngineRole;
 use runtime::memoryx::MemoryX;
 use runtime::model::ModelLayout;
@@ -99,6 +98,8 @@ pub struct RunOptions {
     pub out: Option<PathBuf>,
     /// Run MemoryX, SwarmX and the engines as threads of this process instead of separate processes.
     pub in_process: bool,
+    /// Lines of text to decode from a trained language model.
+    pub sample: usize,
     /// Children per SwarmX node.
     pub fanout: usize,
     /// Where MemoryX keeps checkpoints (default: OUT/checkpoints when spec.checkpoint.intervalSteps > 0).
@@ -110,9 +111,7 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     let job = load_job(path, opts.cs2)?;
     let spec = &job.spec;
     plan_of(spec)?;
-    let data_dir = Path::new(&spec.data.path);
-    let train = mnist::load(data_dir, Split::Train)?;
-    let test = mnist::load(data_dir, Split::Test)?;
+    let (train, test) = runtime::data::load(spec)?;
     let total = runtime::train::total_steps(&spec.training, train.len())?;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
     let out = opts.out.clone().unwrap_or_else(|| Path::new("runs").join(&name));
@@ -130,27 +129,38 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let result = if opts.in_process {
-        run_in_process(&job, total, train, test, &out, &bar)
+        run_in_process(&job, total, train, test, opts.sample, &out, &bar)
     } else {
         run_local(&job, &opts, &out, &bar)
     };
     bar.finish_and_clear();
     let summary = result?;
     let get = |k: &str| summary.pointer(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+    let held_out = match summary.pointer("/eval/perplexity").and_then(|v| v.as_f64()) {
+        Some(ppl) => format!(
+            "held-out loss {:.3} nats/token (perplexity {ppl:.2}; unigram baseline {:.3}) on {} tokens, {:.0} tokens/s",
+            get("/eval/loss"),
+            get("/eval/unigram_loss"),
+            get("/eval/samples"),
+            get("/tokens_per_s")
+        ),
+        None => format!("held-out accuracy {:.2}% on {} samples", 100.0 * get("/eval/accuracy"), get("/eval/samples")),
+    };
     println!(
-        "{name}: {} steps in {:.1}s ({:.0} samples/s), final loss {:.4}, held-out accuracy {:.2}% on {} samples; \
+        "{name}: {} steps in {:.1}s ({:.0} samples/s), final loss {:.4}, {held_out}; \
          streamed {} ({:.1}% of dense), engines busy {:.0}% -> {}",
         get("/steps"),
         get("/wall_s"),
         get("/samples_per_s"),
         get("/final_loss"),
-        100.0 * get("/eval/accuracy"),
-        get("/eval/samples"),
         units::bytes(get("/bytes_streamed") as u64),
         100.0 * get("/bytes_streamed") / get("/dense_equivalent_bytes").max(1.0),
         100.0 * get("/wse_utilization"),
         out.join("summary.json").display()
     );
+    for line in summary.pointer("/samples").and_then(|v| v.as_array()).into_iter().flatten() {
+        println!("  > {}", line.as_str().unwrap_or_default());
+    }
     Ok(())
 }
 
@@ -164,6 +174,9 @@ fn run_local(job: &crds::TrainingJob, opts: &RunOptions, out: &Path, bar: &Progr
     let mut appliance = crate::local::Appliance::new(job_file, job_id, out.join("logs"))?;
     let root = appliance.start_fabric(job.spec.cs2, opts.fanout)?;
     let mut args = vec!["--swarmx".to_string(), root, "--out".into(), out.display().to_string(), "--progress".into()];
+    if opts.sample > 0 {
+        args.extend(["--sample".to_string(), opts.sample.to_string()]);
+    }
     let checkpoints = opts.checkpoint_dir.clone().or_else(|| (job.spec.checkpoint.interval_steps > 0).then(|| out.join("checkpoints")));
     if let Some(dir) = checkpoints {
         args.extend(["--checkpoint-dir".to_string(), dir.display().to_string()]);
@@ -185,6 +198,7 @@ fn run_in_process(
     total: u64,
     train: runtime::data::Dataset,
     test: runtime::data::Dataset,
+    sample: usize,
     out: &Path,
     bar: &ProgressBar,
 ) -> Result<serde_json::Value> {
@@ -197,8 +211,8 @@ fn run_in_process(
     let engines: Vec<Box<dyn EngineRole>> = (0..spec.cs2)
         .map(|i| Box::new(sim_wse::engine(format!("engine-{i}"), layout.clone(), &spec.engine)) as Box<dyn EngineRole>)
         .collect();
-    let (train_len, test_len) = (train.len(), test.len());
-    let mut swarm = LocalSwarm::new(engines, std::sync::Arc::new(train), std::sync::Arc::new(test))?;
+    let (train, test) = (std::sync::Arc::new(train), std::sync::Arc::new(test));
+    let mut swarm = LocalSwarm::new(engines, train.clone(), test.clone())?;
     let memoryx = MemoryX::new(
         layout,
         spec.training.optimizer.clone(),
@@ -207,7 +221,7 @@ fn run_in_process(
         spec.training.seed,
     );
     let retry = runtime::train::RetryPolicy::default();
-    let summary = runtime::train::run(spec, &memoryx, &mut swarm, train_len, test_len, 0, total, retry, &mut |m| {
+    let mut summary = runtime::train::run(spec, &memoryx, &mut swarm, (&train, &test), 0, total, retry, &mut |m| {
         serde_json::to_writer(&mut metrics, m).map_err(|e| runtime::Error::io("writing metrics.jsonl", e.into()))?;
         metrics.write_all(b"\n").map_err(|e| runtime::Error::io("writing metrics.jsonl", e))?;
         bar.set_message(format!("loss {:.4}  {:.0} samples/s", m.loss, m.samples_per_s));
@@ -215,6 +229,7 @@ fn run_in_process(
         Ok(())
     })?;
     metrics.flush().with_context(|| format!("cannot write {}", metrics_path.display()))?;
+    summary.samples = runtime::sample::lines(&memoryx, &ModelLayout::from_spec(&spec.model), sample, spec.training.seed)?;
     write_json_atomic(&out.join("summary.json"), &summary)?;
     Ok(serde_json::to_value(&summary)?)
 }

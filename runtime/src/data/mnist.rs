@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::Dataset;
+use super::Images;
 use crate::error::{Error, Result};
 
 /// The two halves of the data set.
@@ -27,7 +27,7 @@ impl Split {
 }
 
 /// Loads one split from `dir`, accepting `NAME` or `NAME.gz` for each file.
-pub fn load(dir: &Path, split: Split) -> Result<Dataset> {
+pub fn load(dir: &Path, split: Split) -> Result<Images> {
     let images = read_file(dir, &format!("{}-images-idx3-ubyte", split.prefix()))?;
     let labels = read_file(dir, &format!("{}-labels-idx1-ubyte", split.prefix()))?;
     let (image_dims, pixels) = parse_idx(&images.1, 3, &images.0)?;
@@ -52,7 +52,7 @@ pub fn load(dir: &Path, split: Split) -> Result<Dataset> {
             image_dims[2]
         )));
     }
-    Ok(Dataset { features: 784, pixels: pixels.to_vec(), labels: labels_raw.to_vec() })
+    Ok(Images { features: 784, pixels: pixels.to_vec(), labels: labels_raw.to_vec() })
 }
 
 fn read_file(dir: &Path, name: &str) -> Result<(PathBuf, Vec<u8>)> {

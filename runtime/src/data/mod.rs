@@ -2,17 +2,70 @@
 //! into batches and the batches into per-engine shards.
 
 pub mod mnist;
+pub mod text;
+
+use std::path::Path;
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::engine::Shard;
+use crate::error::Result;
 use crate::tensor::Mat;
+
+/// One split of a job's data, as the engines read their shards from it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Dataset {
+    /// Labelled images (MNIST).
+    Images(Images),
+    /// Windows of a byte-level text corpus.
+    Text(text::TextWindows),
+}
+
+impl Dataset {
+    /// Number of samples (images, or windows of text).
+    pub fn len(&self) -> usize {
+        match self {
+            Dataset::Images(d) => d.len(),
+            Dataset::Text(d) => d.len(),
+        }
+    }
+
+    /// True when there are no samples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The shard of `indices` as the engine holds it.
+    pub fn shard(&self, indices: &[u32]) -> Shard {
+        match self {
+            Dataset::Images(d) => d.shard(indices),
+            Dataset::Text(d) => d.shard(indices),
+        }
+    }
+}
+
+/// Loads the training and held-out splits a job names. Every role that needs data calls this, so MemoryX and
+/// the engines agree on what sample `i` is.
+pub fn load(spec: &crds::TrainingJobSpec) -> Result<(Dataset, Dataset)> {
+    let path = Path::new(&spec.data.path);
+    match spec.data.kind {
+        crds::DataKind::Mnist => Ok((
+            Dataset::Images(mnist::load(path, mnist::Split::Train)?),
+            Dataset::Images(mnist::load(path, mnist::Split::Test)?),
+        )),
+        crds::DataKind::Text => {
+            let context = spec.model.context_length.unwrap_or(0) as usize;
+            let (train, test) = text::load(path, context)?;
+            Ok((Dataset::Text(train), Dataset::Text(test)))
+        }
+    }
+}
 
 /// Labelled examples with their features as bytes, turned into engine activations on demand.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Dataset {
+pub struct Images {
     /// Features per sample.
     pub features: usize,
     /// Sample-major feature bytes (`samples × features`).
@@ -21,7 +74,7 @@ pub struct Dataset {
     pub labels: Vec<u8>,
 }
 
-impl Dataset {
+impl Images {
     /// Number of samples.
     pub fn len(&self) -> usize {
         self.labels.len()

@@ -6,6 +6,8 @@
 //! work, so a simulator can count bytes and FLOPs and charge time. `sim-wse` implements it; the tests here use
 //! [`CountingHw`]. [`server`] puts an engine on the network.
 
+mod gpt;
+mod mlp;
 pub mod server;
 
 use std::time::{Duration, Instant};
@@ -15,7 +17,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::kernels::sparse::SparsePattern;
 use crate::model::loss::{softmax_cross_entropy, LossSum};
-use crate::model::{activation, linear, ModelLayout};
+use crate::model::{linear, Arch, LinearShape, ModelLayout};
 use crate::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
 use crate::tensor::Mat;
 
@@ -189,39 +191,123 @@ pub trait EngineRole: Send {
     fn stats(&self) -> EngineStats;
 }
 
+/// The model-specific half of the engine program: the math of each stream unit over the activations the
+/// engine keeps. [`Wse`] does everything the model families share — step order, shape checks, the SRAM
+/// budget, the loss and the counters — so a family is only its layers.
+trait Net: Send {
+    /// Takes a new shard's input matrix, dropping whatever the previous step left.
+    fn begin(&mut self, inputs: Mat) -> Result<()>;
+    /// Runs unit `l` forward with `stream`'s weights and notes the work done.
+    fn forward<'s>(&mut self, l: usize, stream: &'s LayerStream, works: &mut Vec<Work<'s>>) -> Result<()>;
+    /// The logits once the last unit has run.
+    fn logits(&self) -> Option<&Mat>;
+    /// Hands over the logits for the loss.
+    fn take_logits(&mut self) -> Option<Mat>;
+    /// Starts the backward pass from the gradient of the loss with respect to the logits.
+    fn start_backward(&mut self, d_logits: Mat);
+    /// Runs unit `l` backward and returns its weight and bias gradients (in the stream's weight order).
+    fn backward<'s>(
+        &mut self,
+        l: usize,
+        shape: LinearShape,
+        stream: &'s LayerStream,
+        works: &mut Vec<Work<'s>>,
+    ) -> Result<(Vec<f32>, Vec<f32>)>;
+    /// Bytes of activations held right now.
+    fn resident_bytes(&self) -> u64;
+    /// Drops everything held.
+    fn clear(&mut self);
+}
+
+/// Where the engine is within a step.
 struct StepState {
     train: bool,
     scale: f32,
     labels: Vec<u8>,
-    /// Input to each layer computed so far: `x[0]` is the shard, `x[l]` the activation after layer `l − 1`.
-    x: Vec<Mat>,
-    /// Pre-activation of each hidden layer, kept for the activation's derivative.
-    z: Vec<Mat>,
-    logits: Option<Mat>,
-    /// The delta of the layer the backward pass reaches next.
-    delta: Option<Mat>,
+    /// The unit the forward pass computes next.
+    next_forward: usize,
+    /// Whether the loss has been computed.
+    loss_done: bool,
+    /// The unit the backward pass computes next.
+    next_backward: Option<usize>,
 }
 
-/// The engine program: runs the model's layers on streamed weights over resident activations.
+/// The engine program: runs the model's stream units on streamed weights over resident activations.
 pub struct Wse<H: EngineHw> {
     name: String,
     hw: H,
     layout: ModelLayout,
+    net: Box<dyn Net>,
     step: Option<StepState>,
-    resident: u64,
     peak: u64,
     compute: Duration,
+}
+
+/// Forward through a linear unit with the stream's weights, noting the kernel it took.
+fn linear_forward<'s>(stream: &'s LayerStream, x: &Mat, works: &mut Vec<Work<'s>>) -> Result<Mat> {
+    let weights = stream.weights.weights().ok_or_else(|| Error::Protocol("weight values are missing".into()))?;
+    let y = linear::forward(weights, &stream.bias, x);
+    works.push(match &stream.weights {
+        WeightPayload::Sparse { pattern, .. } => Work::SparseAxpy { pattern, tokens: x.cols },
+        _ => Work::Gemm { m: y.rows, n: x.cols, k: x.rows },
+    });
+    Ok(y)
+}
+
+/// Backward through a linear unit whose input was `x`, given the gradient `dy` of its output: the weight
+/// gradient (only at the mask's positions when sparse), the bias gradient when the unit has a bias, and —
+/// when `need_dx` — the gradient of the input.
+fn linear_backward<'s>(
+    stream: &'s LayerStream,
+    shape: LinearShape,
+    x: &Mat,
+    dy: &Mat,
+    need_dx: bool,
+    works: &mut Vec<Work<'s>>,
+) -> Result<(Vec<f32>, Vec<f32>, Option<Mat>)> {
+    let tokens = x.cols;
+    let weights = match stream.weights.pattern() {
+        Some(pattern) => {
+            works.push(Work::SparseDot { pattern, tokens });
+            linear::weight_grad_sparse(pattern, x, dy)
+        }
+        None => {
+            works.push(Work::Gemm { m: shape.outputs, n: shape.inputs, k: tokens });
+            linear::weight_grad_dense(dy, x)
+        }
+    };
+    let bias = if shape.bias { linear::bias_grad(dy) } else { Vec::new() };
+    let dx = if need_dx {
+        let w = stream.weights.weights().ok_or_else(|| Error::Protocol("weight values are missing".into()))?;
+        works.push(match &stream.weights {
+            WeightPayload::Sparse { pattern, .. } => Work::SparseAxpy { pattern, tokens },
+            _ => Work::Gemm { m: shape.inputs, n: tokens, k: shape.outputs },
+        });
+        Some(linear::backward_input(w, shape.inputs, dy))
+    } else {
+        None
+    };
+    Ok((weights, bias, dx))
 }
 
 impl<H: EngineHw> Wse<H> {
     /// An engine named `name` (used in errors) that will run `layout` on `hw`.
     pub fn new(name: impl Into<String>, layout: ModelLayout, hw: H) -> Self {
-        Wse { name: name.into(), hw, layout, step: None, resident: 0, peak: 0, compute: Duration::ZERO }
+        let net: Box<dyn Net> = match layout.arch {
+            Arch::Mlp => Box::new(mlp::MlpNet::new(&layout)),
+            Arch::Gpt(g) => Box::new(gpt::GptNet::new(g)),
+        };
+        Wse { name: name.into(), hw, layout, net, step: None, peak: 0, compute: Duration::ZERO }
     }
 
     /// The hardware model, for reports specific to it.
     pub fn hw(&self) -> &H {
         &self.hw
+    }
+
+    /// The logits of the last forward pass, before the loss consumes them: what decoding samples from.
+    pub fn logits(&self) -> Option<&Mat> {
+        self.net.logits()
     }
 
     fn state(&mut self) -> Result<&mut StepState> {
@@ -230,7 +316,7 @@ impl<H: EngineHw> Wse<H> {
 
     /// Checks that holding `extra` more bytes beside what is resident fits the SRAM.
     fn reserve(&mut self, extra: u64, what: impl FnOnce() -> String) -> Result<()> {
-        let needed = self.resident + extra;
+        let needed = self.net.resident_bytes() + extra;
         let available = self.hw.sram_bytes();
         if needed > available {
             return Err(Error::OutOfSram { engine: self.name.clone(), what: what(), needed, available });
@@ -239,14 +325,24 @@ impl<H: EngineHw> Wse<H> {
         Ok(())
     }
 
+    /// Notes what is held now beside `extra` streamed bytes, for the measured peak.
+    fn note_peak(&mut self, extra: u64) {
+        self.peak = self.peak.max(self.net.resident_bytes() + extra);
+    }
+
+    fn end_step(&mut self) {
+        self.step = None;
+        self.net.clear();
+    }
+
     fn check_shape(&self, stream: &LayerStream) -> Result<()> {
         let l = stream.layer;
         let shape = self.layout.linears[l];
         let fail = |msg: String| Err(Error::Protocol(format!("layer {l} ({:?} pass): {msg}", stream.pass)));
-        if shape.sparse != matches!(stream.weights, WeightPayload::Sparse { .. } | WeightPayload::Mask(_)) {
-            if !matches!(stream.weights, WeightPayload::Nothing) {
-                return fail(format!("expected {} weights", if shape.sparse { "sparse" } else { "dense" }));
-            }
+        if shape.sparse != matches!(stream.weights, WeightPayload::Sparse { .. } | WeightPayload::Mask(_))
+            && !matches!(stream.weights, WeightPayload::Nothing)
+        {
+            return fail(format!("expected {} weights", if shape.sparse { "sparse" } else { "dense" }));
         }
         // Forward patterns are stored by output row, backward patterns by input column.
         let (outer, inner) = match stream.pass {
@@ -271,8 +367,8 @@ impl<H: EngineHw> Wse<H> {
         if need_values && stream.weights.weights().is_none() {
             return fail("weight values are missing".into());
         }
-        if stream.pass == Pass::Forward && stream.bias.len() != shape.outputs {
-            return fail(format!("{} bias values, {} expected", stream.bias.len(), shape.outputs));
+        if stream.pass == Pass::Forward && stream.bias.len() != shape.bias_len() {
+            return fail(format!("{} bias values, {} expected", stream.bias.len(), shape.bias_len()));
         }
         Ok(())
     }
@@ -287,34 +383,44 @@ impl<H: EngineHw> Wse<H> {
         }
         Ok(stream.layer)
     }
+
+    fn record_all(&mut self, works: &[Work<'_>]) {
+        for w in works {
+            self.hw.record(w);
+        }
+    }
 }
 
 impl<H: EngineHw> EngineRole for Wse<H> {
     fn begin_step(&mut self, shard: Shard, grad_scale: f32, train: bool) -> Result<()> {
-        if shard.inputs.rows != self.layout.inputs() || shard.inputs.cols != shard.labels.len() {
+        let per_sample = self.layout.tokens_per_sample();
+        if shard.inputs.rows != self.layout.inputs()
+            || shard.inputs.cols != shard.labels.len()
+            || shard.inputs.cols % per_sample != 0
+        {
             return Err(Error::Protocol(format!(
-                "shard of {}x{} inputs with {} labels does not fit a model of {} inputs",
+                "shard of {}x{} inputs with {} labels does not fit a model of {} input rows and {per_sample} \
+                 tokens per sample",
                 shard.inputs.rows,
                 shard.inputs.cols,
                 shard.labels.len(),
                 self.layout.inputs()
             )));
         }
-        self.step = None;
-        self.resident = 0;
-        let samples = shard.labels.len();
+        self.end_step();
+        let samples = shard.labels.len() / per_sample;
         let activations = self.layout.activation_bytes(samples);
         self.reserve(activations, || format!("the activations of a {samples}-sample shard"))?;
-        self.resident = shard.inputs.bytes();
-        self.hw.record(&Work::Received { bytes: shard.inputs.bytes() + samples as u64 });
+        let bytes = shard.inputs.bytes() + shard.labels.len() as u64;
+        self.net.begin(shard.inputs)?;
+        self.hw.record(&Work::Received { bytes });
         self.step = Some(StepState {
             train,
             scale: grad_scale,
             labels: shard.labels,
-            x: vec![shard.inputs],
-            z: Vec::new(),
-            logits: None,
-            delta: None,
+            next_forward: 0,
+            loss_done: false,
+            next_backward: None,
         });
         Ok(())
     }
@@ -322,14 +428,15 @@ impl<H: EngineHw> EngineRole for Wse<H> {
     fn forward(&mut self, stream: &LayerStream) -> Result<()> {
         let l = self.layer_of(stream)?;
         let last = l + 1 == self.layout.linears.len();
-        let expected = self.state()?.x.len() - 1;
-        if stream.pass != Pass::Forward || l != expected || self.state()?.logits.is_some() {
+        let state = self.state()?;
+        let expected = state.next_forward;
+        if stream.pass != Pass::Forward || l != expected || state.loss_done {
             return Err(Error::Protocol(format!("forward stream for layer {l} but the engine expects layer {expected}")));
         }
+        let tokens = state.labels.len();
         self.check_shape(stream)?;
         let prefetch = if last { 0 } else { self.layout.forward_stream_bytes(l + 1) };
         let shape = self.layout.linears[l];
-        let tokens = self.state()?.labels.len();
         let out_bytes = 4 * (shape.outputs * tokens) as u64 * if last { 1 } else { 2 };
         self.reserve(stream.wire_bytes() + prefetch + out_bytes, || {
             format!("layer {l}'s weights beside the resident activations and the next layer's prefetch")
@@ -337,45 +444,35 @@ impl<H: EngineHw> EngineRole for Wse<H> {
         self.hw.record(&Work::Received { bytes: stream.wire_bytes() });
 
         let started = Instant::now();
-        let weights = stream.weights.weights().ok_or_else(|| Error::Protocol("weights missing".into()))?;
-        let activation = self.layout.activation;
-        let state = self.step.as_mut().ok_or_else(|| Error::Protocol("no step".into()))?;
-        let x = &state.x[l];
-        let z = linear::forward(weights, &stream.bias, x);
-        let work = match &stream.weights {
-            WeightPayload::Sparse { pattern, .. } => Work::SparseAxpy { pattern, tokens },
-            _ => Work::Gemm { m: shape.outputs, n: tokens, k: shape.inputs },
-        };
-        self.resident += z.bytes();
-        if last {
-            state.logits = Some(z);
-        } else {
-            let mut a = Mat::zeros(z.rows, z.cols);
-            activation::forward(activation, &z.data, &mut a.data);
-            self.resident += a.bytes();
-            state.z.push(z);
-            state.x.push(a);
-        }
+        let mut works = Vec::with_capacity(4);
+        self.net.forward(l, stream, &mut works)?;
         self.compute += started.elapsed();
-        self.hw.record(&work);
-        self.hw.record(&Work::Elementwise { ops: 2 * (shape.outputs * tokens) as u64 });
+        self.note_peak(stream.wire_bytes() + prefetch);
+        self.record_all(&works);
+        self.state()?.next_forward += 1;
         Ok(())
     }
 
     fn loss(&mut self) -> Result<LossSum> {
-        let started = Instant::now();
+        let units = self.layout.linears.len();
         let state = self.state()?;
-        let logits = state
-            .logits
-            .take()
+        if state.next_forward != units || state.loss_done {
+            return Err(Error::Protocol("loss requested before the forward pass reached the last layer".into()));
+        }
+        let started = Instant::now();
+        let logits = self
+            .net
+            .take_logits()
             .ok_or_else(|| Error::Protocol("loss requested before the forward pass reached the last layer".into()))?;
+        let state = self.step.as_mut().ok_or_else(|| Error::Protocol("no step".into()))?;
         let (sum, delta) = softmax_cross_entropy(&logits, &state.labels, state.scale);
         let ops = 6 * logits.data.len() as u64;
+        state.loss_done = true;
         if state.train {
-            state.delta = Some(delta);
+            state.next_backward = units.checked_sub(1);
+            self.net.start_backward(delta);
         } else {
-            self.step = None;
-            self.resident = 0;
+            self.end_step();
         }
         self.compute += started.elapsed();
         self.hw.record(&Work::Elementwise { ops });
@@ -389,8 +486,8 @@ impl<H: EngineHw> EngineRole for Wse<H> {
         if !state.train {
             return Err(Error::Protocol("backward stream during an evaluation step".into()));
         }
-        let expected = state.x.len().checked_sub(1);
-        if stream.pass != Pass::Backward || state.delta.is_none() || expected != Some(l) {
+        let expected = state.next_backward;
+        if stream.pass != Pass::Backward || expected != Some(l) {
             return Err(Error::Protocol(format!(
                 "backward stream for layer {l} but the engine expects {}",
                 expected.map_or("no backward stream".to_string(), |e| format!("layer {e}"))
@@ -402,48 +499,14 @@ impl<H: EngineHw> EngineRole for Wse<H> {
 
         let started = Instant::now();
         let shape = self.layout.linears[l];
-        let activation = self.layout.activation;
-        let state = self.step.as_mut().ok_or_else(|| Error::Protocol("no step".into()))?;
-        let delta = state.delta.take().ok_or_else(|| Error::Protocol("no delta".into()))?;
-        let x = state.x.pop().ok_or_else(|| Error::Protocol("no activation".into()))?;
-        let tokens = x.cols;
-        let mut works: Vec<Work<'_>> = Vec::with_capacity(3);
-        let weights = match stream.weights.pattern() {
-            Some(pattern) => {
-                works.push(Work::SparseDot { pattern, tokens });
-                linear::weight_grad_sparse(pattern, &x, &delta)
-            }
-            None => {
-                works.push(Work::Gemm { m: shape.outputs, n: shape.inputs, k: tokens });
-                linear::weight_grad_dense(&delta, &x)
-            }
-        };
-        let bias = linear::bias_grad(&delta);
-        let mut freed = x.bytes() + delta.bytes();
-        if l > 0 {
-            let w = stream.weights.weights().ok_or_else(|| Error::Protocol("weights missing".into()))?;
-            let mut dx = linear::backward_input(w, shape.inputs, &delta);
-            works.push(match &stream.weights {
-                WeightPayload::Sparse { pattern, .. } => Work::SparseAxpy { pattern, tokens },
-                _ => Work::Gemm { m: shape.inputs, n: tokens, k: shape.outputs },
-            });
-            let z = state.z.pop().ok_or_else(|| Error::Protocol("no pre-activation".into()))?;
-            activation::backward(activation, &z.data, &mut dx.data);
-            works.push(Work::Elementwise { ops: 2 * dx.data.len() as u64 });
-            freed += z.bytes();
-            // dx replaces the freed activation of the same shape.
-            freed = freed.saturating_sub(dx.bytes());
-            state.delta = Some(dx);
-        } else {
-            self.step = None;
-        }
-        self.resident = self.resident.saturating_sub(freed);
-        if self.step.is_none() {
-            self.resident = 0;
-        }
+        let mut works = Vec::with_capacity(4);
+        let (weights, bias) = self.net.backward(l, shape, stream, &mut works)?;
         self.compute += started.elapsed();
-        for w in &works {
-            self.hw.record(w);
+        self.record_all(&works);
+        if l == 0 {
+            self.end_step();
+        } else {
+            self.state()?.next_backward = Some(l - 1);
         }
         let grad = LayerGrad { layer: l, weights, bias };
         self.hw.record(&Work::Sent { bytes: grad.wire_bytes() });

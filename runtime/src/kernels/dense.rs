@@ -21,6 +21,15 @@ impl<'a> MatView<'a> {
         MatView { data, rows, cols, row_stride: cols, col_stride: 1 }
     }
 
+    /// A `rows × cols` block inside a larger row-major matrix whose rows are `row_stride` apart; `data`
+    /// starts at the block's first element. Attention reads one head of one sequence this way, in place.
+    pub fn strided(data: &'a [f32], rows: usize, cols: usize, row_stride: usize) -> Self {
+        let needed = if rows == 0 || cols == 0 { 0 } else { (rows - 1) * row_stride + cols };
+        assert!(cols <= row_stride || rows <= 1, "MatView::strided: {cols} columns overlap rows {row_stride} apart");
+        assert!(data.len() >= needed, "MatView::strided: {rows}x{cols} every {row_stride} needs {needed} values");
+        MatView { data, rows, cols, row_stride, col_stride: 1 }
+    }
+
     /// The transpose, without moving data.
     pub fn t(self) -> Self {
         MatView { rows: self.cols, cols: self.rows, row_stride: self.col_stride, col_stride: self.row_stride, ..self }

@@ -5,7 +5,7 @@
 pub mod checkpoint;
 pub mod node;
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crds::{OptimizerSpec, ScheduleSpec};
 use rand::{Rng, SeedableRng};
@@ -61,6 +61,9 @@ pub struct MemoryX {
     schedule: ScheduleSpec,
     total_steps: u64,
     layers: Vec<RwLock<LayerState>>,
+    /// A tied layer's weight gradient of the step in flight, waiting for the gradient of the layer whose weights
+    /// it shares: (step, target layer, gradient of the target's first values).
+    tied_grad: Mutex<Option<(u64, usize, Vec<f32>)>>,
 }
 
 /// Seed of layer `l`'s mask and initial values, derived from the job seed so layers differ.
@@ -69,8 +72,9 @@ fn layer_seed(seed: u64, l: usize, salt: u64) -> u64 {
 }
 
 impl MemoryX {
-    /// Initialises every layer from `seed`: masks drawn at the layout's sparsity, weights from a He-scaled
-    /// uniform distribution over each output's actual fan-in, biases at zero.
+    /// Initialises every layer from `seed`: masks drawn at the layout's sparsity, weights uniform with the
+    /// layer's standard deviation (He-scaled over each output's actual fan-in unless the layout sets one),
+    /// biases at zero. A tied layer stores nothing of its own.
     pub fn new(
         layout: ModelLayout,
         optimizer: OptimizerSpec,
@@ -85,28 +89,36 @@ impl MemoryX {
             .map(|(l, &shape)| {
                 let mut rng = ChaCha8Rng::seed_from_u64(layer_seed(seed, l, 0x5eed));
                 let density = 1.0 - if shape.sparse { layout.sparsity } else { 0.0 };
-                let fan_in = (shape.inputs as f64 * density).max(1.0);
-                let limit = (6.0 / fan_in).sqrt() as f32; // uniform(-a, a) has variance a²/3 = 2 / fan_in
+                let limit = match shape.init_std {
+                    // uniform(-a, a) has standard deviation a / √3
+                    Some(std) => std * 3f32.sqrt(),
+                    // He: variance 2 / fan-in, over each output's actual fan-in
+                    None => (6.0 / (shape.inputs as f64 * density).max(1.0)).sqrt() as f32,
+                };
                 let masks = shape.sparse.then(|| {
                     let by_row =
                         SparsePattern::random(shape.outputs, shape.inputs, density, layer_seed(seed, l, 0x3a5c));
                     let (by_col, col_to_row) = by_row.transpose();
                     Masks { by_row: Arc::new(by_row), by_col: Arc::new(by_col), col_to_row }
                 });
-                let n = masks.as_ref().map_or(shape.dense_weights(), |m| m.by_row.nnz());
+                let n = match (&masks, shape.tied_to) {
+                    (_, Some(_)) => 0,
+                    (Some(m), None) => m.by_row.nnz(),
+                    (None, None) => shape.dense_weights(),
+                };
                 let weights = (0..n).map(|_| rng.random_range(-limit..limit)).collect();
                 RwLock::new(LayerState {
                     shape,
                     weights,
-                    bias: vec![0.0; shape.outputs],
+                    bias: vec![0.0; shape.bias_len()],
                     weights_opt: OptState::new(optimizer.kind, n),
-                    bias_opt: OptState::new(optimizer.kind, shape.outputs),
+                    bias_opt: OptState::new(optimizer.kind, shape.bias_len()),
                     masks,
                     updates: 0,
                 })
             })
             .collect();
-        MemoryX { layout, optimizer, schedule, total_steps, layers }
+        MemoryX { layout, optimizer, schedule, total_steps, layers, tied_grad: Mutex::new(None) }
     }
 
     /// The model it stores.
@@ -125,9 +137,18 @@ impl MemoryX {
     /// Each layer's weights as a dense row-major matrix, for tests and inspection.
     pub fn dense_weights(&self, layer: usize) -> Result<Vec<f32>> {
         let state = self.read(layer)?;
-        Ok(match &state.masks {
-            Some(m) => m.by_row.to_dense(&state.weights).data,
-            None => state.weights.clone(),
+        Ok(match (&state.masks, state.shape.tied_to) {
+            (_, Some(target)) => self.tied_values(target, state.shape.dense_weights())?,
+            (Some(m), None) => m.by_row.to_dense(&state.weights).data,
+            (None, None) => state.weights.clone(),
+        })
+    }
+
+    /// The first `n` weights of layer `target`: a tied layer's matrix.
+    fn tied_values(&self, target: usize, n: usize) -> Result<Vec<f32>> {
+        let t = self.read(target)?;
+        t.weights.get(..n).map(<[f32]>::to_vec).ok_or_else(|| {
+            Error::Protocol(format!("layer {target} has {} weights, fewer than the {n} a tied layer reads", t.weights.len()))
         })
     }
 
@@ -143,9 +164,10 @@ impl MemoryX {
 impl WeightStore for MemoryX {
     fn forward_stream(&self, layer: usize) -> Result<LayerStream> {
         let state = self.read(layer)?;
-        let weights = match &state.masks {
-            Some(m) => WeightPayload::Sparse { pattern: m.by_row.clone(), values: state.weights.clone() },
-            None => WeightPayload::Dense(state.weights.clone()),
+        let weights = match (&state.masks, state.shape.tied_to) {
+            (_, Some(target)) => WeightPayload::Dense(self.tied_values(target, state.shape.dense_weights())?),
+            (Some(m), None) => WeightPayload::Sparse { pattern: m.by_row.clone(), values: state.weights.clone() },
+            (None, None) => WeightPayload::Dense(state.weights.clone()),
         };
         Ok(LayerStream { layer, pass: Pass::Forward, weights, bias: state.bias.clone() })
     }
@@ -153,6 +175,9 @@ impl WeightStore for MemoryX {
     fn backward_stream(&self, layer: usize) -> Result<LayerStream> {
         let state = self.read(layer)?;
         let weights = match (&state.masks, layer) {
+            (_, l) if l > 0 && state.shape.tied_to.is_some() => {
+                WeightPayload::Dense(self.tied_values(state.shape.tied_to.unwrap_or(0), state.shape.dense_weights())?)
+            }
             (Some(m), 0) => WeightPayload::Mask(m.by_col.clone()),
             (Some(m), _) => WeightPayload::Sparse {
                 pattern: m.by_col.clone(),
@@ -176,14 +201,15 @@ impl WeightStore for MemoryX {
                 grad.layer, state.updates
             )));
         }
-        if grad.weights.len() != state.weights.len() || grad.bias.len() != state.shape.outputs {
+        let own_weights = if state.shape.tied_to.is_some() { state.shape.dense_weights() } else { state.weights.len() };
+        if grad.weights.len() != own_weights || grad.bias.len() != state.shape.bias_len() {
             return Err(Error::Protocol(format!(
                 "gradient for layer {} has {} weight and {} bias values; {} and {} expected",
                 grad.layer,
                 grad.weights.len(),
                 grad.bias.len(),
-                state.weights.len(),
-                state.shape.outputs
+                own_weights,
+                state.shape.bias_len()
             )));
         }
         if grad.weights.iter().chain(&grad.bias).any(|g| !g.is_finite()) {
@@ -192,18 +218,35 @@ impl WeightStore for MemoryX {
                 grad.layer
             )));
         }
-        let reordered;
-        let weight_grads: &[f32] = match &state.masks {
+        let mut tied = self.tied_grad.lock().map_err(|_| Error::Protocol("tied gradient lock poisoned".into()))?;
+        if let Some(target) = state.shape.tied_to {
+            // The shared weights are updated once, with the target layer, from the sum of both gradients.
+            *tied = Some((step, target, grad.weights.clone()));
+        }
+        let mut reordered = match &state.masks {
             Some(m) => {
                 let mut g = vec![0.0; grad.weights.len()];
                 for (kc, &kr) in m.col_to_row.iter().enumerate() {
                     g[kr as usize] = grad.weights[kc];
                 }
-                reordered = g;
-                &reordered
+                g
             }
-            None => &grad.weights,
+            None if state.shape.tied_to.is_some() => Vec::new(),
+            None => grad.weights.clone(),
         };
+        if let Some((at, _, extra)) = tied.take_if(|(_, target, _)| *target == grad.layer) {
+            if at != step || extra.len() > reordered.len() {
+                return Err(Error::Protocol(format!(
+                    "the tied gradient held for layer {} is of step {at}, not {step}, or too long",
+                    grad.layer
+                )));
+            }
+            for (g, e) in reordered.iter_mut().zip(&extra) {
+                *g += e;
+            }
+        }
+        drop(tied);
+        let weight_grads: &[f32] = &reordered;
         let lr = optim::learning_rate(&self.optimizer, &self.schedule, step, self.total_steps);
         let t = state.updates + 1;
         let LayerState { weights, bias, weights_opt, bias_opt, .. } = &mut *state;

@@ -51,6 +51,9 @@ pub struct Args {
     /// Keep serving `/status` after the job ends (as a pod does), instead of exiting.
     #[arg(long, env = "WS_LINGER")]
     pub linger: bool,
+    /// After training a language model, decode this many lines of text from it into `summary.json`.
+    #[arg(long, env = "WS_SAMPLE", default_value_t = 0)]
+    pub sample: usize,
     /// Fault injection for tests: exit abruptly, without a final checkpoint, after this many steps.
     #[arg(long, hide = true)]
     pub crash_after_steps: Option<u64>,
@@ -165,9 +168,7 @@ fn coordinate(
     want_checkpoint: &AtomicBool,
     metrics: &Metrics,
 ) -> Result<train::Summary> {
-    let data = Path::new(&spec.data.path);
-    let train_set = crate::data::mnist::load(data, crate::data::mnist::Split::Train)?;
-    let test_set = crate::data::mnist::load(data, crate::data::mnist::Split::Test)?;
+    let (train_set, test_set) = crate::data::load(spec)?;
     let total = train::total_steps(&spec.training, train_set.len())?;
     let layout = ModelLayout::from_spec(&spec.model);
     let store = MemoryX::new(layout, spec.training.optimizer.clone(), spec.training.schedule.clone(), total, spec.training.seed);
@@ -219,7 +220,7 @@ fn coordinate(
     let crash_after = args.crash_after_steps;
     let steps_done = AtomicU64::new(0);
     let retry = RetryPolicy { attempts: (args.retry_seconds * 2).max(1) as u32, pause: Duration::from_millis(500) };
-    let summary = train::run(spec, &store, &mut swarm, train_set.len(), test_set.len(), start, total, retry, &mut |m: &StepMetrics| {
+    let mut summary = train::run(spec, &store, &mut swarm, (&train_set, &test_set), start, total, retry, &mut |m: &StepMetrics| {
         metrics.step.set(m.step as i64);
         metrics.loss.set(m.loss);
         metrics.bytes.inc_by(m.bytes_streamed);
@@ -250,6 +251,7 @@ fn coordinate(
         write_checkpoint(total)?;
     }
     update(status, |s| s.simulated_step_seconds = Some(summary.simulated_step_s));
+    summary.samples = crate::sample::lines(&store, &ModelLayout::from_spec(&spec.model), args.sample, spec.training.seed)?;
     if let Some(out) = &args.out {
         let path = out.join("summary.json");
         let tmp = out.join("summary.json.tmp");

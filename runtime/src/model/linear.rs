@@ -23,7 +23,7 @@ pub enum Weights<'a> {
 pub fn forward(w: Weights<'_>, bias: &[f32], x: &Mat) -> Mat {
     let mut y = match w {
         Weights::Dense(values) => {
-            let outputs = bias.len();
+            let outputs = values.len() / x.rows.max(1);
             let mut y = Mat::zeros(outputs, x.cols);
             dense::matmul(&mut y.data, dense::MatView::new(values, outputs, x.rows), x.view(), false);
             y

@@ -1,0 +1,272 @@
+//! The transformer on the engine. MemoryX streams it as matrices — the embedding, then per block QKV,
+//! attention output, MLP up and MLP down, then the head — and everything between them runs here over
+//! activations that stay resident: layer norms, causal attention, GELU and the residual stream.
+
+use crds::Activation;
+
+use super::{linear_backward, linear_forward, Net, Work};
+use crate::error::{Error, Result};
+use crate::model::attention::{self, Geometry};
+use crate::model::{activation, norm, GptShape, GptUnit, LinearShape};
+use crate::protocol::LayerStream;
+use crate::tensor::Mat;
+
+/// What one block keeps from its forward pass for its backward pass.
+#[derive(Default)]
+struct BlockActs {
+    /// Normalised block input (the QKV projection's input) and its reciprocal standard deviations.
+    a1: Mat,
+    rstd1: Vec<f32>,
+    qkv: Mat,
+    /// Attention probabilities, one `context × context` matrix per sequence and head.
+    probs: Vec<f32>,
+    /// Attention output (the output projection's input).
+    o: Mat,
+    /// Normalised residual after attention (the MLP's input).
+    a2: Mat,
+    rstd2: Vec<f32>,
+    /// MLP pre-activation and activation.
+    u: Mat,
+    g: Mat,
+}
+
+impl BlockActs {
+    fn bytes(&self) -> u64 {
+        let mats = [&self.a1, &self.qkv, &self.o, &self.a2, &self.u, &self.g];
+        mats.iter().map(|m| m.bytes()).sum::<u64>() + 4 * (self.rstd1.len() + self.probs.len() + self.rstd2.len()) as u64
+    }
+}
+
+/// A GPT's resident state for one shard.
+pub(super) struct GptNet {
+    g: GptShape,
+    tokens: Vec<u32>,
+    /// The residual stream during the forward pass.
+    x: Mat,
+    blocks: Vec<BlockActs>,
+    /// Final normalised stream (the head's input).
+    af: Mat,
+    rstdf: Vec<f32>,
+    logits: Option<Mat>,
+    /// Gradient of the residual stream during the backward pass.
+    dx: Mat,
+    /// A gradient waiting for the next unit down: the logits' (head), the MLP pre-activation's (up) or QKV's.
+    pending: Option<Mat>,
+}
+
+impl GptNet {
+    pub(super) fn new(g: GptShape) -> Self {
+        GptNet {
+            g,
+            tokens: Vec::new(),
+            x: Mat::default(),
+            blocks: Vec::new(),
+            af: Mat::default(),
+            rstdf: Vec::new(),
+            logits: None,
+            dx: Mat::default(),
+            pending: None,
+        }
+    }
+
+    fn geometry(&self) -> Geometry {
+        Geometry { width: self.g.width, heads: self.g.heads, context: self.g.context }
+    }
+
+    fn block(&mut self, b: usize) -> Result<&mut BlockActs> {
+        self.blocks.get_mut(b).ok_or_else(|| Error::Protocol(format!("block {b} has no activations")))
+    }
+
+    fn pending(&mut self, what: &str) -> Result<Mat> {
+        self.pending.take().ok_or_else(|| Error::Protocol(format!("no gradient for {what}")))
+    }
+
+    /// Adds `y` to the residual stream and normalises the result: the input of the next sub-block.
+    fn residual_norm(&mut self, y: &Mat, works: &mut Vec<Work<'_>>) -> (Mat, Vec<f32>) {
+        for (x, v) in self.x.data.iter_mut().zip(&y.data) {
+            *x += v;
+        }
+        works.push(Work::Elementwise { ops: 9 * y.data.len() as u64 });
+        norm::forward(&self.x)
+    }
+
+    /// Looks up each token's and position's rows of the embedding (`(vocab + context) × width`, row-major).
+    fn embed(&mut self, rows: &[f32]) -> Mat {
+        let (d, n, v, t) = (self.g.width, self.tokens.len(), self.g.vocab, self.g.context);
+        let mut x = Mat::zeros(d, n);
+        for (j, &tok) in self.tokens.iter().enumerate() {
+            let (te, pe) = (tok as usize * d, (v + j % t) * d);
+            for f in 0..d {
+                x.data[f * n + j] = rows[te + f] + rows[pe + f];
+            }
+        }
+        x
+    }
+}
+
+impl Net for GptNet {
+    fn begin(&mut self, inputs: Mat) -> Result<()> {
+        self.clear();
+        let vocab = self.g.vocab as f32;
+        if let Some(bad) = inputs.data.iter().find(|&&t| !(t >= 0.0 && t < vocab && t.fract() == 0.0)) {
+            return Err(Error::Protocol(format!("token {bad} is not in the vocabulary of {vocab} tokens")));
+        }
+        self.tokens = inputs.data.iter().map(|&t| t as u32).collect();
+        Ok(())
+    }
+
+    fn forward<'s>(&mut self, l: usize, stream: &'s LayerStream, works: &mut Vec<Work<'s>>) -> Result<()> {
+        match self.g.unit(l) {
+            GptUnit::Embed => {
+                let crate::protocol::WeightPayload::Dense(rows) = &stream.weights else {
+                    return Err(Error::Protocol("the embedding must stream dense".into()));
+                };
+                self.x = self.embed(rows);
+                let (a1, rstd1) = norm::forward(&self.x);
+                works.push(Work::Elementwise { ops: 9 * self.x.data.len() as u64 });
+                self.blocks.push(BlockActs { a1, rstd1, ..BlockActs::default() });
+            }
+            GptUnit::Qkv(b) => {
+                let geometry = self.geometry();
+                let block = self.block(b)?;
+                let qkv = linear_forward(stream, &block.a1, works)?;
+                let (o, probs) = attention::forward(geometry, &qkv);
+                let (t, n, heads) = (geometry.context, qkv.cols, geometry.heads);
+                let gemm = Work::Gemm { m: t, n: n * heads, k: geometry.width / heads };
+                works.extend([gemm, gemm, Work::Elementwise { ops: 5 * (probs.len() as u64) / 2 }]);
+                (block.qkv, block.o, block.probs) = (qkv, o, probs);
+            }
+            GptUnit::Proj(b) => {
+                let y = linear_forward(stream, &self.block(b)?.o, works)?;
+                let (a2, rstd2) = self.residual_norm(&y, works);
+                let block = self.block(b)?;
+                (block.a2, block.rstd2) = (a2, rstd2);
+            }
+            GptUnit::Up(b) => {
+                let block = self.block(b)?;
+                let u = linear_forward(stream, &block.a2, works)?;
+                let mut g = Mat::zeros(u.rows, u.cols);
+                activation::forward(Activation::Gelu, &u.data, &mut g.data);
+                works.push(Work::Elementwise { ops: 8 * u.data.len() as u64 });
+                (block.u, block.g) = (u, g);
+            }
+            GptUnit::Down(b) => {
+                let y = linear_forward(stream, &self.block(b)?.g, works)?;
+                let (a, rstd) = self.residual_norm(&y, works);
+                if b + 1 < self.g.blocks {
+                    self.blocks.push(BlockActs { a1: a, rstd1: rstd, ..BlockActs::default() });
+                } else {
+                    (self.af, self.rstdf) = (a, rstd);
+                    self.x = Mat::default();
+                }
+            }
+            GptUnit::Head => self.logits = Some(linear_forward(stream, &self.af, works)?),
+        }
+        Ok(())
+    }
+
+    fn logits(&self) -> Option<&Mat> {
+        self.logits.as_ref()
+    }
+
+    fn take_logits(&mut self) -> Option<Mat> {
+        self.logits.take()
+    }
+
+    fn start_backward(&mut self, d_logits: Mat) {
+        self.pending = Some(d_logits);
+    }
+
+    fn backward<'s>(
+        &mut self,
+        l: usize,
+        shape: LinearShape,
+        stream: &'s LayerStream,
+        works: &mut Vec<Work<'s>>,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let missing = || Error::Protocol("the input gradient was not computed".into());
+        match self.g.unit(l) {
+            GptUnit::Head => {
+                let d_logits = self.pending("the logits")?;
+                let (w, b, daf) = linear_backward(stream, shape, &self.af, &d_logits, true, works)?;
+                let daf = daf.ok_or_else(missing)?;
+                self.dx = Mat::zeros(daf.rows, daf.cols);
+                norm::backward_add(&self.af, &self.rstdf, &daf, &mut self.dx);
+                works.push(Work::Elementwise { ops: 8 * daf.data.len() as u64 });
+                (self.af, self.rstdf) = (Mat::default(), Vec::new());
+                Ok((w, b))
+            }
+            GptUnit::Down(b) => {
+                let block = self.blocks.get_mut(b).ok_or_else(missing)?;
+                let (w, bias, dg) = linear_backward(stream, shape, &block.g, &self.dx, true, works)?;
+                let mut du = dg.ok_or_else(missing)?;
+                activation::backward(Activation::Gelu, &block.u.data, &mut du.data);
+                works.push(Work::Elementwise { ops: 10 * du.data.len() as u64 });
+                (block.u, block.g) = (Mat::default(), Mat::default());
+                self.pending = Some(du);
+                Ok((w, bias))
+            }
+            GptUnit::Up(b) => {
+                let du = self.pending("the MLP")?;
+                let block = self.blocks.get_mut(b).ok_or_else(missing)?;
+                let (w, bias, da2) = linear_backward(stream, shape, &block.a2, &du, true, works)?;
+                let da2 = da2.ok_or_else(missing)?;
+                norm::backward_add(&block.a2, &block.rstd2, &da2, &mut self.dx);
+                works.push(Work::Elementwise { ops: 8 * da2.data.len() as u64 });
+                (block.a2, block.rstd2) = (Mat::default(), Vec::new());
+                Ok((w, bias))
+            }
+            GptUnit::Proj(b) => {
+                let geometry = self.geometry();
+                let block = self.blocks.get_mut(b).ok_or_else(missing)?;
+                let (w, bias, d_o) = linear_backward(stream, shape, &block.o, &self.dx, true, works)?;
+                let d_o = d_o.ok_or_else(missing)?;
+                let dqkv = attention::backward(geometry, &block.qkv, &block.probs, &d_o);
+                let (t, n, heads) = (geometry.context, d_o.cols, geometry.heads);
+                let gemm = Work::Gemm { m: t, n: n * heads, k: geometry.width / heads };
+                works.extend([gemm, gemm, gemm, gemm, Work::Elementwise { ops: 4 * block.probs.len() as u64 }]);
+                (block.o, block.probs) = (Mat::default(), Vec::new());
+                self.pending = Some(dqkv);
+                Ok((w, bias))
+            }
+            GptUnit::Qkv(b) => {
+                let dqkv = self.pending("attention")?;
+                let block = self.blocks.get_mut(b).ok_or_else(missing)?;
+                let (w, bias, da1) = linear_backward(stream, shape, &block.a1, &dqkv, true, works)?;
+                let da1 = da1.ok_or_else(missing)?;
+                norm::backward_add(&block.a1, &block.rstd1, &da1, &mut self.dx);
+                works.push(Work::Elementwise { ops: 8 * da1.data.len() as u64 });
+                self.blocks.truncate(b);
+                Ok((w, bias))
+            }
+            GptUnit::Embed => {
+                // Only the rows that were looked up get a gradient; the stream carries no weights at all.
+                let (d, n, v, t) = (self.g.width, self.tokens.len(), self.g.vocab, self.g.context);
+                let mut grad = vec![0.0f32; (v + t) * d];
+                for (j, &tok) in self.tokens.iter().enumerate() {
+                    let (te, pe) = (tok as usize * d, (v + j % t) * d);
+                    for f in 0..d {
+                        let g = self.dx.data[f * n + j];
+                        grad[te + f] += g;
+                        grad[pe + f] += g;
+                    }
+                }
+                works.push(Work::Elementwise { ops: 2 * (d * n) as u64 });
+                self.dx = Mat::default();
+                Ok((grad, Vec::new()))
+            }
+        }
+    }
+
+    fn resident_bytes(&self) -> u64 {
+        let mats = [&self.x, &self.af, &self.dx];
+        mats.iter().map(|m| m.bytes()).sum::<u64>()
+            + self.blocks.iter().map(BlockActs::bytes).sum::<u64>()
+            + self.logits.iter().chain(&self.pending).map(Mat::bytes).sum::<u64>()
+            + 4 * (self.tokens.len() + self.rstdf.len()) as u64
+    }
+
+    fn clear(&mut self) {
+        *self = GptNet::new(self.g);
+    }
+}
