@@ -12,6 +12,8 @@ use crate::optim::OptState;
 /// One layer's stream.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LayerPlan {
+    /// What the unit is (`fc1`, `block0.qkv`, `head (tied)`, …).
+    pub name: String,
     /// Input features.
     pub inputs: usize,
     /// Output features.
@@ -65,6 +67,7 @@ impl Plan {
             .map(|l| {
                 let s = layout.linears[l];
                 LayerPlan {
+                    name: layout.unit_name(l),
                     inputs: s.inputs,
                     outputs: s.outputs,
                     weights: layout.expected_weights(l),

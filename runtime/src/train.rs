@@ -147,19 +147,18 @@ pub fn train_step(
     Ok((loss, bytes + grad_bytes))
 }
 
-/// Forward passes over the whole held-out split in batches of `batch`, split over the engines like training
+/// Forward passes over the held-out `samples` in batches of `batch`, split over the engines like training
 /// batches.
 pub fn evaluate(
     store: &dyn WeightStore,
     swarm: &mut dyn Swarm,
     layers: usize,
-    samples: usize,
+    samples: &[u32],
     batch: usize,
     step: u64,
 ) -> Result<EvalReport> {
     let mut total = LossSum::default();
-    let all: Vec<u32> = (0..samples as u32).collect();
-    for chunk in all.chunks(batch.max(1)) {
+    for chunk in samples.chunks(batch.max(1)) {
         swarm.begin_step(&StepRequest { step, samples: chunk.to_vec(), split: Split::Test, grad_scale: 0.0 })?;
         let order = (0..layers).map(|l| (l, true)).collect();
         let sum = with_prefetch(store, order, |next| swarm.forward_pass(layers, next))?;
@@ -210,7 +209,8 @@ pub fn run(
     retry: RetryPolicy,
     on_step: &mut dyn FnMut(&StepMetrics) -> Result<()>,
 ) -> Result<Summary> {
-    let (train_samples, test_samples) = (data.0.len(), data.1.len());
+    let train_samples = data.0.len();
+    let test_samples = data.1.eval_samples();
     let batch = spec.training.batch_size as usize;
     let sampler = Sampler::new(train_samples, batch, spec.training.seed);
     let layout = crate::model::ModelLayout::from_spec(&spec.model);
@@ -253,7 +253,7 @@ pub fn run(
     let eval_batch = batch.max(swarm.engines());
     let mut attempt = 1;
     let eval = loop {
-        match evaluate(store, swarm, layers, test_samples, eval_batch, total) {
+        match evaluate(store, swarm, layers, &test_samples, eval_batch, total) {
             Err(Error::Unavailable(why)) if attempt < retry.attempts => {
                 tracing::warn!(attempt, "evaluation aborted, rerunning: {why}");
                 attempt += 1;

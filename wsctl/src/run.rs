@@ -51,12 +51,18 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
         units::bytes(plan.peak_engine_bytes),
         units::bytes(plan.engine_sram_bytes)
     );
+    println!(
+        "  model       {} of weights as streamed{}",
+        units::bytes(plan.weight_bytes),
+        if plan.weight_bytes > plan.engine_sram_bytes { ", more than an engine's SRAM: only streaming can run it" } else { "" }
+    );
     println!("  execution   {:?}", plan.execution_mode);
-    println!("  stream      layer  shape          dense        streamed");
+    println!("  stream      unit                shape          dense        streamed");
     for (l, layer) in plan.layers.iter().enumerate() {
         println!(
-            "              {:>5}  {:>5} x {:<5}  {:>11}  {:>11}",
+            "              {:>2} {:<16} {:>5} x {:<5}  {:>11}  {:>11}",
             l,
+            layer.name,
             layer.outputs,
             layer.inputs,
             units::bytes(layer.dense_bytes),

@@ -37,6 +37,22 @@ impl Dataset {
         self.len() == 0
     }
 
+    /// The samples an evaluation reads: every image, or for text up to [`text::EVAL_TOKENS`] tokens of
+    /// windows spread evenly over the held-out part, so evaluating a large model stays a small share of a run.
+    pub fn eval_samples(&self) -> Vec<u32> {
+        match self {
+            Dataset::Images(d) => (0..d.len() as u32).collect(),
+            Dataset::Text(d) => {
+                let (len, want) = (d.len(), (text::EVAL_TOKENS / d.context.max(1)).max(1));
+                if len <= want {
+                    (0..len as u32).collect()
+                } else {
+                    (0..want).map(|i| (i * len / want) as u32).collect()
+                }
+            }
+        }
+    }
+
     /// The shard of `indices` as the engine holds it.
     pub fn shard(&self, indices: &[u32]) -> Shard {
         match self {

@@ -195,6 +195,22 @@ impl ModelLayout {
         ModelLayout { linears, arch: Arch::Gpt(g), activation: Activation::Gelu, sparsity: spec.sparsity }
     }
 
+    /// A readable name for stream unit `l`, for plans and logs.
+    pub fn unit_name(&self, l: usize) -> String {
+        match self.arch {
+            Arch::Mlp => format!("fc{}", l + 1),
+            Arch::Gpt(g) => match g.unit(l) {
+                GptUnit::Embed => "embedding".into(),
+                GptUnit::Qkv(b) => format!("block{b}.qkv"),
+                GptUnit::Proj(b) => format!("block{b}.attn_out"),
+                GptUnit::Up(b) => format!("block{b}.mlp_up"),
+                GptUnit::Down(b) => format!("block{b}.mlp_down"),
+                GptUnit::Head if self.linears[l].tied_to.is_some() => "head (tied)".into(),
+                GptUnit::Head => "head".into(),
+            },
+        }
+    }
+
     /// Tokens per training sample: 1 for an MLP (a sample is one example), the context length for a GPT (a
     /// sample is one window of text).
     pub fn tokens_per_sample(&self) -> usize {
