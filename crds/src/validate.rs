@@ -150,15 +150,17 @@ impl TrainingJobSpec {
 
     fn validate_gpt(&self) -> Result<(), ApiError> {
         let m = &self.model;
-        let need = |name: &str, v: Option<u32>, min: u32, example: &str| match v {
+        let need = |name: &str, v: Option<u32>, min: u32, max: u32, example: &str| match v {
             None => Err(invalid(format!("spec.model.{name}"), format!("a gpt needs it, e.g. {name}: {example}"))),
-            Some(v) if v < min => Err(invalid(format!("spec.model.{name}"), format!("{v} is too small: use at least {min}"))),
+            Some(v) if !(min..=max).contains(&v) => {
+                Err(invalid(format!("spec.model.{name}"), format!("{v} is out of range: use {min} to {max}")))
+            }
             Some(v) => Ok(v),
         };
-        let width = need("width", m.width, 1, "256")?;
-        let heads = need("heads", m.heads, 1, "4")?;
-        need("blocks", m.blocks, 1, "4")?;
-        need("contextLength", m.context_length, 2, "128")?;
+        let width = need("width", m.width, 1, 16384, "256")?;
+        let heads = need("heads", m.heads, 1, 256, "4")?;
+        need("blocks", m.blocks, 1, 256, "4")?;
+        need("contextLength", m.context_length, 2, 4096, "128")?;
         if width % heads != 0 {
             return Err(invalid(
                 "spec.model.heads",
@@ -171,8 +173,8 @@ impl TrainingJobSpec {
                 format!("{} is not supported: the byte-level tokenizer has exactly 256 tokens", m.vocab_size),
             ));
         }
-        if m.mlp_ratio == 0 {
-            return Err(invalid("spec.model.mlpRatio", "must be at least 1 (4 is usual)"));
+        if !(1..=16).contains(&m.mlp_ratio) {
+            return Err(invalid("spec.model.mlpRatio", format!("{} is out of range: use 1 to 16 (4 is usual)", m.mlp_ratio)));
         }
         if !m.layers.is_empty() {
             return Err(invalid("spec.model.layers", "is for an mlp; a gpt is shaped by width, heads and blocks"));

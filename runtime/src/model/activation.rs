@@ -6,6 +6,28 @@ use crds::Activation;
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const GELU_C: f32 = 0.044_715;
 
+/// `e^x` in plain float arithmetic (range reduction by ln 2, a degree-6 polynomial, the exponent written
+/// into the bits), so loops over it vectorise instead of calling libm once per element; relative error
+/// about 2e-7. Transformers spend a large share of their element-wise time here, in GELU and softmax.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding and subtracting it rounds to the nearest integer
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    p * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
+/// `tanh(x)` through [`exp`], for the same reason.
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    1.0 - 2.0 / (exp(2.0 * x) + 1.0)
+}
+
 /// `a = f(z)` element-wise.
 pub fn forward(kind: Activation, z: &[f32], a: &mut [f32]) {
     match kind {
@@ -17,7 +39,7 @@ pub fn forward(kind: Activation, z: &[f32], a: &mut [f32]) {
         Activation::Gelu => {
             for (o, &x) in a.iter_mut().zip(z) {
                 let u = SQRT_2_OVER_PI * (x + GELU_C * x * x * x);
-                *o = 0.5 * x * (1.0 + u.tanh());
+                *o = 0.5 * x * (1.0 + tanh(u));
             }
         }
     }
@@ -36,7 +58,7 @@ pub fn backward(kind: Activation, z: &[f32], da: &mut [f32]) {
         Activation::Gelu => {
             for (d, &x) in da.iter_mut().zip(z) {
                 let u = SQRT_2_OVER_PI * (x + GELU_C * x * x * x);
-                let t = u.tanh();
+                let t = tanh(u);
                 let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x);
                 *d *= 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
             }
@@ -47,6 +69,18 @@ pub fn backward(kind: Activation, z: &[f32], da: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_exp_and_tanh_match_libm() {
+        for i in -2000..=2000 {
+            let x = i as f32 * 0.04;
+            let (e, t) = (exp(x), tanh(x));
+            assert!(((e - x.exp()) / x.exp()).abs() < 1e-6, "exp({x}) = {e}, libm {}", x.exp());
+            assert!((t - x.tanh()).abs() < 1e-6, "tanh({x}) = {t}, libm {}", x.tanh());
+        }
+        assert_eq!(exp(-1000.0), exp(-87.0));
+        assert!(exp(1000.0).is_finite());
+    }
 
     #[test]
     fn derivatives_match_central_differences() {

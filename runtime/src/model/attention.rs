@@ -6,6 +6,7 @@
 use rayon::prelude::*;
 
 use crate::kernels::dense::{matmul, MatView};
+use crate::model::activation::exp;
 use crate::tensor::Mat;
 
 /// The attention geometry of one shard.
@@ -68,7 +69,7 @@ pub fn forward(g: Geometry, qkv: &Mat) -> (Mat, Vec<f32>) {
                 }
                 let mut sum = 0.0;
                 for x in &mut row[..=i] {
-                    *x = (*x - max).exp();
+                    *x = exp(*x - max);
                     sum += *x;
                 }
                 let inv = 1.0 / sum;
