@@ -55,7 +55,7 @@ for c in kube-apiserver etcd; do stop "$c"; done
 
 # 2. Mounts: container root filesystems, sandbox shm, pod volumes; deepest first.
 for pass in 1 2 3; do
-  mapfile -t MOUNTS < <(findmnt -rn -o TARGET | grep -E "^($RUN|$KUBELET_ROOT)/" | sort -r)
+  mapfile -t MOUNTS < <(findmnt -rn -o TARGET | grep -E "^($RUN|$KUBELET_ROOT)(/|$)" | sort -r)
   ((${#MOUNTS[@]})) || break
   for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null || { ((pass == 3)) && umount -l "$m" 2>/dev/null; }; done
 done

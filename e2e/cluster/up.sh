@@ -77,8 +77,9 @@ start() {
 # The pause image: the one tarball under $IMAGES whose tag names pause.
 image_tags() {
   # docker-archive (manifest.json RepoTags) or OCI layout (index.json ref annotations).
-  { tar -xOf "$1" manifest.json 2>/dev/null | jq -r '.[].RepoTags[]?' 2>/dev/null || true
-    tar -xOf "$1" index.json 2>/dev/null \
+  # (members may be stored as "./name" or "name")
+  { tar -xOf "$1" manifest.json ./manifest.json 2>/dev/null | jq -r '.[].RepoTags[]?' 2>/dev/null || true
+    tar -xOf "$1" index.json ./index.json 2>/dev/null \
       | jq -r '.manifests[].annotations["io.containerd.image.name"] // empty' 2>/dev/null || true; } | sort -u
 }
 import_images() {
@@ -318,6 +319,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
+  # Clamp every container's oom_score_adj to containerd's own (0) at least: this VM's root has no
+  # CAP_SYS_RESOURCE, so the kubelet's negative scores (sandboxes -998, Guaranteed pods -997) make runc fail
+  # with "failed to update /proc/self/oom_score_adj: Permission denied".
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -332,7 +337,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     max_conf_num = 1
 TOML
 start containerd "${B[containerd]}" --config "$RUN/containerd/config.toml"
-wait_until 30 "containerd" containerd ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1
+containerd_up() { ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1; }
+wait_until 30 "containerd" containerd containerd_up
 : >"$RUN/imported.list"
 import_images
 ctr --address "$CONTAINERD_SOCK" -n k8s.io images ls -q | grep -qxF "$PAUSE_IMAGE" \
@@ -401,6 +407,7 @@ evictionHard: {memory.available: 100Mi, nodefs.available: "1%", nodefs.inodesFre
 serializeImagePulls: false
 maxPods: 110
 registerNode: true
+oomScoreAdj: 0
 YAML
 start kubelet "${B[kubelet]}" --config "$RUN/kubelet/config.yaml" \
   --kubeconfig "$KC/kubelet.kubeconfig" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" \
@@ -418,6 +425,7 @@ metricsBindAddress: 127.0.0.1:10249
 nodePortAddresses: ["$NODE_IP/32"]
 iptables: {localhostNodePorts: false}
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+oomScoreAdj: 0
 YAML
 start kube-proxy "${B[kube-proxy]}" --config "$RUN/kube-proxy.yaml"
 
