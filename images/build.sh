@@ -34,12 +34,23 @@ trap 'rm -rf "$work"' EXIT
 
 # Copies each dynamic library (and the loader) a binary needs to the same path inside the image root.
 copy_libs() {
-  local rootfs="$1" bin="$2" lib
-  # ldd prints "name => /path (addr)" for libraries and "/path (addr)" for the loader; vdso has no path.
-  for lib in $(ldd "$bin" | awk '/=> \// {print $3} /^\s*\/[^ ]+ \(/ {print $1}'); do
+  local rootfs="$1" bin="$2" name arrow path rest lib
+  # ldd prints "name => /path (addr)" for a library, "/path (addr)" for the loader, "name (addr)" for the vdso
+  # and "name => not found" for a library it cannot find, which would fail in the container: refuse it here.
+  while read -r name arrow path rest; do
+    if [[ "$arrow" == "=>" && "$path" == /* ]]; then
+      lib="$path"
+    elif [[ "$arrow" == "=>" ]]; then
+      echo "ldd $bin: $name $arrow $path $rest" >&2
+      exit 1
+    elif [[ "$name" == /* ]]; then
+      lib="$name"
+    else
+      continue
+    fi
     mkdir -p "$rootfs$(dirname "$lib")"
     cp -L "$lib" "$rootfs$lib"
-  done
+  done < <(ldd "$bin")
 }
 
 # The accounts file a non-root image needs so tools that look up the user (and glibc) find one.

@@ -25,9 +25,15 @@ if [[ ! -x "$HELM" ]]; then
     echo "helm.sh: building helm v$HELM_VERSION from helm.sh/helm/v3 (a few minutes cold)" >&2
     tmp="$(mktemp -d)"
     trap 'rm -rf "$tmp"' EXIT
-    GOBIN="$tmp" CGO_ENABLED=0 nice -n 10 go install \
-      -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" \
-      "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION" >&2
+    # The Kubernetes version `helm template` and `helm lint` assume (as helm's own Makefile sets it from its
+    # client-go); without it they assume 1.20 and refuse charts that need a newer cluster.
+    k8s_minor=34
+    pkg=helm.sh/helm/v3
+    GOBIN="$tmp" CGO_ENABLED=0 nice -n 10 go install -trimpath -ldflags "-s -w \
+      -X $pkg/internal/version.version=v$HELM_VERSION \
+      -X $pkg/pkg/lint/rules.k8sVersionMajor=1 -X $pkg/pkg/lint/rules.k8sVersionMinor=$k8s_minor \
+      -X $pkg/pkg/chartutil.k8sVersionMajor=1 -X $pkg/pkg/chartutil.k8sVersionMinor=$k8s_minor" \
+      "$pkg/cmd/helm@v$HELM_VERSION" >&2
     mv "$tmp/helm" "$HELM"
   fi
 fi

@@ -34,12 +34,18 @@
 {{- end }}
 {{- end }}
 
-{{- define "weightstream.labels" -}}
+{{/* Labels of every object but the selector ones, which the workloads add (instance is among those). */}}
+{{- define "weightstream.baseLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 app.kubernetes.io/part-of: weightstream
-app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Labels of an object that has no selector labels of its own. */}}
+{{- define "weightstream.labels" -}}
+{{ include "weightstream.baseLabels" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{- define "weightstream.operator.selectorLabels" -}}
