@@ -62,7 +62,10 @@ LD="-s -w"
 for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   LD="$LD -X $p.gitVersion=v$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$MINOR -X $p.gitTreeState=clean"
 done
-for cmd in kube-scheduler kube-proxy kubelet kube-controller-manager; do
+CMDS=(kube-scheduler kube-proxy kubelet kube-controller-manager)
+# kubectl is not needed by up.sh or the tests; WS_CLUSTER_KUBECTL=1 builds it too (for trying things by hand).
+[[ -n "${WS_CLUSTER_KUBECTL:-}" ]] && CMDS+=(kubectl)
+for cmd in "${CMDS[@]}"; do
   out="$BIN/$cmd-v$K8S_VERSION"
   [[ -x "$out" ]] && continue
   command -v go >/dev/null || { log "go is not installed: cannot build $cmd"; exit 1; }
@@ -87,6 +90,8 @@ fi
 
 echo "etcd=${CORE[0]}"
 echo "kube-apiserver=${CORE[1]}"
-for cmd in kube-controller-manager kube-scheduler kubelet kube-proxy; do echo "$cmd=$BIN/$cmd-v$K8S_VERSION"; done
+for cmd in kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
+  [[ -x "$BIN/$cmd-v$K8S_VERSION" ]] && echo "$cmd=$BIN/$cmd-v$K8S_VERSION"
+done
 echo "coredns=$COREDNS"
 for b in containerd ctr runc iptables conntrack; do echo "$b=$(command -v "$b" || echo "/usr/sbin/$b")"; done

@@ -152,7 +152,7 @@ async fn wait_training(client: &Client, ns: &str, name: &str, at_least: u64) -> 
     let what = format!("{ns}/{name} to train past step {at_least}");
     let r = wait_for(Duration::from_secs(300), &what, || async {
         let s = jobs.get(name).await.ok()?.status?;
-        if s.phase == Some(Phase::Failed) {
+        if matches!(s.phase, Some(Phase::Failed | Phase::Succeeded)) {
             return Some(None);
         }
         let step = s.step?;
@@ -161,7 +161,10 @@ async fn wait_training(client: &Client, ns: &str, name: &str, at_least: u64) -> 
     .await;
     match r {
         Ok(Some(step)) => step,
-        Ok(None) => panic!("{ns}/{name} failed; {}", describe(client, ns, name).await),
+        Ok(None) => panic!(
+            "{ns}/{name} ended before step {at_least} was seen (too few steps for this test? WS_E2E_STEPS); {}",
+            describe(client, ns, name).await
+        ),
         Err(e) => panic!("{e}; {}", describe(client, ns, name).await),
     }
 }
@@ -293,9 +296,18 @@ async fn a_suspended_job_gives_its_cs2_back_and_resumes_from_its_checkpoint() {
     );
     let patch = serde_json::json!({ "spec": { "suspend": false } });
     ok(jobs.patch("pausable", &PatchParams::default(), &Patch::Merge(&patch)).await, "resume");
-    // Training resumes from the checkpoint, not from step 0.
-    let resumed = wait_training(&client, &ns, "pausable", ckpt.step).await;
-    assert!(resumed >= ckpt.step);
+    // The new MemoryX carries on from the checkpoint, not from step 0: it says so when it starts (read now, as
+    // the finished job's MemoryX is scaled away).
+    let line = wait_for(Duration::from_secs(180), "MemoryX to resume from the checkpoint", || async {
+        let logs = pods.logs("pausable-memoryx-0", &Default::default()).await.ok()?;
+        logs.lines().find(|l| l.contains("resumed from checkpoint")).map(str::to_string)
+    })
+    .await;
+    let line = match line {
+        Ok(l) => l,
+        Err(e) => panic!("{e}; {}", describe(&client, &ns, "pausable").await),
+    };
+    assert!(line.contains(&format!("\"step\":{}", ckpt.step)), "resumed at another step than {}: {line}", ckpt.step);
     let j = wait_phase(&client, &ns, "pausable", Phase::Succeeded, finish_timeout()).await;
     let acc = accuracy(&j);
     assert!(acc >= ACCURACY_BAR, "accuracy {acc} after a suspend and resume");
