@@ -10,7 +10,7 @@
 #   weightstream-runtime-<version>.tar   weightstream/runtime:<version>   memoryx, swarmx, sim-wse
 #   weightstream-pause-3.10.tar          weightstream/pause:3.10          /pause (the pod sandbox, static)
 #
-# Each image is one layer: the binaries in /usr/local/bin, exactly the shared libraries and loader `ldd` lists for
+# Each image is one layer: the binaries (debug info stripped) in /usr/local/bin, exactly the shared libraries and loader `ldd` lists for
 # them, and /etc/passwd, /etc/group, /etc/nsswitch.conf naming the non-root user 65532. No shell, no package
 # manager; nothing needs to be written to the root filesystem, so it runs with readOnlyRootFilesystem.
 # The archive is reproducible: sorted entries, owner 0:0, mtime 0, so the same binaries give the same image ID.
@@ -118,6 +118,9 @@ binary_image() {
   for bin in "$@"; do
     [[ -x "$release/$bin" ]] || { echo "missing $release/$bin: build it (or unset WS_SKIP_CARGO)" >&2; exit 1; }
     install -m 0755 "$release/$bin" "$rootfs/usr/local/bin/$bin"
+    # The release profile keeps line tables for local backtraces; the image keeps symbols (function names in a
+    # panic's backtrace) but not the line tables, a tenth of the size.
+    strip --strip-debug "$rootfs/usr/local/bin/$bin"
     copy_libs "$rootfs" "$release/$bin"
   done
   write_archive "$out/weightstream-$name-$version.tar" "weightstream/$name:$version" "$uid:$uid" "$entrypoint" "$cmd" "$rootfs"
