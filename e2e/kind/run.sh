@@ -9,7 +9,6 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 cluster="${WS_KIND_CLUSTER:-weightstream}"
-namespace="${WS_NAMESPACE:-weightstream-system}"
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
 export KUBECONFIG="${KUBECONFIG:-$root/target/kind-$cluster.kubeconfig}"
 
@@ -32,10 +31,13 @@ for image in operator runtime; do
   kind load image-archive "target/images/weightstream-$image-$version.tar" --name "$cluster"
 done
 
+# The same release, namespace and values as the suite's own install (e2e/src/cluster.rs), which then finds
+# it in place: an upgrade with nothing to change.
 log "3/4 installing the chart"
-helm="$(bash e2e/tools/helm.sh)"
-"$helm" upgrade --install weightstream charts/weightstream --namespace "$namespace" --create-namespace \
-  --set devicePlugin.enabled=true --set devicePlugin.devicesPerNode=4 --wait --timeout 5m
+export WS_HELM="$(bash e2e/tools/helm.sh)"
+"$WS_HELM" upgrade --install weightstream charts/weightstream --namespace weightstream-system --create-namespace \
+  --set devicePlugin.enabled=true --set devicePlugin.devicesPerNode=4 --set operator.pollSeconds=1 \
+  --wait --timeout 5m
 
 log "4/4 running the e2e suite"
-WS_NAMESPACE="$namespace" cargo test --release --locked -p e2e --test cluster -- --test-threads=1
+cargo test --release --locked -p e2e --test cluster -- --test-threads=1
