@@ -88,7 +88,8 @@ json_array() {
 # Writes one docker-archive: <out file> <repo:tag> <user> <entrypoint json> <cmd json> <rootfs dir>.
 write_archive() {
   local file="$1" tag="$2" user="$3" entrypoint="$4" cmd="$5" rootfs="$6"
-  local dir="$work/archive-$(basename "$file" .tar)"
+  local dir
+  dir="$work/archive-$(basename "$file" .tar)"
   mkdir -p "$dir"
   tar_dir "$rootfs" "$dir/layer.tar"
   local diff_id config_id

@@ -11,6 +11,7 @@ cd "$root"
 cluster="${WS_KIND_CLUSTER:-weightstream}"
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
 export KUBECONFIG="${KUBECONFIG:-$root/target/kind-$cluster.kubeconfig}"
+mkdir -p "$(dirname "$KUBECONFIG")"
 
 log() { echo "[kind/run.sh $(date -u +%H:%M:%S)] $*" >&2; }
 cleanup() {
@@ -34,7 +35,8 @@ done
 # The same release, namespace and values as the suite's own install (e2e/src/cluster.rs), which then finds
 # it in place: an upgrade with nothing to change.
 log "3/4 installing the chart"
-export WS_HELM="$(bash e2e/tools/helm.sh)"
+WS_HELM="$(bash e2e/tools/helm.sh)"
+export WS_HELM
 "$WS_HELM" upgrade --install weightstream charts/weightstream --namespace weightstream-system --create-namespace \
   --set devicePlugin.enabled=true --set devicePlugin.devicesPerNode=4 --set operator.pollSeconds=1 \
   --wait --timeout 5m
