@@ -246,7 +246,8 @@ start kube-apiserver "${B[kube-apiserver]}" \
   --token-auth-file "$RUN/tokens.csv" --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
-  --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=true --profiling=false
+  --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=true --profiling=false \
+  --kubelet-preferred-address-types InternalIP
 wait_until 90 "kube-apiserver /readyz" kube-apiserver api_ready
 
 # --- cluster objects the node needs: CoreDNS's read access, the default StorageClass and its volumes ---
