@@ -2,6 +2,8 @@
 //! `KUBECONFIG`'s, so the same tests run on kind), the CRD, a namespace per test, an operator per test, and
 //! the kubelet's part played by hand (there is none: tests set pod status themselves).
 
+pub mod cluster;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,0 +1,107 @@
+{{/* The chart's name, shortened to what a label value allows. */}}
+{{- define "weightstream.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The prefix of every object: the release name, with the chart's name added unless it is already in it. */}}
+{{- define "weightstream.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's objects: Deployment, ServiceAccount, roles, Service. */}}
+{{- define "weightstream.operator.fullname" -}}
+{{- printf "%s-operator" (include "weightstream.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "weightstream.devicePlugin.fullname" -}}
+{{- printf "%s-device-plugin" (include "weightstream.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "weightstream.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "weightstream.operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of every object but the selector ones, which the workloads add (instance is among those). */}}
+{{- define "weightstream.baseLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/part-of: weightstream
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Labels of an object that has no selector labels of its own. */}}
+{{- define "weightstream.labels" -}}
+{{ include "weightstream.baseLabels" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "weightstream.operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "weightstream.name" . }}-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "weightstream.devicePlugin.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "weightstream.name" . }}-device-plugin
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: device-plugin
+{{- end }}
+
+{{- define "weightstream.operator.image" -}}
+{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
+{{- end }}
+
+{{- define "weightstream.runtime.image" -}}
+{{- printf "%s:%s" .Values.runtime.image.repository (default .Chart.AppVersion .Values.runtime.image.tag) }}
+{{- end }}
+
+{{- define "weightstream.devicePlugin.image" -}}
+{{- $repo := default .Values.operator.image.repository .Values.devicePlugin.image.repository }}
+{{- $tag := default (default .Chart.AppVersion .Values.operator.image.tag) .Values.devicePlugin.image.tag }}
+{{- printf "%s:%s" $repo $tag }}
+{{- end }}
+
+{{/* The namespaced permissions the operator uses on a job's children and on the jobs themselves. Each verb is
+     one the operator calls: server-side apply is a patch (create when the object is new), the controller lists
+     and watches jobs, pods and StatefulSets, cleanup lists and deletes by label. */}}
+{{- define "weightstream.operator.namespacedRules" -}}
+- apiGroups: [weightstream.dev]
+  resources: [trainingjobs]
+  verbs: [get, list, watch, patch]
+- apiGroups: [weightstream.dev]
+  resources: [trainingjobs/status]
+  verbs: [patch]
+- apiGroups: [weightstream.dev]
+  # Setting blockOwnerDeletion on a child's owner reference needs update on the owner's finalizers.
+  resources: [trainingjobs/finalizers]
+  verbs: [update]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch, create, patch, delete]
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [services, configmaps]
+  verbs: [list, create, patch, delete]
+- apiGroups: [""]
+  # MemoryX's checkpoint claims come from its StatefulSet; the operator only removes them with the job.
+  resources: [persistentvolumeclaims]
+  verbs: [list, delete]
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}

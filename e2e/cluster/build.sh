@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Everything a single-node cluster needs, built or installed once and cached:
+#   - etcd and kube-apiserver: e2e/apiserver/build.sh (Debian's etcd-server; kube-apiserver from k8s.io/kubernetes
+#     through its wrapper module);
+#   - kube-controller-manager, kube-scheduler, kubelet, kube-proxy: built in that same wrapper module (same Go
+#     module and build caches, same version ldflags), so the second and later commands reuse the first's packages;
+#   - CoreDNS from its Go module (no replace directives, so `go install` works);
+#   - containerd, runc, the CNI plugins, iptables, conntrack from Debian (apt-get, only when missing).
+# Prints "name=path" lines on stdout (one per binary); logs go to stderr. Needs root for apt-get.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+K8S_VERSION="${WS_K8S_VERSION:-1.34.4}"
+COREDNS_VERSION="${WS_COREDNS_VERSION:-1.14.7}"
+CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
+BIN="$CACHE/bin"
+mkdir -p "$BIN"
+log() { echo "[cluster/build.sh $(date -u +%H:%M:%S)] $*" >&2; }
+trap 'log "FAILED at line $LINENO: $BASH_COMMAND"' ERR
+
+# --- Debian packages (before the Go builds: they are quick and the node cannot start without them). ---
+need_pkgs=()
+have() { command -v "$1" >/dev/null 2>&1 || [[ -x "/usr/sbin/$1" ]]; }
+have containerd || need_pkgs+=(containerd)
+have runc || need_pkgs+=(runc)
+[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] \
+  || need_pkgs+=(containernetworking-plugins)
+have iptables || need_pkgs+=(iptables)
+have conntrack || need_pkgs+=(conntrack)
+have ip || need_pkgs+=(iproute2)
+have mount || need_pkgs+=(mount)
+have curl || need_pkgs+=(curl)
+have jq || need_pkgs+=(jq)
+have openssl || need_pkgs+=(openssl)
+have flock || need_pkgs+=(util-linux)
+if ((${#need_pkgs[@]})); then
+  if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null; then
+    log "missing ${need_pkgs[*]} and cannot apt-get them (needs root on Debian)"; exit 1
+  fi
+  log "installing ${need_pkgs[*]} with apt-get"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${need_pkgs[@]}") >&2
+fi
+
+# --- etcd and kube-apiserver (this also creates the wrapper module and sets up the Go caches there). ---
+mapfile -t CORE < <("$HERE/../apiserver/build.sh")
+[[ -x "${CORE[0]:-}" && -x "${CORE[1]:-}" ]] || { log "e2e/apiserver/build.sh named no usable binaries"; exit 1; }
+
+# The same Go environment as e2e/apiserver/build.sh.
+export GOCACHE="${GOCACHE:-$(go env GOCACHE 2>/dev/null || true)}"
+[[ -n "$GOCACHE" && "$GOCACHE" != off ]] || export GOCACHE="$CACHE/go-build"
+export GOMODCACHE="${GOMODCACHE:-$(go env GOMODCACHE 2>/dev/null || true)}"
+[[ -n "$GOMODCACHE" ]] || export GOMODCACHE="$CACHE/go-mod"
+[[ -n "${HOME:-}" ]] || export GOPATH="${GOPATH:-$CACHE/go}"
+
+exec 9>"$CACHE/build.lock"
+flock 9
+
+W="$CACHE/k8s-wrapper-v$K8S_VERSION"
+MINOR="$(echo "$K8S_VERSION" | cut -d. -f2)"
+LD="-s -w"
+for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  LD="$LD -X $p.gitVersion=v$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$MINOR -X $p.gitTreeState=clean"
+done
+CMDS=(kube-scheduler kube-proxy kubelet kube-controller-manager)
+# kubectl is not needed by up.sh or the tests; WS_CLUSTER_KUBECTL=1 builds it too (for trying things by hand).
+[[ -n "${WS_CLUSTER_KUBECTL:-}" ]] && CMDS+=(kubectl)
+for cmd in "${CMDS[@]}"; do
+  out="$BIN/$cmd-v$K8S_VERSION"
+  [[ -x "$out" ]] && continue
+  command -v go >/dev/null || { log "go is not installed: cannot build $cmd"; exit 1; }
+  start=$(date +%s)
+  log "building $cmd v$K8S_VERSION in $W"
+  (cd "$W" && CGO_ENABLED=0 GOFLAGS=-mod=mod nice -n "${WS_NICE:-19}" go build -trimpath -ldflags "$LD" \
+    -o "$out.tmp" "k8s.io/kubernetes/cmd/$cmd" >&2)
+  mv "$out.tmp" "$out"
+  log "built $cmd in $(( $(date +%s) - start ))s"
+done
+
+COREDNS="$BIN/coredns-v$COREDNS_VERSION"
+if [[ ! -x "$COREDNS" ]]; then
+  start=$(date +%s)
+  log "building CoreDNS v$COREDNS_VERSION"
+  (cd "$BIN" && CGO_ENABLED=0 GOBIN="$BIN/.coredns-$COREDNS_VERSION" nice -n "${WS_NICE:-19}" \
+    go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@v$COREDNS_VERSION" >&2)
+  mv "$BIN/.coredns-$COREDNS_VERSION/coredns" "$COREDNS"
+  rmdir "$BIN/.coredns-$COREDNS_VERSION"
+  log "built CoreDNS in $(( $(date +%s) - start ))s"
+fi
+
+echo "etcd=${CORE[0]}"
+echo "kube-apiserver=${CORE[1]}"
+for cmd in kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
+  [[ -x "$BIN/$cmd-v$K8S_VERSION" ]] && echo "$cmd=$BIN/$cmd-v$K8S_VERSION"
+done
+echo "coredns=$COREDNS"
+for b in containerd ctr runc iptables conntrack; do echo "$b=$(command -v "$b" || echo "/usr/sbin/$b")"; done

@@ -1,0 +1,162 @@
+//! Helpers for the tests that need a whole cluster, one whose kubelets really run the pods: `KUBECONFIG`'s
+//! (kind, any cluster with the images loaded), or else the single node `cluster/up.sh` brings up on this
+//! machine. The chart is installed with Helm (`e2e/tools/helm.sh` builds the pinned version unless `WS_HELM`
+//! names a binary).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crds::TrainingJob;
+
+/// Why a cluster test could not set up: each ends the test with a loud failure, never a skip.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A script or tool failed.
+    #[error("{what} failed (exit {code:?}); its output ends with:\n{tail}")]
+    Command {
+        /// The command line, for the reader.
+        what: String,
+        /// Its exit code.
+        code: Option<i32>,
+        /// The end of its stderr and stdout.
+        tail: String,
+    },
+    /// It could not be started at all.
+    #[error("cannot run {what}: {source}")]
+    Spawn {
+        /// The command.
+        what: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A manifest or a file could not be read.
+    #[error("{0}")]
+    Input(String),
+}
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Runs `cmd`, returning its stdout; a failure carries the end of its output.
+pub fn run(cmd: &mut Command) -> Result<String, ClusterError> {
+    let what = format!("{cmd:?}");
+    let out = cmd.output().map_err(|source| ClusterError::Spawn { what: what.clone(), source })?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        let both = format!("{}\n{}", String::from_utf8_lossy(&out.stderr), stdout);
+        let lines: Vec<&str> = both.lines().filter(|l| !l.trim().is_empty()).collect();
+        let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+        return Err(ClusterError::Command { what, code: out.status.code(), tail });
+    }
+    Ok(stdout)
+}
+
+fn last_line(s: &str) -> Result<PathBuf, ClusterError> {
+    s.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(PathBuf::from)
+        .ok_or_else(|| ClusterError::Input("the script printed no path".into()))
+}
+
+/// The kubeconfig of the cluster under test: the first file `KUBECONFIG` names, else the local single-node
+/// cluster's, which `e2e/cluster/up.sh` starts (building its binaries the first time; the images must already be
+/// in `target/images`, see `images/build.sh`).
+pub fn kubeconfig() -> Result<PathBuf, ClusterError> {
+    if let Some(v) = std::env::var_os("KUBECONFIG") {
+        let first = std::env::split_paths(&v).next().unwrap_or_default();
+        if first.as_os_str().is_empty() {
+            return Err(ClusterError::Input("KUBECONFIG is set but empty".into()));
+        }
+        return Ok(first);
+    }
+    let script = repo_root().join("e2e/cluster/up.sh");
+    let out = run(Command::new("bash").arg(&script))?;
+    last_line(&out)
+}
+
+/// The Helm binary: `WS_HELM`, else the pinned version `e2e/tools/helm.sh` builds and caches.
+pub fn helm() -> Result<PathBuf, ClusterError> {
+    if let Some(h) = std::env::var_os("WS_HELM") {
+        return Ok(PathBuf::from(h));
+    }
+    let out = run(Command::new("bash").arg(repo_root().join("e2e/tools/helm.sh")))?;
+    last_line(&out)
+}
+
+/// Where the chart goes.
+pub const RELEASE: &str = "weightstream";
+/// The chart's namespace.
+pub const SYSTEM_NAMESPACE: &str = "weightstream-system";
+/// CS-2 devices the device plugin advertises on each node (the chart value the tests install with).
+pub const CS2_PER_NODE: u32 = 4;
+
+/// `helm upgrade --install` of `charts/weightstream` with the device plugin on (so the pool is the nodes'
+/// `weightstream.dev/cs2`), waiting until its pods are ready. Extra `--set` values come from `WS_HELM_SET`
+/// (comma-separated `key=value`, e.g. image tags other than the chart's appVersion).
+pub fn install_chart(kubeconfig: &Path) -> Result<(), ClusterError> {
+    let helm = helm()?;
+    let mut cmd = Command::new(helm);
+    cmd.arg("upgrade")
+        .arg("--install")
+        .arg(RELEASE)
+        .arg(repo_root().join("charts/weightstream"))
+        .args(["--namespace", SYSTEM_NAMESPACE, "--create-namespace"])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--set", "devicePlugin.enabled=true"])
+        .args(["--set", &format!("devicePlugin.devicesPerNode={CS2_PER_NODE}")])
+        .args(["--set", "operator.pollSeconds=1"])
+        .args(["--wait", "--timeout", "5m"]);
+    if let Ok(extra) = std::env::var("WS_HELM_SET") {
+        for kv in extra.split(',').filter(|s| !s.trim().is_empty()) {
+            cmd.args(["--set", kv.trim()]);
+        }
+    }
+    run(&mut cmd).map(|_| ())
+}
+
+/// An example manifest from `examples/jobs/`, parsed as the operator parses it.
+pub fn example(file: &str) -> Result<TrainingJob, ClusterError> {
+    let path = repo_root().join("examples/jobs").join(file);
+    let text = std::fs::read_to_string(&path).map_err(|e| ClusterError::Input(format!("{}: {e}", path.display())))?;
+    crds::parse_training_job(&text).map_err(|e| ClusterError::Input(format!("{}: {e}", path.display())))
+}
+
+/// The invalid examples (`examples/jobs/invalid/*.yaml`), each with the text its `# refused with:` comment says
+/// the API server's answer must contain.
+pub fn invalid_examples() -> Result<Vec<(PathBuf, String, String)>, ClusterError> {
+    let dir = repo_root().join("examples/jobs/invalid");
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(&dir).map_err(|e| ClusterError::Input(format!("{}: {e}", dir.display())))?;
+    for e in entries {
+        let path = e.map_err(|e| ClusterError::Input(e.to_string()))?.path();
+        if path.extension().and_then(|x| x.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| ClusterError::Input(format!("{}: {e}", path.display())))?;
+        let want = text
+            .lines()
+            .find_map(|l| l.strip_prefix("# refused with:"))
+            .map(|s| s.trim().to_string())
+            .ok_or_else(|| ClusterError::Input(format!("{} has no '# refused with:' line", path.display())))?;
+        out.push((path, text, want));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Steps the cluster tests train for: `WS_E2E_STEPS`, else `default`.
+pub fn steps(default: u64) -> u64 {
+    std::env::var("WS_E2E_STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// How long a test may wait for a job to finish: `WS_E2E_JOB_TIMEOUT_SECS`, else `default`.
+pub fn job_timeout(default: Duration) -> Duration {
+    std::env::var("WS_E2E_JOB_TIMEOUT_SECS").ok().and_then(|s| s.parse().ok()).map_or(default, Duration::from_secs)
+}

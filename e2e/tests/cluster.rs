@@ -1,0 +1,388 @@
+//! Issue 6's end-to-end suite, on a cluster whose kubelet really runs the pods: the chart installed with Helm,
+//! then real TrainingJobs (MemoryX, SwarmX and engine pods from the runtime image) trained to the accuracy bar,
+//! an engine killed mid-run, more jobs than CS-2s, suspend and resume, deletion, and the invalid examples.
+//!
+//! The cluster is `KUBECONFIG`'s (kind: see e2e/kind/) or, without it, the local single node of
+//! `e2e/cluster/up.sh` (built and started on first use; `images/build.sh` must have written target/images).
+//! Tests share the node's CS-2 pool, so they run one at a time. Jobs train `WS_E2E_STEPS` steps (a copy of the
+//! example with `steps` instead of `epochs`), enough for the bar on the examples' data.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crds::{Phase, TrainingJob};
+use e2e::cluster;
+use e2e::wait_for;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Service};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::ApiResource;
+use kube::{Client, ResourceExt};
+
+/// The accuracy bar of issue 6 on the held-out digits.
+const ACCURACY_BAR: f64 = 0.93;
+/// Steps per job unless `WS_E2E_STEPS` says otherwise.
+const DEFAULT_STEPS: u64 = 500;
+
+static SETUP: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The cluster with the chart installed (once per test binary), a client, and a fresh namespace.
+async fn setup(prefix: &str) -> (Client, String) {
+    let kc = SETUP.get_or_init(|| {
+        let kc = cluster::kubeconfig().map_err(|e| format!("no cluster for the e2e suite: {e}"))?;
+        cluster::install_chart(&kc).map_err(|e| format!("cannot install charts/weightstream: {e}"))?;
+        Ok(kc)
+    });
+    let kc = match kc {
+        Ok(kc) => kc.clone(),
+        Err(e) => panic!("{e}"),
+    };
+    let client = match e2e::client_for(&kc).await {
+        Ok(c) => c,
+        Err(e) => panic!("cannot talk to the cluster in {}: {e}", kc.display()),
+    };
+    // The device plugin has registered: the nodes advertise the CS-2s the chart configured.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pool = wait_for(Duration::from_secs(120), "nodes to advertise weightstream.dev/cs2", || async {
+        let list = nodes.list(&ListParams::default()).await.ok()?;
+        let total: u64 = list
+            .items
+            .iter()
+            .filter_map(|n| n.status.as_ref()?.allocatable.as_ref()?.get("weightstream.dev/cs2")?.0.parse::<u64>().ok())
+            .sum();
+        (total > 0).then_some(total)
+    })
+    .await;
+    match pool {
+        Ok(p) => assert!(p >= u64::from(cluster::CS2_PER_NODE), "the pool has {p} CS-2s, fewer than one node's"),
+        Err(e) => panic!("{e}"),
+    }
+    let ns = match e2e::namespace(&client, prefix).await {
+        Ok(ns) => ns,
+        Err(e) => panic!("cannot create a namespace: {e}"),
+    };
+    (client, ns)
+}
+
+/// Deletes a passed test's namespace (a failed test's stays for a look), so its volumes return to the pool.
+async fn done(client: &Client, ns: &str) {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    ok(api.delete(ns, &DeleteParams::default()).await.map(|_| ()), "delete the test's namespace");
+}
+
+fn ok<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+/// `examples/jobs/<file>` renamed, at `cs2` CS-2s, trained for `steps` steps instead of its epochs.
+fn job_from(file: &str, name: &str, cs2: u32, steps: u64) -> TrainingJob {
+    let mut j = ok(cluster::example(file), "example manifest");
+    j.metadata.name = Some(name.into());
+    j.spec.cs2 = cs2;
+    j.spec.training.epochs = None;
+    j.spec.training.steps = Some(steps);
+    j
+}
+
+fn sparse(name: &str, cs2: u32) -> TrainingJob {
+    job_from("fc-mnist-sparse.yaml", name, cs2, cluster::steps(DEFAULT_STEPS))
+}
+
+async fn create(api: &Api<TrainingJob>, j: &TrainingJob) {
+    ok(api.create(&PostParams::default(), j).await, "create the job");
+}
+
+/// What a failure message needs: the job's status and its pods' phases.
+async fn describe(client: &Client, ns: &str, name: &str) -> String {
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let status = jobs.get(name).await.ok().and_then(|j| j.status);
+    let sel = format!("weightstream.dev/job={name}");
+    let pods: Vec<String> = pods
+        .list(&ListParams::default().labels(&sel))
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .map(|p| {
+                    let s = p.status.clone().unwrap_or_default();
+                    let why: Vec<String> = s
+                        .container_statuses
+                        .unwrap_or_default()
+                        .iter()
+                        .filter_map(|c| {
+                            let st = c.state.as_ref()?;
+                            st.waiting
+                                .as_ref()
+                                .map(|w| format!("waiting {:?}", w.reason))
+                                .or_else(|| st.terminated.as_ref().map(|t| format!("exit {} {:?}", t.exit_code, t.reason)))
+                        })
+                        .collect();
+                    format!("{} {:?} {}", p.name_any(), s.phase, why.join(","))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    format!("status: {status:#?}\npods: {pods:#?}")
+}
+
+/// Waits until job `name` reaches `phase`, failing with its status and pods if it fails or time runs out.
+async fn wait_phase(client: &Client, ns: &str, name: &str, phase: Phase, timeout: Duration) -> TrainingJob {
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), ns);
+    let what = format!("{ns}/{name} to reach {phase:?}");
+    let r = wait_for(timeout, &what, || async {
+        let j = jobs.get(name).await.ok()?;
+        let p = j.status.as_ref()?.phase?;
+        if p == Phase::Failed && phase != Phase::Failed {
+            return Some(Err(j));
+        }
+        (p == phase).then_some(Ok(j))
+    })
+    .await;
+    match r {
+        Ok(Ok(j)) => j,
+        Ok(Err(_)) => panic!("{ns}/{name} failed; {}", describe(client, ns, name).await),
+        Err(e) => panic!("{e}; {}", describe(client, ns, name).await),
+    }
+}
+
+/// Waits until the job trains (a step reported), returning that step.
+async fn wait_training(client: &Client, ns: &str, name: &str, at_least: u64) -> u64 {
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), ns);
+    let what = format!("{ns}/{name} to train past step {at_least}");
+    let r = wait_for(Duration::from_secs(300), &what, || async {
+        let s = jobs.get(name).await.ok()?.status?;
+        if matches!(s.phase, Some(Phase::Failed | Phase::Succeeded)) {
+            return Some(None);
+        }
+        let step = s.step?;
+        (s.phase == Some(Phase::Running) && step >= at_least).then_some(Some(step))
+    })
+    .await;
+    match r {
+        Ok(Some(step)) => step,
+        Ok(None) => panic!(
+            "{ns}/{name} ended before step {at_least} was seen (too few steps for this test? WS_E2E_STEPS); {}",
+            describe(client, ns, name).await
+        ),
+        Err(e) => panic!("{e}; {}", describe(client, ns, name).await),
+    }
+}
+
+fn accuracy(j: &TrainingJob) -> f64 {
+    let name = j.name_any();
+    let s = j.status.clone().unwrap_or_default();
+    match s.eval_accuracy {
+        Some(a) => a,
+        None => panic!("{name} succeeded without status.evalAccuracy: {s:#?}"),
+    }
+}
+
+fn finish_timeout() -> Duration {
+    cluster::job_timeout(Duration::from_secs(900))
+}
+
+async fn train_to_the_bar(client: &Client, ns: &str, name: &str, cs2: u32) {
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), ns);
+    create(&jobs, &sparse(name, cs2)).await;
+    let j = wait_phase(client, ns, name, Phase::Succeeded, finish_timeout()).await;
+    let s = j.status.clone().unwrap_or_default();
+    let acc = accuracy(&j);
+    eprintln!("{name}: cs2={cs2} steps={:?} loss={:?} accuracy={acc:.4} samples/s={:?}", s.step, s.loss, s.samples_per_second);
+    assert!(acc >= ACCURACY_BAR, "{name} at {cs2} CS-2s: accuracy {acc} below {ACCURACY_BAR}");
+    assert_eq!(s.total_steps, Some(cluster::steps(DEFAULT_STEPS)));
+    assert_eq!(s.plan.as_ref().map(|p| p.cs2), Some(cs2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sparse_example_reaches_the_bar_on_one_and_on_four_cs2() {
+    let _serial = SERIAL.lock().await;
+    let (client, ns) = setup("bar").await;
+    train_to_the_bar(&client, &ns, "sparse-1", 1).await;
+    train_to_the_bar(&client, &ns, "sparse-4", 4).await;
+    done(&client, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_engine_pod_is_killed_mid_run_still_finishes() {
+    let _serial = SERIAL.lock().await;
+    let (client, ns) = setup("kill").await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let total = cluster::steps(DEFAULT_STEPS);
+    create(&jobs, &sparse("victim", 2)).await;
+    let step = wait_training(&client, &ns, "victim", total / 5).await;
+    let old = ok(pods.get("victim-engine-1").await, "engine pod");
+    ok(pods.delete("victim-engine-1", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await, "kill");
+    eprintln!("victim: killed victim-engine-1 at step {step}");
+    // The operator puts a new engine under the same name, and the data plane carries on from where it was.
+    let old_uid = old.uid();
+    ok(
+        wait_for(Duration::from_secs(120), "a new victim-engine-1", || async {
+            let p = pods.get("victim-engine-1").await.ok()?;
+            (p.uid() != old_uid && p.status?.phase.as_deref() == Some("Running")).then_some(())
+        })
+        .await,
+        "replacement engine",
+    );
+    let j = wait_phase(&client, &ns, "victim", Phase::Succeeded, finish_timeout()).await;
+    let acc = accuracy(&j);
+    assert!(acc >= ACCURACY_BAR, "accuracy {acc} after losing an engine");
+    assert_eq!(j.status.as_ref().and_then(|s| s.step), Some(total));
+    done(&client, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_beyond_the_pool_queue_then_run() {
+    let _serial = SERIAL.lock().await;
+    let (client, ns) = setup("queue").await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    // Three jobs of two CS-2s on a pool of four: the third waits for one of the first two.
+    let steps = cluster::steps(DEFAULT_STEPS);
+    // Priorities make the order explicit (creation timestamps have one-second resolution).
+    for (name, priority) in [("q-a", 3), ("q-b", 2), ("q-c", 1)] {
+        let mut j = job_from("fc-mnist-sparse.yaml", name, 2, steps);
+        j.spec.priority = priority;
+        create(&jobs, &j).await;
+    }
+    // While q-a and q-b hold all four CS-2s, q-c is Queued for want of capacity.
+    let seen = wait_for(Duration::from_secs(120), "q-a and q-b running with q-c queued for capacity", || async {
+        let a = jobs.get("q-a").await.ok()?.status?;
+        let b = jobs.get("q-b").await.ok()?.status?;
+        let c = jobs.get("q-c").await.ok()?.status?;
+        let held = (a.allocated_cs2, b.allocated_cs2, c.allocated_cs2.unwrap_or(0));
+        let admitted = c.conditions.iter().find(|c| c.type_ == "Admitted")?.clone();
+        (held == (Some(2), Some(2), 0) && c.phase == Some(Phase::Queued) && admitted.reason == "InsufficientCapacity")
+            .then_some(admitted)
+    })
+    .await;
+    match seen {
+        Ok(admitted) => assert_eq!(admitted.status, "False"),
+        Err(e) => panic!("{e}; q-c: {}", describe(&client, &ns, "q-c").await),
+    }
+    let mut finished = BTreeMap::new();
+    for name in ["q-a", "q-b", "q-c"] {
+        let j = wait_phase(&client, &ns, name, Phase::Succeeded, finish_timeout()).await;
+        let s = j.status.unwrap_or_default();
+        finished.insert(name, (s.start_time.map(|t| t.0), s.completion_time.map(|t| t.0)));
+    }
+    // q-c started only once an earlier job had given its CS-2s back.
+    let c_start = finished["q-c"].0.unwrap_or_else(|| panic!("q-c has no startTime"));
+    let first_done = ["q-a", "q-b"].iter().filter_map(|n| finished[n].1).min().unwrap_or_else(|| panic!("no completionTime"));
+    assert!(c_start >= first_done, "q-c started at {c_start:?}, before any other job finished ({first_done:?})");
+    done(&client, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suspended_job_gives_its_cs2_back_and_resumes_from_its_checkpoint() {
+    let _serial = SERIAL.lock().await;
+    let (client, ns) = setup("suspend").await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let total = cluster::steps(DEFAULT_STEPS);
+    create(&jobs, &sparse("pausable", 2)).await;
+    wait_training(&client, &ns, "pausable", total / 4).await;
+    let patch = serde_json::json!({ "spec": { "suspend": true } });
+    ok(jobs.patch("pausable", &PatchParams::default(), &Patch::Merge(&patch)).await, "suspend");
+    let j = wait_phase(&client, &ns, "pausable", Phase::Suspended, Duration::from_secs(180)).await;
+    let s = j.status.clone().unwrap_or_default();
+    let ckpt = s.last_checkpoint.clone().unwrap_or_else(|| panic!("suspended without a checkpoint: {s:#?}"));
+    assert!(ckpt.step > 0 && ckpt.step < total, "checkpoint at step {}", ckpt.step);
+    assert!(s.allocated_cs2.unwrap_or(0) == 0, "a suspended job holds CS-2s: {:?}", s.allocated_cs2);
+    ok(
+        wait_for(Duration::from_secs(120), "the engines and SwarmX pods to go", || async {
+            let l = pods.list(&ListParams::default().labels("weightstream.dev/job=pausable")).await.ok()?;
+            let left: Vec<String> = l
+                .items
+                .iter()
+                .filter(|p| p.labels().get("weightstream.dev/role").is_some_and(|r| r != "memoryx"))
+                .map(|p| p.name_any())
+                .collect();
+            left.is_empty().then_some(())
+        })
+        .await,
+        "pods of a suspended job",
+    );
+    let patch = serde_json::json!({ "spec": { "suspend": false } });
+    ok(jobs.patch("pausable", &PatchParams::default(), &Patch::Merge(&patch)).await, "resume");
+    // The new MemoryX carries on from the checkpoint, not from step 0: it says so when it starts (read now, as
+    // the finished job's MemoryX is scaled away).
+    let line = wait_for(Duration::from_secs(180), "MemoryX to resume from the checkpoint", || async {
+        let logs = pods.logs("pausable-memoryx-0", &Default::default()).await.ok()?;
+        logs.lines().find(|l| l.contains("resumed from checkpoint")).map(str::to_string)
+    })
+    .await;
+    let line = match line {
+        Ok(l) => l,
+        Err(e) => panic!("{e}; {}", describe(&client, &ns, "pausable").await),
+    };
+    assert!(line.contains(&format!("\"step\":{}", ckpt.step)), "resumed at another step than {}: {line}", ckpt.step);
+    let j = wait_phase(&client, &ns, "pausable", Phase::Succeeded, finish_timeout()).await;
+    let acc = accuracy(&j);
+    assert!(acc >= ACCURACY_BAR, "accuracy {acc} after a suspend and resume");
+    done(&client, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_job_leaves_nothing_behind() {
+    let _serial = SERIAL.lock().await;
+    let (client, ns) = setup("delete").await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    create(&jobs, &sparse("doomed", 2)).await;
+    wait_training(&client, &ns, "doomed", 1).await;
+    ok(jobs.delete("doomed", &DeleteParams::default()).await, "delete the job");
+    let sel = ListParams::default().labels("weightstream.dev/job=doomed");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let svcs: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let left = || async {
+        let mut v: Vec<String> = Vec::new();
+        if jobs.get_opt("doomed").await.ok()?.is_some() {
+            v.push("trainingjob/doomed".into());
+        }
+        v.extend(pods.list(&sel).await.ok()?.items.iter().map(|o| format!("pod/{}", o.name_any())));
+        v.extend(sts.list(&sel).await.ok()?.items.iter().map(|o| format!("statefulset/{}", o.name_any())));
+        v.extend(svcs.list(&sel).await.ok()?.items.iter().map(|o| format!("service/{}", o.name_any())));
+        v.extend(cms.list(&sel).await.ok()?.items.iter().map(|o| format!("configmap/{}", o.name_any())));
+        v.extend(pvcs.list(&sel).await.ok()?.items.iter().map(|o| format!("pvc/{}", o.name_any())));
+        Some(v)
+    };
+    let r = wait_for(Duration::from_secs(180), "every child of doomed to go", || async {
+        left().await.filter(|v| v.is_empty()).map(|_| ())
+    })
+    .await;
+    if let Err(e) = r {
+        panic!("{e}; still there: {:?}", left().await);
+    }
+    done(&client, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_refuses_each_invalid_example() {
+    let _serial = SERIAL.lock().await;
+    let (client, ns) = setup("invalid").await;
+    let ar = ApiResource::erase::<TrainingJob>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+    let examples = ok(cluster::invalid_examples(), "invalid examples");
+    assert!(examples.len() >= 3, "expected at least three invalid examples, found {}", examples.len());
+    for (path, text, want) in examples {
+        let obj: DynamicObject = ok(serde_yaml::from_str(&text), &path.display().to_string());
+        match api.create(&PostParams::default(), &obj).await {
+            Ok(_) => panic!("{}: the API server accepted it", path.display()),
+            Err(kube::Error::Api(e)) => {
+                assert_eq!(e.code, 422, "{}: {e:?}", path.display());
+                assert!(e.message.contains(&want), "{}: {:?} lacks {want:?}", path.display(), e.message);
+            }
+            Err(e) => panic!("{}: {e}", path.display()),
+        }
+    }
+    done(&client, &ns).await;
+}
