@@ -7,7 +7,7 @@
 #
 # Writes, under ${WS_IMAGES_DIR:-target/images}:
 #   weightstream-operator-<version>.tar  weightstream/operator:<version>  weightstream-operator, weightstream-device-plugin
-#   weightstream-runtime-<version>.tar   weightstream/runtime:<version>   memoryx, swarmx, sim-wse, examples/data/mnist
+#   weightstream-runtime-<version>.tar   weightstream/runtime:<version>   memoryx, swarmx, sim-wse, examples/data/{mnist,moby-dick}
 #   weightstream-pause-3.10.tar          weightstream/pause:3.10          /pause (the pod sandbox, static)
 #
 # Each image is one layer: the binaries (debug info stripped) in /usr/local/bin, exactly the shared libraries and loader `ldd` lists for
@@ -117,10 +117,12 @@ binary_image() {
   mkdir -p "$rootfs/usr/local/bin"
   write_etc "$rootfs"
   # The data plane opens spec.data.path relative to its working directory (/), and the examples say
-  # examples/data/mnist: ship those digits in the runtime image so the examples run unchanged in a pod.
+  # examples/data/...: ship the examples' data (the digits, the text) in the runtime image so the examples
+  # run unchanged in a pod.
   if [[ "$name" == runtime ]]; then
-    mkdir -p "$rootfs/examples/data/mnist"
+    mkdir -p "$rootfs/examples/data/mnist" "$rootfs/examples/data/moby-dick"
     install -m 0644 examples/data/mnist/*-ubyte.gz "$rootfs/examples/data/mnist/"
+    install -m 0644 examples/data/moby-dick/moby-dick.txt.gz "$rootfs/examples/data/moby-dick/"
   fi
   for bin in "$@"; do
     [[ -x "$release/$bin" ]] || { echo "missing $release/$bin: build it (or unset WS_SKIP_CARGO)" >&2; exit 1; }
