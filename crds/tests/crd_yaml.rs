@@ -1,4 +1,5 @@
-//! The checked-in CRD must be exactly what the types generate; run with `WS_UPDATE_CRD=1` to rewrite it.
+//! The checked-in CRD must be exactly what the types generate; run with `WS_UPDATE_CRD=1` to rewrite it (and
+//! the Helm chart's copy, which `e2e/tests/chart.rs` holds to the same text).
 
 use std::path::Path;
 
@@ -10,6 +11,8 @@ fn checked_in_crd_matches_the_types() {
     let want = format!("{header}{generated}");
     if std::env::var_os("WS_UPDATE_CRD").is_some() {
         std::fs::write(&path, &want).expect("write the CRD");
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/weightstream/crds/trainingjob.yaml");
+        std::fs::write(chart, &want).expect("write the chart's copy of the CRD");
     }
     let have = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(

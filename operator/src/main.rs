@@ -92,8 +92,19 @@ async fn run(args: Args) -> Result<(), Error> {
         Some(t) => Arc::new(HttpCoordinator::new()?.with_url_template(t)),
         None => Arc::new(HttpCoordinator::new()?),
     };
+    // Kubernetes stops a pod with SIGTERM; a terminal sends SIGINT. Either ends the operator cleanly.
     let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
     };
     if args.no_leader_election {
         return operator::run(client, config, coordinator, shared, shutdown).await;
