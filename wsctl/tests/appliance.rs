@@ -1,19 +1,15 @@
 //! The appliance as separate processes on loopback: the same loss curve for any engine count, an engine
 //! killed mid-run and replaced, and MemoryX restarted from its checkpoint.
 
+mod common;
+use common::repo;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("wsctl-appliance-{}-{name}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+    common::scratch("appliance", name)
 }
 
 const JOB: &str = r#"

@@ -1,22 +1,13 @@
 //! `wsctl` as a user runs it: the shipped examples reach their accuracy bars, and bad input gets one clear
 //! error line and a non-zero exit, never a panic.
 
+mod common;
+use common::{repo, wsctl};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn wsctl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_wsctl")).args(args).current_dir(repo()).output().expect("wsctl starts")
-}
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("wsctl-test-{}-{name}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+    common::scratch("test", name)
 }
 
 const SMALL: &str = r#"

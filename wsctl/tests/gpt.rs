@@ -2,22 +2,13 @@
 //! baseline, the same job on 1 and 4 engine processes follows one loss curve, a model larger than the engine's
 //! SRAM trains by streaming, and bad GPT manifests get one clear error.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+use common::{repo, wsctl};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn wsctl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_wsctl")).args(args).current_dir(repo()).output().expect("wsctl starts")
-}
+use std::path::PathBuf;
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("wsctl-gpt-{}-{name}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+    common::scratch("gpt", name)
 }
 
 /// gpt-small's recipe at a quarter of its width, so the test trains in seconds.
