@@ -43,7 +43,7 @@ if ((${#need_pkgs[@]})); then
 fi
 
 # --- etcd and kube-apiserver (this also creates the wrapper module and sets up the Go caches there). ---
-mapfile -t CORE < <("$HERE/../apiserver/build.sh")
+mapfile -t CORE < <(nice -n "${WS_NICE:-19}" "$HERE/../apiserver/build.sh")
 [[ -x "${CORE[0]:-}" && -x "${CORE[1]:-}" ]] || { log "e2e/apiserver/build.sh named no usable binaries"; exit 1; }
 
 # The same Go environment as e2e/apiserver/build.sh.

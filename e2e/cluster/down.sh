@@ -48,7 +48,7 @@ fi
 stop containerd
 # Shims of our containerd that outlived it (a shim names its containerd's socket on its command line).
 for p in /proc/[0-9]*; do
-  cmd="$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)" || continue
+  cmd="$( { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null)" || continue
   if [[ "$cmd" == *containerd-shim*"$CONTAINERD_SOCK"* ]]; then kill -9 "${p#/proc/}" 2>/dev/null; fi
 done
 for c in kube-apiserver etcd; do stop "$c"; done

@@ -144,7 +144,7 @@ command -v jq >/dev/null || { log "jq is missing (build.sh installs it)"; exit 1
 
 PAUSE_TAR="$(ls "$IMAGES"/*pause*.tar 2>/dev/null | head -n1 || true)"
 [[ -n "$PAUSE_TAR" ]] || { log "no pause image tarball (*pause*.tar) in $IMAGES: run 'bash images/build.sh' first"; exit 1; }
-PAUSE_IMAGE="$(image_tags "$PAUSE_TAR" | head -n1)"
+PAUSE_IMAGE="$(image_tags "$PAUSE_TAR" | head -n1 || true)"
 [[ -n "$PAUSE_IMAGE" ]] || { log "cannot read the image tag of $PAUSE_TAR"; exit 1; }
 # containerd stores docker.io-less names fully qualified.
 [[ "$PAUSE_IMAGE" == */*/* || "$PAUSE_IMAGE" == *.*/* ]] || PAUSE_IMAGE="docker.io/$PAUSE_IMAGE"
@@ -342,8 +342,10 @@ containerd_up() { ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1; }
 wait_until 30 "containerd" containerd containerd_up
 : >"$RUN/imported.list"
 import_images
-ctr --address "$CONTAINERD_SOCK" -n k8s.io images ls -q | grep -qxF "$PAUSE_IMAGE" \
-  || { log "the pause image $PAUSE_IMAGE is not in containerd after the import"; exit 1; }
+# (the list is read whole first: with pipefail, grep -q stopping early would fail the pipeline through SIGPIPE)
+LOADED="$(ctr --address "$CONTAINERD_SOCK" -n k8s.io images ls -q)"
+grep -qxF "$PAUSE_IMAGE" <<<"$LOADED" \
+  || { log "the pause image $PAUSE_IMAGE is not in containerd after the import; it has: $LOADED"; exit 1; }
 
 # --- controller-manager (with the hostPath deleter for the volume pool) and scheduler ---
 start kube-controller-manager "${B[kube-controller-manager]}" \

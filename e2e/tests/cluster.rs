@@ -118,10 +118,9 @@ async fn describe(client: &Client, ns: &str, name: &str) -> String {
                         .iter()
                         .filter_map(|c| {
                             let st = c.state.as_ref()?;
-                            st.waiting
-                                .as_ref()
-                                .map(|w| format!("waiting {:?}", w.reason))
-                                .or_else(|| st.terminated.as_ref().map(|t| format!("exit {} {:?}", t.exit_code, t.reason)))
+                            st.waiting.as_ref().map(|w| format!("waiting {:?}", w.reason)).or_else(|| {
+                                st.terminated.as_ref().map(|t| format!("exit {} {:?}", t.exit_code, t.reason))
+                            })
                         })
                         .collect();
                     format!("{} {:?} {}", p.name_any(), s.phase, why.join(","))
@@ -194,7 +193,10 @@ async fn train_to_the_bar(client: &Client, ns: &str, name: &str, cs2: u32) {
     let j = wait_phase(client, ns, name, Phase::Succeeded, finish_timeout()).await;
     let s = j.status.clone().unwrap_or_default();
     let acc = accuracy(&j);
-    eprintln!("{name}: cs2={cs2} steps={:?} loss={:?} accuracy={acc:.4} samples/s={:?}", s.step, s.loss, s.samples_per_second);
+    eprintln!(
+        "{name}: cs2={cs2} steps={:?} loss={:?} accuracy={acc:.4} samples/s={:?}",
+        s.step, s.loss, s.samples_per_second
+    );
     assert!(acc >= ACCURACY_BAR, "{name} at {cs2} CS-2s: accuracy {acc} below {ACCURACY_BAR}");
     assert_eq!(s.total_steps, Some(cluster::steps(DEFAULT_STEPS)));
     assert_eq!(s.plan.as_ref().map(|p| p.cs2), Some(cs2));
@@ -219,7 +221,10 @@ async fn a_job_whose_engine_pod_is_killed_mid_run_still_finishes() {
     create(&jobs, &sparse("victim", 2)).await;
     let step = wait_training(&client, &ns, "victim", total / 5).await;
     let old = ok(pods.get("victim-engine-1").await, "engine pod");
-    ok(pods.delete("victim-engine-1", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await, "kill");
+    ok(
+        pods.delete("victim-engine-1", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await,
+        "kill",
+    );
     eprintln!("victim: killed victim-engine-1 at step {step}");
     // The operator puts a new engine under the same name, and the data plane carries on from where it was.
     let old_uid = old.uid();
@@ -274,7 +279,8 @@ async fn jobs_beyond_the_pool_queue_then_run() {
     }
     // q-c started only once an earlier job had given its CS-2s back.
     let c_start = finished["q-c"].0.unwrap_or_else(|| panic!("q-c has no startTime"));
-    let first_done = ["q-a", "q-b"].iter().filter_map(|n| finished[n].1).min().unwrap_or_else(|| panic!("no completionTime"));
+    let first_done =
+        ["q-a", "q-b"].iter().filter_map(|n| finished[n].1).min().unwrap_or_else(|| panic!("no completionTime"));
     assert!(c_start >= first_done, "q-c started at {c_start:?}, before any other job finished ({first_done:?})");
     done(&client, &ns).await;
 }
