@@ -215,8 +215,24 @@ fn meta(job: &TrainingJob, name: String, role: Option<&str>) -> Result<ObjectMet
 /// The ConfigMap every role mounts: the job manifest as the data plane reads it (with the CS-2 count the
 /// appliance is assembled for) and the plan as JSON.
 pub fn config_map(job: &TrainingJob, cs2: u32, plan: &runtime::plan::Plan) -> Result<ConfigMap, Error> {
-    let mut spec = job.spec.clone();
-    spec.cs2 = cs2;
+    // Only what the data plane reads: the fields that concern the operator alone (suspension, priority, the
+    // restart limit, images and resources) are left at their defaults, so changing them — suspending above
+    // all — does not change the configuration hash and replace running pods.
+    let defaults: crds::TrainingJobSpec = serde_json::from_value(serde_json::json!({
+        "model": job.spec.model,
+        "data": job.spec.data,
+        "training": job.spec.training,
+    }))
+    .map_err(|e| Error::Serialize(e.to_string()))?;
+    let spec = crds::TrainingJobSpec {
+        cs2,
+        suspend: defaults.suspend,
+        restart_limit: defaults.restart_limit,
+        priority: defaults.priority,
+        images: defaults.images,
+        resources: defaults.resources,
+        ..job.spec.clone()
+    };
     let manifest = serde_json::json!({
         "apiVersion": format!("{}/{}", crds::GROUP, crds::VERSION),
         "kind": "TrainingJob",
@@ -679,6 +695,19 @@ spec:
         assert_eq!(status.swarmx.nodes, ["mnist-swarmx-0-0"]);
         assert_eq!(status.swarmx.depth, 1);
         assert_eq!(status.memoryx_bytes, p.memoryx_bytes);
+    }
+
+    #[test]
+    fn suspending_or_reprioritising_does_not_change_what_the_pods_read() {
+        let j = job(4);
+        let before = config_hash(&j, 4, 2).unwrap();
+        let mut k = j.clone();
+        k.spec.suspend = true;
+        k.spec.priority = 7;
+        k.spec.restart_limit = 9;
+        assert_eq!(config_hash(&k, 4, 2).unwrap(), before, "no pod is replaced by a suspend");
+        k.spec.training.seed += 1;
+        assert_ne!(config_hash(&k, 4, 2).unwrap(), before, "training changes do reach the pods");
     }
 
     #[test]

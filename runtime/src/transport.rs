@@ -97,6 +97,13 @@ impl CommonArgs {
     /// Starts logging and, when asked, the standard-input watchdog.
     pub fn start(&self) {
         init_logging(self.json_logs);
+        // As a container's first process, a program ignores SIGTERM unless it handles it, and Kubernetes would
+        // wait out the grace period while it kept working. Stop at once instead: MemoryX's checkpoints are
+        // written atomically, so nothing is left half-written, and an interrupted step is rerun on restart.
+        let _ = ctrlc::set_handler(|| {
+            tracing::info!("stopping on a termination signal");
+            std::process::exit(143);
+        });
         if self.exit_with_stdin {
             std::thread::spawn(|| {
                 let mut sink = Vec::new();
