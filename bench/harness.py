@@ -80,6 +80,7 @@ def machine_description():
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_before": [round(v, 1) for v in os.getloadavg()],
     }
 
 
@@ -340,6 +341,7 @@ def write_results(r, path):
     L.append(f"| CPU | {m['cpu']} ({', '.join(m['simd']) or 'no AVX2'}) |")
     L.append(f"| cores | {m['cores']} |\n| memory | {m['memory_gib']} GiB |\n| kernel | Linux {m['kernel']} |")
     L.append(f"| rustc | {m['rustc']} |\n| PyTorch | {m['torch']} (CPU, {m['torch_threads']} threads), Python {m['python']} |")
+    L.append(f"| load average (1, 5, 15 min) | {m['load_before']} before, {r['load_after']} after |")
     L.append(f"| run | {m['date_utc']}{' (quick mode: tiny sizes, not representative)' if r['quick'] else ''} |\n")
 
     # Targets
@@ -501,6 +503,7 @@ def main():
     t["sparse_ratio"] = t["sparse_ws_ms"] / t["masked_ms"]
     t["dense_ratio"] = t["dense_ws_ms"] / t["dense_ms"]
 
+    r["load_after"] = [round(v, 1) for v in os.getloadavg()]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(r, indent=1) + "\n")
     kt = r["kernels"]["torch"]
