@@ -288,7 +288,7 @@ def torch_kernels(features, tokens, sparsities, repeats):
 
 def svg_plot(path, series, title):
     """A line plot of speed-up against sparsity, as hand-written SVG; `series` is [(label, colour, [(x, y)])]."""
-    w, h, left, right, top, bottom = 720, 440, 70, 200, 40, 60
+    w, h, left, right, top, bottom = 760, 440, 70, 240, 40, 60
     pw, ph = w - left - right, h - top - bottom
     ys = [y for _, _, pts in series for _, y in pts if y > 0]
     lo, hi = math.floor(math.log10(min(ys + [0.5]))), math.ceil(math.log10(max(ys + [2.0])))
@@ -462,13 +462,45 @@ def write_results(r, path):
 # ---------------------------------------------------------------------------------------------------------
 
 
+def targets(rows, transport):
+    """The three targets of the issue. PyTorch's baseline is the faster of its 2- and 1-thread runs."""
+    t = {
+        "sparse_ws_ms": 1e3 * rows["weightstream 90% sparse, in-process"]["step_s"],
+        "masked_ms": 1e3 * min(rows["PyTorch masked (weight * mask)"]["step_s"], rows["PyTorch masked, 1 thread"]["step_s"]),
+        "dense_ws_ms": 1e3 * rows["weightstream dense, in-process"]["step_s"],
+        "dense_ms": 1e3 * min(rows["PyTorch dense"]["step_s"], rows["PyTorch dense, 1 thread"]["step_s"]),
+        "grpc_share": transport["grpc_over_tcp"],
+    }
+    t["sparse_ratio"] = t["sparse_ws_ms"] / t["masked_ms"]
+    t["dense_ratio"] = t["dense_ws_ms"] / t["dense_ms"]
+    return t
+
+
+def render(r, out):
+    """Writes RESULTS.md and speedup.svg from the results `r` (as saved in results.json)."""
+    k = r["kernels"]
+    kt, ws = k["torch"], k["ws"]["rows"]
+    svg_plot(out / "speedup.svg", [
+        ("weightstream sparse fwd", "#d62728", [(w["sparsity"], tr["dense_s"] / w["sparse_fwd_s"]) for w, tr in zip(ws, kt)]),
+        ("weightstream dense GEMM", "#ff9896", [(w["sparsity"], tr["dense_s"] / w["dense_s"]) for w, tr in zip(ws, kt)]),
+        ("torch.sparse.mm (CSR)", "#1f77b4", [(tr["sparsity"], tr["dense_s"] / tr["csr_s"]) for tr in kt]),
+        ("torch dense (baseline)", "#7f7f7f", [(tr["sparsity"], 1.0) for tr in kt]),
+    ], f"Y = W·X, W {k['features']}×{k['features']}, {k['tokens']} tokens, {THREADS} threads")
+    write_results(r, out / "RESULTS.md")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness end to end in a minute")
     ap.add_argument("--steps", type=int, default=200, help="timed FC-MNIST steps per run")
     ap.add_argument("--runs", type=int, default=3, help="FC-MNIST runs per configuration")
     ap.add_argument("--out", type=Path, default=BENCH, help="where RESULTS.md, results.json and speedup.svg go")
+    ap.add_argument("--from-json", type=Path, metavar="RESULTS_JSON",
+                    help="measure nothing: rewrite RESULTS.md and speedup.svg from a saved results.json")
     args = ap.parse_args()
+    if args.from_json:
+        render(json.loads(args.from_json.read_text()), args.out)
+        return
     if not WSCTL.exists():
         raise SystemExit(f"{WSCTL} is missing: run bench/run.sh, which builds it")
     torch.set_num_threads(THREADS)
@@ -510,30 +542,11 @@ def main():
     r["fc_mnist"] = {"batch": dense_job["batch"], "lr_dense": dense_job["lr"], "lr_sparse": sparse_job["lr"],
                      "weight_decay": dense_job["weight_decay"], "steps": steps, "runs": runs, "rows": rows}
 
-    r["targets"] = {
-        "sparse_ws_ms": 1e3 * rows["weightstream 90% sparse, in-process"]["step_s"],
-        "masked_ms": 1e3 * min(rows["PyTorch masked (weight * mask)"]["step_s"], rows["PyTorch masked, 1 thread"]["step_s"]),
-        "dense_ws_ms": 1e3 * rows["weightstream dense, in-process"]["step_s"],
-        "dense_ms": 1e3 * min(rows["PyTorch dense"]["step_s"], rows["PyTorch dense, 1 thread"]["step_s"]),
-        "grpc_share": r["transport"]["grpc_over_tcp"],
-    }
-    t = r["targets"]
-    t["sparse_ratio"] = t["sparse_ws_ms"] / t["masked_ms"]
-    t["dense_ratio"] = t["dense_ws_ms"] / t["dense_ms"]
-
     r["load_after"] = [round(v, 1) for v in os.getloadavg()]
+    r["targets"] = targets(rows, r["transport"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(r, indent=1) + "\n")
-    kt = r["kernels"]["torch"]
-    svg_plot(args.out / "speedup.svg", [
-        ("weightstream sparse fwd", "#d62728",
-         [(w["sparsity"], tr["dense_s"] / w["sparse_fwd_s"]) for w, tr in zip(ws_k["rows"], kt)]),
-        ("weightstream dense GEMM", "#ff9896",
-         [(w["sparsity"], tr["dense_s"] / w["dense_s"]) for w, tr in zip(ws_k["rows"], kt)]),
-        ("torch.sparse.mm (CSR)", "#1f77b4", [(tr["sparsity"], tr["dense_s"] / tr["csr_s"]) for tr in kt]),
-        ("torch dense (baseline)", "#7f7f7f", [(tr["sparsity"], 1.0) for tr in kt]),
-    ], f"{features}x{features} weight x {features}x512 tokens, {THREADS} threads")
-    write_results(r, args.out / "RESULTS.md")
+    render(r, args.out)
     log(f"wrote {args.out / 'RESULTS.md'}, results.json, speedup.svg")
     print((args.out / "RESULTS.md").read_text())
 
