@@ -31,7 +31,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 WORK = BENCH / ".work"
-WSCTL = REPO / "target" / "release" / "wsctl"
+WSCTL = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target") / "release" / "wsctl"
 THREADS = 2
 # torch.sparse's beta notices, once per process: known and not about the measurement.
 warnings.filterwarnings("ignore", message=r"Sparse (CSR tensor support|invariant checks)")
