@@ -181,6 +181,11 @@ def torch_model(kind, layers, sparsity, seed):
     return torch.nn.Sequential(*mods)
 
 
+def p10(times):
+    """The 10th percentile: on a shared machine, what a step costs when the others leave the cores alone."""
+    return statistics.quantiles(times, n=10)[0] if len(times) > 1 else times[0]
+
+
 def torch_fc_mnist(kind, job, images, labels, steps, run, threads, warmup=10):
     """One run: the median step time (s) of `steps` steps after `warmup` untimed ones, with the job's batch,
     AdamW settings and warm-up/cosine schedule, on `threads` threads."""
@@ -211,7 +216,7 @@ def torch_fc_mnist(kind, job, images, labels, steps, run, threads, warmup=10):
             times.append(time.perf_counter() - start)
     torch.set_num_threads(THREADS)
     step_s = statistics.median(times)
-    return {"step_s": step_s, "samples_per_s": job["batch"] / step_s, "final_loss": loss.item()}
+    return {"step_s": step_s, "p10_s": p10(times), "samples_per_s": job["batch"] / step_s, "final_loss": loss.item()}
 
 
 def weightstream_fc_mnist(job_path, mode, steps, warmup=10):
@@ -230,7 +235,7 @@ def weightstream_fc_mnist(job_path, mode, steps, warmup=10):
     metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()]
     batch = summary["samples_per_s"] * summary["wall_s"] / max(1, summary["steps"])
     step_times = [batch / m["samples_per_s"] for m in metrics[warmup:] if m["samples_per_s"] > 0]
-    return {"step_s": statistics.median(step_times), "samples_per_s": summary["samples_per_s"],
+    return {"step_s": statistics.median(step_times), "p10_s": p10(step_times), "samples_per_s": summary["samples_per_s"],
             "final_loss": summary["final_loss"]}
 
 
@@ -247,6 +252,7 @@ def fc_mnist(configs, runs):
         rs = per[name]
         rows[name] = {"sparsity": sparsity,
                       "step_s": statistics.median(r["step_s"] for r in rs),
+                      "p10_s": statistics.median(r["p10_s"] for r in rs),
                       "samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
                       "runs_step_s": [r["step_s"] for r in rs],
                       "final_loss": rs[-1]["final_loss"]}
@@ -340,6 +346,10 @@ def verdict(ok):
     return "**met**" if ok else "**missed**"
 
 
+def p10_note(t, key):
+    return f"; {t[key]:.2f} × at the 10th percentile" if key in t else ""
+
+
 def write_results(r, path):
     m, mach = r["machine"], r["limits"]
     peak = {g["threads"]: g["best"] for g in mach["gemm_flops_per_s"]}
@@ -362,9 +372,9 @@ def write_results(r, path):
     L.append("## Targets\n")
     L.append("| target | measured | |\n| --- | --- | --- |")
     L.append(f"| 90%-sparse FC-MNIST step ≤ 0.5 × PyTorch masked-dense step | {t['sparse_ratio']:.2f} × "
-             f"({t['sparse_ws_ms']:.2f} ms vs {t['masked_ms']:.2f} ms) | {verdict(t['sparse_ratio'] <= 0.5)} |")
+             f"({t['sparse_ws_ms']:.2f} ms vs {t['masked_ms']:.2f} ms){p10_note(t, 'sparse_ratio_p10')} | {verdict(t['sparse_ratio'] <= 0.5)} |")
     L.append(f"| dense FC-MNIST step ≤ 1.2 × PyTorch dense step | {t['dense_ratio']:.2f} × "
-             f"({t['dense_ws_ms']:.2f} ms vs {t['dense_ms']:.2f} ms) | {verdict(t['dense_ratio'] <= 1.2)} |")
+             f"({t['dense_ws_ms']:.2f} ms vs {t['dense_ms']:.2f} ms){p10_note(t, 'dense_ratio_p10')} | {verdict(t['dense_ratio'] <= 1.2)} |")
     L.append(f"| gRPC streaming ≥ 50% of raw TCP bytes/s | {100 * t['grpc_share']:.0f}% | {verdict(t['grpc_share'] >= 0.5)} |\n")
     L.append("Weightstream's step is taken in process (`--in-process`), the configuration that does the same work as "
              "PyTorch (the process modes below add the gRPC hops). PyTorch's is the faster of its 2-thread and "
@@ -379,13 +389,16 @@ def write_results(r, path):
              f"per run after 10 warm-up steps, median step of each run, median over {f['runs']} rounds (each round runs every "
              "row once, interleaved, so changes in the machine's load hit all rows alike). Weightstream's step is the "
              "median of metrics.jsonl's per-step rate; its samples/s is summary.json's (whole run, first steps "
-             "included). The 'vs' columns divide by the PyTorch baselines of the targets above.\n")
-    L.append("| implementation | sparsity | step (ms) | samples/s | vs PyTorch dense | vs PyTorch masked |")
-    L.append("| --- | --- | --- | --- | --- | --- |")
+             "included). The 10th-percentile step is what a step costs when the machine's other users leave the cores "
+             "alone for a moment, the closest this shared machine gets to an idle one. The 'vs' columns divide the "
+             "median steps by the PyTorch baselines of the targets above.\n")
+    L.append("| implementation | sparsity | step (ms) | 10th pct. step (ms) | samples/s | vs PyTorch dense | vs PyTorch masked |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- |")
     dense_ms, masked_ms = t["dense_ms"], t["masked_ms"]
     for name, row in f["rows"].items():
         ms = 1e3 * row["step_s"]
-        L.append(f"| {name} | {row['sparsity']:.0%} | {ms:.2f} | {row['samples_per_s']:.0f} | "
+        fast = f"{1e3 * row['p10_s']:.2f}" if "p10_s" in row else "–"
+        L.append(f"| {name} | {row['sparsity']:.0%} | {ms:.2f} | {fast} | {row['samples_per_s']:.0f} | "
                  f"{ms / dense_ms:.2f} × | {ms / masked_ms:.2f} × |")
     L.append("\n`torch.sparse`: a sparse tensor as a leaf parameter gets a sparse gradient, which `AdamW` refuses "
              "(only `SparseAdam` takes one, without weight decay); what trains is the non-zero values as a dense "
@@ -473,6 +486,12 @@ def targets(rows, transport):
     }
     t["sparse_ratio"] = t["sparse_ws_ms"] / t["masked_ms"]
     t["dense_ratio"] = t["dense_ws_ms"] / t["dense_ms"]
+    if all("p10_s" in row for row in rows.values()):
+        best = lambda *names: min(rows[n]["p10_s"] for n in names)
+        t["sparse_ratio_p10"] = rows["weightstream 90% sparse, in-process"]["p10_s"] / best(
+            "PyTorch masked (weight * mask)", "PyTorch masked, 1 thread")
+        t["dense_ratio_p10"] = rows["weightstream dense, in-process"]["p10_s"] / best(
+            "PyTorch dense", "PyTorch dense, 1 thread")
     return t
 
 

@@ -60,6 +60,8 @@ fn bad_sizes_get_one_error_line_and_a_failure_exit() {
         &["bench", "transport", "--repeats", "0", "--bytes", "8"],
         &["bench", "machine", "--threads", "0"],
         &["bench", "machine", "--gemm-n", "0"],
+        &["bench", "machine", "--gemm-n", "100000"],
+        &["bench", "transport", "--bytes", "99999999996"],
     ] {
         let o = wsctl(args);
         let err = String::from_utf8_lossy(&o.stderr);

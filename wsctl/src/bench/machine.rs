@@ -117,8 +117,11 @@ pub fn machine(args: MachineArgs) -> Result<()> {
     if n == 0 || elements == 0 || repeats == 0 {
         bail!("--gemm-n, --triad-elements and --repeats must be at least 1");
     }
-    if args.threads.is_empty() || args.threads.contains(&0) {
-        bail!("--threads needs thread counts of at least 1");
+    if n > 16_384 || elements > 1 << 28 {
+        bail!("--gemm-n is at most 16384 and --triad-elements at most 268435456 (3 x 2 GiB), to stay in memory");
+    }
+    if args.threads.is_empty() || args.threads.iter().any(|&t| t == 0 || t > 1024) {
+        bail!("--threads needs thread counts from 1 to 1024");
     }
     let mut report =
         Report { gemm_n: n, triad_elements: elements, repeats, gemm_flops_per_s: Vec::new(), triad_bytes_per_s: Vec::new() };

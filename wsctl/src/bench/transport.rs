@@ -203,6 +203,9 @@ pub fn transport(args: TransportArgs) -> Result<()> {
     if args.bytes == 0 || args.bytes % 4 != 0 {
         bail!("--bytes must be a positive multiple of 4 (whole f32 weights), got {}", args.bytes);
     }
+    if args.bytes > 1 << 32 {
+        bail!("--bytes is at most 4294967296 (4 GiB): the layer and its chunks are all held in memory");
+    }
     if args.repeats == 0 {
         bail!("--repeats must be at least 1");
     }
