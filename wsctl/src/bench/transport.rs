@@ -200,7 +200,7 @@ fn tcp(payload: &[u8], repeats: usize) -> Result<PathReport> {
 
 /// Runs `wsctl bench transport` and prints its report.
 pub fn transport(args: TransportArgs) -> Result<()> {
-    if args.bytes == 0 || args.bytes % 4 != 0 {
+    if args.bytes == 0 || !args.bytes.is_multiple_of(4) {
         bail!("--bytes must be a positive multiple of 4 (whole f32 weights), got {}", args.bytes);
     }
     if args.bytes > 1 << 32 {
