@@ -219,9 +219,10 @@ def torch_fc_mnist(kind, job, images, labels, steps, run, threads, warmup=10):
     return {"step_s": step_s, "p10_s": p10(times), "samples_per_s": job["batch"] / step_s, "final_loss": loss.item()}
 
 
-def weightstream_fc_mnist(job_path, mode, steps, warmup=10):
+def weightstream_fc_mnist(job_path, mode, steps, threads=None, warmup=10):
     """One run of the shipped job with `steps:` instead of its epochs: the median per-step time from
-    metrics.jsonl (after `warmup` steps) and summary.json's samples/s."""
+    metrics.jsonl (after `warmup` steps) and summary.json's samples/s. `threads` caps rayon's pool (the
+    kernels' threads) through RAYON_NUM_THREADS."""
     text = re.sub(r"^(\s*)epochs:\s*\d+", rf"\g<1>steps: {steps + warmup}", job_path.read_text(), flags=re.M)
     WORK.mkdir(parents=True, exist_ok=True)
     tmp = WORK / f"{job_path.stem}-{steps + warmup}.yaml"
@@ -229,7 +230,8 @@ def weightstream_fc_mnist(job_path, mode, steps, warmup=10):
     extra = {"in-process": ["--in-process"], "1 engine": ["--cs2", "1"], "4 engines": ["--cs2", "4"]}[mode]
     out = WORK / f"run-{job_path.stem}-{mode.replace(' ', '-')}"
     shutil.rmtree(out, ignore_errors=True)
-    subprocess.run([str(WSCTL), "run", str(tmp), "--out", str(out), *extra], cwd=REPO, check=True,
+    env = dict(os.environ, **({"RAYON_NUM_THREADS": str(threads)} if threads else {}))
+    subprocess.run([str(WSCTL), "run", str(tmp), "--out", str(out), *extra], cwd=REPO, check=True, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     summary = json.loads((out / "summary.json").read_text())
     metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()]
@@ -347,7 +349,13 @@ def verdict(ok):
 
 
 def p10_note(t, key):
-    return f"; {t[key]:.2f} × at the 10th percentile" if key in t else ""
+    notes = []
+    if key in t:
+        notes.append(f"{t[key]:.2f} × at the 10th percentile")
+    one = key.replace("_p10", "_1t")
+    if one in t:
+        notes.append(f"{t[one]:.2f} × with both on 1 thread")
+    return "; " + "; ".join(notes) if notes else ""
 
 
 def write_results(r, path):
@@ -379,7 +387,9 @@ def write_results(r, path):
     L.append("Weightstream's step is taken in process (`--in-process`), the configuration that does the same work as "
              "PyTorch (the process modes below add the gRPC hops). PyTorch's is the faster of its 2-thread and "
              "1-thread runs: on a busy machine its OpenMP threads wait on each other and 2 threads can be much slower "
-             "than 1, and a target is only worth claiming against the better baseline.\n")
+             "than 1, and a target is only worth claiming against the better baseline. 'With both on 1 thread' sets "
+             "weightstream's kernel pool to one thread too (`RAYON_NUM_THREADS=1`): equal resources, and the "
+             "comparison least disturbed by the machine's other users.\n")
 
     # FC-MNIST
     f = r["fc_mnist"]
@@ -486,6 +496,10 @@ def targets(rows, transport):
     }
     t["sparse_ratio"] = t["sparse_ws_ms"] / t["masked_ms"]
     t["dense_ratio"] = t["dense_ws_ms"] / t["dense_ms"]
+    if "weightstream dense, in-process, 1 thread" in rows:
+        one = lambda name: rows[name]["step_s"]
+        t["sparse_ratio_1t"] = one("weightstream 90% sparse, in-process, 1 thread") / one("PyTorch masked, 1 thread")
+        t["dense_ratio_1t"] = one("weightstream dense, in-process, 1 thread") / one("PyTorch dense, 1 thread")
     if all("p10_s" in row for row in rows.values()):
         best = lambda *names: min(rows[n]["p10_s"] for n in names)
         t["sparse_ratio_p10"] = rows["weightstream 90% sparse, in-process"]["p10_s"] / best(
@@ -557,6 +571,8 @@ def main():
         for mode in ("in-process", "1 engine", "4 engines"):
             configs.append((f"weightstream {label}, {mode}", job["sparsity"],
                             lambda run, p=REPO / path, m=mode: weightstream_fc_mnist(p, m, steps)))
+        configs.append((f"weightstream {label}, in-process, 1 thread", job["sparsity"],
+                        lambda run, p=REPO / path: weightstream_fc_mnist(p, "in-process", steps, threads=1)))
     rows = fc_mnist(configs, runs)
     r["fc_mnist"] = {"batch": dense_job["batch"], "lr_dense": dense_job["lr"], "lr_sparse": sparse_job["lr"],
                      "weight_decay": dense_job["weight_decay"], "steps": steps, "runs": runs, "rows": rows}
