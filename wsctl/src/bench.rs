@@ -1,5 +1,11 @@
-//! `wsctl bench kernels`: the dense GEMM of the `gemm` crate against our sparse forward, backward and
-//! weight-gradient kernels on one weight shape, over a range of sparsities.
+//! `wsctl bench`: measurements that put the runtime's speed in context. `kernels` times the dense GEMM of the
+//! `gemm` crate against our sparse forward, backward and weight-gradient kernels on one weight shape over a
+//! range of sparsities; `machine` measures the ceilings those kernels live under (peak GEMM FLOP/s, memory
+//! bandwidth); `transport` compares streaming a layer over the gRPC protocol with a raw TCP copy.
+//! `bench/run.sh` runs all three beside PyTorch.
+
+mod machine;
+mod transport;
 
 use std::time::Instant;
 
@@ -30,6 +36,10 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// The machine's ceilings: peak dense GEMM FLOP/s and STREAM-like triad bandwidth, on 1 and 2 threads.
+    Machine(machine::MachineArgs),
+    /// Bytes/s of streaming a layer over loopback gRPC (the runtime's protocol) against a raw TCP socket.
+    Transport(transport::TransportArgs),
 }
 
 #[derive(Serialize)]
@@ -82,7 +92,11 @@ fn filled(rows: usize, cols: usize, seed: u32) -> Mat {
 
 /// Runs the requested benchmark and prints its report.
 pub fn bench(what: Bench) -> Result<()> {
-    let Bench::Kernels { features, tokens, repeats, sparsity, json } = what;
+    let (features, tokens, repeats, sparsity, json) = match what {
+        Bench::Kernels { features, tokens, repeats, sparsity, json } => (features, tokens, repeats, sparsity, json),
+        Bench::Machine(args) => return machine::machine(args),
+        Bench::Transport(args) => return transport::transport(args),
+    };
     if features == 0 || tokens == 0 {
         bail!("--features and --tokens must be at least 1");
     }

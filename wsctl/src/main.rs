@@ -1,5 +1,5 @@
 //! `wsctl`: the user's front door to weightstream. `run` trains a job on local processes, `plan` shows the
-//! appliance a job would get without running it, `bench` measures the kernels,
+//! appliance a job would get without running it, `bench` measures the kernels, the machine and the transport,
 //! `simulate` reproduces the seeds' sparsity and scaling figures with the wafer's cost model.
 
 mod bench;
@@ -76,7 +76,7 @@ enum Command {
         #[arg(long, value_enum, default_value = "wse2")]
         preset: Preset,
     },
-    /// Measure kernels.
+    /// Measure kernels, the machine's ceilings and the transport (see bench/README.md).
     Bench {
         #[command(subcommand)]
         what: bench::Bench,

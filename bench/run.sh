@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Weightstream against PyTorch, from a fresh clone, in one command:
+#   bash bench/run.sh [--quick] [--steps N] [--runs N]
+# Builds wsctl (release), creates bench/.venv with PyTorch from PyPI unless it already imports, then runs
+# bench/harness.py, which writes bench/RESULTS.md, bench/results.json and bench/speedup.svg.
+# Everything runs under `nice` (BENCH_NICE, default 10) so a shared machine stays usable.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NICE="${BENCH_NICE:-10}"
+PYTHON="${PYTHON:-python3}"
+VENV=bench/.venv
+
+echo "[bench] building wsctl (cargo build --release -p wsctl)" >&2
+nice -n "$NICE" cargo build --release --quiet -p wsctl
+
+if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+    echo "[bench] creating $VENV with PyTorch from PyPI (several GB the first time)" >&2
+    "$PYTHON" -m venv "$VENV"
+    nice -n "$NICE" "$VENV/bin/pip" install --quiet --disable-pip-version-check -r bench/requirements.txt
+    "$VENV/bin/python" -c "import torch; print('[bench] torch', torch.__version__)" >&2
+fi
+
+exec nice -n "$NICE" "$VENV/bin/python" bench/harness.py "$@"

@@ -1,0 +1,149 @@
+//! `wsctl bench machine`: the two ceilings every kernel on this machine lives under. Peak dense GEMM FLOP/s of
+//! the `gemm` crate, called through the runtime's own `kernels::dense::matmul` so it is exactly the dense path
+//! the engines use, and memory bandwidth from a STREAM-like triad. The harness divides each kernel's speed by
+//! the ceiling that bounds it, so "fast" reads as "this share of what the hardware can do".
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use rayon::prelude::*;
+use runtime::kernels::dense;
+use serde::Serialize;
+
+/// Sizes and repetitions of one `bench machine` run.
+#[derive(clap::Args)]
+pub struct MachineArgs {
+    /// Thread counts to measure each ceiling at.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub threads: Vec<usize>,
+    /// Side of the square GEMM (n x n times n x n).
+    #[arg(long, default_value_t = 2048)]
+    pub gemm_n: usize,
+    /// Elements (f64) of each of the triad's three arrays; the default, 3 x 256 MiB, is far beyond any cache.
+    #[arg(long, default_value_t = 1 << 25)]
+    pub triad_elements: usize,
+    /// Timed repetitions; the best is the ceiling, the median is reported beside it.
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Tiny sizes (a 256 GEMM, 1 Mi-element triad, 2 repeats): a smoke test in well under a second.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One ceiling at one thread count: the best rate seen and the median, since on a shared machine the best
+/// is the hardware and the median is what a run typically got.
+#[derive(Serialize)]
+struct Rate {
+    threads: usize,
+    best: f64,
+    median: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    gemm_n: usize,
+    triad_elements: usize,
+    repeats: usize,
+    /// FLOP/s of an n x n x n f32 GEMM (2 n^3 FLOPs per product).
+    gemm_flops_per_s: Vec<Rate>,
+    /// Bytes/s of `a = b + s * c` over f64 arrays, counted as STREAM does: 24 bytes per element.
+    triad_bytes_per_s: Vec<Rate>,
+}
+
+/// Best and median of `rates`.
+fn best_and_median(threads: usize, mut rates: Vec<f64>) -> Rate {
+    rates.sort_by(f64::total_cmp);
+    Rate { threads, best: rates.last().copied().unwrap_or(0.0), median: rates.get(rates.len() / 2).copied().unwrap_or(0.0) }
+}
+
+fn pool(threads: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().with_context(|| format!("cannot start {threads} threads"))
+}
+
+/// GEMM FLOP/s on `threads` threads: the runtime's dense path splits over the threads of the pool it runs in.
+fn gemm_rate(threads: usize, n: usize, repeats: usize) -> Result<Rate> {
+    let a: Vec<f32> = (0..n * n).map(|i| (i % 89) as f32 / 89.0 - 0.5).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| (i % 97) as f32 / 97.0 - 0.5).collect();
+    let mut c = vec![0.0f32; n * n];
+    let flops = 2.0 * (n as f64).powi(3);
+    let rates = pool(threads)?.install(|| {
+        let mut once = || {
+            let start = Instant::now();
+            dense::matmul(&mut c, dense::MatView::new(&a, n, n), dense::MatView::new(&b, n, n), false);
+            black_box(&c);
+            flops / start.elapsed().as_secs_f64().max(1e-12)
+        };
+        once();
+        (0..repeats).map(|_| once()).collect::<Vec<f64>>()
+    });
+    Ok(best_and_median(threads, rates))
+}
+
+/// Triad bytes/s on `threads` threads, each owning one contiguous slice of the three arrays.
+fn triad_rate(threads: usize, elements: usize, repeats: usize) -> Result<Rate> {
+    let chunk = elements.div_ceil(threads).max(1);
+    let (mut a, mut b, mut c) = (vec![0.0f64; elements], vec![0.0f64; elements], vec![0.0f64; elements]);
+    let rates = pool(threads)?.install(|| {
+        // Touch the pages from the threads that will use them.
+        b.par_chunks_mut(chunk).zip(c.par_chunks_mut(chunk)).for_each(|(b, c)| {
+            b.iter_mut().for_each(|x| *x = 1.0);
+            c.iter_mut().for_each(|x| *x = 2.0);
+        });
+        let scalar = black_box(3.0f64);
+        let mut once = || {
+            let start = Instant::now();
+            a.par_chunks_mut(chunk).zip(b.par_chunks(chunk)).zip(c.par_chunks(chunk)).for_each(|((a, b), c)| {
+                for ((a, b), c) in a.iter_mut().zip(b).zip(c) {
+                    *a = b + scalar * c;
+                }
+            });
+            black_box(&a);
+            24.0 * elements as f64 / start.elapsed().as_secs_f64().max(1e-12)
+        };
+        once();
+        (0..repeats).map(|_| once()).collect::<Vec<f64>>()
+    });
+    Ok(best_and_median(threads, rates))
+}
+
+/// Runs `wsctl bench machine` and prints its report.
+pub fn machine(args: MachineArgs) -> Result<()> {
+    let (n, elements, repeats) =
+        if args.quick { (256, 1 << 20, 2) } else { (args.gemm_n, args.triad_elements, args.repeats) };
+    if n == 0 || elements == 0 || repeats == 0 {
+        bail!("--gemm-n, --triad-elements and --repeats must be at least 1");
+    }
+    if n > 16_384 || elements > 1 << 28 {
+        bail!("--gemm-n is at most 16384 and --triad-elements at most 268435456 (3 x 2 GiB), to stay in memory");
+    }
+    if args.threads.is_empty() || args.threads.iter().any(|&t| t == 0 || t > 1024) {
+        bail!("--threads needs thread counts from 1 to 1024");
+    }
+    let mut report =
+        Report { gemm_n: n, triad_elements: elements, repeats, gemm_flops_per_s: Vec::new(), triad_bytes_per_s: Vec::new() };
+    for &t in &args.threads {
+        report.gemm_flops_per_s.push(gemm_rate(t, n, repeats)?);
+        report.triad_bytes_per_s.push(triad_rate(t, elements, repeats)?);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!("GEMM {n}x{n}x{n} f32 (gemm crate via runtime::kernels::dense); triad over 3 x {elements} f64; {repeats} repeats");
+    println!("threads  GEMM best      GEMM median    triad best    triad median");
+    for (g, t) in report.gemm_flops_per_s.iter().zip(&report.triad_bytes_per_s) {
+        println!(
+            "{:>7}  {:>7.1} GFLOP/s  {:>7.1} GFLOP/s  {:>6.2} GB/s  {:>8.2} GB/s",
+            g.threads,
+            g.best / 1e9,
+            g.median / 1e9,
+            t.best / 1e9,
+            t.median / 1e9
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,272 @@
+//! `wsctl bench transport`: how fast a layer streams over loopback through the real protocol, against a raw
+//! TCP socket copying the same bytes. The gRPC path is the one MemoryX and the engines use: the layer is cut
+//! by `protocol::wire::encode_layer` into chunks of at most 1 MiB, sent on a `Stage.Forward` call over a
+//! channel built by `swarmx::relay::connect` to a server started by `transport::serve_stage` (same windows and
+//! frame sizes), and put back together with `LayerAssembler`, every length checked. The raw path is the floor
+//! any protocol pays: one length word, the bytes, and a count back.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use runtime::protocol::pb::stage_server::Stage;
+use runtime::protocol::pb::{self, Ack, BeginStepRequest, InfoReply, InfoRequest, LayerChunk};
+use runtime::protocol::wire::{encode_layer, LayerAssembler};
+use runtime::protocol::{LayerStream, Pass, WeightPayload};
+use serde::Serialize;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Sizes and repetitions of one `bench transport` run.
+#[derive(clap::Args)]
+pub struct TransportArgs {
+    /// Payload bytes per transfer, a multiple of 4 (f32 weights); the default is one 4096 x 4096 f32 layer.
+    #[arg(long, default_value_t = 4096 * 4096 * 4)]
+    pub bytes: usize,
+    /// Timed transfers per path; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One path's measurement.
+#[derive(Serialize)]
+struct PathReport {
+    /// Payload bytes the sender handed over per transfer.
+    bytes_sent: u64,
+    /// Payload bytes the receiver counted per transfer (the last one), to show the bytes really moved.
+    bytes_received: u64,
+    /// Messages per transfer (gRPC chunks; 1 for the raw socket).
+    messages: usize,
+    /// Median seconds per transfer, from the first byte handed over to the receiver's answer.
+    seconds: f64,
+    /// Payload bytes per second at the median.
+    bytes_per_s: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    bytes: usize,
+    repeats: usize,
+    grpc: PathReport,
+    tcp: PathReport,
+    /// gRPC bytes/s over raw TCP bytes/s.
+    grpc_over_tcp: f64,
+    /// Median seconds of `encode_layer` alone (cutting the layer into chunks), in memory.
+    encode_s: f64,
+    /// Median seconds of `LayerAssembler` alone (putting the chunks back and checking them), in memory.
+    assemble_s: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// A `Stage` that takes forward layers, assembles them and counts their payload bytes; nothing else.
+struct Sink {
+    job: String,
+    received: AtomicU64,
+}
+
+#[tonic::async_trait]
+impl Stage for Sink {
+    async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
+        Ok(Response::new(InfoReply { job: self.job.clone(), engines: 1 }))
+    }
+
+    async fn begin_step(&self, _: Request<BeginStepRequest>) -> Result<Response<Ack>, Status> {
+        Err(Status::unimplemented("the transport benchmark only streams layers"))
+    }
+
+    async fn forward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<Ack>, Status> {
+        let mut stream = request.into_inner();
+        let mut asm = LayerAssembler::default();
+        while let Some(chunk) = stream.message().await? {
+            asm.push(chunk, &self.job).map_err(runtime::transport::to_status)?;
+        }
+        let (_, layer) = asm.finish().map_err(runtime::transport::to_status)?;
+        self.received.store(layer.weights.wire_bytes(), Ordering::SeqCst);
+        Ok(Response::new(Ack {}))
+    }
+
+    async fn loss(&self, _: Request<pb::LossRequest>) -> Result<Response<pb::LossReply>, Status> {
+        Err(Status::unimplemented("the transport benchmark only streams layers"))
+    }
+
+    type BackwardStream = tokio_stream::Empty<Result<pb::GradChunk, Status>>;
+
+    async fn backward(&self, _: Request<Streaming<LayerChunk>>) -> Result<Response<Self::BackwardStream>, Status> {
+        Err(Status::unimplemented("the transport benchmark only streams layers"))
+    }
+
+    async fn stats(&self, _: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
+        Err(Status::unimplemented("the transport benchmark only streams layers"))
+    }
+}
+
+/// Streams `layer` `repeats` times (after one warm-up) through the runtime's gRPC transport on loopback.
+fn grpc(layer: &LayerStream, repeats: usize) -> Result<PathReport> {
+    const JOB: &str = "bench-transport";
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let sink = Arc::new(Sink { job: JOB.into(), received: AtomicU64::new(0) });
+    let (seconds, messages) = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind a loopback port")?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let server = tokio::spawn(runtime::transport::serve_stage(sink.clone(), listener));
+        let child = runtime::swarmx::relay::connect(&url, JOB, Duration::from_secs(10)).await?;
+        let mut times = Vec::new();
+        let mut messages = 0;
+        for step in 0..=repeats as u64 {
+            let start = Instant::now();
+            let chunks = encode_layer(layer, JOB, step);
+            messages = chunks.len();
+            child
+                .client
+                .clone()
+                .forward(tokio_stream::iter(chunks))
+                .await
+                .map_err(|s| anyhow!("streaming to {url}: {}", s.message()))?;
+            if step > 0 {
+                times.push(start.elapsed().as_secs_f64());
+            }
+        }
+        server.abort();
+        Ok::<_, anyhow::Error>((median(times), messages))
+    })?;
+    let bytes = layer.weights.wire_bytes();
+    Ok(PathReport {
+        bytes_sent: bytes,
+        bytes_received: sink.received.load(Ordering::SeqCst),
+        messages,
+        seconds,
+        bytes_per_s: bytes as f64 / seconds.max(1e-12),
+    })
+}
+
+/// Receives transfers on one connection: a little-endian u64 length, that many bytes into a reused buffer,
+/// then the count read is sent back. Returns when the sender closes the connection.
+fn tcp_receiver(mut conn: TcpStream) -> std::io::Result<()> {
+    conn.set_nodelay(true)?;
+    let mut buf = Vec::new();
+    loop {
+        let mut len = [0u8; 8];
+        match conn.read_exact(&mut len) {
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            other => other?,
+        }
+        let n = usize::try_from(u64::from_le_bytes(len)).map_err(std::io::Error::other)?;
+        buf.resize(n, 0);
+        conn.read_exact(&mut buf)?;
+        conn.write_all(&(n as u64).to_le_bytes())?;
+    }
+}
+
+/// Sends `payload` `repeats` times (after one warm-up) over a plain loopback TCP connection.
+fn tcp(payload: &[u8], repeats: usize) -> Result<PathReport> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port")?;
+    let addr = listener.local_addr()?;
+    let receiver = std::thread::spawn(move || -> std::io::Result<()> { tcp_receiver(listener.accept()?.0) });
+    let mut conn = TcpStream::connect(addr).with_context(|| format!("cannot connect to {addr}"))?;
+    conn.set_nodelay(true)?;
+    let mut times = Vec::new();
+    let mut received = 0;
+    for i in 0..=repeats {
+        let start = Instant::now();
+        conn.write_all(&(payload.len() as u64).to_le_bytes())?;
+        conn.write_all(payload)?;
+        let mut count = [0u8; 8];
+        conn.read_exact(&mut count).context("the TCP receiver did not answer")?;
+        received = u64::from_le_bytes(count);
+        if i > 0 {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    drop(conn);
+    receiver.join().map_err(|_| anyhow!("the TCP receiver thread panicked"))?.context("TCP receiver")?;
+    let seconds = median(times);
+    Ok(PathReport {
+        bytes_sent: payload.len() as u64,
+        bytes_received: received,
+        messages: 1,
+        seconds,
+        bytes_per_s: payload.len() as f64 / seconds.max(1e-12),
+    })
+}
+
+/// Runs `wsctl bench transport` and prints its report.
+pub fn transport(args: TransportArgs) -> Result<()> {
+    if args.bytes == 0 || !args.bytes.is_multiple_of(4) {
+        bail!("--bytes must be a positive multiple of 4 (whole f32 weights), got {}", args.bytes);
+    }
+    if args.bytes > 1 << 32 {
+        bail!("--bytes is at most 4294967296 (4 GiB): the layer and its chunks are all held in memory");
+    }
+    if args.repeats == 0 {
+        bail!("--repeats must be at least 1");
+    }
+    let values: Vec<f32> = (0..args.bytes / 4).map(|i| (i % 1021) as f32 * 1e-3).collect();
+    let layer = LayerStream { layer: 0, pass: Pass::Forward, weights: WeightPayload::Dense(values), bias: Vec::new() };
+    let WeightPayload::Dense(values) = &layer.weights else { bail!("the benchmark layer is dense") };
+    let payload: &[u8] = bytemuck::cast_slice(values);
+
+    let mut encode = Vec::new();
+    let mut assemble = Vec::new();
+    for _ in 0..args.repeats {
+        let start = Instant::now();
+        let chunks = encode_layer(&layer, "bench-transport", 0);
+        encode.push(start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        let mut asm = LayerAssembler::default();
+        for c in chunks {
+            asm.push(c, "bench-transport")?;
+        }
+        asm.finish()?;
+        assemble.push(start.elapsed().as_secs_f64());
+    }
+
+    let grpc = grpc(&layer, args.repeats)?;
+    let tcp = tcp(payload, args.repeats)?;
+    if grpc.bytes_received != grpc.bytes_sent || tcp.bytes_received != tcp.bytes_sent {
+        bail!(
+            "bytes were lost: gRPC moved {} of {}, TCP {} of {}",
+            grpc.bytes_received,
+            grpc.bytes_sent,
+            tcp.bytes_received,
+            tcp.bytes_sent
+        );
+    }
+    let report = Report {
+        bytes: args.bytes,
+        repeats: args.repeats,
+        grpc_over_tcp: grpc.bytes_per_s / tcp.bytes_per_s,
+        grpc,
+        tcp,
+        encode_s: median(encode),
+        assemble_s: median(assemble),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!("{} bytes per transfer over 127.0.0.1, median of {}", report.bytes, report.repeats);
+    for (name, p) in [("gRPC Stage.Forward", &report.grpc), ("raw TCP", &report.tcp)] {
+        println!(
+            "  {name:<18} {:>4} messages  {:>8.2} ms  {:>7.2} GB/s",
+            p.messages,
+            1e3 * p.seconds,
+            p.bytes_per_s / 1e9
+        );
+    }
+    println!(
+        "  gRPC / TCP {:.0}%; of the gRPC time, encoding takes {:.2} ms and assembling {:.2} ms in memory",
+        100.0 * report.grpc_over_tcp,
+        1e3 * report.encode_s,
+        1e3 * report.assemble_s
+    );
+    Ok(())
+}
