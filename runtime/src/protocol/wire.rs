@@ -66,34 +66,65 @@ pub fn encode_layer(stream: &LayerStream, job: &str, step: u64) -> Vec<LayerChun
     chunks
 }
 
-/// 4-byte words from little-endian bytes, refusing a length that is not a whole number of words.
-fn words<T: bytemuck::Pod>(bytes: &[u8], what: &str) -> Result<Vec<T>> {
+/// Appends the little-endian words in `bytes` to `out`: one copy from the message into the typed buffer the
+/// kernels read, with no intermediate byte buffer.
+fn extend_words<T: bytemuck::Pod>(out: &mut Vec<T>, bytes: &[u8], what: &str) -> Result<()> {
     if bytes.len() % 4 != 0 {
         return Err(Error::Protocol(format!("{what} holds {} bytes, not a whole number of 4-byte values", bytes.len())));
     }
-    Ok(bytemuck::pod_collect_to_vec(bytes))
+    let start = out.len();
+    out.resize(start + bytes.len() / 4, T::zeroed());
+    bytemuck::cast_slice_mut::<T, u8>(&mut out[start..]).copy_from_slice(bytes);
+    Ok(())
 }
 
-/// Puts a layer stream back together from its chunks, checking that it is for `job` and complete.
+/// Most values a header may make the assembler reserve room for up front (64 Mi words, 256 MiB); a longer
+/// stream still arrives, growing as it comes, so a bad header cannot make a stage allocate at will.
+const MAX_RESERVE: u64 = 64 << 20;
+
+/// Puts a layer stream back together from its chunks, checking that it is for `job` and complete. Every chunk
+/// must carry whole 4-byte words (as [`encode_layer`] cuts them); the words go straight into typed buffers
+/// sized from the header.
 #[derive(Default)]
 pub struct LayerAssembler {
     header: Option<LayerChunk>,
+    order: Vec<u32>,
+    ptr: Vec<u32>,
+    indices: Vec<u32>,
+    values: Vec<f32>,
+    bias: Vec<f32>,
     done: bool,
 }
 
 impl LayerAssembler {
+    fn append(&mut self, chunk: &LayerChunk) -> Result<()> {
+        extend_words(&mut self.order, &chunk.order, "order")?;
+        extend_words(&mut self.ptr, &chunk.ptr, "ptr")?;
+        extend_words(&mut self.indices, &chunk.indices, "indices")?;
+        extend_words(&mut self.values, &chunk.values, "values")?;
+        extend_words(&mut self.bias, &chunk.bias, "bias")
+    }
+
     /// Adds the next chunk.
-    pub fn push(&mut self, chunk: LayerChunk, job: &str) -> Result<()> {
+    pub fn push(&mut self, mut chunk: LayerChunk, job: &str) -> Result<()> {
         if chunk.job != job {
             return Err(Error::Protocol(format!("a chunk for job '{}' reached a stage of job '{job}'", chunk.job)));
         }
         if self.done {
             return Err(Error::Protocol("a chunk arrived after the layer's last chunk".into()));
         }
-        match &mut self.header {
+        match &self.header {
             None if !chunk.first => return Err(Error::Protocol("a layer stream must start with its header".into())),
             None => {
+                let reserve = |n: u64| n.min(MAX_RESERVE) as usize;
+                self.indices.reserve(reserve(chunk.indices_len));
+                self.values.reserve(reserve(chunk.values_len));
+                self.bias.reserve(reserve(chunk.bias_len));
+                self.append(&chunk)?;
                 self.done = chunk.last;
+                for field in [&mut chunk.order, &mut chunk.ptr, &mut chunk.indices, &mut chunk.values, &mut chunk.bias] {
+                    *field = Vec::new();
+                }
                 self.header = Some(chunk);
             }
             Some(_) if chunk.first => return Err(Error::Protocol("a second header in one layer stream".into())),
@@ -104,18 +135,16 @@ impl LayerAssembler {
                         chunk.layer, chunk.step, h.layer, h.step
                     )));
                 }
-                h.order.extend_from_slice(&chunk.order);
-                h.ptr.extend_from_slice(&chunk.ptr);
-                h.indices.extend_from_slice(&chunk.indices);
-                h.values.extend_from_slice(&chunk.values);
-                h.bias.extend_from_slice(&chunk.bias);
+                self.append(&chunk)?;
                 self.done = chunk.last;
-                let too_long = h.indices.len() as u64 > 4 * h.indices_len
-                    || h.values.len() as u64 > 4 * h.values_len
-                    || h.bias.len() as u64 > 4 * h.bias_len;
-                if too_long {
-                    return Err(Error::Protocol(format!("layer {} stream is longer than its header says", h.layer)));
-                }
+            }
+        }
+        if let Some(h) = &self.header {
+            let too_long = self.indices.len() as u64 > h.indices_len
+                || self.values.len() as u64 > h.values_len
+                || self.bias.len() as u64 > h.bias_len;
+            if too_long {
+                return Err(Error::Protocol(format!("layer {} stream is longer than its header says", h.layer)));
             }
         }
         Ok(())
@@ -123,29 +152,29 @@ impl LayerAssembler {
 
     /// The whole stream with its step, or an error naming what is missing.
     pub fn finish(self) -> Result<(u64, LayerStream)> {
-        let h = self.header.ok_or_else(|| Error::Protocol("an empty layer stream".into()))?;
-        if !self.done {
+        let LayerAssembler { header, order, ptr, indices, values, bias, done } = self;
+        let h = header.ok_or_else(|| Error::Protocol("an empty layer stream".into()))?;
+        if !done {
             return Err(Error::Protocol(format!("layer {} stream was cut off before its last chunk", h.layer)));
         }
-        let lengths_ok = h.indices.len() as u64 == 4 * h.indices_len
-            && h.values.len() as u64 == 4 * h.values_len
-            && h.bias.len() as u64 == 4 * h.bias_len;
+        let lengths_ok = indices.len() as u64 == h.indices_len
+            && values.len() as u64 == h.values_len
+            && bias.len() as u64 == h.bias_len;
         if !lengths_ok {
             return Err(Error::Protocol(format!(
                 "layer {} stream is truncated: {} of {} indices, {} of {} values, {} of {} bias values",
                 h.layer,
-                h.indices.len() / 4,
+                indices.len(),
                 h.indices_len,
-                h.values.len() / 4,
+                values.len(),
                 h.values_len,
-                h.bias.len() / 4,
+                bias.len(),
                 h.bias_len
             )));
         }
         let (layer, step) = (h.layer as usize, h.step);
-        let pattern = |h: &LayerChunk| -> Result<Arc<SparsePattern>> {
-            let parts = (words(&h.order, "order")?, words(&h.ptr, "ptr")?, words(&h.indices, "indices")?);
-            SparsePattern::from_parts(h.outer as usize, h.inner as usize, parts.0, parts.1, parts.2)
+        let pattern = |order, ptr, indices| -> Result<Arc<SparsePattern>> {
+            SparsePattern::from_parts(h.outer as usize, h.inner as usize, order, ptr, indices)
                 .map(Arc::new)
                 .map_err(|e| Error::Protocol(format!("layer {layer} mask: {e}")))
         };
@@ -154,18 +183,16 @@ impl LayerAssembler {
             Ok(PbPass::Backward) => Pass::Backward,
             Err(_) => return Err(Error::Protocol(format!("unknown pass {}", h.pass))),
         };
-        let bias = words(&h.bias, "bias")?;
         let weights = match Encoding::try_from(h.encoding) {
-            Ok(Encoding::Dense) => WeightPayload::Dense(words(&h.values, "values")?),
+            Ok(Encoding::Dense) => WeightPayload::Dense(values),
             Ok(Encoding::Sparse) => {
-                let p = pattern(&h)?;
-                let values: Vec<f32> = words(&h.values, "values")?;
+                let p = pattern(order, ptr, indices)?;
                 if values.len() != p.nnz() {
                     return Err(Error::Protocol(format!("layer {layer}: {} values for {} non-zeros", values.len(), p.nnz())));
                 }
                 WeightPayload::Sparse { pattern: p, values }
             }
-            Ok(Encoding::Mask) => WeightPayload::Mask(pattern(&h)?),
+            Ok(Encoding::Mask) => WeightPayload::Mask(pattern(order, ptr, indices)?),
             Ok(Encoding::Nothing) => WeightPayload::Nothing,
             Err(_) => return Err(Error::Protocol(format!("unknown encoding {}", h.encoding))),
         };
@@ -194,39 +221,46 @@ pub fn encode_grad(grad: &LayerGrad) -> Vec<GradChunk> {
     chunks
 }
 
-/// Puts a gradient back together, checking it is complete.
+/// Puts a gradient back together, checking it is complete; the words go straight into typed buffers sized
+/// from the header.
 pub fn decode_grad(chunks: impl IntoIterator<Item = GradChunk>) -> Result<LayerGrad> {
     let mut header: Option<GradChunk> = None;
+    let (mut weights, mut bias) = (Vec::<f32>::new(), Vec::<f32>::new());
     let mut done = false;
     for c in chunks {
         if done {
             return Err(Error::Protocol("a gradient chunk arrived after the last one".into()));
         }
         done = c.last;
-        match &mut header {
+        match &header {
             None if !c.first => return Err(Error::Protocol("a gradient stream must start with its header".into())),
-            None => header = Some(c),
-            Some(h) => {
-                if c.first || c.layer != h.layer {
-                    return Err(Error::Protocol("gradient chunks of two layers are mixed".into()));
-                }
-                h.weights.extend_from_slice(&c.weights);
-                h.bias.extend_from_slice(&c.bias);
+            None => {
+                weights.reserve(c.weights_len.min(MAX_RESERVE) as usize);
+                bias.reserve(c.bias_len.min(MAX_RESERVE) as usize);
             }
+            Some(h) if c.first || c.layer != h.layer => {
+                return Err(Error::Protocol("gradient chunks of two layers are mixed".into()));
+            }
+            Some(_) => {}
+        }
+        extend_words(&mut weights, &c.weights, "weights")?;
+        extend_words(&mut bias, &c.bias, "bias")?;
+        if header.is_none() {
+            header = Some(GradChunk { weights: Vec::new(), bias: Vec::new(), ..c });
         }
     }
     let h = header.ok_or_else(|| Error::Protocol("an empty gradient stream".into()))?;
-    if !done || h.weights.len() as u64 != 4 * h.weights_len || h.bias.len() as u64 != 4 * h.bias_len {
+    if !done || weights.len() as u64 != h.weights_len || bias.len() as u64 != h.bias_len {
         return Err(Error::Protocol(format!(
             "layer {} gradient is truncated: {} of {} weights, {} of {} bias values",
             h.layer,
-            h.weights.len() / 4,
+            weights.len(),
             h.weights_len,
-            h.bias.len() / 4,
+            bias.len(),
             h.bias_len
         )));
     }
-    Ok(LayerGrad { layer: h.layer as usize, weights: words(&h.weights, "weights")?, bias: words(&h.bias, "bias")? })
+    Ok(LayerGrad { layer: h.layer as usize, weights, bias })
 }
 
 #[cfg(test)]
