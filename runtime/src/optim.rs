@@ -49,13 +49,48 @@ pub fn learning_rate(opt: &OptimizerSpec, schedule: &ScheduleSpec, step: u64, to
     }
 }
 
+/// Parameters per parallel piece of an update: large enough that splitting costs nothing, small enough that
+/// both cores share every layer of interest.
+const CHUNK: usize = 1 << 15;
+
 /// Applies one update to `params` from `grads`. `t` is the 1-based update count (for Adam's bias
-/// correction); `decay` is false for biases, which are never decayed.
+/// correction); `decay` is false for biases, which are never decayed. Every parameter's update is independent,
+/// so large layers are updated in pieces on all cores with the same result as one pass.
 pub fn update(
     opt: &OptimizerSpec,
     params: &mut [f32],
     grads: &[f32],
     state: &mut OptState,
+    lr: f64,
+    t: u64,
+    decay: bool,
+) {
+    use rayon::prelude::*;
+    if params.len() < 2 * CHUNK {
+        update_slice(opt, params, grads, &mut state.m, &mut state.v, lr, t, decay);
+        return;
+    }
+    let pieces = params.len().div_ceil(CHUNK);
+    let mut ms: Vec<&mut [f32]> = state.m.chunks_mut(CHUNK).collect();
+    ms.resize_with(pieces, Default::default);
+    let mut vs: Vec<&mut [f32]> = state.v.chunks_mut(CHUNK).collect();
+    vs.resize_with(pieces, Default::default);
+    params
+        .par_chunks_mut(CHUNK)
+        .zip(grads.par_chunks(CHUNK))
+        .zip(ms.into_par_iter().zip(vs.into_par_iter()))
+        .for_each(|((p, g), (m, v))| update_slice(opt, p, g, m, v, lr, t, decay));
+}
+
+/// [`update`] over one piece: `m` and `v` are the matching pieces of the optimizer's moments (empty when the
+/// optimizer keeps none).
+#[allow(clippy::too_many_arguments)]
+fn update_slice(
+    opt: &OptimizerSpec,
+    params: &mut [f32],
+    grads: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
     lr: f64,
     t: u64,
     decay: bool,
@@ -70,7 +105,7 @@ pub fn update(
         }
         OptimizerKind::Momentum => {
             let mu = opt.momentum as f32;
-            for ((p, &g), m) in params.iter_mut().zip(grads).zip(&mut state.m) {
+            for ((p, &g), m) in params.iter_mut().zip(grads).zip(m) {
                 *m = mu * *m + g + wd * *p;
                 *p -= lr * *m;
             }
@@ -80,7 +115,7 @@ pub fn update(
             let c1 = 1.0 - (opt.beta1).powi(t as i32) as f32;
             let c2 = 1.0 - (opt.beta2).powi(t as i32) as f32;
             let decoupled = opt.kind == OptimizerKind::Adamw;
-            for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(&mut state.m).zip(&mut state.v) {
+            for (((p, &g), m), v) in params.iter_mut().zip(grads).zip(m).zip(v) {
                 let g = if decoupled { g } else { g + wd * *p };
                 *m = b1 * *m + (1.0 - b1) * g;
                 *v = b2 * *v + (1.0 - b2) * g * g;
@@ -100,6 +135,24 @@ mod tests {
 
     fn spec(kind: OptimizerKind) -> OptimizerSpec {
         OptimizerSpec { kind, learning_rate: 0.1, weight_decay: 0.0, momentum: 0.9, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 }
+    }
+
+    #[test]
+    fn a_large_update_in_pieces_equals_one_pass() {
+        for kind in [OptimizerKind::Sgd, OptimizerKind::Momentum, OptimizerKind::Adamw] {
+            let n = 5 * CHUNK + 17;
+            let grads: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+            let mut opt = spec(kind);
+            opt.weight_decay = 0.01;
+            let (mut a, mut b) = (vec![0.3f32; n], vec![0.3f32; n]);
+            let (mut sa, mut sb) = (OptState::new(kind, n), OptState::new(kind, n));
+            for t in 1..=3 {
+                update(&opt, &mut a, &grads, &mut sa, 0.1, t, true);
+                update_slice(&opt, &mut b, &grads, &mut sb.m, &mut sb.v, 0.1, t, true);
+            }
+            assert_eq!(a, b, "{kind:?}");
+            assert_eq!(sa.m, sb.m);
+        }
     }
 
     #[test]

@@ -28,8 +28,28 @@ pub fn tanh(x: f32) -> f32 {
     1.0 - 2.0 / (exp(2.0 * x) + 1.0)
 }
 
-/// `a = f(z)` element-wise.
+/// Elements per parallel piece of an activation: element-wise work splits over the cores without changing a bit.
+const CHUNK: usize = 1 << 15;
+
+/// `a = f(z)` element-wise, large arrays on all cores.
 pub fn forward(kind: Activation, z: &[f32], a: &mut [f32]) {
+    use rayon::prelude::*;
+    if z.len() < 2 * CHUNK {
+        return forward_slice(kind, z, a);
+    }
+    a.par_chunks_mut(CHUNK).zip(z.par_chunks(CHUNK)).for_each(|(a, z)| forward_slice(kind, z, a));
+}
+
+/// `dz = f'(z) · da` element-wise, in place over `da`, large arrays on all cores.
+pub fn backward(kind: Activation, z: &[f32], da: &mut [f32]) {
+    use rayon::prelude::*;
+    if z.len() < 2 * CHUNK {
+        return backward_slice(kind, z, da);
+    }
+    da.par_chunks_mut(CHUNK).zip(z.par_chunks(CHUNK)).for_each(|(da, z)| backward_slice(kind, z, da));
+}
+
+fn forward_slice(kind: Activation, z: &[f32], a: &mut [f32]) {
     match kind {
         Activation::Relu => {
             for (o, &x) in a.iter_mut().zip(z) {
@@ -45,8 +65,7 @@ pub fn forward(kind: Activation, z: &[f32], a: &mut [f32]) {
     }
 }
 
-/// `dz = f'(z) · da` element-wise, in place over `da`.
-pub fn backward(kind: Activation, z: &[f32], da: &mut [f32]) {
+fn backward_slice(kind: Activation, z: &[f32], da: &mut [f32]) {
     match kind {
         Activation::Relu => {
             for (d, &x) in da.iter_mut().zip(z) {
