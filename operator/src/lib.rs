@@ -19,6 +19,18 @@ use std::time::Duration;
 pub use coordinator::{Coordinator, CoordinatorPhase, CoordinatorStatus, HttpCoordinator, ScriptedCoordinator};
 pub use reconcile::{Context, run};
 
+/// JSON logs at `info` (or `RUST_LOG`), the same for the operator and the device plugin: both run as pods
+/// whose logs a cluster's collector parses.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+}
+
 /// The field manager of every server-side apply, so ownership of fields is clear in `managedFields`.
 pub const MANAGER: &str = "weightstream-operator";
 /// The finalizer that lets the operator remove a job's children itself, so deletion cleans up even on a

@@ -48,13 +48,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    operator::init_logging();
     if let Err(e) = run(Args::parse()).await {
         tracing::error!(error = %e, "operator stopped");
         std::process::exit(1);
