@@ -20,8 +20,8 @@ use crate::tensor::Mat;
 /// when most weights exist, so the sparse path is never much slower than the dense one.
 pub const DENSE_ABOVE: f64 = 0.25;
 
-/// Tokens processed per tile: the tile of the source rows stays in cache while every line is visited, and the
-/// accumulator of one line fits in vector registers.
+/// Tokens per tile: one line's sums over a tile fill eight AVX registers, and every non-zero weight is read
+/// once per tile, so a wide tile spends little on reading the pattern.
 const TILE: usize = 64;
 
 /// A static sparsity mask in compressed form: for each stored line, the inner indices of its non-zeros.
@@ -36,6 +36,8 @@ pub struct SparsePattern {
     idx: Vec<u32>,
     /// Every position is kept and stored in natural order, so the values are the dense row-major matrix.
     full: bool,
+    /// The order in which the gather kernel visits the non-zeros (empty when the pattern runs dense).
+    schedule: Schedule,
 }
 
 impl SparsePattern {
@@ -50,9 +52,14 @@ impl SparsePattern {
     }
 
     /// Builds the compressed form from each line's inner indices (in line order), sorting lines by
-    /// decreasing non-zero count.
-    pub fn from_lines(outer: usize, inner: usize, lines: Vec<Vec<u32>>) -> Self {
+    /// decreasing non-zero count and each line's indices increasingly (the gather kernel walks a line's
+    /// non-zeros block by block of the source).
+    pub fn from_lines(outer: usize, inner: usize, mut lines: Vec<Vec<u32>>) -> Self {
         assert_eq!(lines.len(), outer, "from_lines: {outer} lines expected");
+        for line in &mut lines {
+            line.sort_unstable();
+            line.dedup();
+        }
         let mut order: Vec<u32> = (0..outer as u32).collect();
         // Stable sort: equal counts keep index order, so the layout is deterministic.
         order.sort_by_key(|&l| std::cmp::Reverse(lines[l as usize].len()));
@@ -72,7 +79,11 @@ impl SparsePattern {
         let full = idx.len() == outer * inner
             && order.iter().enumerate().all(|(s, &l)| l as usize == s)
             && idx.iter().enumerate().all(|(k, &i)| i as usize == k % inner.max(1));
-        SparsePattern { outer, inner, order, ptr, idx, full }
+        let mut p = SparsePattern { outer, inner, order, ptr, idx, full, schedule: Schedule::default() };
+        if !p.full && !p.runs_dense() {
+            p.schedule = Schedule::new(&p, rayon::current_num_threads().max(1));
+        }
+        p
     }
 
     /// Rebuilds a pattern received over the wire, checking every index so a bad message cannot make a kernel
@@ -100,6 +111,9 @@ impl SparsePattern {
         if let Some(&bad) = idx.iter().find(|&&i| i as usize >= inner) {
             return Err(format!("index {bad} is outside 0..{inner}"));
         }
+        if let Some(s) = (0..outer).find(|&s| idx[ptr[s] as usize..ptr[s + 1] as usize].windows(2).any(|w| w[0] >= w[1])) {
+            return Err(format!("the indices of line {} do not strictly increase", order[s]));
+        }
         Ok(Self::finish(outer, inner, order, ptr, idx))
     }
 
@@ -112,6 +126,10 @@ impl SparsePattern {
             for k in self.ptr[s] as usize..self.ptr[s + 1] as usize {
                 lines[self.idx[k] as usize].push((line, k as u32));
             }
+        }
+        // Each line of the transpose in increasing inner index, as `from_lines` stores it.
+        for line in &mut lines {
+            line.sort_unstable_by_key(|&(i, _)| i);
         }
         let perm_lines: Vec<Vec<u32>> = lines.iter().map(|l| l.iter().map(|&(_, k)| k).collect()).collect();
         let idx_lines: Vec<Vec<u32>> = lines.into_iter().map(|l| l.into_iter().map(|(i, _)| i).collect()).collect();
@@ -209,6 +227,11 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+thread_local! {
+    /// The gather kernel's packed source, kept between calls for the same reason as [`SCRATCH`].
+    static PACKED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A pointer through which workers write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
 struct Disjoint(*mut f32);
@@ -240,104 +263,162 @@ pub fn gather(p: &SparsePattern, values: &[f32], src: &Mat, dst: &mut Mat) {
         });
         return;
     }
-    let n = workers(p.nnz() * src.cols);
-    let out = Disjoint(dst.data.as_mut_ptr());
-    (0..n).into_par_iter().for_each(|w| {
-        // SAFETY: worker `w` writes only rows `order[s]` for `s ≡ w (mod n)`; `order` is a permutation
-        // (checked by every constructor), so no two workers touch the same row, and each row lies inside `dst`.
-        unsafe { gather_worker(p, values, &src.data, src.cols, out, w, n) }
+    if p.inner == 0 || src.cols == 0 {
+        dst.data.fill(0.0);
+        return;
+    }
+    PACKED.with_borrow_mut(|scratch| {
+        let tiles = pack_tiles(&src.data, p.inner, src.cols, scratch);
+        let out = Disjoint(dst.data.as_mut_ptr());
+        let run = |part: &Part| {
+            // SAFETY: each part writes only the rows of its own lines; the parts deal the lines of `order`,
+            // a permutation (checked by every constructor), so no two parts touch the same row, and each row
+            // lies inside `dst` (shape asserted above).
+            unsafe { gather_part(part, values, tiles, p.inner, src.cols, out) }
+        };
+        if workers(p.nnz() * src.cols) > 1 {
+            p.schedule.parts.par_iter().for_each(run);
+        } else {
+            p.schedule.parts.iter().for_each(run);
+        }
     });
 }
 
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
-unsafe fn gather_worker(
-    p: &SparsePattern,
-    values: &[f32],
-    src: &[f32],
-    tokens: usize,
-    out: Disjoint,
-    w: usize,
-    n: usize,
-) {
-    let mut packed = Vec::new();
-    let mut t0 = 0;
-    while t0 < tokens {
-        let tl = TILE.min(tokens - t0);
-        let tile = pack(src, tokens, p.inner, t0, tl, &mut packed);
-        let mut s = w;
-        while s < p.outer {
-            let line = p.order[s] as usize;
-            let nz = p.ptr[s] as usize..p.ptr[s + 1] as usize;
-            // SAFETY: see `gather`: row `line` belongs to this worker alone and lies inside the buffer.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(line * tokens + t0), tl) };
-            if tl == TILE {
-                // Two accumulators, for even and odd non-zeros, so consecutive AXPYs do not wait on each
-                // other's additions.
-                let (mut even, mut odd) = ([0.0f32; TILE], [0.0f32; TILE]);
-                let mut k = nz.start;
-                while k + 1 < nz.end {
-                    prefetch(tile, &p.idx, k + PREFETCH_AHEAD, nz.end);
-                    prefetch(tile, &p.idx, k + PREFETCH_AHEAD + 1, nz.end);
-                    let (v0, v1) = (values[k], values[k + 1]);
-                    let (o0, o1) = (p.idx[k] as usize * TILE, p.idx[k + 1] as usize * TILE);
-                    let (x0, x1) = (&tile[o0..o0 + TILE], &tile[o1..o1 + TILE]);
-                    for j in 0..TILE {
-                        even[j] += v0 * x0[j];
-                        odd[j] += v1 * x1[j];
-                    }
-                    k += 2;
-                }
-                if k < nz.end {
-                    let v = values[k];
-                    let o = p.idx[k] as usize * TILE;
-                    let x = &tile[o..o + TILE];
-                    for j in 0..TILE {
-                        even[j] += v * x[j];
-                    }
-                }
-                for (d, (e, o)) in dst.iter_mut().zip(even.iter().zip(&odd)) {
-                    *d = e + o;
-                }
-            } else {
-                dst.fill(0.0);
-                for k in nz {
-                    let v = values[k];
-                    let x = &tile[p.idx[k] as usize * tl..][..tl];
-                    for (d, &xj) in dst.iter_mut().zip(x) {
-                        *d += v * xj;
-                    }
-                }
-            }
-            s += n;
-        }
-        t0 += tl;
+/// The order in which the gather kernel visits a pattern's non-zeros, fixed when the pattern is built.
+///
+/// The source is cut into tiles of [`TILE`] tokens. Within a tile, the source rows are taken a block at a time
+/// (a block fits in L1), and every line takes its non-zeros that fall in the block before the next block is
+/// touched. Walking the compressed lines in that order would jump between lines for every block, so the indices
+/// are stored once more, already in visiting order, and read straight through.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Schedule {
+    parts: Vec<Part>,
+}
+
+/// The share of one worker: lines dealt round-robin from the heaviest down, so the parts carry equal work.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Part {
+    /// Destination row of each of the part's lines.
+    lines: Vec<u32>,
+    /// Runs of non-zeros in visiting order: local line, and where the run ends in `idx`/`at`.
+    runs: Vec<(u32, u32)>,
+    /// Source row of each non-zero, in visiting order.
+    idx: Vec<u32>,
+    /// Position of each non-zero in the pattern's own order, where its value is.
+    at: Vec<u32>,
+}
+
+impl Schedule {
+    fn new(p: &SparsePattern, parts: usize) -> Self {
+        let block = block_rows(p);
+        Schedule { parts: (0..parts).map(|w| Part::new(p, (w..p.outer).step_by(parts).collect(), block)).collect() }
     }
 }
 
-/// How many non-zeros ahead the gather kernel asks for the source row it will need.
-const PREFETCH_AHEAD: usize = 8;
-
-/// Hints the cache to fetch the tile row of non-zero `k`: rows are visited in a data-dependent order the
-/// hardware prefetcher cannot predict.
-#[inline(always)]
-fn prefetch(tile: &[f32], idx: &[u32], k: usize, end: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if k < end {
-        let row = idx[k] as usize * TILE;
-        if row + TILE <= tile.len() {
-            let p = tile[row..].as_ptr() as *const i8;
-            // SAFETY: a prefetch is only a hint; the address lies inside `tile`, and SSE is baseline on x86_64.
-            unsafe {
-                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                _mm_prefetch(p, _MM_HINT_T0);
-                _mm_prefetch(p.add(64), _MM_HINT_T0);
-                _mm_prefetch(p.add(128), _MM_HINT_T0);
-                _mm_prefetch(p.add(192), _MM_HINT_T0);
+impl Part {
+    /// The visiting order of the stored lines `mine`: group by group of lines, block by block of source rows.
+    fn new(p: &SparsePattern, mine: Vec<usize>, block: usize) -> Self {
+        let mut part = Part { lines: mine.iter().map(|&s| p.order[s]).collect(), ..Part::default() };
+        part.idx.reserve(mine.iter().map(|&s| (p.ptr[s + 1] - p.ptr[s]) as usize).sum());
+        part.at.reserve(part.idx.capacity());
+        let mut next: Vec<usize> = mine.iter().map(|&s| p.ptr[s] as usize).collect();
+        for first in (0..mine.len()).step_by(LINES_PER_GROUP) {
+            let group = first..(first + LINES_PER_GROUP).min(mine.len());
+            for b1 in (block..p.inner + block).step_by(block) {
+                for j in group.clone() {
+                    let (start, end) = (next[j], p.ptr[mine[j] + 1] as usize);
+                    // Indices increase along a line (see `from_lines`), so this block's non-zeros come next.
+                    let stop = start + p.idx[start..end].partition_point(|&i| (i as usize) < b1);
+                    if stop > start {
+                        part.idx.extend_from_slice(&p.idx[start..stop]);
+                        part.at.extend(start as u32..stop as u32);
+                        part.runs.push((j as u32, part.idx.len() as u32));
+                    }
+                    next[j] = stop;
+                }
             }
         }
+        part
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (tile, idx, k, end);
+}
+
+/// Lines whose sums are built together: their sums ([`TILE`] tokens each) and one block of source rows
+/// stay in L1 while the block is consumed.
+const LINES_PER_GROUP: usize = 64;
+
+/// Source rows per block: as many as fill half of a 32 KiB L1 data cache, or more when the pattern is so
+/// sparse that a line would have fewer than eight non-zeros per block (each run reloads the line's sums).
+fn block_rows(p: &SparsePattern) -> usize {
+    let l1_rows = (8 << 10) / std::mem::size_of::<Lane>();
+    let per_line = (p.nnz() / p.outer.max(1)).max(1);
+    l1_rows.max((p.inner * 8).div_ceil(per_line)).min(p.inner.max(1))
+}
+
+/// One row of a packed tile: the [`TILE`] tokens of one source row, aligned to a cache line.
+#[derive(Clone, Copy)]
+#[repr(align(64))]
+struct Lane([f32; TILE]);
+
+/// Lays the `rows × tokens` source out as tiles of [`TILE`] tokens, each tile `rows` contiguous lanes,
+/// zero-padded past the last token: the kernel always works on whole lanes, and rows of activations that are a
+/// power of two apart no longer fall onto the same few cache sets.
+fn pack_tiles<'s>(src: &[f32], rows: usize, tokens: usize, scratch: &'s mut Vec<f32>) -> &'s [Lane] {
+    let tiles = tokens.div_ceil(TILE);
+    let floats = tiles * rows * TILE;
+    // Lanes start at the first address of the scratch aligned for them.
+    scratch.clear();
+    scratch.resize(floats + TILE, 0.0);
+    let skip = scratch.as_ptr().align_offset(std::mem::align_of::<Lane>());
+    let buf = &mut scratch[skip..skip + floats];
+    let fill = |(t, tile): (usize, &mut [f32])| {
+        let (t0, tl) = (t * TILE, TILE.min(tokens - t * TILE));
+        for (r, lane) in tile.chunks_exact_mut(TILE).enumerate() {
+            lane[..tl].copy_from_slice(&src[r * tokens + t0..r * tokens + t0 + tl]);
+            lane[tl..].fill(0.0);
+        }
+    };
+    if floats >= 1 << 16 {
+        buf.par_chunks_mut(rows * TILE).enumerate().for_each(fill);
+    } else {
+        buf.chunks_mut(rows * TILE).enumerate().for_each(fill);
+    }
+    // SAFETY: `buf` starts at an address aligned for `Lane` (by `skip`), holds `tiles * rows` whole lanes of
+    // initialised `f32`s, and `Lane` is a `repr(align(64))` wrapper of `[f32; TILE]` with no other fields.
+    unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const Lane, tiles * rows) }
+}
+
+#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+unsafe fn gather_part(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, tokens: usize, out: Disjoint) {
+    // The part's values in visiting order, gathered once for all tiles.
+    let vals: Vec<f32> = part.at.iter().map(|&k| values[k as usize]).collect();
+    let mut acc = vec![Lane([0.0; TILE]); part.lines.len()];
+    for (t, tile) in tiles.chunks_exact(rows).enumerate() {
+        acc.fill(Lane([0.0; TILE]));
+        let mut k = 0;
+        for &(j, end) in &part.runs {
+            let a = &mut acc[j as usize];
+            let mut sum = a.0;
+            for (&v, &i) in vals[k..end as usize].iter().zip(&part.idx[k..end as usize]) {
+                axpy(&mut sum, v, &tile[i as usize]);
+            }
+            a.0 = sum;
+            k = end as usize;
+        }
+        let (t0, tl) = (t * TILE, TILE.min(tokens - t * TILE));
+        for (a, &line) in acc.iter().zip(&part.lines) {
+            // SAFETY: see `gather`: row `line` belongs to this part alone and lies inside the buffer.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(line as usize * tokens + t0), tl) };
+            dst.copy_from_slice(&a.0[..tl]);
+        }
+    }
+}
+
+/// `sum += v · x` over one lane: the wafer's AXPY of one non-zero weight over a tile of tokens.
+#[inline(always)]
+fn axpy(sum: &mut [f32; TILE], v: f32, x: &Lane) {
+    for j in 0..TILE {
+        sum[j] += v * x.0[j];
+    }
 }
 
 /// Copies columns `t0..t0 + tl` of the `rows × tokens` matrix `src` into `buf` as a contiguous `rows × tl`
@@ -505,5 +586,9 @@ mod tests {
         dup[1] = dup[0];
         assert!(SparsePattern::from_parts(10, 12, dup, p.ptr.clone(), p.idx.clone()).is_err());
         assert!(SparsePattern::from_parts(10, 12, p.order.clone(), p.ptr[..5].to_vec(), p.idx.clone()).is_err());
+        let mut unsorted = p.idx.clone();
+        let first_long = (0..10).find(|&s| p.ptr[s + 1] - p.ptr[s] >= 2).expect("a line with two non-zeros");
+        unsorted.swap(p.ptr[first_long] as usize, p.ptr[first_long] as usize + 1);
+        assert!(SparsePattern::from_parts(10, 12, p.order.clone(), p.ptr.clone(), unsorted).is_err());
     }
 }
