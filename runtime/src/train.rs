@@ -76,6 +76,8 @@ pub struct Summary {
     pub dense_equivalent_bytes: u64,
     /// CS-2 systems (engines) used.
     pub cs2: u32,
+    /// How the steps ran: `pipelined` (the model resident on the engines) or `weightStreaming`.
+    pub execution_mode: crds::ExecutionMode,
     /// Per-engine counters at the end of training (before evaluation).
     pub engines: Vec<EngineStats>,
     /// Fraction of the training wall time the engines spent computing (mean over engines).
@@ -195,20 +197,82 @@ impl Default for RetryPolicy {
     }
 }
 
+/// One step of pipelined execution: the engines hold the model, so only the batch goes down and the loss comes
+/// up; the gradients are summed and applied inside the fabric. Engines are primed with MemoryX's state first
+/// when they need it (at the start, and after a fault).
+fn resident_step(
+    store: &dyn WeightStore,
+    swarm: &mut dyn Swarm,
+    primed: &mut bool,
+    job: &str,
+    tokens_per_sample: usize,
+    samples: Vec<u32>,
+    step: u64,
+) -> Result<(LossSum, u64)> {
+    let mut bytes = 0;
+    if !*primed {
+        let (at, state) = store.state(job)?;
+        if at != step {
+            return Err(Error::Protocol(format!("MemoryX holds step {at} but the loop is at step {step}")));
+        }
+        swarm.prime(&state)?;
+        bytes += state.len() as u64;
+        *primed = true;
+    }
+    let grad_scale = 1.0 / (samples.len() * tokens_per_sample).max(1) as f32;
+    Ok((swarm.resident_step(&StepRequest { step, samples, split: Split::Train, grad_scale })?, bytes))
+}
+
+/// Brings MemoryX up to the engines' replicas, which hold `step` (steps applied). Returns whether it did: a
+/// replica of another step (or none) leaves MemoryX as it was.
+fn take_back(store: &dyn WeightStore, swarm: &mut dyn Swarm, step: u64) -> Result<bool> {
+    let state = swarm.snapshot()?;
+    let (at, _) = crate::memoryx::checkpoint::from_bytes(&state, "the engines' replica")?;
+    if at != step {
+        tracing::warn!(replica = at, expected = step, "the surviving replica is of another step");
+        return Ok(false);
+    }
+    store.set_state(&state)?;
+    Ok(true)
+}
+
+/// How the steps of a run are carried out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Every layer streamed from MemoryX, forward and backward, every step.
+    Streaming,
+    /// The engines hold the model; MemoryX is brought up to date when `sync_at` asks and at the end.
+    Resident,
+}
+
 /// Trains steps `start..total` and evaluates. `on_step` sees every step's metrics as it finishes (and may
 /// checkpoint); a step that fails because a component is unavailable is rerun whole, so no gradient is lost or
 /// applied twice.
+///
+/// The execution mode is the plan's: when the model fits the engines whole (`pipelined`, or `auto` choosing it)
+/// and the engines can hold replicas, they keep it resident and MemoryX's copy is brought up to date before
+/// every step `sync_at` names (a checkpoint is due) and at the end. If a fault loses every replica, the run
+/// goes back to MemoryX's copy and reruns the steps since, which reproduces them exactly.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     spec: &crds::TrainingJobSpec,
+    job: &str,
     store: &dyn WeightStore,
     swarm: &mut dyn Swarm,
     data: (&Dataset, &Dataset),
     start: u64,
     total: u64,
     retry: RetryPolicy,
+    sync_at: &dyn Fn(u64) -> bool,
     on_step: &mut dyn FnMut(&StepMetrics) -> Result<()>,
 ) -> Result<Summary> {
+    let plan = crate::plan::Plan::new(spec, swarm.sram_bytes())?;
+    let mode = if plan.execution_mode == crds::ExecutionMode::Pipelined && swarm.holds_replicas() {
+        Mode::Resident
+    } else {
+        Mode::Streaming
+    };
+    tracing::info!(?mode, "execution");
     let train_samples = data.0.len();
     let test_samples = data.1.eval_samples();
     let batch = spec.training.batch_size as usize;
@@ -219,19 +283,73 @@ pub fn run(
     let dense_step = crate::plan::step_bytes(&layout, true);
     let started = Instant::now();
     let (mut bytes, mut final_loss) = (0u64, f64::NAN);
-    for step in start..total {
+    let mut primed = false;
+    // Steps already reported: a rerun after a lost replica does not report them twice.
+    let mut reported = start;
+    let mut step = start;
+    while step < total {
         let step_started = Instant::now();
         let mut attempt = 1;
-        let (loss, step_bytes) = loop {
-            match train_step(store, swarm, layers, per_sample, sampler.batch(step), step) {
+        let outcome = loop {
+            let result = match mode {
+                Mode::Streaming => train_step(store, swarm, layers, per_sample, sampler.batch(step), step),
+                Mode::Resident => resident_step(store, swarm, &mut primed, job, per_sample, sampler.batch(step), step),
+            };
+            match result {
                 Err(Error::Unavailable(why)) if attempt < retry.attempts => {
                     tracing::warn!(step = step + 1, attempt, "step aborted, rerunning: {why}");
                     attempt += 1;
                     std::thread::sleep(retry.pause);
+                    if mode == Mode::Resident {
+                        // The replacement engine has no replica: take the state from a surviving one (or, if
+                        // none survived, go back to MemoryX's copy) and prime them all again.
+                        primed = false;
+                        match take_back(store, swarm, step) {
+                            Ok(true) => {}
+                            Ok(false) => break None,
+                            Err(e) => {
+                                tracing::warn!("no replica to take back: {e}");
+                                break None;
+                            }
+                        }
+                    }
                 }
-                other => break other?,
+                other => break Some(other?),
             }
         };
+        let Some((loss, step_bytes)) = outcome else {
+            let back_to = store.state(job)?.0;
+            tracing::warn!(from = step, to = back_to, "every replica was lost; rerunning from MemoryX's copy");
+            step = back_to;
+            continue;
+        };
+        if mode == Mode::Resident && (sync_at(step + 1) || step + 1 == total) {
+            let mut attempt = 1;
+            let synced = loop {
+                match take_back(store, swarm, step + 1) {
+                    Ok(true) => break true,
+                    Ok(false) => break false,
+                    Err(Error::Unavailable(why)) if attempt < retry.attempts => {
+                        tracing::warn!(attempt, "taking the replica back failed, retrying: {why}");
+                        attempt += 1;
+                        std::thread::sleep(retry.pause);
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            if !synced {
+                primed = false;
+                step = store.state(job)?.0;
+                tracing::warn!(to = step, "the replicas could not be taken back; rerunning from MemoryX's copy");
+                continue;
+            }
+        }
+        step += 1;
+        if step <= reported {
+            continue;
+        }
+        reported = step;
+        let step = step - 1;
         final_loss = loss.loss / loss.samples.max(1) as f64;
         if !final_loss.is_finite() {
             return Err(Error::Protocol(format!(
@@ -280,6 +398,10 @@ pub fn run(
         bytes_streamed: bytes,
         dense_equivalent_bytes: dense_step * steps_run,
         cs2: spec.cs2,
+        execution_mode: match mode {
+            Mode::Resident => crds::ExecutionMode::Pipelined,
+            Mode::Streaming => crds::ExecutionMode::WeightStreaming,
+        },
         wse_utilization: engines.iter().map(|e| e.compute_s).sum::<f64>() / engines.len().max(1) as f64 / wall_s.max(1e-9),
         simulated_step_s: engines.iter().map(|e| e.counters.simulated_s).fold(0.0, f64::max) / steps_run.max(1) as f64,
         engines,

@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicU64;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use runtime::engine::server::EngineServer;
+use runtime::memoryx::MemoryX;
 use runtime::model::ModelLayout;
 use runtime::transport::{bind, serve_http, serve_stage, CommonArgs};
 use runtime::{Error, Result};
@@ -37,8 +38,11 @@ pub fn main(args: Args) -> Result<()> {
     let (train, test) = (Arc::new(train), Arc::new(test));
     let layout = ModelLayout::from_spec(&spec.model);
     let layers = layout.linears.len();
-    let engine = crate::engine(format!("engine-{}", args.index), layout, &spec.engine);
-    let server = EngineServer::new(job_id, layers, Box::new(engine), train, test);
+    let engine = crate::engine(format!("engine-{}", args.index), layout.clone(), &spec.engine);
+    let total = runtime::train::total_steps(&spec.training, train.len())?;
+    let (optimizer, schedule, seed) = (spec.training.optimizer.clone(), spec.training.schedule.clone(), spec.training.seed);
+    let replica = move || MemoryX::new(layout.clone(), optimizer.clone(), schedule.clone(), total, seed);
+    let server = EngineServer::new(job_id, layers, Box::new(engine), train, test).with_replicas(Arc::new(replica));
     let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
     rt.block_on(async move {
         let grpc = bind(args.listen, "engine", "grpc").await?;

@@ -116,14 +116,19 @@ pub struct RunOptions {
 pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     let job = load_job(path, opts.cs2)?;
     let spec = &job.spec;
-    plan_of(spec)?;
+    let plan = plan_of(spec)?;
     let (train, test) = runtime::data::load(spec)?;
     let total = runtime::train::total_steps(&spec.training, train.len())?;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
     let out = opts.out.clone().unwrap_or_else(|| Path::new("runs").join(&name));
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    let how = match plan.execution_mode {
+        // Engines in this process read MemoryX's memory directly: there is nothing to keep resident.
+        crds::ExecutionMode::Pipelined if !opts.in_process => "the model resident on the engines (pipelined)",
+        _ => "weights streamed from MemoryX layer by layer",
+    };
     eprintln!(
-        "{name}: {} steps of {} samples on {} CS-2{}, weights streamed from MemoryX layer by layer",
+        "{name}: {} steps of {} samples on {} CS-2{}, {how}",
         total,
         spec.training.batch_size,
         spec.cs2,
@@ -227,7 +232,8 @@ fn run_in_process(
         spec.training.seed,
     );
     let retry = runtime::train::RetryPolicy::default();
-    let mut summary = runtime::train::run(spec, &memoryx, &mut swarm, (&train, &test), 0, total, retry, &mut |m| {
+    let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
+    let mut summary = runtime::train::run(spec, &name, &memoryx, &mut swarm, (&train, &test), 0, total, retry, &|_| false, &mut |m| {
         serde_json::to_writer(&mut metrics, m).map_err(|e| runtime::Error::io("writing metrics.jsonl", e.into()))?;
         metrics.write_all(b"\n").map_err(|e| runtime::Error::io("writing metrics.jsonl", e))?;
         bar.set_message(format!("loss {:.4}  {:.0} samples/s", m.loss, m.samples_per_s));

@@ -67,14 +67,27 @@ fn one_two_and_four_engines_give_the_same_curve() {
     std::fs::write(&job, JOB.replace("intervalSteps: 5", "intervalSteps: 0")).unwrap();
     wsctl_run(&job, &dir.join("in-process"), &["--in-process"]);
     let reference = losses(&dir.join("in-process"));
+    let in_process: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("in-process/summary.json")).unwrap()).unwrap();
     assert_eq!(reference.len(), 24);
-    for n in ["1", "2", "4"] {
-        let out = dir.join(format!("cs2-{n}"));
-        wsctl_run(&job, &out, &["--cs2", n, "--fanout", "2"]);
-        same_curve(&reference, &losses(&out), &format!("{n} engine processes vs in-process"));
-        let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
-        assert_eq!(summary["engines"].as_array().map(Vec::len), Some(n.parse().unwrap()));
-        assert!(summary["wse_utilization"].as_f64().is_some_and(|u| u > 0.0 && u <= 1.0), "{summary}");
+    let streaming = dir.join("streaming.yaml");
+    std::fs::write(&streaming, JOB.replace("intervalSteps: 5", "intervalSteps: 0") + "  executionMode: weightStreaming\n").unwrap();
+    // The model fits an engine, so `auto` keeps it resident (pipelined); weight streaming must give the same
+    // curve. With a fan-out of 2, four engines sit under two SwarmX nodes under the root.
+    for (job, mode) in [(&job, "pipelined"), (&streaming, "weightStreaming")] {
+        for n in ["1", "2", "4"] {
+            let out = dir.join(format!("{mode}-cs2-{n}"));
+            wsctl_run(job, &out, &["--cs2", n, "--fanout", "2"]);
+            same_curve(&reference, &losses(&out), &format!("{n} engine processes ({mode}) vs in-process"));
+            let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+            assert_eq!(summary["engines"].as_array().map(Vec::len), Some(n.parse().unwrap()));
+            assert_eq!(summary["execution_mode"], mode);
+            assert!(summary["wse_utilization"].as_f64().is_some_and(|u| u > 0.0 && u <= 1.0), "{summary}");
+            let (got, want) = (&summary["eval"], &in_process["eval"]);
+            assert_eq!(got["samples"], want["samples"]);
+            let close = |k: &str, tol: f64| (got[k].as_f64().unwrap() - want[k].as_f64().unwrap()).abs() <= tol;
+            assert!(close("loss", 1e-6) && close("accuracy", 1e-3), "evaluation of {mode} on {n}: {got} vs {want}");
+        }
     }
     assert!(pgrep_nodes(&dir).is_empty(), "no process is left behind");
 }
@@ -125,18 +138,20 @@ fn node(role: &str, job: &Path, args: &[&str]) -> Node {
     }
 }
 
-#[test]
-fn a_killed_engine_is_replaced_and_the_step_reruns() {
-    let dir = scratch("engine-fault");
+/// Runs a job of `cs2` engines (`mode` appended to its spec) as separate processes, kills the last engine a
+/// few steps in and starts a replacement on its address; the run must finish on the undisturbed curve.
+/// Returns MemoryX's log.
+fn kill_and_replace_an_engine(name: &str, cs2: usize, mode: &str) -> String {
+    let dir = scratch(name);
     let job = dir.join("job.yaml");
-    let long = JOB.replace("cs2: 1", "cs2: 2").replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 120");
+    let long = JOB.replace("cs2: 1", &format!("cs2: {cs2}")).replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 120")
+        + &format!("  executionMode: {mode}\n");
     std::fs::write(&job, long).unwrap();
     wsctl_run(&job, &dir.join("undisturbed"), &[]);
 
-    let e0 = node("engine", &job, &["--index", "0"]);
-    let mut e1 = node("engine", &job, &["--index", "1"]);
-    let children = format!("http://{},http://{}", e0.addr, e1.addr);
-    let sx = node("swarmx", &job, &["--children", &children]);
+    let mut engines: Vec<Node> = (0..cs2).map(|i| node("engine", &job, &["--index", &i.to_string()])).collect();
+    let children: Vec<String> = engines.iter().map(|e| format!("http://{}", e.addr)).collect();
+    let sx = node("swarmx", &job, &["--children", &children.join(",")]);
     let out = dir.join("disturbed");
     let log = dir.join("memoryx.log");
     let mut mx = Command::new(env!("CARGO_BIN_EXE_wsctl"))
@@ -149,8 +164,8 @@ fn a_killed_engine_is_replaced_and_the_step_reruns() {
         .spawn()
         .unwrap();
     let mut progress = BufReader::new(mx.stdout.take().unwrap());
-    // Freeze MemoryX a few steps in, kill engine 1 under it, let it go on against the dead engine, and only
-    // then start a replacement on the same address.
+    // Freeze MemoryX a few steps in, kill the last engine under it, let it go on against the dead engine, and
+    // only then start a replacement on the same address.
     let mut line = String::new();
     loop {
         line.clear();
@@ -161,19 +176,41 @@ fn a_killed_engine_is_replaced_and_the_step_reruns() {
     }
     let signal = |sig: &str| Command::new("kill").args([sig, &mx.id().to_string()]).status().unwrap();
     assert!(signal("-STOP").success());
-    let addr = e1.addr.clone();
-    e1.child.kill().unwrap();
-    e1.child.wait().unwrap();
+    let mut victim = engines.pop().unwrap();
+    let addr = victim.addr.clone();
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
     assert!(signal("-CONT").success());
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let _replacement = node("engine", &job, &["--index", "1", "--listen", &addr]);
+    let _replacement = node("engine", &job, &["--index", &(cs2 - 1).to_string(), "--listen", &addr]);
     std::thread::spawn(move || for _ in progress.lines() {});
     let status = mx.wait().unwrap();
     let stderr = std::fs::read_to_string(&log).unwrap();
     assert!(status.success(), "memoryx finished after the engine was replaced: {stderr}");
     assert!(stderr.contains("step aborted, rerunning"), "a step really was aborted and rerun: {stderr}");
-    same_curve(&losses(&dir.join("undisturbed")), &losses(&out), "with an engine killed mid-run");
-    drop((e0, sx));
+    let undisturbed = losses(&dir.join("undisturbed"));
+    assert_eq!(undisturbed.len(), 120);
+    same_curve(&undisturbed, &losses(&out), &format!("{name}: with an engine killed mid-run"));
+    drop((engines, sx));
+    stderr
+}
+
+#[test]
+fn a_killed_engine_is_replaced_and_the_step_reruns() {
+    let log = kill_and_replace_an_engine("engine-fault-streaming", 2, "weightStreaming");
+    assert!(!log.contains("replica"), "weight streaming keeps no replicas: {log}");
+}
+
+#[test]
+fn a_replacement_engine_gets_the_replica_of_a_surviving_one() {
+    let log = kill_and_replace_an_engine("engine-fault-pipelined", 2, "pipelined");
+    assert!(!log.contains("every replica was lost"), "engine 0 kept its replica: {log}");
+}
+
+#[test]
+fn when_the_only_replica_is_lost_the_run_goes_back_to_memoryx_and_reruns() {
+    let log = kill_and_replace_an_engine("engine-fault-alone", 1, "pipelined");
+    assert!(log.contains("rerunning from MemoryX's copy"), "the lost steps were rerun from MemoryX's copy: {log}");
 }
 
 #[test]

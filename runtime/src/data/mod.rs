@@ -107,11 +107,14 @@ impl Images {
         const MEAN: f32 = 0.1307;
         const STD: f32 = 0.3081;
         let n = indices.len();
+        let normalised: [f32; 256] = std::array::from_fn(|p| (p as f32 / 255.0 - MEAN) / STD);
+        let images: Vec<&[u8]> =
+            indices.iter().map(|&i| &self.pixels[i as usize * self.features..(i as usize + 1) * self.features]).collect();
         let mut inputs = Mat::zeros(self.features, n);
-        for (j, &i) in indices.iter().enumerate() {
-            let row = &self.pixels[i as usize * self.features..(i as usize + 1) * self.features];
-            for (f, &p) in row.iter().enumerate() {
-                inputs.data[f * n + j] = (p as f32 / 255.0 - MEAN) / STD;
+        // Feature by feature, so the writes run along a row of the features × samples matrix.
+        for (f, row) in inputs.data.chunks_exact_mut(n.max(1)).enumerate() {
+            for (x, image) in row.iter_mut().zip(&images) {
+                *x = normalised[image[f] as usize];
             }
         }
         Shard { inputs, labels: indices.iter().map(|&i| self.labels[i as usize]).collect() }

@@ -189,6 +189,9 @@ pub trait EngineRole: Send {
     fn backward(&mut self, stream: &LayerStream) -> Result<LayerGrad>;
     /// Counters and memory use so far.
     fn stats(&self) -> EngineStats;
+    /// Whether the engine holds the whole model (pipelined execution): its layers then come from its own
+    /// memory and are not counted as received.
+    fn set_resident(&mut self, _resident: bool) {}
 }
 
 /// The model-specific half of the engine program: the math of each stream unit over the activations the
@@ -241,6 +244,7 @@ pub struct Wse<H: EngineHw> {
     step: Option<StepState>,
     peak: u64,
     compute: Duration,
+    resident: bool,
 }
 
 /// Forward through a linear unit with the stream's weights, noting the kernel it took.
@@ -297,7 +301,7 @@ impl<H: EngineHw> Wse<H> {
             Arch::Mlp => Box::new(mlp::MlpNet::new(&layout)),
             Arch::Gpt(g) => Box::new(gpt::GptNet::new(g)),
         };
-        Wse { name: name.into(), hw, layout, net, step: None, peak: 0, compute: Duration::ZERO }
+        Wse { name: name.into(), hw, layout, net, step: None, peak: 0, compute: Duration::ZERO, resident: false }
     }
 
     /// The hardware model, for reports specific to it.
@@ -441,7 +445,9 @@ impl<H: EngineHw> EngineRole for Wse<H> {
         self.reserve(stream.wire_bytes() + prefetch + out_bytes, || {
             format!("layer {l}'s weights beside the resident activations and the next layer's prefetch")
         })?;
-        self.hw.record(&Work::Received { bytes: stream.wire_bytes() });
+        if !self.resident {
+            self.hw.record(&Work::Received { bytes: stream.wire_bytes() });
+        }
 
         let started = Instant::now();
         let mut works = Vec::with_capacity(4);
@@ -495,7 +501,9 @@ impl<H: EngineHw> EngineRole for Wse<H> {
         }
         self.check_shape(stream)?;
         self.reserve(stream.wire_bytes(), || format!("layer {l}'s backward stream beside the resident activations"))?;
-        self.hw.record(&Work::Received { bytes: stream.wire_bytes() });
+        if !self.resident {
+            self.hw.record(&Work::Received { bytes: stream.wire_bytes() });
+        }
 
         let started = Instant::now();
         let shape = self.layout.linears[l];
@@ -511,6 +519,10 @@ impl<H: EngineHw> EngineRole for Wse<H> {
         let grad = LayerGrad { layer: l, weights, bias };
         self.hw.record(&Work::Sent { bytes: grad.wire_bytes() });
         Ok(grad)
+    }
+
+    fn set_resident(&mut self, resident: bool) {
+        self.resident = resident;
     }
 
     fn stats(&self) -> EngineStats {

@@ -3,7 +3,9 @@
 //! and are computed strictly in the order of the step: forward 1..L, loss, backward L..1.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use futures::Stream;
 use tokio::sync::watch;
@@ -13,9 +15,14 @@ use super::{EngineRole, EngineStats};
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::protocol::pb::stage_server::Stage;
-use crate::protocol::pb::{self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk};
-use crate::protocol::wire::{encode_grad, LayerAssembler};
-use crate::protocol::Pass;
+use crate::memoryx::{checkpoint, MemoryX, WeightStore};
+use crate::model::loss::LossSum;
+use crate::protocol::pb::{
+    self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
+    StateChunk, StepChunk,
+};
+use crate::protocol::wire::{decode_grads, decode_state, encode_grad, encode_grads, encode_state, LayerAssembler};
+use crate::protocol::{LayerGrad, Pass};
 use crate::swarmx::check_samples;
 use crate::transport::to_status;
 
@@ -28,6 +35,9 @@ struct Turn {
     done: usize,
 }
 
+/// Builds an empty replica of the job's model (the masks and shapes; the values come with `Prime`).
+pub type ReplicaFactory = Arc<dyn Fn() -> MemoryX + Send + Sync>;
+
 /// The `Stage` service of one engine.
 pub struct EngineServer {
     job: String,
@@ -36,17 +46,40 @@ pub struct EngineServer {
     train: Arc<Dataset>,
     test: Arc<Dataset>,
     turn: watch::Sender<Turn>,
+    /// Pipelined execution: the whole model held on the engine, and how to make one.
+    replica: Arc<Mutex<Option<MemoryX>>>,
+    make_replica: Option<ReplicaFactory>,
+    /// Time spent running the optimizer on the replica: engine work, counted as compute.
+    update_nanos: Arc<AtomicU64>,
 }
 
 impl EngineServer {
     /// Serves `engine` (running a model of `layers` weight layers) for `job`, reading shards from the data sets.
     pub fn new(job: String, layers: usize, engine: Box<dyn EngineRole>, train: Arc<Dataset>, test: Arc<Dataset>) -> Self {
-        EngineServer { job, layers, engine: Arc::new(Mutex::new(engine)), train, test, turn: watch::channel(Turn::default()).0 }
+        EngineServer {
+            job,
+            layers,
+            engine: Arc::new(Mutex::new(engine)),
+            train,
+            test,
+            turn: watch::channel(Turn::default()).0,
+            replica: Arc::new(Mutex::new(None)),
+            make_replica: None,
+            update_nanos: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Lets the engine hold the whole model for pipelined execution, building its replicas with `make`.
+    pub fn with_replicas(mut self, make: ReplicaFactory) -> Self {
+        self.make_replica = Some(make);
+        self
     }
 
     /// Counters of the engine, for this process's metrics.
     pub fn stats(&self) -> Option<EngineStats> {
-        self.engine.lock().ok().map(|e| e.stats())
+        let mut s = self.engine.lock().ok().map(|e| e.stats())?;
+        s.compute_s += self.update_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+        Some(s)
     }
 
     fn check_job(&self, job: &str) -> Result<(), Status> {
@@ -101,26 +134,8 @@ impl EngineServer {
         result.map_err(to_status)
     }
 
-    async fn receive(&self, mut stream: Streaming<LayerChunk>) -> Result<(u64, crate::protocol::LayerStream), Status> {
-        let mut asm = LayerAssembler::default();
-        while let Some(chunk) = stream.message().await? {
-            asm.push(chunk, &self.job).map_err(to_status)?;
-        }
-        asm.finish().map_err(to_status)
-    }
-}
-
-type GradStream = Pin<Box<dyn Stream<Item = Result<GradChunk, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl Stage for EngineServer {
-    async fn info(&self, request: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
-        self.check_job(&request.get_ref().job)?;
-        Ok(Response::new(InfoReply { job: self.job.clone(), engines: 1 }))
-    }
-
-    async fn begin_step(&self, request: Request<BeginStepRequest>) -> Result<Response<Ack>, Status> {
-        let r = request.into_inner();
+    /// Starts step `r.step` on this engine's share of the batch.
+    async fn begin(&self, r: BeginStepRequest) -> Result<(), Status> {
         self.check_job(&r.job)?;
         let (data, train) = match pb::Split::try_from(r.split) {
             Ok(pb::Split::Train) => (self.train.clone(), true),
@@ -138,8 +153,56 @@ impl Stage for EngineServer {
         .map_err(|e| Status::internal(e.to_string()))?
         .map_err(to_status)?;
         self.turn.send_modify(|t| *t = Turn { step: r.step, attempt: t.attempt + 1, done: 0 });
+        Ok(())
+    }
+
+    async fn receive(&self, mut stream: Streaming<LayerChunk>) -> Result<(u64, crate::protocol::LayerStream), Status> {
+        let mut asm = LayerAssembler::default();
+        while let Some(chunk) = stream.message().await? {
+            asm.push(chunk, &self.job).map_err(to_status)?;
+        }
+        asm.finish().map_err(to_status)
+    }
+}
+
+type GradStream = Pin<Box<dyn Stream<Item = Result<GradChunk, Status>> + Send>>;
+type StateStream = Pin<Box<dyn Stream<Item = Result<StateChunk, Status>> + Send>>;
+type StepChunkStream = Pin<Box<dyn Stream<Item = Result<StepChunk, Status>> + Send>>;
+
+/// One training step on a replica the engine holds: the streaming loop's order — forward, loss, backward in
+/// reverse — with every layer read from the engine's own memory instead of the fabric.
+pub fn resident_pass(engine: &mut dyn EngineRole, store: &MemoryX, layers: usize) -> Result<(LossSum, Vec<LayerGrad>)> {
+    for l in 0..layers {
+        store.with_stream(l, Pass::Forward, |s| engine.forward(s))?;
+    }
+    let loss = engine.loss()?;
+    let grads =
+        (0..layers).rev().map(|l| store.with_stream(l, Pass::Backward, |s| engine.backward(s))).collect::<Result<Vec<_>>>()?;
+    Ok((loss, grads))
+}
+
+/// Applies a step's summed gradients to a replica, in the order the streaming loop applies them.
+fn apply_all(store: &MemoryX, grads: &[LayerGrad], step: u64) -> Result<()> {
+    if store.step() != step {
+        return Err(Error::Protocol(format!("gradients of step {step} reached a replica of step {}", store.step())));
+    }
+    store.check_grads(grads)?;
+    grads.iter().try_for_each(|g| store.apply(g, step))
+}
+
+#[tonic::async_trait]
+impl Stage for EngineServer {
+    async fn info(&self, request: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
+        self.check_job(&request.get_ref().job)?;
+        let sram_bytes = self.stats().map_or(0, |s| s.sram_bytes);
+        Ok(Response::new(InfoReply { job: self.job.clone(), engines: 1, sram_bytes }))
+    }
+
+    async fn begin_step(&self, request: Request<BeginStepRequest>) -> Result<Response<Ack>, Status> {
+        self.begin(request.into_inner()).await?;
         Ok(Response::new(Ack {}))
     }
+
 
     async fn forward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<Ack>, Status> {
         let (step, stream) = self.receive(request.into_inner()).await?;
@@ -176,6 +239,109 @@ impl Stage for EngineServer {
         self.check_job(&request.get_ref().job)?;
         let s = self.stats().ok_or_else(|| Status::internal("engine state poisoned"))?;
         Ok(Response::new(pb::StatsReply { engines: vec![stats_to_pb(&s)] }))
+    }
+
+    async fn prime(&self, request: Request<Streaming<StateChunk>>) -> Result<Response<Ack>, Status> {
+        let make = self.make_replica.clone().ok_or_else(|| {
+            Status::failed_precondition("this engine was started without room for a replica (pipelined execution)")
+        })?;
+        let mut stream = request.into_inner();
+        let mut chunks = Vec::new();
+        while let Some(c) = stream.message().await? {
+            chunks.push(c);
+        }
+        let bytes = decode_state(chunks, &self.job).map_err(to_status)?;
+        let (replica, engine) = (self.replica.clone(), self.engine.clone());
+        tokio::task::spawn_blocking(move || {
+            let (step, tensors) = checkpoint::from_bytes(&bytes, "the replica sent to this engine")?;
+            let store = make();
+            store.restore(step, &tensors)?;
+            *replica.lock().map_err(|_| Error::Protocol("replica poisoned".into()))? = Some(store);
+            engine.lock().map_err(|_| Error::Protocol("engine state poisoned".into()))?.set_resident(true);
+            Ok::<_, Error>(())
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(to_status)?;
+        Ok(Response::new(Ack {}))
+    }
+
+    type SnapshotStream = StateStream;
+
+    async fn snapshot(&self, request: Request<SnapshotRequest>) -> Result<Response<StateStream>, Status> {
+        self.check_job(&request.get_ref().job)?;
+        let (replica, job) = (self.replica.clone(), self.job.clone());
+        let chunks = tokio::task::spawn_blocking(move || {
+            let guard = replica.lock().map_err(|_| Error::Protocol("replica poisoned".into()))?;
+            let store = guard.as_ref().ok_or_else(|| Error::Protocol("this engine holds no replica".into()))?;
+            let (step, tensors) = store.snapshot()?;
+            Ok::<_, Error>(encode_state(&checkpoint::to_bytes(step, &tensors, &job)?, &job))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        Ok(Response::new(Box::pin(tokio_stream::iter(chunks.into_iter().map(Ok)))))
+    }
+
+    type StepStream = StepChunkStream;
+
+    async fn step(&self, request: Request<ResidentStepRequest>) -> Result<Response<StepChunkStream>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        if let Some(begin) = r.begin.clone() {
+            self.begin(begin).await?;
+        }
+        let turn = self.wait_turn(r.step, 0).await?;
+        let (replica, layers, nanos) = (self.replica.clone(), self.layers, self.update_nanos.clone());
+        let (step, reduce) = (r.step, r.reduce);
+        let (loss, grads) = self
+            .compute(turn, move |e| {
+                let guard = replica.lock().map_err(|_| Error::Protocol("replica poisoned".into()))?;
+                let store = guard.as_ref().ok_or_else(|| Error::Protocol("this engine holds no replica: prime it first".into()))?;
+                if store.step() != step {
+                    return Err(Error::Protocol(format!("step {step} asked of a replica of step {}", store.step())));
+                }
+                let (loss, grads) = resident_pass(e, store, layers)?;
+                if !reduce {
+                    return Ok((loss, grads));
+                }
+                // Alone at the top of the tree: its own gradients are the sum.
+                let started = Instant::now();
+                apply_all(store, &grads, step)?;
+                nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                Ok((loss, Vec::new()))
+            })
+            .await?;
+        let loss = pb::LossReply { loss: loss.loss, correct: loss.correct, samples: loss.samples };
+        let first = std::iter::once(Ok(StepChunk { loss: Some(loss), grad: None }));
+        let grads = encode_grads(&grads).into_iter().map(|g| Ok(StepChunk { loss: None, grad: Some(g) }));
+        Ok(Response::new(Box::pin(tokio_stream::iter(first.chain(grads).collect::<Vec<_>>()))))
+    }
+
+    async fn apply(&self, request: Request<Streaming<GradChunk>>) -> Result<Response<Ack>, Status> {
+        let mut stream = request.into_inner();
+        let mut chunks = Vec::new();
+        while let Some(c) = stream.message().await? {
+            if chunks.is_empty() {
+                self.check_job(&c.job)?;
+            }
+            chunks.push(c);
+        }
+        let step = chunks.first().map_or(0, |c| c.step);
+        let grads = decode_grads(chunks).map_err(to_status)?;
+        let (replica, nanos) = (self.replica.clone(), self.update_nanos.clone());
+        tokio::task::spawn_blocking(move || {
+            let guard = replica.lock().map_err(|_| Error::Protocol("replica poisoned".into()))?;
+            let store = guard.as_ref().ok_or_else(|| Error::Protocol("this engine holds no replica: prime it first".into()))?;
+            let started = Instant::now();
+            apply_all(store, &grads, step)?;
+            nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            Ok::<_, Error>(())
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(to_status)?;
+        Ok(Response::new(Ack {}))
     }
 }
 

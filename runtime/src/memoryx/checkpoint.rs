@@ -32,9 +32,9 @@ fn checksum(tensors: &Tensors) -> u32 {
     h.finalize()
 }
 
-/// Writes a checkpoint of `step` into `dir` atomically and keeps only the newest `keep`. Returns its path.
-pub fn write(dir: &Path, step: u64, tensors: &Tensors, job: &str, keep: usize) -> Result<PathBuf> {
-    fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating checkpoint directory {}", dir.display()), e))?;
+/// The bytes of a checkpoint file: the tensors as safetensors, with the job, the step and a checksum in the
+/// metadata. Also what a pipelined engine's replica travels as.
+pub fn to_bytes(step: u64, tensors: &Tensors, job: &str) -> Result<Vec<u8>> {
     let bytes: Vec<(String, Vec<u8>)> =
         tensors.iter().map(|(n, v)| (n.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
     let views = bytes
@@ -52,8 +52,13 @@ pub fn write(dir: &Path, step: u64, tensors: &Tensors, job: &str, keep: usize) -
         ("step".to_string(), step.to_string()),
         ("crc32".to_string(), format!("{:08x}", checksum(tensors))),
     ]);
-    let data = safetensors::tensor::serialize(views, Some(metadata))
-        .map_err(|e| Error::Protocol(format!("serialising checkpoint: {e}")))?;
+    safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| Error::Protocol(format!("serialising checkpoint: {e}")))
+}
+
+/// Writes a checkpoint of `step` into `dir` atomically and keeps only the newest `keep`. Returns its path.
+pub fn write(dir: &Path, step: u64, tensors: &Tensors, job: &str, keep: usize) -> Result<PathBuf> {
+    fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating checkpoint directory {}", dir.display()), e))?;
+    let data = to_bytes(step, tensors, job)?;
     let path = path_for(dir, step);
     let tmp = dir.join(format!(".{PREFIX}{step:08}{SUFFIX}.tmp"));
     let mut file = fs::File::create(&tmp).map_err(|e| Error::io(format!("creating {}", tmp.display()), e))?;
@@ -90,11 +95,16 @@ pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
 /// Reads one checkpoint, verifying its checksum.
 pub fn read(path: &Path) -> Result<(u64, Tensors)> {
     let bytes = fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    let bad = |why: String| Error::Protocol(format!("checkpoint {} is unusable: {why}", path.display()));
-    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
+    from_bytes(&bytes, &format!("checkpoint {}", path.display()))
+}
+
+/// Parses the bytes of a checkpoint file (`what` names them in errors), verifying the checksum.
+pub fn from_bytes(bytes: &[u8], what: &str) -> Result<(u64, Tensors)> {
+    let bad = |why: String| Error::Protocol(format!("{what} is unusable: {why}"));
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
     let info = meta.metadata().clone().unwrap_or_default();
     let step: u64 = info.get("step").and_then(|s| s.parse().ok()).ok_or_else(|| bad("no step in its metadata".into()))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
     let mut names: Vec<String> = st.names().into_iter().map(|n| n.to_string()).collect();
     names.sort_by_key(|n| tensor_order(n));
     let mut tensors = Vec::with_capacity(names.len());

@@ -29,6 +29,11 @@ pub trait WeightStore: Sync {
     /// Runs the optimizer on layer `grad.layer` with the gradients summed over all engines for step `step`
     /// (0-based). A step's gradient is applied exactly once: a repeat or a skip is refused.
     fn apply(&self, grad: &LayerGrad, step: u64) -> Result<()>;
+    /// The whole state (weights and optimizer moments) and its step, as a checkpoint file's bytes: what
+    /// pipelined engines are primed with.
+    fn state(&self, job: &str) -> Result<(u64, Vec<u8>)>;
+    /// Takes back a state of the same model from pipelined engines; refused whole if it does not fit.
+    fn set_state(&self, bytes: &[u8]) -> Result<u64>;
 }
 
 /// The static mask of a sparse layer in both orders, and the map between them.
@@ -121,6 +126,76 @@ impl MemoryX {
         MemoryX { layout, optimizer, schedule, total_steps, layers, tied_grad: Mutex::new(None) }
     }
 
+    /// Refuses a gradient that does not fit layer `grad.layer` (wrong lengths, NaN or infinity).
+    fn check_grad(state: &LayerState, grad: &LayerGrad) -> Result<()> {
+        let own_weights = if state.shape.tied_to.is_some() { state.shape.dense_weights() } else { state.weights.len() };
+        if grad.weights.len() != own_weights || grad.bias.len() != state.shape.bias_len() {
+            return Err(Error::Protocol(format!(
+                "gradient for layer {} has {} weight and {} bias values; {} and {} expected",
+                grad.layer,
+                grad.weights.len(),
+                grad.bias.len(),
+                own_weights,
+                state.shape.bias_len()
+            )));
+        }
+        if grad.weights.iter().chain(&grad.bias).any(|g| !g.is_finite()) {
+            return Err(Error::Protocol(format!(
+                "gradient for layer {} holds NaN or infinity; lower the learning rate",
+                grad.layer
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks a step's gradients against the model before any is applied, so a bad one cannot leave the
+    /// state half-updated.
+    pub fn check_grads(&self, grads: &[LayerGrad]) -> Result<()> {
+        grads.iter().try_for_each(|g| Self::check_grad(&*self.read(g.layer)?, g))
+    }
+
+    /// Optimizer steps applied so far (the step the next gradient must be for).
+    pub fn step(&self) -> u64 {
+        self.layers.first().and_then(|l| l.read().ok().map(|s| s.updates)).unwrap_or(0)
+    }
+
+    /// Runs `f` on layer `layer`'s stream for `pass`, lending it the stored weights instead of copying them
+    /// when they travel in stored order (dense layers, and sparse ones forward), and putting them back after.
+    /// For a pipelined engine's replica, whose layers never leave the engine. `f` must not use this store.
+    pub fn with_stream<T>(&self, layer: usize, pass: Pass, f: impl FnOnce(&LayerStream) -> Result<T>) -> Result<T> {
+        let lendable = {
+            let s = self.read(layer)?;
+            s.shape.tied_to.is_none() && (pass == Pass::Forward || (layer > 0 && s.masks.is_none()))
+        };
+        if !lendable {
+            let stream = match pass {
+                Pass::Forward => self.forward_stream(layer)?,
+                Pass::Backward => self.backward_stream(layer)?,
+            };
+            return f(&stream);
+        }
+        let mut state = self.layers[layer]
+            .write()
+            .map_err(|_| Error::Protocol(format!("layer {layer}'s state was poisoned by a failed update")))?;
+        let values = std::mem::take(&mut state.weights);
+        let weights = match &state.masks {
+            Some(m) => WeightPayload::Sparse { pattern: m.by_row.clone(), values },
+            None => WeightPayload::Dense(values),
+        };
+        let bias = if pass == Pass::Forward { std::mem::take(&mut state.bias) } else { Vec::new() };
+        let stream = LayerStream { layer, pass, weights, bias };
+        let out = f(&stream);
+        let LayerStream { weights, bias, .. } = stream;
+        match weights {
+            WeightPayload::Dense(v) | WeightPayload::Sparse { values: v, .. } => state.weights = v,
+            WeightPayload::Mask(_) | WeightPayload::Nothing => {}
+        }
+        if pass == Pass::Forward {
+            state.bias = bias;
+        }
+        out
+    }
+
     /// The model it stores.
     pub fn layout(&self) -> &ModelLayout {
         &self.layout
@@ -201,23 +276,7 @@ impl WeightStore for MemoryX {
                 grad.layer, state.updates
             )));
         }
-        let own_weights = if state.shape.tied_to.is_some() { state.shape.dense_weights() } else { state.weights.len() };
-        if grad.weights.len() != own_weights || grad.bias.len() != state.shape.bias_len() {
-            return Err(Error::Protocol(format!(
-                "gradient for layer {} has {} weight and {} bias values; {} and {} expected",
-                grad.layer,
-                grad.weights.len(),
-                grad.bias.len(),
-                own_weights,
-                state.shape.bias_len()
-            )));
-        }
-        if grad.weights.iter().chain(&grad.bias).any(|g| !g.is_finite()) {
-            return Err(Error::Protocol(format!(
-                "gradient for layer {} holds NaN or infinity; lower the learning rate",
-                grad.layer
-            )));
-        }
+        Self::check_grad(&state, grad)?;
         let mut tied = self.tied_grad.lock().map_err(|_| Error::Protocol("tied gradient lock poisoned".into()))?;
         if let Some(target) = state.shape.tied_to {
             // The shared weights are updated once, with the target layer, from the sum of both gradients.
@@ -254,6 +313,17 @@ impl WeightStore for MemoryX {
         optim::update(&self.optimizer, bias, &grad.bias, bias_opt, lr, t, false);
         state.updates += 1;
         Ok(())
+    }
+
+    fn state(&self, job: &str) -> Result<(u64, Vec<u8>)> {
+        let (step, tensors) = self.snapshot()?;
+        Ok((step, checkpoint::to_bytes(step, &tensors, job)?))
+    }
+
+    fn set_state(&self, bytes: &[u8]) -> Result<u64> {
+        let (step, tensors) = checkpoint::from_bytes(bytes, "the engines' replica")?;
+        self.restore(step, &tensors)?;
+        Ok(step)
     }
 }
 

@@ -220,7 +220,10 @@ fn coordinate(
     let crash_after = args.crash_after_steps;
     let steps_done = AtomicU64::new(0);
     let retry = RetryPolicy { attempts: (args.retry_seconds * 2).max(1) as u32, pause: Duration::from_millis(500) };
-    let mut summary = train::run(spec, &store, &mut swarm, (&train_set, &test_set), start, total, retry, &mut |m: &StepMetrics| {
+    // With the model resident on the engines, MemoryX's copy is brought up to date for each checkpoint.
+    let sync_at = |step: u64| (interval > 0 && step % interval == 0) || want_checkpoint.load(Ordering::SeqCst);
+    let data = (&train_set, &test_set);
+    let mut summary = train::run(spec, job_id, &store, &mut swarm, data, start, total, retry, &sync_at, &mut |m: &StepMetrics| {
         metrics.step.set(m.step as i64);
         metrics.loss.set(m.loss);
         metrics.bytes.inc_by(m.bytes_streamed);

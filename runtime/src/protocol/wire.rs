@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::pb::{Encoding, GradChunk, LayerChunk, Pass as PbPass};
+use super::pb::{Encoding, GradChunk, LayerChunk, Pass as PbPass, StateChunk};
 use super::{LayerGrad, LayerStream, Pass, WeightPayload};
 use crate::error::{Error, Result};
 use crate::kernels::sparse::SparsePattern;
@@ -261,6 +261,72 @@ pub fn decode_grad(chunks: impl IntoIterator<Item = GradChunk>) -> Result<LayerG
         )));
     }
     Ok(LayerGrad { layer: h.layer as usize, weights, bias })
+}
+
+/// Several layers' gradients as one stream: each layer's chunks in turn, in the order given.
+pub fn encode_grads(grads: &[LayerGrad]) -> Vec<GradChunk> {
+    grads.iter().flat_map(encode_grad).collect()
+}
+
+/// Splits a stream of several layers' gradients at each layer's first chunk and decodes every layer.
+pub fn decode_grads(chunks: impl IntoIterator<Item = GradChunk>) -> Result<Vec<LayerGrad>> {
+    let mut layers: Vec<Vec<GradChunk>> = Vec::new();
+    for c in chunks {
+        match layers.last_mut() {
+            Some(current) if !c.first => current.push(c),
+            _ => layers.push(vec![c]),
+        }
+    }
+    layers.into_iter().map(decode_grad).collect()
+}
+
+/// Adds one stage's gradients of a whole step to the running sum, layer by layer.
+pub fn add_grads(sum: &mut Option<Vec<LayerGrad>>, more: Vec<LayerGrad>) -> Result<()> {
+    match sum {
+        None => *sum = Some(more),
+        Some(s) if s.len() != more.len() => {
+            return Err(Error::Protocol(format!("gradients of {} layers cannot be summed with {}", more.len(), s.len())));
+        }
+        Some(s) => {
+            for (a, b) in s.iter_mut().zip(&more) {
+                a.add(b).map_err(Error::Protocol)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A replica's state (the bytes of a checkpoint file) cut into chunks for `job`.
+pub fn encode_state(bytes: &[u8], job: &str) -> Vec<StateChunk> {
+    let mut chunks: Vec<StateChunk> =
+        bytes.chunks(CHUNK_BYTES).map(|d| StateChunk { job: job.to_string(), data: d.to_vec(), last: false }).collect();
+    if chunks.is_empty() {
+        chunks.push(StateChunk { job: job.to_string(), ..StateChunk::default() });
+    }
+    if let Some(last) = chunks.last_mut() {
+        last.last = true;
+    }
+    chunks
+}
+
+/// Puts a replica's state back together, refusing chunks of another job and a stream cut short.
+pub fn decode_state(chunks: impl IntoIterator<Item = StateChunk>, job: &str) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    let mut done = false;
+    for c in chunks {
+        if c.job != job {
+            return Err(Error::Protocol(format!("a replica of job '{}' was sent to job '{job}'", c.job)));
+        }
+        if done {
+            return Err(Error::Protocol("a replica chunk arrived after the last one".into()));
+        }
+        done = c.last;
+        bytes.extend_from_slice(&c.data);
+    }
+    if !done {
+        return Err(Error::Protocol("the replica's state is truncated: its last chunk never came".into()));
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

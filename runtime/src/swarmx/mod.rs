@@ -57,6 +57,27 @@ pub trait Swarm {
     fn backward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<Vec<LayerGrad>>;
     /// Each engine's counters, in engine order.
     fn stats(&mut self) -> Result<Vec<EngineStats>>;
+    /// The smallest SRAM among the engines: what the plan's choice of execution mode is made against.
+    fn sram_bytes(&self) -> u64;
+
+    /// Whether the engines can hold the whole model as replicas (pipelined execution). Engines in this process
+    /// share MemoryX's memory, so there is nothing to keep resident and the streaming loop serves both modes.
+    fn holds_replicas(&self) -> bool {
+        false
+    }
+    /// Installs MemoryX's state of `step` (a checkpoint file's bytes) as every engine's replica.
+    fn prime(&mut self, _state: &[u8]) -> Result<()> {
+        Err(Error::Protocol("these engines cannot hold replicas".into()))
+    }
+    /// Begins and runs a training step on the replicas; every engine applies the gradients summed over all
+    /// engines. Returns the loss summed over engines.
+    fn resident_step(&mut self, _request: &StepRequest) -> Result<LossSum> {
+        Err(Error::Protocol("these engines cannot hold replicas".into()))
+    }
+    /// The state of the first engine's replica, as a checkpoint file's bytes.
+    fn snapshot(&mut self) -> Result<Vec<u8>> {
+        Err(Error::Protocol("these engines cannot hold replicas".into()))
+    }
 }
 
 /// SwarmX with its engines in the same process: broadcast is a shared reference, reduce a sum in engine order.
@@ -125,6 +146,10 @@ impl Swarm for LocalSwarm {
 
     fn stats(&mut self) -> Result<Vec<EngineStats>> {
         Ok(self.engines.iter().map(|e| e.stats()).collect())
+    }
+
+    fn sram_bytes(&self) -> u64 {
+        self.engines.iter().map(|e| e.stats().sram_bytes).min().unwrap_or(0)
     }
 }
 

@@ -15,8 +15,11 @@ use crate::error::{Error, Result};
 use crate::model::loss::LossSum;
 use crate::protocol::pb::stage_client::StageClient;
 use crate::protocol::pb::stage_server::Stage;
-use crate::protocol::pb::{self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk};
-use crate::protocol::wire::{decode_grad, encode_grad};
+use crate::protocol::pb::{
+    self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
+    StateChunk, StepChunk,
+};
+use crate::protocol::wire::{add_grads, decode_grad, decode_grads, encode_grad, encode_grads};
 use crate::protocol::LayerGrad;
 use crate::transport::{from_status, to_status};
 
@@ -29,6 +32,8 @@ pub struct Child {
     pub client: StageClient<Channel>,
     /// Engines below it.
     pub engines: u32,
+    /// The smallest SRAM among them.
+    pub sram_bytes: u64,
 }
 
 /// Connects to a stage at `url` for `job`, waiting up to `timeout` for it to come up, and learns its engines.
@@ -48,7 +53,7 @@ pub async fn connect(url: &str, job: &str, timeout: Duration) -> Result<Child> {
         match client.clone().info(InfoRequest { job: job.to_string() }).await {
             Ok(reply) => {
                 let reply = reply.into_inner();
-                return Ok(Child { url: url.to_string(), client, engines: reply.engines });
+                return Ok(Child { url: url.to_string(), client, engines: reply.engines, sram_bytes: reply.sram_bytes });
             }
             Err(s) if s.code() == tonic::Code::FailedPrecondition => {
                 return Err(Error::Protocol(format!("{url}: {}", s.message())));
@@ -92,6 +97,21 @@ impl Relay {
         Ok(())
     }
 
+    /// Each child's part of a step's batch. The batch is split as if over all engines below, and each child
+    /// gets its engines' consecutive parts, so the shards do not depend on the shape of the tree.
+    fn split(&self, r: &BeginStepRequest) -> Vec<BeginStepRequest> {
+        let parts = split_even(&r.samples, self.engines() as usize);
+        let mut next = 0;
+        self.children
+            .iter()
+            .map(|child| {
+                let mine: Vec<u32> = parts[next..next + child.engines as usize].concat();
+                next += child.engines as usize;
+                BeginStepRequest { samples: mine, ..r.clone() }
+            })
+            .collect()
+    }
+
     /// Passes a child's failure up with the child named, keeping "unavailable" distinguishable.
     fn child_error(child: &Child, s: Status) -> Status {
         to_status(from_status(s, &child.url))
@@ -113,20 +133,14 @@ type GradStream = Pin<Box<dyn Stream<Item = Result<GradChunk, Status>> + Send>>;
 impl Stage for Relay {
     async fn info(&self, request: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
         self.check_job(&request.get_ref().job)?;
-        Ok(Response::new(InfoReply { job: self.job.clone(), engines: self.engines() }))
+        let sram_bytes = self.children.iter().map(|c| c.sram_bytes).min().unwrap_or(0);
+        Ok(Response::new(InfoReply { job: self.job.clone(), engines: self.engines(), sram_bytes }))
     }
 
     async fn begin_step(&self, request: Request<BeginStepRequest>) -> Result<Response<Ack>, Status> {
         let r = request.into_inner();
         self.check_job(&r.job)?;
-        // Split as if over all engines below, then give each child its engines' consecutive parts, so the
-        // shards do not depend on the shape of the tree.
-        let parts = split_even(&r.samples, self.engines() as usize);
-        let mut next = 0;
-        let calls = self.children.iter().map(|child| {
-            let mine: Vec<u32> = parts[next..next + child.engines as usize].concat();
-            next += child.engines as usize;
-            let req = BeginStepRequest { samples: mine, ..r.clone() };
+        let calls = self.children.iter().zip(self.split(&r)).map(|(child, req)| {
             let mut client = child.client.clone();
             async move { client.begin_step(req).await.map_err(|s| Self::child_error(child, s)) }
         });
@@ -202,4 +216,133 @@ impl Stage for Relay {
         let engines = try_join_all(calls).await?.into_iter().flat_map(|r| r.into_inner().engines).collect();
         Ok(Response::new(pb::StatsReply { engines }))
     }
+
+    async fn prime(&self, request: Request<Streaming<StateChunk>>) -> Result<Response<Ack>, Status> {
+        let mut stream = request.into_inner();
+        let mut chunks = Vec::new();
+        while let Some(c) = stream.message().await? {
+            self.check_job(&c.job)?;
+            chunks.push(c);
+        }
+        let calls = self.children.iter().map(|child| {
+            let mut client = child.client.clone();
+            let chunks = chunks.clone();
+            async move { client.prime(tokio_stream::iter(chunks)).await.map_err(|s| Self::child_error(child, s)) }
+        });
+        try_join_all(calls).await?;
+        Ok(Response::new(Ack {}))
+    }
+
+    type SnapshotStream = StateStream;
+
+    async fn snapshot(&self, request: Request<SnapshotRequest>) -> Result<Response<StateStream>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        // Any replica will do: they are equal. A child that has none (a replacement engine) is passed over.
+        let mut last = Status::failed_precondition("SwarmX node has no children");
+        for child in &self.children {
+            let mut client = child.client.clone();
+            let got = async {
+                let mut stream = client.snapshot(r.clone()).await?.into_inner();
+                let mut chunks = Vec::new();
+                while let Some(c) = stream.message().await? {
+                    chunks.push(c);
+                }
+                Ok::<_, Status>(chunks)
+            }
+            .await;
+            match got {
+                Ok(chunks) => return Ok(Response::new(Box::pin(tokio_stream::iter(chunks.into_iter().map(Ok))))),
+                Err(s) => last = Self::child_error(child, s),
+            }
+        }
+        Err(last)
+    }
+
+    type StepStream = StepChunkStream;
+
+    async fn step(&self, request: Request<ResidentStepRequest>) -> Result<Response<StepChunkStream>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        if let [child] = self.children.as_slice() {
+            // One child's sum is the whole sum: it can reduce (and apply) itself, and nothing needs to pass here.
+            let mut client = child.client.clone();
+            let reply = client.step(r).await.map_err(|s| Self::child_error(child, s))?.into_inner();
+            let url = child.url.clone();
+            let relayed = futures::StreamExt::map(reply, move |c| c.map_err(|s| to_status(from_status(s, &url))));
+            return Ok(Response::new(Box::pin(relayed)));
+        }
+        let begins: Vec<Option<BeginStepRequest>> = match &r.begin {
+            Some(b) => {
+                self.check_job(&b.job)?;
+                self.split(b).into_iter().map(Some).collect()
+            }
+            None => vec![None; self.children.len()],
+        };
+        let calls = self.children.iter().zip(begins).map(|(child, begin)| {
+            let mut client = child.client.clone();
+            let below = ResidentStepRequest { reduce: false, begin, ..r.clone() };
+            async move {
+                let mut stream = client.step(below).await.map_err(|s| Self::child_error(child, s))?.into_inner();
+                let mut loss = None;
+                let mut grads = Vec::new();
+                while let Some(c) = stream.message().await.map_err(|s| Self::child_error(child, s))? {
+                    loss = loss.or(c.loss);
+                    grads.extend(c.grad);
+                }
+                let loss = loss.ok_or_else(|| Status::invalid_argument(format!("{}: a step reply without its loss", child.url)))?;
+                let grads = decode_grads(grads).map_err(|e| to_status(Error::Protocol(format!("{}: {e}", child.url))))?;
+                Ok::<_, Status>((loss, grads))
+            }
+        });
+        let started = Instant::now();
+        let mut total = LossSum::default();
+        let mut sum = None;
+        for (loss, grads) in try_join_all(calls).await? {
+            total.add(&LossSum { loss: loss.loss, correct: loss.correct, samples: loss.samples });
+            add_grads(&mut sum, grads).map_err(to_status)?;
+        }
+        let sum = sum.unwrap_or_default();
+        let loss = pb::LossReply { loss: total.loss, correct: total.correct, samples: total.samples };
+        if !r.reduce {
+            let grads = encode_grads(&sum).into_iter().map(|g| Ok(StepChunk { loss: None, grad: Some(g) }));
+            let first = std::iter::once(Ok(StepChunk { loss: Some(loss), grad: None }));
+            return Ok(Response::new(Box::pin(tokio_stream::iter(first.chain(grads).collect::<Vec<_>>()))));
+        }
+        // The top of the tree: every engine below applies the same sum, so the replicas stay equal.
+        let mut chunks = encode_grads(&sum);
+        if let Some(first) = chunks.first_mut() {
+            first.job = r.job.clone();
+            first.step = r.step;
+        }
+        let calls = self.children.iter().map(|child| {
+            let mut client = child.client.clone();
+            let chunks = chunks.clone();
+            async move { client.apply(tokio_stream::iter(chunks)).await.map_err(|s| Self::child_error(child, s)) }
+        });
+        try_join_all(calls).await?;
+        self.reduce_seconds.observe(started.elapsed().as_secs_f64());
+        Ok(Response::new(Box::pin(tokio_stream::iter(vec![Ok(StepChunk { loss: Some(loss), grad: None })]))))
+    }
+
+    async fn apply(&self, request: Request<Streaming<GradChunk>>) -> Result<Response<Ack>, Status> {
+        let mut stream = request.into_inner();
+        let mut chunks = Vec::new();
+        while let Some(c) = stream.message().await? {
+            if chunks.is_empty() {
+                self.check_job(&c.job)?;
+            }
+            chunks.push(c);
+        }
+        let calls = self.children.iter().map(|child| {
+            let mut client = child.client.clone();
+            let chunks = chunks.clone();
+            async move { client.apply(tokio_stream::iter(chunks)).await.map_err(|s| Self::child_error(child, s)) }
+        });
+        try_join_all(calls).await?;
+        Ok(Response::new(Ack {}))
+    }
 }
+
+type StateStream = Pin<Box<dyn Stream<Item = Result<StateChunk, Status>> + Send>>;
+type StepChunkStream = Pin<Box<dyn Stream<Item = Result<StepChunk, Status>> + Send>>;

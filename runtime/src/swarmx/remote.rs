@@ -15,7 +15,7 @@ use crate::engine::EngineStats;
 use crate::error::{Error, Result};
 use crate::model::loss::LossSum;
 use crate::protocol::pb::{self, BeginStepRequest};
-use crate::protocol::wire::{decode_grad, encode_layer};
+use crate::protocol::wire::{decode_grad, decode_state, encode_layer, encode_state};
 use crate::protocol::LayerGrad;
 use crate::transport::from_status;
 
@@ -36,6 +36,20 @@ impl RemoteSwarm {
     pub fn connect(handle: Handle, url: &str, job: &str, timeout: Duration) -> Result<Self> {
         let root = handle.block_on(connect(url, job, timeout))?;
         Ok(RemoteSwarm { handle, root, job: job.to_string(), step: 0 })
+    }
+
+    /// A step's batch as it travels.
+    fn begin_request(&self, request: &StepRequest) -> BeginStepRequest {
+        BeginStepRequest {
+            job: self.job.clone(),
+            step: request.step,
+            samples: request.samples.clone(),
+            split: match request.split {
+                Split::Train => pb::Split::Train,
+                Split::Test => pb::Split::Test,
+            } as i32,
+            grad_scale: request.grad_scale,
+        }
     }
 
     /// Runs one pass: sends each stream as its own call, at most `PREFETCH` ahead, and returns the results in
@@ -81,16 +95,7 @@ impl Swarm for RemoteSwarm {
 
     fn begin_step(&mut self, request: &StepRequest) -> Result<()> {
         self.step = request.step;
-        let req = BeginStepRequest {
-            job: self.job.clone(),
-            step: request.step,
-            samples: request.samples.clone(),
-            split: match request.split {
-                Split::Train => pb::Split::Train,
-                Split::Test => pb::Split::Test,
-            } as i32,
-            grad_scale: request.grad_scale,
-        };
+        let req = self.begin_request(request);
         let mut client = self.root.client.clone();
         let url = self.root.url.clone();
         self.handle.block_on(async move { client.begin_step(req).await.map(|_| ()).map_err(|s| from_status(s, &url)) })
@@ -124,6 +129,52 @@ impl Swarm for RemoteSwarm {
                 }
                 decode_grad(parts)
             })
+        })
+    }
+
+    fn sram_bytes(&self) -> u64 {
+        self.root.sram_bytes
+    }
+
+    fn holds_replicas(&self) -> bool {
+        true
+    }
+
+    fn prime(&mut self, state: &[u8]) -> Result<()> {
+        let mut client = self.root.client.clone();
+        let (chunks, url) = (encode_state(state, &self.job), self.root.url.clone());
+        self.handle.block_on(async move {
+            client.prime(tokio_stream::iter(chunks)).await.map(|_| ()).map_err(|s| from_status(s, &url))
+        })
+    }
+
+    fn resident_step(&mut self, request: &StepRequest) -> Result<LossSum> {
+        self.step = request.step;
+        let mut client = self.root.client.clone();
+        let begin = Some(self.begin_request(request));
+        let req = pb::ResidentStepRequest { job: self.job.clone(), step: request.step, reduce: true, begin };
+        let url = self.root.url.clone();
+        let loss = self.handle.block_on(async move {
+            let mut stream = client.step(req).await.map_err(|s| from_status(s, &url))?.into_inner();
+            let mut loss = None;
+            while let Some(c) = stream.message().await.map_err(|s| from_status(s, &url))? {
+                loss = loss.or(c.loss);
+            }
+            loss.ok_or_else(|| Error::Protocol(format!("{url}: a step reply without its loss")))
+        })?;
+        Ok(LossSum { loss: loss.loss, correct: loss.correct, samples: loss.samples })
+    }
+
+    fn snapshot(&mut self) -> Result<Vec<u8>> {
+        let mut client = self.root.client.clone();
+        let (req, url, job) = (pb::SnapshotRequest { job: self.job.clone() }, self.root.url.clone(), self.job.clone());
+        self.handle.block_on(async move {
+            let mut stream = client.snapshot(req).await.map_err(|s| from_status(s, &url))?.into_inner();
+            let mut chunks = Vec::new();
+            while let Some(c) = stream.message().await.map_err(|s| from_status(s, &url))? {
+                chunks.push(c);
+            }
+            decode_state(chunks, &job)
         })
     }
 

@@ -76,7 +76,7 @@ struct Sink {
 #[tonic::async_trait]
 impl Stage for Sink {
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
-        Ok(Response::new(InfoReply { job: self.job.clone(), engines: 1 }))
+        Ok(Response::new(InfoReply { job: self.job.clone(), engines: 1, sram_bytes: 0 }))
     }
 
     async fn begin_step(&self, _: Request<BeginStepRequest>) -> Result<Response<Ack>, Status> {
@@ -105,6 +105,26 @@ impl Stage for Sink {
     }
 
     async fn stats(&self, _: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
+        Err(Status::unimplemented("the transport benchmark only streams layers"))
+    }
+
+    async fn prime(&self, _: Request<Streaming<pb::StateChunk>>) -> Result<Response<Ack>, Status> {
+        Err(Status::unimplemented("the transport benchmark only streams layers"))
+    }
+
+    type SnapshotStream = tokio_stream::Empty<Result<pb::StateChunk, Status>>;
+
+    async fn snapshot(&self, _: Request<pb::SnapshotRequest>) -> Result<Response<Self::SnapshotStream>, Status> {
+        Err(Status::unimplemented("the transport benchmark only streams layers"))
+    }
+
+    type StepStream = tokio_stream::Empty<Result<pb::StepChunk, Status>>;
+
+    async fn step(&self, _: Request<pb::ResidentStepRequest>) -> Result<Response<Self::StepStream>, Status> {
+        Err(Status::unimplemented("the transport benchmark only streams layers"))
+    }
+
+    async fn apply(&self, _: Request<Streaming<pb::GradChunk>>) -> Result<Response<Ack>, Status> {
         Err(Status::unimplemented("the transport benchmark only streams layers"))
     }
 }

@@ -1,0 +1,208 @@
+//! Pipelined execution over gRPC: an engine holding the model as a replica trains exactly as MemoryX would, and
+//! refuses bad `Prime`, `Step` and `Apply` messages without its replica changing.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crds::{Activation, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
+use runtime::data::{mnist, Dataset, Sampler};
+use runtime::engine::server::EngineServer;
+use runtime::engine::{CountingHw, EngineRole, Wse};
+use runtime::memoryx::{checkpoint, MemoryX, Tensors, WeightStore};
+use runtime::model::ModelLayout;
+use runtime::protocol::pb::{self, stage_client::StageClient};
+use runtime::protocol::wire::{encode_grads, encode_state};
+use runtime::protocol::{LayerGrad, WeightPayload};
+use runtime::swarmx::remote::RemoteSwarm;
+use runtime::swarmx::{LocalSwarm, Split, StepRequest, Swarm};
+use runtime::train;
+
+const JOB: &str = "replica-test";
+const STEPS: u64 = 10;
+const SEED: u64 = 3;
+
+fn layout() -> ModelLayout {
+    ModelLayout::from_spec(&ModelSpec::mlp(vec![784, 32, 10], Activation::Relu, 0.5))
+}
+
+fn optimizer() -> OptimizerSpec {
+    OptimizerSpec {
+        kind: OptimizerKind::Adamw,
+        learning_rate: 0.002,
+        weight_decay: 0.01,
+        momentum: 0.9,
+        beta1: 0.9,
+        beta2: 0.999,
+        epsilon: 1e-8,
+    }
+}
+
+fn store() -> MemoryX {
+    MemoryX::new(layout(), optimizer(), ScheduleSpec::default(), STEPS, SEED)
+}
+
+fn data() -> Arc<Dataset> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/mnist");
+    Arc::new(Dataset::Images(mnist::load(&path, mnist::Split::Train).expect("the shipped digits load")))
+}
+
+fn engine() -> Box<dyn EngineRole> {
+    Box::new(Wse::new("engine-0", layout(), CountingHw::new(1 << 30)))
+}
+
+/// An engine server with room for a replica on a loopback port, and a client of it.
+fn serve(rt: &tokio::runtime::Runtime, data: &Arc<Dataset>) -> (String, StageClient<tonic::transport::Channel>) {
+    let server = EngineServer::new(JOB.into(), layout().linears.len(), engine(), data.clone(), data.clone())
+        .with_replicas(Arc::new(store));
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(runtime::transport::serve_stage(Arc::new(server), listener));
+        let child = runtime::swarmx::relay::connect(&url, JOB, Duration::from_secs(10)).await.expect("connect");
+        (url, child.client)
+    })
+}
+
+/// A replica's state as step and tensors (its bytes differ between writes: the metadata's order is not fixed).
+fn decoded(bytes: &[u8]) -> (u64, Tensors) {
+    checkpoint::from_bytes(bytes, "a replica").expect("a readable replica")
+}
+
+fn request(sampler: &Sampler, step: u64) -> StepRequest {
+    let samples = sampler.batch(step);
+    let grad_scale = 1.0 / samples.len() as f32;
+    StepRequest { step, samples, split: Split::Train, grad_scale }
+}
+
+#[test]
+fn a_replica_trains_exactly_like_memoryx() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let data = data();
+    let (url, _) = serve(&rt, &data);
+    let mut swarm = RemoteSwarm::connect(rt.handle().clone(), &url, JOB, Duration::from_secs(10)).expect("swarm");
+    assert!(swarm.holds_replicas());
+    assert_eq!(swarm.sram_bytes(), 1 << 30, "the engine reports its SRAM for the plan");
+
+    // The same steps streamed from MemoryX in this process, as the reference.
+    let reference = store();
+    let mut local = LocalSwarm::new(vec![engine()], data.clone(), data.clone()).expect("engines");
+    let coordinator = store();
+    swarm.prime(&coordinator.state(JOB).expect("state").1).expect("prime");
+    assert!(decoded(&swarm.snapshot().expect("snapshot")) == decoded(&coordinator.state(JOB).expect("state").1), "the replica is MemoryX's state");
+
+    let sampler = Sampler::new(data.len(), 64, SEED);
+    for step in 0..4 {
+        let (want, _) = train::train_step(&reference, &mut local, 2, 1, sampler.batch(step), step).expect("reference");
+        let got = swarm.resident_step(&request(&sampler, step)).expect("resident step");
+        assert_eq!((got.loss, got.correct, got.samples), (want.loss, want.correct, want.samples), "step {step}");
+    }
+    // Same gradients, same optimizer, same order: the replica holds MemoryX's state bit for bit.
+    assert!(decoded(&swarm.snapshot().expect("snapshot")) == decoded(&reference.state(JOB).expect("state").1));
+    coordinator.set_state(&swarm.snapshot().expect("snapshot")).expect("take back");
+    assert_eq!(coordinator.step(), 4);
+    assert_eq!(coordinator.dense_weights(0).expect("weights"), reference.dense_weights(0).expect("weights"));
+}
+
+#[test]
+fn bad_replica_messages_are_refused_and_change_nothing() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let data = data();
+    let (_, client) = serve(&rt, &data);
+    let coordinator = store();
+    let state = coordinator.state(JOB).expect("state").1;
+    let call = |f: &dyn Fn(StageClient<tonic::transport::Channel>) -> tonic::Status| f(client.clone());
+    let prime = |chunks: Vec<pb::StateChunk>| {
+        let mut c = client.clone();
+        rt.block_on(async move { c.prime(tokio_stream::iter(chunks)).await.map(|_| ()) })
+    };
+    let snapshot = || {
+        let mut c = client.clone();
+        rt.block_on(async move {
+            let mut s = c.snapshot(pb::SnapshotRequest { job: JOB.into() }).await?.into_inner();
+            let mut bytes = Vec::new();
+            while let Some(chunk) = s.message().await? {
+                bytes.extend(chunk.data);
+            }
+            Ok::<_, tonic::Status>(bytes)
+        })
+    };
+
+    // Before any replica: nothing to snapshot or step.
+    assert!(snapshot().unwrap_err().message().contains("holds no replica"));
+    // A replica of another job, and a replica cut short.
+    assert!(prime(encode_state(&state, "other-job")).unwrap_err().message().contains("job 'other-job'"));
+    let mut cut = encode_state(&state, JOB);
+    cut.pop();
+    if let Some(last) = cut.last_mut() {
+        last.data.truncate(last.data.len() / 2);
+    }
+    assert!(prime(cut).unwrap_err().message().contains("truncated"));
+    // A replica whose bytes were damaged on the way: its checksum catches it.
+    let mut damaged = encode_state(&state, JOB);
+    if let Some(last) = damaged.last_mut() {
+        let n = last.data.len();
+        last.data[n - 5] ^= 0x40;
+    }
+    assert!(prime(damaged).unwrap_err().message().contains("checksum"));
+    assert!(snapshot().is_err(), "no refused replica was installed");
+
+    prime(encode_state(&state, JOB)).expect("a good replica is taken");
+    let before = decoded(&snapshot().expect("snapshot"));
+    assert!(before == decoded(&state));
+
+    // A step for another job, and a step the replica is not at.
+    let sampler = Sampler::new(data.len(), 32, SEED);
+    let begin = |step: u64| pb::BeginStepRequest {
+        job: JOB.into(),
+        step,
+        samples: sampler.batch(step),
+        split: pb::Split::Train as i32,
+        grad_scale: 1.0 / 32.0,
+    };
+    let step = |job: &str, step: u64| {
+        let req = pb::ResidentStepRequest { job: job.into(), step, reduce: true, begin: Some(begin(step)) };
+        call(&|mut c| {
+            let req = req.clone();
+            rt.block_on(async move {
+                match c.step(req).await {
+                    Err(s) => s,
+                    Ok(r) => {
+                        let mut r = r.into_inner();
+                        loop {
+                            match r.message().await {
+                                Err(s) => return s,
+                                Ok(None) => return tonic::Status::ok("completed"),
+                                Ok(Some(_)) => {}
+                            }
+                        }
+                    }
+                }
+            })
+        })
+    };
+    assert!(step("other-job", 0).message().contains("job 'other-job'"));
+    assert!(step(JOB, 7).message().contains("replica of step 0"));
+    assert!(decoded(&snapshot().expect("snapshot")) == before, "refused steps change nothing");
+
+    // Gradients from another job, of the wrong shape, or for another step.
+    let grads = |len: usize| vec![LayerGrad { layer: 1, weights: vec![0.1; len], bias: vec![0.0; 10] }];
+    let apply = |job: &str, at: u64, g: Vec<LayerGrad>| {
+        let mut chunks = encode_grads(&g);
+        chunks[0].job = job.into();
+        chunks[0].step = at;
+        let mut c = client.clone();
+        rt.block_on(async move { c.apply(tokio_stream::iter(chunks)).await.map(|_| ()) })
+    };
+    let weights = match coordinator.forward_stream(1).expect("layer 1").weights {
+        WeightPayload::Dense(v) | WeightPayload::Sparse { values: v, .. } => v.len(),
+        _ => unreachable!("layer 1 has values"),
+    };
+    assert!(apply("other-job", 0, grads(weights)).unwrap_err().message().contains("job 'other-job'"));
+    assert!(apply(JOB, 0, grads(3)).unwrap_err().message().contains("3 weight"));
+    assert!(apply(JOB, 5, grads(weights)).unwrap_err().message().contains("step 5"));
+    assert!(decoded(&snapshot().expect("snapshot")) == before, "refused gradients change nothing");
+    assert_eq!(step(JOB, 0).code(), tonic::Code::Ok, "a good step still runs");
+    let after = decoded(&snapshot().expect("snapshot"));
+    assert!(after.0 == 1 && after.1 != before.1, "and it trains the replica");
+}
