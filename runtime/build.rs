@@ -5,6 +5,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "proto/weightstream/v1alpha1/stage.proto";
     println!("cargo:rerun-if-changed={proto}");
     let descriptors = protox::compile([proto], ["proto"])?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    // Byte fields as `bytes::Bytes`: a chunk can be a slice of one buffer and handed to several children
+    // without copying.
+    tonic_prost_build::configure().bytes(".").compile_fds(descriptors)?;
     Ok(())
 }

@@ -131,23 +131,25 @@ fn bad_replica_messages_are_refused_and_change_nothing() {
     // Before any replica: nothing to snapshot or step.
     assert!(snapshot().unwrap_err().message().contains("holds no replica"));
     // A replica of another job, and a replica cut short.
-    assert!(prime(encode_state(&state, "other-job")).unwrap_err().message().contains("job 'other-job'"));
-    let mut cut = encode_state(&state, JOB);
+    assert!(prime(encode_state(state.clone().into(), "other-job")).unwrap_err().message().contains("job 'other-job'"));
+    let mut cut = encode_state(state.clone().into(), JOB);
     cut.pop();
     if let Some(last) = cut.last_mut() {
         last.data.truncate(last.data.len() / 2);
     }
     assert!(prime(cut).unwrap_err().message().contains("truncated"));
     // A replica whose bytes were damaged on the way: its checksum catches it.
-    let mut damaged = encode_state(&state, JOB);
+    let mut damaged = encode_state(state.clone().into(), JOB);
     if let Some(last) = damaged.last_mut() {
-        let n = last.data.len();
-        last.data[n - 5] ^= 0x40;
+        let mut bytes = last.data.to_vec();
+        let n = bytes.len();
+        bytes[n - 5] ^= 0x40;
+        last.data = bytes.into();
     }
     assert!(prime(damaged).unwrap_err().message().contains("checksum"));
     assert!(snapshot().is_err(), "no refused replica was installed");
 
-    prime(encode_state(&state, JOB)).expect("a good replica is taken");
+    prime(encode_state(state.clone().into(), JOB)).expect("a good replica is taken");
     let before = decoded(&snapshot().expect("snapshot"));
     assert!(before == decoded(&state));
 
@@ -188,7 +190,7 @@ fn bad_replica_messages_are_refused_and_change_nothing() {
     // Gradients from another job, of the wrong shape, or for another step.
     let grads = |len: usize| vec![LayerGrad { layer: 1, weights: vec![0.1; len], bias: vec![0.0; 10] }];
     let apply = |job: &str, at: u64, g: Vec<LayerGrad>| {
-        let mut chunks = encode_grads(&g);
+        let mut chunks = encode_grads(g);
         chunks[0].job = job.into();
         chunks[0].step = at;
         let mut c = client.clone();

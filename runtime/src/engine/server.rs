@@ -275,7 +275,7 @@ impl Stage for EngineServer {
             let guard = replica.lock().map_err(|_| Error::Protocol("replica poisoned".into()))?;
             let store = guard.as_ref().ok_or_else(|| Error::Protocol("this engine holds no replica".into()))?;
             let (step, tensors) = store.snapshot()?;
-            Ok::<_, Error>(encode_state(&checkpoint::to_bytes(step, &tensors, &job)?, &job))
+            Ok::<_, Error>(encode_state(checkpoint::to_bytes(step, &tensors, &job)?.into(), &job))
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?
@@ -314,7 +314,7 @@ impl Stage for EngineServer {
             .await?;
         let loss = pb::LossReply { loss: loss.loss, correct: loss.correct, samples: loss.samples };
         let first = std::iter::once(Ok(StepChunk { loss: Some(loss), grad: None }));
-        let grads = encode_grads(&grads).into_iter().map(|g| Ok(StepChunk { loss: None, grad: Some(g) }));
+        let grads = encode_grads(grads).into_iter().map(|g| Ok(StepChunk { loss: None, grad: Some(g) }));
         Ok(Response::new(Box::pin(tokio_stream::iter(first.chain(grads).collect::<Vec<_>>()))))
     }
 

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use super::pb::{Encoding, GradChunk, LayerChunk, Pass as PbPass, StateChunk};
 use super::{LayerGrad, LayerStream, Pass, WeightPayload};
 use crate::error::{Error, Result};
@@ -41,7 +43,8 @@ pub fn encode_layer(stream: &LayerStream, job: &str, step: u64) -> Vec<LayerChun
     };
     let mut chunks = vec![header];
     let mut room = CHUNK_BYTES;
-    let mut take = |chunks: &mut Vec<LayerChunk>, mut data: &[u8], field: fn(&mut LayerChunk) -> &mut Vec<u8>| {
+    // Each field gets at most one piece per chunk: a piece fills the chunk's room or ends the array.
+    let mut take = |chunks: &mut Vec<LayerChunk>, mut data: &[u8], field: fn(&mut LayerChunk) -> &mut Bytes| {
         while !data.is_empty() {
             if room == 0 {
                 chunks.push(LayerChunk { job: job.to_string(), step, layer: stream.layer as u32, ..LayerChunk::default() });
@@ -49,7 +52,7 @@ pub fn encode_layer(stream: &LayerStream, job: &str, step: u64) -> Vec<LayerChun
             }
             let n = room.min(data.len());
             if let Some(last) = chunks.last_mut() {
-                field(last).extend_from_slice(&data[..n]);
+                *field(last) = Bytes::copy_from_slice(&data[..n]);
             }
             data = &data[n..];
             room -= n;
@@ -123,7 +126,7 @@ impl LayerAssembler {
                 self.append(&chunk)?;
                 self.done = chunk.last;
                 for field in [&mut chunk.order, &mut chunk.ptr, &mut chunk.indices, &mut chunk.values, &mut chunk.bias] {
-                    *field = Vec::new();
+                    *field = Bytes::new();
                 }
                 self.header = Some(chunk);
             }
@@ -200,26 +203,48 @@ impl LayerAssembler {
     }
 }
 
-/// Cuts a gradient into chunks.
-pub fn encode_grad(grad: &LayerGrad) -> Vec<GradChunk> {
-    let weights: &[u8] = bytemuck::cast_slice(&grad.weights);
-    let bias: &[u8] = bytemuck::cast_slice(&grad.bias);
-    let mut chunks: Vec<GradChunk> = weights
-        .chunks(CHUNK_BYTES)
-        .map(|w| GradChunk { layer: grad.layer as u32, weights: w.to_vec(), ..GradChunk::default() })
-        .chain(bias.chunks(CHUNK_BYTES).map(|b| GradChunk { layer: grad.layer as u32, bias: b.to_vec(), ..GradChunk::default() }))
+/// Little-endian words owned by a [`Bytes`] without copying them: the platform is little-endian (checked at
+/// compile time below), so a `Vec<f32>` already is its wire form.
+struct Words(Vec<f32>);
+
+impl AsRef<[u8]> for Words {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("the wire format sends words in the machine's order, which must be little-endian");
+
+/// Pieces of at most [`CHUNK_BYTES`] of `data`, sharing its buffer.
+fn pieces(data: Bytes) -> impl Iterator<Item = Bytes> {
+    (0..data.len()).step_by(CHUNK_BYTES).map(move |at| data.slice(at..(at + CHUNK_BYTES).min(data.len())))
+}
+
+/// Cuts a gradient into chunks, taking it over so the chunks share its memory instead of copying it.
+pub fn encode_grad_owned(grad: LayerGrad) -> Vec<GradChunk> {
+    let (layer, weights_len, bias_len) = (grad.layer as u32, grad.weights.len() as u64, grad.bias.len() as u64);
+    let mut chunks: Vec<GradChunk> = pieces(Bytes::from_owner(Words(grad.weights)))
+        .map(|w| GradChunk { layer, weights: w, ..GradChunk::default() })
+        .chain(pieces(Bytes::from_owner(Words(grad.bias))).map(|b| GradChunk { layer, bias: b, ..GradChunk::default() }))
         .collect();
     if chunks.is_empty() {
-        chunks.push(GradChunk { layer: grad.layer as u32, ..GradChunk::default() });
+        chunks.push(GradChunk { layer, ..GradChunk::default() });
     }
     chunks[0].first = true;
-    chunks[0].weights_len = grad.weights.len() as u64;
-    chunks[0].bias_len = grad.bias.len() as u64;
+    chunks[0].weights_len = weights_len;
+    chunks[0].bias_len = bias_len;
     if let Some(last) = chunks.last_mut() {
         last.last = true;
     }
     chunks
 }
+
+/// Cuts a gradient into chunks (a copy of it; see [`encode_grad_owned`]).
+pub fn encode_grad(grad: &LayerGrad) -> Vec<GradChunk> {
+    encode_grad_owned(grad.clone())
+}
+
 
 /// Puts a gradient back together, checking it is complete; the words go straight into typed buffers sized
 /// from the header.
@@ -246,7 +271,7 @@ pub fn decode_grad(chunks: impl IntoIterator<Item = GradChunk>) -> Result<LayerG
         extend_words(&mut weights, &c.weights, "weights")?;
         extend_words(&mut bias, &c.bias, "bias")?;
         if header.is_none() {
-            header = Some(GradChunk { weights: Vec::new(), bias: Vec::new(), ..c });
+            header = Some(GradChunk { weights: Bytes::new(), bias: Bytes::new(), ..c });
         }
     }
     let h = header.ok_or_else(|| Error::Protocol("an empty gradient stream".into()))?;
@@ -264,8 +289,8 @@ pub fn decode_grad(chunks: impl IntoIterator<Item = GradChunk>) -> Result<LayerG
 }
 
 /// Several layers' gradients as one stream: each layer's chunks in turn, in the order given.
-pub fn encode_grads(grads: &[LayerGrad]) -> Vec<GradChunk> {
-    grads.iter().flat_map(encode_grad).collect()
+pub fn encode_grads(grads: Vec<LayerGrad>) -> Vec<GradChunk> {
+    grads.into_iter().flat_map(encode_grad_owned).collect()
 }
 
 /// Splits a stream of several layers' gradients at each layer's first chunk and decodes every layer.
@@ -296,10 +321,10 @@ pub fn add_grads(sum: &mut Option<Vec<LayerGrad>>, more: Vec<LayerGrad>) -> Resu
     Ok(())
 }
 
-/// A replica's state (the bytes of a checkpoint file) cut into chunks for `job`.
-pub fn encode_state(bytes: &[u8], job: &str) -> Vec<StateChunk> {
+/// A replica's state (the bytes of a checkpoint file) cut into chunks for `job`, sharing its buffer.
+pub fn encode_state(bytes: Bytes, job: &str) -> Vec<StateChunk> {
     let mut chunks: Vec<StateChunk> =
-        bytes.chunks(CHUNK_BYTES).map(|d| StateChunk { job: job.to_string(), data: d.to_vec(), last: false }).collect();
+        pieces(bytes).map(|d| StateChunk { job: job.to_string(), data: d, last: false }).collect();
     if chunks.is_empty() {
         chunks.push(StateChunk { job: job.to_string(), ..StateChunk::default() });
     }
@@ -385,7 +410,9 @@ mod tests {
         // A wrong shape: an index outside the layer.
         let mut bad = chunks.clone();
         if let Some(c) = bad.iter_mut().find(|c| !c.indices.is_empty()) {
-            c.indices[..4].copy_from_slice(&5000u32.to_le_bytes());
+            let mut bytes = c.indices.to_vec();
+            bytes[..4].copy_from_slice(&5000u32.to_le_bytes());
+            c.indices = bytes.into();
         }
         assert!(assemble(bad, "job-a").unwrap_err().to_string().contains("outside"));
         // Values missing although the header promised them.

@@ -305,12 +305,12 @@ impl Stage for Relay {
         let sum = sum.unwrap_or_default();
         let loss = pb::LossReply { loss: total.loss, correct: total.correct, samples: total.samples };
         if !r.reduce {
-            let grads = encode_grads(&sum).into_iter().map(|g| Ok(StepChunk { loss: None, grad: Some(g) }));
+            let grads = encode_grads(sum).into_iter().map(|g| Ok(StepChunk { loss: None, grad: Some(g) }));
             let first = std::iter::once(Ok(StepChunk { loss: Some(loss), grad: None }));
             return Ok(Response::new(Box::pin(tokio_stream::iter(first.chain(grads).collect::<Vec<_>>()))));
         }
         // The top of the tree: every engine below applies the same sum, so the replicas stay equal.
-        let mut chunks = encode_grads(&sum);
+        let mut chunks = encode_grads(sum);
         if let Some(first) = chunks.first_mut() {
             first.job = r.job.clone();
             first.step = r.step;

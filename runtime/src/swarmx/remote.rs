@@ -142,7 +142,7 @@ impl Swarm for RemoteSwarm {
 
     fn prime(&mut self, state: &[u8]) -> Result<()> {
         let mut client = self.root.client.clone();
-        let (chunks, url) = (encode_state(state, &self.job), self.root.url.clone());
+        let (chunks, url) = (encode_state(bytes::Bytes::copy_from_slice(state), &self.job), self.root.url.clone());
         self.handle.block_on(async move {
             client.prime(tokio_stream::iter(chunks)).await.map(|_| ()).map_err(|s| from_status(s, &url))
         })
