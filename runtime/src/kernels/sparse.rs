@@ -36,7 +36,7 @@ pub struct SparsePattern {
     idx: Vec<u32>,
     /// Every position is kept and stored in natural order, so the values are the dense row-major matrix.
     full: bool,
-    /// The order in which the gather kernel visits the non-zeros (empty when the pattern runs dense).
+    /// The order in which the kernels visit the non-zeros (empty when the pattern runs dense).
     schedule: Schedule,
 }
 
@@ -284,7 +284,7 @@ pub fn gather(p: &SparsePattern, values: &[f32], src: &Mat, dst: &mut Mat) {
     });
 }
 
-/// The order in which the gather kernel visits a pattern's non-zeros, fixed when the pattern is built.
+/// The order in which the gather and SDDMM kernels visit a pattern's non-zeros, fixed when the pattern is built.
 ///
 /// The source is cut into tiles of [`TILE`] tokens. Within a tile, the source rows are taken a block at a time
 /// (a block fits in L1), and every line takes its non-zeros that fall in the block before the next block is
@@ -421,18 +421,6 @@ fn axpy(sum: &mut [f32; TILE], v: f32, x: &Lane) {
     }
 }
 
-/// Copies columns `t0..t0 + tl` of the `rows × tokens` matrix `src` into `buf` as a contiguous `rows × tl`
-/// block. Rows of activations are often a power of two apart, which maps them onto a few cache sets; the
-/// packed tile is contiguous, so it stays in L2 while every line of the pattern is visited.
-#[inline(always)]
-fn pack<'b>(src: &[f32], tokens: usize, rows: usize, t0: usize, tl: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
-    buf.clear();
-    for r in 0..rows {
-        buf.extend_from_slice(&src[r * tokens + t0..r * tokens + t0 + tl]);
-    }
-    buf
-}
-
 /// `out[k] = a[order[s], :] · b[idx[k], :]` for every non-zero `k` of line `s`: the sampled dense-dense product
 /// that gives a weight gradient only where the mask holds a weight.
 pub fn sddmm(p: &SparsePattern, a: &Mat, b: &Mat, out: &mut [f32]) {
@@ -458,52 +446,67 @@ pub fn sddmm(p: &SparsePattern, a: &Mat, b: &Mat, out: &mut [f32]) {
         });
         return;
     }
-    let n = workers(p.nnz() * a.cols);
-    let dst = Disjoint(out.as_mut_ptr());
-    (0..n).into_par_iter().for_each(|w| {
-        // SAFETY: worker `w` writes only `out[ptr[s]..ptr[s+1]]` for `s ≡ w (mod n)`; these ranges are
-        // disjoint and inside `out` because `ptr` increases from 0 to nnz (checked by every constructor).
-        unsafe { sddmm_worker(p, &a.data, &b.data, a.cols, dst, w, n) }
+    if a.cols == 0 {
+        out.fill(0.0);
+        return;
+    }
+    PACKED.with_borrow_mut(|packed_b| {
+        SCRATCH.with_borrow_mut(|packed_a| {
+            let a_tiles = pack_tiles(&a.data, p.outer, a.cols, packed_a);
+            let b_tiles = pack_tiles(&b.data, p.inner, b.cols, packed_b);
+            let dst = Disjoint(out.as_mut_ptr());
+            let run = |part: &Part| {
+                // SAFETY: each part writes only `out[at]` for its own non-zeros; the parts deal the lines, so
+                // every position of `out` (one per non-zero, `out.len() == nnz` asserted) is written by one part.
+                unsafe { sddmm_part(part, a_tiles, b_tiles, p.outer, p.inner, dst) }
+            };
+            if workers(p.nnz() * a.cols) > 1 {
+                p.schedule.parts.par_iter().for_each(run);
+            } else {
+                p.schedule.parts.iter().for_each(run);
+            }
+        })
     });
 }
 
+/// The weight gradient of one part, in the gather kernel's visiting order: for each run, the line's lane of
+/// `a` stays in registers while the source lanes of its non-zeros are dotted with it; the sums of all tiles
+/// build up in visiting order and are written to their places in the pattern's order once, at the end.
 #[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
-unsafe fn sddmm_worker(p: &SparsePattern, a: &[f32], b: &[f32], tokens: usize, out: Disjoint, w: usize, n: usize) {
-    let mut packed = Vec::new();
-    let mut t0 = 0;
-    while t0 < tokens {
-        let tl = TILE.min(tokens - t0);
-        let tile = pack(b, tokens, p.inner, t0, tl, &mut packed);
-        let mut s = w;
-        while s < p.outer {
-            let line = p.order[s] as usize;
-            let (lo, hi) = (p.ptr[s] as usize, p.ptr[s + 1] as usize);
-            // SAFETY: see `sddmm`: this range of `out` belongs to this worker alone.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(lo), hi - lo) };
-            let arow = &a[line * tokens + t0..][..tl];
-            for (d, &i) in dst.iter_mut().zip(&p.idx[lo..hi]) {
-                let brow = &tile[i as usize * tl..][..tl];
-                let part = dot(arow, brow);
-                *d = if t0 == 0 { part } else { *d + part };
+unsafe fn sddmm_part(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint) {
+    let mut sums = vec![0.0f32; part.idx.len()];
+    for (ta, tb) in a_tiles.chunks_exact(a_rows).zip(b_tiles.chunks_exact(b_rows)) {
+        let mut k = 0;
+        for &(j, end) in &part.runs {
+            let line = &ta[part.lines[j as usize] as usize];
+            for (sum, &i) in sums[k..end as usize].iter_mut().zip(&part.idx[k..end as usize]) {
+                *sum += dot_lane(line, &tb[i as usize]);
             }
-            s += n;
+            k = end as usize;
         }
-        t0 += tl;
+    }
+    for (&sum, &at) in sums.iter().zip(&part.at) {
+        // SAFETY: see `sddmm`: position `at` belongs to this part alone and lies inside `out`.
+        unsafe { *out.0.add(at as usize) = sum };
     }
 }
 
-/// A dot product with eight independent partial sums, so the compiler can keep a vector of them in flight.
+/// The dot product of two lanes: the products, then a pairwise tree of halves. Every level is an element-wise
+/// add the compiler turns into whole-register operations, down to the last eight.
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for j in 0..8 {
-            acc[j] += x[j] * y[j];
-        }
+fn dot_lane(a: &Lane, b: &Lane) -> f32 {
+    let mut p = [0.0f32; TILE];
+    for j in 0..TILE {
+        p[j] = a.0[j] * b.0[j];
     }
-    acc.iter().sum::<f32>() + tail
+    let mut width = TILE / 2;
+    while width >= 1 {
+        for j in 0..width {
+            p[j] += p[j + width];
+        }
+        width /= 2;
+    }
+    p[0]
 }
 
 #[cfg(test)]
