@@ -176,6 +176,10 @@ fn kill_and_replace_an_engine(name: &str, cs2: usize, mode: &str) -> String {
     }
     let signal = |sig: &str| Command::new("kill").args([sig, &mx.id().to_string()]).status().unwrap();
     assert!(signal("-STOP").success());
+    // Let the step already in flight below MemoryX finish everywhere, so the engine is lost between steps (lost
+    // during the `Apply` broadcast, the survivors would be a step ahead and the run would go back to MemoryX's
+    // copy instead; that path is the single-engine test's).
+    std::thread::sleep(std::time::Duration::from_millis(500));
     let mut victim = engines.pop().unwrap();
     let addr = victim.addr.clone();
     victim.child.kill().unwrap();
