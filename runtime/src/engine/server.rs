@@ -21,7 +21,7 @@ use crate::protocol::pb::{
     self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
     StateChunk, StepChunk,
 };
-use crate::protocol::wire::{decode_grads, decode_state, encode_grad, encode_grads, encode_state, LayerAssembler};
+use crate::protocol::wire::{decode_grads, decode_state, encode_grad, encode_state, encode_step, LayerAssembler};
 use crate::protocol::{LayerGrad, Pass};
 use crate::swarmx::check_samples;
 use crate::transport::to_status;
@@ -313,9 +313,7 @@ impl Stage for EngineServer {
             })
             .await?;
         let loss = pb::LossReply { loss: loss.loss, correct: loss.correct, samples: loss.samples };
-        let first = std::iter::once(Ok(StepChunk { loss: Some(loss), grad: None }));
-        let grads = encode_grads(grads).into_iter().map(|g| Ok(StepChunk { loss: None, grad: Some(g) }));
-        Ok(Response::new(Box::pin(tokio_stream::iter(first.chain(grads).collect::<Vec<_>>()))))
+        Ok(Response::new(Box::pin(tokio_stream::iter(encode_step(loss, grads).into_iter().map(Ok)))))
     }
 
     async fn apply(&self, request: Request<Streaming<GradChunk>>) -> Result<Response<Ack>, Status> {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::pb::{Encoding, GradChunk, LayerChunk, Pass as PbPass, StateChunk};
+use super::pb::{Encoding, GradChunk, LayerChunk, LossReply, Pass as PbPass, StateChunk, StepChunk};
 use super::{LayerGrad, LayerStream, Pass, WeightPayload};
 use crate::error::{Error, Result};
 use crate::kernels::sparse::SparsePattern;
@@ -291,6 +291,13 @@ pub fn decode_grad(chunks: impl IntoIterator<Item = GradChunk>) -> Result<LayerG
 /// Several layers' gradients as one stream: each layer's chunks in turn, in the order given.
 pub fn encode_grads(grads: Vec<LayerGrad>) -> Vec<GradChunk> {
     grads.into_iter().flat_map(encode_grad_owned).collect()
+}
+
+/// A pipelined step's reply: the loss first, then the gradients (none when the stage applied them itself).
+pub fn encode_step(loss: LossReply, grads: Vec<LayerGrad>) -> Vec<StepChunk> {
+    std::iter::once(StepChunk { loss: Some(loss), grad: None })
+        .chain(encode_grads(grads).into_iter().map(|g| StepChunk { loss: None, grad: Some(g) }))
+        .collect()
 }
 
 /// Splits a stream of several layers' gradients at each layer's first chunk and decodes every layer.

@@ -19,7 +19,7 @@ use crate::protocol::pb::{
     self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
     StateChunk, StepChunk,
 };
-use crate::protocol::wire::{add_grads, decode_grad, decode_grads, encode_grad, encode_grads};
+use crate::protocol::wire::{add_grads, decode_grad, decode_grads, encode_grad, encode_grads, encode_step};
 use crate::protocol::LayerGrad;
 use crate::transport::{from_status, to_status};
 
@@ -305,9 +305,7 @@ impl Stage for Relay {
         let sum = sum.unwrap_or_default();
         let loss = pb::LossReply { loss: total.loss, correct: total.correct, samples: total.samples };
         if !r.reduce {
-            let grads = encode_grads(sum).into_iter().map(|g| Ok(StepChunk { loss: None, grad: Some(g) }));
-            let first = std::iter::once(Ok(StepChunk { loss: Some(loss), grad: None }));
-            return Ok(Response::new(Box::pin(tokio_stream::iter(first.chain(grads).collect::<Vec<_>>()))));
+            return Ok(Response::new(Box::pin(tokio_stream::iter(encode_step(loss, sum).into_iter().map(Ok)))));
         }
         // The top of the tree: every engine below applies the same sum, so the replicas stay equal.
         let mut chunks = encode_grads(sum);
@@ -322,7 +320,7 @@ impl Stage for Relay {
         });
         try_join_all(calls).await?;
         self.reduce_seconds.observe(started.elapsed().as_secs_f64());
-        Ok(Response::new(Box::pin(tokio_stream::iter(vec![Ok(StepChunk { loss: Some(loss), grad: None })]))))
+        Ok(Response::new(Box::pin(tokio_stream::iter(encode_step(loss, Vec::new()).into_iter().map(Ok)))))
     }
 
     async fn apply(&self, request: Request<Streaming<GradChunk>>) -> Result<Response<Ack>, Status> {
