@@ -158,3 +158,19 @@ pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(
         .await
         .map_err(|e| Error::Unavailable(format!("gRPC server stopped: {e}")))
 }
+
+/// Receives an `Apply` stream: the step's summed gradients, whose first chunk names the job and the step. A
+/// stream of another job is refused before anything is applied.
+pub async fn receive_grads(
+    mut stream: tonic::Streaming<crate::protocol::pb::GradChunk>,
+    job: &str,
+) -> Result<Vec<crate::protocol::pb::GradChunk>, Status> {
+    let mut chunks = Vec::new();
+    while let Some(c) = stream.message().await? {
+        if chunks.is_empty() && c.job != job {
+            return Err(Status::failed_precondition(format!("gradients of job '{}' reached a stage of job '{job}'", c.job)));
+        }
+        chunks.push(c);
+    }
+    Ok(chunks)
+}

@@ -24,7 +24,7 @@ use crate::protocol::pb::{
 use crate::protocol::wire::{decode_grads, decode_state, encode_grad, encode_state, encode_step, LayerAssembler};
 use crate::protocol::{LayerGrad, Pass};
 use crate::swarmx::check_samples;
-use crate::transport::to_status;
+use crate::transport::{receive_grads, to_status};
 
 /// Where the engine is in its step: which step (and which attempt at it), and how many of its operations
 /// (forward layers, loss, backward layers) are done.
@@ -317,14 +317,7 @@ impl Stage for EngineServer {
     }
 
     async fn apply(&self, request: Request<Streaming<GradChunk>>) -> Result<Response<Ack>, Status> {
-        let mut stream = request.into_inner();
-        let mut chunks = Vec::new();
-        while let Some(c) = stream.message().await? {
-            if chunks.is_empty() {
-                self.check_job(&c.job)?;
-            }
-            chunks.push(c);
-        }
+        let chunks = receive_grads(request.into_inner(), &self.job).await?;
         let step = chunks.first().map_or(0, |c| c.step);
         let grads = decode_grads(chunks).map_err(to_status)?;
         let (replica, nanos) = (self.replica.clone(), self.update_nanos.clone());

@@ -21,7 +21,7 @@ use crate::protocol::pb::{
 };
 use crate::protocol::wire::{add_grads, decode_grad, decode_grads, encode_grad, encode_grads, encode_step};
 use crate::protocol::LayerGrad;
-use crate::transport::{from_status, to_status};
+use crate::transport::{from_status, receive_grads, to_status};
 
 /// One child of a SwarmX node.
 #[derive(Clone)]
@@ -112,6 +112,20 @@ impl Relay {
             .collect()
     }
 
+    /// Sends the same chunks to every child through `call`, failing with the first child's error (named).
+    async fn broadcast<C, F, Fut, R>(&self, chunks: Vec<C>, call: F) -> Result<(), Status>
+    where
+        C: Clone,
+        F: Fn(StageClient<Channel>, Vec<C>) -> Fut,
+        Fut: std::future::Future<Output = Result<R, Status>>,
+    {
+        let calls = self.children.iter().map(|child| {
+            let reply = call(child.client.clone(), chunks.clone());
+            async move { reply.await.map_err(|s| Self::child_error(child, s)) }
+        });
+        try_join_all(calls).await.map(|_| ())
+    }
+
     /// Passes a child's failure up with the child named, keeping "unavailable" distinguishable.
     fn child_error(child: &Child, s: Status) -> Status {
         to_status(from_status(s, &child.url))
@@ -150,12 +164,7 @@ impl Stage for Relay {
 
     async fn forward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<Ack>, Status> {
         let chunks = self.collect(request.into_inner()).await?;
-        let calls = self.children.iter().map(|child| {
-            let mut client = child.client.clone();
-            let chunks = chunks.clone();
-            async move { client.forward(tokio_stream::iter(chunks)).await.map_err(|s| Self::child_error(child, s)) }
-        });
-        try_join_all(calls).await?;
+        self.broadcast(chunks, |mut c, ch| async move { c.forward(tokio_stream::iter(ch)).await }).await?;
         Ok(Response::new(Ack {}))
     }
 
@@ -224,12 +233,7 @@ impl Stage for Relay {
             self.check_job(&c.job)?;
             chunks.push(c);
         }
-        let calls = self.children.iter().map(|child| {
-            let mut client = child.client.clone();
-            let chunks = chunks.clone();
-            async move { client.prime(tokio_stream::iter(chunks)).await.map_err(|s| Self::child_error(child, s)) }
-        });
-        try_join_all(calls).await?;
+        self.broadcast(chunks, |mut c, ch| async move { c.prime(tokio_stream::iter(ch)).await }).await?;
         Ok(Response::new(Ack {}))
     }
 
@@ -313,31 +317,14 @@ impl Stage for Relay {
             first.job = r.job.clone();
             first.step = r.step;
         }
-        let calls = self.children.iter().map(|child| {
-            let mut client = child.client.clone();
-            let chunks = chunks.clone();
-            async move { client.apply(tokio_stream::iter(chunks)).await.map_err(|s| Self::child_error(child, s)) }
-        });
-        try_join_all(calls).await?;
+        self.broadcast(chunks, |mut c, ch| async move { c.apply(tokio_stream::iter(ch)).await }).await?;
         self.reduce_seconds.observe(started.elapsed().as_secs_f64());
         Ok(Response::new(Box::pin(tokio_stream::iter(encode_step(loss, Vec::new()).into_iter().map(Ok)))))
     }
 
     async fn apply(&self, request: Request<Streaming<GradChunk>>) -> Result<Response<Ack>, Status> {
-        let mut stream = request.into_inner();
-        let mut chunks = Vec::new();
-        while let Some(c) = stream.message().await? {
-            if chunks.is_empty() {
-                self.check_job(&c.job)?;
-            }
-            chunks.push(c);
-        }
-        let calls = self.children.iter().map(|child| {
-            let mut client = child.client.clone();
-            let chunks = chunks.clone();
-            async move { client.apply(tokio_stream::iter(chunks)).await.map_err(|s| Self::child_error(child, s)) }
-        });
-        try_join_all(calls).await?;
+        let chunks = receive_grads(request.into_inner(), &self.job).await?;
+        self.broadcast(chunks, |mut c, ch| async move { c.apply(tokio_stream::iter(ch)).await }).await?;
         Ok(Response::new(Ack {}))
     }
 }
