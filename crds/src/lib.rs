@@ -2,6 +2,7 @@
 //! appliance reports. It depends on no other crate of ours, so the operator, the runtime and `wsctl` all parse
 //! and validate jobs through exactly this code.
 
+pub mod contract;
 mod spec;
 mod status;
 mod validate;

@@ -26,27 +26,9 @@ pub struct TrainingJobStatus {
     /// state survives an operator restart without any memory of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated_cs2: Option<u32>,
-    /// The optimizer steps completed so far.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step: Option<u64>,
-    /// The optimizer steps the job will run in all.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub total_steps: Option<u64>,
-    /// Mean training loss of the last completed step.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss: Option<f64>,
-    /// Training throughput over the last steps.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub samples_per_second: Option<f64>,
-    /// What one step takes on the simulated engines' cost model (the wall clock of the simulation is not it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub simulated_step_seconds: Option<f64>,
-    /// Held-out accuracy of the last evaluation, when the job has run one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub eval_accuracy: Option<f64>,
-    /// The newest complete checkpoint: where a restart, a resume or a rescale continues from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_checkpoint: Option<CheckpointRef>,
+    /// Steps, loss, throughput and the newest checkpoint, as MemoryX last reported them.
+    #[serde(flatten)]
+    pub progress: Progress,
     /// Failures survived so far (engines or SwarmX nodes replaced, MemoryX restarted); past `spec.restartLimit`
     /// the job fails.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -71,6 +53,53 @@ pub struct TrainingJobStatus {
 
 fn is_zero(v: &u32) -> bool {
     *v == 0
+}
+
+/// How far training has come, as MemoryX reports it on `/status` (see [`crate::contract::MemoryxStatus`]) and
+/// the TrainingJob status shows it: one type for both, so a field added here reaches the user without a copy.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    /// The optimizer steps completed so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    /// The optimizer steps the job will run in all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_steps: Option<u64>,
+    /// Mean training loss of the last completed step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Training throughput over the last steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples_per_second: Option<f64>,
+    /// What one step takes on the simulated engines' cost model (the wall clock of the simulation is not it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulated_step_seconds: Option<f64>,
+    /// Held-out accuracy of the last evaluation, when the job has run one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy: Option<f64>,
+    /// The newest complete checkpoint: where a restart, a resume or a rescale continues from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<CheckpointRef>,
+}
+
+impl Progress {
+    /// Takes every field `newer` reports, keeping what it leaves out (a report without a loss yet does not
+    /// erase the last one).
+    pub fn merge(&mut self, newer: &Progress) {
+        fn take<T: Clone>(into: &mut Option<T>, from: &Option<T>) {
+            if from.is_some() {
+                into.clone_from(from);
+            }
+        }
+        take(&mut self.step, &newer.step);
+        take(&mut self.total_steps, &newer.total_steps);
+        take(&mut self.loss, &newer.loss);
+        take(&mut self.samples_per_second, &newer.samples_per_second);
+        take(&mut self.simulated_step_seconds, &newer.simulated_step_seconds);
+        take(&mut self.eval_accuracy, &newer.eval_accuracy);
+        take(&mut self.last_checkpoint, &newer.last_checkpoint);
+    }
 }
 
 /// A complete checkpoint MemoryX wrote.
@@ -103,7 +132,7 @@ pub struct PlanStatus {
     /// Bytes one step moves between MemoryX and the fabric.
     pub step_bytes: u64,
     /// The SwarmX tree between MemoryX and the engines.
-    pub swarmx: SwarmxTree,
+    pub swarmx: SwarmxTreeStatus,
     /// The engine pods, in index order.
     pub engines: Vec<String>,
 }
@@ -111,7 +140,7 @@ pub struct PlanStatus {
 /// The SwarmX broadcast/reduce tree.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct SwarmxTree {
+pub struct SwarmxTreeStatus {
     /// Children per node (engines under a leaf, nodes under an inner node).
     pub fan_out: u32,
     /// Levels of nodes from the root (1 when a single node reaches every engine).

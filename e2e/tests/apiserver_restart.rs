@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use operator::leader::Election;
-use operator::{CoordinatorPhase, CoordinatorStatus};
+use crds::contract::{MemoryxPhase, MemoryxStatus};
 
 const INSTANCE: &str = "restart";
 const WAIT: Duration = Duration::from_secs(60);
@@ -62,17 +62,17 @@ async fn the_operator_carries_on_after_the_api_server_restarts() {
         ok(set_pod_phase(&pods, &p.name_any(), "Running").await, "ready");
     }
     let key = format!("{ns}/r");
-    op.coordinator.set(&key, CoordinatorStatus { phase: CoordinatorPhase::Running, step: 1, ..Default::default() });
+    op.coordinator.set(&key, MemoryxStatus::at(MemoryxPhase::Running, 1));
     phase_is(&jobs, "r", Phase::Running).await;
 
     // The API server (and etcd) go away for a while; progress made meanwhile must still reach the status.
     ok(tokio::task::spawn_blocking(|| e2e::down(INSTANCE, false)).await, "down.sh task").unwrap_or_else(|e| panic!("{e}"));
-    op.coordinator.set(&key, CoordinatorStatus { phase: CoordinatorPhase::Running, step: 42, ..Default::default() });
+    op.coordinator.set(&key, MemoryxStatus::at(MemoryxPhase::Running, 42));
     tokio::time::sleep(Duration::from_secs(3)).await;
     let _client_again = own_server().await;
     ok(
         wait_for(WAIT, "step 42 after the restart", || async {
-            (jobs.get("r").await.ok()?.status?.step == Some(42)).then_some(())
+            (jobs.get("r").await.ok()?.status?.progress.step == Some(42)).then_some(())
         })
         .await,
         "progress after restart",
@@ -80,7 +80,7 @@ async fn the_operator_carries_on_after_the_api_server_restarts() {
     // And it still reacts to new objects: a new job is queued (the first holds the pool), then admitted.
     ok(jobs.create(&PostParams::default(), &job("after", 2)).await, "create after restart");
     phase_is(&jobs, "after", Phase::Queued).await;
-    op.coordinator.set(&key, CoordinatorStatus { phase: CoordinatorPhase::Succeeded, step: 100, ..Default::default() });
+    op.coordinator.set(&key, MemoryxStatus::at(MemoryxPhase::Succeeded, 100));
     phase_is(&jobs, "after", Phase::Starting).await;
     op.stop().await;
 }

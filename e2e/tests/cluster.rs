@@ -160,7 +160,7 @@ async fn wait_training(client: &Client, ns: &str, name: &str, at_least: u64) -> 
         if matches!(s.phase, Some(Phase::Failed | Phase::Succeeded)) {
             return Some(None);
         }
-        let step = s.step?;
+        let step = s.progress.step?;
         (s.phase == Some(Phase::Running) && step >= at_least).then_some(Some(step))
     })
     .await;
@@ -177,7 +177,7 @@ async fn wait_training(client: &Client, ns: &str, name: &str, at_least: u64) -> 
 fn accuracy(j: &TrainingJob) -> f64 {
     let name = j.name_any();
     let s = j.status.clone().unwrap_or_default();
-    match s.eval_accuracy {
+    match s.progress.eval_accuracy {
         Some(a) => a,
         None => panic!("{name} succeeded without status.evalAccuracy: {s:#?}"),
     }
@@ -195,10 +195,10 @@ async fn train_to_the_bar(client: &Client, ns: &str, name: &str, cs2: u32) {
     let acc = accuracy(&j);
     eprintln!(
         "{name}: cs2={cs2} steps={:?} loss={:?} accuracy={acc:.4} samples/s={:?}",
-        s.step, s.loss, s.samples_per_second
+        s.progress.step, s.progress.loss, s.progress.samples_per_second
     );
     assert!(acc >= ACCURACY_BAR, "{name} at {cs2} CS-2s: accuracy {acc} below {ACCURACY_BAR}");
-    assert_eq!(s.total_steps, Some(cluster::steps(DEFAULT_STEPS)));
+    assert_eq!(s.progress.total_steps, Some(cluster::steps(DEFAULT_STEPS)));
     assert_eq!(s.plan.as_ref().map(|p| p.cs2), Some(cs2));
 }
 
@@ -228,9 +228,9 @@ async fn a_gpt_trains_through_the_operator_on_four_cs2() {
     create(&jobs, &j).await;
     let done_job = wait_phase(&client, &ns, "gpt", Phase::Succeeded, finish_timeout()).await;
     let s = done_job.status.clone().unwrap_or_default();
-    eprintln!("gpt: steps={:?} loss={:?} next-byte accuracy={:?}", s.step, s.loss, s.eval_accuracy);
+    eprintln!("gpt: steps={:?} loss={:?} next-byte accuracy={:?}", s.progress.step, s.progress.loss, s.progress.eval_accuracy);
     assert_eq!(s.plan.as_ref().map(|p| p.engines.len()), Some(4));
-    let loss = s.loss.unwrap_or(f64::NAN);
+    let loss = s.progress.loss.unwrap_or(f64::NAN);
     assert!(loss < UNIGRAM_LOSS - 0.3, "training loss {loss} is not clearly below the unigram baseline");
     done(&client, &ns).await;
 }
@@ -263,7 +263,7 @@ async fn a_job_whose_engine_pod_is_killed_mid_run_still_finishes() {
     let j = wait_phase(&client, &ns, "victim", Phase::Succeeded, finish_timeout()).await;
     let acc = accuracy(&j);
     assert!(acc >= ACCURACY_BAR, "accuracy {acc} after losing an engine");
-    assert_eq!(j.status.as_ref().and_then(|s| s.step), Some(total));
+    assert_eq!(j.status.as_ref().and_then(|s| s.progress.step), Some(total));
     done(&client, &ns).await;
 }
 
@@ -322,7 +322,7 @@ async fn a_suspended_job_gives_its_cs2_back_and_resumes_from_its_checkpoint() {
     ok(jobs.patch("pausable", &PatchParams::default(), &Patch::Merge(&patch)).await, "suspend");
     let j = wait_phase(&client, &ns, "pausable", Phase::Suspended, Duration::from_secs(180)).await;
     let s = j.status.clone().unwrap_or_default();
-    let ckpt = s.last_checkpoint.clone().unwrap_or_else(|| panic!("suspended without a checkpoint: {s:#?}"));
+    let ckpt = s.progress.last_checkpoint.clone().unwrap_or_else(|| panic!("suspended without a checkpoint: {s:#?}"));
     assert!(ckpt.step > 0 && ckpt.step < total, "checkpoint at step {}", ckpt.step);
     assert!(s.allocated_cs2.unwrap_or(0) == 0, "a suspended job holds CS-2s: {:?}", s.allocated_cs2);
     ok(

@@ -17,8 +17,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Service};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
 use kube::{Client, ResourceExt};
-use operator::coordinator::CheckpointInfo;
-use operator::{CoordinatorPhase, CoordinatorStatus};
+use crds::CheckpointRef;
+use crds::contract::{MemoryxPhase, MemoryxStatus};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -64,17 +64,17 @@ async fn wait_phase(api: &Api<TrainingJob>, name: &str, phase: Phase) -> Trainin
     }
 }
 
-fn running(step: u64, checkpoint: Option<u64>) -> CoordinatorStatus {
-    CoordinatorStatus {
-        phase: CoordinatorPhase::Running,
-        step,
+fn running(step: u64, checkpoint: Option<u64>) -> MemoryxStatus {
+    let mut s = MemoryxStatus::at(MemoryxPhase::Running, step);
+    s.progress = crds::Progress {
         total_steps: Some(100),
         loss: Some(0.75),
         samples_per_second: Some(1234.5),
         simulated_step_seconds: Some(0.002),
-        last_checkpoint: checkpoint.map(|s| CheckpointInfo { step: s, path: format!("ckpt-{s:08}") }),
-        ..Default::default()
-    }
+        last_checkpoint: checkpoint.map(|s| CheckpointRef { step: s, path: format!("ckpt-{s:08}") }),
+        ..s.progress
+    };
+    s
 }
 
 async fn pods_of(pods: &Api<Pod>, job: &str, role: &str) -> Vec<Pod> {
@@ -220,16 +220,16 @@ async fn a_job_is_assembled_runs_survives_a_failed_engine_completes_and_is_clean
     assert_eq!(sts_spec.replicas, Some(1));
     assert_eq!(sts_spec.volume_claim_templates.map(|v| v.len()), Some(1), "a checkpoint volume");
 
-    // The right plan, in the ConfigMap and the status.
+    // The right plan in the status, and in the ConfigMap only what the data plane reads: the job.
     let spec = created.spec.clone();
-    let want = ok(runtime::plan::Plan::new(&spec, 64 << 20), "plan");
+    let want = ok(runtime::plan::Plan::new(&spec, 64 << 20, 2), "plan");
     let data = cm.data.clone().unwrap_or_default();
-    let plan_json: serde_json::Value = ok(serde_json::from_str(&data["plan.json"]), "plan.json");
-    assert_eq!(plan_json, ok(serde_json::to_value(&want), "plan as JSON"));
+    assert_eq!(data.keys().collect::<Vec<_>>(), vec!["job.yaml"], "the ConfigMap holds the job alone");
     assert_eq!(ok(crds::parse_training_job(&data["job.yaml"]), "job.yaml").spec, spec);
     let plan = status.plan.clone().unwrap_or_else(|| panic!("no plan in the status"));
     assert_eq!((plan.cs2, plan.shard, plan.memoryx_bytes), (4, 16, want.memoryx_bytes));
     assert_eq!((plan.swarmx.depth, plan.swarmx.nodes.len(), plan.engines.len()), (2, 3, 4));
+    assert_eq!(plan.swarmx.depth, want.swarmx.depth(), "the status shows the plan's tree");
 
     // Pods ready but MemoryX silent: still Starting, and the condition says why.
     let j = ok(
@@ -247,14 +247,14 @@ async fn a_job_is_assembled_runs_survives_a_failed_engine_completes_and_is_clean
     op.coordinator.set(&format!("{ns}/fc"), running(5, None));
     let j = wait_phase(&jobs, "fc", Phase::Running).await;
     let s = j.status.clone().unwrap_or_default();
-    assert_eq!((s.step, s.total_steps, s.loss, s.samples_per_second), (Some(5), Some(100), Some(0.75), Some(1234.5)));
-    assert_eq!(s.simulated_step_seconds, Some(0.002));
+    assert_eq!((s.progress.step, s.progress.total_steps, s.progress.loss, s.progress.samples_per_second), (Some(5), Some(100), Some(0.75), Some(1234.5)));
+    assert_eq!(s.progress.simulated_step_seconds, Some(0.002));
     assert_eq!(s.observed_generation, j.metadata.generation);
     op.coordinator.set(&format!("{ns}/fc"), running(12, Some(10)));
     ok(
         wait_for(WAIT, "step 12", || async {
             let s = jobs.get("fc").await.ok()?.status?;
-            (s.step == Some(12) && s.last_checkpoint.map(|c| c.step) == Some(10)).then_some(())
+            (s.progress.step == Some(12) && s.progress.last_checkpoint.map(|c| c.step) == Some(10)).then_some(())
         })
         .await,
         "progress",
@@ -317,11 +317,11 @@ async fn a_job_is_assembled_runs_survives_a_failed_engine_completes_and_is_clean
     // MemoryX finishes: Succeeded, the CS-2s are given back, the checkpoint volume stays.
     op.coordinator.set(
         &format!("{ns}/fc"),
-        CoordinatorStatus { phase: CoordinatorPhase::Succeeded, step: 100, ..running(100, Some(100)) },
+        MemoryxStatus { phase: MemoryxPhase::Succeeded, ..running(100, Some(100)) },
     );
     let j = wait_phase(&jobs, "fc", Phase::Succeeded).await;
     let s = j.status.clone().unwrap_or_default();
-    assert_eq!((s.allocated_cs2, s.step), (None, Some(100)));
+    assert_eq!((s.allocated_cs2, s.progress.step), (None, Some(100)));
     assert!(s.completion_time.is_some() && s.start_time.is_some());
     ok(
         wait_for(WAIT, "engines released", || async { pods_of(&pods, "fc", "engine").await.is_empty().then_some(()) }).await,
@@ -392,7 +392,7 @@ async fn admission_is_all_or_nothing_and_in_priority_then_arrival_order() {
     wait_phase(&jobs, "urgent", Phase::Queued).await;
 
     let finish = |name: &str| {
-        op.coordinator.set(&format!("{ns}/{name}"), CoordinatorStatus { phase: CoordinatorPhase::Succeeded, ..running(100, Some(100)) })
+        op.coordinator.set(&format!("{ns}/{name}"), MemoryxStatus { phase: MemoryxPhase::Succeeded, ..running(100, Some(100)) })
     };
     finish("a");
     wait_phase(&jobs, "a", Phase::Succeeded).await;
@@ -464,7 +464,7 @@ async fn suspend_checkpoints_and_frees_the_cs2s_resume_and_rescale_continue_from
     let j = wait_phase(&jobs, "s", Phase::Suspended).await;
     assert_eq!(op.coordinator.checkpoint_requests(), vec![key.clone()], "one checkpoint request before suspending");
     let s = j.status.clone().unwrap_or_default();
-    assert_eq!((s.allocated_cs2, s.last_checkpoint.map(|c| c.step)), (None, Some(20)));
+    assert_eq!((s.allocated_cs2, s.progress.last_checkpoint.map(|c| c.step)), (None, Some(20)));
     ok(
         wait_for(WAIT, "engines of the suspended job to go", || async {
             pods_of(&pods, "s", "engine").await.is_empty().then_some(())
@@ -482,7 +482,7 @@ async fn suspend_checkpoints_and_frees_the_cs2s_resume_and_rescale_continue_from
     op.coordinator.clear(&key);
     ok(jobs.patch("s", &PatchParams::default(), &Patch::Merge(&suspend(false))).await, "resume");
     wait_phase(&jobs, "s", Phase::Queued).await;
-    op.coordinator.set(&format!("{ns}/other"), CoordinatorStatus { phase: CoordinatorPhase::Succeeded, ..running(100, None) });
+    op.coordinator.set(&format!("{ns}/other"), MemoryxStatus { phase: MemoryxPhase::Succeeded, ..running(100, None) });
     let j = wait_phase(&jobs, "s", Phase::Starting).await;
     let ready = j.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Suspended")).cloned();
     assert_eq!(ready.map(|c| (c.status, c.reason)), Some(("False".to_string(), "Resumed".to_string())));
@@ -602,7 +602,7 @@ async fn conflicting_writers_do_not_stop_the_status_from_converging() {
     ok(
         wait_for(WAIT, "step 30 and Running", || async {
             let s = jobs.get("busy").await.ok()?.status?;
-            (s.step == Some(30) && s.phase == Some(Phase::Running)).then_some(())
+            (s.progress.step == Some(30) && s.phase == Some(Phase::Running)).then_some(())
         })
         .await,
         "converged",

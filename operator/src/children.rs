@@ -4,7 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use crds::{PlanStatus, PullPolicy, SwarmxTree, TrainingJob};
+use std::net::SocketAddr;
+
+use crds::contract::{
+    CommonArgs, EngineArgs, MemoryxArgs, Role, RoleArgs, SwarmxArgs, SwarmxChild, SwarmxNode, HTTP_PORT,
+};
+use crds::{PlanStatus, PullPolicy, SwarmxTreeStatus, TrainingJob};
+use runtime::plan::Plan;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim,
@@ -32,16 +38,10 @@ pub const SPEC_HASH_ANNOTATION: &str = "weightstream.dev/spec-hash";
 pub const CONFIG_HASH_ANNOTATION: &str = "weightstream.dev/config-hash";
 /// The extended resource a node advertises for each CS-2 it is attached to.
 pub const CS2_RESOURCE: &str = "weightstream.dev/cs2";
-/// Where every role finds the job manifest and plan.
+/// Where every role finds the job manifest.
 pub const CONFIG_DIR: &str = "/etc/weightstream";
 /// Where MemoryX keeps its checkpoints (a persistent volume, so restarts and resumes continue from them).
 pub const CHECKPOINT_DIR: &str = "/var/lib/weightstream/checkpoints";
-/// A SwarmX node's port.
-pub const SWARMX_PORT: i32 = 7100;
-/// An engine's port.
-pub const ENGINE_PORT: i32 = 7200;
-/// Every role's HTTP port: `/healthz`, `/metrics`, and MemoryX's `/status` and `/checkpoint`.
-pub const HTTP_PORT: i32 = 8080;
 
 /// What the operator knows beyond the job itself when it builds children.
 #[derive(Clone, Debug, PartialEq)]
@@ -84,61 +84,24 @@ pub mod names {
     }
 }
 
-/// The SwarmX tree for `engines` engines with `fan_out` children per node: widths of each level, root first.
-/// Leaves take up to `fan_out` engines each; inner nodes up to `fan_out` nodes; the root is one node.
-pub fn tree_levels(engines: u32, fan_out: u32) -> Vec<u32> {
-    let fan_out = fan_out.max(2);
-    let mut widths = vec![engines.max(1).div_ceil(fan_out)];
-    while let Some(&w) = widths.last() {
-        if w <= 1 {
-            break;
-        }
-        widths.push(w.div_ceil(fan_out));
-    }
-    widths.reverse();
-    widths
-}
-
-/// One SwarmX node and where its children are.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SwarmxNode {
-    /// Its pod name.
-    pub name: String,
-    /// Addresses of its children (SwarmX nodes one level down, or engines under a leaf).
-    pub children: Vec<String>,
-}
-
-/// Every node of the SwarmX tree, root first, with its children's addresses.
-pub fn swarmx_nodes(job: &str, namespace: &str, engines: u32, fan_out: u32) -> Vec<SwarmxNode> {
-    let fan_out = fan_out.max(2);
-    let levels = tree_levels(engines, fan_out);
-    let mut nodes = Vec::new();
-    for (level, &width) in levels.iter().enumerate() {
-        let below = levels.get(level + 1).copied();
-        for i in 0..width {
-            let first = i * fan_out;
-            let children = match below {
-                Some(w) => (first..(first + fan_out).min(w))
-                    .map(|j| swarmx_address(job, namespace, level + 1, j as usize))
-                    .collect(),
-                None => (first..(first + fan_out).min(engines)).map(|e| engine_address(job, namespace, e)).collect(),
-            };
-            nodes.push(SwarmxNode { name: names::swarmx(job, level, i as usize), children });
-        }
-    }
-    nodes
-}
-
 /// The URL of SwarmX node (`level`, `index`) through its headless Service's per-pod DNS name.
 pub fn swarmx_address(job: &str, namespace: &str, level: usize, index: usize) -> String {
     let pod = names::swarmx(job, level, index);
-    format!("http://{pod}.{}.{namespace}.svc:{SWARMX_PORT}", names::swarmx_service(job))
+    format!("http://{pod}.{}.{namespace}.svc:{}", names::swarmx_service(job), grpc_port(Role::Swarmx))
 }
 
 /// The URL of engine `index`.
 pub fn engine_address(job: &str, namespace: &str, index: u32) -> String {
     let pod = names::engine(job, index);
-    format!("http://{pod}.{}.{namespace}.svc:{ENGINE_PORT}", names::engine_service(job))
+    format!("http://{pod}.{}.{namespace}.svc:{}", names::engine_service(job), grpc_port(Role::Engine))
+}
+
+/// The URL of a SwarmX node's child.
+fn child_address(job: &str, namespace: &str, child: SwarmxChild) -> String {
+    match child {
+        SwarmxChild::Engine(e) => engine_address(job, namespace, e),
+        SwarmxChild::Swarmx { level, index } => swarmx_address(job, namespace, level, index),
+    }
 }
 
 /// MemoryX's HTTP endpoint (`/status`, `/checkpoint`), through its Service: what the operator polls.
@@ -146,9 +109,9 @@ pub fn memoryx_http(job: &str, namespace: &str) -> String {
     format!("http://{}.{namespace}.svc:{HTTP_PORT}", names::memoryx(job))
 }
 
-/// Children per SwarmX node unless configured: the simulated engine's cost model assumes the same fan-out
-/// (`sim_wse::preset::SWARMX_FANOUT`), so the tree the operator builds is the one the estimates price.
-pub const DEFAULT_FAN_OUT: u32 = 8;
+fn grpc_port(role: Role) -> u16 {
+    role.grpc_port().map_or(0, |(_, p)| p)
+}
 
 /// The SRAM of each engine: the spec's override, else the preset's, from the one table of engine figures
 /// (`sim_wse::preset`), so the operator plans with the same numbers the engines enforce.
@@ -157,14 +120,12 @@ pub fn sram_bytes(job: &TrainingJob) -> u64 {
 }
 
 /// The plan for the job at `cs2` engines (the allocated count, which differs from the spec while a rescale
-/// waits), in the terms of the status. A job whose shard cannot fit an engine is refused here.
-pub fn plan(job: &TrainingJob, cs2: u32, fan_out: u32) -> Result<(runtime::plan::Plan, PlanStatus), Error> {
+/// waits), and the same in the terms of the status. A job whose shard cannot fit an engine is refused here.
+pub fn plan(job: &TrainingJob, cs2: u32, fan_out: u32) -> Result<(Plan, PlanStatus), Error> {
     let mut spec = job.spec.clone();
     spec.cs2 = cs2;
-    let plan = runtime::plan::Plan::new(&spec, sram_bytes(job)).map_err(|e| Error::Plan(e.to_string()))?;
+    let plan = Plan::new(&spec, sram_bytes(job), fan_out).map_err(|e| Error::Plan(e.to_string()))?;
     let name = job.name_any();
-    let ns = job.namespace().unwrap_or_default();
-    let levels = tree_levels(cs2, fan_out);
     let status = PlanStatus {
         cs2,
         shard: plan.shard as u64,
@@ -173,24 +134,24 @@ pub fn plan(job: &TrainingJob, cs2: u32, fan_out: u32) -> Result<(runtime::plan:
         peak_engine_bytes: plan.peak_engine_bytes,
         execution_mode: plan.execution_mode,
         step_bytes: plan.step_bytes,
-        swarmx: SwarmxTree {
-            fan_out: fan_out.max(2),
-            depth: levels.len() as u32,
-            nodes: swarmx_nodes(&name, &ns, cs2, fan_out).into_iter().map(|n| n.name).collect(),
+        swarmx: SwarmxTreeStatus {
+            fan_out: plan.swarmx.fan_out,
+            depth: plan.swarmx.depth(),
+            nodes: plan.swarmx.nodes().map(|n| names::swarmx(&name, n.level, n.index)).collect(),
         },
         engines: (0..cs2).map(|i| names::engine(&name, i)).collect(),
     };
     Ok((plan, status))
 }
 
-fn labels(job: &str, role: Option<&str>) -> BTreeMap<String, String> {
+fn labels(job: &str, role: Option<Role>) -> BTreeMap<String, String> {
     let mut l = BTreeMap::from([
         ("app.kubernetes.io/name".to_string(), "weightstream".to_string()),
         ("app.kubernetes.io/managed-by".to_string(), "weightstream-operator".to_string()),
         (JOB_LABEL.to_string(), job.to_string()),
     ]);
     if let Some(role) = role {
-        l.insert(ROLE_LABEL.to_string(), role.to_string());
+        l.insert(ROLE_LABEL.to_string(), role.as_str().to_string());
     }
     l
 }
@@ -202,7 +163,7 @@ fn owner(job: &TrainingJob) -> Result<OwnerReference, Error> {
     Ok(o)
 }
 
-fn meta(job: &TrainingJob, name: String, role: Option<&str>) -> Result<ObjectMeta, Error> {
+fn meta(job: &TrainingJob, name: String, role: Option<Role>) -> Result<ObjectMeta, Error> {
     Ok(ObjectMeta {
         name: Some(name),
         namespace: job.namespace(),
@@ -212,9 +173,42 @@ fn meta(job: &TrainingJob, name: String, role: Option<&str>) -> Result<ObjectMet
     })
 }
 
-/// The ConfigMap every role mounts: the job manifest as the data plane reads it (with the CS-2 count the
-/// appliance is assembled for) and the plan as JSON.
-pub fn config_map(job: &TrainingJob, cs2: u32, plan: &runtime::plan::Plan) -> Result<ConfigMap, Error> {
+/// Everything a job's appliance consists of at one CS-2 count, built once per reconcile pass from one plan:
+/// what the pass applies and what it compares the existing pods with.
+#[derive(Clone, Debug)]
+pub struct Desired {
+    /// The plan the objects were built from, as the status shows it.
+    pub plan: PlanStatus,
+    /// `job.yaml` for the data plane.
+    pub config: ConfigMap,
+    /// The headless Services of MemoryX, SwarmX and the engines.
+    pub services: Vec<Service>,
+    /// MemoryX's StatefulSet.
+    pub memoryx: StatefulSet,
+    /// The SwarmX tree's pods (root first), then one engine pod per CS-2.
+    pub pods: Vec<Pod>,
+}
+
+/// Builds the job's whole appliance for `cs2` CS-2s (the allocated count), or says why the plan refuses it.
+pub fn desired(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<Desired, Error> {
+    let (plan, status) = plan(job, cs2, settings.fan_out)?;
+    let config = config_map(job, cs2)?;
+    let config_hash = fnv(&serde_json::to_vec(&config.data).map_err(|e| Error::Serialize(e.to_string()))?);
+    let mut pods = swarmx_pods(job, settings, &plan, &config_hash)?;
+    pods.extend(engine_pods(job, settings, cs2, &config_hash)?);
+    Ok(Desired {
+        plan: status,
+        memoryx: memoryx(job, settings, 1, &config_hash)?,
+        services: services(job)?,
+        config,
+        pods,
+    })
+}
+
+/// The ConfigMap every role mounts: the job manifest as the data plane reads it, with the CS-2 count the
+/// appliance is assembled for. The roles compute the plan from it themselves, so only what they read is here
+/// and hashed into the pods: a new operator whose plan gains a field restarts no running job.
+pub fn config_map(job: &TrainingJob, cs2: u32) -> Result<ConfigMap, Error> {
     // Only what the data plane reads: the fields that concern the operator alone (suspension, priority, the
     // restart limit, images and resources) are left at their defaults, so changing them — suspending above
     // all — does not change the configuration hash and replace running pods.
@@ -240,17 +234,20 @@ pub fn config_map(job: &TrainingJob, cs2: u32, plan: &runtime::plan::Plan) -> Re
         "spec": spec,
     });
     let job_yaml = serde_yaml::to_string(&manifest).map_err(|e| Error::Serialize(e.to_string()))?;
-    let plan_json = serde_json::to_string_pretty(plan).map_err(|e| Error::Serialize(e.to_string()))?;
     Ok(ConfigMap {
         metadata: meta(job, names::config(&job.name_any()), None)?,
-        data: Some(BTreeMap::from([("job.yaml".to_string(), job_yaml), ("plan.json".to_string(), plan_json)])),
+        data: Some(BTreeMap::from([(JOB_FILE.to_string(), job_yaml)])),
         ..Default::default()
     })
 }
 
+/// The ConfigMap key, and file name under [`CONFIG_DIR`], of the job manifest.
+const JOB_FILE: &str = "job.yaml";
+
 /// A headless Service for one role: it gives each pod a stable DNS name (`<pod>.<service>`), which is how the
 /// roles find each other.
-pub fn headless_service(job: &TrainingJob, name: String, role: &str, ports: &[(&str, i32)]) -> Result<Service, Error> {
+fn headless_service(job: &TrainingJob, name: String, role: Role) -> Result<Service, Error> {
+    let ports = role.grpc_port().into_iter().chain([("http", HTTP_PORT)]);
     Ok(Service {
         metadata: meta(job, name, Some(role))?,
         spec: Some(ServiceSpec {
@@ -259,11 +256,10 @@ pub fn headless_service(job: &TrainingJob, name: String, role: &str, ports: &[(&
             selector: Some(labels(&job.name_any(), Some(role))),
             ports: Some(
                 ports
-                    .iter()
                     .map(|(n, p)| ServicePort {
-                        name: Some((*n).to_string()),
-                        port: *p,
-                        target_port: Some(IntOrString::Int(*p)),
+                        name: Some(n.to_string()),
+                        port: i32::from(p),
+                        target_port: Some(IntOrString::Int(i32::from(p))),
                         ..Default::default()
                     })
                     .collect(),
@@ -274,14 +270,14 @@ pub fn headless_service(job: &TrainingJob, name: String, role: &str, ports: &[(&
     })
 }
 
-/// The three headless Services: MemoryX, SwarmX and engines.
+/// The three headless Services: MemoryX (only its HTTP port: it dials out to the SwarmX root, and the operator
+/// polls it), SwarmX and engines.
 pub fn services(job: &TrainingJob) -> Result<Vec<Service>, Error> {
     let name = job.name_any();
     Ok(vec![
-        // MemoryX only dials out (to the SwarmX root); its Service carries the HTTP port the operator polls.
-        headless_service(job, names::memoryx(&name), "memoryx", &[("http", HTTP_PORT)])?,
-        headless_service(job, names::swarmx_service(&name), "swarmx", &[("fabric", SWARMX_PORT), ("http", HTTP_PORT)])?,
-        headless_service(job, names::engine_service(&name), "engine", &[("engine", ENGINE_PORT), ("http", HTTP_PORT)])?,
+        headless_service(job, names::memoryx(&name), Role::Memoryx)?,
+        headless_service(job, names::swarmx_service(&name), Role::Swarmx)?,
+        headless_service(job, names::engine_service(&name), Role::Engine)?,
     ])
 }
 
@@ -298,15 +294,29 @@ fn pull_policy(job: &TrainingJob) -> String {
     .into()
 }
 
-fn container(
+/// The arguments every role gets in a pod: the mounted manifest, the HTTP port on all interfaces, JSON logs.
+fn common_args() -> CommonArgs {
+    CommonArgs {
+        http: SocketAddr::from(([0, 0, 0, 0], HTTP_PORT)),
+        json_logs: true,
+        ..CommonArgs::new(format!("{CONFIG_DIR}/{JOB_FILE}"))
+    }
+}
+
+/// Where a role's gRPC service listens in its pod.
+fn listen(role: Role) -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], grpc_port(role)))
+}
+
+/// The role's container running `args`, rendered from the contract's type.
+fn container<A: RoleArgs>(
     job: &TrainingJob,
     settings: &Settings,
-    role: &str,
-    args: Vec<String>,
-    port: Option<(&str, i32)>,
+    args: &A,
     resources: Option<ResourceRequirements>,
     extra_mounts: Vec<VolumeMount>,
 ) -> Container {
+    let role = A::ROLE;
     let mut mounts = vec![VolumeMount {
         name: "config".into(),
         mount_path: CONFIG_DIR.into(),
@@ -314,22 +324,18 @@ fn container(
         ..Default::default()
     }];
     mounts.extend(extra_mounts);
+    let port = |(n, p): (&str, u16)| ContainerPort { name: Some(n.into()), container_port: i32::from(p), ..Default::default() };
     Container {
-        name: role.into(),
+        name: role.as_str().into(),
         image: Some(image(job, settings)),
         image_pull_policy: Some(pull_policy(job)),
-        command: Some(vec![role_binary(role).into()]),
-        args: Some(args),
-        ports: Some(
-            port.into_iter()
-                .map(|(n, p)| ContainerPort { name: Some(n.into()), container_port: p, ..Default::default() })
-                .chain([ContainerPort { name: Some("http".into()), container_port: HTTP_PORT, ..Default::default() }])
-                .collect(),
-        ),
+        command: Some(vec![role.binary().into()]),
+        args: Some(args.argv()),
+        ports: Some(role.grpc_port().into_iter().chain([("http", HTTP_PORT)]).map(port).collect()),
         readiness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
                 path: Some("/healthz".into()),
-                port: IntOrString::Int(HTTP_PORT),
+                port: IntOrString::Int(i32::from(HTTP_PORT)),
                 ..Default::default()
             }),
             period_seconds: Some(2),
@@ -341,14 +347,6 @@ fn container(
     }
 }
 
-fn role_binary(role: &str) -> &'static str {
-    match role {
-        "memoryx" => "memoryx",
-        "swarmx" => "swarmx",
-        _ => "sim-wse",
-    }
-}
-
 fn config_volume(job: &TrainingJob) -> Volume {
     Volume {
         name: "config".into(),
@@ -357,47 +355,37 @@ fn config_volume(job: &TrainingJob) -> Volume {
     }
 }
 
-fn job_file() -> String {
-    format!("{CONFIG_DIR}/job.yaml")
+/// MemoryX's arguments in a pod: the root of the job's SwarmX tree, the checkpoint volume, and `--linger` so it
+/// keeps answering `/status` after the job ends (an exit would be restarted by the StatefulSet and counted as a
+/// failure) and the operator reads Succeeded or Failed.
+pub fn memoryx_args(job: &TrainingJob) -> MemoryxArgs {
+    let (name, ns) = (job.name_any(), job.namespace().unwrap_or_default());
+    MemoryxArgs {
+        checkpoint_dir: Some(CHECKPOINT_DIR.into()),
+        linger: true,
+        ..MemoryxArgs::new(common_args(), swarmx_address(&name, &ns, 0, 0))
+    }
 }
 
 /// MemoryX: a one-replica StatefulSet (zero while the job holds no CS-2s) whose checkpoint volume outlives its
 /// pod, so a MemoryX restart, a resume or a rescale continues from the last checkpoint. It is also the job's
-/// coordinator: it drives the training loop through the SwarmX root.
-pub fn memoryx(job: &TrainingJob, settings: &Settings, replicas: i32, cs2: u32) -> Result<StatefulSet, Error> {
+/// coordinator: it drives the training loop through the SwarmX root. `config_hash` is the hash of what it reads
+/// at start: a change (a rescale) rolls it.
+pub fn memoryx(job: &TrainingJob, settings: &Settings, replicas: i32, config_hash: &str) -> Result<StatefulSet, Error> {
     let name = job.name_any();
-    let ns = job.namespace().unwrap_or_default();
-    let args = vec![
-        "--job".into(),
-        job_file(),
-        "--swarmx".into(),
-        swarmx_address(&name, &ns, 0, 0),
-        "--checkpoint-dir".into(),
-        CHECKPOINT_DIR.into(),
-        "--http".into(),
-        format!("0.0.0.0:{HTTP_PORT}"),
-        "--json-logs".into(),
-        // Keep answering /status after the job ends, so the operator reads Succeeded or Failed (an exit would
-        // be restarted by the StatefulSet and counted as a failure).
-        "--linger".into(),
-    ];
     let c = container(
         job,
         settings,
-        "memoryx",
-        args,
-        None,
+        &memoryx_args(job),
         job.spec.resources.memoryx.clone(),
         vec![VolumeMount { name: "checkpoints".into(), mount_path: CHECKPOINT_DIR.into(), ..Default::default() }],
     );
     let pod_spec = PodSpec { containers: vec![c], volumes: Some(vec![config_volume(job)]), ..Default::default() };
-    let mut template_labels = labels(&name, Some("memoryx"));
     let hash = spec_hash(&pod_spec)?;
-    let config = config_hash(job, cs2, settings.fan_out)?;
     let claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some("checkpoints".into()),
-            labels: Some(labels(&name, Some("memoryx"))),
+            labels: Some(labels(&name, Some(Role::Memoryx))),
             ..Default::default()
         },
         spec: Some(PersistentVolumeClaimSpec {
@@ -414,24 +402,23 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, replicas: i32, cs2: u32) 
         }),
         ..Default::default()
     };
-    template_labels.insert(ROLE_LABEL.into(), "memoryx".into());
     Ok(StatefulSet {
-        metadata: meta(job, names::memoryx(&name), Some("memoryx"))?,
+        metadata: meta(job, names::memoryx(&name), Some(Role::Memoryx))?,
         spec: Some(StatefulSetSpec {
             replicas: Some(replicas),
             service_name: Some(names::memoryx(&name)),
             pod_management_policy: Some("Parallel".into()),
-            selector: LabelSelector { match_labels: Some(labels(&name, Some("memoryx"))), ..Default::default() },
+            selector: LabelSelector { match_labels: Some(labels(&name, Some(Role::Memoryx))), ..Default::default() },
             persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
                 when_deleted: Some("Delete".into()),
                 when_scaled: Some("Retain".into()),
             }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(template_labels),
+                    labels: Some(labels(&name, Some(Role::Memoryx))),
                     annotations: Some(BTreeMap::from([
                         (SPEC_HASH_ANNOTATION.to_string(), hash),
-                        (CONFIG_HASH_ANNOTATION.to_string(), config),
+                        (CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string()),
                     ])),
                     ..Default::default()
                 }),
@@ -444,7 +431,7 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, replicas: i32, cs2: u32) 
     })
 }
 
-fn pod(job: &TrainingJob, name: String, role: &str, service: String, spec: PodSpec, config: &str) -> Result<Pod, Error> {
+fn pod(job: &TrainingJob, name: String, role: Role, service: String, spec: PodSpec, config: &str) -> Result<Pod, Error> {
     let mut spec = spec;
     spec.hostname = Some(name.clone());
     spec.subdomain = Some(service);
@@ -456,59 +443,38 @@ fn pod(job: &TrainingJob, name: String, role: &str, service: String, spec: PodSp
     Ok(Pod { metadata: m, spec: Some(spec), ..Default::default() })
 }
 
-/// The SwarmX tree's pods, root first: each broadcasts what its parent sends to its children and sums what they
-/// return.
-pub fn swarmx_pods(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<Vec<Pod>, Error> {
+/// A SwarmX node's arguments in a pod: its children's addresses, in engine order.
+pub fn swarmx_args(job: &TrainingJob, node: &SwarmxNode) -> SwarmxArgs {
+    let (name, ns) = (job.name_any(), job.namespace().unwrap_or_default());
+    let children = node.children.iter().map(|&c| child_address(&name, &ns, c)).collect();
+    SwarmxArgs::new(common_args(), listen(Role::Swarmx), children)
+}
+
+/// The SwarmX tree's pods, root first, as the plan lays the tree out: each broadcasts what its parent sends to
+/// its children and sums what they return.
+fn swarmx_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str) -> Result<Vec<Pod>, Error> {
     let name = job.name_any();
-    let ns = job.namespace().unwrap_or_default();
-    let config = config_hash(job, cs2, settings.fan_out)?;
-    swarmx_nodes(&name, &ns, cs2, settings.fan_out)
-        .into_iter()
+    plan.swarmx
+        .nodes()
         .map(|node| {
-            let args = vec![
-                "--job".into(),
-                job_file(),
-                "--listen".into(),
-                format!("0.0.0.0:{SWARMX_PORT}"),
-                "--children".into(),
-                node.children.join(","),
-                "--http".into(),
-                format!("0.0.0.0:{HTTP_PORT}"),
-                "--json-logs".into(),
-            ];
-            let c = container(
-                job,
-                settings,
-                "swarmx",
-                args,
-                Some(("fabric", SWARMX_PORT)),
-                job.spec.resources.swarmx.clone(),
-                vec![],
-            );
+            let c = container(job, settings, &swarmx_args(job, node), job.spec.resources.swarmx.clone(), vec![]);
             let spec = PodSpec { containers: vec![c], volumes: Some(vec![config_volume(job)]), ..Default::default() };
-            pod(job, node.name, "swarmx", names::swarmx_service(&name), spec, &config)
+            pod(job, names::swarmx(&name, node.level, node.index), Role::Swarmx, names::swarmx_service(&name), spec, config)
         })
         .collect()
 }
 
+/// Engine `index`'s arguments in a pod.
+pub fn engine_args(index: u32) -> EngineArgs {
+    EngineArgs::new(common_args(), listen(Role::Engine), index)
+}
+
 /// One engine pod per CS-2, named by index so a replacement keeps its identity. It requests one
 /// `weightstream.dev/cs2` when nodes advertise that resource, so the scheduler places it on a CS-2's host.
-pub fn engine_pods(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<Vec<Pod>, Error> {
+fn engine_pods(job: &TrainingJob, settings: &Settings, cs2: u32, config: &str) -> Result<Vec<Pod>, Error> {
     let name = job.name_any();
-    let config = config_hash(job, cs2, settings.fan_out)?;
     (0..cs2)
         .map(|i| {
-            let args = vec![
-                "--job".into(),
-                job_file(),
-                "--index".into(),
-                i.to_string(),
-                "--listen".into(),
-                format!("0.0.0.0:{ENGINE_PORT}"),
-                "--http".into(),
-                format!("0.0.0.0:{HTTP_PORT}"),
-                "--json-logs".into(),
-            ];
             let mut resources = job.spec.resources.engine.clone().unwrap_or_default();
             if settings.request_cs2 {
                 let one = Quantity("1".into());
@@ -516,9 +482,9 @@ pub fn engine_pods(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<V
                 resources.requests.get_or_insert_with(BTreeMap::new).insert(CS2_RESOURCE.into(), one);
             }
             let resources = (resources != ResourceRequirements::default()).then_some(resources);
-            let c = container(job, settings, "engine", args, Some(("engine", ENGINE_PORT)), resources, vec![]);
+            let c = container(job, settings, &engine_args(i), resources, vec![]);
             let spec = PodSpec { containers: vec![c], volumes: Some(vec![config_volume(job)]), ..Default::default() };
-            pod(job, names::engine(&name, i), "engine", names::engine_service(&name), spec, &config)
+            pod(job, names::engine(&name, i), Role::Engine, names::engine_service(&name), spec, config)
         })
         .collect()
 }
@@ -527,14 +493,6 @@ pub fn engine_pods(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<V
 /// so an operator upgrade does not replace running pods.
 pub fn spec_hash(spec: &PodSpec) -> Result<String, Error> {
     let json = serde_json::to_vec(spec).map_err(|e| Error::Serialize(e.to_string()))?;
-    Ok(fnv(&json))
-}
-
-/// A stable hash of the ConfigMap data the roles read at start for `cs2` engines: `job.yaml` and `plan.json`.
-pub fn config_hash(job: &TrainingJob, cs2: u32, fan_out: u32) -> Result<String, Error> {
-    let (plan, _) = plan(job, cs2, fan_out)?;
-    let data = config_map(job, cs2, &plan)?.data;
-    let json = serde_json::to_vec(&data).map_err(|e| Error::Serialize(e.to_string()))?;
     Ok(fnv(&json))
 }
 
@@ -574,50 +532,82 @@ spec:
         Settings { default_image: "weightstream/runtime:0.1.0".into(), fan_out: 2, request_cs2 }
     }
 
-    fn args(pod: &Pod) -> Vec<String> {
-        pod.spec.as_ref().unwrap().containers[0].args.clone().unwrap()
+    fn build(j: &TrainingJob, s: &Settings, n: u32) -> Desired {
+        desired(j, s, n).unwrap()
+    }
+
+    fn role_pods(d: &Desired, role: Role) -> Vec<Pod> {
+        d.pods.iter().filter(|p| p.labels()[ROLE_LABEL] == role.as_str()).cloned().collect()
+    }
+
+    fn containers(d: &Desired) -> Vec<Container> {
+        let sts = d.memoryx.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers.clone();
+        sts.into_iter().chain(d.pods.iter().flat_map(|p| p.spec.as_ref().unwrap().containers.clone())).collect()
+    }
+
+    /// Parses a container's argv with the parser of the program it runs.
+    fn parse<A: RoleArgs>(c: &Container) -> A {
+        let argv = std::iter::once(c.command.as_ref().unwrap()[0].clone()).chain(c.args.clone().unwrap());
+        A::try_parse_from(argv).unwrap_or_else(|e| panic!("{} does not parse {:?}: {e}", A::ROLE.binary(), c.args))
     }
 
     #[test]
-    fn tree_has_one_root_and_enough_leaves() {
-        assert_eq!(tree_levels(1, 8), vec![1]);
-        assert_eq!(tree_levels(8, 8), vec![1]);
-        assert_eq!(tree_levels(9, 8), vec![1, 2]);
-        assert_eq!(tree_levels(64, 8), vec![1, 8]);
-        assert_eq!(tree_levels(65, 8), vec![1, 2, 9]);
-        assert_eq!(tree_levels(4, 2), vec![1, 2]);
-        assert_eq!(tree_levels(5, 2), vec![1, 2, 3]);
-    }
-
-    #[test]
-    fn every_engine_has_exactly_one_parent_and_every_node_but_the_root_one_parent() {
-        for (engines, fan_out) in [(1, 2), (4, 2), (5, 2), (17, 4), (64, 8), (65, 8)] {
-            let nodes = swarmx_nodes("j", "ns", engines, fan_out);
-            let mut children: Vec<&String> = nodes.iter().flat_map(|n| &n.children).collect();
-            let total = children.len();
-            children.sort();
-            children.dedup();
-            assert_eq!(children.len(), total, "a child with two parents for {engines}/{fan_out}");
-            for e in 0..engines {
-                assert!(children.contains(&&engine_address("j", "ns", e)), "engine {e} unreached");
+    fn every_argv_the_operator_builds_parses_with_the_programs_parsers() {
+        let j = job(4);
+        for n in [1, 4] {
+            let d = build(&j, &settings(true), n);
+            let all = containers(&d);
+            assert_eq!(all.len(), 1 + d.plan.swarmx.nodes.len() + n as usize);
+            for c in &all {
+                let program = c.command.as_ref().unwrap()[0].as_str();
+                let role = Role::ALL.into_iter().find(|r| r.binary() == program).expect("a role's program");
+                let http = match role {
+                    Role::Memoryx => {
+                        let a: MemoryxArgs = parse(c);
+                        assert_eq!(a, memoryx_args(&j));
+                        a.common.http
+                    }
+                    Role::Swarmx => {
+                        let a: SwarmxArgs = parse(c);
+                        assert_eq!(a.listen.port(), grpc_port(Role::Swarmx));
+                        a.common.http
+                    }
+                    Role::Engine => {
+                        let a: EngineArgs = parse(c);
+                        assert_eq!(a, engine_args(a.index));
+                        a.common.http
+                    }
+                };
+                assert_eq!(http.port(), HTTP_PORT, "the probe and the Service reach the port the program serves");
+                let ports: Vec<i32> = c.ports.iter().flatten().map(|p| p.container_port).collect();
+                assert!(ports.contains(&i32::from(HTTP_PORT)));
             }
-            assert_eq!(total, engines as usize + nodes.len() - 1, "{engines}/{fan_out}");
-            assert!(nodes.iter().all(|n| !n.children.is_empty() && n.children.len() <= fan_out as usize));
-            assert_eq!(nodes[0].name, "j-swarmx-0-0");
+        }
+    }
+
+    #[test]
+    fn the_pods_follow_the_plans_tree() {
+        let j = job(5);
+        let d = build(&j, &settings(false), 5);
+        let (plan, _) = plan(&j, 5, 2).unwrap();
+        let names: Vec<String> = role_pods(&d, Role::Swarmx).iter().map(|p| p.name_any()).collect();
+        let want: Vec<String> = plan.swarmx.nodes().map(|n| names::swarmx("mnist", n.level, n.index)).collect();
+        assert_eq!(names, want);
+        assert_eq!(d.plan.swarmx.nodes, want);
+        for (pod, node) in role_pods(&d, Role::Swarmx).iter().zip(plan.swarmx.nodes()) {
+            let a: SwarmxArgs = parse(&pod.spec.as_ref().unwrap().containers[0]);
+            assert_eq!(a.children.len(), node.children.len());
         }
     }
 
     #[test]
     fn engines_are_named_by_index_and_find_their_config() {
         let j = job(4);
-        let pods = engine_pods(&j, &settings(false), 4).unwrap();
+        let pods = role_pods(&build(&j, &settings(false), 4), Role::Engine);
         let names: Vec<_> = pods.iter().map(|p| p.name_any()).collect();
         assert_eq!(names, ["mnist-engine-0", "mnist-engine-1", "mnist-engine-2", "mnist-engine-3"]);
-        let a = args(&pods[2]);
-        assert_eq!(
-            a,
-            ["--job", "/etc/weightstream/job.yaml", "--index", "2", "--listen", "0.0.0.0:7200", "--http", "0.0.0.0:8080", "--json-logs"]
-        );
+        let a: EngineArgs = parse(&pods[2].spec.as_ref().unwrap().containers[0]);
+        assert_eq!((a.index, a.common.job.display().to_string()), (2, "/etc/weightstream/job.yaml".to_string()));
         let spec = pods[2].spec.as_ref().unwrap();
         assert_eq!(spec.hostname.as_deref(), Some("mnist-engine-2"));
         assert_eq!(spec.subdomain.as_deref(), Some("mnist-engine"));
@@ -627,7 +617,7 @@ spec:
 
     #[test]
     fn engines_request_a_cs2_only_when_nodes_advertise_it() {
-        let pods = engine_pods(&job(2), &settings(true), 2).unwrap();
+        let pods = role_pods(&build(&job(2), &settings(true), 2), Role::Engine);
         let r = pods[0].spec.as_ref().unwrap().containers[0].resources.clone().unwrap();
         assert_eq!(r.limits.unwrap()[CS2_RESOURCE], Quantity("1".into()));
         assert_eq!(r.requests.unwrap()[CS2_RESOURCE], Quantity("1".into()));
@@ -635,13 +625,10 @@ spec:
 
     #[test]
     fn every_child_is_owned_by_the_job_with_blocking_deletion() {
-        let j = job(4);
-        let s = settings(false);
-        let (p, _) = plan(&j, 4, 2).unwrap();
-        let mut metas = vec![config_map(&j, 4, &p).unwrap().metadata, memoryx(&j, &s, 1, 4).unwrap().metadata];
-        metas.extend(services(&j).unwrap().into_iter().map(|x| x.metadata));
-        metas.extend(swarmx_pods(&j, &s, 4).unwrap().into_iter().map(|x| x.metadata));
-        metas.extend(engine_pods(&j, &s, 4).unwrap().into_iter().map(|x| x.metadata));
+        let d = build(&job(4), &settings(false), 4);
+        let mut metas = vec![d.config.metadata.clone(), d.memoryx.metadata.clone()];
+        metas.extend(d.services.iter().map(|x| x.metadata.clone()));
+        metas.extend(d.pods.iter().map(|x| x.metadata.clone()));
         assert_eq!(metas.len(), 2 + 3 + 3 + 4);
         for m in metas {
             let o = &m.owner_references.as_ref().unwrap()[0];
@@ -654,60 +641,61 @@ spec:
 
     #[test]
     fn the_tree_wires_memoryx_to_the_root_and_leaves_to_engines() {
-        let j = job(4);
-        let s = settings(false);
-        let sts = memoryx(&j, &s, 1, 4).unwrap();
-        let c = &sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
-        let a = c.args.clone().unwrap();
-        let swarmx_at = a.iter().position(|x| x == "--swarmx").unwrap();
-        assert_eq!(a[swarmx_at + 1], "http://mnist-swarmx-0-0.mnist-swarmx.ml.svc:7100");
-        assert!(a.contains(&CHECKPOINT_DIR.to_string()));
-        assert!(a.contains(&"--linger".to_string()), "MemoryX must keep serving its final status");
-        let pods = swarmx_pods(&j, &s, 4).unwrap();
+        let d = build(&job(4), &settings(false), 4);
+        let c = &d.memoryx.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
+        let a: MemoryxArgs = parse(c);
+        assert_eq!(a.swarmx, "http://mnist-swarmx-0-0.mnist-swarmx.ml.svc:7100");
+        assert_eq!(a.checkpoint_dir.as_deref(), Some(std::path::Path::new(CHECKPOINT_DIR)));
+        assert!(a.linger, "MemoryX must keep serving its final status");
+        let pods = role_pods(&d, Role::Swarmx);
         let names: Vec<_> = pods.iter().map(|p| p.name_any()).collect();
         assert_eq!(names, ["mnist-swarmx-0-0", "mnist-swarmx-1-0", "mnist-swarmx-1-1"]);
-        let root = args(&pods[0]);
+        let children = |p: &Pod| parse::<SwarmxArgs>(&p.spec.as_ref().unwrap().containers[0]).children;
         assert_eq!(
-            root[5],
-            "http://mnist-swarmx-1-0.mnist-swarmx.ml.svc:7100,http://mnist-swarmx-1-1.mnist-swarmx.ml.svc:7100"
+            children(&pods[0]),
+            ["http://mnist-swarmx-1-0.mnist-swarmx.ml.svc:7100", "http://mnist-swarmx-1-1.mnist-swarmx.ml.svc:7100"]
         );
         assert_eq!(
-            args(&pods[2])[5],
-            "http://mnist-engine-2.mnist-engine.ml.svc:7200,http://mnist-engine-3.mnist-engine.ml.svc:7200"
+            children(&pods[2]),
+            ["http://mnist-engine-2.mnist-engine.ml.svc:7200", "http://mnist-engine-3.mnist-engine.ml.svc:7200"]
         );
-        let claim = &sts.spec.as_ref().unwrap().volume_claim_templates.as_ref().unwrap()[0];
+        let claim = &d.memoryx.spec.as_ref().unwrap().volume_claim_templates.as_ref().unwrap()[0];
         assert_eq!(claim.spec.as_ref().unwrap().resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"].0, "1Gi");
     }
 
     #[test]
-    fn config_map_carries_the_allocated_size_and_the_plan() {
+    fn config_map_carries_the_allocated_size_and_the_status_the_plan() {
         let j = job(4);
-        let (p, status) = plan(&j, 2, 2).unwrap();
-        let cm = config_map(&j, 2, &p).unwrap();
-        let data = cm.data.unwrap();
+        let d = build(&j, &settings(false), 2);
+        let data = d.config.data.clone().unwrap();
+        assert_eq!(data.len(), 1, "only what the data plane reads");
         let parsed = crds::parse_training_job(&data["job.yaml"]).expect("the data plane can parse it");
         assert_eq!(parsed.spec.cs2, 2);
         assert_eq!(parsed.spec.model, j.spec.model);
-        let plan_json: serde_json::Value = serde_json::from_str(&data["plan.json"]).unwrap();
-        assert_eq!(plan_json["cs2"], 2);
-        assert_eq!(plan_json["shard"], 32);
-        assert_eq!(status.engines, ["mnist-engine-0", "mnist-engine-1"]);
-        assert_eq!(status.swarmx.nodes, ["mnist-swarmx-0-0"]);
-        assert_eq!(status.swarmx.depth, 1);
-        assert_eq!(status.memoryx_bytes, p.memoryx_bytes);
+        let (p, _) = plan(&j, 2, 2).unwrap();
+        assert_eq!((d.plan.cs2, d.plan.shard), (2, 32));
+        assert_eq!(d.plan.engines, ["mnist-engine-0", "mnist-engine-1"]);
+        assert_eq!(d.plan.swarmx.nodes, ["mnist-swarmx-0-0"]);
+        assert_eq!(d.plan.swarmx.depth, 1);
+        assert_eq!(d.plan.memoryx_bytes, p.memoryx_bytes);
+    }
+
+    fn config_hash(j: &TrainingJob, n: u32) -> String {
+        let sts = build(j, &settings(false), n).memoryx;
+        sts.spec.unwrap().template.metadata.unwrap().annotations.unwrap()[CONFIG_HASH_ANNOTATION].clone()
     }
 
     #[test]
     fn suspending_or_reprioritising_does_not_change_what_the_pods_read() {
         let j = job(4);
-        let before = config_hash(&j, 4, 2).unwrap();
+        let before = config_hash(&j, 4);
         let mut k = j.clone();
         k.spec.suspend = true;
         k.spec.priority = 7;
         k.spec.restart_limit = 9;
-        assert_eq!(config_hash(&k, 4, 2).unwrap(), before, "no pod is replaced by a suspend");
+        assert_eq!(config_hash(&k, 4), before, "no pod is replaced by a suspend");
         k.spec.training.seed += 1;
-        assert_ne!(config_hash(&k, 4, 2).unwrap(), before, "training changes do reach the pods");
+        assert_ne!(config_hash(&k, 4), before, "training changes do reach the pods");
     }
 
     #[test]
@@ -716,6 +704,7 @@ spec:
         j.spec.engine.sram_bytes = Some(1024);
         let err = plan(&j, 1, 2).unwrap_err().to_string();
         assert!(err.contains("SRAM") || err.contains("sram") || err.contains("bytes"), "{err}");
+        assert!(desired(&j, &settings(false), 1).is_err());
     }
 
     #[test]
@@ -723,11 +712,11 @@ spec:
         let mut j = job(1);
         j.spec.images.runtime = Some("registry.local/ws:dev".into());
         j.spec.images.pull_policy = Some(PullPolicy::Never);
-        let pods = engine_pods(&j, &settings(false), 1).unwrap();
+        let pods = role_pods(&build(&j, &settings(false), 1), Role::Engine);
         let c = &pods[0].spec.as_ref().unwrap().containers[0];
         assert_eq!(c.image.as_deref(), Some("registry.local/ws:dev"));
         assert_eq!(c.image_pull_policy.as_deref(), Some("Never"));
-        let default = engine_pods(&job(1), &settings(false), 1).unwrap();
+        let default = role_pods(&build(&job(1), &settings(false), 1), Role::Engine);
         assert_eq!(default[0].spec.as_ref().unwrap().containers[0].image.as_deref(), Some("weightstream/runtime:0.1.0"));
     }
 
@@ -735,12 +724,10 @@ spec:
     fn a_changed_tree_changes_the_pod_hash() {
         let j = job(4);
         let s = settings(false);
-        let root4 = &swarmx_pods(&j, &s, 4).unwrap()[0];
-        let root2 = &swarmx_pods(&j, &s, 2).unwrap()[0];
-        let again = &swarmx_pods(&j, &s, 4).unwrap()[0];
+        let root = |n| role_pods(&build(&j, &s, n), Role::Swarmx)[0].clone();
         let h = |p: &Pod| p.metadata.annotations.as_ref().unwrap()[SPEC_HASH_ANNOTATION].clone();
-        assert_ne!(h(root4), h(root2));
-        assert_eq!(h(root4), h(again));
+        assert_ne!(h(&root(4)), h(&root(2)));
+        assert_eq!(h(&root(4)), h(&root(4)));
     }
 
     #[test]
@@ -749,13 +736,9 @@ spec:
         let j = job(4);
         let s = settings(false);
         let h = |p: &Pod| p.metadata.annotations.as_ref().unwrap()[SPEC_HASH_ANNOTATION].clone();
-        assert_ne!(h(&engine_pods(&j, &s, 4).unwrap()[0]), h(&engine_pods(&j, &s, 2).unwrap()[0]));
-        let tmpl = |n| {
-            memoryx(&j, &s, 1, n).unwrap().spec.unwrap().template.metadata.unwrap().annotations.unwrap()
-                [CONFIG_HASH_ANNOTATION]
-                .clone()
-        };
-        assert_ne!(tmpl(4), tmpl(2));
-        assert_eq!(tmpl(4), tmpl(4));
+        let engine0 = |n| role_pods(&build(&j, &s, n), Role::Engine)[0].clone();
+        assert_ne!(h(&engine0(4)), h(&engine0(2)));
+        assert_ne!(config_hash(&j, 4), config_hash(&j, 2));
+        assert_eq!(config_hash(&j, 4), config_hash(&j, 4));
     }
 }

@@ -6,75 +6,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crds::TrainingJob;
+use crds::contract::MemoryxStatus;
+use crds::{CheckpointRef, TrainingJob};
 use futures::future::BoxFuture;
 use kube::ResourceExt;
-use serde::{Deserialize, Serialize};
 
 use crate::Error;
-
-/// MemoryX's view of the training loop, as its `/status` endpoint returns it.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct CoordinatorStatus {
-    /// Where the loop is.
-    pub phase: CoordinatorPhase,
-    /// Optimizer steps completed.
-    #[serde(default)]
-    pub step: u64,
-    /// Steps the job runs in all.
-    #[serde(default)]
-    pub total_steps: Option<u64>,
-    /// Mean loss of the last step.
-    #[serde(default)]
-    pub loss: Option<f64>,
-    /// Throughput over the last steps.
-    #[serde(default)]
-    pub samples_per_second: Option<f64>,
-    /// The cost model's time for one step.
-    #[serde(default)]
-    pub simulated_step_seconds: Option<f64>,
-    /// The newest complete checkpoint.
-    #[serde(default)]
-    pub last_checkpoint: Option<CheckpointInfo>,
-    /// Held-out accuracy of the last evaluation.
-    #[serde(default)]
-    pub eval_accuracy: Option<f64>,
-    /// Why, when it failed.
-    #[serde(default)]
-    pub message: Option<String>,
-}
-
-/// A checkpoint MemoryX completed.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct CheckpointInfo {
-    /// The step it holds.
-    pub step: u64,
-    /// Its path on the checkpoint volume.
-    pub path: String,
-}
-
-/// The phases MemoryX reports.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum CoordinatorPhase {
-    /// Up, but still loading data, restoring a checkpoint or waiting for its engines.
-    Starting,
-    /// Training.
-    #[default]
-    Running,
-    /// Writing a checkpoint.
-    Checkpointing,
-    /// Trained to the end (and wrote the final checkpoint).
-    Succeeded,
-    /// Gave up; `message` says why.
-    Failed,
-}
 
 /// Reads a job's progress from its coordinator and asks it for checkpoints.
 pub trait Coordinator: Send + Sync + 'static {
     /// The coordinator's current report for `job`.
-    fn status<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<CoordinatorStatus, Error>>;
+    fn status<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<MemoryxStatus, Error>>;
     /// Asks the coordinator to write a checkpoint after the step in flight.
     fn checkpoint<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<(), Error>>;
 }
@@ -117,12 +59,12 @@ fn unreachable(url: &str, e: impl std::fmt::Display) -> Error {
 }
 
 impl Coordinator for HttpCoordinator {
-    fn status<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<CoordinatorStatus, Error>> {
+    fn status<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<MemoryxStatus, Error>> {
         Box::pin(async move {
             let url = format!("{}/status", self.base(job));
             let resp = self.client.get(&url).send().await.map_err(|e| unreachable(&url, e))?;
             let resp = resp.error_for_status().map_err(|e| unreachable(&url, e))?;
-            resp.json::<CoordinatorStatus>().await.map_err(|e| unreachable(&url, format!("bad /status body: {e}")))
+            resp.json::<MemoryxStatus>().await.map_err(|e| unreachable(&url, format!("bad /status body: {e}")))
         })
     }
 
@@ -140,15 +82,23 @@ impl Coordinator for HttpCoordinator {
 /// without a data plane. Like MemoryX, a checkpoint request makes the current step the last checkpoint.
 #[derive(Clone, Default)]
 pub struct ScriptedCoordinator {
-    reports: Arc<Mutex<HashMap<String, CoordinatorStatus>>>,
+    reports: Arc<Mutex<HashMap<String, MemoryxStatus>>>,
+    delays: Arc<Mutex<HashMap<String, Duration>>>,
     requests: Arc<Mutex<Vec<String>>>,
 }
 
 impl ScriptedCoordinator {
     /// Makes `namespace/name` report `status` from now on.
-    pub fn set(&self, key: &str, status: CoordinatorStatus) {
+    pub fn set(&self, key: &str, status: MemoryxStatus) {
         if let Ok(mut m) = self.reports.lock() {
             m.insert(key.to_string(), status);
+        }
+    }
+
+    /// Makes `namespace/name` answer only after `delay`, as a MemoryX on a busy or distant node would.
+    pub fn set_delay(&self, key: &str, delay: Duration) {
+        if let Ok(mut m) = self.delays.lock() {
+            m.insert(key.to_string(), delay);
         }
     }
 
@@ -170,10 +120,17 @@ impl ScriptedCoordinator {
 }
 
 impl Coordinator for ScriptedCoordinator {
-    fn status<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<CoordinatorStatus, Error>> {
+    fn status<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<MemoryxStatus, Error>> {
         let key = Self::key(job);
-        let found = self.reports.lock().ok().and_then(|m| m.get(&key).cloned());
-        Box::pin(async move { found.ok_or_else(|| unreachable(&key, "no report scripted")) })
+        let delay = self.delays.lock().ok().and_then(|m| m.get(&key).copied());
+        let reports = self.reports.clone();
+        Box::pin(async move {
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
+            let found = reports.lock().ok().and_then(|m| m.get(&key).cloned());
+            found.ok_or_else(|| unreachable(&key, "no report scripted"))
+        })
     }
 
     fn checkpoint<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<(), Error>> {
@@ -181,7 +138,8 @@ impl Coordinator for ScriptedCoordinator {
         let result = match self.reports.lock() {
             Ok(mut m) => match m.get_mut(&key) {
                 Some(s) => {
-                    s.last_checkpoint = Some(CheckpointInfo { step: s.step, path: format!("ckpt-{:08}", s.step) });
+                    let step = s.step();
+                    s.progress.last_checkpoint = Some(CheckpointRef { step, path: format!("ckpt-{step:08}") });
                     if let Ok(mut r) = self.requests.lock() {
                         r.push(key.clone());
                     }
@@ -198,20 +156,6 @@ impl Coordinator for ScriptedCoordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_what_memoryx_serves() {
-        let body = r#"{"phase":"Checkpointing","step":12,"totalSteps":100,"loss":0.25,"samplesPerSecond":900.5,
-            "simulatedStepSeconds":0.001,"lastCheckpoint":{"step":10,"path":"/var/lib/weightstream/checkpoints/10"},
-            "evalAccuracy":0.9,"message":null}"#;
-        let s: CoordinatorStatus = serde_json::from_str(body).unwrap();
-        assert_eq!(s.phase, CoordinatorPhase::Checkpointing);
-        assert_eq!((s.step, s.total_steps, s.last_checkpoint.unwrap().step), (12, Some(100), 10));
-        let minimal: CoordinatorStatus = serde_json::from_str(r#"{"phase":"Starting","step":0,"totalSteps":0}"#).unwrap();
-        assert_eq!(minimal.phase, CoordinatorPhase::Starting);
-        assert_eq!(minimal.loss, None);
-        assert!(serde_json::from_str::<CoordinatorStatus>(r#"{"phase":"Sleeping"}"#).is_err());
-    }
 
     #[tokio::test]
     async fn http_coordinator_reads_status_and_asks_for_checkpoints() {
@@ -245,7 +189,7 @@ mod tests {
         })).unwrap());
         job.metadata.namespace = Some("ns".into());
         let s = c.status(&job).await.unwrap();
-        assert_eq!((s.phase, s.step, s.last_checkpoint.unwrap().step), (CoordinatorPhase::Running, 7, 5));
+        assert_eq!((s.phase, s.step(), s.progress.last_checkpoint.unwrap().step), (crds::contract::MemoryxPhase::Running, 7, 5));
         c.checkpoint(&job).await.unwrap();
         assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
         job.metadata.name = Some("missing".into());

@@ -16,7 +16,7 @@ pub mod status;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use coordinator::{Coordinator, CoordinatorPhase, CoordinatorStatus, HttpCoordinator, ScriptedCoordinator};
+pub use coordinator::{Coordinator, HttpCoordinator, ScriptedCoordinator};
 pub use reconcile::{Context, run};
 
 /// JSON logs at `info` (or `RUST_LOG`), the same for the operator and the device plugin: both run as pods
@@ -79,7 +79,6 @@ impl Error {
     /// once rather than backed off.
     pub fn is_conflict(&self) -> bool {
         matches!(self, Error::Kube(kube::Error::Api(s)) if s.code == 409)
-            || matches!(self, Error::Finalizer(m) if m.contains("409"))
     }
 }
 
@@ -104,7 +103,7 @@ impl Default for Config {
             namespace: None,
             pool: None,
             default_image: DEFAULT_RUNTIME_IMAGE.into(),
-            fan_out: children::DEFAULT_FAN_OUT,
+            fan_out: crds::contract::DEFAULT_FAN_OUT,
             poll: Duration::from_secs(3),
         }
     }

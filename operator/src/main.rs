@@ -23,7 +23,7 @@ struct Args {
     #[arg(long, env = "WS_RUNTIME_IMAGE", default_value = operator::DEFAULT_RUNTIME_IMAGE)]
     runtime_image: String,
     /// Children per SwarmX node.
-    #[arg(long, env = "WS_SWARMX_FAN_OUT", default_value_t = operator::children::DEFAULT_FAN_OUT)]
+    #[arg(long, env = "WS_SWARMX_FAN_OUT", default_value_t = crds::contract::DEFAULT_FAN_OUT)]
     swarmx_fan_out: u32,
     /// Seconds between polls of a live job's MemoryX.
     #[arg(long, env = "WS_POLL_SECONDS", default_value_t = 3)]

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crds::{Phase, TrainingJob};
+use crds::contract::MemoryxStatus;
+use crds::{Phase, TrainingJob, TrainingJobStatus};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Service};
@@ -20,7 +21,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::admission::{self, Claim, Verdict};
-use crate::children::{self, JOB_LABEL, ROLE_LABEL, SPEC_HASH_ANNOTATION, Settings};
+use crate::children::{self, Desired, JOB_LABEL, ROLE_LABEL, SPEC_HASH_ANNOTATION, Settings};
 use crate::coordinator::Coordinator;
 use crate::status::{self, Children, Observed};
 use crate::{Config, Error, FINALIZER, MANAGER, Shared};
@@ -33,8 +34,9 @@ pub struct Context {
     pub config: Config,
     /// Where progress comes from.
     pub coordinator: Arc<dyn Coordinator>,
-    /// Serializes admission: the pool is read and a job's allocation written under it, so two jobs never both
-    /// take the last free CS-2s. (A lock, not state: nothing in it survives or needs to survive a restart.)
+    /// Held only while a pass claims CS-2s: one list of the jobs and one compare-and-swap of the claiming job's
+    /// status, so two jobs never both take the last free CS-2s. (A lock, not state: nothing in it survives or
+    /// needs to survive a restart, and only the leader reconciles.)
     pub admission: tokio::sync::Mutex<()>,
     /// Metrics and readiness.
     pub shared: Shared,
@@ -130,6 +132,8 @@ pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Actio
     .await
     .map_err(|e| match e {
         kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        // Keep the API error itself, so a conflict is recognised by its status code.
+        kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => Error::Kube(e),
         other => Error::Finalizer(other.to_string()),
     });
     ctx.shared.metrics.observe(result.is_ok(), started.elapsed());
@@ -245,32 +249,40 @@ where
     }
 }
 
-async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// What one pass read, before deciding anything: MemoryX's report, the pool, the job's pods and the objects
+/// its appliance should consist of at the size it holds (built once, here).
+struct Reading {
+    coordinator: Option<Result<MemoryxStatus, String>>,
+    pool: Option<(u32, bool)>,
+    settings: Settings,
+    existing: Vec<Pod>,
+    desired: Option<Desired>,
+}
+
+/// Read: everything the decision needs that is not the list of jobs. MemoryX is asked first and outside any
+/// critical section, so a slow MemoryX delays only its own job.
+async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-    let name = job.name_any();
-    let client = &ctx.client;
-    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
+    let coordinator = if holds > 0 { Some(ctx.coordinator.status(job).await.map_err(|e| e.to_string())) } else { None };
+    let pool = pool(ctx).await?;
+    let settings =
+        Settings { default_image: ctx.config.default_image.clone(), fan_out: ctx.config.fan_out, request_cs2: pool.is_some_and(|p| p.1) };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let existing = pods.list(&ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any()))).await?.items;
+    let desired = if holds > 0 { Some(children::desired(job, &settings, holds)?) } else { None };
+    Ok(Reading { coordinator, pool, settings, existing, desired })
+}
 
-    // MemoryX is asked before taking the admission lock: a slow MemoryX must not hold up other jobs.
-    let coordinator = if holds > 0 { Some(ctx.coordinator.status(&job).await.map_err(|e| e.to_string())) } else { None };
-
-    let _admission = ctx.admission.lock().await;
-    // Read the pool and every job afresh (not from the cache): admission must see every allocation made so far.
-    let all = jobs_api(client, ctx.config.namespace.as_deref()).list(&ListParams::default()).await?;
-    let Some(job) = all.items.iter().find(|j| j.uid() == job.uid()).cloned() else {
-        return Ok(Action::await_change());
-    };
-    if job.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::requeue(Duration::from_millis(100)));
-    }
-    let claims: Vec<Claim> = all.items.iter().map(Claim::of).collect();
-    let pool = pool(&ctx).await?;
-    let (pool_size, request_cs2) = pool.unwrap_or((0, false));
+/// Decide (pure): the job's next status and what to do with its children, from what was read and the current
+/// list of every job (whose allocations are what is taken from the pool).
+fn decide(job: &TrainingJob, all: &[TrainingJob], r: &Reading, ctx: &Context, now: Timestamp) -> (status::Decision, PodCensus) {
+    let claims: Vec<Claim> = all.iter().map(Claim::of).collect();
+    let (pool_size, _) = r.pool.unwrap_or((0, false));
     ctx.shared.metrics.set_pool(pool_size, claims.iter().map(|c| c.holds).sum());
-    let key = format!("{ns}/{name}");
+    let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
-    let admission = (holds == 0).then(|| match pool {
+    let admission = (holds == 0).then(|| match r.pool {
         Some(_) => admission::decide(pool_size, &claims, &key),
         None => Verdict::Wait {
             reason: "NoPool",
@@ -278,36 +290,95 @@ async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error
         },
     });
     let may_grow = job.spec.cs2 <= holds || admission::may_grow(pool_size, &claims, job.spec.cs2 - holds);
-    let settings = Settings { default_image: ctx.config.default_image.clone(), fan_out: ctx.config.fan_out, request_cs2 };
-
-    let existing = pods_api.list(&ListParams::default().labels(&format!("{JOB_LABEL}={name}"))).await?.items;
-    let desired = if holds > 0 {
-        let mut d = children::swarmx_pods(&job, &settings, holds)?;
-        d.extend(children::engine_pods(&job, &settings, holds)?);
-        d
-    } else {
-        Vec::new()
+    let desired_pods = r.desired.as_ref().map_or(&[][..], |d| &d.pods[..]);
+    let pods = census(&r.existing, desired_pods, &format!("{}-0", children::names::memoryx(&job.name_any())));
+    let plan = match &r.desired {
+        Some(d) if d.plan.cs2 == job.spec.cs2 => Ok(d.plan.clone()),
+        _ => children::plan(job, job.spec.cs2, ctx.config.fan_out).map(|(_, s)| s).map_err(|e| e.to_string()),
     };
-    let pods = census(&existing, &desired, &format!("{}-0", children::names::memoryx(&name)));
-
     let observed = Observed {
         admission,
         may_grow,
-        plan: children::plan(&job, job.spec.cs2, ctx.config.fan_out).map(|(_, s)| s).map_err(|e| e.to_string()),
+        plan,
         pods_ready: holds > 0 && pods.ready,
         failed_pods: pods.failed.clone(),
         memoryx_restarts: pods.memoryx_restarts,
-        coordinator,
-        now: Timestamp::now(),
+        coordinator: r.coordinator.clone(),
+        now,
     };
-    let decision = status::decide(&job, &observed);
+    (status::decide(job, &observed), pods)
+}
+
+/// Every job the operator counts against the pool, read afresh from the API server (not from the cache):
+/// admission must see every allocation made so far. `None` when `job` itself is gone.
+async fn fresh(job: &TrainingJob, ctx: &Context) -> Result<Option<(TrainingJob, Vec<TrainingJob>)>, Error> {
+    let all = jobs_api(&ctx.client, ctx.config.namespace.as_deref()).list(&ListParams::default()).await?.items;
+    Ok(all.iter().find(|j| j.uid() == job.uid()).cloned().map(|j| (j, all)))
+}
+
+/// Writes `status` as a compare-and-swap on the job's resourceVersion: a status computed from a stale read is
+/// refused (409) and the pass is redone from a fresh read, so a counter such as `restarts` or a claim on CS-2s
+/// is never written twice.
+async fn write_status(ctx: &Context, job: &TrainingJob, status: &TrainingJobStatus) -> Result<(), Error> {
+    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = serde_json::json!({
+        "apiVersion": format!("{}/{}", crds::GROUP, crds::VERSION),
+        "kind": "TrainingJob",
+        "metadata": { "name": job.name_any(), "resourceVersion": job.resource_version() },
+        "status": status,
+    });
+    api.patch_status(&job.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?;
+    Ok(())
+}
+
+/// One pass as a pipeline: read → decide (pure) → (claim) → apply the children built once → status → event.
+///
+/// A decision that takes CS-2s from the pool (admission, growth) is made again and written inside a short
+/// critical section — one list of the jobs and one compare-and-swap of this job's status — before any child
+/// is created, so two jobs never both take the last free CS-2s, and nothing else (MemoryX, the children) waits
+/// on it: different jobs reconcile concurrently.
+async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
+    let reading = read(&job, &ctx).await?;
+    let Some((mut job, mut all)) = fresh(&job, &ctx).await? else { return Ok(Action::await_change()) };
+    if job.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::requeue(Duration::from_millis(100)));
+    }
+    let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
+    let claims_more = |d: &status::Decision| d.status.allocated_cs2.unwrap_or(0) > holds;
+    let (mut decision, mut pods) = decide(&job, &all, &reading, &ctx, Timestamp::now());
+    let mut written = false;
+    if claims_more(&decision) {
+        let _claim = ctx.admission.lock().await;
+        let Some(again) = fresh(&job, &ctx).await? else { return Ok(Action::await_change()) };
+        (job, all) = again;
+        if job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0) != holds {
+            // Another pass changed the allocation meanwhile; start over from what it wrote.
+            return Ok(Action::requeue(Duration::from_millis(10)));
+        }
+        (decision, pods) = decide(&job, &all, &reading, &ctx, Timestamp::now());
+        if claims_more(&decision) {
+            write_status(&ctx, &job, &decision.status).await?;
+            written = true;
+        }
+    }
 
     match decision.children {
         Children::Nothing => {}
         Children::Assemble(n) => {
-            assemble(&ctx, &job, &settings, n, if n == holds { Some(&pods) } else { None }, &existing).await?;
+            let built;
+            let desired = match &reading.desired {
+                Some(d) if n == holds => d,
+                _ => {
+                    built = children::desired(&job, &reading.settings, n)?;
+                    &built
+                }
+            };
+            let census_at_n = if n == holds { Some(&pods) } else { None };
+            assemble(&ctx, &job, desired, census_at_n, &reading.existing).await?;
         }
-        Children::Release => release(&ctx, &job, &existing).await?,
+        Children::Release => release(&ctx, &job, &reading.existing).await?,
     }
     if decision.request_checkpoint {
         // A refused request is not fatal: the next pass sees no new checkpoint and asks again.
@@ -315,20 +386,9 @@ async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error
             tracing::warn!(job = %key, error = %e, "asking MemoryX for a checkpoint failed");
         }
     }
-    let changed = job.status.as_ref() != Some(&decision.status);
-    if changed {
-        let api: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-        let patch = serde_json::json!({
-            "apiVersion": format!("{}/{}", crds::GROUP, crds::VERSION),
-            "kind": "TrainingJob",
-            // The resourceVersion makes this a compare-and-swap: a status computed from a stale read is refused
-            // (409) and recomputed, so a counter such as `restarts` is never double-counted.
-            "metadata": { "name": name, "resourceVersion": job.resource_version() },
-            "status": decision.status,
-        });
-        api.patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?;
+    if !written && job.status.as_ref() != Some(&decision.status) {
+        write_status(&ctx, &job, &decision.status).await?;
     }
-    drop(_admission);
     if let Some(t) = &decision.transition {
         tracing::info!(job = %key, phase = %t.phase, reason = %t.reason, message = %t.message, "phase changed");
         let event = Event {
@@ -342,41 +402,36 @@ async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error
             tracing::warn!(job = %key, error = %e, "cannot record event");
         }
     }
-    let phase = decision.status.phase;
-    Ok(match phase {
+    Ok(match decision.status.phase {
         Some(Phase::Succeeded | Phase::Failed | Phase::Suspended) => Action::requeue(Duration::from_secs(300)),
         _ if !pods.delete.is_empty() => Action::requeue(Duration::from_millis(500)),
         _ => Action::requeue(ctx.config.poll),
     })
 }
 
-/// Applies every child for `n` CS-2s. Outdated, failed and surplus pods are deleted first; their
-/// replacements are created on the next pass, once the old pod is gone and its name free.
+/// Applies every child of `desired`. Outdated, failed and surplus pods are deleted first; their replacements
+/// are created on the next pass, once the old pod is gone and its name free.
 async fn assemble(
     ctx: &Context,
     job: &TrainingJob,
-    settings: &Settings,
-    n: u32,
+    desired: &Desired,
     census_at_n: Option<&PodCensus>,
     existing: &[Pod],
 ) -> Result<(), Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let client = &ctx.client;
-    let (plan, _) = children::plan(job, n, settings.fan_out)?;
-    apply_one(&Api::<ConfigMap>::namespaced(client.clone(), &ns), &children::config_map(job, n, &plan)?).await?;
+    apply_one(&Api::<ConfigMap>::namespaced(client.clone(), &ns), &desired.config).await?;
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
-    for s in children::services(job)? {
-        apply_one(&services, &s).await?;
+    for s in &desired.services {
+        apply_one(&services, s).await?;
     }
-    apply_one(&Api::<StatefulSet>::namespaced(client.clone(), &ns), &children::memoryx(job, settings, 1, n)?).await?;
+    apply_one(&Api::<StatefulSet>::namespaced(client.clone(), &ns), &desired.memoryx).await?;
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let owned;
     let census = match census_at_n {
         Some(c) => c,
         None => {
-            let mut desired = children::swarmx_pods(job, settings, n)?;
-            desired.extend(children::engine_pods(job, settings, n)?);
-            owned = census(existing, &desired, &format!("{}-0", children::names::memoryx(&job.name_any())));
+            owned = census(existing, &desired.pods, &format!("{}-0", children::names::memoryx(&job.name_any())));
             &owned
         }
     };
@@ -462,9 +517,7 @@ mod tests {
         .unwrap();
         j.metadata.uid = Some("u".into());
         let s = Settings { default_image: "i".into(), fan_out: 2, request_cs2: false };
-        let mut d = children::swarmx_pods(&j, &s, n).unwrap();
-        d.extend(children::engine_pods(&j, &s, n).unwrap());
-        d
+        children::desired(&j, &s, n).unwrap().pods
     }
 
     #[test]

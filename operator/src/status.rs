@@ -3,12 +3,12 @@
 //! lifecycle promises (gang admission, replacement of failed engines, the restart limit, suspend through a
 //! checkpoint, rescale between steps) is decided here and unit-tested without a cluster.
 
-use crds::{CheckpointRef, Phase, PlanStatus, TrainingJob, TrainingJobStatus};
+use crds::{Phase, PlanStatus, TrainingJob, TrainingJobStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::admission::Verdict;
-use crate::coordinator::{CoordinatorPhase, CoordinatorStatus};
+use crds::contract::{MemoryxPhase, MemoryxStatus};
 
 /// Condition type: whether the job holds its CS-2s.
 pub const ADMITTED: &str = "Admitted";
@@ -37,7 +37,7 @@ pub struct Observed {
     /// Container restarts of the current MemoryX pod, when it exists.
     pub memoryx_restarts: Option<u32>,
     /// MemoryX's `/status`, or why it could not be read; `None` when it was not asked (nothing assembled).
-    pub coordinator: Option<Result<CoordinatorStatus, String>>,
+    pub coordinator: Option<Result<MemoryxStatus, String>>,
     /// Now, for condition and start/completion times.
     pub now: Timestamp,
 }
@@ -175,21 +175,21 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
         // The job holds its CS-2s from here on.
         if let Some(Ok(c)) = &obs.coordinator {
             match c.phase {
-                CoordinatorPhase::Succeeded => {
+                MemoryxPhase::Succeeded => {
                     d.s.allocated_cs2 = None;
                     d.s.completion_time.get_or_insert(Time(obs.now));
-                    d.phase(Phase::Succeeded, "TrainingComplete", format!("trained {} steps", c.step));
+                    d.phase(Phase::Succeeded, "TrainingComplete", format!("trained {} steps", c.step()));
                     d.cond(COMPLETE, true);
                     d.cond_with(READY, false, "Finished", "the job is over and its CS-2s are free");
                     d.cond_with(ADMITTED, false, "Released", "the job is over and its CS-2s are free");
                     break 'decided (Children::Release, false);
                 }
-                CoordinatorPhase::Failed => {
+                MemoryxPhase::Failed => {
                     let why = c.message.clone().unwrap_or_else(|| "MemoryX reported a failure".into());
                     d.fail("DataPlaneFailed", why);
                     break 'decided (Children::Release, false);
                 }
-                CoordinatorPhase::Starting | CoordinatorPhase::Running | CoordinatorPhase::Checkpointing => {}
+                MemoryxPhase::Starting | MemoryxPhase::Running | MemoryxPhase::Checkpointing => {}
             }
         }
         let mut restarts = prev.restarts + obs.failed_pods.len() as u32;
@@ -218,10 +218,10 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
                 Some(Ok(c)) => Some(c),
                 _ => None,
             };
-            let saved = |c: &CoordinatorStatus| c.last_checkpoint.as_ref().map_or(0, |k| k.step);
+            let saved = |c: &MemoryxStatus| c.progress.last_checkpoint.as_ref().map_or(0, |k| k.step);
             match (reachable, prev.checkpoint_requested_at_step) {
-                (Some(c), None) if c.step > saved(c) => {
-                    d.s.checkpoint_requested_at_step = Some(c.step);
+                (Some(c), None) if c.step() > saved(c) => {
+                    d.s.checkpoint_requested_at_step = Some(c.step());
                     d.phase(Phase::Checkpointing, why, doing);
                     break 'decided (Children::Assemble(holds), true);
                 }
@@ -233,7 +233,7 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
             }
             // A checkpoint of the latest step exists (or there is no MemoryX to ask): act now.
             d.s.checkpoint_requested_at_step = None;
-            let at = d.s.last_checkpoint.as_ref().map_or("no checkpoint yet".to_string(), |k| format!("step {}", k.step));
+            let at = d.s.progress.last_checkpoint.as_ref().map_or("no checkpoint yet".to_string(), |k| format!("step {}", k.step));
             if spec.suspend {
                 d.s.allocated_cs2 = None;
                 d.phase(Phase::Suspended, "Suspended", format!("suspended with its checkpoint at {at}; CS-2s released"));
@@ -262,14 +262,14 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
             d.cond_with(ADMITTED, true, "Admitted", format!("holds {holds} CS-2s"));
         }
         match (&obs.coordinator, obs.pods_ready) {
-            (Some(Ok(c)), true) if c.phase == CoordinatorPhase::Starting => {
+            (Some(Ok(c)), true) if c.phase == MemoryxPhase::Starting => {
                 let msg = "MemoryX is starting (loading data, restoring its checkpoint, reaching its engines)";
                 d.phase(Phase::Starting, "CoordinatorStarting", msg);
                 d.cond_with(READY, false, "CoordinatorStarting", msg);
             }
             (Some(Ok(c)), true) => {
-                let phase = if c.phase == CoordinatorPhase::Checkpointing { Phase::Checkpointing } else { Phase::Running };
-                d.phase(phase, "Training", format!("step {} of {}", c.step, c.total_steps.map_or("?".into(), |t| t.to_string())));
+                let phase = if c.phase == MemoryxPhase::Checkpointing { Phase::Checkpointing } else { Phase::Running };
+                d.phase(phase, "Training", format!("step {} of {}", c.step(), c.progress.total_steps.map_or("?".into(), |t| t.to_string())));
                 d.cond_with(READY, true, "Training", "every child is ready and MemoryX reports progress");
             }
             (_, false) => {
@@ -339,33 +339,15 @@ impl Pass {
         self.cond_with(ADMITTED, false, "Released", "the job failed and its CS-2s are free");
     }
 
-    fn progress(&mut self, c: &CoordinatorStatus) {
-        self.s.step = Some(c.step);
-        if c.total_steps.is_some() {
-            self.s.total_steps = c.total_steps;
-        }
-        if c.loss.is_some() {
-            self.s.loss = c.loss;
-        }
-        if c.samples_per_second.is_some() {
-            self.s.samples_per_second = c.samples_per_second;
-        }
-        if c.simulated_step_seconds.is_some() {
-            self.s.simulated_step_seconds = c.simulated_step_seconds;
-        }
-        if c.eval_accuracy.is_some() {
-            self.s.eval_accuracy = c.eval_accuracy;
-        }
-        if let Some(k) = &c.last_checkpoint {
-            self.s.last_checkpoint = Some(CheckpointRef { step: k.step, path: k.path.clone() });
-        }
+    fn progress(&mut self, c: &MemoryxStatus) {
+        self.s.progress.merge(&c.progress);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordinator::CheckpointInfo;
+    use crds::CheckpointRef;
 
     fn job(cs2: u32) -> TrainingJob {
         let mut j = crds::parse_training_job(&format!(
@@ -399,7 +381,7 @@ spec:
                 peak_engine_bytes: 1,
                 execution_mode: crds::ExecutionMode::Pipelined,
                 step_bytes: 1,
-                swarmx: crds::SwarmxTree { fan_out: 8, depth: 1, nodes: vec![] },
+                swarmx: crds::SwarmxTreeStatus { fan_out: 8, depth: 1, nodes: vec![] },
                 engines: vec![],
             }),
             pods_ready: false,
@@ -410,15 +392,12 @@ spec:
         }
     }
 
-    fn running(step: u64, ckpt: Option<u64>) -> Option<Result<CoordinatorStatus, String>> {
-        Some(Ok(CoordinatorStatus {
-            phase: CoordinatorPhase::Running,
-            step,
-            total_steps: Some(100),
-            loss: Some(0.5),
-            last_checkpoint: ckpt.map(|s| CheckpointInfo { step: s, path: format!("/ckpt/{s}") }),
-            ..Default::default()
-        }))
+    fn running(step: u64, ckpt: Option<u64>) -> Option<Result<MemoryxStatus, String>> {
+        let mut s = MemoryxStatus::at(MemoryxPhase::Running, step);
+        s.progress.total_steps = Some(100);
+        s.progress.loss = Some(0.5);
+        s.progress.last_checkpoint = ckpt.map(|s| CheckpointRef { step: s, path: format!("/ckpt/{s}") });
+        Some(Ok(s))
     }
 
     /// Applies a decision as the operator would, so the next pass starts from it.
@@ -456,21 +435,21 @@ spec:
         assert_eq!(cond(&j, READY).reason, "PodsNotReady");
 
         o.pods_ready = true;
-        o.coordinator = Some(Ok(CoordinatorStatus { phase: CoordinatorPhase::Starting, ..Default::default() }));
+        o.coordinator = Some(Ok(MemoryxStatus { phase: MemoryxPhase::Starting, ..Default::default() }));
         assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Starting));
         assert_eq!(cond(&j, READY).reason, "CoordinatorStarting");
         o.coordinator = running(7, None);
         let d = step(&mut j, &o);
         assert_eq!(d.status.phase, Some(Phase::Running));
-        assert_eq!((d.status.step, d.status.loss), (Some(7), Some(0.5)));
+        assert_eq!((d.status.progress.step, d.status.progress.loss), (Some(7), Some(0.5)));
         assert_eq!(cond(&j, READY).status, "True");
 
         // MemoryX writing a periodic checkpoint shows as Checkpointing, then Running again.
-        o.coordinator = Some(Ok(CoordinatorStatus { phase: CoordinatorPhase::Checkpointing, ..running(10, None).unwrap().unwrap() }));
+        o.coordinator = Some(Ok(MemoryxStatus { phase: MemoryxPhase::Checkpointing, ..running(10, None).unwrap().unwrap() }));
         assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Checkpointing));
         o.coordinator = running(11, Some(10));
         let d = step(&mut j, &o);
-        assert_eq!((d.status.phase, d.status.last_checkpoint.map(|c| c.step)), (Some(Phase::Running), Some(10)));
+        assert_eq!((d.status.phase, d.status.progress.last_checkpoint.map(|c| c.step)), (Some(Phase::Running), Some(10)));
     }
 
     #[test]
@@ -561,7 +540,7 @@ spec:
         let d = step(&mut j, &o);
         assert_eq!((d.status.phase, d.status.allocated_cs2), (Some(Phase::Suspended), None));
         assert_eq!(d.children, Children::Release);
-        assert_eq!(d.status.last_checkpoint.as_ref().unwrap().step, 41);
+        assert_eq!(d.status.progress.last_checkpoint.as_ref().unwrap().step, 41);
         assert_eq!(cond(&j, SUSPENDED).status, "True");
         // Resume: through admission again.
         j.spec.suspend = false;
@@ -613,7 +592,7 @@ spec:
         o.admission = Some(Verdict::Admit);
         step(&mut j, &o);
         o.admission = None;
-        o.coordinator = Some(Ok(CoordinatorStatus { phase: CoordinatorPhase::Succeeded, step: 100, ..Default::default() }));
+        o.coordinator = Some(Ok(MemoryxStatus::at(MemoryxPhase::Succeeded, 100)));
         let d = step(&mut j, &o);
         assert_eq!((d.status.phase, d.status.allocated_cs2), (Some(Phase::Succeeded), None));
         assert!(d.status.completion_time.is_some());

@@ -5,11 +5,13 @@
 //! - [`memoryx`]: the weight and optimizer store that streams layers and applies gradients.
 //! - [`swarmx`]: the fabric that broadcasts layers to engines and sums their gradients.
 //! - [`engine`]: what an engine does with streamed layers, against a small hardware trait.
+//! - [`driver`]: one job from checkpoint to summary, for MemoryX's program and in-process runs alike.
 //! - [`train`]: the loop that drives the three; [`plan`]: what a job needs before it runs; [`sample`]: text
 //!   decoded from a trained language model.
 //! - [`protocol`]: the messages between roles; [`data`]: data sets, batching and sharding.
 
 pub mod data;
+pub mod driver;
 pub mod engine;
 pub mod error;
 pub mod kernels;

@@ -2,6 +2,7 @@
 //! engine holds, what streams per layer. `wsctl plan`, `wsctl run` and the operator all call it, so a job
 //! means the same thing everywhere, and a job that cannot fit is refused before anything starts.
 
+use crds::contract::SwarmxTree;
 use crds::{ExecutionMode, TrainingJobSpec};
 use serde::Serialize;
 
@@ -48,6 +49,9 @@ pub struct Plan {
     pub peak_engine_bytes: u64,
     /// How weights reach the engines.
     pub execution_mode: ExecutionMode,
+    /// The SwarmX tree between MemoryX and the engines: the operator names its pods after it, the local runner
+    /// starts its processes from it, the cost model prices its depth.
+    pub swarmx: SwarmxTree,
     /// The layer-by-layer stream.
     pub layers: Vec<LayerPlan>,
     /// Bytes a step moves between MemoryX and the fabric (forward and backward streams, gradients back).
@@ -57,8 +61,9 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Plans `spec` for engines of `sram_bytes`, refusing a job whose shard cannot fit one engine.
-    pub fn new(spec: &TrainingJobSpec, sram_bytes: u64) -> Result<Plan> {
+    /// Plans `spec` for engines of `sram_bytes` under a SwarmX tree of `fan_out` children per node, refusing a
+    /// job whose shard cannot fit one engine.
+    pub fn new(spec: &TrainingJobSpec, sram_bytes: u64, fan_out: u32) -> Result<Plan> {
         spec.validate()?;
         let layout = ModelLayout::from_spec(&spec.model);
         let shard = (spec.training.batch_size / spec.cs2) as usize;
@@ -122,6 +127,7 @@ impl Plan {
             activation_bytes,
             peak_engine_bytes,
             execution_mode,
+            swarmx: SwarmxTree::new(spec.cs2, fan_out),
             step_bytes: step_bytes(&layout, false),
             dense_equivalent_step_bytes: step_bytes(&layout, true),
             layers,

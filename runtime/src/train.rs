@@ -6,10 +6,12 @@
 //! It is written against the [`WeightStore`] and [`Swarm`] traits only, so the same loop drives roles in one
 //! process or across the network.
 
+use std::cell::{Cell, RefCell};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use serde::Serialize;
+use crds::contract::ProgressReport;
+use serde::{Deserialize, Serialize};
 
 use crate::data::{Dataset, Sampler};
 use crate::engine::EngineStats;
@@ -19,23 +21,8 @@ use crate::model::loss::LossSum;
 use crate::protocol::LayerStream;
 use crate::swarmx::{Split, StepRequest, Swarm};
 
-/// What one training step reports.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct StepMetrics {
-    /// Steps completed, 1-based.
-    pub step: u64,
-    /// Mean loss over the global batch.
-    pub loss: f64,
-    /// Training throughput of this step.
-    pub samples_per_s: f64,
-    /// Bytes moved between MemoryX and the fabric in this step.
-    pub bytes_streamed: u64,
-    /// Learning rate used for this step's update.
-    pub learning_rate: f64,
-}
-
 /// Held-out results.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EvalReport {
     /// Mean loss per prediction (per sample for an MLP, per token for a GPT).
     pub loss: f64,
@@ -53,7 +40,7 @@ pub struct EvalReport {
 }
 
 /// The result of a whole run, written as `summary.json`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Summary {
     /// Optimizer steps run.
     pub steps: u64,
@@ -85,7 +72,7 @@ pub struct Summary {
     /// Seconds per step a real wafer would take, from the engines' cost model (slowest engine).
     pub simulated_step_s: f64,
     /// Lines of text decoded from the trained model (`--sample N`, language models only).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub samples: Vec<String>,
 }
 
@@ -191,6 +178,33 @@ pub struct RetryPolicy {
     pub pause: std::time::Duration,
 }
 
+impl RetryPolicy {
+    /// Runs `attempt` until it succeeds, fails with anything but [`Error::Unavailable`], or the attempts run
+    /// out. After each unavailable attempt it pauses, then asks `recover` whether to go on (`Ok(false)` gives
+    /// up and returns `Ok(None)`: the caller falls back). `what` names the work in the log.
+    pub fn retry<T>(
+        &self,
+        what: &str,
+        mut attempt: impl FnMut() -> Result<T>,
+        mut recover: impl FnMut() -> Result<bool>,
+    ) -> Result<Option<T>> {
+        let mut n = 1;
+        loop {
+            match attempt() {
+                Err(Error::Unavailable(why)) if n < self.attempts => {
+                    tracing::warn!(attempt = n, "{what} aborted, rerunning: {why}");
+                    n += 1;
+                    std::thread::sleep(self.pause);
+                    if !recover()? {
+                        return Ok(None);
+                    }
+                }
+                other => return other.map(Some),
+            }
+        }
+    }
+}
+
 impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy { attempts: 120, pause: std::time::Duration::from_millis(500) }
@@ -245,7 +259,26 @@ enum Mode {
     Resident,
 }
 
-/// Trains steps `start..total` and evaluates. `on_step` sees every step's metrics as it finishes (and may
+/// What [`run`] trains: the job, its store and data, and the steps to run.
+pub struct Steps<'a> {
+    /// The job's spec.
+    pub spec: &'a crds::TrainingJobSpec,
+    /// The job's identity on the wire.
+    pub job: &'a str,
+    /// MemoryX.
+    pub store: &'a dyn WeightStore,
+    /// The training and held-out examples.
+    pub data: (&'a Dataset, &'a Dataset),
+    /// The steps to run: from the checkpoint resumed (or 0) to the job's total.
+    pub range: std::ops::Range<u64>,
+    /// How a step that loses a component is rerun.
+    pub retry: RetryPolicy,
+    /// Whether MemoryX's copy must be brought up to date after a step (a checkpoint is due), when the
+    /// engines hold the model.
+    pub sync_at: &'a dyn Fn(u64) -> bool,
+}
+
+/// Trains `steps.range` and evaluates. `on_step` sees every step's metrics as it finishes (and may
 /// checkpoint); a step that fails because a component is unavailable is rerun whole, so no gradient is lost or
 /// applied twice.
 ///
@@ -253,20 +286,15 @@ enum Mode {
 /// and the engines can hold replicas, they keep it resident and MemoryX's copy is brought up to date before
 /// every step `sync_at` names (a checkpoint is due) and at the end. If a fault loses every replica, the run
 /// goes back to MemoryX's copy and reruns the steps since, which reproduces them exactly.
-#[allow(clippy::too_many_arguments)]
 pub fn run(
-    spec: &crds::TrainingJobSpec,
-    job: &str,
-    store: &dyn WeightStore,
+    steps: &Steps<'_>,
     swarm: &mut dyn Swarm,
-    data: (&Dataset, &Dataset),
-    start: u64,
-    total: u64,
-    retry: RetryPolicy,
-    sync_at: &dyn Fn(u64) -> bool,
-    on_step: &mut dyn FnMut(&StepMetrics) -> Result<()>,
+    on_step: &mut dyn FnMut(&ProgressReport) -> Result<()>,
 ) -> Result<Summary> {
-    let plan = crate::plan::Plan::new(spec, swarm.sram_bytes())?;
+    let Steps { spec, job, store, data, retry, sync_at, .. } = *steps;
+    let (start, total) = (steps.range.start, steps.range.end);
+    // The tree's shape does not bear on the mode; the mode is all the loop takes from the plan.
+    let plan = crate::plan::Plan::new(spec, swarm.sram_bytes(), crds::contract::DEFAULT_FAN_OUT)?;
     let mode = if plan.execution_mode == crds::ExecutionMode::Pipelined && swarm.holds_replicas() {
         Mode::Resident
     } else {
@@ -283,40 +311,41 @@ pub fn run(
     let dense_step = crate::plan::step_bytes(&layout, true);
     let started = Instant::now();
     let (mut bytes, mut final_loss) = (0u64, f64::NAN);
-    let mut primed = false;
     // Steps already reported: a rerun after a lost replica does not report them twice.
     let mut reported = start;
     let mut step = start;
+    // Both the attempt and the recovery between attempts need the fabric and the priming flag.
+    let fabric = RefCell::new(swarm);
+    let primed = Cell::new(false);
     while step < total {
         let step_started = Instant::now();
-        let mut attempt = 1;
-        let outcome = loop {
-            let result = match mode {
-                Mode::Streaming => train_step(store, swarm, layers, per_sample, sampler.batch(step), step),
-                Mode::Resident => resident_step(store, swarm, &mut primed, job, per_sample, sampler.batch(step), step),
-            };
-            match result {
-                Err(Error::Unavailable(why)) if attempt < retry.attempts => {
-                    tracing::warn!(step = step + 1, attempt, "step aborted, rerunning: {why}");
-                    attempt += 1;
-                    std::thread::sleep(retry.pause);
-                    if mode == Mode::Resident {
-                        // The replacement engine has no replica: take the state from a surviving one (or, if
-                        // none survived, go back to MemoryX's copy) and prime them all again.
-                        primed = false;
-                        match take_back(store, swarm, step) {
-                            Ok(true) => {}
-                            Ok(false) => break None,
-                            Err(e) => {
-                                tracing::warn!("no replica to take back: {e}");
-                                break None;
-                            }
-                        }
+        let outcome = retry.retry(
+            &format!("step {}", step + 1),
+            || {
+                let swarm = &mut **fabric.borrow_mut();
+                match mode {
+                    Mode::Streaming => train_step(store, swarm, layers, per_sample, sampler.batch(step), step),
+                    Mode::Resident => {
+                        let mut p = primed.get();
+                        let r = resident_step(store, swarm, &mut p, job, per_sample, sampler.batch(step), step);
+                        primed.set(p);
+                        r
                     }
                 }
-                other => break Some(other?),
-            }
-        };
+            },
+            || {
+                if mode == Mode::Streaming {
+                    return Ok(true);
+                }
+                // The replacement engine has no replica: take the state from a surviving one (or, if none
+                // survived, go back to MemoryX's copy) and prime them all again.
+                primed.set(false);
+                Ok(take_back(store, &mut **fabric.borrow_mut(), step).unwrap_or_else(|e| {
+                    tracing::warn!("no replica to take back: {e}");
+                    false
+                }))
+            },
+        )?;
         let Some((loss, step_bytes)) = outcome else {
             let back_to = store.state(job)?.0;
             tracing::warn!(from = step, to = back_to, "every replica was lost; rerunning from MemoryX's copy");
@@ -324,21 +353,10 @@ pub fn run(
             continue;
         };
         if mode == Mode::Resident && (sync_at(step + 1) || step + 1 == total) {
-            let mut attempt = 1;
-            let synced = loop {
-                match take_back(store, swarm, step + 1) {
-                    Ok(true) => break true,
-                    Ok(false) => break false,
-                    Err(Error::Unavailable(why)) if attempt < retry.attempts => {
-                        tracing::warn!(attempt, "taking the replica back failed, retrying: {why}");
-                        attempt += 1;
-                        std::thread::sleep(retry.pause);
-                    }
-                    Err(e) => return Err(e),
-                }
-            };
-            if !synced {
-                primed = false;
+            let synced =
+                retry.retry("taking the replica back", || take_back(store, &mut **fabric.borrow_mut(), step + 1), || Ok(true))?;
+            if synced != Some(true) {
+                primed.set(false);
                 step = store.state(job)?.0;
                 tracing::warn!(to = step, "the replicas could not be taken back; rerunning from MemoryX's copy");
                 continue;
@@ -358,7 +376,7 @@ pub fn run(
             )));
         }
         bytes += step_bytes;
-        on_step(&StepMetrics {
+        on_step(&ProgressReport {
             step: step + 1,
             loss: final_loss,
             samples_per_s: batch as f64 / step_started.elapsed().as_secs_f64().max(1e-9),
@@ -366,20 +384,13 @@ pub fn run(
             learning_rate: crate::optim::learning_rate(&spec.training.optimizer, &spec.training.schedule, step, total),
         })?;
     }
+    let swarm = fabric.into_inner();
     let wall_s = started.elapsed().as_secs_f64();
     let engines = swarm.stats()?;
     let eval_batch = batch.max(swarm.engines());
-    let mut attempt = 1;
-    let eval = loop {
-        match evaluate(store, swarm, layers, &test_samples, eval_batch, total) {
-            Err(Error::Unavailable(why)) if attempt < retry.attempts => {
-                tracing::warn!(attempt, "evaluation aborted, rerunning: {why}");
-                attempt += 1;
-                std::thread::sleep(retry.pause);
-            }
-            other => break other?,
-        }
-    };
+    let eval = retry
+        .retry("evaluation", || evaluate(store, swarm, layers, &test_samples, eval_batch, total), || Ok(true))?
+        .ok_or_else(|| Error::Unavailable("evaluation gave up".into()))?;
     let mut eval = eval;
     if let (Dataset::Text(train), Dataset::Text(test)) = data {
         eval.perplexity = Some(eval.loss.exp());

@@ -10,6 +10,8 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 use tonic::{Code, Status};
 
+use crds::contract::{CommonArgs, Handshake, Role};
+
 use crate::error::Error;
 
 /// The status a role answers with for an error, keeping "unavailable" apart from "refused".
@@ -63,79 +65,55 @@ pub fn init_logging(json: bool) {
     let _ = if json { builder.json().try_init() } else { builder.try_init() };
 }
 
-/// Flags every role program shares. They can also be given as environment variables, since the programs run
-/// as pods.
-#[derive(clap::Args, Clone, Debug)]
-pub struct CommonArgs {
-    /// The TrainingJob manifest.
-    #[arg(long, env = "WS_JOB")]
-    pub job: std::path::PathBuf,
-    /// The job's identity on the wire (default: its name); stages refuse requests of another job.
-    #[arg(long, env = "WS_JOB_ID")]
-    pub job_id: Option<String>,
-    /// Address of the health and metrics endpoint (port 0 picks one).
-    #[arg(long, env = "WS_HTTP", default_value = "127.0.0.1:0")]
-    pub http: SocketAddr,
-    /// Log one JSON object per line.
-    #[arg(long, env = "WS_JSON_LOGS")]
-    pub json_logs: bool,
-    /// Exit when standard input closes, so a local supervisor that dies takes its children with it.
-    #[arg(long)]
-    pub exit_with_stdin: bool,
+/// Reads the job manifest named by a role's arguments, and its wire identity (the job's name unless given).
+pub fn load_job(args: &CommonArgs) -> crate::Result<(crds::TrainingJob, String)> {
+    let text =
+        std::fs::read_to_string(&args.job).map_err(|e| Error::io(format!("reading {}", args.job.display()), e))?;
+    let job = crds::parse_training_job(&text)?;
+    let id = args.job_id.clone().unwrap_or_else(|| job.metadata.name.clone().unwrap_or_else(|| "job".into()));
+    Ok((job, id))
 }
 
-impl CommonArgs {
-    /// Reads the job manifest and its wire identity.
-    pub fn load(&self) -> crate::Result<(crds::TrainingJob, String)> {
-        let text = std::fs::read_to_string(&self.job)
-            .map_err(|e| Error::io(format!("reading {}", self.job.display()), e))?;
-        let job = crds::parse_training_job(&text)?;
-        let id = self.job_id.clone().unwrap_or_else(|| job.metadata.name.clone().unwrap_or_else(|| "job".into()));
-        Ok((job, id))
-    }
-
-    /// Starts logging and, when asked, the standard-input watchdog.
-    pub fn start(&self) {
-        init_logging(self.json_logs);
-        // As a container's first process, a program ignores SIGTERM unless it handles it, and Kubernetes would
-        // wait out the grace period while it kept working. Stop at once instead: MemoryX's checkpoints are
-        // written atomically, so nothing is left half-written, and an interrupted step is rerun on restart.
-        let _ = ctrlc::set_handler(|| {
-            tracing::info!("stopping on a termination signal");
-            std::process::exit(143);
+/// Starts logging and, when asked, the standard-input watchdog: what every role program does first.
+pub fn start(args: &CommonArgs) {
+    init_logging(args.json_logs);
+    // As a container's first process, a program ignores SIGTERM unless it handles it, and Kubernetes would
+    // wait out the grace period while it kept working. Stop at once instead: MemoryX's checkpoints are
+    // written atomically, so nothing is left half-written, and an interrupted step is rerun on restart.
+    let _ = ctrlc::set_handler(|| {
+        tracing::info!("stopping on a termination signal");
+        std::process::exit(143);
+    });
+    if args.exit_with_stdin {
+        std::thread::spawn(|| {
+            let mut sink = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+            std::process::exit(0);
         });
-        if self.exit_with_stdin {
-            std::thread::spawn(|| {
-                let mut sink = Vec::new();
-                let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
-                std::process::exit(0);
-            });
-        }
     }
 }
 
-/// Binds `addr` and announces the bound address on standard output as `ROLE listening on ADDR`, which is how a
-/// local supervisor learns the ephemeral ports of its children.
-pub async fn bind(addr: SocketAddr, role: &str, what: &str) -> crate::Result<tokio::net::TcpListener> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| Error::io(format!("{role}: binding {what} on {addr}"), e))?;
-    let local = listener.local_addr().map_err(|e| Error::io("reading the bound address", e))?;
-    announce(&format!("{role} {what} listening on {local}"));
-    Ok(listener)
+/// Binds `addr` for `role`'s `what` endpoint. The caller announces the bound addresses with
+/// [`Handshake::Ready`] once all its listeners are up.
+pub async fn bind(addr: SocketAddr, role: Role, what: &str) -> crate::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::io(format!("{role}: binding {what} on {addr}"), e))
+}
+
+/// Announces that `role` serves `grpc` (if it has a service) and `http`, for a local supervisor.
+pub fn announce_ready(
+    role: Role,
+    grpc: Option<&tokio::net::TcpListener>,
+    http: &tokio::net::TcpListener,
+) -> crate::Result<()> {
+    let addr = |l: &tokio::net::TcpListener| l.local_addr().map_err(|e| Error::io("reading the bound address", e));
+    let grpc = grpc.map(addr).transpose()?;
+    Handshake::Ready { role, grpc, http: addr(http)? }.announce();
+    Ok(())
 }
 
 /// HTTP/2 flow-control window per stream: larger than any chunk, so a layer streams without waiting for
 /// window updates on every 64 KiB.
 pub const WINDOW: u32 = 8 << 20;
-
-/// Prints a line for a supervisor on standard output. A supervisor that stopped reading must not bring the
-/// role down, so a closed pipe is ignored rather than a panic as `println!` would make it.
-pub fn announce(line: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
-}
 
 /// HTTP/2 frame size: large frames carry a layer in a few frames instead of one per 16 KiB.
 pub const FRAME: u32 = (1 << 20) - 1;

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crds::{Activation, ModelKind, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
+use crds::{Activation, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
 use runtime::data::{mnist, Dataset, Sampler};
 use runtime::engine::{CountingHw, EngineRole, Wse};
 use runtime::kernels::sparse::SparsePattern;

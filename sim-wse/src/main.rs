@@ -1,17 +1,10 @@
-//! `sim-wse`: one simulated engine as a program, as it runs in an engine pod.
+//! `sim-wse`: one simulated engine as a program, as it runs in an engine pod. Its arguments are the contract's
+//! ([`crds::contract::EngineArgs`]), so whoever starts it renders them from the same type.
 
-use clap::Parser;
-
-/// A simulated wafer-scale engine serving the weightstream Stage protocol.
-#[derive(Parser)]
-#[command(name = "sim-wse", version, about)]
-struct Cli {
-    #[command(flatten)]
-    args: sim_wse::node::Args,
-}
+use crds::contract::{EngineArgs, RoleArgs};
 
 fn main() -> std::process::ExitCode {
-    match sim_wse::node::main(Cli::parse().args) {
+    match sim_wse::node::main(EngineArgs::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -2,7 +2,6 @@
 //! input servers feed each engine directly), runs the runtime's engine program on a [`crate::SimWse`], and
 //! serves the `Stage` service to its SwarmX node.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use std::sync::atomic::AtomicU64;
@@ -12,27 +11,14 @@ use prometheus_client::registry::Registry;
 use runtime::engine::server::EngineServer;
 use runtime::memoryx::MemoryX;
 use runtime::model::ModelLayout;
-use runtime::transport::{bind, serve_http, serve_stage, CommonArgs};
+use crds::contract::{EngineArgs, Role};
+use runtime::transport::{announce_ready, bind, load_job, serve_http, serve_stage, start};
 use runtime::{Error, Result};
 
-/// Flags of the `sim-wse` program.
-#[derive(clap::Args, Clone, Debug)]
-pub struct Args {
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub common: CommonArgs,
-    /// Address of the gRPC service (port 0 picks one).
-    #[arg(long, env = "WS_LISTEN", default_value = "127.0.0.1:0")]
-    pub listen: SocketAddr,
-    /// This engine's place among the job's engines (its CS-2), used in names and errors.
-    #[arg(long, env = "WS_INDEX", default_value_t = 0)]
-    pub index: u32,
-}
-
 /// Runs one engine until it is stopped.
-pub fn main(args: Args) -> Result<()> {
-    args.common.start();
-    let (job, job_id) = args.common.load()?;
+pub fn main(args: EngineArgs) -> Result<()> {
+    start(&args.common);
+    let (job, job_id) = load_job(&args.common)?;
     let spec = job.spec;
     let (train, test) = runtime::data::load(&spec)?;
     let (train, test) = (Arc::new(train), Arc::new(test));
@@ -45,8 +31,9 @@ pub fn main(args: Args) -> Result<()> {
     let server = EngineServer::new(job_id, layers, Box::new(engine), train, test).with_replicas(Arc::new(replica));
     let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
     rt.block_on(async move {
-        let grpc = bind(args.listen, "engine", "grpc").await?;
-        let http = bind(args.common.http, "engine", "http").await?;
+        let grpc = bind(args.listen, Role::Engine, "grpc").await?;
+        let http = bind(args.common.http, Role::Engine, "http").await?;
+        announce_ready(Role::Engine, Some(&grpc), &http)?;
         let server = Arc::new(server);
         let mut registry = Registry::default();
         let gauges = EngineGauges::register(&mut registry);

@@ -125,9 +125,6 @@ pub fn sram_bytes(spec: &crds::EngineSpec) -> u64 {
 /// whole weight stream at this rate, because SwarmX replicates it rather than dividing it.
 pub const MEMORYX_BANDWIDTH: f64 = 4e12;
 
-/// Children of each SwarmX tree node. The seeds say only that the fabric is a tree; a fan-out of 8 is an
-/// assumption, and only the tree's depth (hence its fill latency) depends on it.
-pub const SWARMX_FANOUT: u32 = 8;
 
 /// Seconds one hop of the SwarmX tree adds to the first byte of a broadcast or a reduction. Not in the seeds:
 /// an assumed switch-plus-wire latency, charged only for filling and draining the tree once per step.

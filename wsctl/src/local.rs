@@ -1,10 +1,13 @@
 //! The appliance on this machine: MemoryX, a SwarmX tree and one engine per CS-2, each its own process on
-//! 127.0.0.1 with ephemeral ports — the same programs that run as pods. `wsctl` supervises them: it names a
-//! component that crashes and stops the rest, stops them all on Ctrl-C, and every child also exits when
-//! `wsctl` goes away (their standard input closes), so no process is left behind.
+//! 127.0.0.1 with ephemeral ports — the same programs that run as pods, started as `wsctl node ROLE ARGS…` with
+//! arguments rendered from the contract's types. `wsctl` supervises them: it learns their ports and progress
+//! from their typed handshake lines, names a component that crashes and stops the rest, stops them all on
+//! Ctrl-C, and every child also exits when `wsctl` goes away (their standard input closes), so no process is
+//! left behind.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +16,50 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use crds::contract::{
+    CommonArgs, EngineArgs, Handshake, MemoryxArgs, ProgressReport, Role, RoleArgs, SwarmxArgs, SwarmxChild, SwarmxNode,
+    SwarmxTree,
+};
+
+/// Runs one role in this process: `wsctl node ROLE ARGS…`, parsed by the role program's own parser.
+pub fn node(role: &str, args: Vec<String>) -> Result<()> {
+    fn parse<A: RoleArgs>(args: Vec<String>) -> A {
+        A::try_parse_from(std::iter::once(A::ROLE.binary().to_string()).chain(args)).unwrap_or_else(|e| e.exit())
+    }
+    match Role::from_name(role) {
+        Some(Role::Memoryx) => runtime::memoryx::node::main(parse(args))?,
+        Some(Role::Swarmx) => runtime::swarmx::node::main(parse(args))?,
+        Some(Role::Engine) => sim_wse::node::main(parse(args))?,
+        None => bail!("unknown role '{role}': use memoryx, swarmx or engine"),
+    }
+    Ok(())
+}
+
+/// The arguments every local process shares: the run's copy of the job, its wire identity, an ephemeral HTTP
+/// port, and exit when `wsctl` goes away.
+fn common(job: &Path, job_id: &str) -> CommonArgs {
+    CommonArgs { job_id: Some(job_id.to_string()), exit_with_stdin: true, ..CommonArgs::new(job) }
+}
+
+/// An ephemeral port on the loopback interface.
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// Engine `index`'s arguments.
+fn engine_args(job: &Path, job_id: &str, index: u32) -> EngineArgs {
+    EngineArgs::new(common(job, job_id), loopback(), index)
+}
+
+/// A SwarmX node's arguments, given where its children listen.
+fn swarmx_args(job: &Path, job_id: &str, children: Vec<String>) -> SwarmxArgs {
+    SwarmxArgs::new(common(job, job_id), loopback(), children)
+}
+
+/// The local name of SwarmX node `node`: the operator's pod name without the job.
+fn swarmx_name(node: &SwarmxNode) -> String {
+    format!("swarmx-{}-{}", node.level, node.index)
+}
 
 /// A line a child printed on standard output.
 struct Line {
@@ -66,19 +113,14 @@ impl Appliance {
     }
 
     /// Starts `wsctl node ROLE ARGS…` as `name`.
-    fn spawn(&mut self, name: &str, role: &str, args: &[String]) -> Result<usize> {
+    fn spawn<A: RoleArgs>(&mut self, name: &str, args: &A) -> Result<usize> {
         let exe = std::env::current_exe().context("cannot find the wsctl executable")?;
         let log = self.logs.join(format!("{name}.log"));
         let err = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
         let mut child = Command::new(exe)
             .arg("node")
-            .arg(role)
-            .arg("--job")
-            .arg(&self.job)
-            .arg("--job-id")
-            .arg(&self.job_id)
-            .arg("--exit-with-stdin")
-            .args(args)
+            .arg(A::ROLE.as_str())
+            .args(args.argv())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(err)
@@ -120,15 +162,15 @@ impl Appliance {
         Ok(None)
     }
 
-    /// Starts a role and waits for it to announce its gRPC address.
-    fn start(&mut self, name: &str, role: &str, args: &[String]) -> Result<String> {
-        let id = self.spawn(name, role, args)?;
+    /// Starts a role and waits for its [`Handshake::Ready`]; returns the URL of its gRPC service.
+    fn start<A: RoleArgs>(&mut self, name: &str, args: &A) -> Result<String> {
+        let id = self.spawn(name, args)?;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             self.check(None)?;
             match self.lines.recv_timeout(Duration::from_millis(50)) {
                 Ok(Line { child, text }) if child == id => {
-                    if let Some(addr) = text.strip_prefix(&format!("{role} grpc listening on ")).or_else(|| text.strip_prefix("engine grpc listening on ")) {
+                    if let Some(Handshake::Ready { grpc: Some(addr), .. }) = Handshake::from_line(&text) {
                         return Ok(format!("http://{addr}"));
                     }
                 }
@@ -139,45 +181,73 @@ impl Appliance {
         }
     }
 
-    /// Starts `engines` engines and a SwarmX tree of `fanout` above them; returns the root's address.
-    pub fn start_fabric(&mut self, engines: u32, fanout: usize) -> Result<String> {
-        let mut level = Vec::new();
-        for i in 0..engines {
-            level.push(self.start(&format!("engine-{i}"), "engine", &["--index".into(), i.to_string()])?);
+    /// Starts the plan's engines and its SwarmX tree above them, leaves first; returns the root's address.
+    pub fn start_fabric(&mut self, engines: u32, tree: &SwarmxTree) -> Result<String> {
+        let (job, id) = (self.job.clone(), self.job_id.clone());
+        let engine_urls =
+            (0..engines).map(|i| self.start(&format!("engine-{i}"), &engine_args(&job, &id, i))).collect::<Result<Vec<_>>>()?;
+        let mut node_urls: Vec<Vec<String>> = tree.levels.iter().map(|l| vec![String::new(); l.len()]).collect();
+        for node in tree.nodes_bottom_up() {
+            let children = node
+                .children
+                .iter()
+                .map(|c| match *c {
+                    SwarmxChild::Engine(e) => engine_urls[e as usize].clone(),
+                    SwarmxChild::Swarmx { level, index } => node_urls[level][index].clone(),
+                })
+                .collect();
+            node_urls[node.level][node.index] = self.start(&swarmx_name(node), &swarmx_args(&job, &id, children))?;
         }
-        let mut depth = 0;
-        loop {
-            let mut next = Vec::new();
-            for (k, group) in level.chunks(fanout.max(2)).enumerate() {
-                let name = format!("swarmx-{depth}-{k}");
-                next.push(self.start(&name, "swarmx", &["--children".into(), group.join(",")])?);
-            }
-            level = next;
-            depth += 1;
-            if level.len() == 1 {
-                return Ok(level.remove(0));
-            }
-        }
+        Ok(node_urls[0][0].clone())
     }
 
-    /// Starts MemoryX against the root and follows its progress until it finishes, calling `on_progress` with
-    /// each step's metrics.
-    pub fn run_memoryx(&mut self, args: &[String], mut on_progress: impl FnMut(&serde_json::Value)) -> Result<()> {
-        let id = self.spawn("memoryx", "memoryx", args)?;
+    /// The arguments MemoryX gets in this appliance, driving the tree at `root`.
+    pub fn memoryx_args(&self, root: String) -> MemoryxArgs {
+        MemoryxArgs { progress: true, ..MemoryxArgs::new(common(&self.job, &self.job_id), root) }
+    }
+
+    /// Starts MemoryX and follows its progress until it finishes, calling `on_progress` with each step's report.
+    pub fn run_memoryx(&mut self, args: &MemoryxArgs, mut on_progress: impl FnMut(&ProgressReport)) -> Result<()> {
+        let id = self.spawn(Role::Memoryx.as_str(), args)?;
         loop {
-            match self.lines.recv_timeout(Duration::from_millis(100)) {
-                Ok(Line { child, text }) if child == id => {
-                    if let Some(json) = text.strip_prefix("progress ") {
-                        if let Ok(v) = serde_json::from_str(json) {
-                            on_progress(&v);
-                        }
-                    }
+            if let Ok(Line { child, text }) = self.lines.recv_timeout(Duration::from_millis(100)) {
+                if let (true, Some(Handshake::Progress(p))) = (child == id, Handshake::from_line(&text)) {
+                    on_progress(&p);
                 }
-                _ => {}
             }
             if self.check(Some(id))?.is_some() {
                 return Ok(());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command line the local runner renders parses back, through the role program's own parser, into
+    /// the arguments it was rendered from.
+    #[test]
+    fn every_argv_the_local_runner_builds_parses_with_the_programs_parsers() {
+        fn check<A: RoleArgs + PartialEq + std::fmt::Debug>(args: &A) {
+            let argv = std::iter::once(A::ROLE.binary().to_string()).chain(args.argv());
+            assert_eq!(&A::try_parse_from(argv).expect("parses"), args);
+        }
+        let job = Path::new("/tmp/run/job.yaml");
+        let tree = SwarmxTree::new(20, 4);
+        for i in 0..20 {
+            check(&engine_args(job, "j-1", i));
+        }
+        for node in tree.nodes() {
+            let children = node.children.iter().map(|c| format!("http://127.0.0.1:1/{c:?}")).collect();
+            check(&swarmx_args(job, "j-1", children));
+        }
+        let appliance = Appliance::new(job.into(), "j-1".into(), std::env::temp_dir().join("ws-local-test-logs")).unwrap();
+        let mut m = appliance.memoryx_args("http://127.0.0.1:9".into());
+        check(&m);
+        m.checkpoint_dir = Some("/tmp/c".into());
+        m.sample = 2;
+        check(&m);
     }
 }

@@ -36,8 +36,8 @@ enum Command {
         #[arg(long)]
         in_process: bool,
         /// Children per SwarmX node: engines are grouped under nodes of this fan-out, nodes under nodes.
-        #[arg(long, default_value_t = 8)]
-        fanout: usize,
+        #[arg(long, default_value_t = crds::contract::DEFAULT_FAN_OUT)]
+        fanout: u32,
         /// Where MemoryX keeps checkpoints and resumes from (default: OUT/checkpoints when the job sets
         /// spec.checkpoint.intervalSteps).
         #[arg(long)]
@@ -46,11 +46,15 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         sample: usize,
     },
-    /// Run one role of the appliance (what `wsctl run` starts for each component).
+    /// Run one role of the appliance (what `wsctl run` starts for each component): `wsctl node ROLE ARGS…`
+    /// takes exactly the arguments of the role's program (`memoryx`, `swarmx`, `sim-wse`).
     #[command(hide = true)]
     Node {
-        #[command(subcommand)]
-        role: Role,
+        /// memoryx, swarmx or engine.
+        role: String,
+        /// The role program's arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Show the appliance a job would be assembled into, without running anything.
     Plan {
@@ -83,17 +87,6 @@ enum Command {
     },
 }
 
-/// The programs of the appliance, as `wsctl run` starts them.
-#[derive(Subcommand)]
-enum Role {
-    /// MemoryX, the weight store and coordinator.
-    Memoryx(runtime::memoryx::node::Args),
-    /// A SwarmX node.
-    Swarmx(runtime::swarmx::node::Args),
-    /// A simulated engine.
-    Engine(sim_wse::node::Args),
-}
-
 /// Engine generations `wsctl simulate` can model (the CRD's enum has no clap derive).
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum Preset {
@@ -121,11 +114,7 @@ fn main() -> ExitCode {
         Command::Run { job, out, cs2, in_process, fanout, checkpoint_dir, sample } => {
             run::run(&job, run::RunOptions { cs2, out, in_process, fanout, checkpoint_dir, sample })
         }
-        Command::Node { role } => match role {
-            Role::Memoryx(a) => runtime::memoryx::node::main(a).map_err(Into::into),
-            Role::Swarmx(a) => runtime::swarmx::node::main(a).map_err(Into::into),
-            Role::Engine(a) => sim_wse::node::main(a).map_err(Into::into),
-        },
+        Command::Node { role, args } => local::node(&role, args),
         Command::Plan { job, cs2, json } => run::plan(&job, cs2, json),
         Command::Simulate { json, out, preset } => simulate::simulate(preset.into(), json, out),
         Command::Bench { what } => bench::bench(what),

@@ -1,17 +1,16 @@
 //! `wsctl run` and `wsctl plan`: load a job, plan it, and (for `run`) assemble MemoryX, SwarmX and the
 //! engines in this process, train, evaluate and write the results.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use crds::contract::{MemoryxArgs, ProgressReport};
 use indicatif::{ProgressBar, ProgressStyle};
+use runtime::driver::{Driver, Job, Outputs};
 use runtime::engine::EngineRole;
-use runtime::memoryx::MemoryX;
-use runtime::model::ModelLayout;
 use runtime::plan::Plan;
 use runtime::swarmx::LocalSwarm;
+use runtime::train::Summary;
 use runtime::units;
 
 /// Reads and validates a manifest, applying a `--cs2` override.
@@ -25,14 +24,11 @@ fn load_job(path: &Path, cs2: Option<u32>) -> Result<crds::TrainingJob> {
     Ok(job)
 }
 
-fn plan_of(spec: &crds::TrainingJobSpec) -> Result<Plan> {
-    Ok(Plan::new(spec, sim_wse::preset::sram_bytes(&spec.engine))?)
-}
 
 /// `wsctl plan`.
 pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     let job = load_job(path, cs2)?;
-    let plan = plan_of(&job.spec)?;
+    let plan = Plan::new(&job.spec, sim_wse::preset::sram_bytes(&job.spec.engine), crds::contract::DEFAULT_FAN_OUT)?;
     let simulated = sim_wse::cost::estimate(&job.spec);
     if json {
         let mut value = serde_json::to_value(&plan)?;
@@ -42,7 +38,13 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     }
     println!("appliance for {}:", job.metadata.name.as_deref().unwrap_or("(unnamed)"));
     println!("  MemoryX     {} (weights, biases, optimizer state, mask indices)", units::bytes(plan.memoryx_bytes));
-    println!("  SwarmX      broadcast to {} engine(s), sum on the way back", plan.cs2);
+    println!(
+        "  SwarmX      {} node(s) in {} level(s), fan-out {}: broadcast to {} engine(s), sum on the way back",
+        plan.swarmx.nodes().count(),
+        plan.swarmx.depth(),
+        plan.swarmx.fan_out,
+        plan.cs2
+    );
     println!(
         "  engines     {} x {} samples/step; {} resident activations, peak {} of {} SRAM",
         plan.cs2,
@@ -87,15 +89,6 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// Writes `value` as pretty JSON to `path` through a temporary file, so a reader never sees half a file.
-fn write_json_atomic(path: &Path, value: &impl serde::Serialize) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    let text = serde_json::to_string_pretty(value)?;
-    std::fs::write(&tmp, text + "\n").with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
-    Ok(())
-}
-
 /// How `wsctl run` assembles the appliance.
 pub struct RunOptions {
     /// Override of spec.cs2.
@@ -107,7 +100,7 @@ pub struct RunOptions {
     /// Lines of text to decode from a trained language model.
     pub sample: usize,
     /// Children per SwarmX node.
-    pub fanout: usize,
+    pub fanout: u32,
     /// Where MemoryX keeps checkpoints (default: OUT/checkpoints when spec.checkpoint.intervalSteps > 0).
     pub checkpoint_dir: Option<PathBuf>,
 }
@@ -116,15 +109,15 @@ pub struct RunOptions {
 pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     let job = load_job(path, opts.cs2)?;
     let spec = &job.spec;
-    let plan = plan_of(spec)?;
-    let (train, test) = runtime::data::load(spec)?;
-    let total = runtime::train::total_steps(&spec.training, train.len())?;
+    let plan = Plan::new(spec, sim_wse::preset::sram_bytes(&spec.engine), opts.fanout)?;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
     let out = opts.out.clone().unwrap_or_else(|| Path::new("runs").join(&name));
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    // Data is loaded once, here, so a bad data set is reported before anything starts.
+    let loaded = Job::load(spec.clone(), name.clone())?;
+    let total = loaded.total_steps;
     let how = match plan.execution_mode {
-        // Engines in this process read MemoryX's memory directly: there is nothing to keep resident.
-        crds::ExecutionMode::Pipelined if !opts.in_process => "the model resident on the engines (pipelined)",
+        crds::ExecutionMode::Pipelined => "the model resident on the engines (pipelined)",
         _ => "weights streamed from MemoryX layer by layer",
     };
     eprintln!(
@@ -139,109 +132,84 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  ETA {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    let checkpoints =
+        opts.checkpoint_dir.clone().or_else(|| (spec.checkpoint.interval_steps > 0).then(|| out.join("checkpoints")));
+    let show = |m: &ProgressReport| {
+        bar.set_message(format!("loss {:.4}  {:.0} samples/s", m.loss, m.samples_per_s));
+        bar.set_position(m.step);
+    };
     let result = if opts.in_process {
-        run_in_process(&job, total, train, test, opts.sample, &out, &bar)
+        run_in_process(loaded, &plan, Outputs { checkpoint_dir: checkpoints, out: Some(out.clone()), sample: opts.sample, ..Outputs::default() }, show)
     } else {
-        run_local(&job, &opts, &out, &bar)
+        drop(loaded);
+        run_local(&job, &plan, checkpoints, opts.sample, &out, show)
     };
     bar.finish_and_clear();
-    let summary = result?;
-    let get = |k: &str| summary.pointer(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
-    let held_out = match summary.pointer("/eval/perplexity").and_then(|v| v.as_f64()) {
+    let s = result?;
+    let held_out = match s.eval.perplexity {
         Some(ppl) => format!(
             "held-out loss {:.3} nats/token (perplexity {ppl:.2}; unigram baseline {:.3}) on {} tokens, {:.0} tokens/s",
-            get("/eval/loss"),
-            get("/eval/unigram_loss"),
-            get("/eval/samples"),
-            get("/tokens_per_s")
+            s.eval.loss,
+            s.eval.unigram_loss.unwrap_or(f64::NAN),
+            s.eval.samples,
+            s.tokens_per_s
         ),
-        None => format!("held-out accuracy {:.2}% on {} samples", 100.0 * get("/eval/accuracy"), get("/eval/samples")),
+        None => format!("held-out accuracy {:.2}% on {} samples", 100.0 * s.eval.accuracy, s.eval.samples),
     };
     println!(
         "{name}: {} steps in {:.1}s ({:.0} samples/s), final loss {:.4}, {held_out}; \
          streamed {} ({:.1}% of dense), engines busy {:.0}% -> {}",
-        get("/steps"),
-        get("/wall_s"),
-        get("/samples_per_s"),
-        get("/final_loss"),
-        units::bytes(get("/bytes_streamed") as u64),
-        100.0 * get("/bytes_streamed") / get("/dense_equivalent_bytes").max(1.0),
-        100.0 * get("/wse_utilization"),
+        s.steps,
+        s.wall_s,
+        s.samples_per_s,
+        s.final_loss,
+        units::bytes(s.bytes_streamed),
+        100.0 * s.bytes_streamed as f64 / (s.dense_equivalent_bytes as f64).max(1.0),
+        100.0 * s.wse_utilization,
         out.join("summary.json").display()
     );
-    for line in summary.pointer("/samples").and_then(|v| v.as_array()).into_iter().flatten() {
-        println!("  > {}", line.as_str().unwrap_or_default());
+    for line in &s.samples {
+        println!("  > {line}");
     }
     Ok(())
 }
 
 /// The appliance as processes: engines, the SwarmX tree and MemoryX, supervised until MemoryX finishes.
-fn run_local(job: &crds::TrainingJob, opts: &RunOptions, out: &Path, bar: &ProgressBar) -> Result<serde_json::Value> {
+fn run_local(
+    job: &crds::TrainingJob,
+    plan: &Plan,
+    checkpoint_dir: Option<PathBuf>,
+    sample: usize,
+    out: &Path,
+    show: impl FnMut(&ProgressReport),
+) -> Result<Summary> {
     // The children read the job as this run sees it (with --cs2 applied), from the run's own folder.
     let job_file = std::fs::canonicalize(out)?.join("job.yaml");
     std::fs::write(&job_file, serde_yaml::to_string(job)?).with_context(|| format!("cannot write {}", job_file.display()))?;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
     let job_id = format!("{name}-{}", std::process::id());
     let mut appliance = crate::local::Appliance::new(job_file, job_id, out.join("logs"))?;
-    let root = appliance.start_fabric(job.spec.cs2, opts.fanout)?;
-    let mut args = vec!["--swarmx".to_string(), root, "--out".into(), out.display().to_string(), "--progress".into()];
-    if opts.sample > 0 {
-        args.extend(["--sample".to_string(), opts.sample.to_string()]);
-    }
-    let checkpoints = opts.checkpoint_dir.clone().or_else(|| (job.spec.checkpoint.interval_steps > 0).then(|| out.join("checkpoints")));
-    if let Some(dir) = checkpoints {
-        args.extend(["--checkpoint-dir".to_string(), dir.display().to_string()]);
-    }
-    appliance.run_memoryx(&args, |m| {
-        let loss = m["loss"].as_f64().unwrap_or(f64::NAN);
-        let rate = m["samples_per_s"].as_f64().unwrap_or(0.0);
-        bar.set_message(format!("loss {loss:.4}  {rate:.0} samples/s"));
-        bar.set_position(m["step"].as_u64().unwrap_or(0));
-    })?;
+    let root = appliance.start_fabric(plan.cs2, &plan.swarmx)?;
+    let args = MemoryxArgs { out: Some(out.to_path_buf()), sample, checkpoint_dir, ..appliance.memoryx_args(root) };
+    appliance.run_memoryx(&args, show)?;
     drop(appliance);
-    let text = std::fs::read_to_string(out.join("summary.json")).context("MemoryX finished without a summary.json")?;
-    Ok(serde_json::from_str(&text)?)
+    let path = out.join("summary.json");
+    let text = std::fs::read_to_string(&path).context("MemoryX finished without a summary.json")?;
+    serde_json::from_str(&text).with_context(|| format!("cannot read {}", path.display()))
 }
 
-/// The appliance in this process: the same roles as threads and calls, for benchmarks and debugging.
-fn run_in_process(
-    job: &crds::TrainingJob,
-    total: u64,
-    train: runtime::data::Dataset,
-    test: runtime::data::Dataset,
-    sample: usize,
-    out: &Path,
-    bar: &ProgressBar,
-) -> Result<serde_json::Value> {
+/// The appliance in this process: the same roles and the same driver as MemoryX's program, with the engines
+/// as objects and SwarmX as calls — for benchmarks and debugging.
+fn run_in_process(job: Job, plan: &Plan, outputs: Outputs, mut show: impl FnMut(&ProgressReport)) -> Result<Summary> {
     let spec = &job.spec;
-    let metrics_path = out.join("metrics.jsonl");
-    let mut metrics = BufWriter::new(
-        File::create(&metrics_path).with_context(|| format!("cannot create {}", metrics_path.display()))?,
-    );
-    let layout = ModelLayout::from_spec(&spec.model);
+    let layout = job.layout();
     let engines: Vec<Box<dyn EngineRole>> = (0..spec.cs2)
         .map(|i| Box::new(sim_wse::engine(format!("engine-{i}"), layout.clone(), &spec.engine)) as Box<dyn EngineRole>)
         .collect();
-    let (train, test) = (std::sync::Arc::new(train), std::sync::Arc::new(test));
-    let mut swarm = LocalSwarm::new(engines, train.clone(), test.clone())?;
-    let memoryx = MemoryX::new(
-        layout,
-        spec.training.optimizer.clone(),
-        spec.training.schedule.clone(),
-        total,
-        spec.training.seed,
-    );
-    let retry = runtime::train::RetryPolicy::default();
-    let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
-    let mut summary = runtime::train::run(spec, &name, &memoryx, &mut swarm, (&train, &test), 0, total, retry, &|_| false, &mut |m| {
-        serde_json::to_writer(&mut metrics, m).map_err(|e| runtime::Error::io("writing metrics.jsonl", e.into()))?;
-        metrics.write_all(b"\n").map_err(|e| runtime::Error::io("writing metrics.jsonl", e))?;
-        bar.set_message(format!("loss {:.4}  {:.0} samples/s", m.loss, m.samples_per_s));
-        bar.inc(1);
-        Ok(())
-    })?;
-    metrics.flush().with_context(|| format!("cannot write {}", metrics_path.display()))?;
-    summary.samples = runtime::sample::lines(&memoryx, &ModelLayout::from_spec(&spec.model), sample, spec.training.seed)?;
-    write_json_atomic(&out.join("summary.json"), &summary)?;
-    Ok(serde_json::to_value(&summary)?)
+    let mut swarm = LocalSwarm::new(engines, job.train.clone(), job.test.clone())?;
+    if plan.execution_mode == crds::ExecutionMode::Pipelined {
+        swarm = swarm.with_replicas(job.id.clone(), job.replica_factory());
+    }
+    let driver = Driver::new(job, outputs);
+    Ok(driver.run(&mut swarm, &mut show)?)
 }

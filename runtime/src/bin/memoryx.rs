@@ -1,17 +1,10 @@
-//! `memoryx`: MemoryX, the weight store and coordinator, as a program, as it runs in a pod.
+//! `memoryx`: the weightstream memoryx role as a program, as it runs in a pod. Its arguments are the contract's
+//! ([`crds::contract::MemoryxArgs`]), so whoever starts it renders them from the same type.
 
-use clap::Parser;
-
-/// The weightstream memoryx role.
-#[derive(Parser)]
-#[command(name = "memoryx", version, about)]
-struct Cli {
-    #[command(flatten)]
-    args: runtime::memoryx::node::Args,
-}
+use crds::contract::{MemoryxArgs, RoleArgs};
 
 fn main() -> std::process::ExitCode {
-    match runtime::memoryx::node::main(Cli::parse().args) {
+    match runtime::memoryx::node::main(MemoryxArgs::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

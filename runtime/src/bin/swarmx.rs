@@ -1,17 +1,10 @@
-//! `swarmx`: one SwarmX node of the fabric, as a program, as it runs in a pod.
+//! `swarmx`: the weightstream swarmx role as a program, as it runs in a pod. Its arguments are the contract's
+//! ([`crds::contract::SwarmxArgs`]), so whoever starts it renders them from the same type.
 
-use clap::Parser;
-
-/// The weightstream swarmx role.
-#[derive(Parser)]
-#[command(name = "swarmx", version, about)]
-struct Cli {
-    #[command(flatten)]
-    args: runtime::swarmx::node::Args,
-}
+use crds::contract::{SwarmxArgs, RoleArgs};
 
 fn main() -> std::process::ExitCode {
-    match runtime::swarmx::node::main(Cli::parse().args) {
+    match runtime::swarmx::node::main(SwarmxArgs::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -89,7 +89,7 @@ impl Work<'_> {
 }
 
 /// What an engine has done so far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct EngineCounters {
     /// Bytes received (weights streamed in, plus data).
     pub bytes_received: u64,
@@ -163,7 +163,7 @@ pub struct Shard {
 }
 
 /// An engine's report of itself, for summaries and metrics.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, serde::Deserialize)]
 pub struct EngineStats {
     /// Work counters.
     #[serde(flatten)]

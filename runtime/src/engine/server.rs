@@ -182,7 +182,7 @@ pub fn resident_pass(engine: &mut dyn EngineRole, store: &MemoryX, layers: usize
 }
 
 /// Applies a step's summed gradients to a replica, in the order the streaming loop applies them.
-fn apply_all(store: &MemoryX, grads: &[LayerGrad], step: u64) -> Result<()> {
+pub fn apply_all(store: &MemoryX, grads: &[LayerGrad], step: u64) -> Result<()> {
     if store.step() != step {
         return Err(Error::Protocol(format!("gradients of step {step} reached a replica of step {}", store.step())));
     }

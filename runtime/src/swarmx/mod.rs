@@ -12,7 +12,10 @@ pub mod remote;
 use std::sync::Arc;
 
 use crate::data::{split_even, Dataset};
+use crate::engine::server::{apply_all, resident_pass, ReplicaFactory};
 use crate::engine::{EngineRole, EngineStats};
+use crate::memoryx::{checkpoint, MemoryX};
+use crate::protocol::wire::add_grads;
 use crate::error::{Error, Result};
 use crate::model::loss::LossSum;
 use crate::protocol::{LayerGrad, LayerStream};
@@ -85,6 +88,14 @@ pub struct LocalSwarm {
     engines: Vec<Box<dyn EngineRole>>,
     train: Arc<Dataset>,
     test: Arc<Dataset>,
+    replicas: Option<Replicas>,
+}
+
+/// Pipelined execution in one process: each engine's own copy of the model, as an engine process holds it.
+struct Replicas {
+    job: String,
+    make: ReplicaFactory,
+    held: Vec<Option<MemoryX>>,
 }
 
 impl LocalSwarm {
@@ -93,7 +104,19 @@ impl LocalSwarm {
         if engines.is_empty() {
             return Err(Error::Protocol("SwarmX needs at least one engine".into()));
         }
-        Ok(LocalSwarm { engines, train, test })
+        Ok(LocalSwarm { engines, train, test, replicas: None })
+    }
+
+    /// Lets every engine hold the whole model for pipelined execution of `job`, building replicas with `make`,
+    /// exactly as engine processes do.
+    pub fn with_replicas(mut self, job: impl Into<String>, make: ReplicaFactory) -> Self {
+        let held = self.engines.iter().map(|_| None).collect();
+        self.replicas = Some(Replicas { job: job.into(), make, held });
+        self
+    }
+
+    fn replicas(&mut self) -> Result<&mut Replicas> {
+        self.replicas.as_mut().ok_or_else(|| Error::Protocol("these engines cannot hold replicas".into()))
     }
 }
 
@@ -150,6 +173,51 @@ impl Swarm for LocalSwarm {
 
     fn sram_bytes(&self) -> u64 {
         self.engines.iter().map(|e| e.stats().sram_bytes).min().unwrap_or(0)
+    }
+
+    fn holds_replicas(&self) -> bool {
+        self.replicas.is_some()
+    }
+
+    fn prime(&mut self, state: &[u8]) -> Result<()> {
+        let (step, tensors) = checkpoint::from_bytes(state, "the replica sent to the engines")?;
+        let replicas = self.replicas.as_mut().ok_or_else(|| Error::Protocol("these engines cannot hold replicas".into()))?;
+        for (engine, held) in self.engines.iter_mut().zip(&mut replicas.held) {
+            let store = (replicas.make)();
+            store.restore(step, &tensors)?;
+            *held = Some(store);
+            engine.set_resident(true);
+        }
+        Ok(())
+    }
+
+    fn resident_step(&mut self, request: &StepRequest) -> Result<LossSum> {
+        check_samples(&request.samples, self.train.len())?;
+        let parts = split_even(&request.samples, self.engines.len());
+        let replicas = self.replicas.as_mut().ok_or_else(|| Error::Protocol("these engines cannot hold replicas".into()))?;
+        let (mut loss, mut sum) = (LossSum::default(), None);
+        for ((engine, held), part) in self.engines.iter_mut().zip(&replicas.held).zip(parts) {
+            let store = held.as_ref().ok_or_else(|| Error::Protocol("an engine holds no replica: prime it first".into()))?;
+            if store.step() != request.step {
+                return Err(Error::Protocol(format!("step {} asked of a replica of step {}", request.step, store.step())));
+            }
+            engine.begin_step(self.train.shard(part), request.grad_scale, true)?;
+            let (l, grads) = resident_pass(engine.as_mut(), store, store.layout().linears.len())?;
+            loss.add(&l);
+            add_grads(&mut sum, grads)?;
+        }
+        let sum = sum.ok_or_else(|| Error::Protocol("no engines".into()))?;
+        for store in replicas.held.iter().flatten() {
+            apply_all(store, &sum, request.step)?;
+        }
+        Ok(loss)
+    }
+
+    fn snapshot(&mut self) -> Result<Vec<u8>> {
+        let replicas = self.replicas()?;
+        let store = replicas.held.first().and_then(Option::as_ref).ok_or_else(|| Error::Protocol("no engine holds a replica".into()))?;
+        let (step, tensors) = store.snapshot()?;
+        checkpoint::to_bytes(step, &tensors, &replicas.job)
     }
 }
 

@@ -264,21 +264,14 @@ impl Cluster {
             engine,
             engines: engines.max(1),
             memoryx_bandwidth: preset::MEMORYX_BANDWIDTH,
-            swarmx_fanout: preset::SWARMX_FANOUT,
+            swarmx_fanout: crds::contract::DEFAULT_FAN_OUT,
             swarmx_hop_latency_s: preset::SWARMX_HOP_LATENCY_S,
         }
     }
 
-    /// Hops from MemoryX to an engine.
+    /// Hops from MemoryX to an engine: the depth of the very tree the plan lays out for this many engines.
     pub fn tree_depth(&self) -> u32 {
-        let fanout = self.swarmx_fanout.max(2) as u64;
-        let mut depth = 1;
-        let mut reach = fanout;
-        while reach < self.engines as u64 {
-            reach *= fanout;
-            depth += 1;
-        }
-        depth
+        crds::contract::SwarmxTree::new(self.engines, self.swarmx_fanout).depth()
     }
 
     /// Tokens each engine computes for a global batch of `global` tokens.

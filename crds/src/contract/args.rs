@@ -1,0 +1,305 @@
+//! Each role program's arguments as one typed struct. The program parses its command line with
+//! [`RoleArgs::parse`] (clap, from these very definitions), and the operator and the local runner render argv
+//! with [`RoleArgs::argv`]; the round-trip tests below keep the two in step, so no flag is spelled anywhere else.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use super::role::Role;
+
+/// What every role program is told: the job, its identity on the wire, its HTTP endpoint and how to log. Also
+/// accepted as `WS_*` environment variables, since the programs run as pods.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct CommonArgs {
+    /// The TrainingJob manifest.
+    #[arg(long, env = "WS_JOB")]
+    pub job: PathBuf,
+    /// The job's identity on the wire (default: its name); stages refuse requests of another job.
+    #[arg(long, env = "WS_JOB_ID")]
+    pub job_id: Option<String>,
+    /// Address of the health and metrics endpoint (port 0 picks one).
+    #[arg(long, env = "WS_HTTP", default_value = "127.0.0.1:0")]
+    pub http: SocketAddr,
+    /// Log one JSON object per line.
+    #[arg(long, env = "WS_JSON_LOGS")]
+    pub json_logs: bool,
+    /// Exit when standard input closes, so a local supervisor that dies takes its children with it.
+    #[arg(long)]
+    pub exit_with_stdin: bool,
+}
+
+impl CommonArgs {
+    /// The arguments for the job manifest at `job`, with every other flag at its default.
+    pub fn new(job: impl Into<PathBuf>) -> Self {
+        CommonArgs { job: job.into(), job_id: None, http: ([127, 0, 0, 1], 0).into(), json_logs: false, exit_with_stdin: false }
+    }
+
+    fn render(&self, out: &mut Vec<String>) {
+        out.extend(["--job".into(), self.job.display().to_string()]);
+        if let Some(id) = &self.job_id {
+            out.extend(["--job-id".into(), id.clone()]);
+        }
+        out.extend(["--http".into(), self.http.to_string()]);
+        if self.json_logs {
+            out.push("--json-logs".into());
+        }
+        if self.exit_with_stdin {
+            out.push("--exit-with-stdin".into());
+        }
+    }
+}
+
+/// A role program's arguments: parsed by the program, rendered by whoever starts it.
+pub trait RoleArgs: clap::Args + clap::FromArgMatches + Sized {
+    /// The role these arguments start.
+    const ROLE: Role;
+
+    /// The arguments every role shares.
+    fn common(&self) -> &CommonArgs;
+
+    /// The command line, without the program name, that [`RoleArgs::try_parse_from`] turns back into `self`.
+    fn argv(&self) -> Vec<String>;
+
+    /// The program's parser.
+    fn command() -> clap::Command {
+        Self::augment_args(
+            clap::Command::new(Self::ROLE.binary())
+                .version(env!("CARGO_PKG_VERSION"))
+                .about(format!("The weightstream {} role.", Self::ROLE)),
+        )
+    }
+
+    /// Parses a command line whose first item is the program name.
+    fn try_parse_from<I, T>(argv: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let matches = Self::command().try_get_matches_from(argv)?;
+        Self::from_arg_matches(&matches)
+    }
+
+    /// Parses this process's command line, printing help or the error and exiting as clap does.
+    fn parse() -> Self {
+        Self::try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+}
+
+/// Flags of the `memoryx` program: MemoryX, the weight store, which also coordinates the job.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct MemoryxArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: CommonArgs,
+    /// The root SwarmX node.
+    #[arg(long, env = "WS_SWARMX")]
+    pub swarmx: String,
+    /// Where checkpoints live; the job resumes from the newest one found here.
+    #[arg(long, env = "WS_CHECKPOINT_DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Where to write metrics.jsonl and summary.json.
+    #[arg(long, env = "WS_OUT")]
+    pub out: Option<PathBuf>,
+    /// Seconds to wait for the SwarmX tree to come up.
+    #[arg(long, env = "WS_CONNECT_TIMEOUT", default_value_t = 120)]
+    pub connect_timeout: u64,
+    /// Seconds to keep rerunning a step while a lost engine comes back.
+    #[arg(long, env = "WS_RETRY_SECONDS", default_value_t = 60)]
+    pub retry_seconds: u64,
+    /// Print each step's progress on standard output as a handshake line, for a local supervisor.
+    #[arg(long)]
+    pub progress: bool,
+    /// Keep serving `/status` after the job ends (as a pod does), instead of exiting.
+    #[arg(long, env = "WS_LINGER")]
+    pub linger: bool,
+    /// After training a language model, decode this many lines of text from it into `summary.json`.
+    #[arg(long, env = "WS_SAMPLE", default_value_t = 0)]
+    pub sample: usize,
+    /// Fault injection for tests: exit abruptly, without a final checkpoint, after this many steps.
+    #[arg(long, hide = true)]
+    pub crash_after_steps: Option<u64>,
+}
+
+impl MemoryxArgs {
+    /// MemoryX for the job at `job`, driving the tree whose root is at `swarmx`; every other flag at its default.
+    pub fn new(common: CommonArgs, swarmx: impl Into<String>) -> Self {
+        MemoryxArgs {
+            common,
+            swarmx: swarmx.into(),
+            checkpoint_dir: None,
+            out: None,
+            connect_timeout: 120,
+            retry_seconds: 60,
+            progress: false,
+            linger: false,
+            sample: 0,
+            crash_after_steps: None,
+        }
+    }
+}
+
+impl RoleArgs for MemoryxArgs {
+    const ROLE: Role = Role::Memoryx;
+
+    fn common(&self) -> &CommonArgs {
+        &self.common
+    }
+
+    fn argv(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        self.common.render(&mut v);
+        v.extend(["--swarmx".into(), self.swarmx.clone()]);
+        if let Some(d) = &self.checkpoint_dir {
+            v.extend(["--checkpoint-dir".into(), d.display().to_string()]);
+        }
+        if let Some(d) = &self.out {
+            v.extend(["--out".into(), d.display().to_string()]);
+        }
+        v.extend(["--connect-timeout".into(), self.connect_timeout.to_string()]);
+        v.extend(["--retry-seconds".into(), self.retry_seconds.to_string()]);
+        if self.progress {
+            v.push("--progress".into());
+        }
+        if self.linger {
+            v.push("--linger".into());
+        }
+        if self.sample > 0 {
+            v.extend(["--sample".into(), self.sample.to_string()]);
+        }
+        if let Some(n) = self.crash_after_steps {
+            v.extend(["--crash-after-steps".into(), n.to_string()]);
+        }
+        v
+    }
+}
+
+/// Flags of the `swarmx` program: one node of the fabric.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct SwarmxArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: CommonArgs,
+    /// Address of the gRPC service (port 0 picks one).
+    #[arg(long, env = "WS_LISTEN", default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// The children, in engine order: engines or further SwarmX nodes (comma-separated URLs).
+    #[arg(long, env = "WS_CHILDREN", value_delimiter = ',', required = true)]
+    pub children: Vec<String>,
+    /// Seconds to wait for every child to answer.
+    #[arg(long, env = "WS_CONNECT_TIMEOUT", default_value_t = 120)]
+    pub connect_timeout: u64,
+}
+
+impl SwarmxArgs {
+    /// A node above `children`, listening on `listen`.
+    pub fn new(common: CommonArgs, listen: SocketAddr, children: Vec<String>) -> Self {
+        SwarmxArgs { common, listen, children, connect_timeout: 120 }
+    }
+}
+
+impl RoleArgs for SwarmxArgs {
+    const ROLE: Role = Role::Swarmx;
+
+    fn common(&self) -> &CommonArgs {
+        &self.common
+    }
+
+    fn argv(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        self.common.render(&mut v);
+        v.extend(["--listen".into(), self.listen.to_string()]);
+        v.extend(["--children".into(), self.children.join(",")]);
+        v.extend(["--connect-timeout".into(), self.connect_timeout.to_string()]);
+        v
+    }
+}
+
+/// Flags of the `sim-wse` program: one simulated CS-2.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct EngineArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: CommonArgs,
+    /// Address of the gRPC service (port 0 picks one).
+    #[arg(long, env = "WS_LISTEN", default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// This engine's place among the job's engines (its CS-2), used in names and errors.
+    #[arg(long, env = "WS_INDEX", default_value_t = 0)]
+    pub index: u32,
+}
+
+impl EngineArgs {
+    /// Engine `index`, listening on `listen`.
+    pub fn new(common: CommonArgs, listen: SocketAddr, index: u32) -> Self {
+        EngineArgs { common, listen, index }
+    }
+}
+
+impl RoleArgs for EngineArgs {
+    const ROLE: Role = Role::Engine;
+
+    fn common(&self) -> &CommonArgs {
+        &self.common
+    }
+
+    fn argv(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        self.common.render(&mut v);
+        v.extend(["--listen".into(), self.listen.to_string()]);
+        v.extend(["--index".into(), self.index.to_string()]);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip<A: RoleArgs + PartialEq + std::fmt::Debug>(args: &A) {
+        let argv = std::iter::once(A::ROLE.binary().to_string()).chain(args.argv());
+        let parsed = A::try_parse_from(argv).unwrap_or_else(|e| panic!("{:?} does not parse: {e}", args.argv()));
+        assert_eq!(&parsed, args);
+    }
+
+    fn common() -> CommonArgs {
+        CommonArgs {
+            job: "/etc/weightstream/job.yaml".into(),
+            job_id: Some("fc-mnist-42".into()),
+            http: "0.0.0.0:8080".parse().unwrap(),
+            json_logs: true,
+            exit_with_stdin: true,
+        }
+    }
+
+    #[test]
+    fn every_role_round_trips_through_its_own_parser() {
+        let mut m = MemoryxArgs::new(common(), "http://root:7100");
+        round_trip(&m);
+        m.checkpoint_dir = Some("/ckpt".into());
+        m.out = Some("runs/x".into());
+        m.progress = true;
+        m.linger = true;
+        m.sample = 3;
+        m.crash_after_steps = Some(5);
+        m.retry_seconds = 7;
+        m.connect_timeout = 9;
+        round_trip(&m);
+        round_trip(&MemoryxArgs::new(CommonArgs::new("job.yaml"), "http://127.0.0.1:1"));
+        let mut s = SwarmxArgs::new(common(), "0.0.0.0:7100".parse().unwrap(), vec!["http://a:1".into(), "http://b:2".into()]);
+        round_trip(&s);
+        s.connect_timeout = 3;
+        s.common = CommonArgs::new("j.yaml");
+        round_trip(&s);
+        round_trip(&EngineArgs::new(common(), "0.0.0.0:7200".parse().unwrap(), 17));
+        round_trip(&EngineArgs::new(CommonArgs::new("j.yaml"), "127.0.0.1:0".parse().unwrap(), 0));
+    }
+
+    #[test]
+    fn a_missing_required_flag_is_refused_by_name() {
+        let err = SwarmxArgs::try_parse_from(["swarmx", "--job", "j.yaml"]).unwrap_err().to_string();
+        assert!(err.contains("--children"), "{err}");
+        let err = EngineArgs::try_parse_from(["sim-wse", "--job", "j", "--index", "x"]).unwrap_err().to_string();
+        assert!(err.contains("--index"), "{err}");
+    }
+}

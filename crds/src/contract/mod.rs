@@ -1,0 +1,19 @@
+//! The contract between the control plane (the operator, `wsctl`) and the data plane (the role programs):
+//! which roles exist, each program's arguments, the ports they serve, the readiness and progress handshake a
+//! local supervisor reads, the SwarmX tree, and what MemoryX reports on `GET /status`.
+//!
+//! Both sides compile against these types: the programs parse their command lines with the parsers defined
+//! here, and the operator and the local runner render argv from the same structs, so a renamed flag is a
+//! compile error or a failing round-trip test, never a pod that crashes at run time.
+
+mod args;
+mod handshake;
+mod role;
+mod status;
+mod tree;
+
+pub use args::{CommonArgs, EngineArgs, MemoryxArgs, RoleArgs, SwarmxArgs};
+pub use handshake::{Handshake, ProgressReport};
+pub use role::{Role, HTTP_PORT};
+pub use status::{MemoryxPhase, MemoryxStatus};
+pub use tree::{SwarmxChild, SwarmxNode, SwarmxTree, DEFAULT_FAN_OUT};

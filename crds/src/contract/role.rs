@@ -1,0 +1,59 @@
+//! The roles of the data plane and where each one listens.
+
+/// Every role's HTTP port in a cluster: `/healthz`, `/metrics`, and MemoryX's `/status` and `/checkpoint`.
+pub const HTTP_PORT: u16 = 8080;
+
+/// One kind of data-plane process. The operator labels pods with it, picks the program and the ports from it,
+/// and the local runner names processes after it, so a role is spelled once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    /// The weight store and the job's coordinator.
+    Memoryx,
+    /// One node of the broadcast/reduce tree.
+    Swarmx,
+    /// One simulated CS-2.
+    Engine,
+}
+
+impl Role {
+    /// Every role, in the order an appliance is brought up from the engines to MemoryX.
+    pub const ALL: [Role; 3] = [Role::Engine, Role::Swarmx, Role::Memoryx];
+
+    /// The name in labels, logs and `wsctl node ROLE`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Memoryx => "memoryx",
+            Role::Swarmx => "swarmx",
+            Role::Engine => "engine",
+        }
+    }
+
+    /// The program that runs the role in the runtime image.
+    pub fn binary(self) -> &'static str {
+        match self {
+            Role::Memoryx => "memoryx",
+            Role::Swarmx => "swarmx",
+            Role::Engine => "sim-wse",
+        }
+    }
+
+    /// The gRPC (`Stage`) port a role serves in a cluster, with its port name; MemoryX only dials out.
+    pub fn grpc_port(self) -> Option<(&'static str, u16)> {
+        match self {
+            Role::Memoryx => None,
+            Role::Swarmx => Some(("fabric", 7100)),
+            Role::Engine => Some(("engine", 7200)),
+        }
+    }
+
+    /// The role named `name` (`memoryx`, `swarmx`, `engine`), for labels read back from the API server.
+    pub fn from_name(name: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -1,0 +1,241 @@
+//! The one job driver: everything between "here is a job and a fabric" and "here is the trained model and its
+//! summary". MemoryX's program runs it against the SwarmX tree on the network and `wsctl run --in-process`
+//! against engines in the same process, so both resume from checkpoints, write them, choose the execution mode,
+//! report progress and decode samples in exactly the same way.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crds::contract::{MemoryxPhase, MemoryxStatus, ProgressReport};
+use crds::{CheckpointRef, TrainingJobSpec};
+
+use crate::data::Dataset;
+use crate::error::{Error, Result};
+use crate::memoryx::{checkpoint, MemoryX};
+use crate::model::ModelLayout;
+use crate::swarmx::Swarm;
+use crate::train::{self, RetryPolicy, Summary};
+
+/// A job ready to train: its spec, its identity on the wire and its data, loaded once.
+pub struct Job {
+    /// What to train.
+    pub spec: TrainingJobSpec,
+    /// The job's identity on the wire and in checkpoints.
+    pub id: String,
+    /// The training examples.
+    pub train: Arc<Dataset>,
+    /// The held-out examples.
+    pub test: Arc<Dataset>,
+    /// Optimizer steps in the whole run.
+    pub total_steps: u64,
+}
+
+impl Job {
+    /// Loads the job's data and counts its steps; fails with what to change when the data cannot train.
+    pub fn load(spec: TrainingJobSpec, id: impl Into<String>) -> Result<Job> {
+        let (train, test) = crate::data::load(&spec)?;
+        let total_steps = train::total_steps(&spec.training, train.len())?;
+        Ok(Job { spec, id: id.into(), train: Arc::new(train), test: Arc::new(test), total_steps })
+    }
+
+    /// The model's layout.
+    pub fn layout(&self) -> ModelLayout {
+        ModelLayout::from_spec(&self.spec.model)
+    }
+
+    /// A freshly initialised MemoryX for this job: the store the driver trains, and the shape of every
+    /// pipelined engine's replica.
+    pub fn memoryx(&self) -> MemoryX {
+        let t = &self.spec.training;
+        MemoryX::new(self.layout(), t.optimizer.clone(), t.schedule.clone(), self.total_steps, t.seed)
+    }
+
+    /// Builds replicas of this job's MemoryX for engines that hold the model (pipelined execution).
+    pub fn replica_factory(&self) -> crate::engine::server::ReplicaFactory {
+        let (layout, t, total) = (self.layout(), self.spec.training.clone(), self.total_steps);
+        Arc::new(move || MemoryX::new(layout.clone(), t.optimizer.clone(), t.schedule.clone(), total, t.seed))
+    }
+}
+
+/// Where the driver writes, and how patient it is.
+#[derive(Clone, Debug, Default)]
+pub struct Outputs {
+    /// Checkpoints go here, and the run resumes from the newest good one found here.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// `metrics.jsonl` and `summary.json` go here.
+    pub out: Option<PathBuf>,
+    /// Lines of text to decode from a trained language model into the summary.
+    pub sample: usize,
+    /// How a step that loses a component is rerun.
+    pub retry: RetryPolicy,
+}
+
+/// Runs a job to the end and keeps its `/status` true on the way.
+pub struct Driver {
+    job: Job,
+    outputs: Outputs,
+    status: Arc<Mutex<MemoryxStatus>>,
+    want_checkpoint: Arc<AtomicBool>,
+}
+
+impl Driver {
+    /// A driver for `job` writing to `outputs`; its status starts as `Starting`.
+    pub fn new(job: Job, outputs: Outputs) -> Driver {
+        Driver { job, outputs, status: Arc::default(), want_checkpoint: Arc::default() }
+    }
+
+    /// Reports through `status` and takes checkpoint requests from `want_checkpoint` instead of its own: for a
+    /// program that serves them before the job's data is loaded.
+    pub fn share(&mut self, status: Arc<Mutex<MemoryxStatus>>, want_checkpoint: Arc<AtomicBool>) {
+        self.status = status;
+        self.want_checkpoint = want_checkpoint;
+    }
+
+    /// The job being driven.
+    pub fn job(&self) -> &Job {
+        &self.job
+    }
+
+    /// The live status, for MemoryX's `GET /status`.
+    pub fn status(&self) -> Arc<Mutex<MemoryxStatus>> {
+        self.status.clone()
+    }
+
+    /// Set it to have a checkpoint written after the step in flight (`POST /checkpoint`).
+    pub fn checkpoint_trigger(&self) -> Arc<AtomicBool> {
+        self.want_checkpoint.clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut MemoryxStatus)) {
+        if let Ok(mut s) = self.status.lock() {
+            f(&mut s);
+        }
+    }
+
+    /// Trains the job on `swarm` from its newest checkpoint (or from scratch) to the end, evaluates it,
+    /// decodes samples and writes the summary. `on_step` sees each step's progress after it is recorded (and
+    /// checkpointed, when one was due). The status ends `Succeeded`, or `Failed` with the error's message.
+    pub fn run(&self, swarm: &mut dyn Swarm, on_step: &mut dyn FnMut(&ProgressReport)) -> Result<Summary> {
+        let result = self.train(swarm, on_step);
+        self.update(|s| match &result {
+            Ok(summary) => {
+                s.phase = MemoryxPhase::Succeeded;
+                s.progress.eval_accuracy = Some(summary.eval.accuracy);
+            }
+            Err(e) => {
+                s.phase = MemoryxPhase::Failed;
+                s.message = Some(e.to_string());
+            }
+        });
+        result
+    }
+
+    fn train(&self, swarm: &mut dyn Swarm, on_step: &mut dyn FnMut(&ProgressReport)) -> Result<Summary> {
+        let (job, spec, total) = (&self.job, &self.job.spec, self.job.total_steps);
+        let store = job.memoryx();
+        let mut start = 0;
+        if let Some(dir) = &self.outputs.checkpoint_dir {
+            if let Some((step, tensors, path)) = checkpoint::latest(dir)? {
+                store.restore(step, &tensors)?;
+                tracing::info!(step, path = %path.display(), "resumed from checkpoint");
+                start = step.min(total);
+                let at = CheckpointRef { step, path: path.display().to_string() };
+                self.update(|s| s.progress.last_checkpoint = Some(at));
+            }
+        }
+        self.update(|s| {
+            s.phase = MemoryxPhase::Running;
+            s.progress.step = Some(start);
+            s.progress.total_steps = Some(total);
+        });
+        tracing::info!(engines = swarm.engines(), start, total, "training");
+        let mut metrics = self.metrics_file(start)?;
+        let interval = spec.checkpoint.interval_steps;
+        let due = |step: u64| interval > 0 && step % interval == 0;
+        let write_checkpoint = |step: u64| -> Result<()> {
+            let Some(dir) = &self.outputs.checkpoint_dir else { return Ok(()) };
+            self.update(|s| s.phase = MemoryxPhase::Checkpointing);
+            let (at, tensors) = store.snapshot()?;
+            debug_assert_eq!(at, step);
+            let path = checkpoint::write(dir, at, &tensors, &job.id, spec.checkpoint.keep as usize)?;
+            self.update(|s| {
+                s.phase = MemoryxPhase::Running;
+                s.progress.last_checkpoint = Some(CheckpointRef { step: at, path: path.display().to_string() });
+            });
+            Ok(())
+        };
+        // With the model resident on the engines, MemoryX's copy is brought up to date for each checkpoint.
+        let sync_at = |step: u64| due(step) || self.want_checkpoint.load(Ordering::SeqCst);
+        let steps = train::Steps {
+            spec,
+            job: &job.id,
+            store: &store,
+            data: (&job.train, &job.test),
+            range: start..total,
+            retry: self.outputs.retry,
+            sync_at: &sync_at,
+        };
+        let mut summary = train::run(&steps, swarm, &mut |m: &ProgressReport| {
+            self.update(|s| {
+                s.progress.step = Some(m.step);
+                s.progress.loss = Some(m.loss);
+                s.progress.samples_per_second = Some(m.samples_per_s);
+            });
+            if let Some(f) = metrics.as_mut() {
+                serde_json::to_writer(&mut *f, m).map_err(|e| Error::io("writing metrics.jsonl", e.into()))?;
+                f.write_all(b"\n").and_then(|()| f.flush()).map_err(|e| Error::io("writing metrics.jsonl", e))?;
+            }
+            if due(m.step) || self.want_checkpoint.swap(false, Ordering::SeqCst) {
+                write_checkpoint(m.step)?;
+            }
+            on_step(m);
+            Ok(())
+        })?;
+        let last = self.status.lock().ok().and_then(|s| s.progress.last_checkpoint.as_ref().map(|c| c.step));
+        if self.outputs.checkpoint_dir.is_some() && last != Some(total) {
+            write_checkpoint(total)?;
+        }
+        self.update(|s| s.progress.simulated_step_seconds = Some(summary.simulated_step_s));
+        summary.samples = crate::sample::lines(&store, &job.layout(), self.outputs.sample, spec.training.seed)?;
+        if let Some(out) = &self.outputs.out {
+            write_json_atomic(&out.join("summary.json"), &summary)?;
+        }
+        Ok(summary)
+    }
+
+    /// `metrics.jsonl`, fresh for a new run; for a resumed one, cut back to the steps up to `start` (those after
+    /// it are about to run again) and appended to, so the file keeps one line per step.
+    fn metrics_file(&self, start: u64) -> Result<Option<BufWriter<File>>> {
+        let Some(out) = &self.outputs.out else { return Ok(None) };
+        std::fs::create_dir_all(out).map_err(|e| Error::io(format!("creating {}", out.display()), e))?;
+        let path = out.join("metrics.jsonl");
+        let file = if start > 0 {
+            keep_steps_up_to(&path, start)?;
+            OpenOptions::new().append(true).create(true).open(&path)
+        } else {
+            File::create(&path)
+        };
+        Ok(Some(BufWriter::new(file.map_err(|e| Error::io(format!("opening {}", path.display()), e))?)))
+    }
+}
+
+/// Writes `value` as pretty JSON through a temporary file and a rename, so a reader never sees half a file.
+pub fn write_json_atomic(path: &Path, value: &impl serde::Serialize) -> Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_string_pretty(value).map_err(|e| Error::io("encoding JSON", e.into()))?;
+    std::fs::write(&tmp, text + "\n").map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(format!("renaming {}", tmp.display()), e))
+}
+
+fn keep_steps_up_to(path: &Path, start: u64) -> Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
+    let kept: String = text
+        .lines()
+        .filter(|l| serde_json::from_str::<ProgressReport>(l).is_ok_and(|m| m.step <= start))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(path, kept).map_err(|e| Error::io(format!("rewriting {}", path.display()), e))
+}
