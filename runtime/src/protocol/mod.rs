@@ -3,9 +3,11 @@
 //! `proto/weightstream/v1alpha1/stage.proto`, so both count the same bytes.
 //!
 //! - `reduce`: summing engines' gradients, the reduction SwarmX performs.
+//! - [`status`]: runtime errors as gRPC statuses and back, keeping their kind across every hop.
 //! - [`wire`]: the chunked codecs of every message.
 
 mod reduce;
+pub mod status;
 pub mod wire;
 
 pub use reduce::add_grads;
