@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use super::{extend_words, pieces, Words, MAX_RESERVE};
+use super::chunk::{extend_words, pieces, Words, MAX_RESERVE};
 use crate::error::{Error, Result};
 use crate::protocol::pb::GradChunk;
 use crate::protocol::LayerGrad;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{extend_words, CHUNK_BYTES, MAX_RESERVE};
+use super::chunk::{extend_words, CHUNK_BYTES, MAX_RESERVE};
 use crate::error::{Error, Result};
 use crate::kernels::sparse::SparsePattern;
 use crate::protocol::pb::{Encoding, LayerChunk, Pass as PbPass};

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use super::pieces;
+use super::chunk::pieces;
 use crate::error::{Error, Result};
 use crate::protocol::pb::StateChunk;
 
