@@ -8,32 +8,15 @@ use axum::routing::get;
 use axum::Router;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
-use tonic::{Code, Status};
+use tonic::Status;
 
 use crds::contract::{CommonArgs, Handshake, Role};
 
 use crate::error::Error;
 
-/// The status a role answers with for an error, keeping "unavailable" apart from "refused".
-pub fn to_status(e: Error) -> Status {
-    match e {
-        Error::Unavailable(m) => Status::unavailable(m),
-        Error::OutOfSram { .. } => Status::resource_exhausted(e.to_string()),
-        Error::Protocol(m) => Status::invalid_argument(m),
-        other => Status::internal(other.to_string()),
-    }
-}
-
-/// The error a caller sees for a status from `peer`: transport failures and lost peers become
-/// [`Error::Unavailable`] (the step can be rerun), refusals stay refusals.
-pub fn from_status(s: Status, peer: &str) -> Error {
-    match s.code() {
-        Code::Unavailable | Code::Cancelled | Code::Aborted | Code::DeadlineExceeded | Code::Unknown => {
-            Error::Unavailable(format!("{peer}: {}", s.message()))
-        }
-        _ => Error::Protocol(format!("{peer}: {}", s.message())),
-    }
-}
+/// The status↔error mapping lives in [`crate::protocol::status`]; re-exported here, where callers have always
+/// found it.
+pub use crate::protocol::status::{from_status, to_status};
 
 /// Serves `/healthz` and `/metrics` (Prometheus text from `registry`) on `listener` until the process ends.
 /// `extra` adds role-specific routes (MemoryX's `/status`).

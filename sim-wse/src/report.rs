@@ -10,6 +10,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -353,11 +354,32 @@ impl Report {
     }
 }
 
+/// A white SVG canvas of the figures' size at `path`: both figures start from the same page.
+fn svg_root(path: &Path) -> Result<DrawingArea<SVGBackend<'_>, Shift>, String> {
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    Ok(root)
+}
+
+/// Draws the legend in the figures' one style and writes the file: the last step of both figures.
+fn finish<'a, CT: CoordTranslate>(
+    mut chart: ChartContext<'a, SVGBackend<'a>, CT>,
+    root: &DrawingArea<SVGBackend<'a>, Shift>,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
+
 const COLORS: [RGBColor; 4] = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
 
 fn draw_sparsity(r: &SparsityReport, engine: &str, path: &Path) -> Result<(), String> {
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let root = svg_root(path)?;
     let top = r
         .curves
         .iter()
@@ -408,19 +430,11 @@ fn draw_sparsity(r: &SparsityReport, engine: &str, path: &Path) -> Result<(), St
             });
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| e.to_string())?;
-    root.present().map_err(|e| e.to_string())
+    finish(chart, &root)
 }
 
 fn draw_scaling(r: &ScalingReport, engine: &str, path: &Path) -> Result<(), String> {
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let root = svg_root(path)?;
     let max_n = r.curves.iter().flat_map(|c| c.points.iter().map(|p| p.engines)).max().unwrap_or(1) as f64;
     let mut chart = ChartBuilder::on(&root)
         .caption(
@@ -454,14 +468,7 @@ fn draw_scaling(r: &ScalingReport, engine: &str, path: &Path) -> Result<(), Stri
             .label(format!("{} (d={}, {} layers)", c.model.name, c.model.d_model, c.model.layers))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| e.to_string())?;
-    root.present().map_err(|e| e.to_string())
+    finish(chart, &root)
 }
 
 #[cfg(test)]

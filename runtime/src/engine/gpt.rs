@@ -4,11 +4,13 @@
 
 use crds::Activation;
 
-use super::{linear_backward, linear_forward, Net, Work};
+use super::hw::Work;
+use super::linear::{Grads, StreamedLinear};
+use super::wse::Net;
 use crate::error::{Error, Result};
 use crate::model::attention::{self, Geometry};
-use crate::model::{activation, norm, GptShape, GptUnit, LinearShape};
-use crate::protocol::LayerStream;
+use crate::model::{activation, norm, GptShape, GptUnit};
+use crate::protocol::WeightPayload;
 use crate::tensor::Mat;
 
 /// What one block keeps from its forward pass for its backward pass.
@@ -47,7 +49,6 @@ pub(super) struct GptNet {
     /// Final normalised stream (the head's input).
     af: Mat,
     rstdf: Vec<f32>,
-    logits: Option<Mat>,
     /// Gradient of the residual stream during the backward pass.
     dx: Mat,
     /// A gradient waiting for the next unit down: the logits' (head), the MLP pre-activation's (up) or QKV's.
@@ -63,7 +64,6 @@ impl GptNet {
             blocks: Vec::new(),
             af: Mat::default(),
             rstdf: Vec::new(),
-            logits: None,
             dx: Mat::default(),
             pending: None,
         }
@@ -104,6 +104,29 @@ impl GptNet {
     }
 }
 
+/// The error for a unit whose input gradient the linear backward did not return (it always does when asked).
+fn missing_input_grad() -> Error {
+    Error::Protocol("the input gradient was not computed".into())
+}
+
+/// Backward through a unit whose input `a` is a layer norm of the residual stream (with reciprocal standard
+/// deviations `rstd`), given its output gradient `dy`: the unit's gradients, with the norm's input gradient
+/// added into the residual stream's gradient `dx`. The QKV projection, the MLP's up projection and the head all
+/// read a normalised stream, so they share this step.
+fn backward_through_norm<'s>(
+    unit: StreamedLinear<'s>,
+    (a, rstd): (&Mat, &[f32]),
+    dy: &Mat,
+    dx: &mut Mat,
+    works: &mut Vec<Work<'s>>,
+) -> Result<Grads> {
+    let (grads, da) = unit.backward(a, dy, true, works)?;
+    let da = da.ok_or_else(missing_input_grad)?;
+    norm::backward_add(a, rstd, &da, dx);
+    works.push(Work::Elementwise { ops: 8 * da.data.len() as u64 });
+    Ok(grads)
+}
+
 impl Net for GptNet {
     fn begin(&mut self, inputs: Mat) -> Result<()> {
         self.clear();
@@ -115,10 +138,10 @@ impl Net for GptNet {
         Ok(())
     }
 
-    fn forward<'s>(&mut self, l: usize, stream: &'s LayerStream, works: &mut Vec<Work<'s>>) -> Result<()> {
-        match self.g.unit(l) {
+    fn forward<'s>(&mut self, unit: StreamedLinear<'s>, works: &mut Vec<Work<'s>>) -> Result<Option<Mat>> {
+        match self.g.unit(unit.layer) {
             GptUnit::Embed => {
-                let crate::protocol::WeightPayload::Dense(rows) = &stream.weights else {
+                let WeightPayload::Dense(rows) = &unit.stream.weights else {
                     return Err(Error::Protocol("the embedding must stream dense".into()));
                 };
                 self.x = self.embed(rows);
@@ -129,7 +152,7 @@ impl Net for GptNet {
             GptUnit::Qkv(b) => {
                 let geometry = self.geometry();
                 let block = self.block(b)?;
-                let qkv = linear_forward(stream, &block.a1, works)?;
+                let qkv = unit.forward(&block.a1, works)?;
                 let (o, probs) = attention::forward(geometry, &qkv);
                 let (t, n, heads) = (geometry.context, qkv.cols, geometry.heads);
                 let gemm = Work::Gemm { m: t, n: n * heads, k: geometry.width / heads };
@@ -137,21 +160,21 @@ impl Net for GptNet {
                 (block.qkv, block.o, block.probs) = (qkv, o, probs);
             }
             GptUnit::Proj(b) => {
-                let y = linear_forward(stream, &self.block(b)?.o, works)?;
+                let y = unit.forward(&self.block(b)?.o, works)?;
                 let (a2, rstd2) = self.residual_norm(&y, works);
                 let block = self.block(b)?;
                 (block.a2, block.rstd2) = (a2, rstd2);
             }
             GptUnit::Up(b) => {
                 let block = self.block(b)?;
-                let u = linear_forward(stream, &block.a2, works)?;
+                let u = unit.forward(&block.a2, works)?;
                 let mut g = Mat::zeros(u.rows, u.cols);
                 activation::forward(Activation::Gelu, &u.data, &mut g.data);
                 works.push(Work::Elementwise { ops: 8 * u.data.len() as u64 });
                 (block.u, block.g) = (u, g);
             }
             GptUnit::Down(b) => {
-                let y = linear_forward(stream, &self.block(b)?.g, works)?;
+                let y = unit.forward(&self.block(b)?.g, works)?;
                 let (a, rstd) = self.residual_norm(&y, works);
                 if b + 1 < self.g.blocks {
                     self.blocks.push(BlockActs { a1: a, rstd1: rstd, ..BlockActs::default() });
@@ -160,84 +183,61 @@ impl Net for GptNet {
                     self.x = Mat::default();
                 }
             }
-            GptUnit::Head => self.logits = Some(linear_forward(stream, &self.af, works)?),
+            GptUnit::Head => return Ok(Some(unit.forward(&self.af, works)?)),
         }
-        Ok(())
-    }
-
-    fn logits(&self) -> Option<&Mat> {
-        self.logits.as_ref()
-    }
-
-    fn take_logits(&mut self) -> Option<Mat> {
-        self.logits.take()
+        Ok(None)
     }
 
     fn start_backward(&mut self, d_logits: Mat) {
         self.pending = Some(d_logits);
     }
 
-    fn backward<'s>(
-        &mut self,
-        l: usize,
-        shape: LinearShape,
-        stream: &'s LayerStream,
-        works: &mut Vec<Work<'s>>,
-    ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let missing = || Error::Protocol("the input gradient was not computed".into());
-        match self.g.unit(l) {
+    fn backward<'s>(&mut self, unit: StreamedLinear<'s>, works: &mut Vec<Work<'s>>) -> Result<Grads> {
+        match self.g.unit(unit.layer) {
             GptUnit::Head => {
                 let d_logits = self.pending("the logits")?;
-                let (w, b, daf) = linear_backward(stream, shape, &self.af, &d_logits, true, works)?;
-                let daf = daf.ok_or_else(missing)?;
-                self.dx = Mat::zeros(daf.rows, daf.cols);
-                norm::backward_add(&self.af, &self.rstdf, &daf, &mut self.dx);
-                works.push(Work::Elementwise { ops: 8 * daf.data.len() as u64 });
+                // The residual stream's gradient starts here: the head reads the final norm of the stream.
+                self.dx = Mat::zeros(self.af.rows, self.af.cols);
+                let grads = backward_through_norm(unit, (&self.af, &self.rstdf), &d_logits, &mut self.dx, works)?;
                 (self.af, self.rstdf) = (Mat::default(), Vec::new());
-                Ok((w, b))
+                Ok(grads)
             }
             GptUnit::Down(b) => {
-                let block = self.blocks.get_mut(b).ok_or_else(missing)?;
-                let (w, bias, dg) = linear_backward(stream, shape, &block.g, &self.dx, true, works)?;
-                let mut du = dg.ok_or_else(missing)?;
+                let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
+                let (grads, dg) = unit.backward(&block.g, &self.dx, true, works)?;
+                let mut du = dg.ok_or_else(missing_input_grad)?;
                 activation::backward(Activation::Gelu, &block.u.data, &mut du.data);
                 works.push(Work::Elementwise { ops: 10 * du.data.len() as u64 });
                 (block.u, block.g) = (Mat::default(), Mat::default());
                 self.pending = Some(du);
-                Ok((w, bias))
+                Ok(grads)
             }
             GptUnit::Up(b) => {
                 let du = self.pending("the MLP")?;
-                let block = self.blocks.get_mut(b).ok_or_else(missing)?;
-                let (w, bias, da2) = linear_backward(stream, shape, &block.a2, &du, true, works)?;
-                let da2 = da2.ok_or_else(missing)?;
-                norm::backward_add(&block.a2, &block.rstd2, &da2, &mut self.dx);
-                works.push(Work::Elementwise { ops: 8 * da2.data.len() as u64 });
+                let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
+                let grads = backward_through_norm(unit, (&block.a2, &block.rstd2), &du, &mut self.dx, works)?;
                 (block.a2, block.rstd2) = (Mat::default(), Vec::new());
-                Ok((w, bias))
+                Ok(grads)
             }
             GptUnit::Proj(b) => {
                 let geometry = self.geometry();
-                let block = self.blocks.get_mut(b).ok_or_else(missing)?;
-                let (w, bias, d_o) = linear_backward(stream, shape, &block.o, &self.dx, true, works)?;
-                let d_o = d_o.ok_or_else(missing)?;
+                let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
+                let (grads, d_o) = unit.backward(&block.o, &self.dx, true, works)?;
+                let d_o = d_o.ok_or_else(missing_input_grad)?;
                 let dqkv = attention::backward(geometry, &block.qkv, &block.probs, &d_o);
                 let (t, n, heads) = (geometry.context, d_o.cols, geometry.heads);
                 let gemm = Work::Gemm { m: t, n: n * heads, k: geometry.width / heads };
                 works.extend([gemm, gemm, gemm, gemm, Work::Elementwise { ops: 4 * block.probs.len() as u64 }]);
                 (block.o, block.probs) = (Mat::default(), Vec::new());
                 self.pending = Some(dqkv);
-                Ok((w, bias))
+                Ok(grads)
             }
             GptUnit::Qkv(b) => {
                 let dqkv = self.pending("attention")?;
-                let block = self.blocks.get_mut(b).ok_or_else(missing)?;
-                let (w, bias, da1) = linear_backward(stream, shape, &block.a1, &dqkv, true, works)?;
-                let da1 = da1.ok_or_else(missing)?;
-                norm::backward_add(&block.a1, &block.rstd1, &da1, &mut self.dx);
-                works.push(Work::Elementwise { ops: 8 * da1.data.len() as u64 });
+                let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
+                let grads = backward_through_norm(unit, (&block.a1, &block.rstd1), &dqkv, &mut self.dx, works)?;
                 self.blocks.truncate(b);
-                Ok((w, bias))
+                Ok(grads)
             }
             GptUnit::Embed => {
                 // Only the rows that were looked up get a gradient; the stream carries no weights at all.
@@ -262,7 +262,7 @@ impl Net for GptNet {
         let mats = [&self.x, &self.af, &self.dx];
         mats.iter().map(|m| m.bytes()).sum::<u64>()
             + self.blocks.iter().map(BlockActs::bytes).sum::<u64>()
-            + self.logits.iter().chain(&self.pending).map(Mat::bytes).sum::<u64>()
+            + self.pending.iter().map(Mat::bytes).sum::<u64>()
             + 4 * (self.tokens.len() + self.rstdf.len()) as u64
     }
 

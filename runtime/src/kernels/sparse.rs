@@ -243,6 +243,17 @@ fn workers(work: usize) -> usize {
     if work < super::PARALLEL_MIN_FLOPS { 1 } else { rayon::current_num_threads().max(1) }
 }
 
+/// Runs `run` on every part of `schedule`: on the thread pool when `work` (the kernel's multiply-adds) is
+/// enough to pay for it, in turn otherwise. The parts write disjoint outputs, so the order cannot change a
+/// result; both the gather and the SDDMM kernel dispatch through here.
+fn for_each_part(schedule: &Schedule, work: usize, run: impl Fn(&Part) + Sync + Send) {
+    if workers(work) > 1 {
+        schedule.parts.par_iter().for_each(run);
+    } else {
+        schedule.parts.iter().for_each(run);
+    }
+}
+
 /// `dst[order[s], :] = Σ_k values[k] · src[idx[k], :]` for every stored line `s`: one AXPY per non-zero.
 ///
 /// `src` has a row per inner index and `dst` a row per line; both have one column per token.
@@ -276,11 +287,7 @@ pub fn gather(p: &SparsePattern, values: &[f32], src: &Mat, dst: &mut Mat) {
             // lies inside `dst` (shape asserted above).
             unsafe { gather_part(part, values, tiles, p.inner, src.cols, out) }
         };
-        if workers(p.nnz() * src.cols) > 1 {
-            p.schedule.parts.par_iter().for_each(run);
-        } else {
-            p.schedule.parts.iter().for_each(run);
-        }
+        for_each_part(&p.schedule, p.nnz() * src.cols, run);
     });
 }
 
@@ -460,11 +467,7 @@ pub fn sddmm(p: &SparsePattern, a: &Mat, b: &Mat, out: &mut [f32]) {
                 // every position of `out` (one per non-zero, `out.len() == nnz` asserted) is written by one part.
                 unsafe { sddmm_part(part, a_tiles, b_tiles, p.outer, p.inner, dst) }
             };
-            if workers(p.nnz() * a.cols) > 1 {
-                p.schedule.parts.par_iter().for_each(run);
-            } else {
-                p.schedule.parts.iter().for_each(run);
-            }
+            for_each_part(&p.schedule, p.nnz() * a.cols, run);
         })
     });
 }

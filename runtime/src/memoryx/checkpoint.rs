@@ -10,8 +10,19 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
-use super::Tensors;
 use crate::error::{Error, Result};
+
+/// MemoryX's whole state as named tensors, for checkpoints.
+pub type Tensors = Vec<(String, Vec<f32>)>;
+
+/// What a checkpoint keeps of each layer, in the order it writes them: the weights, the bias, and the
+/// optimizer's two moments of each. One list, so a snapshot, its restore and the checksum order agree.
+pub const KINDS: [&str; 6] = ["weight", "bias", "weight.m", "weight.v", "bias.m", "bias.v"];
+
+/// The name of layer `layer`'s tensor of kind `kind` (one of [`KINDS`]) in a checkpoint.
+pub fn tensor_name(layer: usize, kind: &str) -> String {
+    format!("layer.{layer}.{kind}")
+}
 
 const PREFIX: &str = "step-";
 const SUFFIX: &str = ".safetensors";
@@ -128,7 +139,7 @@ pub fn from_bytes(bytes: &[u8], what: &str) -> Result<(u64, Tensors)> {
 fn tensor_order(name: &str) -> (usize, usize) {
     let mut parts = name.splitn(3, '.');
     let layer = parts.nth(1).and_then(|l| l.parse().ok()).unwrap_or(usize::MAX);
-    let kind = ["weight", "bias", "weight.m", "weight.v", "bias.m", "bias.v"]
+    let kind = KINDS
         .iter()
         .position(|k| name.ends_with(&format!(".{layer}.{k}")))
         .unwrap_or(usize::MAX);

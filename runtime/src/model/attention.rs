@@ -133,6 +133,7 @@ pub fn backward(g: Geometry, qkv: &Mat, probs: &[f32], d_out: &Mat) -> Mat {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::gradcheck::{assert_central_differences, weighted_sum};
 
     #[test]
     fn backward_matches_central_differences_and_attention_is_causal() {
@@ -140,20 +141,9 @@ mod tests {
         let n = 2 * g.context;
         let qkv = Mat::from_vec(3 * g.width, n, (0..3 * g.width * n).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.15).collect());
         let w = Mat::from_vec(g.width, n, (0..g.width * n).map(|i| ((i * 5 % 9) as f32 - 4.0) * 0.25).collect());
-        let objective = |qkv: &Mat| -> f64 {
-            let (o, _) = forward(g, qkv);
-            o.data.iter().zip(&w.data).map(|(a, b)| *a as f64 * *b as f64).sum()
-        };
         let (_, probs) = forward(g, &qkv);
         let dqkv = backward(g, &qkv, &probs, &w);
-        for i in 0..qkv.data.len() {
-            let h = 1e-2;
-            let (mut up, mut down) = (qkv.clone(), qkv.clone());
-            up.data[i] += h;
-            down.data[i] -= h;
-            let fd = (objective(&up) - objective(&down)) / (2.0 * h as f64);
-            assert!((fd - dqkv.data[i] as f64).abs() < 2e-3, "qkv[{i}]: analytic {} vs numeric {fd}", dqkv.data[i]);
-        }
+        assert_central_differences(&qkv, &dqkv, (1e-2, 2e-3), "qkv", |qkv| weighted_sum(&forward(g, qkv).0, &w));
         // A token's output does not depend on later tokens: change the last token's K and V of sequence 0.
         let (base, _) = forward(g, &qkv);
         let mut later = qkv.clone();

@@ -7,6 +7,37 @@ pub mod linear;
 pub mod loss;
 pub mod norm;
 
+#[cfg(test)]
+pub(crate) mod gradcheck {
+    //! The check every layer's backward pass is held to: its analytic gradient against central differences.
+
+    use crate::tensor::Mat;
+
+    /// `Σ y·w` in f64: a scalar objective whose gradient with respect to `y` is `w`, so a layer's backward pass
+    /// given `w` as its output gradient must produce the objective's gradient.
+    pub(crate) fn weighted_sum(y: &Mat, w: &Mat) -> f64 {
+        y.data.iter().zip(&w.data).map(|(a, b)| *a as f64 * *b as f64).sum()
+    }
+
+    /// Asserts that `analytic` is the gradient of `objective` at `at`, value by value, within `tol` of central
+    /// differences of step `h`; `what` names the input in a failure.
+    pub(crate) fn assert_central_differences(
+        at: &Mat,
+        analytic: &Mat,
+        (h, tol): (f32, f64),
+        what: &str,
+        objective: impl Fn(&Mat) -> f64,
+    ) {
+        for i in 0..at.data.len() {
+            let (mut up, mut down) = (at.clone(), at.clone());
+            up.data[i] += h;
+            down.data[i] -= h;
+            let fd = (objective(&up) - objective(&down)) / (2.0 * h as f64);
+            assert!((fd - analytic.data[i] as f64).abs() < tol, "{what}[{i}]: analytic {} vs numeric {fd}", analytic.data[i]);
+        }
+    }
+}
+
 use crds::{Activation, ModelKind, ModelSpec};
 
 /// One weight layer: `outputs × inputs` weights plus a bias, dense or masked.

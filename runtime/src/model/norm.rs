@@ -64,27 +64,17 @@ pub fn backward_add(xhat: &Mat, rstd: &[f32], dxhat: &Mat, dx: &mut Mat) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::gradcheck::{assert_central_differences, weighted_sum};
 
     #[test]
     fn backward_matches_central_differences() {
         let (d, n) = (5, 3);
         let x = Mat::from_vec(d, n, (0..d * n).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3).collect());
         let g = Mat::from_vec(d, n, (0..d * n).map(|i| ((i * 5 % 7) as f32 - 3.0) * 0.2).collect());
-        let objective = |x: &Mat| -> f64 {
-            let (y, _) = forward(x);
-            y.data.iter().zip(&g.data).map(|(a, b)| *a as f64 * *b as f64).sum()
-        };
         let (xhat, rstd) = forward(&x);
         let mut dx = Mat::zeros(d, n);
         backward_add(&xhat, &rstd, &g, &mut dx);
-        for i in 0..x.data.len() {
-            let h = 1e-2;
-            let (mut up, mut down) = (x.clone(), x.clone());
-            up.data[i] += h;
-            down.data[i] -= h;
-            let fd = (objective(&up) - objective(&down)) / (2.0 * h as f64);
-            assert!((fd - dx.data[i] as f64).abs() < 2e-3, "x[{i}]: analytic {} vs numeric {fd}", dx.data[i]);
-        }
+        assert_central_differences(&x, &dx, (1e-2, 2e-3), "x", |x| weighted_sum(&forward(x).0, &g));
         // Each column is normalised.
         for j in 0..n {
             let col: Vec<f32> = (0..d).map(|r| xhat.data[r * n + j]).collect();

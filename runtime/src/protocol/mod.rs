@@ -1,8 +1,16 @@
 //! The messages that cross role boundaries: what MemoryX streams, what engines send back. In one process they
 //! are passed by reference; over the network [`wire`] cuts exactly these into chunks of the gRPC protocol in
 //! `proto/weightstream/v1alpha1/stage.proto`, so both count the same bytes.
+//!
+//! - `reduce`: summing engines' gradients, the reduction SwarmX performs.
+//! - [`status`]: runtime errors as gRPC statuses and back, keeping their kind across every hop.
+//! - [`wire`]: the chunked codecs of every message.
 
+mod reduce;
+pub mod status;
 pub mod wire;
+
+pub use reduce::add_grads;
 
 /// The generated gRPC messages and `Stage` service.
 #[allow(missing_docs, clippy::all)]
@@ -105,31 +113,6 @@ pub struct LayerGrad {
 }
 
 impl LayerGrad {
-    /// Adds another engine's gradients: the reduction SwarmX performs.
-    pub fn add(&mut self, other: &LayerGrad) -> Result<(), String> {
-        if other.layer != self.layer
-            || other.weights.len() != self.weights.len()
-            || other.bias.len() != self.bias.len()
-        {
-            return Err(format!(
-                "cannot sum gradients of layer {} ({} + {} values) with layer {} ({} + {} values)",
-                self.layer,
-                self.weights.len(),
-                self.bias.len(),
-                other.layer,
-                other.weights.len(),
-                other.bias.len()
-            ));
-        }
-        for (a, b) in self.weights.iter_mut().zip(&other.weights) {
-            *a += b;
-        }
-        for (a, b) in self.bias.iter_mut().zip(&other.bias) {
-            *a += b;
-        }
-        Ok(())
-    }
-
     /// Bytes on the wire.
     pub fn wire_bytes(&self) -> u64 {
         4 * (self.weights.len() + self.bias.len()) as u64

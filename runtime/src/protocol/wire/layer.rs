@@ -1,18 +1,15 @@
-//! Layer streams and gradients on the wire: cut into chunks of at most 1 MiB and put back together with every
-//! length and index checked, so a truncated stream, a wrong shape or a bad index is refused before it reaches a
-//! kernel or MemoryX's state.
+//! The layer codec: a [`LayerStream`] cut into [`LayerChunk`]s and put back together, its mask's arrays, values
+//! and bias each split across chunks so no message exceeds [`CHUNK_BYTES`].
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::pb::{Encoding, GradChunk, LayerChunk, LossReply, Pass as PbPass, StateChunk, StepChunk};
-use super::{LayerGrad, LayerStream, Pass, WeightPayload};
+use super::chunk::{extend_words, CHUNK_BYTES, MAX_RESERVE};
 use crate::error::{Error, Result};
 use crate::kernels::sparse::SparsePattern;
-
-/// Payload bytes per chunk: just under 1 MiB, leaving room for the header and framing.
-pub const CHUNK_BYTES: usize = 1_000_000;
+use crate::protocol::pb::{Encoding, LayerChunk, Pass as PbPass};
+use crate::protocol::{LayerStream, Pass, WeightPayload};
 
 /// Cuts a layer stream into chunks for `job` and `step`.
 pub fn encode_layer(stream: &LayerStream, job: &str, step: u64) -> Vec<LayerChunk> {
@@ -68,22 +65,6 @@ pub fn encode_layer(stream: &LayerStream, job: &str, step: u64) -> Vec<LayerChun
     }
     chunks
 }
-
-/// Appends the little-endian words in `bytes` to `out`: one copy from the message into the typed buffer the
-/// kernels read, with no intermediate byte buffer.
-fn extend_words<T: bytemuck::Pod>(out: &mut Vec<T>, bytes: &[u8], what: &str) -> Result<()> {
-    if bytes.len() % 4 != 0 {
-        return Err(Error::Protocol(format!("{what} holds {} bytes, not a whole number of 4-byte values", bytes.len())));
-    }
-    let start = out.len();
-    out.resize(start + bytes.len() / 4, T::zeroed());
-    bytemuck::cast_slice_mut::<T, u8>(&mut out[start..]).copy_from_slice(bytes);
-    Ok(())
-}
-
-/// Most values a header may make the assembler reserve room for up front (64 Mi words, 256 MiB); a longer
-/// stream still arrives, growing as it comes, so a bad header cannot make a stage allocate at will.
-const MAX_RESERVE: u64 = 64 << 20;
 
 /// Puts a layer stream back together from its chunks, checking that it is for `job` and complete. Every chunk
 /// must carry whole 4-byte words (as [`encode_layer`] cuts them); the words go straight into typed buffers
@@ -203,164 +184,6 @@ impl LayerAssembler {
     }
 }
 
-/// Little-endian words owned by a [`Bytes`] without copying them: the platform is little-endian (checked at
-/// compile time below), so a `Vec<f32>` already is its wire form.
-struct Words(Vec<f32>);
-
-impl AsRef<[u8]> for Words {
-    fn as_ref(&self) -> &[u8] {
-        bytemuck::cast_slice(&self.0)
-    }
-}
-
-#[cfg(not(target_endian = "little"))]
-compile_error!("the wire format sends words in the machine's order, which must be little-endian");
-
-/// Pieces of at most [`CHUNK_BYTES`] of `data`, sharing its buffer.
-fn pieces(data: Bytes) -> impl Iterator<Item = Bytes> {
-    (0..data.len()).step_by(CHUNK_BYTES).map(move |at| data.slice(at..(at + CHUNK_BYTES).min(data.len())))
-}
-
-/// Cuts a gradient into chunks, taking it over so the chunks share its memory instead of copying it.
-pub fn encode_grad_owned(grad: LayerGrad) -> Vec<GradChunk> {
-    let (layer, weights_len, bias_len) = (grad.layer as u32, grad.weights.len() as u64, grad.bias.len() as u64);
-    let mut chunks: Vec<GradChunk> = pieces(Bytes::from_owner(Words(grad.weights)))
-        .map(|w| GradChunk { layer, weights: w, ..GradChunk::default() })
-        .chain(pieces(Bytes::from_owner(Words(grad.bias))).map(|b| GradChunk { layer, bias: b, ..GradChunk::default() }))
-        .collect();
-    if chunks.is_empty() {
-        chunks.push(GradChunk { layer, ..GradChunk::default() });
-    }
-    chunks[0].first = true;
-    chunks[0].weights_len = weights_len;
-    chunks[0].bias_len = bias_len;
-    if let Some(last) = chunks.last_mut() {
-        last.last = true;
-    }
-    chunks
-}
-
-/// Cuts a gradient into chunks (a copy of it; see [`encode_grad_owned`]).
-pub fn encode_grad(grad: &LayerGrad) -> Vec<GradChunk> {
-    encode_grad_owned(grad.clone())
-}
-
-
-/// Puts a gradient back together, checking it is complete; the words go straight into typed buffers sized
-/// from the header.
-pub fn decode_grad(chunks: impl IntoIterator<Item = GradChunk>) -> Result<LayerGrad> {
-    let mut header: Option<GradChunk> = None;
-    let (mut weights, mut bias) = (Vec::<f32>::new(), Vec::<f32>::new());
-    let mut done = false;
-    for c in chunks {
-        if done {
-            return Err(Error::Protocol("a gradient chunk arrived after the last one".into()));
-        }
-        done = c.last;
-        match &header {
-            None if !c.first => return Err(Error::Protocol("a gradient stream must start with its header".into())),
-            None => {
-                weights.reserve(c.weights_len.min(MAX_RESERVE) as usize);
-                bias.reserve(c.bias_len.min(MAX_RESERVE) as usize);
-            }
-            Some(h) if c.first || c.layer != h.layer => {
-                return Err(Error::Protocol("gradient chunks of two layers are mixed".into()));
-            }
-            Some(_) => {}
-        }
-        extend_words(&mut weights, &c.weights, "weights")?;
-        extend_words(&mut bias, &c.bias, "bias")?;
-        if header.is_none() {
-            header = Some(GradChunk { weights: Bytes::new(), bias: Bytes::new(), ..c });
-        }
-    }
-    let h = header.ok_or_else(|| Error::Protocol("an empty gradient stream".into()))?;
-    if !done || weights.len() as u64 != h.weights_len || bias.len() as u64 != h.bias_len {
-        return Err(Error::Protocol(format!(
-            "layer {} gradient is truncated: {} of {} weights, {} of {} bias values",
-            h.layer,
-            weights.len(),
-            h.weights_len,
-            bias.len(),
-            h.bias_len
-        )));
-    }
-    Ok(LayerGrad { layer: h.layer as usize, weights, bias })
-}
-
-/// Several layers' gradients as one stream: each layer's chunks in turn, in the order given.
-pub fn encode_grads(grads: Vec<LayerGrad>) -> Vec<GradChunk> {
-    grads.into_iter().flat_map(encode_grad_owned).collect()
-}
-
-/// A pipelined step's reply: the loss first, then the gradients (none when the stage applied them itself).
-pub fn encode_step(loss: LossReply, grads: Vec<LayerGrad>) -> Vec<StepChunk> {
-    std::iter::once(StepChunk { loss: Some(loss), grad: None })
-        .chain(encode_grads(grads).into_iter().map(|g| StepChunk { loss: None, grad: Some(g) }))
-        .collect()
-}
-
-/// Splits a stream of several layers' gradients at each layer's first chunk and decodes every layer.
-pub fn decode_grads(chunks: impl IntoIterator<Item = GradChunk>) -> Result<Vec<LayerGrad>> {
-    let mut layers: Vec<Vec<GradChunk>> = Vec::new();
-    for c in chunks {
-        match layers.last_mut() {
-            Some(current) if !c.first => current.push(c),
-            _ => layers.push(vec![c]),
-        }
-    }
-    layers.into_iter().map(decode_grad).collect()
-}
-
-/// Adds one stage's gradients of a whole step to the running sum, layer by layer.
-pub fn add_grads(sum: &mut Option<Vec<LayerGrad>>, more: Vec<LayerGrad>) -> Result<()> {
-    match sum {
-        None => *sum = Some(more),
-        Some(s) if s.len() != more.len() => {
-            return Err(Error::Protocol(format!("gradients of {} layers cannot be summed with {}", more.len(), s.len())));
-        }
-        Some(s) => {
-            for (a, b) in s.iter_mut().zip(&more) {
-                a.add(b).map_err(Error::Protocol)?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A replica's state (the bytes of a checkpoint file) cut into chunks for `job`, sharing its buffer.
-pub fn encode_state(bytes: Bytes, job: &str) -> Vec<StateChunk> {
-    let mut chunks: Vec<StateChunk> =
-        pieces(bytes).map(|d| StateChunk { job: job.to_string(), data: d, last: false }).collect();
-    if chunks.is_empty() {
-        chunks.push(StateChunk { job: job.to_string(), ..StateChunk::default() });
-    }
-    if let Some(last) = chunks.last_mut() {
-        last.last = true;
-    }
-    chunks
-}
-
-/// Puts a replica's state back together, refusing chunks of another job and a stream cut short.
-pub fn decode_state(chunks: impl IntoIterator<Item = StateChunk>, job: &str) -> Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    let mut done = false;
-    for c in chunks {
-        if c.job != job {
-            return Err(Error::Protocol(format!("a replica of job '{}' was sent to job '{job}'", c.job)));
-        }
-        if done {
-            return Err(Error::Protocol("a replica chunk arrived after the last one".into()));
-        }
-        done = c.last;
-        bytes.extend_from_slice(&c.data);
-    }
-    if !done {
-        return Err(Error::Protocol("the replica's state is truncated: its last chunk never came".into()));
-    }
-    Ok(bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,9 +223,6 @@ mod tests {
             _ => panic!("encoding changed"),
         }
         assert_eq!(back.bias, s.bias);
-
-        let g = LayerGrad { layer: 1, weights: (0..600_000).map(|i| i as f32).collect(), bias: vec![2.0; 5] };
-        assert_eq!(decode_grad(encode_grad(&g)).unwrap(), g);
     }
 
     #[test]
@@ -428,9 +248,5 @@ mod tests {
             c.values.truncate(c.values.len() - 4);
         }
         assert!(assemble(short, "job-a").unwrap_err().to_string().contains("truncated"));
-        // A gradient cut short.
-        let mut g = encode_grad(&LayerGrad { layer: 0, weights: vec![1.0; 300_000], bias: vec![0.0; 3] });
-        g.pop();
-        assert!(decode_grad(g).is_err());
     }
 }

@@ -1,0 +1,76 @@
+//! A linear unit as the engine meets it: a layer's streamed weights and its shape. Both model families run
+//! every weight layer through the same two calls, so choosing the kernel (dense GEMM or sparse AXPY/SDDMM) and
+//! noting the work it took for the hardware model happen once, here.
+
+use super::hw::Work;
+use crate::error::{Error, Result};
+use crate::model::{linear, LinearShape};
+use crate::protocol::{LayerStream, WeightPayload};
+use crate::tensor::Mat;
+
+/// A unit's weight and bias gradients, in the stream's weight order; the bias gradient is empty when the unit
+/// has no bias. Named so the model families and the engine agree on which half is which.
+pub(super) type Grads = (Vec<f32>, Vec<f32>);
+
+/// One weight layer with the weights streamed for it: what a model family needs to run the layer, in either
+/// pass, without looking at the wire format.
+#[derive(Clone, Copy)]
+pub(super) struct StreamedLinear<'s> {
+    /// Index of the weight layer (the stream unit), 0-based in forward order.
+    pub layer: usize,
+    /// Its shape in the model layout.
+    pub shape: LinearShape,
+    /// Its weights (and bias, forward) as they arrived.
+    pub stream: &'s LayerStream,
+}
+
+impl<'s> StreamedLinear<'s> {
+    /// The weights, or a protocol error when the stream carries only a mask or nothing: the engine checks
+    /// shapes before it computes, but a unit that needs values must never silently run without them.
+    fn weights(&self) -> Result<linear::Weights<'s>> {
+        self.stream.weights.weights().ok_or_else(|| Error::Protocol("weight values are missing".into()))
+    }
+
+    /// The kernel that multiplies these weights by `tokens` columns producing `m × tokens` from `k` rows: a
+    /// sparse AXPY per non-zero, or a dense GEMM. The forward pass and the input gradient take the same kind.
+    fn product(&self, m: usize, tokens: usize, k: usize) -> Work<'s> {
+        let stream: &'s LayerStream = self.stream;
+        match &stream.weights {
+            WeightPayload::Sparse { pattern, .. } => Work::SparseAxpy { pattern, tokens },
+            _ => Work::Gemm { m, n: tokens, k },
+        }
+    }
+
+    /// Forward through the unit over input `x`, noting the kernel it took.
+    pub fn forward(&self, x: &Mat, works: &mut Vec<Work<'s>>) -> Result<Mat> {
+        let y = linear::forward(self.weights()?, &self.stream.bias, x);
+        works.push(self.product(y.rows, x.cols, x.rows));
+        Ok(y)
+    }
+
+    /// Backward through the unit whose input was `x`, given the gradient `dy` of its output: the weight
+    /// gradient (only at the mask's positions when sparse), the bias gradient when the unit has a bias, and —
+    /// when `need_dx` — the gradient of the input.
+    pub fn backward(&self, x: &Mat, dy: &Mat, need_dx: bool, works: &mut Vec<Work<'s>>) -> Result<(Grads, Option<Mat>)> {
+        let (shape, tokens) = (self.shape, x.cols);
+        let weights = match self.stream.weights.pattern() {
+            Some(pattern) => {
+                works.push(Work::SparseDot { pattern, tokens });
+                linear::weight_grad_sparse(pattern, x, dy)
+            }
+            None => {
+                works.push(Work::Gemm { m: shape.outputs, n: shape.inputs, k: tokens });
+                linear::weight_grad_dense(dy, x)
+            }
+        };
+        let bias = if shape.bias { linear::bias_grad(dy) } else { Vec::new() };
+        let dx = if need_dx {
+            let w = self.weights()?;
+            works.push(self.product(shape.inputs, tokens, shape.outputs));
+            Some(linear::backward_input(w, shape.inputs, dy))
+        } else {
+            None
+        };
+        Ok(((weights, bias), dx))
+    }
+}

@@ -1,0 +1,321 @@
+//! The engine program shared by every model family: step order, shape checks, the SRAM budget, the loss and
+//! the counters. A family ([`super::mlp`], [`super::gpt`]) is only its layers, behind the [`Net`] trait, so
+//! the rules a step must follow are written (and enforced) once.
+
+use std::time::{Duration, Instant};
+
+use super::hw::{EngineHw, Work};
+use super::linear::{Grads, StreamedLinear};
+use super::role::{EngineRole, EngineStats, Shard};
+use super::{gpt, mlp};
+use crate::error::{Error, Result};
+use crate::model::loss::{softmax_cross_entropy, LossSum};
+use crate::model::{Arch, ModelLayout};
+use crate::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
+use crate::tensor::Mat;
+
+/// The model-specific half of the engine program: the math of each stream unit over the activations the
+/// engine keeps. [`Wse`] does everything the model families share — step order, shape checks, the SRAM
+/// budget, the loss and the counters — so a family is only its layers.
+pub(super) trait Net: Send {
+    /// Takes a new shard's input matrix, dropping whatever the previous step left.
+    fn begin(&mut self, inputs: Mat) -> Result<()>;
+    /// Runs `unit` forward and notes the work done; returns the logits when it is the model's last unit.
+    fn forward<'s>(&mut self, unit: StreamedLinear<'s>, works: &mut Vec<Work<'s>>) -> Result<Option<Mat>>;
+    /// Starts the backward pass from the gradient of the loss with respect to the logits.
+    fn start_backward(&mut self, d_logits: Mat);
+    /// Runs `unit` backward and returns its weight and bias gradients (in the stream's weight order).
+    fn backward<'s>(&mut self, unit: StreamedLinear<'s>, works: &mut Vec<Work<'s>>) -> Result<Grads>;
+    /// Bytes of activations held right now.
+    fn resident_bytes(&self) -> u64;
+    /// Drops everything held.
+    fn clear(&mut self);
+}
+
+/// Where the engine is within a step.
+struct StepState {
+    train: bool,
+    scale: f32,
+    labels: Vec<u8>,
+    /// The unit the forward pass computes next.
+    next_forward: usize,
+    /// Whether the loss has been computed.
+    loss_done: bool,
+    /// The unit the backward pass computes next.
+    next_backward: Option<usize>,
+}
+
+/// The engine program: runs the model's stream units on streamed weights over resident activations.
+pub struct Wse<H: EngineHw> {
+    name: String,
+    hw: H,
+    layout: ModelLayout,
+    net: Box<dyn Net>,
+    /// The logits of the last forward pass until the loss takes them. Kept here rather than in each family:
+    /// every family ends in them and the loss is computed here.
+    logits: Option<Mat>,
+    step: Option<StepState>,
+    peak: u64,
+    compute: Duration,
+    resident: bool,
+}
+
+impl<H: EngineHw> Wse<H> {
+    /// An engine named `name` (used in errors) that will run `layout` on `hw`.
+    pub fn new(name: impl Into<String>, layout: ModelLayout, hw: H) -> Self {
+        let net: Box<dyn Net> = match layout.arch {
+            Arch::Mlp => Box::new(mlp::MlpNet::new(&layout)),
+            Arch::Gpt(g) => Box::new(gpt::GptNet::new(g)),
+        };
+        Wse {
+            name: name.into(),
+            hw,
+            layout,
+            net,
+            logits: None,
+            step: None,
+            peak: 0,
+            compute: Duration::ZERO,
+            resident: false,
+        }
+    }
+
+    /// The hardware model, for reports specific to it.
+    pub fn hw(&self) -> &H {
+        &self.hw
+    }
+
+    /// The logits of the last forward pass, before the loss consumes them: what decoding samples from.
+    pub fn logits(&self) -> Option<&Mat> {
+        self.logits.as_ref()
+    }
+
+    /// Bytes of activations held right now, the logits included.
+    fn resident_bytes(&self) -> u64 {
+        self.net.resident_bytes() + self.logits.as_ref().map_or(0, Mat::bytes)
+    }
+
+    fn state(&mut self) -> Result<&mut StepState> {
+        self.step.as_mut().ok_or_else(|| Error::Protocol("a layer arrived before the step began".into()))
+    }
+
+    /// Checks that holding `extra` more bytes beside what is resident fits the SRAM.
+    fn reserve(&mut self, extra: u64, what: impl FnOnce() -> String) -> Result<()> {
+        let needed = self.resident_bytes() + extra;
+        let available = self.hw.sram_bytes();
+        if needed > available {
+            return Err(Error::OutOfSram { engine: self.name.clone(), what: what(), needed, available });
+        }
+        self.peak = self.peak.max(needed);
+        Ok(())
+    }
+
+    /// Notes what is held now beside `extra` streamed bytes, for the measured peak.
+    fn note_peak(&mut self, extra: u64) {
+        self.peak = self.peak.max(self.resident_bytes() + extra);
+    }
+
+    fn end_step(&mut self) {
+        self.step = None;
+        self.logits = None;
+        self.net.clear();
+    }
+
+    fn check_shape(&self, stream: &LayerStream) -> Result<()> {
+        let l = stream.layer;
+        let shape = self.layout.linears[l];
+        let fail = |msg: String| Err(Error::Protocol(format!("layer {l} ({:?} pass): {msg}", stream.pass)));
+        if shape.sparse != matches!(stream.weights, WeightPayload::Sparse { .. } | WeightPayload::Mask(_))
+            && !matches!(stream.weights, WeightPayload::Nothing)
+        {
+            return fail(format!("expected {} weights", if shape.sparse { "sparse" } else { "dense" }));
+        }
+        // Forward patterns are stored by output row, backward patterns by input column.
+        let (outer, inner) = match stream.pass {
+            Pass::Forward => (shape.outputs, shape.inputs),
+            Pass::Backward => (shape.inputs, shape.outputs),
+        };
+        match &stream.weights {
+            WeightPayload::Dense(v) if v.len() != shape.dense_weights() => {
+                return fail(format!("{} dense weights, {} expected", v.len(), shape.dense_weights()));
+            }
+            WeightPayload::Sparse { pattern, values } if values.len() != pattern.nnz() => {
+                return fail(format!("{} values for {} non-zeros", values.len(), pattern.nnz()));
+            }
+            _ => {}
+        }
+        if let Some(p) = stream.weights.pattern() {
+            if (p.outer(), p.inner()) != (outer, inner) {
+                return fail(format!("mask is {}x{}, {outer}x{inner} expected", p.outer(), p.inner()));
+            }
+        }
+        let need_values = stream.pass == Pass::Forward || l > 0;
+        if need_values && stream.weights.weights().is_none() {
+            return fail("weight values are missing".into());
+        }
+        if stream.pass == Pass::Forward && stream.bias.len() != shape.bias_len() {
+            return fail(format!("{} bias values, {} expected", stream.bias.len(), shape.bias_len()));
+        }
+        Ok(())
+    }
+
+    fn layer_of(&self, stream: &LayerStream) -> Result<usize> {
+        if stream.layer >= self.layout.linears.len() {
+            return Err(Error::Protocol(format!(
+                "stream for layer {} but the model has {} layers",
+                stream.layer,
+                self.layout.linears.len()
+            )));
+        }
+        Ok(stream.layer)
+    }
+
+    fn record_all(&mut self, works: &[Work<'_>]) {
+        for w in works {
+            self.hw.record(w);
+        }
+    }
+}
+
+impl<H: EngineHw> EngineRole for Wse<H> {
+    fn begin_step(&mut self, shard: Shard, grad_scale: f32, train: bool) -> Result<()> {
+        let per_sample = self.layout.tokens_per_sample();
+        if shard.inputs.rows != self.layout.inputs()
+            || shard.inputs.cols != shard.labels.len()
+            || shard.inputs.cols % per_sample != 0
+        {
+            return Err(Error::Protocol(format!(
+                "shard of {}x{} inputs with {} labels does not fit a model of {} input rows and {per_sample} \
+                 tokens per sample",
+                shard.inputs.rows,
+                shard.inputs.cols,
+                shard.labels.len(),
+                self.layout.inputs()
+            )));
+        }
+        self.end_step();
+        let samples = shard.labels.len() / per_sample;
+        let activations = self.layout.activation_bytes(samples);
+        self.reserve(activations, || format!("the activations of a {samples}-sample shard"))?;
+        let bytes = shard.inputs.bytes() + shard.labels.len() as u64;
+        self.net.begin(shard.inputs)?;
+        self.hw.record(&Work::Received { bytes });
+        self.step = Some(StepState {
+            train,
+            scale: grad_scale,
+            labels: shard.labels,
+            next_forward: 0,
+            loss_done: false,
+            next_backward: None,
+        });
+        Ok(())
+    }
+
+    fn forward(&mut self, stream: &LayerStream) -> Result<()> {
+        let l = self.layer_of(stream)?;
+        let last = l + 1 == self.layout.linears.len();
+        let state = self.state()?;
+        let expected = state.next_forward;
+        if stream.pass != Pass::Forward || l != expected || state.loss_done {
+            return Err(Error::Protocol(format!("forward stream for layer {l} but the engine expects layer {expected}")));
+        }
+        let tokens = state.labels.len();
+        self.check_shape(stream)?;
+        let prefetch = if last { 0 } else { self.layout.forward_stream_bytes(l + 1) };
+        let shape = self.layout.linears[l];
+        let out_bytes = 4 * (shape.outputs * tokens) as u64 * if last { 1 } else { 2 };
+        self.reserve(stream.wire_bytes() + prefetch + out_bytes, || {
+            format!("layer {l}'s weights beside the resident activations and the next layer's prefetch")
+        })?;
+        if !self.resident {
+            self.hw.record(&Work::Received { bytes: stream.wire_bytes() });
+        }
+
+        let started = Instant::now();
+        let mut works = Vec::with_capacity(4);
+        let unit = StreamedLinear { layer: l, shape, stream };
+        if let Some(logits) = self.net.forward(unit, &mut works)? {
+            self.logits = Some(logits);
+        }
+        self.compute += started.elapsed();
+        self.note_peak(stream.wire_bytes() + prefetch);
+        self.record_all(&works);
+        self.state()?.next_forward += 1;
+        Ok(())
+    }
+
+    fn loss(&mut self) -> Result<LossSum> {
+        let units = self.layout.linears.len();
+        let state = self.state()?;
+        if state.next_forward != units || state.loss_done {
+            return Err(Error::Protocol("loss requested before the forward pass reached the last layer".into()));
+        }
+        let started = Instant::now();
+        let logits = self
+            .logits
+            .take()
+            .ok_or_else(|| Error::Protocol("loss requested before the forward pass reached the last layer".into()))?;
+        let state = self.step.as_mut().ok_or_else(|| Error::Protocol("no step".into()))?;
+        let (sum, delta) = softmax_cross_entropy(&logits, &state.labels, state.scale);
+        let ops = 6 * logits.data.len() as u64;
+        state.loss_done = true;
+        if state.train {
+            state.next_backward = units.checked_sub(1);
+            self.net.start_backward(delta);
+        } else {
+            self.end_step();
+        }
+        self.compute += started.elapsed();
+        self.hw.record(&Work::Elementwise { ops });
+        self.hw.record(&Work::Sent { bytes: 24 });
+        Ok(sum)
+    }
+
+    fn backward(&mut self, stream: &LayerStream) -> Result<LayerGrad> {
+        let l = self.layer_of(stream)?;
+        let state = self.state()?;
+        if !state.train {
+            return Err(Error::Protocol("backward stream during an evaluation step".into()));
+        }
+        let expected = state.next_backward;
+        if stream.pass != Pass::Backward || expected != Some(l) {
+            return Err(Error::Protocol(format!(
+                "backward stream for layer {l} but the engine expects {}",
+                expected.map_or("no backward stream".to_string(), |e| format!("layer {e}"))
+            )));
+        }
+        self.check_shape(stream)?;
+        self.reserve(stream.wire_bytes(), || format!("layer {l}'s backward stream beside the resident activations"))?;
+        if !self.resident {
+            self.hw.record(&Work::Received { bytes: stream.wire_bytes() });
+        }
+
+        let started = Instant::now();
+        let shape = self.layout.linears[l];
+        let mut works = Vec::with_capacity(4);
+        let (weights, bias) = self.net.backward(StreamedLinear { layer: l, shape, stream }, &mut works)?;
+        self.compute += started.elapsed();
+        self.record_all(&works);
+        if l == 0 {
+            self.end_step();
+        } else {
+            self.state()?.next_backward = Some(l - 1);
+        }
+        let grad = LayerGrad { layer: l, weights, bias };
+        self.hw.record(&Work::Sent { bytes: grad.wire_bytes() });
+        Ok(grad)
+    }
+
+    fn set_resident(&mut self, resident: bool) {
+        self.resident = resident;
+    }
+
+    fn stats(&self) -> EngineStats {
+        EngineStats {
+            counters: self.hw.counters(),
+            peak_sram_bytes: self.peak,
+            sram_bytes: self.hw.sram_bytes(),
+            compute_s: self.compute.as_secs_f64(),
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! Layer streams and gradients on the wire: cut into chunks of at most 1 MiB and put back together with every
+//! length and index checked, so a truncated stream, a wrong shape or a bad index is refused before it reaches a
+//! kernel or MemoryX's state.
+//!
+//! One codec per message kind — `layer` (what MemoryX streams), `grad` (what engines send back), `state` (a
+//! pipelined replica), `step` (a pipelined step's reply) — over the chunking helpers of `chunk`, which they all
+//! share.
+
+mod chunk;
+mod grad;
+mod layer;
+mod state;
+mod step;
+
+pub use super::reduce::add_grads;
+pub use chunk::CHUNK_BYTES;
+pub use grad::{decode_grad, decode_grads, encode_grad, encode_grad_owned, encode_grads};
+pub use layer::{encode_layer, LayerAssembler};
+pub use state::{decode_state, encode_state};
+pub use step::encode_step;
