@@ -630,3 +630,39 @@ async fn a_restarted_operator_knows_what_the_pool_holds() {
     assert_eq!(first.status.and_then(|s| s.allocated_cs2), Some(2));
     op.stop().await;
 }
+
+/// One job whose MemoryX answers `/status` slowly (here 20 s a request, longer than a whole admission should
+/// take) must not hold up another job: the slow call is made outside the admission critical section, and the
+/// controller reconciles different jobs concurrently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_memoryx_does_not_delay_another_jobs_admission() {
+    let (client, ns) = setup("slow").await;
+    let op = RunningOperator::start(&client, &ns, 4);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    create(&jobs, &job("slow", 2)).await;
+    wait_phase(&jobs, "slow", Phase::Starting).await;
+    start_pods(&pods, "slow", 2).await;
+    op.coordinator.set(&format!("{ns}/slow"), running(3, None));
+    wait_phase(&jobs, "slow", Phase::Running).await;
+    // From now on every pass over `slow` spends 20 s waiting for its MemoryX.
+    op.coordinator.set_delay(&format!("{ns}/slow"), Duration::from_secs(20));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let asked = std::time::Instant::now();
+    create(&jobs, &job("quick", 2)).await;
+    let admitted = ok(
+        wait_for(Duration::from_secs(15), "quick to be admitted", || async {
+            let j = jobs.get("quick").await.ok()?;
+            (j.status.as_ref()?.allocated_cs2 == Some(2)).then_some(j)
+        })
+        .await,
+        "admission beside a slow MemoryX",
+    );
+    let took = asked.elapsed();
+    assert!(took < Duration::from_secs(10), "admission waited {took:?} for another job's MemoryX");
+    assert_eq!(admitted.status.and_then(|s| s.phase), Some(Phase::Starting));
+    let held: u32 = ok(jobs.list(&ListParams::default()).await, "jobs").items.iter().filter_map(|j| j.status.as_ref()?.allocated_cs2).sum();
+    assert_eq!(held, 4, "both jobs hold their CS-2s and the pool is not exceeded");
+    op.stop().await;
+}
