@@ -5,6 +5,7 @@
 pub mod contract;
 mod spec;
 mod status;
+pub mod testing;
 mod validate;
 
 pub use spec::*;

@@ -235,19 +235,7 @@ impl TrainingJobSpec {
 mod tests {
     use super::*;
 
-    const GOOD: &str = r#"
-apiVersion: weightstream.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: t}
-spec:
-  cs2: 2
-  model: {kind: mlp, layers: [784, 32, 10], sparsity: 0.5}
-  data: {kind: mnist, path: examples/data/mnist}
-  training:
-    batchSize: 64
-    epochs: 1
-    optimizer: {kind: adamw, learningRate: 0.001}
-"#;
+    const GOOD: &str = crate::testing::MLP_YAML;
 
     fn err(text: &str) -> String {
         parse_training_job(text).expect_err("should be rejected").to_string()
@@ -269,8 +257,8 @@ spec:
         assert!(err(&GOOD.replace("0.5}", "1.5}")).contains("spec.model.sparsity"));
         assert!(err(&GOOD.replace("0.5}", "-0.1}")).contains("spec.model.sparsity"));
         assert!(err(&GOOD.replace("batchSize: 64", "batchSize: 63")).contains("not divisible"));
-        assert!(err(&GOOD.replace("epochs: 1", "epochs: 1\n    steps: 4")).contains("not both"));
-        assert!(err(&GOOD.replace("learningRate: 0.001", "learningRate: 0")).contains("learningRate"));
+        assert!(err(&GOOD.replace("steps: 30", "steps: 30\n    epochs: 1")).contains("not both"));
+        assert!(err(&GOOD.replace("learningRate: 0.002", "learningRate: 0")).contains("learningRate"));
         assert!(err(&GOOD.replace("[784, 32, 10]", "[700, 32, 10]")).contains("784"));
         assert!(err(&GOOD.replace("sparsity: 0.5", "sparsity: 0.5, depth: 3")).contains("unknown field"));
         assert!(err(&GOOD.replace("weightstream.dev/v1alpha1", "v1")).contains("apiVersion"));

@@ -222,24 +222,12 @@ impl Drop for RunningOperator {
 
 /// A valid job manifest with `cs2` engines (a tiny model, so every preset fits it).
 pub fn job(name: &str, cs2: u32) -> TrainingJob {
-    let text = format!(
-        r#"
-apiVersion: weightstream.dev/v1alpha1
-kind: TrainingJob
-metadata: {{name: {name}}}
-spec:
-  cs2: {cs2}
-  model: {{kind: mlp, layers: [784, 64, 10], sparsity: 0.5}}
-  data: {{kind: mnist, path: /data/mnist}}
-  training: {{batchSize: 64, steps: 100, optimizer: {{kind: sgd, learningRate: 0.1}}}}
-  checkpoint: {{intervalSteps: 10}}
-  engine: {{preset: tiny}}
-"#
-    );
-    match crds::parse_training_job(&text) {
-        Ok(j) => j,
-        Err(e) => panic!("the test job must be valid: {e}"),
-    }
+    let mut j = crds::testing::mlp_job(name, "", cs2);
+    // Created through the API: the namespace comes from the Api handle, the uid from the server.
+    (j.metadata.namespace, j.metadata.uid) = (None, None);
+    j.spec.training.steps = Some(100);
+    j.spec.checkpoint.interval_steps = 10;
+    j
 }
 
 /// Plays the kubelet: marks pod `name` Running and Ready (or Failed).

@@ -510,20 +510,7 @@ mod tests {
     use super::*;
 
     fn job(cs2: u32) -> TrainingJob {
-        let mut j = crds::parse_training_job(&format!(
-            r#"
-apiVersion: weightstream.dev/v1alpha1
-kind: TrainingJob
-metadata: {{name: mnist, namespace: ml, uid: 1234-abcd}}
-spec:
-  cs2: {cs2}
-  model: {{kind: mlp, layers: [784, 64, 10], sparsity: 0.5}}
-  data: {{kind: mnist, path: /data/mnist}}
-  training: {{batchSize: 64, steps: 10, optimizer: {{kind: sgd, learningRate: 0.1}}}}
-  engine: {{preset: tiny}}
-"#
-        ))
-        .expect("valid job");
+        let mut j = crds::testing::mlp_job("mnist", "ml", cs2);
         j.metadata.uid = Some("1234-abcd".into());
         j
     }
@@ -587,9 +574,10 @@ spec:
 
     #[test]
     fn the_pods_follow_the_plans_tree() {
-        let j = job(5);
-        let d = build(&j, &settings(false), 5);
-        let (plan, _) = plan(&j, 5, 2).unwrap();
+        let j = job(8);
+        let d = build(&j, &settings(false), 8);
+        let (plan, _) = plan(&j, 8, 2).unwrap();
+        assert_eq!(plan.swarmx.depth(), 3);
         let names: Vec<String> = role_pods(&d, Role::Swarmx).iter().map(|p| p.name_any()).collect();
         let want: Vec<String> = plan.swarmx.nodes().map(|n| names::swarmx("mnist", n.level, n.index)).collect();
         assert_eq!(names, want);

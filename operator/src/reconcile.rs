@@ -511,11 +511,7 @@ mod tests {
     }
 
     fn desired(n: u32) -> Vec<Pod> {
-        let mut j = crds::parse_training_job(
-            "apiVersion: weightstream.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: j, namespace: ns}\nspec:\n  cs2: 2\n  model: {kind: mlp, layers: [784, 8, 10]}\n  data: {kind: mnist, path: /d}\n  training: {batchSize: 8, steps: 1, optimizer: {kind: sgd, learningRate: 0.1}}\n",
-        )
-        .unwrap();
-        j.metadata.uid = Some("u".into());
+        let j = crds::testing::mlp_job("j", "ns", 2);
         let s = Settings { default_image: "i".into(), fan_out: 2, request_cs2: false };
         children::desired(&j, &s, n).unwrap().pods
     }

@@ -350,21 +350,9 @@ mod tests {
     use crds::CheckpointRef;
 
     fn job(cs2: u32) -> TrainingJob {
-        let mut j = crds::parse_training_job(&format!(
-            r#"
-apiVersion: weightstream.dev/v1alpha1
-kind: TrainingJob
-metadata: {{name: j, namespace: ns}}
-spec:
-  cs2: {cs2}
-  restartLimit: 2
-  model: {{kind: mlp, layers: [784, 16, 10]}}
-  data: {{kind: mnist, path: /d}}
-  training: {{batchSize: 64, steps: 100, optimizer: {{kind: sgd, learningRate: 0.1}}}}
-  engine: {{preset: tiny}}
-"#
-        ))
-        .unwrap();
+        let mut j = crds::testing::mlp_job("j", "ns", cs2);
+        j.spec.restart_limit = 2;
+        j.spec.training.steps = Some(100);
         j.metadata.generation = Some(1);
         j
     }

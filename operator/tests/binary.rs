@@ -91,10 +91,8 @@ async fn the_binary_leads_serves_its_endpoints_and_admits_jobs() {
     assert_eq!(lease.spec.and_then(|s| s.holder_identity).as_deref(), Some("replica-a"));
 
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    let job = crds::parse_training_job(
-        "apiVersion: weightstream.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: bin}\nspec:\n  cs2: 2\n  model: {kind: mlp, layers: [784, 32, 10]}\n  data: {kind: mnist, path: /data}\n  training: {batchSize: 32, steps: 10, optimizer: {kind: sgd, learningRate: 0.1}}\n  engine: {preset: tiny}\n",
-    )
-    .unwrap();
+    let mut job = crds::testing::mlp_job("bin", &ns, 2);
+    job.metadata.uid = None;
     jobs.create(&PostParams::default(), &job).await.unwrap();
     // No MemoryX answers here (no data plane), so the job is admitted and waits, saying why.
     let status = until("the job to be admitted", || async {

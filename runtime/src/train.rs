@@ -44,7 +44,8 @@ pub struct EvalReport {
 pub struct Summary {
     /// Optimizer steps run.
     pub steps: u64,
-    /// Mean loss of the last step.
+    /// Mean loss of the last step (NaN, written as `null`, when a resumed run had no step left to run).
+    #[serde(deserialize_with = "nan_if_null")]
     pub final_loss: f64,
     /// Held-out evaluation after training.
     pub eval: EvalReport,
@@ -74,6 +75,11 @@ pub struct Summary {
     /// Lines of text decoded from the trained model (`--sample N`, language models only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub samples: Vec<String>,
+}
+
+/// JSON has no NaN: serde_json writes it as `null`, and this reads it back.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// Streams one pass's layers in the given order on a helper thread, one ahead of the consumer: the

@@ -76,6 +76,18 @@ pub fn start(args: &CommonArgs) {
     }
 }
 
+/// A role program's exit: success, or the error on standard error and a failure status. Every program (and
+/// `wsctl node`) ends through here, so they report alike.
+pub fn exit(result: crate::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Binds `addr` for `role`'s `what` endpoint. The caller announces the bound addresses with
 /// [`Handshake::Ready`] once all its listeners are up.
 pub async fn bind(addr: SocketAddr, role: Role, what: &str) -> crate::Result<tokio::net::TcpListener> {

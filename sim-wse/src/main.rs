@@ -4,11 +4,5 @@
 use crds::contract::{EngineArgs, RoleArgs};
 
 fn main() -> std::process::ExitCode {
-    match sim_wse::node::main(EngineArgs::parse()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    runtime::transport::exit(sim_wse::node::main(EngineArgs::parse()))
 }

@@ -240,7 +240,11 @@ mod tests {
             check(&engine_args(job, "j-1", i));
         }
         for node in tree.nodes() {
-            let children = node.children.iter().map(|c| format!("http://127.0.0.1:1/{c:?}")).collect();
+            let port = |c: &SwarmxChild| match *c {
+                SwarmxChild::Engine(e) => 20_000 + e as usize,
+                SwarmxChild::Swarmx { level, index } => 30_000 + 100 * level + index,
+            };
+            let children = node.children.iter().map(|c| format!("http://127.0.0.1:{}", port(c))).collect();
             check(&swarmx_args(job, "j-1", children));
         }
         let appliance = Appliance::new(job.into(), "j-1".into(), std::env::temp_dir().join("ws-local-test-logs")).unwrap();

@@ -3,6 +3,7 @@
 
 mod common;
 use common::repo;
+use crds::contract::Handshake;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -92,6 +93,40 @@ fn one_two_and_four_engines_give_the_same_curve() {
     assert!(pgrep_nodes(&dir).is_empty(), "no process is left behind");
 }
 
+/// `--in-process` runs through the same driver as MemoryX's program: it runs pipelined when the model fits,
+/// writes its checkpoints, and its per-step loss equals the process run's (within 1e-6 relative) in both
+/// execution modes.
+#[test]
+fn in_process_runs_checkpoint_and_match_the_processes_in_both_modes() {
+    let dir = scratch("in-process-driver");
+    for mode in ["auto", "weightStreaming"] {
+        let job = dir.join(format!("{mode}.yaml"));
+        std::fs::write(&job, JOB.to_string() + &format!("  executionMode: {mode}\n")).unwrap();
+        let (inp, procs) = (dir.join(format!("{mode}-in-process")), dir.join(format!("{mode}-processes")));
+        let ck = |d: &Path| d.join("checkpoints");
+        wsctl_run(&job, &inp, &["--in-process", "--checkpoint-dir", ck(&inp).to_str().unwrap()]);
+        wsctl_run(&job, &procs, &["--checkpoint-dir", ck(&procs).to_str().unwrap()]);
+        let (a, b) = (losses(&inp), losses(&procs));
+        assert_eq!(a.len(), 24);
+        for ((sa, la), (sb, lb)) in a.iter().zip(&b) {
+            assert_eq!(sa, sb);
+            assert!((la - lb).abs() <= 1e-6 * lb.abs(), "{mode}: step {sa}: in-process {la} vs processes {lb}");
+        }
+        let want = if mode == "auto" { "pipelined" } else { "weightStreaming" };
+        for out in [&inp, &procs] {
+            let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+            assert_eq!(summary["execution_mode"], want, "{}", out.display());
+            // intervalSteps 5 and keep 2 over 24 steps: 20 and the final 24 remain.
+            let mut files: Vec<String> = std::fs::read_dir(ck(out)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+            files.sort();
+            assert_eq!(files, ["step-00000020.safetensors", "step-00000024.safetensors"], "{}", out.display());
+        }
+        // A rerun of the in-process job resumes from its last checkpoint, as the processes do: nothing is left.
+        wsctl_run(&job, &inp, &["--in-process", "--checkpoint-dir", ck(&inp).to_str().unwrap()]);
+        assert_eq!(losses(&inp), a, "the resumed in-process run keeps its metrics");
+    }
+}
+
 /// Processes of ours still running with a job file under `dir`.
 fn pgrep_nodes(dir: &Path) -> Vec<String> {
     let out = Command::new("pgrep").arg("-fa").arg(dir.to_str().unwrap()).output().expect("pgrep");
@@ -126,16 +161,22 @@ fn start(role: &str, job: &Path, args: &[&str]) -> (Child, BufReader<ChildStdout
     (child, out)
 }
 
-fn node(role: &str, job: &Path, args: &[&str]) -> Node {
-    let (child, mut out) = start(role, job, args);
+/// Reads a role's standard output up to its ready handshake: its gRPC and HTTP addresses.
+fn ready(role: &str, out: &mut BufReader<ChildStdout>) -> (Option<String>, String) {
     let mut line = String::new();
     loop {
         line.clear();
         assert!(out.read_line(&mut line).expect("read") > 0, "{role} exited before listening");
-        if let Some(addr) = line.trim().strip_prefix(&format!("{role} grpc listening on ")) {
-            return Node { child, addr: addr.to_string(), _stdout: out };
+        if let Some(Handshake::Ready { grpc, http, .. }) = Handshake::from_line(line.trim()) {
+            return (grpc.map(|a| a.to_string()), http.to_string());
         }
     }
+}
+
+fn node(role: &str, job: &Path, args: &[&str]) -> Node {
+    let (child, mut out) = start(role, job, args);
+    let (grpc, _) = ready(role, &mut out);
+    Node { child, addr: grpc.expect("a gRPC address"), _stdout: out }
 }
 
 /// Runs a job of `cs2` engines (`mode` appended to its spec) as separate processes, kills the last engine a
@@ -170,7 +211,7 @@ fn kill_and_replace_an_engine(name: &str, cs2: usize, mode: &str) -> String {
     loop {
         line.clear();
         assert!(progress.read_line(&mut line).unwrap() > 0, "memoryx ended early");
-        if line.contains("\"step\":6,") {
+        if matches!(Handshake::from_line(line.trim()), Some(Handshake::Progress(p)) if p.step == 6) {
             break;
         }
     }
@@ -274,27 +315,10 @@ fn every_server_has_health_and_metrics() {
     let job = dir.join("job.yaml");
     std::fs::write(&job, JOB.replace("intervalSteps: 5", "intervalSteps: 0")).unwrap();
     let (mut engine, mut out) = start("engine", &job, &[]);
-    let (mut grpc, mut http) = (String::new(), String::new());
-    let mut line = String::new();
-    while grpc.is_empty() || http.is_empty() {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "engine exited");
-        if let Some(a) = line.trim().strip_prefix("engine grpc listening on ") {
-            grpc = a.to_string();
-        }
-        if let Some(a) = line.trim().strip_prefix("engine http listening on ") {
-            http = a.to_string();
-        }
-    }
+    let (grpc, http) = ready("engine", &mut out);
+    let grpc = grpc.expect("the engine serves gRPC");
     let (mut swarmx, mut sout) = start("swarmx", &job, &["--children", &format!("http://{grpc}")]);
-    let mut shttp = String::new();
-    while shttp.is_empty() {
-        line.clear();
-        assert!(sout.read_line(&mut line).unwrap() > 0, "swarmx exited");
-        if let Some(a) = line.trim().strip_prefix("swarmx http listening on ") {
-            shttp = a.to_string();
-        }
-    }
+    let (_, shttp) = ready("swarmx", &mut sout);
     assert!(http_get(&http, "/healthz").ends_with("ok"));
     std::thread::sleep(std::time::Duration::from_millis(1200));
     let metrics = http_get(&http, "/metrics");

@@ -10,20 +10,7 @@ fn scratch(name: &str) -> PathBuf {
     common::scratch("test", name)
 }
 
-const SMALL: &str = r#"
-apiVersion: weightstream.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: small}
-spec:
-  cs2: 2
-  model: {kind: mlp, layers: [784, 32, 10], sparsity: 0.5}
-  data: {kind: mnist, path: examples/data/mnist}
-  training:
-    batchSize: 64
-    steps: 30
-    seed: 3
-    optimizer: {kind: adam, learningRate: 0.002}
-"#;
+const SMALL: &str = crds::testing::MLP_YAML;
 
 fn summary(out: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(out.join("summary.json")).expect("summary.json written");

@@ -4,11 +4,5 @@
 use crds::contract::{MemoryxArgs, RoleArgs};
 
 fn main() -> std::process::ExitCode {
-    match runtime::memoryx::node::main(MemoryxArgs::parse()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    runtime::transport::exit(runtime::memoryx::node::main(MemoryxArgs::parse()))
 }

@@ -4,11 +4,5 @@
 use crds::contract::{SwarmxArgs, RoleArgs};
 
 fn main() -> std::process::ExitCode {
-    match runtime::swarmx::node::main(SwarmxArgs::parse()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    runtime::transport::exit(runtime::swarmx::node::main(SwarmxArgs::parse()))
 }
