@@ -279,7 +279,6 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
 fn decide(job: &TrainingJob, all: &[TrainingJob], r: &Reading, ctx: &Context, now: Timestamp) -> (status::Decision, PodCensus) {
     let claims: Vec<Claim> = all.iter().map(Claim::of).collect();
     let (pool_size, _) = r.pool.unwrap_or((0, false));
-    ctx.shared.metrics.set_pool(pool_size, claims.iter().map(|c| c.holds).sum());
     let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
     let admission = (holds == 0).then(|| match r.pool {
@@ -340,11 +339,13 @@ async fn write_status(ctx: &Context, job: &TrainingJob, status: &TrainingJobStat
 /// on it: different jobs reconcile concurrently.
 async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
-    let reading = read(&job, &ctx).await?;
     let Some((mut job, mut all)) = fresh(&job, &ctx).await? else { return Ok(Action::await_change()) };
     if job.metadata.deletion_timestamp.is_some() {
         return Ok(Action::requeue(Duration::from_millis(100)));
     }
+    let reading = read(&job, &ctx).await?;
+    let (pool_size, _) = reading.pool.unwrap_or((0, false));
+    ctx.shared.metrics.set_pool(pool_size, all.iter().map(|j| Claim::of(j).holds).sum());
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
     let claims_more = |d: &status::Decision| d.status.allocated_cs2.unwrap_or(0) > holds;
     let (mut decision, mut pods) = decide(&job, &all, &reading, &ctx, Timestamp::now());

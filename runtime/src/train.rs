@@ -326,7 +326,7 @@ pub fn run(
     while step < total {
         let step_started = Instant::now();
         let outcome = retry.retry(
-            &format!("step {}", step + 1),
+            "step",
             || {
                 let swarm = &mut **fabric.borrow_mut();
                 match mode {
