@@ -318,7 +318,7 @@ async fn fresh(job: &TrainingJob, ctx: &Context) -> Result<Option<(TrainingJob, 
 /// Writes `status` as a compare-and-swap on the job's resourceVersion: a status computed from a stale read is
 /// refused (409) and the pass is redone from a fresh read, so a counter such as `restarts` or a claim on CS-2s
 /// is never written twice.
-async fn write_status(ctx: &Context, job: &TrainingJob, status: &TrainingJobStatus) -> Result<(), Error> {
+async fn write_status(ctx: &Context, job: &TrainingJob, status: &TrainingJobStatus) -> Result<TrainingJob, Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
     let patch = serde_json::json!({
@@ -327,16 +327,16 @@ async fn write_status(ctx: &Context, job: &TrainingJob, status: &TrainingJobStat
         "metadata": { "name": job.name_any(), "resourceVersion": job.resource_version() },
         "status": status,
     });
-    api.patch_status(&job.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?;
-    Ok(())
+    Ok(api.patch_status(&job.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?)
 }
 
 /// One pass as a pipeline: read → decide (pure) → (claim) → apply the children built once → status → event.
 ///
-/// A decision that takes CS-2s from the pool (admission, growth) is made again and written inside a short
-/// critical section — one list of the jobs and one compare-and-swap of this job's status — before any child
-/// is created, so two jobs never both take the last free CS-2s, and nothing else (MemoryX, the children) waits
-/// on it: different jobs reconcile concurrently.
+/// A decision that takes CS-2s from the pool (admission, growth) is made again and its claim (the allocation
+/// alone) written inside a short critical section — one list of the jobs and one compare-and-swap of this job's
+/// status — before any child is created, so two jobs never both take the last free CS-2s, and nothing else
+/// (MemoryX, the children) waits on it: different jobs reconcile concurrently. The rest of the status, the
+/// phase above all, follows once the children are applied.
 async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
     let Some((mut job, mut all)) = fresh(&job, &ctx).await? else { return Ok(Action::await_change()) };
@@ -349,7 +349,6 @@ async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
     let claims_more = |d: &status::Decision| d.status.allocated_cs2.unwrap_or(0) > holds;
     let (mut decision, mut pods) = decide(&job, &all, &reading, &ctx, Timestamp::now());
-    let mut written = false;
     if claims_more(&decision) {
         let _claim = ctx.admission.lock().await;
         let Some(again) = fresh(&job, &ctx).await? else { return Ok(Action::await_change()) };
@@ -360,8 +359,11 @@ async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error
         }
         (decision, pods) = decide(&job, &all, &reading, &ctx, Timestamp::now());
         if claims_more(&decision) {
-            write_status(&ctx, &job, &decision.status).await?;
-            written = true;
+            // The claim alone: the CS-2s are the job's from here on, but its phase moves on only once its
+            // children exist, so a job is never seen Starting with part of its gang.
+            let mut claim = job.status.clone().unwrap_or_default();
+            claim.allocated_cs2 = decision.status.allocated_cs2;
+            job = write_status(&ctx, &job, &claim).await?;
         }
     }
 
@@ -387,7 +389,7 @@ async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error
             tracing::warn!(job = %key, error = %e, "asking MemoryX for a checkpoint failed");
         }
     }
-    if !written && job.status.as_ref() != Some(&decision.status) {
+    if job.status.as_ref() != Some(&decision.status) {
         write_status(&ctx, &job, &decision.status).await?;
     }
     if let Some(t) = &decision.transition {
