@@ -27,7 +27,9 @@ use crate::status::TrainingJobStatus;
     printcolumn = r#"{"name":"Loss","type":"number","jsonPath":".status.loss"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("size(self.metadata.name) <= 40")
-        .message("metadata.name must be at most 40 characters: the appliance's pod names and hostnames extend it")
+        .message("metadata.name must be at most 40 characters: the appliance's pod names and hostnames extend it"),
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')")
+        .message("metadata.name must be a DNS label (lowercase letters, digits and '-', starting with a letter): it names the appliance's pods and their hostnames")
 )]
 #[x_kube(
     validation = Rule::new("self.training.batchSize % self.cs2 == 0")
@@ -176,7 +178,7 @@ pub struct ModelSpec {
     pub kind: ModelKind,
     /// Widths from input to output for an `mlp`, e.g. `[784, 512, 512, 10]`: one weight layer per adjacent pair.
     #[serde(default)]
-    #[schemars(length(max = 64), inner(range(min = 1)))]
+    #[schemars(length(max = 64), inner(range(min = 1, max = 1048576)))]
     pub layers: Vec<u32>,
     /// The non-linearity between layers.
     #[serde(default)]
@@ -310,18 +312,19 @@ pub enum DataKind {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TrainingSpec {
     /// Samples per optimizer step over all CS-2s together.
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 1048576))]
     pub batch_size: u32,
     /// Train for this many optimizer steps (give `steps` or `epochs`, not both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 1000000000))]
     pub steps: Option<u64>,
     /// Train for this many passes over the training set (give `steps` or `epochs`, not both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 100000))]
     pub epochs: Option<u32>,
     /// Seeds initial weights, sparsity masks and data order, so a run can be repeated exactly.
     #[serde(default)]
+    #[schemars(range(max = 9007199254740991u64))]
     pub seed: u64,
     /// The update rule MemoryX applies.
     pub optimizer: OptimizerSpec,
@@ -402,6 +405,7 @@ pub enum OptimizerKind {
 pub struct ScheduleSpec {
     /// Steps over which the rate ramps linearly from near zero to its peak.
     #[serde(default)]
+    #[schemars(range(max = 1000000000))]
     pub warmup_steps: u64,
     /// What happens after warm-up.
     #[serde(default)]
@@ -430,15 +434,16 @@ pub struct CheckpointSpec {
     /// Write a checkpoint every this many steps (0 turns periodic checkpoints off; the final state is always
     /// written when a checkpoint directory is given).
     #[serde(default)]
+    #[schemars(range(max = 1000000000))]
     pub interval_steps: u64,
     /// How many checkpoints to keep; older ones are removed once a newer one is complete.
     #[serde(default = "default_keep")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 1000))]
     pub keep: u32,
     /// Size of MemoryX's checkpoint volume (a Kubernetes quantity such as `1Gi`); it outlives suspension so a
     /// resumed job continues from it.
     #[serde(default = "default_volume_size")]
-    #[schemars(length(min = 1, max = 64))]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"))]
     pub volume_size: String,
     /// Storage class of the checkpoint volume; the cluster's default class when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -474,7 +479,7 @@ pub struct EngineSpec {
     /// Override the preset's on-chip SRAM in bytes, e.g. to check that a model too large for the engine still
     /// trains by weight streaming.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 68719476736u64))]
     pub sram_bytes: Option<u64>,
 }
 

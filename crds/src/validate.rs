@@ -66,8 +66,58 @@ pub fn parse_training_job(text: &str) -> Result<TrainingJob, ApiError> {
         ));
     }
     let job: TrainingJob = serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(syntax)?;
+    if let Some(name) = &job.metadata.name {
+        if !is_dns_label(name) || name.len() > 40 {
+            return Err(invalid(
+                "metadata.name",
+                format!(
+                    "'{name}' cannot name the appliance's pods: use at most 40 lowercase letters, digits and '-', \
+                     starting with a letter (e.g. fc-mnist)"
+                ),
+            ));
+        }
+    }
     job.spec.validate()?;
     Ok(job)
+}
+
+/// The ceilings of the integer fields, the same as the schema's maxima: what the API server refuses, a local run
+/// refuses too, and nothing the operator stores can overflow the types it reads them into.
+pub const MAX_BATCH: u32 = 1 << 20;
+/// Steps of a run, of warm-up, between checkpoints.
+pub const MAX_STEPS: u64 = 1_000_000_000;
+/// Epochs of a run.
+pub const MAX_EPOCHS: u32 = 100_000;
+/// Checkpoints kept.
+pub const MAX_KEEP: u32 = 1000;
+/// The largest seed JSON carries exactly (2^53 - 1).
+pub const MAX_SEED: u64 = (1 << 53) - 1;
+/// More SRAM than any wafer-scale engine has (WSE-3: 44 GB).
+pub const MAX_SRAM_BYTES: u64 = 64 << 30;
+/// A layer's width.
+pub const MAX_WIDTH: u32 = 1 << 20;
+
+/// Whether `s` is a Kubernetes quantity as volume sizes are written: digits, an optional fraction and an optional
+/// binary or decimal suffix (the schema's pattern is the same).
+pub fn is_quantity(s: &str) -> bool {
+    let number_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (number, suffix) = s.split_at(number_end);
+    let mut parts = number.split('.');
+    let whole_ok = parts.next().is_some_and(|w| !w.is_empty());
+    let frac_ok = parts.next().is_none_or(|f| !f.is_empty());
+    whole_ok && frac_ok && parts.next().is_none()
+        && ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E"].contains(&suffix)
+}
+
+/// Whether `name` can name the appliance's pods and be their hostname: a DNS-1035 label (the 40-character
+/// limit is checked beside it).
+pub fn is_dns_label(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_lowercase()
+        && b[b.len() - 1] != b'-'
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
 impl TrainingJobSpec {
@@ -87,14 +137,34 @@ impl TrainingJobSpec {
         if !(-1000..=1000).contains(&self.priority) {
             return Err(invalid("spec.priority", format!("{} is out of range: use -1000 to 1000", self.priority)));
         }
-        if self.checkpoint.volume_size.trim().is_empty() {
-            return Err(invalid("spec.checkpoint.volumeSize", "must be a Kubernetes quantity such as 1Gi"));
+        if !is_quantity(&self.checkpoint.volume_size) {
+            return Err(invalid(
+                "spec.checkpoint.volumeSize",
+                format!("'{}' is not a Kubernetes quantity: write it like 1Gi or 500Mi", self.checkpoint.volume_size),
+            ));
+        }
+        if self.checkpoint.keep > MAX_KEEP {
+            return Err(invalid("spec.checkpoint.keep", format!("{} is out of range: keep 1 to {MAX_KEEP}", self.checkpoint.keep)));
+        }
+        for (field, v) in [
+            ("spec.checkpoint.intervalSteps", self.checkpoint.interval_steps),
+            ("spec.training.schedule.warmupSteps", self.training.schedule.warmup_steps),
+        ] {
+            if v > MAX_STEPS {
+                return Err(invalid(field, format!("{v} is out of range: at most {MAX_STEPS}")));
+            }
         }
         if self.images.runtime.as_deref().is_some_and(|i| i.trim().is_empty()) {
             return Err(invalid("spec.images.runtime", "must name an image; omit it to use the operator's default"));
         }
         if self.engine.sram_bytes == Some(0) {
             return Err(invalid("spec.engine.sramBytes", "must be at least 1 byte; omit it to use the preset's SRAM"));
+        }
+        if let Some(b) = self.engine.sram_bytes.filter(|&b| b > MAX_SRAM_BYTES) {
+            return Err(invalid(
+                "spec.engine.sramBytes",
+                format!("{b} is more SRAM than any engine has (at most {MAX_SRAM_BYTES}, 64 GiB); omit it to use the preset's"),
+            ));
         }
         Ok(())
     }
@@ -119,6 +189,12 @@ impl TrainingJobSpec {
                     return Err(invalid(
                         format!("spec.model.layers[{i}]"),
                         "a layer of width 0 has no units: every width must be at least 1",
+                    ));
+                }
+                if let Some(i) = m.layers.iter().position(|&w| w > MAX_WIDTH) {
+                    return Err(invalid(
+                        format!("spec.model.layers[{i}]"),
+                        format!("{} is wider than any layer can be: at most {MAX_WIDTH}", m.layers[i]),
                     ));
                 }
             }
@@ -187,6 +263,12 @@ impl TrainingJobSpec {
         if t.batch_size == 0 {
             return Err(invalid("spec.training.batchSize", "must be at least 1"));
         }
+        if t.batch_size > MAX_BATCH {
+            return Err(invalid("spec.training.batchSize", format!("{} is out of range: at most {MAX_BATCH}", t.batch_size)));
+        }
+        if t.seed > MAX_SEED {
+            return Err(invalid("spec.training.seed", format!("{} is out of range: at most {MAX_SEED} (2^53 - 1)", t.seed)));
+        }
         if t.batch_size % self.cs2 != 0 {
             return Err(invalid(
                 "spec.training.batchSize",
@@ -203,6 +285,12 @@ impl TrainingJobSpec {
             (None, None) => return Err(invalid("spec.training", "give the length of training as steps or epochs")),
             (Some(0), _) => return Err(invalid("spec.training.steps", "must be at least 1")),
             (_, Some(0)) => return Err(invalid("spec.training.epochs", "must be at least 1")),
+            (Some(n), _) if n > MAX_STEPS => {
+                return Err(invalid("spec.training.steps", format!("{n} is out of range: at most {MAX_STEPS}")));
+            }
+            (_, Some(n)) if n > MAX_EPOCHS => {
+                return Err(invalid("spec.training.epochs", format!("{n} is out of range: at most {MAX_EPOCHS}")));
+            }
             _ => {}
         }
         let o = &t.optimizer;
@@ -268,6 +356,24 @@ mod tests {
         assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  images: {runtime: ' '}")).contains("spec.images.runtime"));
         assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  images: {pullPolicy: Sometimes}")).contains("pullPolicy"));
         assert!(err(&GOOD.replace("kind: mnist", "kind: text")).contains("spec.data.kind"));
+        // The holes a tenant could use to store what nothing can run or read back.
+        for name in ["a.b", "FcMnist", "-x", "x-", "9lives", "a_b"] {
+            assert!(err(&GOOD.replace("{name: small}", &format!("{{name: '{name}'}}"))).contains("metadata.name"), "{name}");
+        }
+        assert!(err(&GOOD.replace("{name: small}", &format!("{{name: {}}}", "a".repeat(41)))).contains("metadata.name"));
+        for size in ["1GB", "1.5.0Gi", "Gi", "-1Gi", "1 Gi"] {
+            let e = err(&GOOD.replace("cs2: 2", &format!("cs2: 2\n  checkpoint: {{volumeSize: '{size}'}}")));
+            assert!(e.contains("spec.checkpoint.volumeSize") && e.contains("quantity"), "{size}: {e}");
+        }
+        assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  engine: {sramBytes: 18446744073709551615}")).contains("more SRAM than any engine"));
+        assert!(err(&GOOD.replace("batchSize: 64", "batchSize: 4294967296")).contains("batchSize"));
+        assert!(err(&GOOD.replace("batchSize: 64", "batchSize: 2097152")).contains("at most 1048576"));
+        assert!(err(&GOOD.replace("steps: 30", "steps: 1000000001")).contains("spec.training.steps"));
+        assert!(err(&GOOD.replace("[784, 32, 10]", "[784, 2000000, 10]")).contains("spec.model.layers[1]"));
+        assert!(err(&GOOD.replace("seed: 3", "seed: 9007199254740992")).contains("spec.training.seed"));
+        for ok in ["1Gi", "500Mi", "1.5Gi", "10G", "1024"] {
+            assert!(is_quantity(ok), "{ok}");
+        }
     }
 
     const GPT: &str = r#"

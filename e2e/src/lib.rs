@@ -142,7 +142,13 @@ pub async fn namespace(client: &Client, prefix: &str) -> Result<String, Error> {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let name = format!("{prefix}-{:x}", nanos % 0xffffff);
     let api: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(serde_json::json!({ "metadata": { "name": name } }))
+    // Every test's jobs run where Pod Security "restricted" is enforced, as on a shared cluster: a pod the
+    // operator builds that breaks a rule is refused by the API server and the test fails.
+    let labels = serde_json::json!({
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    });
+    let ns: Namespace = serde_json::from_value(serde_json::json!({ "metadata": { "name": name, "labels": labels } }))
         .map_err(|e| Error::Kubeconfig(e.to_string()))?;
     api.create(&PostParams::default(), &ns).await?;
     Ok(name)

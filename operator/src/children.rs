@@ -13,8 +13,8 @@ use crds::{PlanStatus, PullPolicy, SwarmxTreeStatus, TrainingJob};
 use runtime::plan::Plan;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, Pod, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, Service, ServicePort,
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, Pod, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort,
     ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -195,10 +195,10 @@ pub fn desired(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<Desir
     let config = config_map(job, cs2)?;
     let config_hash = fnv(&serde_json::to_vec(&config.data).map_err(|e| Error::Serialize(e.to_string()))?);
     let mut pods = swarmx_pods(job, settings, &plan, &config_hash)?;
-    pods.extend(engine_pods(job, settings, cs2, &config_hash)?);
+    pods.extend(engine_pods(job, settings, &plan, &config_hash)?);
     Ok(Desired {
         plan: status,
-        memoryx: memoryx(job, settings, 1, &config_hash)?,
+        memoryx: memoryx(job, settings, &plan, 1, &config_hash)?,
         services: services(job)?,
         config,
         pods,
@@ -343,6 +343,49 @@ fn container<A: RoleArgs>(
         }),
         resources,
         volume_mounts: Some(mounts),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// What the scheduler reserves for a role by default: the memory the plan says it holds, plus room for the
+/// program, its data and its buffers. Only a request: a limit guessed wrong would kill a healthy job, so limits
+/// stay with `spec.resources`, which replaces this default whole.
+fn memory_request(plan_bytes: u64) -> Option<ResourceRequirements> {
+    const PROGRAM: u64 = 128 << 20;
+    let mib = (plan_bytes.saturating_add(PROGRAM)).div_ceil(1 << 20);
+    Some(ResourceRequirements {
+        requests: Some(BTreeMap::from([("memory".to_string(), Quantity(format!("{mib}Mi")))])),
+        ..Default::default()
+    })
+}
+
+/// The user the runtime image runs as (`images/build.sh`); also the group that owns the checkpoint volume.
+pub const RUNTIME_UID: i64 = 65532;
+
+/// A pod spec for `containers` that passes Pod Security "restricted": non-root, the runtime's default seccomp
+/// profile, no service-account token (the data plane never talks to the API server), and the checkpoint
+/// volume's files owned by the runtime's group so MemoryX can write them.
+fn restricted_pod(containers: Vec<Container>, volumes: Vec<Volume>) -> PodSpec {
+    PodSpec {
+        containers,
+        volumes: Some(volumes),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(RUNTIME_UID),
+            run_as_group: Some(RUNTIME_UID),
+            fs_group: Some(RUNTIME_UID),
+            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -371,16 +414,16 @@ pub fn memoryx_args(job: &TrainingJob) -> MemoryxArgs {
 /// pod, so a MemoryX restart, a resume or a rescale continues from the last checkpoint. It is also the job's
 /// coordinator: it drives the training loop through the SwarmX root. `config_hash` is the hash of what it reads
 /// at start: a change (a rescale) rolls it.
-pub fn memoryx(job: &TrainingJob, settings: &Settings, replicas: i32, config_hash: &str) -> Result<StatefulSet, Error> {
+pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, replicas: i32, config_hash: &str) -> Result<StatefulSet, Error> {
     let name = job.name_any();
     let c = container(
         job,
         settings,
         &memoryx_args(job),
-        job.spec.resources.memoryx.clone(),
+        job.spec.resources.memoryx.clone().or_else(|| memory_request(plan.memoryx_bytes)),
         vec![VolumeMount { name: "checkpoints".into(), mount_path: CHECKPOINT_DIR.into(), ..Default::default() }],
     );
-    let pod_spec = PodSpec { containers: vec![c], volumes: Some(vec![config_volume(job)]), ..Default::default() };
+    let pod_spec = restricted_pod(vec![c], vec![config_volume(job)]);
     let hash = spec_hash(&pod_spec)?;
     let claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -458,7 +501,7 @@ fn swarmx_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str
         .nodes()
         .map(|node| {
             let c = container(job, settings, &swarmx_args(job, node), job.spec.resources.swarmx.clone(), vec![]);
-            let spec = PodSpec { containers: vec![c], volumes: Some(vec![config_volume(job)]), ..Default::default() };
+            let spec = restricted_pod(vec![c], vec![config_volume(job)]);
             pod(job, names::swarmx(&name, node.level, node.index), Role::Swarmx, names::swarmx_service(&name), spec, config)
         })
         .collect()
@@ -471,11 +514,15 @@ pub fn engine_args(index: u32) -> EngineArgs {
 
 /// One engine pod per CS-2, named by index so a replacement keeps its identity. It requests one
 /// `weightstream.dev/cs2` when nodes advertise that resource, so the scheduler places it on a CS-2's host.
-fn engine_pods(job: &TrainingJob, settings: &Settings, cs2: u32, config: &str) -> Result<Vec<Pod>, Error> {
+fn engine_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str) -> Result<Vec<Pod>, Error> {
+    let cs2 = plan.cs2;
+    // An engine holds its SRAM's worth at most, and a pipelined one MemoryX's state besides (its replica).
+    let replica = if plan.execution_mode == crds::ExecutionMode::Pipelined { plan.memoryx_bytes } else { 0 };
+    let default = memory_request(plan.peak_engine_bytes + replica);
     let name = job.name_any();
     (0..cs2)
         .map(|i| {
-            let mut resources = job.spec.resources.engine.clone().unwrap_or_default();
+            let mut resources = job.spec.resources.engine.clone().or_else(|| default.clone()).unwrap_or_default();
             if settings.request_cs2 {
                 let one = Quantity("1".into());
                 resources.limits.get_or_insert_with(BTreeMap::new).insert(CS2_RESOURCE.into(), one.clone());
@@ -483,7 +530,7 @@ fn engine_pods(job: &TrainingJob, settings: &Settings, cs2: u32, config: &str) -
             }
             let resources = (resources != ResourceRequirements::default()).then_some(resources);
             let c = container(job, settings, &engine_args(i), resources, vec![]);
-            let spec = PodSpec { containers: vec![c], volumes: Some(vec![config_volume(job)]), ..Default::default() };
+            let spec = restricted_pod(vec![c], vec![config_volume(job)]);
             pod(job, names::engine(&name, i), Role::Engine, names::engine_service(&name), spec, config)
         })
         .collect()
@@ -572,6 +619,64 @@ mod tests {
         }
     }
 
+    /// The checks of Pod Security "restricted" (v1.34) that a pod spec can fail, as the API server applies them.
+    fn restricted_violations(spec: &PodSpec) -> Vec<String> {
+        let mut v = Vec::new();
+        let pod = spec.security_context.clone().unwrap_or_default();
+        let seccomp = |p: &Option<SeccompProfile>| p.as_ref().map(|p| p.type_.as_str());
+        if spec.host_network == Some(true) || spec.host_pid == Some(true) || spec.host_ipc == Some(true) {
+            v.push("host namespaces".into());
+        }
+        for vol in spec.volumes.iter().flatten() {
+            let allowed = vol.config_map.is_some() || vol.secret.is_some() || vol.empty_dir.is_some()
+                || vol.persistent_volume_claim.is_some() || vol.projected.is_some() || vol.downward_api.is_some();
+            if !allowed {
+                v.push(format!("volume {} of a restricted type", vol.name));
+            }
+        }
+        for c in &spec.containers {
+            let sc = c.security_context.clone().unwrap_or_default();
+            if sc.allow_privilege_escalation != Some(false) {
+                v.push(format!("{}: allowPrivilegeEscalation", c.name));
+            }
+            if sc.privileged == Some(true) {
+                v.push(format!("{}: privileged", c.name));
+            }
+            let drops_all = sc.capabilities.as_ref().and_then(|k| k.drop.as_ref()).is_some_and(|d| d.iter().any(|x| x == "ALL"));
+            let adds = sc.capabilities.as_ref().and_then(|k| k.add.as_ref()).is_some_and(|a| a.iter().any(|x| x != "NET_BIND_SERVICE"));
+            if !drops_all || adds {
+                v.push(format!("{}: capabilities", c.name));
+            }
+            if sc.run_as_non_root.or(pod.run_as_non_root) != Some(true) {
+                v.push(format!("{}: runAsNonRoot", c.name));
+            }
+            if sc.run_as_user.or(pod.run_as_user) == Some(0) {
+                v.push(format!("{}: runAsUser 0", c.name));
+            }
+            if !matches!(seccomp(&sc.seccomp_profile).or(seccomp(&pod.seccomp_profile)), Some("RuntimeDefault" | "Localhost")) {
+                v.push(format!("{}: seccompProfile", c.name));
+            }
+            if c.ports.iter().flatten().any(|p| p.host_port.is_some()) {
+                v.push(format!("{}: hostPort", c.name));
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn every_pod_passes_pod_security_restricted() {
+        let d = build(&job(4), &settings(true), 4);
+        let mut specs = vec![d.memoryx.spec.clone().unwrap().template.spec.unwrap()];
+        specs.extend(d.pods.iter().map(|p| p.spec.clone().unwrap()));
+        assert_eq!(specs.len(), 1 + 3 + 4);
+        for spec in specs {
+            assert_eq!(restricted_violations(&spec), Vec::<String>::new(), "{:?}", spec.hostname);
+            assert_eq!(spec.automount_service_account_token, Some(false), "no API token in the data plane");
+            assert!(spec.containers.iter().all(|c| c.security_context.as_ref().and_then(|s| s.read_only_root_filesystem) == Some(true)));
+            assert_eq!(spec.security_context.and_then(|s| s.fs_group), Some(RUNTIME_UID), "MemoryX can write its volume");
+        }
+    }
+
     #[test]
     fn the_pods_follow_the_plans_tree() {
         let j = job(8);
@@ -600,7 +705,9 @@ mod tests {
         assert_eq!(spec.hostname.as_deref(), Some("mnist-engine-2"));
         assert_eq!(spec.subdomain.as_deref(), Some("mnist-engine"));
         assert_eq!(spec.containers[0].command.as_ref().unwrap(), &["sim-wse"]);
-        assert!(spec.containers[0].resources.is_none(), "no cs2 request when no node advertises it");
+        let r = spec.containers[0].resources.clone().expect("a memory request from the plan");
+        assert!(r.requests.as_ref().is_some_and(|q| q.contains_key("memory") && !q.contains_key(CS2_RESOURCE)), "no cs2 request when no node advertises it");
+        assert!(r.limits.is_none());
     }
 
     #[test]

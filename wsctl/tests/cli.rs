@@ -99,6 +99,29 @@ fn refused(name: &str, manifest: &str, needle: &str) {
     assert!(lines[0].starts_with("error: ") && lines[0].contains(needle), "{name}: `{needle}` not in {stderr}");
 }
 
+/// Every example the API server refuses (`examples/jobs/invalid/`), `wsctl plan` and `wsctl run` refuse too,
+/// each with one error line naming the field.
+#[test]
+fn the_invalid_examples_are_refused_locally_with_one_line() {
+    let dir = repo().join("examples/jobs/invalid");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|x| x.to_str()) != Some("yaml") {
+            continue;
+        }
+        let name = path.file_stem().unwrap().to_string_lossy().to_string();
+        let text = std::fs::read_to_string(&path).unwrap();
+        refused(&name, &text, "");
+        let o = wsctl(&["plan", path.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert!(!o.status.success() && lines.len() == 1 && lines[0].starts_with("error: "), "plan {name}: {stderr}");
+        seen += 1;
+    }
+    assert!(seen >= 6, "the invalid examples: {seen}");
+}
+
 #[test]
 fn bad_input_gets_one_clear_error() {
     refused("yaml", "apiVersion: [weightstream", "invalid TrainingJob manifest");
