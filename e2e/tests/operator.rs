@@ -552,14 +552,24 @@ async fn too_many_failures_fail_the_job_and_free_its_cs2s() {
     assert_eq!(jobs.get("flaky").await.ok().and_then(|j| j.status).map(|s| s.restarts), Some(1));
     // Second failure: MemoryX's container restarts (its StatefulSet's pod, played here by hand as there is no
     // StatefulSet controller). That exceeds restartLimit = 1.
-    let memoryx: Pod = ok(
-        serde_json::from_value(serde_json::json!({
-            "metadata": { "name": "flaky-memoryx-0", "labels": {
-                "weightstream.dev/job": "flaky", "weightstream.dev/role": "memoryx" } },
-            "spec": { "containers": [ { "name": "memoryx", "image": "weightstream/runtime:0.1.0" } ] }
-        })),
-        "memoryx pod",
-    );
+    // Made from the StatefulSet's template, as the controller would: the namespace enforces Pod Security
+    // "restricted", so this also shows the template passes it.
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let template = ok(sets.get("flaky-memoryx").await, "memoryx statefulset").spec.map(|s| s.template).unwrap_or_default();
+    let memoryx = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("flaky-memoryx-0".into()),
+            labels: template.metadata.and_then(|m| m.labels),
+            ..Default::default()
+        },
+        // The controller would add the claim's volume; an emptyDir stands in for it.
+        spec: template.spec.map(|mut spec| {
+            let scratch = serde_json::json!({ "name": "checkpoints", "emptyDir": {} });
+            spec.volumes.get_or_insert_with(Vec::new).push(ok(serde_json::from_value(scratch), "volume"));
+            spec
+        }),
+        ..Default::default()
+    };
     ok(pods.create(&PostParams::default(), &memoryx).await, "create memoryx pod");
     let restarted = serde_json::json!({ "status": { "phase": "Running", "containerStatuses": [ {
         "name": "memoryx", "image": "weightstream/runtime:0.1.0", "imageID": "", "ready": true, "restartCount": 1,

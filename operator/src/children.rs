@@ -623,7 +623,9 @@ mod tests {
     fn restricted_violations(spec: &PodSpec) -> Vec<String> {
         let mut v = Vec::new();
         let pod = spec.security_context.clone().unwrap_or_default();
-        let seccomp = |p: &Option<SeccompProfile>| p.as_ref().map(|p| p.type_.as_str());
+        fn seccomp(p: &Option<SeccompProfile>) -> Option<&str> {
+            p.as_ref().map(|p| p.type_.as_str())
+        }
         if spec.host_network == Some(true) || spec.host_pid == Some(true) || spec.host_ipc == Some(true) {
             v.push("host namespaces".into());
         }
