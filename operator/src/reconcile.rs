@@ -40,6 +40,8 @@ pub struct Context {
     pub admission: tokio::sync::Mutex<()>,
     /// Metrics and readiness.
     pub shared: Shared,
+    /// Failed passes in a row per job (by uid), for the error policy's backoff; cleared by a good pass.
+    pub failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     /// Publishes Events on phase changes.
     pub recorder: Recorder,
 }
@@ -77,6 +79,7 @@ pub async fn run(
         admission: tokio::sync::Mutex::new(()),
         shared: shared.clone(),
         recorder,
+        failures: Default::default(),
     });
     let children = watcher::Config::default().labels(JOB_LABEL);
     let controller = Controller::new(jobs, watcher::Config::default());
@@ -121,6 +124,7 @@ pub async fn run(
 /// or, when it is being deleted, removes its children.
 pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
+    let uid = job.uid();
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
     let result = finalizer(&api, FINALIZER, job, |event| async {
@@ -137,14 +141,37 @@ pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Actio
         other => Error::Finalizer(other.to_string()),
     });
     ctx.shared.metrics.observe(result.is_ok(), started.elapsed());
+    if result.is_ok() {
+        if let (Ok(mut f), Some(uid)) = (ctx.failures.lock(), uid) {
+            f.remove(&uid);
+        }
+    }
     result
 }
 
 /// Retries a failed pass: conflicts at once (someone else wrote first; the next pass reads their write),
-/// anything else after a short pause.
-pub fn error_policy(job: Arc<TrainingJob>, error: &Error, _ctx: Arc<Context>) -> Action {
+/// anything else after a pause that doubles with each failure in a row of that job, so one job that keeps
+/// failing (an API server refusing its objects) does not crowd out the others.
+pub fn error_policy(job: Arc<TrainingJob>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(job = %job.name_any(), error = %error, "reconcile error");
-    if error.is_conflict() { Action::requeue(Duration::from_millis(200)) } else { Action::requeue(Duration::from_secs(2)) }
+    if error.is_conflict() {
+        return Action::requeue(Duration::from_millis(200));
+    }
+    let failures = match ctx.failures.lock() {
+        Ok(mut f) => {
+            let n = f.entry(job.uid().unwrap_or_default()).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        }
+        Err(_) => 1,
+    };
+    Action::requeue(backoff(failures))
+}
+
+/// The pause before retrying a job after its `failures`-th failure in a row: 2 s, doubling, at most 5 minutes.
+pub fn backoff(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    Duration::from_secs(2).saturating_mul(1 << doublings).min(Duration::from_secs(300))
 }
 
 /// The CS-2 pool: the sum of the nodes' allocatable `weightstream.dev/cs2`, or the configured size when no
@@ -517,6 +544,14 @@ mod tests {
         let j = crds::testing::mlp_job("j", "ns", 2);
         let s = Settings { default_image: "i".into(), fan_out: 2, request_cs2: false };
         children::desired(&j, &s, n).unwrap().pods
+    }
+
+    #[test]
+    fn failures_back_off_exponentially_to_a_ceiling() {
+        let pauses: Vec<u64> = (1..=10).map(|n| backoff(n).as_secs()).collect();
+        assert_eq!(pauses, [2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!(backoff(u32::MAX), Duration::from_secs(300));
+        assert_eq!(backoff(0), Duration::from_secs(2));
     }
 
     #[test]

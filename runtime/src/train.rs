@@ -178,7 +178,7 @@ pub fn total_steps(training: &crds::TrainingSpec, samples: usize) -> Result<u64>
 /// How a run reacts to an engine or fabric that drops out mid-step.
 #[derive(Clone, Copy, Debug)]
 pub struct RetryPolicy {
-    /// Attempts at one step before the run fails.
+    /// Attempts at one step before the run fails; the run also gives up once `attempts × pause` has passed.
     pub attempts: u32,
     /// Pause between attempts, while the lost component comes back.
     pub pause: std::time::Duration,
@@ -195,9 +195,12 @@ impl RetryPolicy {
         mut recover: impl FnMut() -> Result<bool>,
     ) -> Result<Option<T>> {
         let mut n = 1;
+        // The attempts bound the time too: a component that fails slowly (a frozen peer found by its missed
+        // pings) must not stretch `attempts` pauses into hours.
+        let give_up_at = Instant::now() + self.pause * self.attempts;
         loop {
             match attempt() {
-                Err(Error::Unavailable(why)) if n < self.attempts => {
+                Err(Error::Unavailable(why)) if n < self.attempts && Instant::now() < give_up_at => {
                     tracing::warn!(attempt = n, "{what} aborted, rerunning: {why}");
                     n += 1;
                     std::thread::sleep(self.pause);

@@ -110,6 +110,12 @@ pub fn announce_ready(
 /// window updates on every 64 KiB.
 pub const WINDOW: u32 = 8 << 20;
 
+/// How often every gRPC connection pings its peer, idle or not.
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a ping may go unanswered before the peer counts as lost: generous, so a busy machine is not taken
+/// for a dead one, and short enough that a frozen engine costs a step, not the job.
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// HTTP/2 frame size: large frames carry a layer in a few frames instead of one per 16 KiB.
 pub const FRAME: u32 = (1 << 20) - 1;
 
@@ -122,6 +128,8 @@ pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20);
     tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .tcp_nodelay(true)
         .initial_stream_window_size(WINDOW)
         .initial_connection_window_size(4 * WINDOW)

@@ -258,6 +258,60 @@ fn when_the_only_replica_is_lost_the_run_goes_back_to_memoryx_and_reruns() {
     assert!(log.contains("rerunning from MemoryX's copy"), "the lost steps were rerun from MemoryX's copy: {log}");
 }
 
+/// An engine that stops answering without dying (SIGSTOP: a hung host, a silent partition) is found by its
+/// missed keepalive pings; MemoryX reruns the step while it may come back and then fails naming the engine's
+/// address, within its deadline, instead of hanging while holding every CS-2.
+#[test]
+fn a_frozen_engine_is_detected_and_named_within_the_deadline() {
+    let dir = scratch("frozen");
+    let job = dir.join("job.yaml");
+    std::fs::write(&job, JOB.replace("cs2: 1", "cs2: 2").replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 100000")).unwrap();
+    let engines: Vec<Node> = (0..2).map(|i| node("engine", &job, &["--index", &i.to_string()])).collect();
+    let children: Vec<String> = engines.iter().map(|e| format!("http://{}", e.addr)).collect();
+    let sx = node("swarmx", &job, &["--children", &children.join(",")]);
+    let log = dir.join("memoryx.log");
+    let mut mx = Command::new(env!("CARGO_BIN_EXE_wsctl"))
+        .args(["node", "memoryx", "--job"])
+        .arg(&job)
+        .args(["--swarmx", &format!("http://{}", sx.addr), "--progress", "--retry-seconds", "10"])
+        .current_dir(repo())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut progress = BufReader::new(mx.stdout.take().unwrap());
+    let mut line = String::new();
+    while !matches!(Handshake::from_line(line.trim()), Some(Handshake::Progress(p)) if p.step >= 3) {
+        line.clear();
+        assert!(progress.read_line(&mut line).unwrap() > 0, "memoryx ended early");
+    }
+    let frozen = engines[1].child.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &frozen]).status().unwrap().success());
+    std::thread::spawn(move || for _ in progress.lines() {});
+    let stopped_at = std::time::Instant::now();
+    // Keepalive (5 s pings, 20 s timeout) finds the first loss; the 10 s retry deadline ends the run after it.
+    let limit = std::time::Duration::from_secs(90);
+    let status = loop {
+        if let Some(s) = mx.try_wait().unwrap() {
+            break Some(s);
+        }
+        if stopped_at.elapsed() > limit {
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let _ = Command::new("kill").args(["-CONT", &frozen]).status();
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    let Some(status) = status else {
+        let _ = mx.kill();
+        panic!("MemoryX still waits {limit:?} after its engine froze: {stderr}");
+    };
+    assert!(!status.success(), "the run cannot finish without its engine");
+    let last = stderr.lines().rev().find(|l| l.starts_with("error:")).unwrap_or_default();
+    assert!(last.contains(&engines[1].addr), "the error names the frozen engine ({}): {last}", engines[1].addr);
+    drop((engines, sx));
+}
+
 #[test]
 fn memoryx_restarts_from_its_checkpoint() {
     let dir = scratch("memoryx-restart");

@@ -66,22 +66,64 @@ pub fn to_bytes(step: u64, tensors: &Tensors, job: &str) -> Result<Vec<u8>> {
     safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| Error::Protocol(format!("serialising checkpoint: {e}")))
 }
 
-/// Writes a checkpoint of `step` into `dir` atomically and keeps only the newest `keep`. Returns its path.
+/// Writes a checkpoint of `step` into `dir` atomically and keeps only the newest `keep` *readable* ones.
+/// Returns its path.
+///
+/// Nothing already written is lost: the file goes to a temporary name first (removed again if the write fails,
+/// a full disk above all, so no stale temp file is left to fill the volume), then is renamed into place; only
+/// then are older checkpoints pruned, and a damaged one is deleted only when `keep` good ones newer than it
+/// exist, so retention never leaves fewer good checkpoints than it found.
 pub fn write(dir: &Path, step: u64, tensors: &Tensors, job: &str, keep: usize) -> Result<PathBuf> {
     fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating checkpoint directory {}", dir.display()), e))?;
+    remove_stale_temp_files(dir);
     let data = to_bytes(step, tensors, job)?;
     let path = path_for(dir, step);
     let tmp = dir.join(format!(".{PREFIX}{step:08}{SUFFIX}.tmp"));
-    let mut file = fs::File::create(&tmp).map_err(|e| Error::io(format!("creating {}", tmp.display()), e))?;
-    file.write_all(&data).and_then(|()| file.sync_all()).map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
-    fs::rename(&tmp, &path).map_err(|e| Error::io(format!("renaming {} into place", tmp.display()), e))?;
+    let written = fs::File::create(&tmp)
+        .and_then(|mut file| file.write_all(&data).and_then(|()| file.sync_all()))
+        .and_then(|()| fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        let hint = if e.kind() == std::io::ErrorKind::StorageFull {
+            "; the checkpoint volume is full: raise spec.checkpoint.volumeSize or lower spec.checkpoint.keep (the last good checkpoint is kept)"
+        } else {
+            ""
+        };
+        return Err(Error::io(format!("writing checkpoint {}{hint}", path.display()), e));
+    }
     if let Ok(d) = fs::File::open(dir) {
         let _ = d.sync_all();
     }
-    for (_, old) in list(dir)?.into_iter().skip(keep.max(1)) {
-        let _ = fs::remove_file(old);
-    }
+    prune(dir, keep.max(1), &path)?;
     Ok(path)
+}
+
+/// Keeps the newest `keep` readable checkpoints; older files go, readable or not, but a damaged file newer than
+/// the `keep`-th good one stays (it may be a write still being checked by a reader, and costs only space).
+/// `fresh` was just written and synced from memory, so it counts as good without being read back; each older
+/// one is verified only while fewer than `keep` good ones have been found.
+fn prune(dir: &Path, keep: usize, fresh: &Path) -> Result<()> {
+    let mut good = 0;
+    for (_, path) in list(dir)? {
+        if good >= keep {
+            let _ = fs::remove_file(&path);
+        } else if path == fresh || read(&path).is_ok() {
+            good += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Removes temporary files a crashed or failed write left behind (a write in progress is never concurrent with
+/// this: one MemoryX writes a directory).
+fn remove_stale_temp_files(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with(&format!(".{PREFIX}")) && name.ends_with(".tmp") {
+            let _ = fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Checkpoint files in `dir`, newest first.
@@ -182,6 +224,32 @@ mod tests {
         fs::write(&files[0].1, bytes).unwrap();
         assert!(read(&files[0].1).unwrap_err().to_string().contains("checksum"));
         assert_eq!(latest(&dir).unwrap().unwrap().0, 30);
+        fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn retention_counts_readable_checkpoints_and_stale_temp_files_go() {
+        let dir = std::env::temp_dir().join(format!("ws-ckpt-keep-{}", std::process::id()));
+        fs::remove_dir_all(&dir).ok();
+        let t = |x: f32| -> Tensors { vec![("layer.0.weight".into(), vec![x; 4])] };
+        write(&dir, 10, &t(1.0), "job", 2).unwrap();
+        write(&dir, 20, &t(2.0), "job", 2).unwrap();
+        // Step 20's file is damaged (a disk error): the good step 10 must survive until two good checkpoints
+        // newer than it exist, or a crash now would leave one good checkpoint where two were promised.
+        let p20 = path_for(&dir, 20);
+        let mut bytes = fs::read(&p20).unwrap();
+        let n = bytes.len();
+        bytes[n - 1] ^= 0xff;
+        fs::write(&p20, bytes).unwrap();
+        fs::write(dir.join(".step-00000025.safetensors.tmp"), b"half a file").unwrap();
+        write(&dir, 30, &t(3.0), "job", 2).unwrap();
+        let steps: Vec<u64> = list(&dir).unwrap().into_iter().map(|f| f.0).collect();
+        assert_eq!(steps, vec![30, 20, 10], "good 30 and 10 kept; damaged 20 not yet pruned");
+        assert!(!dir.join(".step-00000025.safetensors.tmp").exists(), "the stale temp file is gone");
+        write(&dir, 40, &t(4.0), "job", 2).unwrap();
+        let steps: Vec<u64> = list(&dir).unwrap().into_iter().map(|f| f.0).collect();
+        assert_eq!(steps, vec![40, 30], "two good ones newer than the damaged one: it goes, and so does 10");
+        assert_eq!(latest(&dir).unwrap().unwrap().0, 40);
         fs::remove_dir_all(&dir).ok();
     }
 }

@@ -41,6 +41,11 @@ pub async fn connect(url: &str, job: &str, timeout: Duration) -> Result<Child> {
     let endpoint = Endpoint::from_shared(url.to_string())
         .map_err(|e| Error::Protocol(format!("bad stage address '{url}': {e}")))?
         .connect_timeout(Duration::from_secs(2))
+        // A peer that stops answering (a frozen process, a silent partition) is found by its unanswered pings
+        // and its calls fail as unavailable, so the step is rerun instead of waiting for ever.
+        .http2_keep_alive_interval(crate::transport::KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(crate::transport::KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
         .tcp_nodelay(true)
         .initial_stream_window_size(crate::transport::WINDOW)
         .initial_connection_window_size(4 * crate::transport::WINDOW)
