@@ -71,6 +71,10 @@ pub struct Outputs {
     pub sample: usize,
     /// How a step that loses a component is rerun.
     pub retry: RetryPolicy,
+    /// After a checkpoint asked for from outside (`POST /checkpoint`: the operator suspends or rescales the
+    /// job), wait this long before the next step, so the job stops at that checkpoint rather than running on
+    /// while the operator tears it down; training goes on if nobody stops it in that time.
+    pub hold_after_requested_checkpoint: std::time::Duration,
 }
 
 /// Runs a job to the end and keeps its `/status` true on the way.
@@ -188,10 +192,17 @@ impl Driver {
                 serde_json::to_writer(&mut *f, m).map_err(|e| Error::io("writing metrics.jsonl", e.into()))?;
                 f.write_all(b"\n").and_then(|()| f.flush()).map_err(|e| Error::io("writing metrics.jsonl", e))?;
             }
-            if due(m.step) || self.want_checkpoint.swap(false, Ordering::SeqCst) {
+            let requested = self.want_checkpoint.swap(false, Ordering::SeqCst);
+            if due(m.step) || requested {
                 write_checkpoint(m.step)?;
             }
             on_step(m);
+            let hold = self.outputs.hold_after_requested_checkpoint;
+            if requested && self.outputs.checkpoint_dir.is_some() && !hold.is_zero() {
+                tracing::info!(step = m.step, ?hold, "holding at the requested checkpoint until stopped");
+                std::thread::sleep(hold);
+                tracing::info!(step = m.step, "nobody stopped the job at its checkpoint; training on");
+            }
             Ok(())
         })?;
         let last = self.status.lock().ok().and_then(|s| s.progress.last_checkpoint.as_ref().map(|c| c.step));

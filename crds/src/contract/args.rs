@@ -113,6 +113,10 @@ pub struct MemoryxArgs {
     /// Keep serving `/status` after the job ends (as a pod does), instead of exiting.
     #[arg(long, env = "WS_LINGER")]
     pub linger: bool,
+    /// Seconds to pause after a checkpoint asked for on `POST /checkpoint` (the operator suspending or
+    /// rescaling the job), so the job stops at that checkpoint; training goes on after it if nobody stops it.
+    #[arg(long, env = "WS_HOLD_SECONDS", default_value_t = 60)]
+    pub hold_seconds: u64,
     /// After training a language model, decode this many lines of text from it into `summary.json`.
     #[arg(long, env = "WS_SAMPLE", default_value_t = 0)]
     pub sample: usize,
@@ -133,6 +137,7 @@ impl MemoryxArgs {
             retry_seconds: 60,
             progress: false,
             linger: false,
+            hold_seconds: 60,
             sample: 0,
             crash_after_steps: None,
         }
@@ -164,6 +169,7 @@ impl RoleArgs for MemoryxArgs {
         if self.linger {
             v.push("--linger".into());
         }
+        v.extend(["--hold-seconds".into(), self.hold_seconds.to_string()]);
         if self.sample > 0 {
             v.extend(["--sample".into(), self.sample.to_string()]);
         }
@@ -283,6 +289,7 @@ mod tests {
         m.sample = 3;
         m.crash_after_steps = Some(5);
         m.retry_seconds = 7;
+        m.hold_seconds = 0;
         m.connect_timeout = 9;
         round_trip(&m);
         round_trip(&MemoryxArgs::new(CommonArgs::new("job.yaml"), "http://127.0.0.1:1"));
