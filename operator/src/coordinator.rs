@@ -21,6 +21,9 @@ pub trait Coordinator: Send + Sync + 'static {
     fn checkpoint<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<(), Error>>;
 }
 
+/// The most of a `/status` answer the operator reads.
+pub const MAX_STATUS_BYTES: usize = 64 << 10;
+
 /// The real thing: HTTP to MemoryX's Service, `http://<job>-memoryx.<namespace>.svc:8080`.
 pub struct HttpCoordinator {
     client: reqwest::Client,
@@ -63,8 +66,16 @@ impl Coordinator for HttpCoordinator {
         Box::pin(async move {
             let url = format!("{}/status", self.base(job));
             let resp = self.client.get(&url).send().await.map_err(|e| unreachable(&url, e))?;
-            let resp = resp.error_for_status().map_err(|e| unreachable(&url, e))?;
-            resp.json::<MemoryxStatus>().await.map_err(|e| unreachable(&url, format!("bad /status body: {e}")))
+            let mut resp = resp.error_for_status().map_err(|e| unreachable(&url, e))?;
+            // A status is a few hundred bytes; whatever answers there gets no more of the operator's memory.
+            let mut body = Vec::new();
+            while let Some(chunk) = resp.chunk().await.map_err(|e| unreachable(&url, e))? {
+                if body.len() + chunk.len() > MAX_STATUS_BYTES {
+                    return Err(unreachable(&url, format!("/status answered more than {MAX_STATUS_BYTES} bytes")));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            serde_json::from_slice::<MemoryxStatus>(&body).map_err(|e| unreachable(&url, format!("bad /status body: {e}")))
         })
     }
 
@@ -169,6 +180,7 @@ mod tests {
                         "simulatedStepSeconds":0.01,"lastCheckpoint":{"step":5,"path":"/c/5"},"evalAccuracy":null,"message":null}"#
                 }),
             )
+            .route("/huge/ns/status", get(|| async { format!("{{\"phase\":\"Running\",\"message\":\"{}\"}}", "x".repeat(1 << 20)) }))
             .route(
                 "/j/ns/checkpoint",
                 post({
@@ -192,6 +204,9 @@ mod tests {
         assert_eq!((s.phase, s.step(), s.progress.last_checkpoint.unwrap().step), (crds::contract::MemoryxPhase::Running, 7, 5));
         c.checkpoint(&job).await.unwrap();
         assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        job.metadata.name = Some("huge".into());
+        let err = c.status(&job).await.unwrap_err().to_string();
+        assert!(err.contains("more than 65536 bytes"), "{err}");
         job.metadata.name = Some("missing".into());
         let err = c.status(&job).await.unwrap_err().to_string();
         assert!(err.contains("/missing/ns/status"), "{err}");

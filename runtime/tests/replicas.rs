@@ -208,3 +208,27 @@ fn bad_replica_messages_are_refused_and_change_nothing() {
     let after = decoded(&snapshot().expect("snapshot"));
     assert!(after.0 == 1 && after.1 != before.1, "and it trains the replica");
 }
+
+/// A `BeginStep` for more samples than the engine's shard of the plan's batch is refused before the engine
+/// gathers a single one (a client with the job's identity still cannot make it allocate beyond the plan); one
+/// within the shard goes through.
+#[test]
+fn a_step_larger_than_the_shard_is_refused_before_anything_is_gathered() {
+    use runtime::protocol::pb::stage_server::Stage;
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let data = data();
+    let server = EngineServer::new(JOB.into(), layout().linears.len(), engine(), data.clone(), data.clone()).with_max_samples(16);
+    let begin = |n: usize| pb::BeginStepRequest {
+        job: JOB.into(),
+        step: 0,
+        samples: (0..n as u32).collect(),
+        split: pb::Split::Train as i32,
+        grad_scale: 1.0,
+    };
+    // Two million indices: what one 8 MiB message can carry, and ~6 GB of images if gathered.
+    let err = rt.block_on(server.begin_step(tonic::Request::new(begin(2_000_000)))).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("shard of the batch is 16"), "{}", err.message());
+    assert!(server.stats().is_some_and(|s| s.peak_sram_bytes == 0), "nothing was held for the refused step");
+    rt.block_on(server.begin_step(tonic::Request::new(begin(16)))).expect("a step within the shard");
+}

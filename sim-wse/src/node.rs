@@ -28,7 +28,11 @@ pub fn main(args: EngineArgs) -> Result<()> {
     let total = runtime::train::total_steps(&spec.training, train.len())?;
     let (optimizer, schedule, seed) = (spec.training.optimizer.clone(), spec.training.schedule.clone(), spec.training.seed);
     let replica = move || MemoryX::new(layout.clone(), optimizer.clone(), schedule.clone(), total, seed);
-    let server = EngineServer::new(job_id, layers, Box::new(engine), train, test).with_replicas(Arc::new(replica));
+    // One engine's shard of the batch: training steps and evaluation batches alike never hand it more.
+    let shard = (spec.training.batch_size / spec.cs2.max(1)) as usize;
+    let server = EngineServer::new(job_id, layers, Box::new(engine), train, test)
+        .with_replicas(Arc::new(replica))
+        .with_max_samples(shard);
     let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
     rt.block_on(async move {
         let grpc = bind(args.listen, Role::Engine, "grpc").await?;

@@ -51,6 +51,9 @@ pub struct EngineServer {
     make_replica: Option<ReplicaFactory>,
     /// Time spent running the optimizer on the replica: engine work, counted as compute.
     update_nanos: Arc<AtomicU64>,
+    /// The most samples one step may hand this engine: its shard of the plan's batch. A request for more is
+    /// refused before anything is gathered for it.
+    max_samples: usize,
 }
 
 impl EngineServer {
@@ -66,7 +69,15 @@ impl EngineServer {
             replica: Arc::new(Mutex::new(None)),
             make_replica: None,
             update_nanos: Arc::new(AtomicU64::new(0)),
+            max_samples: usize::MAX,
         }
+    }
+
+    /// Bounds the samples of one step to `shard` (the plan's batch over the engines): what a `BeginStep` may
+    /// make the engine gather and hold.
+    pub fn with_max_samples(mut self, shard: usize) -> Self {
+        self.max_samples = shard.max(1);
+        self
     }
 
     /// Lets the engine hold the whole model for pipelined execution, building its replicas with `make`.
@@ -142,6 +153,13 @@ impl EngineServer {
             Ok(pb::Split::Test) => (self.test.clone(), false),
             Err(_) => return Err(Status::invalid_argument(format!("unknown split {}", r.split))),
         };
+        if r.samples.len() > self.max_samples {
+            return Err(Status::invalid_argument(format!(
+                "a step of {} samples reached an engine whose shard of the batch is {}: refused before gathering them",
+                r.samples.len(),
+                self.max_samples
+            )));
+        }
         check_samples(&r.samples, data.len()).map_err(to_status)?;
         let engine = self.engine.clone();
         let (samples, scale) = (r.samples, r.grad_scale);
