@@ -676,3 +676,96 @@ async fn a_slow_memoryx_does_not_delay_another_jobs_admission() {
     assert_eq!(held, 4, "both jobs hold their CS-2s and the pool is not exceeded");
     op.stop().await;
 }
+
+/// A job whose pods the API server refuses (here an admission policy that denies every pod of the namespace;
+/// Pod Security, quotas and webhooks refuse the same way) says so within a pass: `Ready` is False with reason
+/// `PodsForbidden` and the server's words, and a Warning Event carries the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_pods_are_reported_in_the_status_and_an_event() {
+    let (client, ns) = setup("refused").await;
+    let policy_api = |kind: &str, plural: &str| {
+        let gvk = kube::core::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+        Api::<DynamicObject>::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, plural))
+    };
+    let (policies, bindings) = (
+        policy_api("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+        policy_api("ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings"),
+    );
+    let name = format!("deny-pods-{ns}");
+    let policy: DynamicObject = ok(
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": { "name": name },
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": { "resourceRules": [ {
+                    "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"] } ] },
+                "validations": [ { "expression": "false", "reason": "Forbidden", "message": "no pods may run here" } ]
+            }
+        })),
+        "policy",
+    );
+    let binding: DynamicObject = ok(
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": { "name": name },
+            "spec": {
+                "policyName": name, "validationActions": ["Deny"],
+                "matchResources": { "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": ns } } }
+            }
+        })),
+        "binding",
+    );
+    ok(policies.create(&PostParams::default(), &policy).await, "create policy");
+    ok(bindings.create(&PostParams::default(), &binding).await, "create binding");
+    // The API server takes the policy up within a few seconds: wait until a plain pod is refused.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let probe: Pod = ok(
+        serde_json::from_value(serde_json::json!({ "metadata": { "name": "probe" }, "spec": { "containers": [ {
+            "name": "p", "image": "i", "securityContext": { "allowPrivilegeEscalation": false, "runAsNonRoot": true,
+            "capabilities": { "drop": ["ALL"] }, "seccompProfile": { "type": "RuntimeDefault" } } } ] } })),
+        "probe pod",
+    );
+    ok(
+        wait_for(WAIT, "the policy to take effect", || async {
+            match pods.create(&PostParams::default(), &probe).await {
+                Err(kube::Error::Api(e)) if e.code == 403 => Some(()),
+                Ok(_) => {
+                    let _ = pods.delete("probe", &DeleteParams::default()).await;
+                    None
+                }
+                Err(_) => None,
+            }
+        })
+        .await,
+        "policy",
+    );
+
+    let op = RunningOperator::start(&client, &ns, 4);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    create(&jobs, &job("blocked", 2)).await;
+    let c = wait_for(WAIT, "Ready=False PodsForbidden", || async {
+        let j = jobs.get("blocked").await.ok()?;
+        let c = j.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?.clone();
+        (c.reason == "PodsForbidden").then_some(c)
+    })
+    .await;
+    let c = match c {
+        Ok(c) => c,
+        Err(e) => panic!("{e}; status now: {:#?}", jobs.get("blocked").await.ok().and_then(|j| j.status.map(|s| s.conditions))),
+    };
+    assert_eq!(c.status, "False");
+    assert!(c.message.contains("no pods may run here"), "{}", c.message);
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    ok(
+        wait_for(WAIT, "a PodsForbidden event", || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.iter().any(|e| e.reason.as_deref() == Some("PodsForbidden") && e.type_.as_deref() == Some("Warning")).then_some(())
+        })
+        .await,
+        "the refusal as an event",
+    );
+    op.stop().await;
+    let _ = bindings.delete(&name, &DeleteParams::default()).await;
+    let _ = policies.delete(&name, &DeleteParams::default()).await;
+}

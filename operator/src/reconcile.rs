@@ -406,7 +406,10 @@ async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error
                 }
             };
             let census_at_n = if n == holds { Some(&pods) } else { None };
-            assemble(&ctx, &job, desired, census_at_n, &reading.existing).await?;
+            if let Err(e) = assemble(&ctx, &job, desired, census_at_n, &reading.existing).await {
+                refused(&ctx, &job, &decision.status, &e).await;
+                return Err(e);
+            }
         }
         Children::Release => release(&ctx, &job, &reading.existing).await?,
     }
@@ -437,6 +440,28 @@ async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error
         _ if !pods.delete.is_empty() => Action::requeue(Duration::from_millis(500)),
         _ => Action::requeue(ctx.config.poll),
     })
+}
+
+/// When the API server refuses one of the job's children (403: Pod Security, RBAC, a quota; 422: invalid),
+/// says so in the status's `Ready` condition and in a Warning Event at once, rather than only in the
+/// operator's log; the pass then fails and is retried with backoff.
+async fn refused(ctx: &Context, job: &TrainingJob, next: &TrainingJobStatus, e: &Error) {
+    let Error::Kube(kube::Error::Api(s)) = e else { return };
+    if s.code != 403 && s.code != 422 {
+        return;
+    }
+    let reason = status::refusal_reason(s.code);
+    let message = format!("the API server refused the job's children: {}", s.message);
+    let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
+    tracing::warn!(job = %key, reason, "{message}");
+    let status = status::children_refused(next, reason, message.clone(), job.metadata.generation, Timestamp::now());
+    if let Err(e) = write_status(ctx, job, &status).await {
+        tracing::warn!(job = %key, error = %e, "cannot record the refusal in the status");
+    }
+    let event = Event { type_: EventType::Warning, reason: reason.into(), note: Some(message), action: "Assemble".into(), secondary: None };
+    if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
+        tracing::warn!(job = %key, error = %e, "cannot record event");
+    }
 }
 
 /// Applies every child of `desired`. Outdated, failed and surplus pods are deleted first; their replacements

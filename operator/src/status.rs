@@ -112,6 +112,24 @@ pub fn set_condition(
     });
 }
 
+/// The status of a job whose children the API server refused to create (Pod Security, a quota, an admission
+/// webhook): its phase stays, and `Ready` says which object was refused and the server's own words, so the
+/// owner sees why the job cannot progress without reading controller logs.
+pub fn children_refused(status: &TrainingJobStatus, reason: &str, message: String, generation: Option<i64>, now: Timestamp) -> TrainingJobStatus {
+    let mut s = status.clone();
+    set_condition(&mut s.conditions, READY, false, reason, message, generation, now);
+    s
+}
+
+/// The condition reason for an API refusal of a child: `PodsForbidden` for 403s (Pod Security, RBAC,
+/// quotas), `ChildInvalid` for 422s.
+pub fn refusal_reason(code: u16) -> &'static str {
+    match code {
+        403 => "PodsForbidden",
+        _ => "ChildInvalid",
+    }
+}
+
 /// Decides the next status of `job` and what to do with its children.
 pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
     let spec = &job.spec;
@@ -469,6 +487,24 @@ mod tests {
         let d = step(&mut j, &o);
         assert_eq!(d.status.phase, Some(Phase::Starting));
         assert!(cond(&j, READY).message.contains("connection refused"));
+    }
+
+    #[test]
+    fn refused_children_are_named_in_ready_with_the_servers_reason() {
+        let mut j = job(2);
+        let s = children_refused(
+            &TrainingJobStatus { phase: Some(Phase::Starting), ..Default::default() },
+            refusal_reason(403),
+            "pods \"j-engine-0\" is forbidden: violates PodSecurity".into(),
+            Some(1),
+            obs().now,
+        );
+        j.status = Some(s.clone());
+        assert_eq!(s.phase, Some(Phase::Starting));
+        let c = cond(&j, READY);
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "PodsForbidden"));
+        assert!(c.message.contains("violates PodSecurity"));
+        assert_eq!(refusal_reason(422), "ChildInvalid");
     }
 
     #[test]
