@@ -76,6 +76,11 @@ pub struct TrainingJobSpec {
     #[serde(default = "default_restart_limit")]
     #[schemars(range(max = 100))]
     pub restart_limit: u32,
+    /// Seconds the job may run, from its first admission, before it is stopped as Failed with reason
+    /// `DeadlineExceeded` and its CS-2s are given back: a job that hangs or runs away cannot hold them for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 31536000))]
+    pub active_deadline_seconds: Option<u64>,
     /// Admission order when CS-2s are scarce: higher runs first, equal priorities run in creation order.
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(range(min = -1000, max = 1000))]

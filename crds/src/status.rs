@@ -40,6 +40,9 @@ pub struct TrainingJobStatus {
     /// once a checkpoint at or after it exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_requested_at_step: Option<u64>,
+    /// When that checkpoint was asked for: a suspend or rescale waits for it only so long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_requested_at: Option<Time>,
     /// When the job was first admitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,

@@ -109,6 +109,40 @@ pub fn is_quantity(s: &str) -> bool {
         && ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E"].contains(&suffix)
 }
 
+/// The bytes a quantity such as `1Gi` or `500M` stands for; `None` when it is not one ([`is_quantity`]) or
+/// overflows.
+pub fn quantity_bytes(s: &str) -> Option<u64> {
+    if !is_quantity(s) {
+        return None;
+    }
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (number, suffix) = s.split_at(split);
+    let unit: u64 = match suffix {
+        "" => 1,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "E" => 1_000_000_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        _ => 1 << 60,
+    };
+    let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+    let whole: u64 = whole.parse().ok()?;
+    let mut bytes = whole.checked_mul(unit)?;
+    if !frac.is_empty() {
+        let digits = frac.len().min(18) as u32;
+        let frac: u64 = frac[..digits as usize].parse().ok()?;
+        bytes = bytes.checked_add((u128::from(frac) * u128::from(unit) / 10u128.pow(digits)) as u64)?;
+    }
+    Some(bytes)
+}
+
 /// Whether `name` can name the appliance's pods and be their hostname: a DNS-1035 label (the 40-character
 /// limit is checked beside it).
 pub fn is_dns_label(name: &str) -> bool {
@@ -133,6 +167,9 @@ impl TrainingJobSpec {
         }
         if self.restart_limit > 100 {
             return Err(invalid("spec.restartLimit", format!("{} is out of range: use 0 to 100", self.restart_limit)));
+        }
+        if let Some(t) = self.active_deadline_seconds.filter(|t| !(1..=31_536_000).contains(t)) {
+            return Err(invalid("spec.activeDeadlineSeconds", format!("{t} is out of range: use 1 to 31536000 (a year)")));
         }
         if !(-1000..=1000).contains(&self.priority) {
             return Err(invalid("spec.priority", format!("{} is out of range: use -1000 to 1000", self.priority)));
@@ -374,6 +411,12 @@ mod tests {
         for ok in ["1Gi", "500Mi", "1.5Gi", "10G", "1024"] {
             assert!(is_quantity(ok), "{ok}");
         }
+        assert_eq!(quantity_bytes("1Gi"), Some(1 << 30));
+        assert_eq!(quantity_bytes("1.5Gi"), Some(3 << 29));
+        assert_eq!(quantity_bytes("500M"), Some(500_000_000));
+        assert_eq!(quantity_bytes("1024"), Some(1024));
+        assert_eq!(quantity_bytes("99999999999Ei"), None, "overflow");
+        assert_eq!(quantity_bytes("1GB"), None);
     }
 
     const GPT: &str = r#"

@@ -119,12 +119,31 @@ pub fn sram_bytes(job: &TrainingJob) -> u64 {
     sim_wse::preset::sram_bytes(&job.spec.engine)
 }
 
+/// Refuses a checkpoint volume that cannot hold the checkpoints the job keeps plus the one being written (each
+/// about MemoryX's state): such a job would fail at its first full disk, hours in, instead of now.
+fn check_volume(c: &crds::CheckpointSpec, state_bytes: u64) -> Result<(), Error> {
+    let volume = crds::quantity_bytes(&c.volume_size)
+        .ok_or_else(|| Error::Plan(format!("spec.checkpoint.volumeSize '{}' is not a quantity", c.volume_size)))?;
+    let needed = state_bytes.saturating_mul(u64::from(c.keep) + 1);
+    if volume < needed {
+        return Err(Error::Plan(format!(
+            "spec.checkpoint.volumeSize {} is smaller than the {} checkpoints it must hold ({} kept + 1 being written, \
+             {needed} bytes of MemoryX state): raise it or lower spec.checkpoint.keep",
+            c.volume_size,
+            u64::from(c.keep) + 1,
+            c.keep
+        )));
+    }
+    Ok(())
+}
+
 /// The plan for the job at `cs2` engines (the allocated count, which differs from the spec while a rescale
 /// waits), and the same in the terms of the status. A job whose shard cannot fit an engine is refused here.
 pub fn plan(job: &TrainingJob, cs2: u32, fan_out: u32) -> Result<(Plan, PlanStatus), Error> {
     let mut spec = job.spec.clone();
     spec.cs2 = cs2;
     let plan = Plan::new(&spec, sram_bytes(job), fan_out).map_err(|e| Error::Plan(e.to_string()))?;
+    check_volume(&spec.checkpoint, plan.memoryx_bytes)?;
     let name = job.name_any();
     let status = PlanStatus {
         cs2,
@@ -223,6 +242,7 @@ pub fn config_map(job: &TrainingJob, cs2: u32) -> Result<ConfigMap, Error> {
         suspend: defaults.suspend,
         restart_limit: defaults.restart_limit,
         priority: defaults.priority,
+        active_deadline_seconds: defaults.active_deadline_seconds,
         images: defaults.images,
         resources: defaults.resources,
         ..job.spec.clone()
@@ -802,6 +822,19 @@ mod tests {
         let err = plan(&j, 1, 2).unwrap_err().to_string();
         assert!(err.contains("SRAM") || err.contains("sram") || err.contains("bytes"), "{err}");
         assert!(desired(&j, &settings(false), 1).is_err());
+    }
+
+    #[test]
+    fn a_volume_too_small_for_the_checkpoints_kept_is_refused() {
+        let mut j = job(2);
+        let (p, _) = plan(&j, 2, 2).unwrap();
+        let per = p.memoryx_bytes;
+        j.spec.checkpoint.keep = 2;
+        j.spec.checkpoint.volume_size = format!("{}", 3 * per);
+        assert!(plan(&j, 2, 2).is_ok(), "room for two kept and one being written");
+        j.spec.checkpoint.volume_size = format!("{}", 3 * per - 1);
+        let err = plan(&j, 2, 2).unwrap_err().to_string();
+        assert!(err.contains("spec.checkpoint.volumeSize") && err.contains("3 checkpoints"), "{err}");
     }
 
     #[test]

@@ -10,6 +10,10 @@ use k8s_openapi::jiff::Timestamp;
 use crate::admission::Verdict;
 use crds::contract::{MemoryxPhase, MemoryxStatus};
 
+/// How long a suspend or a rescale waits for the checkpoint it asked MemoryX for before it goes ahead from the
+/// newest checkpoint there is: a MemoryX that cannot write one must not keep the CS-2s for good.
+pub const CHECKPOINT_WAIT_SECONDS: u64 = 300;
+
 /// Condition type: whether the job holds its CS-2s.
 pub const ADMITTED: &str = "Admitted";
 /// Condition type: whether every child is up and MemoryX reports progress.
@@ -216,6 +220,14 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
             d.s.memoryx_restarts_seen = rc;
         }
         d.s.restarts = restarts;
+        let ran = prev.start_time.as_ref().map_or(0, |t| obs.now.duration_since(t.0).as_secs().max(0) as u64);
+        if let Some(limit) = spec.active_deadline_seconds.filter(|&limit| ran > limit) {
+            d.fail(
+                "DeadlineExceeded",
+                format!("ran {ran} s since it was admitted, past spec.activeDeadlineSeconds = {limit}; CS-2s released"),
+            );
+            break 'decided (Children::Release, false);
+        }
         if restarts > spec.restart_limit {
             d.fail(
                 "RestartLimitExceeded",
@@ -237,21 +249,30 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
                 _ => None,
             };
             let saved = |c: &MemoryxStatus| c.progress.last_checkpoint.as_ref().map_or(0, |k| k.step);
+            let waited = prev.checkpoint_requested_at.as_ref().map_or(0, |t| obs.now.duration_since(t.0).as_secs().max(0) as u64);
+            let mut late = false;
             match (reachable, prev.checkpoint_requested_at_step) {
                 (Some(c), None) if c.step() > saved(c) => {
                     d.s.checkpoint_requested_at_step = Some(c.step());
+                    d.s.checkpoint_requested_at = Some(Time(obs.now));
                     d.phase(Phase::Checkpointing, why, doing);
                     break 'decided (Children::Assemble(holds), true);
                 }
-                (Some(c), Some(at)) if saved(c) < at => {
+                (Some(c), Some(at)) if saved(c) < at && waited <= CHECKPOINT_WAIT_SECONDS => {
                     d.phase(Phase::Checkpointing, why, doing);
                     break 'decided (Children::Assemble(holds), false);
                 }
+                (Some(c), Some(at)) if saved(c) < at => late = true,
                 _ => {}
             }
-            // A checkpoint of the latest step exists (or there is no MemoryX to ask): act now.
+            // A checkpoint of the latest step exists (or there is no MemoryX to ask, or it did not write one in
+            // time): act now, from the newest checkpoint there is.
             d.s.checkpoint_requested_at_step = None;
-            let at = d.s.progress.last_checkpoint.as_ref().map_or("no checkpoint yet".to_string(), |k| format!("step {}", k.step));
+            d.s.checkpoint_requested_at = None;
+            let mut at = d.s.progress.last_checkpoint.as_ref().map_or("no checkpoint yet".to_string(), |k| format!("step {}", k.step));
+            if late {
+                at = format!("{at} (MemoryX wrote no newer one within {CHECKPOINT_WAIT_SECONDS} s of being asked)");
+            }
             if spec.suspend {
                 d.s.allocated_cs2 = None;
                 d.phase(Phase::Suspended, "Suspended", format!("suspended with its checkpoint at {at}; CS-2s released"));
@@ -269,6 +290,7 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
         }
 
         d.s.checkpoint_requested_at_step = None;
+        d.s.checkpoint_requested_at = None;
         if grow_blocked {
             d.cond_with(
                 ADMITTED,
@@ -350,6 +372,7 @@ impl Pass {
     fn fail(&mut self, reason: &str, message: String) {
         self.s.allocated_cs2 = None;
         self.s.checkpoint_requested_at_step = None;
+        self.s.checkpoint_requested_at = None;
         self.s.completion_time.get_or_insert(Time(self.now));
         self.phase(Phase::Failed, reason, message);
         self.cond(FAILED, true);
@@ -538,6 +561,43 @@ mod tests {
         // Failed is final.
         o.memoryx_restarts = Some(0);
         assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Failed));
+    }
+
+    #[test]
+    fn a_suspend_waits_for_its_checkpoint_only_so_long() {
+        let mut j = job(2);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        step(&mut j, &o);
+        (o.admission, o.pods_ready, o.coordinator) = (None, true, running(40, Some(30)));
+        step(&mut j, &o);
+        j.spec.suspend = true;
+        assert!(step(&mut j, &o).request_checkpoint);
+        // MemoryX never writes it (a full disk, a hung store): the wait ends after the deadline.
+        o.coordinator = running(41, Some(30));
+        o.now = o.now + std::time::Duration::from_secs(CHECKPOINT_WAIT_SECONDS - 1);
+        assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Checkpointing));
+        o.now = o.now + std::time::Duration::from_secs(2);
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.phase, d.status.allocated_cs2, d.children), (Some(Phase::Suspended), None, Children::Release));
+        assert!(cond(&j, SUSPENDED).message.contains("step 30") && cond(&j, SUSPENDED).message.contains("within 300 s"), "{:?}", cond(&j, SUSPENDED));
+        assert_eq!(d.status.checkpoint_requested_at, None);
+    }
+
+    #[test]
+    fn a_job_past_its_active_deadline_fails_and_frees_its_cs2s() {
+        let mut j = job(2);
+        j.spec.active_deadline_seconds = Some(600);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        step(&mut j, &o);
+        (o.admission, o.pods_ready, o.coordinator) = (None, true, running(40, None));
+        o.now = o.now + std::time::Duration::from_secs(600);
+        assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Running));
+        o.now = o.now + std::time::Duration::from_secs(1);
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.phase, d.status.allocated_cs2, d.children), (Some(Phase::Failed), None, Children::Release));
+        assert_eq!(cond(&j, FAILED).reason, "DeadlineExceeded");
     }
 
     #[test]
