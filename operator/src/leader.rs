@@ -1,6 +1,7 @@
 //! Leader election on a `coordination.k8s.io` Lease: only one operator replica reconciles at a time, so two
 //! replicas never admit jobs against the same pool concurrently. A replica that cannot renew within the lease
-//! duration stops (and is restarted by its Deployment as a follower).
+//! deadline (two thirds of the lease) stops before another replica may take over, and is restarted by its
+//! Deployment as a follower.
 
 use std::time::Duration;
 
@@ -100,20 +101,38 @@ impl Election {
         }
     }
 
-    /// Renews the lease every third of its duration; returns (with the reason) once it could not be renewed
-    /// for a whole lease duration, after which another replica may take over.
+    /// Renews the lease until it cannot; returns (with the reason) *before* any other replica may take it over.
     pub async fn hold(&self, client: &Client) -> Error {
-        let mut last_renewed = tokio::time::Instant::now();
+        self.hold_with(|| self.try_acquire(client)).await
+    }
+
+    /// The renewal loop against `attempt` (one take-or-renew round): the fencing the controller relies on.
+    ///
+    /// A follower may take the lease once `lease_duration` has passed since the last renewal the API server
+    /// recorded. This replica counts from the moment it *started* that renewal (never later than the time the
+    /// server recorded) and gives up at two thirds of the duration — also when a renewal is still hanging — so
+    /// it has stopped reconciling a third of a lease before anyone else can start.
+    pub async fn hold_with<F, Fut>(&self, mut attempt: F) -> Error
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<bool, Error>>,
+    {
+        let renew_deadline = self.lease_duration * 2 / 3;
+        let retry = self.lease_duration / 5;
+        // The caller has just acquired or renewed the lease.
+        let mut valid_until = tokio::time::Instant::now() + renew_deadline;
         loop {
-            tokio::time::sleep(self.lease_duration / 3).await;
-            match self.try_acquire(client).await {
-                Ok(true) => last_renewed = tokio::time::Instant::now(),
-                Ok(false) => return Error::Leadership(format!("lease {} was taken by another replica", self.name)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "leader election: renewing the lease failed");
-                    if last_renewed.elapsed() > self.lease_duration {
-                        return Error::Leadership(format!("could not renew lease {} in time: {e}", self.name));
-                    }
+            tokio::time::sleep_until((tokio::time::Instant::now() + retry).min(valid_until)).await;
+            if tokio::time::Instant::now() >= valid_until {
+                return Error::Leadership(format!("could not renew lease {} within {renew_deadline:?}", self.name));
+            }
+            let started = tokio::time::Instant::now();
+            match tokio::time::timeout_at(valid_until, attempt()).await {
+                Ok(Ok(true)) => valid_until = started + renew_deadline,
+                Ok(Ok(false)) => return Error::Leadership(format!("lease {} was taken by another replica", self.name)),
+                Ok(Err(e)) => tracing::warn!(error = %e, "leader election: renewing the lease failed"),
+                Err(_) => {
+                    return Error::Leadership(format!("renewing lease {} did not finish within {renew_deadline:?}", self.name));
                 }
             }
         }
@@ -131,6 +150,45 @@ mod tests {
             renew_time: Some(MicroTime(Timestamp::from_second(renewed).unwrap())),
             ..Default::default()
         }
+    }
+
+    fn election() -> Election {
+        Election { namespace: "ns".into(), name: "l".into(), identity: "me".into(), lease_duration: Duration::from_secs(15) }
+    }
+
+    /// On a paused clock: however renewals fail, the holder gives up before a follower may take the lease (15 s
+    /// after the last renewal the server saw).
+    #[tokio::test(start_paused = true)]
+    async fn the_leader_stops_before_a_follower_may_take_the_lease() {
+        let e = election();
+        let lease = e.lease_duration;
+        // Every renewal fails: stop within the renew deadline of the acquisition.
+        let t0 = tokio::time::Instant::now();
+        let err = e.hold_with(|| async { Err(Error::Leadership("api down".into())) }).await;
+        assert!(t0.elapsed() <= lease * 2 / 3 && err.to_string().contains("within"), "{:?} {err}", t0.elapsed());
+        // A renewal that hangs (a partition) does not keep it leading either.
+        let t0 = tokio::time::Instant::now();
+        let err = e.hold_with(std::future::pending::<Result<bool, Error>>).await;
+        assert!(t0.elapsed() <= lease * 2 / 3, "{:?} {err}", t0.elapsed());
+        // Three renewals succeed, then the API server goes away: it stops within the deadline of the last one
+        // started, which the server recorded no earlier.
+        let mut n = 0;
+        let mut last_ok = tokio::time::Instant::now();
+        let err = e
+            .hold_with(|| {
+                n += 1;
+                let ok = n <= 3;
+                if ok {
+                    last_ok = tokio::time::Instant::now();
+                }
+                async move { if ok { Ok(true) } else { Err(Error::Leadership("api down".into())) } }
+            })
+            .await;
+        assert!(last_ok.elapsed() <= lease * 2 / 3 && last_ok.elapsed() > Duration::ZERO, "{:?} {err}", last_ok.elapsed());
+        // Another replica took it: stop at once.
+        let t0 = tokio::time::Instant::now();
+        let err = e.hold_with(|| async { Ok(false) }).await;
+        assert!(t0.elapsed() <= lease / 5 && err.to_string().contains("taken"), "{err}");
     }
 
     #[test]
