@@ -250,7 +250,8 @@ pub fn config_map(job: &TrainingJob, cs2: u32) -> Result<ConfigMap, Error> {
     let manifest = serde_json::json!({
         "apiVersion": format!("{}/{}", crds::GROUP, crds::VERSION),
         "kind": "TrainingJob",
-        "metadata": { "name": job.name_any(), "namespace": job.namespace() },
+        // The uid lets MemoryX tell this job's checkpoints from those of an earlier job of the same name.
+        "metadata": { "name": job.name_any(), "namespace": job.namespace(), "uid": job.uid() },
         "spec": spec,
     });
     let job_yaml = serde_yaml::to_string(&manifest).map_err(|e| Error::Serialize(e.to_string()))?;

@@ -31,6 +31,9 @@ pub struct Job {
     pub test: Arc<Dataset>,
     /// Optimizer steps in the whole run.
     pub total_steps: u64,
+    /// The TrainingJob's uid when the manifest has one (in a cluster): checkpoints record it, and only this
+    /// job's are resumed.
+    pub uid: Option<String>,
 }
 
 impl Job {
@@ -38,7 +41,7 @@ impl Job {
     pub fn load(spec: TrainingJobSpec, id: impl Into<String>) -> Result<Job> {
         let (train, test) = crate::data::load(&spec)?;
         let total_steps = train::total_steps(&spec.training, train.len())?;
-        Ok(Job { spec, id: id.into(), train: Arc::new(train), test: Arc::new(test), total_steps })
+        Ok(Job { spec, id: id.into(), train: Arc::new(train), test: Arc::new(test), total_steps, uid: None })
     }
 
     /// The model's layout.
@@ -142,7 +145,7 @@ impl Driver {
         let store = job.memoryx();
         let mut start = 0;
         if let Some(dir) = &self.outputs.checkpoint_dir {
-            if let Some((step, tensors, path)) = checkpoint::latest(dir)? {
+            if let Some((step, tensors, path)) = checkpoint::latest_for(dir, job.uid.as_deref())? {
                 store.restore(step, &tensors)?;
                 tracing::info!(step, path = %path.display(), "resumed from checkpoint");
                 start = step.min(total);
@@ -164,7 +167,7 @@ impl Driver {
             self.update(|s| s.phase = MemoryxPhase::Checkpointing);
             let (at, tensors) = store.snapshot()?;
             debug_assert_eq!(at, step);
-            let path = checkpoint::write(dir, at, &tensors, &job.id, spec.checkpoint.keep as usize)?;
+            let path = checkpoint::write_for(dir, at, &tensors, &job.id, job.uid.as_deref(), spec.checkpoint.keep as usize)?;
             self.update(|s| {
                 s.phase = MemoryxPhase::Running;
                 s.progress.last_checkpoint = Some(CheckpointRef { step: at, path: path.display().to_string() });

@@ -46,6 +46,11 @@ fn checksum(tensors: &Tensors) -> u32 {
 /// The bytes of a checkpoint file: the tensors as safetensors, with the job, the step and a checksum in the
 /// metadata. Also what a pipelined engine's replica travels as.
 pub fn to_bytes(step: u64, tensors: &Tensors, job: &str) -> Result<Vec<u8>> {
+    encode(step, tensors, job, None)
+}
+
+/// [`to_bytes`], recording also the uid of the TrainingJob the state belongs to, when it has one.
+fn encode(step: u64, tensors: &Tensors, job: &str, uid: Option<&str>) -> Result<Vec<u8>> {
     let bytes: Vec<(String, Vec<u8>)> =
         tensors.iter().map(|(n, v)| (n.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
     let views = bytes
@@ -57,12 +62,15 @@ pub fn to_bytes(step: u64, tensors: &Tensors, job: &str) -> Result<Vec<u8>> {
                 .map_err(|e| Error::Protocol(format!("tensor {name}: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
-    let metadata = HashMap::from([
+    let mut metadata = HashMap::from([
         ("format".to_string(), "weightstream/v1alpha1".to_string()),
         ("job".to_string(), job.to_string()),
         ("step".to_string(), step.to_string()),
         ("crc32".to_string(), format!("{:08x}", checksum(tensors))),
     ]);
+    if let Some(uid) = uid {
+        metadata.insert("uid".to_string(), uid.to_string());
+    }
     safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| Error::Protocol(format!("serialising checkpoint: {e}")))
 }
 
@@ -74,9 +82,14 @@ pub fn to_bytes(step: u64, tensors: &Tensors, job: &str) -> Result<Vec<u8>> {
 /// then are older checkpoints pruned, and a damaged one is deleted only when `keep` good ones newer than it
 /// exist, so retention never leaves fewer good checkpoints than it found.
 pub fn write(dir: &Path, step: u64, tensors: &Tensors, job: &str, keep: usize) -> Result<PathBuf> {
+    write_for(dir, step, tensors, job, None, keep)
+}
+
+/// [`write`] for the TrainingJob of `uid`, so a restore can tell its checkpoints from another job's.
+pub fn write_for(dir: &Path, step: u64, tensors: &Tensors, job: &str, uid: Option<&str>, keep: usize) -> Result<PathBuf> {
     fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating checkpoint directory {}", dir.display()), e))?;
     remove_stale_temp_files(dir);
-    let data = to_bytes(step, tensors, job)?;
+    let data = encode(step, tensors, job, uid)?;
     let path = path_for(dir, step);
     let tmp = dir.join(format!(".{PREFIX}{step:08}{SUFFIX}.tmp"));
     let written = fs::File::create(&tmp)
@@ -153,6 +166,11 @@ pub fn read(path: &Path) -> Result<(u64, Tensors)> {
 
 /// Parses the bytes of a checkpoint file (`what` names them in errors), verifying the checksum.
 pub fn from_bytes(bytes: &[u8], what: &str) -> Result<(u64, Tensors)> {
+    decode(bytes, what).map(|(step, tensors, _)| (step, tensors))
+}
+
+/// [`from_bytes`], with the uid of the TrainingJob the checkpoint belongs to, when it records one.
+fn decode(bytes: &[u8], what: &str) -> Result<(u64, Tensors, Option<String>)> {
     let bad = |why: String| Error::Protocol(format!("{what} is unusable: {why}"));
     let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
     let info = meta.metadata().clone().unwrap_or_default();
@@ -174,7 +192,7 @@ pub fn from_bytes(bytes: &[u8], what: &str) -> Result<(u64, Tensors)> {
     if want != have {
         return Err(bad(format!("checksum {have} does not match the recorded {want}")));
     }
-    Ok((step, tensors))
+    Ok((step, tensors, info.get("uid").cloned()))
 }
 
 /// The order tensors were written in (layer, then kind), so the checksum is computed over the same sequence.
@@ -190,9 +208,22 @@ fn tensor_order(name: &str) -> (usize, usize) {
 
 /// The newest readable checkpoint in `dir`, passing over damaged ones with a warning.
 pub fn latest(dir: &Path) -> Result<Option<(u64, Tensors, PathBuf)>> {
+    latest_for(dir, None)
+}
+
+/// The newest readable checkpoint in `dir` of the TrainingJob of `uid`: one recording another job's uid (a job
+/// deleted and recreated under the same name, whose volume survived) is passed over with a warning, so a new
+/// job never resumes an old one's weights. Checkpoints without a uid (local runs) belong to anyone.
+pub fn latest_for(dir: &Path, uid: Option<&str>) -> Result<Option<(u64, Tensors, PathBuf)>> {
     for (_, path) in list(dir)? {
-        match read(&path) {
-            Ok((step, tensors)) => return Ok(Some((step, tensors, path))),
+        let read = fs::read(&path)
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))
+            .and_then(|bytes| decode(&bytes, &format!("checkpoint {}", path.display())));
+        match read {
+            Ok((step, _, Some(theirs))) if uid.is_some_and(|ours| ours != theirs) => {
+                tracing::warn!(step, path = %path.display(), owner = %theirs, "a checkpoint of another job (uid) is not resumed");
+            }
+            Ok((step, tensors, _)) => return Ok(Some((step, tensors, path))),
             Err(e) => tracing::warn!("{e}; trying an older checkpoint"),
         }
     }
@@ -224,6 +255,20 @@ mod tests {
         fs::write(&files[0].1, bytes).unwrap();
         assert!(read(&files[0].1).unwrap_err().to_string().contains("checksum"));
         assert_eq!(latest(&dir).unwrap().unwrap().0, 30);
+        fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_job_resumes_only_its_own_checkpoints() {
+        let dir = std::env::temp_dir().join(format!("ws-ckpt-owner-{}", std::process::id()));
+        fs::remove_dir_all(&dir).ok();
+        let t = |x: f32| -> Tensors { vec![("layer.0.weight".into(), vec![x; 4])] };
+        write_for(&dir, 10, &t(1.0), "j", Some("uid-old"), 5).unwrap();
+        assert!(latest_for(&dir, Some("uid-new")).unwrap().is_none(), "a recreated job starts afresh");
+        assert_eq!(latest_for(&dir, Some("uid-old")).unwrap().unwrap().0, 10);
+        assert_eq!(latest_for(&dir, None).unwrap().unwrap().0, 10, "a run without a uid takes any");
+        write(&dir, 5, &t(0.5), "j", 5).unwrap();
+        assert_eq!(latest_for(&dir, Some("uid-new")).unwrap().unwrap().0, 5, "one without a uid belongs to anyone");
         fs::remove_dir_all(&dir).ok();
     }
 

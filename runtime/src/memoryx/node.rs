@@ -77,7 +77,9 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
     };
     let http_task = rt.spawn(serve_http(http, Arc::new(Mutex::new(registry)), routes));
 
-    let result = Job::load(manifest.spec, job_id).and_then(|job| {
+    let uid = manifest.metadata.uid.clone();
+    let result = Job::load(manifest.spec, job_id).and_then(|mut job| {
+        job.uid = uid;
         let mut driver = Driver::new(job, outputs);
         driver.share(status.clone(), want_checkpoint.clone());
         let mut swarm =
