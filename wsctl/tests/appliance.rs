@@ -179,6 +179,32 @@ fn node(role: &str, job: &Path, args: &[&str]) -> Node {
     Node { child, addr: grpc.expect("a gRPC address"), _stdout: out }
 }
 
+/// MemoryX started by hand against the SwarmX node `sx`, reporting progress on its standard output and logging
+/// to `log`; `extra` adds flags.
+fn memoryx(job: &Path, sx: &Node, extra: &[&str], log: &Path) -> (Child, BufReader<ChildStdout>) {
+    let mut mx = Command::new(env!("CARGO_BIN_EXE_wsctl"))
+        .args(["node", "memoryx", "--job"])
+        .arg(job)
+        .args(["--swarmx", &format!("http://{}", sx.addr), "--progress"])
+        .args(extra)
+        .current_dir(repo())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let progress = BufReader::new(mx.stdout.take().unwrap());
+    (mx, progress)
+}
+
+/// Reads MemoryX's progress lines until step `step` has been reported.
+fn wait_for_step(progress: &mut BufReader<ChildStdout>, step: u64) {
+    let mut line = String::new();
+    while !matches!(Handshake::from_line(line.trim()), Some(Handshake::Progress(p)) if p.step >= step) {
+        line.clear();
+        assert!(progress.read_line(&mut line).unwrap() > 0, "memoryx ended early");
+    }
+}
+
 /// Runs a job of `cs2` engines (`mode` appended to its spec) as separate processes, kills the last engine a
 /// few steps in and starts a replacement on its address; the run must finish on the undisturbed curve.
 /// Returns MemoryX's log.
@@ -195,26 +221,10 @@ fn kill_and_replace_an_engine(name: &str, cs2: usize, mode: &str) -> String {
     let sx = node("swarmx", &job, &["--children", &children.join(",")]);
     let out = dir.join("disturbed");
     let log = dir.join("memoryx.log");
-    let mut mx = Command::new(env!("CARGO_BIN_EXE_wsctl"))
-        .args(["node", "memoryx", "--job"])
-        .arg(&job)
-        .args(["--swarmx", &format!("http://{}", sx.addr), "--out", out.to_str().unwrap(), "--progress"])
-        .current_dir(repo())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut progress = BufReader::new(mx.stdout.take().unwrap());
+    let (mut mx, mut progress) = memoryx(&job, &sx, &["--out", out.to_str().unwrap()], &log);
     // Freeze MemoryX a few steps in, kill the last engine under it, let it go on against the dead engine, and
     // only then start a replacement on the same address.
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(progress.read_line(&mut line).unwrap() > 0, "memoryx ended early");
-        if matches!(Handshake::from_line(line.trim()), Some(Handshake::Progress(p)) if p.step == 6) {
-            break;
-        }
-    }
+    wait_for_step(&mut progress, 6);
     let signal = |sig: &str| Command::new("kill").args([sig, &mx.id().to_string()]).status().unwrap();
     assert!(signal("-STOP").success());
     // Let the step already in flight below MemoryX finish everywhere, so the engine is lost between steps (lost
@@ -270,21 +280,8 @@ fn a_frozen_engine_is_detected_and_named_within_the_deadline() {
     let children: Vec<String> = engines.iter().map(|e| format!("http://{}", e.addr)).collect();
     let sx = node("swarmx", &job, &["--children", &children.join(",")]);
     let log = dir.join("memoryx.log");
-    let mut mx = Command::new(env!("CARGO_BIN_EXE_wsctl"))
-        .args(["node", "memoryx", "--job"])
-        .arg(&job)
-        .args(["--swarmx", &format!("http://{}", sx.addr), "--progress", "--retry-seconds", "10"])
-        .current_dir(repo())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut progress = BufReader::new(mx.stdout.take().unwrap());
-    let mut line = String::new();
-    while !matches!(Handshake::from_line(line.trim()), Some(Handshake::Progress(p)) if p.step >= 3) {
-        line.clear();
-        assert!(progress.read_line(&mut line).unwrap() > 0, "memoryx ended early");
-    }
+    let (mut mx, mut progress) = memoryx(&job, &sx, &["--retry-seconds", "10"], &log);
+    wait_for_step(&mut progress, 3);
     let frozen = engines[1].child.id().to_string();
     assert!(Command::new("kill").args(["-STOP", &frozen]).status().unwrap().success());
     std::thread::spawn(move || for _ in progress.lines() {});

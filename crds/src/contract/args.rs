@@ -55,9 +55,6 @@ pub trait RoleArgs: clap::Args + clap::FromArgMatches + Sized {
     /// The role these arguments start.
     const ROLE: Role;
 
-    /// The arguments every role shares.
-    fn common(&self) -> &CommonArgs;
-
     /// The command line, without the program name, that [`RoleArgs::try_parse_from`] turns back into `self`.
     fn argv(&self) -> Vec<String>;
 
@@ -147,10 +144,6 @@ impl MemoryxArgs {
 impl RoleArgs for MemoryxArgs {
     const ROLE: Role = Role::Memoryx;
 
-    fn common(&self) -> &CommonArgs {
-        &self.common
-    }
-
     fn argv(&self) -> Vec<String> {
         let mut v = Vec::new();
         self.common.render(&mut v);
@@ -207,10 +200,6 @@ impl SwarmxArgs {
 impl RoleArgs for SwarmxArgs {
     const ROLE: Role = Role::Swarmx;
 
-    fn common(&self) -> &CommonArgs {
-        &self.common
-    }
-
     fn argv(&self) -> Vec<String> {
         let mut v = Vec::new();
         self.common.render(&mut v);
@@ -244,10 +233,6 @@ impl EngineArgs {
 
 impl RoleArgs for EngineArgs {
     const ROLE: Role = Role::Engine;
-
-    fn common(&self) -> &CommonArgs {
-        &self.common
-    }
 
     fn argv(&self) -> Vec<String> {
         let mut v = Vec::new();

@@ -115,9 +115,11 @@ impl LocalSwarm {
         self
     }
 
-    fn replicas(&mut self) -> Result<&mut Replicas> {
-        self.replicas.as_mut().ok_or_else(|| Error::Protocol("these engines cannot hold replicas".into()))
-    }
+}
+
+/// The replicas of engines started `with_replicas`; a fabric without them refuses pipelined calls.
+fn held(replicas: &mut Option<Replicas>) -> Result<&mut Replicas> {
+    replicas.as_mut().ok_or_else(|| Error::Protocol("these engines cannot hold replicas".into()))
 }
 
 impl Swarm for LocalSwarm {
@@ -181,7 +183,7 @@ impl Swarm for LocalSwarm {
 
     fn prime(&mut self, state: &[u8]) -> Result<()> {
         let (step, tensors) = checkpoint::from_bytes(state, "the replica sent to the engines")?;
-        let replicas = self.replicas.as_mut().ok_or_else(|| Error::Protocol("these engines cannot hold replicas".into()))?;
+        let replicas = held(&mut self.replicas)?;
         for (engine, held) in self.engines.iter_mut().zip(&mut replicas.held) {
             let store = (replicas.make)();
             store.restore(step, &tensors)?;
@@ -194,7 +196,7 @@ impl Swarm for LocalSwarm {
     fn resident_step(&mut self, request: &StepRequest) -> Result<LossSum> {
         check_samples(&request.samples, self.train.len())?;
         let parts = split_even(&request.samples, self.engines.len());
-        let replicas = self.replicas.as_mut().ok_or_else(|| Error::Protocol("these engines cannot hold replicas".into()))?;
+        let replicas = held(&mut self.replicas)?;
         let (mut loss, mut sum) = (LossSum::default(), None);
         for ((engine, held), part) in self.engines.iter_mut().zip(&replicas.held).zip(parts) {
             let store = held.as_ref().ok_or_else(|| Error::Protocol("an engine holds no replica: prime it first".into()))?;
@@ -214,7 +216,7 @@ impl Swarm for LocalSwarm {
     }
 
     fn snapshot(&mut self) -> Result<Vec<u8>> {
-        let replicas = self.replicas()?;
+        let replicas = held(&mut self.replicas)?;
         let store = replicas.held.first().and_then(Option::as_ref).ok_or_else(|| Error::Protocol("no engine holds a replica".into()))?;
         let (step, tensors) = store.snapshot()?;
         checkpoint::to_bytes(step, &tensors, &replicas.job)
