@@ -81,10 +81,20 @@ pub struct TrainingJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 31536000))]
     pub active_deadline_seconds: Option<u64>,
-    /// Admission order when CS-2s are scarce: higher runs first, equal priorities run in creation order.
+    /// Reorders this namespace's own waiting jobs of the same class: higher runs first, equal priorities in
+    /// creation order. It never moves a job ahead of another namespace's job: the number is the tenant's to
+    /// choose, so it cannot be what decides between tenants (that is `priorityClassName`).
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(range(min = -1000, max = 1000))]
     pub priority: i32,
+    /// The Kubernetes `PriorityClass` (scheduling.k8s.io/v1) whose `value` orders admission between jobs — a
+    /// number cluster admins control, not the tenant — and that the job's pods carry, so the scheduler and
+    /// priority-scoped quotas see the same priority. A job naming a class that does not exist is not admitted
+    /// (reason `PriorityClassNotFound`); without a name, the cluster's `globalDefault` class (or 0) applies, as
+    /// for pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"))]
+    pub priority_class_name: Option<String>,
     /// Container images of the appliance, for clusters that mirror or pin them.
     #[serde(default, skip_serializing_if = "ImagesSpec::is_default")]
     pub images: ImagesSpec,

@@ -154,6 +154,20 @@ pub fn is_dns_label(name: &str) -> bool {
         && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
+/// Whether `name` can name a cluster-scoped object such as a PriorityClass: a DNS-1123 subdomain, that is
+/// dot-separated DNS-1123 labels of at most 253 characters in all (the schema's pattern is the same).
+pub fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            let b = label.as_bytes();
+            !b.is_empty()
+                && b.len() <= 63
+                && b[0].is_ascii_alphanumeric()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+                && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        })
+}
+
 impl TrainingJobSpec {
     /// Checks ranges and cross-field rules that the schema alone cannot express for a local run.
     pub fn validate(&self) -> Result<(), ApiError> {
@@ -173,6 +187,15 @@ impl TrainingJobSpec {
         }
         if !(-1000..=1000).contains(&self.priority) {
             return Err(invalid("spec.priority", format!("{} is out of range: use -1000 to 1000", self.priority)));
+        }
+        if let Some(c) = self.priority_class_name.as_deref().filter(|c| !is_dns_subdomain(c)) {
+            return Err(invalid(
+                "spec.priorityClassName",
+                format!(
+                    "'{c}' cannot name a PriorityClass: use at most 253 lowercase letters, digits, '-' and '.', \
+                     starting and ending with a letter or digit (e.g. high-priority)"
+                ),
+            ));
         }
         if !is_quantity(&self.checkpoint.volume_size) {
             return Err(invalid(
@@ -442,6 +465,25 @@ spec:
         assert!(err(&GPT.replace("kind: text", "kind: mnist")).contains("spec.data.kind"));
         assert!(err(&GPT.replace("blocks: 2", "blocks: 2, vocabSize: 1000")).contains("vocabSize"));
         assert!(err(&GPT.replace("blocks: 2", "blocks: 2, layers: [1, 2]")).contains("spec.model.layers"));
+    }
+
+    #[test]
+    fn priority_class_names_are_dns_subdomains() {
+        for bad in ["High", "high_priority", "-high", "high-", "a..b", ".a", "a.", " ", ""] {
+            let e = err(&GOOD.replace("cs2: 2", &format!("cs2: 2\n  priorityClassName: '{bad}'")));
+            assert!(e.contains("spec.priorityClassName"), "{bad:?}: {e}");
+        }
+        let long = format!("{}.b", "a".repeat(251));
+        assert!(err(&GOOD.replace("cs2: 2", &format!("cs2: 2\n  priorityClassName: '{long}'"))).contains("spec.priorityClassName"));
+        assert!(err(&GOOD.replace("cs2: 2", &format!("cs2: 2\n  priorityClassName: '{}'", "a".repeat(64)))).contains("spec.priorityClassName"), "a label of 64");
+        for good in ["high", "team-a.high", "system-cluster-critical", "0", "a.b.c-d"] {
+            let job = parse_training_job(&GOOD.replace("cs2: 2", &format!("cs2: 2\n  priorityClassName: '{good}'")))
+                .unwrap_or_else(|e| panic!("{good}: {e}"));
+            assert_eq!(job.spec.priority_class_name.as_deref(), Some(good));
+        }
+        assert!(is_dns_subdomain(&format!("{}.{}", "a".repeat(63), "b".repeat(63))));
+        assert!(!is_dns_subdomain(&format!("{}.{}.{}.{}", "a".repeat(63), "b".repeat(63), "c".repeat(63), "d".repeat(63))), "254 characters");
+        assert_eq!(parse_training_job(GOOD).expect("valid").spec.priority_class_name, None);
     }
 
     #[test]

@@ -118,11 +118,9 @@ fn the_charts_crd_is_the_generated_one() {
     assert_eq!(crd, &parsed, "helm renders the CRD unchanged");
 }
 
-#[test]
-fn the_operator_may_do_exactly_what_it_does() {
-    let objects = template(&[]);
-    let role: ClusterRole = typed(&objects, "ClusterRole", "weightstream-operator");
-    let expected = expect_grants(&[
+/// What the operator does to jobs and their children, in whichever namespaces it watches.
+fn namespaced_grants() -> BTreeSet<(String, String, String)> {
+    expect_grants(&[
         ("weightstream.dev", "trainingjobs", &["get", "list", "watch", "patch"]),
         ("weightstream.dev", "trainingjobs/status", &["patch"]),
         ("weightstream.dev", "trainingjobs/finalizers", &["update"]),
@@ -132,10 +130,22 @@ fn the_operator_may_do_exactly_what_it_does() {
         ("", "configmaps", &["list", "create", "patch", "delete"]),
         ("", "persistentvolumeclaims", &["list", "delete"]),
         ("events.k8s.io", "events", &["create", "patch"]),
-    ]);
-    assert_eq!(grants(&role.rules.unwrap_or_default()), expected);
-    let nodes: ClusterRole = typed(&objects, "ClusterRole", "weightstream-operator-nodes");
-    assert_eq!(grants(&nodes.rules.unwrap_or_default()), expect_grants(&[("", "nodes", &["list"])]));
+        ("", "events", &["list"]),
+    ])
+}
+
+/// The reads of cluster-scoped objects, which no Role can grant: the pool and the PriorityClasses.
+fn cluster_reads() -> BTreeSet<(String, String, String)> {
+    expect_grants(&[("", "nodes", &["list"]), ("scheduling.k8s.io", "priorityclasses", &["list"])])
+}
+
+#[test]
+fn the_operator_may_do_exactly_what_it_does() {
+    let objects = template(&[]);
+    let role: ClusterRole = typed(&objects, "ClusterRole", "weightstream-operator");
+    assert_eq!(grants(&role.rules.unwrap_or_default()), namespaced_grants());
+    let reads: ClusterRole = typed(&objects, "ClusterRole", "weightstream-operator-cluster-reads");
+    assert_eq!(grants(&reads.rules.unwrap_or_default()), cluster_reads());
     let lease: Role = typed(&objects, "Role", "weightstream-operator-leader-election");
     assert_eq!(
         grants(&lease.rules.unwrap_or_default()),
@@ -216,11 +226,12 @@ fn overrides_reach_the_objects() {
         assert!(args.contains(&a.to_string()), "{a} missing from {args:?}");
     }
     assert_eq!(env(&c, "WS_CS2_POOL"), None, "no fallback pool when cs2.pool is null");
-    // One namespace: the job permissions are bound there only, and no Lease permission without an election.
+    // One namespace: the job permissions are bound there only (see the watch-namespace test), and no Lease
+    // permission without an election.
     let binding = find(&objects, "RoleBinding", "weightstream-operator").expect("a RoleBinding in the watched namespace");
     assert_eq!(binding["metadata"]["namespace"], "ml");
     assert!(find(&objects, "ClusterRoleBinding", "weightstream-operator").is_none());
-    assert!(find(&objects, "ClusterRoleBinding", "weightstream-operator-nodes").is_some(), "nodes stay readable");
+    assert!(find(&objects, "ClusterRoleBinding", "weightstream-operator-cluster-reads").is_some(), "nodes stay readable");
     assert!(find(&objects, "Role", "weightstream-operator-leader-election").is_none());
 
     let ds: DaemonSet = typed(&objects, "DaemonSet", "weightstream-device-plugin");
@@ -241,6 +252,37 @@ fn overrides_reach_the_objects() {
     assert_eq!(sm["apiVersion"], "monitoring.coreos.com/v1");
     assert_eq!(sm["spec"]["endpoints"][0]["port"], "http");
     assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
+}
+
+#[test]
+fn with_a_watch_namespace_only_a_role_and_role_binding_grant_namespaced_objects() {
+    let objects = template(&["operator.watchNamespace=ml"]);
+    // The job permissions: a Role in the watched namespace, bound there by a RoleBinding that names the Role.
+    let role: Role = typed(&objects, "Role", "weightstream-operator");
+    assert_eq!(role.metadata.namespace.as_deref(), Some("ml"));
+    assert_eq!(grants(&role.rules.unwrap_or_default()), namespaced_grants());
+    let binding = find(&objects, "RoleBinding", "weightstream-operator").expect("a RoleBinding");
+    assert_eq!(binding["metadata"]["namespace"], "ml");
+    assert_eq!((binding["roleRef"]["kind"].as_str(), binding["roleRef"]["name"].as_str()), (Some("Role"), Some("weightstream-operator")));
+    assert_eq!(binding["subjects"][0]["name"], "weightstream-operator");
+    assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
+    // Nothing cluster-wide but the read-only cluster-scoped lists: no ClusterRole grants any namespaced object.
+    assert!(find(&objects, "ClusterRole", "weightstream-operator").is_none());
+    assert!(find(&objects, "ClusterRoleBinding", "weightstream-operator").is_none());
+    let mut cluster_wide = BTreeSet::new();
+    for o in objects.iter().filter(|o| o["kind"] == "ClusterRole") {
+        let r: ClusterRole = serde_json::from_value(o.clone()).expect("a ClusterRole");
+        cluster_wide.extend(grants(&r.rules.unwrap_or_default()));
+    }
+    assert_eq!(cluster_wide, cluster_reads());
+    for b in objects.iter().filter(|o| o["kind"] == "ClusterRoleBinding") {
+        assert_eq!(b["roleRef"]["name"], "weightstream-operator-cluster-reads", "{b}");
+    }
+    // Every RoleBinding lives in the watched namespace or the release's (the Lease).
+    for b in objects.iter().filter(|o| o["kind"] == "RoleBinding" || o["kind"] == "Role") {
+        let ns = b["metadata"]["namespace"].as_str();
+        assert!(ns == Some("ml") || ns == Some(NAMESPACE), "{b}");
+    }
 }
 
 #[test]

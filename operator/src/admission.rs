@@ -1,17 +1,65 @@
 //! Gang admission: a job gets all of its CS-2s at once or none. The pool's state is derived every time from
 //! the jobs themselves (`status.allocatedCs2`), never remembered, so an operator restart loses nothing.
+//!
+//! The queue's order is decided between tenants by what cluster admins control and within a tenant by what
+//! the tenant says: first the value of the job's Kubernetes `PriorityClass` (`spec.priorityClassName`, or the
+//! cluster's `globalDefault` class, or 0 — as for pods), then creation order; a namespace's own
+//! `spec.priority` only reorders that namespace's jobs among the places they already hold in the queue. So no
+//! tenant moves ahead of another by writing a number, and a job naming a class that does not exist is never
+//! admitted (`PriorityClassNotFound`) and blocks no one.
 
 use std::cmp::Reverse;
+use std::collections::BTreeMap;
 
 use crds::{Phase, TrainingJob};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::ResourceExt;
+
+/// The cluster's PriorityClasses as admission needs them: each class's value and the `globalDefault` one's,
+/// read from the API server (cluster admins create them; tenants cannot).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PriorityClasses {
+    values: BTreeMap<String, i32>,
+    global_default: Option<i32>,
+}
+
+impl PriorityClasses {
+    /// From the listed classes. With several `globalDefault` classes, the lowest value is the default, as the
+    /// API server's Priority admission plugin picks it for pods.
+    pub fn new(classes: &[PriorityClass]) -> PriorityClasses {
+        let mut pc = PriorityClasses::default();
+        for c in classes {
+            pc.values.insert(c.name_any(), c.value);
+            if c.global_default == Some(true) {
+                pc.global_default = Some(pc.global_default.map_or(c.value, |d| d.min(c.value)));
+            }
+        }
+        pc
+    }
+
+    /// The value a job naming `name` is ordered by: the class's, the global default's when it names none, or
+    /// `None` when it names a class that does not exist.
+    pub fn value_of(&self, name: Option<&str>) -> Option<i32> {
+        match name {
+            Some(n) => self.values.get(n).copied(),
+            None => Some(self.global_default.unwrap_or(0)),
+        }
+    }
+}
 
 /// A job as admission sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Claim {
     /// `namespace/name`, which identifies the job.
     pub key: String,
-    /// Higher is admitted first.
+    /// The job's namespace: the tenant whose own `spec.priority` may reorder its jobs.
+    pub namespace: String,
+    /// The value of its PriorityClass, which orders the queue first; `None` when `spec.priorityClassName`
+    /// names a class that does not exist (the job is then never admitted and waits in no one's way).
+    pub class: Option<i32>,
+    /// The class it names, for the message when the class is missing.
+    pub class_name: Option<String>,
+    /// `spec.priority`: higher first, but only among the same namespace's jobs of the same class value.
     pub priority: i32,
     /// Creation time in seconds since the epoch: equal priorities are admitted first come, first served.
     pub created: i64,
@@ -22,8 +70,8 @@ pub struct Claim {
 }
 
 impl Claim {
-    /// The claim of a job as it stands in the API server.
-    pub fn of(job: &TrainingJob) -> Claim {
+    /// The claim of a job as it stands in the API server, with the cluster's PriorityClasses.
+    pub fn of(job: &TrainingJob, classes: &PriorityClasses) -> Claim {
         let status = job.status.clone().unwrap_or_default();
         let holds = status.allocated_cs2.unwrap_or(0);
         let terminal = status.phase.is_some_and(Phase::is_terminal);
@@ -31,12 +79,38 @@ impl Claim {
         let wants = if holds == 0 && !terminal && !deleting && !job.spec.suspend { job.spec.cs2 } else { 0 };
         Claim {
             key: format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any()),
+            namespace: job.namespace().unwrap_or_default(),
+            class: classes.value_of(job.spec.priority_class_name.as_deref()),
+            class_name: job.spec.priority_class_name.clone(),
             priority: job.spec.priority,
             created: job.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second()),
             holds,
             wants,
         }
     }
+
+    /// The claim of a job the operator cannot decode: it keeps what its status says it holds (its pods may
+    /// still run), and waits for nothing, since nothing can be assembled from a spec that cannot be read.
+    pub fn undecodable(key: String, namespace: String, holds: u32) -> Claim {
+        Claim { key, namespace, class: None, class_name: None, priority: 0, created: 0, holds, wants: 0 }
+    }
+}
+
+/// The waiting jobs in the order admission takes them: by class value (higher first), then creation time;
+/// then each namespace's jobs of one class value are dealt, in its own `spec.priority` order, into the places
+/// they hold between them. Jobs whose class does not exist are left out.
+pub fn queue(claims: &[Claim]) -> Vec<&Claim> {
+    let mut places: Vec<&Claim> = claims.iter().filter(|c| c.wants > 0 && c.class.is_some()).collect();
+    places.sort_by_key(|c| (Reverse(c.class), c.created, c.key.clone()));
+    let mut own: BTreeMap<(&str, Option<i32>), Vec<&Claim>> = BTreeMap::new();
+    for c in &places {
+        own.entry((c.namespace.as_str(), c.class)).or_default().push(c);
+    }
+    for jobs in own.values_mut() {
+        // Last first, so `pop` deals them in order.
+        jobs.sort_by_key(|c| (c.priority, Reverse(c.created), Reverse(c.key.clone())));
+    }
+    places.iter().map(|&c| own.get_mut(&(c.namespace.as_str(), c.class)).and_then(Vec::pop).unwrap_or(c)).collect()
 }
 
 /// What admission says about one job.
@@ -61,10 +135,18 @@ pub enum Verdict {
 pub fn decide(pool: u32, claims: &[Claim], key: &str) -> Verdict {
     let used: u32 = claims.iter().map(|c| c.holds).sum();
     let mut free = pool.saturating_sub(used);
-    let mut queue: Vec<&Claim> = claims.iter().filter(|c| c.wants > 0).collect();
-    queue.sort_by_key(|c| (Reverse(c.priority), c.created, c.key.clone()));
+    if let Some(c) = claims.iter().find(|c| c.key == key && c.wants > 0 && c.class.is_none()) {
+        return Verdict::Wait {
+            reason: "PriorityClassNotFound",
+            message: format!(
+                "spec.priorityClassName names PriorityClass '{}', which does not exist: ask a cluster admin for it, \
+                 or name another",
+                c.class_name.as_deref().unwrap_or_default()
+            ),
+        };
+    }
     let mut ahead = 0;
-    for c in queue {
+    for c in queue(claims) {
         if c.wants > pool {
             if c.key == key {
                 return Verdict::Wait {
@@ -99,7 +181,7 @@ pub fn decide(pool: u32, claims: &[Claim], key: &str) -> Verdict {
 /// admission would start first, so growing never jumps the queue.
 pub fn may_grow(pool: u32, claims: &[Claim], extra: u32) -> bool {
     let used: u32 = claims.iter().map(|c| c.holds).sum();
-    let waiting: u32 = claims.iter().filter(|c| c.wants > 0 && c.wants <= pool).map(|c| c.wants).sum();
+    let waiting: u32 = claims.iter().filter(|c| c.wants > 0 && c.wants <= pool && c.class.is_some()).map(|c| c.wants).sum();
     pool.saturating_sub(used).saturating_sub(waiting) >= extra
 }
 
@@ -108,7 +190,93 @@ mod tests {
     use super::*;
 
     fn c(key: &str, priority: i32, created: i64, holds: u32, wants: u32) -> Claim {
-        Claim { key: key.into(), priority, created, holds, wants }
+        Claim { key: key.into(), namespace: "ns".into(), class: Some(0), class_name: None, priority, created, holds, wants }
+    }
+
+    /// A job of namespace `ns` in a class of value `class`, waiting for `wants` CS-2s.
+    fn t(ns: &str, name: &str, class: Option<i32>, priority: i32, created: i64, wants: u32) -> Claim {
+        Claim {
+            key: format!("{ns}/{name}"),
+            namespace: ns.into(),
+            class,
+            class_name: Some("some-class".into()),
+            priority,
+            created,
+            holds: 0,
+            wants,
+        }
+    }
+
+    fn order(claims: &[Claim]) -> Vec<&str> {
+        queue(claims).into_iter().map(|c| c.key.as_str()).collect()
+    }
+
+    #[test]
+    fn a_tenants_own_priority_never_jumps_another_tenant() {
+        // b raises its number to the maximum; a was first. Between tenants, only the class and age count.
+        let claims = [t("a", "first", Some(0), 0, 1, 2), t("b", "pushy", Some(0), 1000, 2, 2)];
+        assert_eq!(order(&claims), ["a/first", "b/pushy"]);
+        assert_eq!(decide(2, &claims, "a/first"), Verdict::Admit);
+        assert!(matches!(decide(2, &claims, "b/pushy"), Verdict::Wait { reason: "InsufficientCapacity", .. }));
+        // Within b, its priority reorders its own jobs among the places they hold.
+        let claims = [
+            t("b", "old", Some(0), 0, 1, 1),
+            t("a", "mid", Some(0), 0, 2, 1),
+            t("b", "urgent", Some(0), 5, 3, 1),
+            t("a", "late", Some(0), 9, 4, 1),
+        ];
+        assert_eq!(order(&claims), ["b/urgent", "a/late", "b/old", "a/mid"]);
+    }
+
+    #[test]
+    fn the_priority_class_value_orders_before_age_and_spec_priority() {
+        let claims = [
+            t("a", "default", Some(0), 1000, 1, 2),
+            t("b", "batch", Some(-10), 1000, 0, 2),
+            t("c", "prod", Some(100_000), -1000, 9, 2),
+        ];
+        assert_eq!(order(&claims), ["c/prod", "a/default", "b/batch"]);
+        assert_eq!(decide(2, &claims, "c/prod"), Verdict::Admit);
+        // The same tenant in two classes: its priority does not carry a job across classes.
+        let claims = [t("a", "low", Some(1), 1000, 1, 1), t("a", "high", Some(2), 0, 2, 1)];
+        assert_eq!(order(&claims), ["a/high", "a/low"]);
+    }
+
+    #[test]
+    fn a_missing_priority_class_is_never_admitted_and_blocks_no_one() {
+        let claims = [t("a", "ghost", None, 1000, 1, 1), t("b", "real", Some(0), 0, 2, 1)];
+        match decide(4, &claims, "a/ghost") {
+            Verdict::Wait { reason, message } => {
+                assert_eq!(reason, "PriorityClassNotFound");
+                assert!(message.contains("'some-class'"), "{message}");
+            }
+            v => panic!("admitted without its class: {v:?}"),
+        }
+        assert_eq!(decide(1, &claims, "b/real"), Verdict::Admit);
+        assert!(may_grow(2, &claims[..1], 2), "a job that cannot start holds back no growth");
+    }
+
+    #[test]
+    fn classes_give_their_value_and_the_lowest_global_default() {
+        let pc = |name: &str, value: i32, default: bool| PriorityClass {
+            metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
+            value,
+            global_default: default.then_some(true),
+            ..Default::default()
+        };
+        let none = PriorityClasses::new(&[pc("high", 1000, false)]);
+        assert_eq!((none.value_of(Some("high")), none.value_of(None), none.value_of(Some("gone"))), (Some(1000), Some(0), None));
+        let defaults = PriorityClasses::new(&[pc("d1", 50, true), pc("d2", 20, true), pc("high", 1000, false)]);
+        assert_eq!(defaults.value_of(None), Some(20));
+        let mut j = crds::testing::mlp_job("j", "ns", 2);
+        j.spec.priority_class_name = Some("high".into());
+        let claim = Claim::of(&j, &defaults);
+        assert_eq!((claim.class, claim.namespace.as_str(), claim.wants), (Some(1000), "ns", 2));
+        j.spec.priority_class_name = None;
+        assert_eq!(Claim::of(&j, &defaults).class, Some(20));
+        let broken = Claim::undecodable("ns/x".into(), "ns".into(), 3);
+        assert_eq!((broken.holds, broken.wants), (3, 0));
+        assert!(matches!(decide(4, &[broken, Claim::of(&j, &defaults)], "ns/j"), Verdict::Wait { reason: "InsufficientCapacity", .. }), "what a broken job holds stays taken");
     }
 
     #[test]

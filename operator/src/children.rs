@@ -242,6 +242,7 @@ pub fn config_map(job: &TrainingJob, cs2: u32) -> Result<ConfigMap, Error> {
         suspend: defaults.suspend,
         restart_limit: defaults.restart_limit,
         priority: defaults.priority,
+        priority_class_name: defaults.priority_class_name,
         active_deadline_seconds: defaults.active_deadline_seconds,
         images: defaults.images,
         resources: defaults.resources,
@@ -444,7 +445,8 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, replicas: i3
         job.spec.resources.memoryx.clone().or_else(|| memory_request(plan.memoryx_bytes)),
         vec![VolumeMount { name: "checkpoints".into(), mount_path: CHECKPOINT_DIR.into(), ..Default::default() }],
     );
-    let pod_spec = restricted_pod(vec![c], vec![config_volume(job)]);
+    let mut pod_spec = restricted_pod(vec![c], vec![config_volume(job)]);
+    pod_spec.priority_class_name.clone_from(&job.spec.priority_class_name);
     let hash = spec_hash(&pod_spec)?;
     let claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -501,6 +503,8 @@ fn pod(job: &TrainingJob, name: String, role: Role, service: String, spec: PodSp
     spec.subdomain = Some(service);
     // A failed pod is replaced by the operator (same name, same DNS), which counts it against restartLimit.
     spec.restart_policy = Some("Never".into());
+    // The scheduler (preemption) and priority-scoped quotas see the priority admission ordered the job by.
+    spec.priority_class_name.clone_from(&job.spec.priority_class_name);
     let hash = fnv(format!("{}/{config}", spec_hash(&spec)?).as_bytes());
     let mut m = meta(job, name, Some(role))?;
     m.annotations = Some(BTreeMap::from([(SPEC_HASH_ANNOTATION.to_string(), hash)]));
@@ -810,6 +814,7 @@ mod tests {
         let mut k = j.clone();
         k.spec.suspend = true;
         k.spec.priority = 7;
+        k.spec.priority_class_name = Some("high".into());
         k.spec.restart_limit = 9;
         assert_eq!(config_hash(&k, 4), before, "no pod is replaced by a suspend");
         k.spec.training.seed += 1;

@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod children;
 pub mod coordinator;
+pub mod decode;
 pub mod deviceplugin;
 pub mod leader;
 pub mod metrics;

@@ -1,7 +1,12 @@
 //! The controller: for each `TrainingJob`, observe (pods, MemoryX, the pool), decide (`status::decide`), then
 //! act (apply or release the children, ask for a checkpoint, write the status). Every pass starts from what
 //! the API server holds, so a pass can be repeated, interrupted or run by a freshly started replica.
+//!
+//! Jobs are watched and listed as stored and decoded one by one (kube's `DeserializeGuard` for the watch,
+//! `decode::decode` for the lists): an object the type cannot hold is reported on itself (`Ready=False`,
+//! `InvalidSpec`, a Warning Event) and never fails the watch or the list every other job depends on.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,9 +14,12 @@ use crds::contract::MemoryxStatus;
 use crds::{Phase, TrainingJob, TrainingJobStatus};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
@@ -20,10 +28,11 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::admission::{self, Claim, Verdict};
+use crate::admission::{self, PriorityClasses, Verdict};
 use crate::children::{self, Desired, JOB_LABEL, ROLE_LABEL, SPEC_HASH_ANNOTATION, Settings};
 use crate::coordinator::Coordinator;
-use crate::status::{self, Children, Observed};
+use crate::decode::{self, Stored};
+use crate::status::{self, Children, Observed, Refusal};
 use crate::{Config, Error, FINALIZER, MANAGER, Shared};
 
 /// What every reconcile pass needs.
@@ -46,10 +55,15 @@ pub struct Context {
     pub recorder: Recorder,
 }
 
-fn jobs_api(client: &Client, namespace: Option<&str>) -> Api<TrainingJob> {
+/// A watched job: decoded, or the metadata and the error of one that does not decode.
+pub type Watched = DeserializeGuard<TrainingJob>;
+
+/// The jobs as stored, undecoded, in the watched namespace or all of them: lists decode each on its own.
+fn stored_jobs(client: &Client, namespace: Option<&str>) -> Api<DynamicObject> {
+    let ar = ApiResource::erase::<TrainingJob>(&());
     match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
     }
 }
 
@@ -61,7 +75,10 @@ pub async fn run(
     shared: Shared,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
-    let jobs = jobs_api(&client, config.namespace.as_deref());
+    let jobs: Api<Watched> = match config.namespace.as_deref() {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
     let pods: Api<Pod> = match config.namespace.as_deref() {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -91,7 +108,11 @@ pub async fn run(
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 let mut counts: Vec<(String, i64)> = Vec::new();
                 for job in store.state() {
-                    let phase = job.status.as_ref().and_then(|s| s.phase).map_or("Pending", Phase::as_str).to_string();
+                    let phase = match &job.0 {
+                        Ok(job) => job.status.as_ref().and_then(|s| s.phase).map_or("Pending", Phase::as_str),
+                        Err(_) => decode::INVALID_SPEC,
+                    }
+                    .to_string();
                     match counts.iter_mut().find(|(p, _)| *p == phase) {
                         Some((_, n)) => *n += 1,
                         None => counts.push((phase, 1)),
@@ -121,25 +142,40 @@ pub async fn run(
 }
 
 /// One pass for one job: adds the cleanup finalizer, then either brings the job's world in line with its spec
-/// or, when it is being deleted, removes its children.
-pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// or, when it is being deleted, removes its children. A job that does not decode is reported and left alone
+/// (no finalizer is added to what the operator cannot manage), but still cleaned up if it is deleted while it
+/// carries the finalizer from when it did decode.
+pub async fn reconcile(obj: Arc<Watched>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
-    let uid = job.uid();
-    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-    let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
-    let result = finalizer(&api, FINALIZER, job, |event| async {
-        match event {
-            FinalizerEvent::Apply(job) => apply(job, ctx.clone()).await,
-            FinalizerEvent::Cleanup(job) => cleanup(job, ctx.clone()).await,
+    let uid = obj.uid();
+    let ns = obj.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let deleting = obj.meta().deletion_timestamp.is_some();
+    let result = match &obj.0 {
+        Err(_) if !deleting => undecodable(&obj, &ctx).await,
+        _ => {
+            // The finalizer needs only the metadata, which every stored object has.
+            let api: Api<PartialObjectMeta<TrainingJob>> = Api::namespaced(ctx.client.clone(), &ns);
+            let meta = Arc::new(PartialObjectMeta { types: None, metadata: obj.meta().clone(), _phantom: PhantomData });
+            finalizer(&api, FINALIZER, meta, |event| async {
+                match event {
+                    FinalizerEvent::Apply(_) => match &obj.0 {
+                        Ok(job) => apply(job, ctx.clone()).await,
+                        Err(_) => undecodable(&obj, &ctx).await,
+                    },
+                    FinalizerEvent::Cleanup(m) => cleanup(&m.metadata, ctx.clone()).await,
+                }
+            })
+            .await
+            .map_err(|e| match e {
+                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+                // Keep the API error itself, so a conflict is recognised by its status code.
+                kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
+                    Error::Kube(e)
+                }
+                other => Error::Finalizer(other.to_string()),
+            })
         }
-    })
-    .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        // Keep the API error itself, so a conflict is recognised by its status code.
-        kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => Error::Kube(e),
-        other => Error::Finalizer(other.to_string()),
-    });
+    };
     ctx.shared.metrics.observe(result.is_ok(), started.elapsed());
     if result.is_ok() {
         if let (Ok(mut f), Some(uid)) = (ctx.failures.lock(), uid) {
@@ -152,7 +188,7 @@ pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Actio
 /// Retries a failed pass: conflicts at once (someone else wrote first; the next pass reads their write),
 /// anything else after a pause that doubles with each failure in a row of that job, so one job that keeps
 /// failing (an API server refusing its objects) does not crowd out the others.
-pub fn error_policy(job: Arc<TrainingJob>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(job: Arc<Watched>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(job = %job.name_any(), error = %error, "reconcile error");
     if error.is_conflict() {
         return Action::requeue(Duration::from_millis(200));
@@ -284,6 +320,8 @@ struct Reading {
     settings: Settings,
     existing: Vec<Pod>,
     desired: Option<Desired>,
+    classes: PriorityClasses,
+    memoryx_refusal: Option<Refusal>,
 }
 
 /// Read: everything the decision needs that is not the list of jobs. MemoryX is asked first and outside any
@@ -298,13 +336,46 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let existing = pods.list(&ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any()))).await?.items;
     let desired = if holds > 0 { Some(children::desired(job, &settings, holds)?) } else { None };
-    Ok(Reading { coordinator, pool, settings, existing, desired })
+    let classes = Api::<PriorityClass>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
+    let classes = PriorityClasses::new(&classes);
+    let memoryx_refusal = if holds > 0 { memoryx_refusal(job, &existing, ctx).await } else { None };
+    Ok(Reading { coordinator, pool, settings, existing, desired, classes, memoryx_refusal })
+}
+
+/// Why MemoryX's pod is missing, when the API server refused it: the StatefulSet controller creates it, so
+/// the refusal shows only on the StatefulSet (its conditions, or its `FailedCreate` event). Asked only while
+/// the StatefulSet wants a pod that does not exist; a failure to read is logged, never fatal to the pass.
+async fn memoryx_refusal(job: &TrainingJob, existing: &[Pod], ctx: &Context) -> Option<Refusal> {
+    let ns = job.namespace()?;
+    let name = children::names::memoryx(&job.name_any());
+    let pod = format!("{name}-0");
+    if existing.iter().any(|p| p.name_any() == pod) {
+        return None;
+    }
+    let key = format!("{ns}/{}", job.name_any());
+    let sts = match Api::<StatefulSet>::namespaced(ctx.client.clone(), &ns).get_opt(&name).await {
+        Ok(Some(sts)) => sts,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::warn!(job = %key, error = %e, "cannot read MemoryX's StatefulSet");
+            return None;
+        }
+    };
+    let about = ListParams::default().fields(&format!("involvedObject.kind=StatefulSet,involvedObject.name={name}"));
+    let events = match Api::<CoreEvent>::namespaced(ctx.client.clone(), &ns).list(&about).await {
+        Ok(list) => list.items,
+        Err(e) => {
+            tracing::warn!(job = %key, error = %e, "cannot read the events of MemoryX's StatefulSet");
+            Vec::new()
+        }
+    };
+    status::memoryx_refusal(&sts, &events)
 }
 
 /// Decide (pure): the job's next status and what to do with its children, from what was read and the current
 /// list of every job (whose allocations are what is taken from the pool).
-fn decide(job: &TrainingJob, all: &[TrainingJob], r: &Reading, ctx: &Context, now: Timestamp) -> (status::Decision, PodCensus) {
-    let claims: Vec<Claim> = all.iter().map(Claim::of).collect();
+fn decide(job: &TrainingJob, all: &[Stored], r: &Reading, ctx: &Context, now: Timestamp) -> (status::Decision, PodCensus) {
+    let claims = decode::claims(all, &r.classes);
     let (pool_size, _) = r.pool.unwrap_or((0, false));
     let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
@@ -336,10 +407,55 @@ fn decide(job: &TrainingJob, all: &[TrainingJob], r: &Reading, ctx: &Context, no
 }
 
 /// Every job the operator counts against the pool, read afresh from the API server (not from the cache):
-/// admission must see every allocation made so far. `None` when `job` itself is gone.
-async fn fresh(job: &TrainingJob, ctx: &Context) -> Result<Option<(TrainingJob, Vec<TrainingJob>)>, Error> {
-    let all = jobs_api(&ctx.client, ctx.config.namespace.as_deref()).list(&ListParams::default()).await?.items;
-    Ok(all.iter().find(|j| j.uid() == job.uid()).cloned().map(|j| (j, all)))
+/// admission must see every allocation made so far. Each is decoded on its own, so one that does not decode
+/// still counts what it holds and fails nothing. `None` when `job` itself is gone (or no longer decodes).
+async fn fresh(job: &TrainingJob, ctx: &Context) -> Result<Option<(TrainingJob, Vec<Stored>)>, Error> {
+    let listed = stored_jobs(&ctx.client, ctx.config.namespace.as_deref()).list(&ListParams::default()).await?.items;
+    let all: Vec<Stored> = listed.iter().map(decode::decode).collect();
+    let this = all.iter().find_map(|s| s.as_ref().ok().filter(|j| j.uid() == job.uid()).cloned());
+    Ok(this.map(|j| (j, all)))
+}
+
+/// A job that does not decode: says why on the job itself — `Ready=False` with reason `InvalidSpec` and the
+/// decoding error (when its status still decodes) and a Warning Event — and waits for it to change. Its
+/// children are left as they are: nothing can be decided from a spec that cannot be read.
+async fn undecodable(obj: &Watched, ctx: &Context) -> Result<Action, Error> {
+    let ns = obj.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let api = stored_jobs(&ctx.client, Some(&ns));
+    let Some(raw) = api.get_opt(&obj.name_any()).await? else { return Ok(Action::await_change()) };
+    let u = match decode::decode(&raw) {
+        // Fixed meanwhile: the watch brings it decoded.
+        Ok(_) => return Ok(Action::requeue(Duration::from_millis(200))),
+        Err(u) => u,
+    };
+    let key = u.key();
+    tracing::warn!(job = %key, error = %u.error, "cannot decode the TrainingJob; reconciling the others");
+    let next = decode::invalid_spec_status(&u, Timestamp::now());
+    let news = next.is_none() || next != u.status;
+    if let Some(status) = next.filter(|s| Some(s) != u.status.as_ref()) {
+        let patch = serde_json::json!({
+            "apiVersion": format!("{}/{}", crds::GROUP, crds::VERSION),
+            "kind": "TrainingJob",
+            "metadata": { "name": u.name, "resourceVersion": u.resource_version },
+            "status": status,
+        });
+        if let Err(e) = api.patch_status(&u.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await {
+            tracing::warn!(job = %key, error = %e, "cannot record InvalidSpec in the status");
+        }
+    }
+    if news {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: decode::INVALID_SPEC.into(),
+            note: Some(format!("the operator cannot read this TrainingJob: {}", u.error)),
+            action: "Decode".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::warn!(job = %key, error = %e, "cannot record event");
+        }
+    }
+    Ok(Action::await_change())
 }
 
 /// Writes `status` as a compare-and-swap on the job's resourceVersion: a status computed from a stale read is
@@ -364,15 +480,15 @@ async fn write_status(ctx: &Context, job: &TrainingJob, status: &TrainingJobStat
 /// status — before any child is created, so two jobs never both take the last free CS-2s, and nothing else
 /// (MemoryX, the children) waits on it: different jobs reconcile concurrently. The rest of the status, the
 /// phase above all, follows once the children are applied.
-async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
-    let Some((mut job, mut all)) = fresh(&job, &ctx).await? else { return Ok(Action::await_change()) };
+    let Some((mut job, mut all)) = fresh(job, &ctx).await? else { return Ok(Action::await_change()) };
     if job.metadata.deletion_timestamp.is_some() {
         return Ok(Action::requeue(Duration::from_millis(100)));
     }
     let reading = read(&job, &ctx).await?;
     let (pool_size, _) = reading.pool.unwrap_or((0, false));
-    ctx.shared.metrics.set_pool(pool_size, all.iter().map(|j| Claim::of(j).holds).sum());
+    ctx.shared.metrics.set_pool(pool_size, decode::claims(&all, &reading.classes).iter().map(|c| c.holds).sum());
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
     let claims_more = |d: &status::Decision| d.status.allocated_cs2.unwrap_or(0) > holds;
     let (mut decision, mut pods) = decide(&job, &all, &reading, &ctx, Timestamp::now());
@@ -393,6 +509,19 @@ async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error
             job = write_status(&ctx, &job, &claim).await?;
         }
     }
+
+    // MemoryX's pod refused by the API server shows only on its StatefulSet: bring it to the job's Ready.
+    let refusal = match (&reading.memoryx_refusal, &decision.children) {
+        (Some(r), Children::Assemble(_)) => Some(r),
+        _ => None,
+    };
+    if let Some(r) = refusal {
+        decision.status = status::children_refused(&decision.status, r.reason, r.message.clone(), job.metadata.generation, Timestamp::now());
+    }
+    let refusal_is_news = refusal.is_some_and(|r| {
+        let conditions = job.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+        !conditions.iter().any(|c| c.type_ == status::READY && c.reason == r.reason && c.message == r.message)
+    });
 
     match decision.children {
         Children::Nothing => {}
@@ -421,6 +550,19 @@ async fn apply(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error
     }
     if job.status.as_ref() != Some(&decision.status) {
         write_status(&ctx, &job, &decision.status).await?;
+    }
+    if let Some(r) = refusal.filter(|_| refusal_is_news) {
+        tracing::warn!(job = %key, reason = r.reason, "{}", r.message);
+        let event = Event {
+            type_: EventType::Warning,
+            reason: r.reason.into(),
+            note: Some(r.message.clone()),
+            action: "Assemble".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
+            tracing::warn!(job = %key, error = %e, "cannot record event");
+        }
     }
     if let Some(t) = &decision.transition {
         tracing::info!(job = %key, phase = %t.phase, reason = %t.reason, message = %t.message, "phase changed");
@@ -523,17 +665,19 @@ async fn release(ctx: &Context, job: &TrainingJob, existing: &[Pod]) -> Result<(
 }
 
 /// Removes every child of a deleted job by label (owner references would do it too, given a garbage collector;
-/// this does not depend on one), including MemoryX's checkpoint volume.
-async fn cleanup(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-    let selector = ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any()));
+/// this does not depend on one), including MemoryX's checkpoint volume. It needs only the job's metadata, so
+/// a job that no longer decodes is cleaned up too.
+async fn cleanup(job: &ObjectMeta, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = job.namespace.clone().ok_or(Error::MissingField("metadata.namespace"))?;
+    let name = job.name.clone().ok_or(Error::MissingField("metadata.name"))?;
+    let selector = ListParams::default().labels(&format!("{JOB_LABEL}={name}"));
     let c = &ctx.client;
     delete_labelled(&Api::<Pod>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<StatefulSet>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<Service>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<ConfigMap>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<PersistentVolumeClaim>::namespaced(c.clone(), &ns), &selector).await?;
-    tracing::info!(job = %job.name_any(), namespace = %ns, "job deleted; children removed");
+    tracing::info!(job = %name, namespace = %ns, "job deleted; children removed");
     Ok(Action::await_change())
 }
 

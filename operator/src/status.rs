@@ -134,6 +134,63 @@ pub fn refusal_reason(code: u16) -> &'static str {
     }
 }
 
+/// Reasons that keep a job from progressing until someone acts (a cluster admin, the job's owner): each is a
+/// Warning Event when it first appears, not only a condition.
+pub const WARNING_REASONS: &[&str] = &["PriorityClassNotFound"];
+
+/// Why MemoryX's pod does not exist although its StatefulSet wants it: the API server refused it (Pod
+/// Security, a quota, a webhook) and the StatefulSet controller said so only on the StatefulSet, as a
+/// `ReplicaFailure` condition or (what Kubernetes' controller does today) a `FailedCreate` Warning Event.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    /// `PodsForbidden` (403: Pod Security, RBAC, a quota), `ChildInvalid` (422) or `PodCreateFailed`.
+    pub reason: &'static str,
+    /// The API server's words, as the StatefulSet controller passed them on.
+    pub message: String,
+}
+
+/// Reads a refusal of MemoryX's pod from its StatefulSet `sts` and the core Events about it: a
+/// `ReplicaFailure=True` condition, or else the newest `FailedCreate` event about this StatefulSet (by uid)
+/// when no `SuccessfulCreate` came after it. `None` when the StatefulSet wants no pod. The caller asks only
+/// while the pod is missing, so an old refusal that was since overcome is never reported.
+pub fn memoryx_refusal(sts: &k8s_openapi::api::apps::v1::StatefulSet, events: &[k8s_openapi::api::core::v1::Event]) -> Option<Refusal> {
+    if sts.spec.as_ref().and_then(|s| s.replicas) == Some(0) {
+        return None;
+    }
+    let classify = |message: &str| {
+        let reason = if message.contains("forbidden") {
+            "PodsForbidden"
+        } else if message.contains("is invalid") {
+            "ChildInvalid"
+        } else {
+            "PodCreateFailed"
+        };
+        Refusal { reason, message: format!("the API server refused MemoryX's pod: {message}") }
+    };
+    let conditions = sts.status.as_ref().and_then(|s| s.conditions.as_ref());
+    if let Some(c) = conditions.into_iter().flatten().find(|c| c.type_ == "ReplicaFailure" && c.status == "True") {
+        return Some(classify(c.message.as_deref().or(c.reason.as_deref()).unwrap_or("ReplicaFailure")));
+    }
+    let uid = sts.metadata.uid.as_deref();
+    let about_it = |e: &&k8s_openapi::api::core::v1::Event| {
+        let o = &e.involved_object;
+        o.kind.as_deref() == Some("StatefulSet")
+            && o.name == sts.metadata.name
+            && (uid.is_none() || o.uid.as_deref().is_none_or(|u| Some(u) == uid))
+            && matches!(e.reason.as_deref(), Some("FailedCreate" | "SuccessfulCreate"))
+    };
+    let when = |e: &k8s_openapi::api::core::v1::Event| {
+        e.last_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .or(e.event_time.as_ref().map(|t| t.0))
+            .or(e.first_timestamp.as_ref().map(|t| t.0))
+            .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    };
+    let newest = events.iter().filter(about_it).max_by_key(|e| when(e))?;
+    (newest.reason.as_deref() == Some("FailedCreate")).then(|| classify(newest.message.as_deref().unwrap_or("FailedCreate")))
+}
+
 /// Decides the next status of `job` and what to do with its children.
 pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
     let spec = &job.spec;
@@ -334,11 +391,14 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
         (Children::Assemble(holds), false)
     };
 
-    let transition = (d.s.phase != prev.phase).then(|| Transition {
+    // A reason that needs someone to act is announced when it first appears, even if the phase stays.
+    let needs_action = WARNING_REASONS.contains(&d.reason.as_str());
+    let new_reason = needs_action && !prev.conditions.iter().any(|c| c.reason == d.reason && c.message == d.message);
+    let transition = (d.s.phase != prev.phase || new_reason).then(|| Transition {
         phase: d.s.phase.unwrap_or(Phase::Queued),
         reason: d.reason.clone(),
         message: d.message.clone(),
-        warning: d.s.phase == Some(Phase::Failed),
+        warning: d.s.phase == Some(Phase::Failed) || needs_action,
     });
     Decision { status: d.s, children, request_checkpoint, transition }
 }
@@ -528,6 +588,98 @@ mod tests {
         assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "PodsForbidden"));
         assert!(c.message.contains("violates PodSecurity"));
         assert_eq!(refusal_reason(422), "ChildInvalid");
+    }
+
+    fn memoryx_set(replicas: i32, conditions: Vec<k8s_openapi::api::apps::v1::StatefulSetCondition>) -> k8s_openapi::api::apps::v1::StatefulSet {
+        use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
+        StatefulSet {
+            metadata: kube::api::ObjectMeta { name: Some("j-memoryx".into()), uid: Some("sts-uid".into()), ..Default::default() },
+            spec: Some(StatefulSetSpec { replicas: Some(replicas), ..Default::default() }),
+            status: Some(StatefulSetStatus { conditions: Some(conditions), ..Default::default() }),
+        }
+    }
+
+    fn sts_event(reason: &str, second: i64, uid: &str, message: &str) -> k8s_openapi::api::core::v1::Event {
+        use k8s_openapi::api::core::v1::{Event, ObjectReference};
+        Event {
+            involved_object: ObjectReference {
+                kind: Some("StatefulSet".into()),
+                name: Some("j-memoryx".into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            type_: Some(if reason == "FailedCreate" { "Warning" } else { "Normal" }.into()),
+            last_timestamp: Some(Time(Timestamp::from_second(second).unwrap())),
+            ..Default::default()
+        }
+    }
+
+    const FORBIDDEN: &str = "create Pod j-memoryx-0 in StatefulSet j-memoryx failed error: pods \"j-memoryx-0\" is forbidden: \
+        violates PodSecurity \"restricted:latest\": allowPrivilegeEscalation != false";
+
+    #[test]
+    fn a_refused_memoryx_pod_is_read_from_the_statefulsets_replica_failure() {
+        use k8s_openapi::api::apps::v1::StatefulSetCondition;
+        let failure = StatefulSetCondition {
+            type_: "ReplicaFailure".into(),
+            status: "True".into(),
+            reason: Some("FailedCreate".into()),
+            message: Some(FORBIDDEN.into()),
+            ..Default::default()
+        };
+        let r = memoryx_refusal(&memoryx_set(1, vec![failure.clone()]), &[]).expect("a refusal");
+        assert_eq!(r.reason, "PodsForbidden");
+        assert!(r.message.contains("violates PodSecurity \"restricted:latest\"") && r.message.contains("MemoryX"), "{}", r.message);
+        // It reaches Ready with the API server's words, as a refused engine pod does.
+        let mut j = job(2);
+        let s = children_refused(&TrainingJobStatus { phase: Some(Phase::Starting), ..Default::default() }, r.reason, r.message.clone(), Some(1), obs().now);
+        j.status = Some(s);
+        assert_eq!((cond(&j, READY).status.as_str(), cond(&j, READY).reason.as_str()), ("False", "PodsForbidden"));
+        assert!(cond(&j, READY).message.contains("allowPrivilegeEscalation"));
+        // A condition that no longer holds, or a set scaled to zero, is no refusal.
+        let over = StatefulSetCondition { status: "False".into(), ..failure.clone() };
+        assert_eq!(memoryx_refusal(&memoryx_set(1, vec![over]), &[]), None);
+        assert_eq!(memoryx_refusal(&memoryx_set(0, vec![failure]), &[]), None);
+        let invalid = StatefulSetCondition {
+            type_: "ReplicaFailure".into(),
+            status: "True".into(),
+            message: Some("Pod \"j-memoryx-0\" is invalid: spec.containers[0].image: Required value".into()),
+            ..Default::default()
+        };
+        assert_eq!(memoryx_refusal(&memoryx_set(1, vec![invalid]), &[]).unwrap().reason, "ChildInvalid");
+    }
+
+    #[test]
+    fn a_refused_memoryx_pod_is_read_from_the_statefulset_controllers_event() {
+        let sts = memoryx_set(1, vec![]);
+        let failed = sts_event("FailedCreate", 200, "sts-uid", FORBIDDEN);
+        let r = memoryx_refusal(&sts, &[sts_event("SuccessfulCreate", 100, "sts-uid", "create Pod ok"), failed.clone()]).expect("a refusal");
+        assert_eq!(r.reason, "PodsForbidden");
+        assert!(r.message.contains("allowPrivilegeEscalation != false"), "{}", r.message);
+        // A later successful create, another (older) StatefulSet of the same name, or no event: no refusal.
+        assert_eq!(memoryx_refusal(&sts, &[failed.clone(), sts_event("SuccessfulCreate", 300, "sts-uid", "ok")]), None);
+        assert_eq!(memoryx_refusal(&sts, &[sts_event("FailedCreate", 200, "old-uid", FORBIDDEN)]), None);
+        assert_eq!(memoryx_refusal(&sts, &[]), None);
+        let quota = sts_event("FailedCreate", 400, "sts-uid", "pods \"j-memoryx-0\" is forbidden: exceeded quota: q");
+        assert_eq!(memoryx_refusal(&sts, &[failed, quota]).unwrap().message, "the API server refused MemoryX's pod: pods \"j-memoryx-0\" is forbidden: exceeded quota: q");
+    }
+
+    #[test]
+    fn a_missing_priority_class_queues_the_job_with_a_warning_once() {
+        let mut j = job(2);
+        let mut o = obs();
+        let missing = Verdict::Wait { reason: "PriorityClassNotFound", message: "spec.priorityClassName names PriorityClass 'gold', which does not exist".into() };
+        o.admission = Some(Verdict::Wait { reason: "InsufficientCapacity", message: "needs 2".into() });
+        assert!(!step(&mut j, &o).transition.unwrap().warning);
+        o.admission = Some(missing);
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.phase, d.children.clone()), (Some(Phase::Queued), Children::Nothing));
+        assert_eq!((cond(&j, ADMITTED).status.as_str(), cond(&j, ADMITTED).reason.as_str()), ("False", "PriorityClassNotFound"));
+        let t = d.transition.expect("an Event although the phase stays Queued");
+        assert!(t.warning && t.reason == "PriorityClassNotFound" && t.message.contains("'gold'"), "{t:?}");
+        assert!(step(&mut j, &o).transition.is_none(), "announced once");
     }
 
     #[test]

@@ -104,4 +104,8 @@ app.kubernetes.io/component: device-plugin
 - apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+- apiGroups: [""]
+  # Why MemoryX's pod is missing: the StatefulSet controller says so only in a FailedCreate event.
+  resources: [events]
+  verbs: [list]
 {{- end }}

@@ -1,0 +1,283 @@
+//! An operator no tenant can stall, against a real API server: a TrainingJob the Rust type cannot decode
+//! (stored while the schema was looser) is reported on itself and the other jobs are still admitted; a job
+//! naming a missing PriorityClass waits with `PriorityClassNotFound` and is admitted, its pods carrying the
+//! class, once an admin creates it; a MemoryX pod refused by the API server (as the StatefulSet controller
+//! reports it: a `FailedCreate` event, played here by the test as the kubelet is elsewhere) shows in `Ready`.
+//!
+//! The schema is loosened and restored cluster-wide, so this file runs its own API server instance
+//! (`shared-cluster`, ports shifted by 7) and disturbs no other test. With `KUBECONFIG` set it uses that
+//! cluster instead.
+
+use std::time::Duration;
+
+use crds::{Phase, TrainingJob};
+use e2e::{RunningOperator, install_crd, job, namespace, wait_for};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::core::ApiResource;
+use kube::{Client, CustomResourceExt, ResourceExt};
+
+const INSTANCE: &str = "shared-cluster";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn ok<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+async fn setup(prefix: &str) -> (Client, String) {
+    let client = if std::env::var_os("KUBECONFIG").is_some() {
+        ok(e2e::client().await, "client")
+    } else {
+        let path = ok(tokio::task::spawn_blocking(|| e2e::up(INSTANCE, 7)).await, "up.sh task");
+        let path = ok(path, "no API server for the shared-cluster tests");
+        ok(e2e::client_for(&path).await, "client")
+    };
+    ok(install_crd(&client).await, "install the CRD");
+    let ns = ok(namespace(&client, prefix).await, "namespace");
+    (client, ns)
+}
+
+async fn wait_phase(api: &Api<TrainingJob>, name: &str, phase: Phase) -> TrainingJob {
+    let what = format!("{name} to reach {phase}");
+    let r = wait_for(WAIT, &what, || async {
+        let j = api.get(name).await.ok()?;
+        (j.status.as_ref()?.phase == Some(phase)).then_some(j)
+    })
+    .await;
+    match r {
+        Ok(j) => j,
+        Err(e) => panic!("{e}; status now: {:#?}", api.get(name).await.ok().and_then(|j| j.status)),
+    }
+}
+
+/// Waits for a Warning Event with `reason` about the object named `name`.
+async fn warning(client: &Client, ns: &str, name: &str, reason: &str) -> Event {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let what = format!("a Warning {reason} event about {name}");
+    ok(
+        wait_for(WAIT, &what, || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.involved_object.name.as_deref() == Some(name)
+            })
+        })
+        .await,
+        "event",
+    )
+}
+
+fn ready(conditions: &[Condition]) -> Option<&Condition> {
+    conditions.iter().find(|c| c.type_ == "Ready")
+}
+
+/// The acceptance of issue 14: "an operator facing one broken object keeps reconciling the others". The
+/// schema is loosened (batchSize loses its maximum, as before issue 14), a job with a batch size of 2^32 is
+/// stored, the schema is restored; the typed list that the operator used to watch now fails as a whole, yet
+/// a good job created afterwards is admitted, and the broken one says `InvalidSpec` on itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_undecodable_job_does_not_stop_the_others() {
+    let (client, ns) = setup("undecodable").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = TrainingJob::crd();
+    let mut loose = ok(serde_json::to_value(&crd), "CRD as JSON");
+    let batch = &mut loose["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["training"]
+        ["properties"]["batchSize"];
+    let batch = batch.as_object_mut().expect("the schema of spec.training.batchSize");
+    assert!(batch.remove("maximum").is_some(), "batchSize has a maximum to loosen");
+    batch.remove("format");
+    let manager = PatchParams::apply("weightstream-e2e").force();
+    ok(crds.patch(&crd.name_any(), &manager, &Patch::Apply(&loose)).await, "loosen the CRD");
+
+    let ar = ApiResource::erase::<TrainingJob>(&());
+    let raw: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+    let mut broken = ok(serde_json::to_value(job("broken", 2)), "job as JSON");
+    broken["spec"]["training"]["batchSize"] = serde_json::json!(4_294_967_296_u64);
+    let broken: DynamicObject = ok(serde_json::from_value(broken), "dynamic object");
+    // The API server takes the looser schema up within moments.
+    ok(
+        wait_for(WAIT, "the server to store batchSize 2^32", || async {
+            raw.create(&PostParams::default(), &broken).await.ok().map(|_| ())
+        })
+        .await,
+        "store the broken job",
+    );
+    ok(install_crd(&client).await, "restore the CRD");
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    assert!(jobs.list(&ListParams::default()).await.is_err(), "a typed list of the namespace fails on the broken job");
+
+    let op = RunningOperator::start(&client, &ns, 4);
+    ok(jobs.create(&PostParams::default(), &job("good", 2)).await, "create the good job");
+    let good = wait_phase(&jobs, "good", Phase::Starting).await;
+    assert_eq!(good.status.and_then(|s| s.allocated_cs2), Some(2), "the good job is admitted");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    ok(
+        wait_for(WAIT, "the good job's engines", || async {
+            let sel = ListParams::default().labels("weightstream.dev/job=good,weightstream.dev/role=engine");
+            (pods.list(&sel).await.ok()?.items.len() == 2).then_some(())
+        })
+        .await,
+        "engines",
+    );
+
+    // The broken job says why on itself, and in a Warning Event; it holds nothing and gets no children.
+    let c = wait_for(WAIT, "Ready=False InvalidSpec on the broken job", || async {
+        let o = raw.get("broken").await.ok()?;
+        let conditions: Vec<Condition> = serde_json::from_value(o.data["status"]["conditions"].clone()).ok()?;
+        ready(&conditions).filter(|c| c.reason == "InvalidSpec").cloned()
+    })
+    .await;
+    let c = match c {
+        Ok(c) => c,
+        Err(e) => panic!("{e}; stored now: {:#?}", raw.get("broken").await.ok().map(|o| o.data)),
+    };
+    assert_eq!(c.status, "False");
+    assert!(c.message.contains("spec.training.batchSize") && c.message.contains("4294967296"), "{}", c.message);
+    let e = warning(&client, &ns, "broken", "InvalidSpec").await;
+    assert!(e.message.unwrap_or_default().contains("spec.training.batchSize"));
+    let sel = ListParams::default().labels("weightstream.dev/job=broken");
+    assert!(ok(pods.list(&sel).await, "pods").items.is_empty(), "nothing is assembled from an unreadable spec");
+
+    // Deleting it is not held up by the operator.
+    ok(raw.delete("broken", &DeleteParams::default()).await, "delete the broken job");
+    ok(
+        wait_for(WAIT, "the broken job to be gone", || async { raw.get_opt("broken").await.ok()?.is_none().then_some(()) }).await,
+        "gone",
+    );
+    assert!(jobs.list(&ListParams::default()).await.is_ok(), "the namespace lists again");
+    op.stop().await;
+}
+
+/// Admission priority comes from a PriorityClass, which only cluster admins create: a job naming one that does
+/// not exist waits (`PriorityClassNotFound`, a Warning Event) and blocks no one; once the class exists the job
+/// is admitted and its pods carry the class.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_waits_for_its_priority_class_and_its_pods_carry_it() {
+    let (client, ns) = setup("prioclass").await;
+    let class_name = format!("ws-e2e-{ns}");
+    let op = RunningOperator::start(&client, &ns, 4);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let mut classy = job("classy", 2);
+    classy.spec.priority_class_name = Some(class_name.clone());
+    ok(jobs.create(&PostParams::default(), &classy).await, "create the job naming a missing class");
+    ok(jobs.create(&PostParams::default(), &job("plain", 2)).await, "create a plain job");
+    let queued = wait_phase(&jobs, "classy", Phase::Queued).await;
+    let admitted = queued.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Admitted")).cloned();
+    let admitted = admitted.expect("an Admitted condition");
+    assert_eq!(admitted.reason, "PriorityClassNotFound");
+    assert!(admitted.message.contains(&class_name), "{}", admitted.message);
+    warning(&client, &ns, "classy", "PriorityClassNotFound").await;
+    wait_phase(&jobs, "plain", Phase::Starting).await;
+
+    let classes: Api<PriorityClass> = Api::all(client.clone());
+    let class = PriorityClass {
+        metadata: ObjectMeta { name: Some(class_name.clone()), ..Default::default() },
+        value: 1000,
+        description: Some("weightstream e2e".into()),
+        ..Default::default()
+    };
+    ok(classes.create(&PostParams::default(), &class).await, "create the PriorityClass");
+    wait_phase(&jobs, "classy", Phase::Starting).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let sel = ListParams::default().labels("weightstream.dev/job=classy");
+    let with_class = ok(
+        wait_for(WAIT, "the classy job's pods", || async {
+            let list = pods.list(&sel).await.ok()?.items;
+            (list.len() >= 3).then_some(list)
+        })
+        .await,
+        "pods",
+    );
+    for p in &with_class {
+        let spec = p.spec.clone().unwrap_or_default();
+        assert_eq!(spec.priority_class_name.as_deref(), Some(class_name.as_str()), "{}", p.name_any());
+        assert_eq!(spec.priority, Some(1000), "the API server resolved the class for {}", p.name_any());
+    }
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let memoryx = ok(sts.get("classy-memoryx").await, "MemoryX's StatefulSet");
+    let template = memoryx.spec.and_then(|s| s.template.spec).unwrap_or_default();
+    assert_eq!(template.priority_class_name.as_deref(), Some(class_name.as_str()));
+    op.stop().await;
+    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+}
+
+/// MemoryX's pod is created by the StatefulSet controller, so when the API server refuses it the refusal is
+/// only on the StatefulSet, as a `FailedCreate` Warning Event. The test plays that controller (there is none
+/// on this API server) and the job's `Ready` says `PodsForbidden` with the server's words within a pass, with a
+/// Warning Event on the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_memoryx_pod_shows_in_the_jobs_ready_condition() {
+    let (client, ns) = setup("memoryx-refused").await;
+    let op = RunningOperator::start(&client, &ns, 4);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    ok(jobs.create(&PostParams::default(), &job("mx", 2)).await, "create the job");
+    wait_phase(&jobs, "mx", Phase::Starting).await;
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let memoryx = ok(
+        wait_for(WAIT, "MemoryX's StatefulSet", || async { sts.get("mx-memoryx").await.ok() }).await,
+        "StatefulSet",
+    );
+    let words = "pods \"mx-memoryx-0\" is forbidden: violates PodSecurity \"restricted:latest\": seccompProfile";
+    let event = Event {
+        metadata: ObjectMeta { name: Some("mx-memoryx.failed".into()), ..Default::default() },
+        involved_object: ObjectReference {
+            api_version: Some("apps/v1".into()),
+            kind: Some("StatefulSet".into()),
+            name: Some("mx-memoryx".into()),
+            namespace: Some(ns.clone()),
+            uid: memoryx.uid(),
+            ..Default::default()
+        },
+        reason: Some("FailedCreate".into()),
+        message: Some(format!("create Pod mx-memoryx-0 in StatefulSet mx-memoryx failed error: {words}")),
+        type_: Some("Warning".into()),
+        last_timestamp: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+        first_timestamp: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+        count: Some(1),
+        source: Some(k8s_openapi::api::core::v1::EventSource { component: Some("statefulset-controller".into()), ..Default::default() }),
+        ..Default::default()
+    };
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    ok(events.create(&PostParams::default(), &event).await, "play the StatefulSet controller's event");
+    let c = wait_for(WAIT, "Ready=False PodsForbidden", || async {
+        let j = jobs.get("mx").await.ok()?;
+        ready(&j.status?.conditions).filter(|c| c.reason == "PodsForbidden").cloned()
+    })
+    .await;
+    let c = match c {
+        Ok(c) => c,
+        Err(e) => panic!("{e}; status now: {:#?}", jobs.get("mx").await.ok().and_then(|j| j.status)),
+    };
+    assert!(c.message.contains(words) && c.message.contains("MemoryX"), "{}", c.message);
+    let e = warning(&client, &ns, "mx", "PodsForbidden").await;
+    assert!(e.message.unwrap_or_default().contains("violates PodSecurity"));
+    // Once the pod exists (the cause was fixed), the refusal is no longer reported.
+    let pod: Pod = ok(
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "mx-memoryx-0", "labels": { "weightstream.dev/job": "mx", "weightstream.dev/role": "memoryx" } },
+            "spec": { "containers": [ { "name": "memoryx", "image": "i", "securityContext": {
+                "allowPrivilegeEscalation": false, "runAsNonRoot": true, "runAsUser": 65532,
+                "capabilities": { "drop": ["ALL"] }, "seccompProfile": { "type": "RuntimeDefault" } } } ] }
+        })),
+        "pod",
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    ok(pods.create(&PostParams::default(), &pod).await, "play the StatefulSet controller creating the pod");
+    ok(
+        wait_for(WAIT, "Ready to leave PodsForbidden", || async {
+            let j = jobs.get("mx").await.ok()?;
+            ready(&j.status?.conditions).filter(|c| c.reason != "PodsForbidden").map(|_| ())
+        })
+        .await,
+        "recovered",
+    );
+    op.stop().await;
+}
