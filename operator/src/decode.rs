@@ -27,8 +27,8 @@ pub struct Undecodable {
     pub resource_version: Option<String>,
     /// Why it does not decode, with the path of the offending field (`spec.training.batchSize: …`).
     pub error: String,
-    /// Its status, when that part still decodes (the status is the operator's own writing; a broken spec
-    /// is what a tenant or a schema change leaves behind).
+    /// Its status (empty when it has none yet), when that part still decodes (the status is the operator's
+    /// own writing; a broken spec is what a tenant or a schema change leaves behind).
     pub status: Option<TrainingJobStatus>,
 }
 
@@ -52,7 +52,11 @@ pub type Stored = Result<TrainingJob, Undecodable>;
 /// Decodes one stored object into a [`TrainingJob`], or says why it cannot, naming the field.
 pub fn decode(obj: &DynamicObject) -> Stored {
     let broken = |error: String| {
-        let status = obj.data.get("status").and_then(|s| serde_json::from_value::<TrainingJobStatus>(s.clone()).ok());
+        // No status yet is an empty one; a status that does not decode either is none the operator can build on.
+        let status = match obj.data.get("status") {
+            None | Some(serde_json::Value::Null) => Some(TrainingJobStatus::default()),
+            Some(s) => serde_json::from_value::<TrainingJobStatus>(s.clone()).ok(),
+        };
         Undecodable {
             namespace: obj.namespace().unwrap_or_default(),
             name: obj.name_any(),
@@ -129,7 +133,9 @@ mod tests {
         let u = decode(&broken("bad", None)).unwrap_err();
         assert_eq!((u.namespace.as_str(), u.name.as_str()), ("ns", "bad"));
         assert!(u.error.starts_with("spec.training.batchSize: ") && u.error.contains("4294967296"), "{}", u.error);
-        assert_eq!(u.status, None);
+        assert_eq!(u.status, Some(TrainingJobStatus::default()), "no status yet is an empty one");
+        let s = invalid_spec_status(&u, Timestamp::from_second(1).unwrap()).expect("a status to write");
+        assert_eq!((s.phase, s.conditions.len()), (None, 1));
     }
 
     #[test]
