@@ -662,9 +662,11 @@ async fn a_slow_memoryx_does_not_delay_another_jobs_admission() {
     let asked = std::time::Instant::now();
     create(&jobs, &job("quick", 2)).await;
     let admitted = ok(
+        // The claim (allocatedCs2) is written before the children and the phase after them: wait for both.
         wait_for(Duration::from_secs(15), "quick to be admitted", || async {
             let j = jobs.get("quick").await.ok()?;
-            (j.status.as_ref()?.allocated_cs2 == Some(2)).then_some(j)
+            let s = j.status.as_ref()?;
+            (s.allocated_cs2 == Some(2) && s.phase == Some(Phase::Starting)).then_some(j)
         })
         .await,
         "admission beside a slow MemoryX",
