@@ -141,16 +141,20 @@ pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(
 }
 
 /// Receives an `Apply` stream: the step's summed gradients, whose first chunk names the job and the step. A
-/// stream of another job is refused before anything is applied.
+/// stream of another job is refused before anything is applied, and every chunk is metered against the plan's
+/// `limits` before it is kept, so an `Apply` can never make a stage hold more than the model's gradients.
 pub async fn receive_grads(
     mut stream: tonic::Streaming<crate::protocol::pb::GradChunk>,
     job: &str,
+    limits: &crate::plan::Limits,
 ) -> Result<Vec<crate::protocol::pb::GradChunk>, Status> {
+    let mut meter = crate::protocol::wire::GradMeter::new(limits);
     let mut chunks = Vec::new();
     while let Some(c) = stream.message().await? {
         if chunks.is_empty() && c.job != job {
             return Err(Status::failed_precondition(format!("gradients of job '{}' reached a stage of job '{job}'", c.job)));
         }
+        meter.check(&c, limits).map_err(to_status)?;
         chunks.push(c);
     }
     Ok(chunks)

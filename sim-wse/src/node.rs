@@ -23,16 +23,14 @@ pub fn main(args: EngineArgs) -> Result<()> {
     let (train, test) = runtime::data::load(&spec)?;
     let (train, test) = (Arc::new(train), Arc::new(test));
     let layout = ModelLayout::from_spec(&spec.model);
-    let layers = layout.linears.len();
     let engine = crate::engine(format!("engine-{}", args.index), layout.clone(), &spec.engine);
     let total = runtime::train::total_steps(&spec.training, train.len())?;
     let (optimizer, schedule, seed) = (spec.training.optimizer.clone(), spec.training.schedule.clone(), spec.training.seed);
     let replica = move || MemoryX::new(layout.clone(), optimizer.clone(), schedule.clone(), total, seed);
-    // One engine's shard of the batch: training steps and evaluation batches alike never hand it more.
-    let shard = (spec.training.batch_size / spec.cs2.max(1)) as usize;
-    let server = EngineServer::new(job_id, layers, Box::new(engine), train, test)
-        .with_replicas(Arc::new(replica))
-        .with_max_samples(shard);
+    // What the plan lets a message make this engine hold: its shard of the batch (training steps and
+    // evaluation batches alike never hand it more), each layer's shape, the model's state.
+    let limits = runtime::plan::Limits::for_spec(&spec);
+    let server = EngineServer::new(job_id, limits, Box::new(engine), train, test).with_replicas(Arc::new(replica));
     let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
     rt.block_on(async move {
         let grpc = bind(args.listen, Role::Engine, "grpc").await?;

@@ -82,8 +82,14 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         job.uid = uid;
         let mut driver = Driver::new(job, outputs);
         driver.share(status.clone(), want_checkpoint.clone());
-        let mut swarm =
-            RemoteSwarm::connect(rt.handle().clone(), &args.swarmx, &driver.job().id, Duration::from_secs(args.connect_timeout))?;
+        let limits = crate::plan::Limits::for_spec(&driver.job().spec);
+        let mut swarm = RemoteSwarm::connect(
+            rt.handle().clone(),
+            &args.swarmx,
+            &driver.job().id,
+            Duration::from_secs(args.connect_timeout),
+            limits,
+        )?;
         let mut steps_done = 0;
         driver.run(&mut swarm, &mut |m| {
             metrics.record(m);

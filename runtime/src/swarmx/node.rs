@@ -15,7 +15,8 @@ use crate::transport::{announce_ready, bind, load_job, serve_http, serve_stage, 
 /// Runs a SwarmX node until it is stopped.
 pub fn main(args: SwarmxArgs) -> Result<()> {
     start(&args.common);
-    let (_, job) = load_job(&args.common)?;
+    let (manifest, job) = load_job(&args.common)?;
+    let limits = crate::plan::Limits::for_spec(&manifest.spec);
     let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
     rt.block_on(async move {
         let grpc = bind(args.listen, Role::Swarmx, "grpc").await?;
@@ -23,7 +24,7 @@ pub fn main(args: SwarmxArgs) -> Result<()> {
         for url in &args.children {
             children.push(connect(url, &job, Duration::from_secs(args.connect_timeout)).await?);
         }
-        let relay = Relay::new(job, children);
+        let relay = Relay::new(job, children, limits);
         let mut registry = Registry::default();
         let engines = Gauge::<i64>::default();
         engines.set(i64::from(relay.engines()));
