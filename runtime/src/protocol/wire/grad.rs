@@ -60,10 +60,8 @@ impl GradMeter {
                 let l = c.layer;
                 Error::check_limit(|| format!("layer {l} gradient's weights_len"), c.weights_len, Limits::weight_values(&shape))?;
                 Error::check_limit(|| format!("layer {l} gradient's bias_len"), c.bias_len, shape.bias_len() as u64)?;
-                if let Some(seen) = self.seen.get_mut(l as usize) {
-                    if std::mem::replace(seen, true) {
-                        return Err(Error::Protocol(format!("layer {l}'s gradient arrived twice in one stream")));
-                    }
+                if self.seen.get_mut(l as usize).is_some_and(|seen| std::mem::replace(seen, true)) {
+                    return Err(Error::Protocol(format!("layer {l}'s gradient arrived twice in one stream")));
                 }
                 (c.layer, [c.weights_len, c.bias_len], [0, 0])
             }
