@@ -152,6 +152,15 @@ impl Relay {
         try_join_all(calls).await.map(|_| ())
     }
 
+    /// Refuses what a child sent back (a reply beyond the plan, a malformed gradient), naming the child and
+    /// keeping the refusal's kind.
+    fn child_refused(child: &Child, e: Error) -> Status {
+        to_status(match e {
+            Error::OverLimit { what, value, limit } => Error::OverLimit { what: format!("{}: {what}", child.url), value, limit },
+            e => Error::Protocol(format!("{}: {e}", child.url)),
+        })
+    }
+
     /// Passes a child's failure up with the child named, keeping "unavailable" distinguishable.
     fn child_error(child: &Child, s: Status) -> Status {
         to_status(from_status(s, &child.url))
@@ -182,7 +191,7 @@ impl Relay {
         let mut chunks = Vec::new();
         while let Some(mut c) = stream.message().await.map_err(|s| Self::child_error(child, s))? {
             if let Some(g) = grad(&mut c) {
-                meter.check(&g, &self.limits).map_err(|e| to_status(Error::Protocol(format!("{}: {e}", child.url))))?;
+                meter.check(&g, &self.limits).map_err(|e| Self::child_refused(child, e))?;
                 chunks.push(g);
             }
             rest(c);
@@ -245,7 +254,7 @@ impl Stage for Relay {
             async move {
                 let stream = client.backward(tokio_stream::iter(chunks)).await.map_err(|s| Self::child_error(child, s))?.into_inner();
                 let parts = self.child_grads(child, stream, |c| Some(std::mem::take(c)), |_| ()).await?;
-                decode_grad(parts, &self.limits).map_err(|e| to_status(Error::Protocol(format!("{}: {e}", child.url))))
+                decode_grad(parts, &self.limits).map_err(|e| Self::child_refused(child, e))
             }
         });
         let grads = try_join_all(calls).await?;
@@ -344,7 +353,7 @@ impl Stage for Relay {
                     self.child_grads(child, stream, |c: &mut StepChunk| c.grad.take(), |c| loss = loss.or(c.loss)).await?;
                 let loss = loss.ok_or_else(|| Status::invalid_argument(format!("{}: a step reply without its loss", child.url)))?;
                 let grads = decode_grads(grads, &self.limits)
-                    .map_err(|e| to_status(Error::Protocol(format!("{}: {e}", child.url))))?;
+                    .map_err(|e| Self::child_refused(child, e))?;
                 Ok::<_, Status>((loss, grads))
             }
         });
