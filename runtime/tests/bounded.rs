@@ -27,7 +27,7 @@ use runtime::memoryx::{checkpoint, MemoryX, WeightStore};
 use runtime::model::ModelLayout;
 use runtime::plan::Limits;
 use runtime::protocol::pb::{self, stage_client::StageClient};
-use runtime::protocol::wire::encode_state;
+use runtime::protocol::wire::{encode_layer, encode_state};
 use runtime::swarmx::relay::{connect, Relay};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -65,11 +65,13 @@ fn store() -> MemoryX {
 }
 
 /// The job's roles on loopback and a client of each: one engine with room for a replica, and a SwarmX node
-/// over it. The one place servers are started and clients connected, so a change of transport (identities)
-/// is made here alone.
+/// over it; and a second SwarmX node over two children that answer with replies beyond the plan (a peer of the
+/// job turned hostile), so a node is seen to bound what comes back up the tree too. The one place servers are
+/// started and clients connected, so a change of transport (identities) is made here alone.
 struct Appliance {
     engine: StageClient<Channel>,
     swarmx: StageClient<Channel>,
+    over_liars: StageClient<Channel>,
 }
 
 fn appliance(rt: &tokio::runtime::Runtime) -> Appliance {
@@ -88,8 +90,65 @@ fn appliance(rt: &tokio::runtime::Runtime) -> Appliance {
         let swarmx_url = format!("http://{}", listener.local_addr().expect("addr"));
         tokio::spawn(runtime::transport::serve_stage(Arc::new(relay), listener));
         let swarmx = connect(&swarmx_url, JOB, Duration::from_secs(10)).await.expect("connect to SwarmX").client;
-        Appliance { engine, swarmx }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let liar_url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(runtime::transport::serve_stage(Arc::new(Liar), listener));
+        let mut liars = Vec::new();
+        for _ in 0..2 {
+            liars.push(connect(&liar_url, JOB, Duration::from_secs(10)).await.expect("connect to the liar"));
+        }
+        let relay = Relay::new(JOB.into(), liars, limits());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let over_url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(runtime::transport::serve_stage(Arc::new(relay), listener));
+        let over_liars = connect(&over_url, JOB, Duration::from_secs(10)).await.expect("connect to SwarmX").client;
+        Appliance { engine, swarmx, over_liars }
     })
+}
+
+/// A child that answers every call that streams back with a stream beyond the plan: gradients announcing
+/// `u64::MAX` values and then sent on, a replica that never ends.
+struct Liar;
+
+type Reply<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::stage_server::Stage for Liar {
+    async fn info(&self, _: tonic::Request<pb::InfoRequest>) -> Result<tonic::Response<pb::InfoReply>, Status> {
+        Ok(tonic::Response::new(pb::InfoReply { job: JOB.into(), engines: 1, sram_bytes: 1 << 30 }))
+    }
+    async fn begin_step(&self, _: tonic::Request<pb::BeginStepRequest>) -> Result<tonic::Response<pb::Ack>, Status> {
+        Ok(tonic::Response::new(pb::Ack {}))
+    }
+    async fn forward(&self, _: tonic::Request<tonic::Streaming<pb::LayerChunk>>) -> Result<tonic::Response<pb::Ack>, Status> {
+        Ok(tonic::Response::new(pb::Ack {}))
+    }
+    async fn loss(&self, _: tonic::Request<pb::LossRequest>) -> Result<tonic::Response<pb::LossReply>, Status> {
+        Ok(tonic::Response::new(pb::LossReply::default()))
+    }
+    type BackwardStream = Reply<pb::GradChunk>;
+    async fn backward(&self, _: tonic::Request<tonic::Streaming<pb::LayerChunk>>) -> Result<tonic::Response<Self::BackwardStream>, Status> {
+        Ok(tonic::Response::new(Box::pin(futures::StreamExt::map(endless_grads(), Ok))))
+    }
+    async fn stats(&self, _: tonic::Request<pb::StatsRequest>) -> Result<tonic::Response<pb::StatsReply>, Status> {
+        Ok(tonic::Response::new(pb::StatsReply::default()))
+    }
+    async fn prime(&self, _: tonic::Request<tonic::Streaming<pb::StateChunk>>) -> Result<tonic::Response<pb::Ack>, Status> {
+        Ok(tonic::Response::new(pb::Ack {}))
+    }
+    type SnapshotStream = Reply<pb::StateChunk>;
+    async fn snapshot(&self, _: tonic::Request<pb::SnapshotRequest>) -> Result<tonic::Response<Self::SnapshotStream>, Status> {
+        Ok(tonic::Response::new(Box::pin(futures::StreamExt::map(endless_state(), Ok))))
+    }
+    type StepStream = Reply<pb::StepChunk>;
+    async fn step(&self, _: tonic::Request<pb::ResidentStepRequest>) -> Result<tonic::Response<Self::StepStream>, Status> {
+        let loss = pb::StepChunk { loss: Some(pb::LossReply::default()), grad: None };
+        let grads = futures::StreamExt::map(endless_grads(), |g| pb::StepChunk { loss: None, grad: Some(g) });
+        Ok(tonic::Response::new(Box::pin(futures::StreamExt::map(futures::StreamExt::chain(tokio_stream::iter([loss]), grads), Ok))))
+    }
+    async fn apply(&self, _: tonic::Request<tonic::Streaming<pb::GradChunk>>) -> Result<tonic::Response<pb::Ack>, Status> {
+        Ok(tonic::Response::new(pb::Ack {}))
+    }
 }
 
 /// A field of `/proc/self/status`, in bytes.
@@ -228,6 +287,40 @@ fn no_message_or_file_makes_a_role_allocate_beyond_the_plan() {
         healthy(who, client);
         report.push((format!("{who}: Prime of more than the model's state"), growth));
     }
+    // Replies beyond the plan coming back up the tree: a SwarmX node refuses them, naming the child.
+    let backward = encode_layer(&store().backward_stream(1).expect("layer 1 backward"), JOB, 0);
+    let (got, growth) = peak_growth(|| {
+        let mut c = roles.over_liars.clone();
+        call(Box::pin(async move {
+            let mut s = c.backward(tokio_stream::iter(backward)).await?.into_inner();
+            while s.message().await?.is_some() {}
+            Ok(())
+        }))
+    });
+    refused("swarmx: u64::MAX gradients from a child", got, Code::ResourceExhausted, "weights_len is 18446744073709551615, beyond the 320");
+    report.push(("swarmx: a child's gradients announcing u64::MAX values".into(), growth));
+    let (got, growth) = peak_growth(|| {
+        let mut c = roles.over_liars.clone();
+        let request = pb::ResidentStepRequest { job: JOB.into(), step: 0, reduce: true, begin: None };
+        call(Box::pin(async move {
+            let mut s = c.step(request).await?.into_inner();
+            while s.message().await?.is_some() {}
+            Ok(())
+        }))
+    });
+    refused("swarmx: endless step reply from a child", got, Code::ResourceExhausted, "weights_len is 18446744073709551615");
+    report.push(("swarmx: a child's step reply announcing u64::MAX values".into(), growth));
+    let (got, growth) = peak_growth(|| {
+        let mut c = roles.over_liars.clone();
+        call(Box::pin(async move {
+            let mut s = c.snapshot(pb::SnapshotRequest { job: JOB.into() }).await?.into_inner();
+            while s.message().await?.is_some() {}
+            Ok(())
+        }))
+    });
+    refused("swarmx: endless replica from a child", got, Code::ResourceExhausted, &format!("beyond the {state_limit}"));
+    report.push(("swarmx: a child's endless replica".into(), growth));
+
     // A legitimate Prime still goes through, and its state comes back.
     let state = store().state(JOB).expect("state").1;
     let mut c = roles.swarmx.clone();
