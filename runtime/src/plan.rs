@@ -235,3 +235,35 @@ impl Limits {
             .saturating_add(tensors.saturating_mul(HEADER_PER_TENSOR))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crds::{Activation, ModelKind, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
+
+    use super::*;
+    use crate::memoryx::{MemoryX, WeightStore};
+
+    /// The state bound is a bound: every model's real state (as a checkpoint or a replica) fits under it, the
+    /// sparse layers' random non-zero counts and a GPT's tied head included, and it is not wildly above it.
+    #[test]
+    fn every_models_real_state_fits_its_limit() {
+        let gpt = ModelSpec {
+            kind: ModelKind::Gpt,
+            width: Some(32),
+            heads: Some(2),
+            blocks: Some(2),
+            context_length: Some(16),
+            ..ModelSpec::mlp(Vec::new(), Activation::Gelu, 0.5)
+        };
+        let models = [ModelSpec::mlp(vec![784, 64, 10], Activation::Relu, 0.9), ModelSpec::mlp(vec![784, 32, 10], Activation::Relu, 0.0), gpt];
+        for (model, kind) in models.into_iter().zip([OptimizerKind::Adamw, OptimizerKind::Sgd, OptimizerKind::Momentum]) {
+            let layout = ModelLayout::from_spec(&model);
+            let optimizer = OptimizerSpec { kind, learning_rate: 0.01, momentum: 0.9, beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.0 };
+            let limits = Limits::new(&layout, 8, OptState::values_per_parameter(kind));
+            let store = MemoryX::new(layout, optimizer, ScheduleSpec::default(), 10, 7);
+            let state = store.state("a-job-name-of-forty-characters-at-most-x").expect("state").1.len() as u64;
+            assert!(state <= limits.state_bytes(), "{kind:?}: a state of {state} bytes over its limit {}", limits.state_bytes());
+            assert!(limits.state_bytes() <= 16 * state + (64 << 10), "{kind:?}: the limit is a bound, not a guess");
+        }
+    }
+}
