@@ -17,6 +17,7 @@ use crate::model::loss::LossSum;
 use crate::protocol::pb::{self, BeginStepRequest};
 use crate::protocol::wire::{decode_grad, decode_state, encode_layer, encode_state};
 use crate::protocol::LayerGrad;
+use crate::identity::Identity;
 use crate::transport::from_status;
 
 /// Layers sent ahead of the one the engines are computing.
@@ -31,10 +32,10 @@ pub struct RemoteSwarm {
 }
 
 impl RemoteSwarm {
-    /// Connects to the stage at `url` for `job`, waiting up to `timeout` for it, on the runtime of `handle`.
+    /// Connects to the stage at `url` for `job` with the job's `identity`, waiting up to `timeout` for it, on the runtime of `handle`.
     /// Call it from outside the runtime's worker threads: the loop blocks on the network.
-    pub fn connect(handle: Handle, url: &str, job: &str, timeout: Duration) -> Result<Self> {
-        let root = handle.block_on(connect(url, job, timeout))?;
+    pub fn connect(handle: Handle, url: &str, job: &str, identity: &Identity, timeout: Duration) -> Result<Self> {
+        let root = handle.block_on(connect(url, job, identity, timeout))?;
         Ok(RemoteSwarm { handle, root, job: job.to_string(), step: 0 })
     }
 
