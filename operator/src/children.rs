@@ -13,10 +13,11 @@ use crds::{PlanStatus, PullPolicy, SwarmxTreeStatus, TrainingJob};
 use runtime::plan::Plan;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim,
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, KeyToPath, PersistentVolumeClaim,
     PersistentVolumeClaimSpec, Pod, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort,
-    ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    Secret, SecretVolumeSource, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
+use k8s_openapi::ByteString;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -40,6 +41,11 @@ pub const CONFIG_HASH_ANNOTATION: &str = "weightstream.dev/config-hash";
 pub const CS2_RESOURCE: &str = "weightstream.dev/cs2";
 /// Where every role finds the job manifest.
 pub const CONFIG_DIR: &str = "/etc/weightstream";
+/// Where every role finds the job's TLS identity (the per-job Secret's `ca.crt`, `tls.crt`, `tls.key`).
+pub const IDENTITY_DIR: &str = "/var/run/weightstream/identity";
+/// Annotation on the identity Secret naming the uid of the job it was issued for: a job recreated under the
+/// same name gets a new identity, never its predecessor's.
+pub const IDENTITY_UID_ANNOTATION: &str = "weightstream.dev/job-uid";
 /// Where MemoryX keeps its checkpoints (a persistent volume, so restarts and resumes continue from them).
 pub const CHECKPOINT_DIR: &str = "/var/lib/weightstream/checkpoints";
 
@@ -74,6 +80,10 @@ pub mod names {
     pub fn swarmx(job: &str, level: usize, index: usize) -> String {
         format!("{job}-swarmx-{level}-{index}")
     }
+    /// The Secret with the job's TLS identity.
+    pub fn identity(job: &str) -> String {
+        format!("{job}-identity")
+    }
     /// The headless Service of the engine pods.
     pub fn engine_service(job: &str) -> String {
         format!("{job}-engine")
@@ -87,13 +97,13 @@ pub mod names {
 /// The URL of SwarmX node (`level`, `index`) through its headless Service's per-pod DNS name.
 pub fn swarmx_address(job: &str, namespace: &str, level: usize, index: usize) -> String {
     let pod = names::swarmx(job, level, index);
-    format!("http://{pod}.{}.{namespace}.svc:{}", names::swarmx_service(job), grpc_port(Role::Swarmx))
+    format!("https://{pod}.{}.{namespace}.svc:{}", names::swarmx_service(job), grpc_port(Role::Swarmx))
 }
 
 /// The URL of engine `index`.
 pub fn engine_address(job: &str, namespace: &str, index: u32) -> String {
     let pod = names::engine(job, index);
-    format!("http://{pod}.{}.{namespace}.svc:{}", names::engine_service(job), grpc_port(Role::Engine))
+    format!("https://{pod}.{}.{namespace}.svc:{}", names::engine_service(job), grpc_port(Role::Engine))
 }
 
 /// The URL of a SwarmX node's child.
@@ -106,7 +116,38 @@ fn child_address(job: &str, namespace: &str, child: SwarmxChild) -> String {
 
 /// MemoryX's HTTP endpoint (`/status`, `/checkpoint`), through its Service: what the operator polls.
 pub fn memoryx_http(job: &str, namespace: &str) -> String {
-    format!("http://{}.{namespace}.svc:{HTTP_PORT}", names::memoryx(job))
+    format!("https://{}.{namespace}.svc:{HTTP_PORT}", names::memoryx(job))
+}
+
+/// The names the job's certificate carries besides the fixed one: MemoryX's Service (which the operator calls
+/// by name) and every SwarmX and engine pod's DNS name.
+pub fn identity_names(job: &str, namespace: &str) -> Vec<String> {
+    vec![
+        format!("{}.{namespace}.svc", names::memoryx(job)),
+        format!("*.{}.{namespace}.svc", names::swarmx_service(job)),
+        format!("*.{}.{namespace}.svc", names::engine_service(job)),
+    ]
+}
+
+/// The job's identity Secret from freshly issued material (see [`runtime::identity`]): every file, the
+/// operator's client certificate among them; the pods mount only the roles' three files.
+pub fn identity_secret(job: &TrainingJob, issued: &runtime::identity::Issued) -> Result<Secret, Error> {
+    let mut m = meta(job, names::identity(&job.name_any()), None)?;
+    let uid = job.uid().ok_or(Error::MissingField("metadata.uid"))?;
+    m.annotations = Some(BTreeMap::from([(IDENTITY_UID_ANNOTATION.to_string(), uid)]));
+    Ok(Secret {
+        metadata: m,
+        type_: Some("Opaque".into()),
+        immutable: Some(true),
+        data: Some(issued.files().into_iter().map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec()))).collect()),
+        ..Default::default()
+    })
+}
+
+/// Whether `secret` is the identity of this very job (same uid), not a leftover of a deleted namesake.
+pub fn identity_belongs_to(secret: &Secret, job: &TrainingJob) -> bool {
+    let uid = secret.annotations().get(IDENTITY_UID_ANNOTATION);
+    uid.is_some() && uid.cloned() == job.uid()
 }
 
 fn grpc_port(role: Role) -> u16 {
@@ -320,7 +361,7 @@ fn common_args() -> CommonArgs {
     CommonArgs {
         http: SocketAddr::from(([0, 0, 0, 0], HTTP_PORT)),
         json_logs: true,
-        ..CommonArgs::new(format!("{CONFIG_DIR}/{JOB_FILE}"))
+        ..CommonArgs::new(format!("{CONFIG_DIR}/{JOB_FILE}"), IDENTITY_DIR)
     }
 }
 
@@ -338,12 +379,10 @@ fn container<A: RoleArgs>(
     extra_mounts: Vec<VolumeMount>,
 ) -> Container {
     let role = A::ROLE;
-    let mut mounts = vec![VolumeMount {
-        name: "config".into(),
-        mount_path: CONFIG_DIR.into(),
-        read_only: Some(true),
-        ..Default::default()
-    }];
+    let mut mounts = vec![
+        VolumeMount { name: "config".into(), mount_path: CONFIG_DIR.into(), read_only: Some(true), ..Default::default() },
+        VolumeMount { name: "identity".into(), mount_path: IDENTITY_DIR.into(), read_only: Some(true), ..Default::default() },
+    ];
     mounts.extend(extra_mounts);
     let port = |(n, p): (&str, u16)| ContainerPort { name: Some(n.into()), container_port: i32::from(p), ..Default::default() };
     Container {
@@ -354,9 +393,11 @@ fn container<A: RoleArgs>(
         args: Some(args.argv()),
         ports: Some(role.grpc_port().into_iter().chain([("http", HTTP_PORT)]).map(port).collect()),
         readiness_probe: Some(Probe {
+            // Over TLS like every endpoint; the kubelet verifies no certificate and `/healthz` asks for none.
             http_get: Some(HTTPGetAction {
                 path: Some("/healthz".into()),
                 port: IntOrString::Int(i32::from(HTTP_PORT)),
+                scheme: Some("HTTPS".into()),
                 ..Default::default()
             }),
             period_seconds: Some(2),
@@ -411,12 +452,30 @@ fn restricted_pod(containers: Vec<Container>, volumes: Vec<Volume>) -> PodSpec {
     }
 }
 
-fn config_volume(job: &TrainingJob) -> Volume {
-    Volume {
-        name: "config".into(),
-        config_map: Some(ConfigMapVolumeSource { name: names::config(&job.name_any()), ..Default::default() }),
-        ..Default::default()
-    }
+/// What every role's pod mounts: the job manifest and the roles' part of the job's identity (readable by the
+/// runtime's group only; the operator's key is not among the items).
+fn role_volumes(job: &TrainingJob) -> Vec<Volume> {
+    let items = runtime::identity::MOUNTED
+        .iter()
+        .map(|f| KeyToPath { key: f.to_string(), path: f.to_string(), ..Default::default() })
+        .collect();
+    vec![
+        Volume {
+            name: "config".into(),
+            config_map: Some(ConfigMapVolumeSource { name: names::config(&job.name_any()), ..Default::default() }),
+            ..Default::default()
+        },
+        Volume {
+            name: "identity".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names::identity(&job.name_any())),
+                items: Some(items),
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ]
 }
 
 /// MemoryX's arguments in a pod: the root of the job's SwarmX tree, the checkpoint volume, and `--linger` so it
@@ -444,7 +503,7 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, replicas: i3
         job.spec.resources.memoryx.clone().or_else(|| memory_request(plan.memoryx_bytes)),
         vec![VolumeMount { name: "checkpoints".into(), mount_path: CHECKPOINT_DIR.into(), ..Default::default() }],
     );
-    let pod_spec = restricted_pod(vec![c], vec![config_volume(job)]);
+    let pod_spec = restricted_pod(vec![c], role_volumes(job));
     let hash = spec_hash(&pod_spec)?;
     let claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -522,7 +581,7 @@ fn swarmx_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str
         .nodes()
         .map(|node| {
             let c = container(job, settings, &swarmx_args(job, node), job.spec.resources.swarmx.clone(), vec![]);
-            let spec = restricted_pod(vec![c], vec![config_volume(job)]);
+            let spec = restricted_pod(vec![c], role_volumes(job));
             pod(job, names::swarmx(&name, node.level, node.index), Role::Swarmx, names::swarmx_service(&name), spec, config)
         })
         .collect()
@@ -551,7 +610,7 @@ fn engine_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str
             }
             let resources = (resources != ResourceRequirements::default()).then_some(resources);
             let c = container(job, settings, &engine_args(i), resources, vec![]);
-            let spec = restricted_pod(vec![c], vec![config_volume(job)]);
+            let spec = restricted_pod(vec![c], role_volumes(job));
             pod(job, names::engine(&name, i), Role::Engine, names::engine_service(&name), spec, config)
         })
         .collect()
@@ -762,7 +821,7 @@ mod tests {
         let d = build(&job(4), &settings(false), 4);
         let c = &d.memoryx.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
         let a: MemoryxArgs = parse(c);
-        assert_eq!(a.swarmx, "http://mnist-swarmx-0-0.mnist-swarmx.ml.svc:7100");
+        assert_eq!(a.swarmx, "https://mnist-swarmx-0-0.mnist-swarmx.ml.svc:7100");
         assert_eq!(a.checkpoint_dir.as_deref(), Some(std::path::Path::new(CHECKPOINT_DIR)));
         assert!(a.linger, "MemoryX must keep serving its final status");
         let pods = role_pods(&d, Role::Swarmx);
@@ -771,11 +830,11 @@ mod tests {
         let children = |p: &Pod| parse::<SwarmxArgs>(&p.spec.as_ref().unwrap().containers[0]).children;
         assert_eq!(
             children(&pods[0]),
-            ["http://mnist-swarmx-1-0.mnist-swarmx.ml.svc:7100", "http://mnist-swarmx-1-1.mnist-swarmx.ml.svc:7100"]
+            ["https://mnist-swarmx-1-0.mnist-swarmx.ml.svc:7100", "https://mnist-swarmx-1-1.mnist-swarmx.ml.svc:7100"]
         );
         assert_eq!(
             children(&pods[2]),
-            ["http://mnist-engine-2.mnist-engine.ml.svc:7200", "http://mnist-engine-3.mnist-engine.ml.svc:7200"]
+            ["https://mnist-engine-2.mnist-engine.ml.svc:7200", "https://mnist-engine-3.mnist-engine.ml.svc:7200"]
         );
         let claim = &d.memoryx.spec.as_ref().unwrap().volume_claim_templates.as_ref().unwrap()[0];
         assert_eq!(claim.spec.as_ref().unwrap().resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"].0, "1Gi");

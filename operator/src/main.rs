@@ -83,8 +83,8 @@ async fn run(args: Args) -> Result<(), Error> {
         poll: Duration::from_secs(args.poll_seconds.max(1)),
     };
     let coordinator = match args.memoryx_url {
-        Some(t) => Arc::new(HttpCoordinator::new()?.with_url_template(t)),
-        None => Arc::new(HttpCoordinator::new()?),
+        Some(t) => Arc::new(HttpCoordinator::new(client.clone()).with_url_template(t)),
+        None => Arc::new(HttpCoordinator::new(client.clone())),
     };
     // Kubernetes stops a pod with SIGTERM; a terminal sends SIGINT. Either ends the operator cleanly.
     let shutdown = async {

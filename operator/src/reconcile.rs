@@ -9,7 +9,7 @@ use crds::contract::MemoryxStatus;
 use crds::{Phase, TrainingJob, TrainingJobStatus};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -475,6 +475,7 @@ async fn assemble(
 ) -> Result<(), Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let client = &ctx.client;
+    ensure_identity(client, job, &ns).await?;
     apply_one(&Api::<ConfigMap>::namespaced(client.clone(), &ns), &desired.config).await?;
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
     for s in &desired.services {
@@ -498,6 +499,29 @@ async fn assemble(
         apply_one(&pods_api, pod).await?;
     }
     Ok(())
+}
+
+/// Makes sure the job has its own TLS identity before any pod that mounts it exists. It is issued once (the
+/// CA's key is dropped at once, so nobody can issue another certificate of this job) and never re-applied: a
+/// Secret of a deleted namesake (another uid) is replaced, since it is another job's identity.
+async fn ensure_identity(client: &Client, job: &TrainingJob, ns: &str) -> Result<(), Error> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let name = children::names::identity(&job.name_any());
+    if let Some(existing) = secrets.get_opt(&name).await? {
+        if children::identity_belongs_to(&existing, job) {
+            return Ok(());
+        }
+        tracing::info!(job = %job.name_any(), "replacing the identity of an earlier job of the same name");
+        delete_ignoring_absent(&secrets, &name).await?;
+    }
+    let issued = runtime::identity::issue(&job.name_any(), &children::identity_names(&job.name_any(), ns))
+        .map_err(|e| Error::Config(format!("cannot issue the job's identity: {e}")))?;
+    match secrets.create(&kube::api::PostParams::default(), &children::identity_secret(job, &issued)?).await {
+        Ok(_) => Ok(()),
+        // Another pass created it meanwhile: that one stands.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Gives the job's CS-2s back: engines and SwarmX nodes go, MemoryX scales to zero and its checkpoint volume
@@ -532,6 +556,7 @@ async fn cleanup(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Err
     delete_labelled(&Api::<StatefulSet>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<Service>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<ConfigMap>::namespaced(c.clone(), &ns), &selector).await?;
+    delete_labelled(&Api::<Secret>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<PersistentVolumeClaim>::namespaced(c.clone(), &ns), &selector).await?;
     tracing::info!(job = %job.name_any(), namespace = %ns, "job deleted; children removed");
     Ok(Action::await_change())

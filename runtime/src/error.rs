@@ -44,6 +44,9 @@ pub enum Error {
     /// can be rerun once it is back.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The job's identity (its certificates) is missing or unusable, so no role may talk to another.
+    #[error("identity: {0}")]
+    Identity(String),
     /// Reading or writing files of the job's output or checkpoints failed.
     #[error("{context}: {source}")]
     Io {

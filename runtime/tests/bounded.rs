@@ -74,34 +74,38 @@ struct Appliance {
     over_liars: StageClient<Channel>,
 }
 
+/// The job's TLS identity, issued once: the test's client holds the job's own credentials.
+fn identity() -> &'static runtime::identity::Identity {
+    static ID: std::sync::OnceLock<runtime::identity::Identity> = std::sync::OnceLock::new();
+    ID.get_or_init(|| runtime::identity::issue(JOB, &[]).expect("an identity").job_identity())
+}
+
+/// Serves `stage` over mutual TLS on a loopback port; its URL.
+async fn serve<S: pb::stage_server::Stage>(stage: S) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("https://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { runtime::transport::serve_stage(Arc::new(stage), listener, identity()).await });
+    url
+}
+
 fn appliance(rt: &tokio::runtime::Runtime) -> Appliance {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/mnist");
     let data = Arc::new(Dataset::Images(mnist::load(&path, mnist::Split::Train).expect("the shipped digits load")));
     let engine = Box::new(Wse::new("engine-0", layout(), CountingHw::new(1 << 30)));
     let server = EngineServer::new(JOB.into(), limits(), engine, data.clone(), data).with_replicas(Arc::new(store));
     rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let engine_url = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(runtime::transport::serve_stage(Arc::new(server), listener));
-        let child = connect(&engine_url, JOB, Duration::from_secs(10)).await.expect("connect to the engine");
+        let engine_url = serve(server).await;
+        let child = connect(&engine_url, JOB, identity(), Duration::from_secs(10)).await.expect("connect to the engine");
         let engine = child.client.clone();
-        let relay = Relay::new(JOB.into(), vec![child], limits());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let swarmx_url = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(runtime::transport::serve_stage(Arc::new(relay), listener));
-        let swarmx = connect(&swarmx_url, JOB, Duration::from_secs(10)).await.expect("connect to SwarmX").client;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let liar_url = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(runtime::transport::serve_stage(Arc::new(Liar), listener));
+        let swarmx_url = serve(Relay::new(JOB.into(), vec![child], limits())).await;
+        let swarmx = connect(&swarmx_url, JOB, identity(), Duration::from_secs(10)).await.expect("connect to SwarmX").client;
+        let liar_url = serve(Liar).await;
         let mut liars = Vec::new();
         for _ in 0..2 {
-            liars.push(connect(&liar_url, JOB, Duration::from_secs(10)).await.expect("connect to the liar"));
+            liars.push(connect(&liar_url, JOB, identity(), Duration::from_secs(10)).await.expect("connect to the liar"));
         }
-        let relay = Relay::new(JOB.into(), liars, limits());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let over_url = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(runtime::transport::serve_stage(Arc::new(relay), listener));
-        let over_liars = connect(&over_url, JOB, Duration::from_secs(10)).await.expect("connect to SwarmX").client;
+        let over_url = serve(Relay::new(JOB.into(), liars, limits())).await;
+        let over_liars = connect(&over_url, JOB, identity(), Duration::from_secs(10)).await.expect("connect to SwarmX").client;
         Appliance { engine, swarmx, over_liars }
     })
 }

@@ -57,15 +57,21 @@ fn engine() -> Box<dyn EngineRole> {
     Box::new(Wse::new("engine-0", layout(), CountingHw::new(1 << 30)))
 }
 
+/// The test job's TLS identity, issued once.
+fn identity() -> &'static runtime::identity::Identity {
+    static ID: std::sync::OnceLock<runtime::identity::Identity> = std::sync::OnceLock::new();
+    ID.get_or_init(|| runtime::identity::issue(JOB, &[]).expect("an identity").job_identity())
+}
+
 /// An engine server with room for a replica on a loopback port, and a client of it.
 fn serve(rt: &tokio::runtime::Runtime, data: &Arc<Dataset>) -> (String, StageClient<tonic::transport::Channel>) {
     let server =
         EngineServer::new(JOB.into(), limits(64), engine(), data.clone(), data.clone()).with_replicas(Arc::new(store));
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(runtime::transport::serve_stage(Arc::new(server), listener));
-        let child = runtime::swarmx::relay::connect(&url, JOB, Duration::from_secs(10)).await.expect("connect");
+        let url = format!("https://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { runtime::transport::serve_stage(Arc::new(server), listener, identity()).await });
+        let child = runtime::swarmx::relay::connect(&url, JOB, identity(), Duration::from_secs(10)).await.expect("connect");
         (url, child.client)
     })
 }
@@ -86,7 +92,8 @@ fn a_replica_trains_exactly_like_memoryx() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let data = data();
     let (url, _) = serve(&rt, &data);
-    let mut swarm = RemoteSwarm::connect(rt.handle().clone(), &url, JOB, Duration::from_secs(10), limits(64)).expect("swarm");
+    let mut swarm =
+        RemoteSwarm::connect(rt.handle().clone(), &url, JOB, identity(), Duration::from_secs(10), limits(64)).expect("swarm");
     assert!(swarm.holds_replicas());
     assert_eq!(swarm.sram_bytes(), 1 << 30, "the engine reports its SRAM for the plan");
 

@@ -12,13 +12,14 @@ use runtime::engine::server::EngineServer;
 use runtime::memoryx::MemoryX;
 use runtime::model::ModelLayout;
 use crds::contract::{EngineArgs, Role};
-use runtime::transport::{announce_ready, bind, load_job, serve_http, serve_stage, start};
+use runtime::transport::{announce_ready, bind, load_identity, load_job, serve_http, serve_stage, start};
 use runtime::{Error, Result};
 
 /// Runs one engine until it is stopped.
 pub fn main(args: EngineArgs) -> Result<()> {
     start(&args.common);
     let (job, job_id) = load_job(&args.common)?;
+    let identity = load_identity(&args.common)?;
     let spec = job.spec;
     let (train, test) = runtime::data::load(&spec)?;
     let (train, test) = (Arc::new(train), Arc::new(test));
@@ -39,7 +40,12 @@ pub fn main(args: EngineArgs) -> Result<()> {
         let server = Arc::new(server);
         let mut registry = Registry::default();
         let gauges = EngineGauges::register(&mut registry);
-        tokio::spawn(serve_http(http, Arc::new(Mutex::new(registry)), axum::Router::new()));
+        {
+            let identity = identity.clone();
+            tokio::spawn(async move {
+                serve_http(http, Arc::new(Mutex::new(registry)), &identity, axum::Router::new()).await
+            });
+        }
         let (watched, started) = (server.clone(), std::time::Instant::now());
         tokio::spawn(async move {
             loop {
@@ -50,7 +56,7 @@ pub fn main(args: EngineArgs) -> Result<()> {
             }
         });
         tracing::info!(index = args.index, "engine ready");
-        serve_stage(server, grpc).await
+        serve_stage(server, grpc, &identity).await
     })
 }
 

@@ -98,6 +98,10 @@ app.kubernetes.io/component: device-plugin
   resources: [services, configmaps]
   verbs: [list, create, patch, delete]
 - apiGroups: [""]
+  # Each job's TLS identity: issued once, read back for the operator's calls to MemoryX, removed with the job.
+  resources: [secrets]
+  verbs: [get, list, create, delete]
+- apiGroups: [""]
   # MemoryX's checkpoint claims come from its StatefulSet; the operator only removes them with the job.
   resources: [persistentvolumeclaims]
   verbs: [list, delete]

@@ -45,11 +45,12 @@ enum Kind {
     Unavailable,
     Spec,
     Io,
+    Identity,
 }
 
 impl Kind {
-    const ALL: [Kind; 7] =
-        [Kind::Protocol, Kind::Data, Kind::OutOfSram, Kind::OverLimit, Kind::Unavailable, Kind::Spec, Kind::Io];
+    const ALL: [Kind; 8] =
+        [Kind::Protocol, Kind::Data, Kind::OutOfSram, Kind::OverLimit, Kind::Unavailable, Kind::Spec, Kind::Io, Kind::Identity];
 
     fn of(e: &Error) -> Kind {
         match e {
@@ -60,6 +61,7 @@ impl Kind {
             Error::Unavailable(_) => Kind::Unavailable,
             Error::Spec(_) => Kind::Spec,
             Error::Io { .. } => Kind::Io,
+            Error::Identity(_) => Kind::Identity,
         }
     }
 
@@ -72,6 +74,7 @@ impl Kind {
             Kind::Unavailable => "unavailable",
             Kind::Spec => "spec",
             Kind::Io => "io",
+            Kind::Identity => "identity",
         }
     }
 
@@ -112,6 +115,7 @@ pub fn to_status(e: Error) -> Status {
         Error::Unavailable(m) => (Code::Unavailable, m),
         Error::Protocol(m) => (Code::InvalidArgument, m),
         Error::Data(m) => (Code::Internal, m),
+        Error::Identity(m) => (Code::Unauthenticated, m),
         Error::OutOfSram { ref engine, ref what, needed, available } => {
             md.insert_bin(SRAM_ENGINE, text(engine));
             md.insert_bin(SRAM_WHAT, text(what));
@@ -175,6 +179,7 @@ fn typed(s: &Status, peer: &str) -> Option<Error> {
     Some(match Kind::parse(ascii(KIND_KEY)?)? {
         Kind::Protocol => Error::Protocol(from_peer(s.message())),
         Kind::Data => Error::Data(from_peer(s.message())),
+        Kind::Identity => Error::Identity(from_peer(s.message())),
         Kind::Unavailable => Error::Unavailable(from_peer(s.message())),
         Kind::OutOfSram => Error::OutOfSram {
             engine: from_peer(&text(SRAM_ENGINE)?),

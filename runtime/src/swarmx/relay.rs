@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::data::split_even;
 use crate::error::{Error, Result};
+use crate::identity::Identity;
 use crate::model::loss::LossSum;
 use crate::protocol::pb::stage_client::StageClient;
 use crate::protocol::pb::stage_server::Stage;
@@ -40,10 +41,17 @@ pub struct Child {
     pub sram_bytes: u64,
 }
 
-/// Connects to a stage at `url` for `job`, waiting up to `timeout` for it to come up, and learns its engines.
-pub async fn connect(url: &str, job: &str, timeout: Duration) -> Result<Child> {
+/// Connects to a stage at `url` for `job` over mutual TLS with the job's `identity`, waiting up to `timeout`
+/// for it to come up, and learns its engines. Only `https://` addresses are dialled: a plaintext one would
+/// carry the job's weights to whoever listens.
+pub async fn connect(url: &str, job: &str, identity: &Identity, timeout: Duration) -> Result<Child> {
+    if !url.starts_with("https://") {
+        return Err(Error::Protocol(format!("stage address '{url}' is not https://: stages speak only mutual TLS")));
+    }
     let endpoint = Endpoint::from_shared(url.to_string())
         .map_err(|e| Error::Protocol(format!("bad stage address '{url}': {e}")))?
+        .tls_config(identity.grpc_client())
+        .map_err(|e| Error::Identity(format!("the TLS configuration for {url}: {e}")))?
         .connect_timeout(Duration::from_secs(2))
         // A peer that stops answering (a frozen process, a silent partition) is found by its unanswered pings
         // and its calls fail as unavailable, so the step is rerun instead of waiting for ever.

@@ -19,6 +19,7 @@ use crate::protocol::pb::{self, BeginStepRequest};
 use crate::plan::Limits;
 use crate::protocol::wire::{decode_grad, decode_state, encode_layer, encode_state, GradMeter, StateMeter};
 use crate::protocol::LayerGrad;
+use crate::identity::Identity;
 use crate::transport::from_status;
 
 /// Layers sent ahead of the one the engines are computing.
@@ -36,11 +37,11 @@ pub struct RemoteSwarm {
 }
 
 impl RemoteSwarm {
-    /// Connects to the stage at `url` for `job`, waiting up to `timeout` for it, on the runtime of `handle`;
-    /// replies beyond the job's `limits` are refused. Call it from outside the runtime's worker threads: the
-    /// loop blocks on the network.
-    pub fn connect(handle: Handle, url: &str, job: &str, timeout: Duration, limits: Limits) -> Result<Self> {
-        let root = handle.block_on(connect(url, job, timeout))?;
+    /// Connects to the stage at `url` for `job` with the job's `identity`, waiting up to `timeout` for it, on
+    /// the runtime of `handle`; replies beyond the job's `limits` are refused. Call it from outside the runtime's
+    /// worker threads: the loop blocks on the network.
+    pub fn connect(handle: Handle, url: &str, job: &str, identity: &Identity, timeout: Duration, limits: Limits) -> Result<Self> {
+        let root = handle.block_on(connect(url, job, identity, timeout))?;
         Ok(RemoteSwarm { handle, root, job: job.to_string(), step: 0, limits: Arc::new(limits) })
     }
 

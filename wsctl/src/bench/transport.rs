@@ -149,9 +149,14 @@ fn grpc(layer: &LayerStream, repeats: usize) -> Result<PathReport> {
     let sink = Arc::new(Sink { job: JOB.into(), received: AtomicU64::new(0), limits: bench_limits(values) });
     let (seconds, messages) = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind a loopback port")?;
-        let url = format!("http://{}", listener.local_addr()?);
-        let server = tokio::spawn(runtime::transport::serve_stage(sink.clone(), listener));
-        let child = runtime::swarmx::relay::connect(&url, JOB, Duration::from_secs(10)).await?;
+        // Over mutual TLS, as the roles talk: the figure includes the encryption a job pays.
+        let identity = runtime::identity::issue(JOB, &[])?.job_identity();
+        let url = format!("https://{}", listener.local_addr()?);
+        let server = {
+            let (sink, identity) = (sink.clone(), identity.clone());
+            tokio::spawn(async move { runtime::transport::serve_stage(sink, listener, &identity).await })
+        };
+        let child = runtime::swarmx::relay::connect(&url, JOB, &identity, Duration::from_secs(10)).await?;
         let mut times = Vec::new();
         let mut messages = 0;
         for step in 0..=repeats as u64 {
