@@ -132,6 +132,7 @@ fn the_operator_may_do_exactly_what_it_does() {
         ("", "configmaps", &["list", "create", "patch", "delete"]),
         ("", "persistentvolumeclaims", &["list", "delete"]),
         ("events.k8s.io", "events", &["create", "patch"]),
+        ("networking.k8s.io", "networkpolicies", &["list", "create", "patch", "delete"]),
     ]);
     assert_eq!(grants(&role.rules.unwrap_or_default()), expected);
     let nodes: ClusterRole = typed(&objects, "ClusterRole", "weightstream-operator-nodes");
@@ -187,6 +188,11 @@ fn the_default_operator_is_locked_down_probed_and_elects_a_leader() {
     assert_eq!(env(&c, "WS_CS2_POOL"), Some("8"));
     let pod_ns = c.env.as_ref().unwrap().iter().find(|e| e.name == "POD_NAMESPACE").unwrap();
     assert_eq!(pod_ns.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "metadata.namespace");
+    // The labels every job's NetworkPolicy admits are the operator pods' own selector labels.
+    let admitted = operator::children::OperatorPeer::parse_labels(env(&c, "WS_OPERATOR_POD_LABELS").unwrap()).unwrap();
+    let pod_labels = spec.template.metadata.clone().unwrap().labels.unwrap();
+    assert_eq!(admitted, spec.selector.match_labels.clone().unwrap(), "exactly the Deployment's selector");
+    assert!(admitted.iter().all(|(k, v)| pod_labels.get(k) == Some(v)), "{admitted:?} ⊄ {pod_labels:?}");
     assert!(find(&objects, "DaemonSet", "weightstream-device-plugin").is_none(), "no device plugin by default");
     assert!(!objects.iter().any(|o| o["kind"] == "ServiceMonitor"), "no ServiceMonitor by default");
     assert!(find(&objects, "Service", "weightstream-operator-metrics").is_some());
