@@ -467,12 +467,36 @@ fn reach(pid: u32, ip: &str, port: u16) -> cluster::Reach {
     ok(cluster::tcp_connect_from(pid, ip, port, PROBE_DEADLINE), &format!("connect to {ip}:{port}"))
 }
 
+/// Whether `pid`'s pod can connect to `ip:port`, once the policy agent has caught up: the probe is repeated
+/// until it gives `want` (connected or not) for at most 20 s, and the last outcome is returned. The policy
+/// exists before any of the job's pods, so the agent has normally synced before the first probe.
+async fn reach_settled(pid: u32, ip: &str, port: u16, want: bool) -> cluster::Reach {
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = reach(pid, ip, port);
+        if (r == cluster::Reach::Connected) == want || std::time::Instant::now() > until {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_policy_keeps_other_namespaces_out_of_a_running_job() {
     let _serial = SERIAL.lock().await;
     let (client, ns) = setup("netpol").await;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    // The other tenants first, so the probes take no time once the job trains: a pod in another namespace
+    // (wearing the job's label, which must not help), and one in a namespace labelled for metrics scrapers.
+    let other = ok(e2e::namespace(&client, "outsider").await, "another namespace");
+    let stranger = outsider(&client, &other).await;
+    let scrapers = ok(e2e::namespace(&client, "scraper").await, "a scraper namespace");
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let label = serde_json::json!({ "metadata": { "labels": { crds::contract::METRICS_SCRAPER_LABEL: "true" } } });
+    ok(nss.patch(&scrapers, &PatchParams::default(), &Patch::Merge(&label)).await, "label the scraper namespace");
+    let scraper = outsider(&client, &scrapers).await;
+
     let total = cluster::steps(DEFAULT_STEPS) * 2;
     create(&jobs, &job_from("fc-mnist-sparse.yaml", "guarded", 2, total)).await;
     wait_training(&client, &ns, "guarded", 1).await;
@@ -487,39 +511,27 @@ async fn network_policy_keeps_other_namespaces_out_of_a_running_job() {
     // The job's own pods reach both (the positive control: the ports listen, and the policy lets the job in).
     let insider = running_pid(&pods, "guarded-swarmx-0-0").await;
     for (what, ip, port) in targets {
-        assert_eq!(reach(insider, ip, port), cluster::Reach::Connected, "{what} from the job's own SwarmX pod");
+        assert_eq!(reach_settled(insider, ip, port, true).await, cluster::Reach::Connected, "{what} from the job's own SwarmX pod");
     }
     // The operator reaches MemoryX's HTTP port (it polls /status), not the engines.
     let system: Api<Pod> = Api::namespaced(client.clone(), cluster::SYSTEM_NAMESPACE);
     let operators = ok(system.list(&ListParams::default().labels("app.kubernetes.io/component=operator")).await, "operators");
     let operator = operators.items.first().map(|p| p.name_any()).unwrap_or_else(|| panic!("no operator pod"));
     let operator = running_pid(&system, &operator).await;
-    assert_eq!(reach(operator, &memoryx, http), cluster::Reach::Connected, "the operator polls MemoryX");
-    assert_ne!(reach(operator, &engine, grpc), cluster::Reach::Connected, "the operator has no business with engines");
-
-    // A pod in another namespace, even one wearing the job's label, reaches neither.
-    let other = ok(e2e::namespace(&client, "outsider").await, "another namespace");
-    let stranger = outsider(&client, &other).await;
+    assert_eq!(reach_settled(operator, &memoryx, http, true).await, cluster::Reach::Connected, "the operator polls MemoryX");
+    assert_ne!(reach_settled(operator, &engine, grpc, false).await, cluster::Reach::Connected, "the operator has no business with engines");
+    // The other namespace reaches neither.
     for (what, ip, port) in targets {
-        let r = reach(stranger, ip, port);
+        let r = reach_settled(stranger, ip, port, false).await;
         eprintln!("guarded: {what} {ip}:{port} from namespace {other}: {r:?}");
         assert_ne!(r, cluster::Reach::Connected, "{what} reached from another namespace");
     }
-    // A namespace labelled for metrics scrapers reaches the HTTP port (/metrics) and nothing else.
-    let scrapers = ok(e2e::namespace(&client, "scraper").await, "a scraper namespace");
-    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let label = serde_json::json!({ "metadata": { "labels": { crds::contract::METRICS_SCRAPER_LABEL: "true" } } });
-    ok(nss.patch(&scrapers, &PatchParams::default(), &Patch::Merge(&label)).await, "label the scraper namespace");
-    let scraper = outsider(&client, &scrapers).await;
-    let scraped = ok(
-        wait_for(Duration::from_secs(30), "the scraper to reach /metrics", || async {
-            (reach(scraper, &memoryx, http) == cluster::Reach::Connected).then_some(())
-        })
-        .await,
-        "scraper",
-    );
-    let () = scraped;
-    assert_ne!(reach(scraper, &engine, grpc), cluster::Reach::Connected, "a scraper reaches an engine's gRPC port");
+    // The scraper namespace reaches the HTTP port (/metrics) and nothing else.
+    assert_eq!(reach_settled(scraper, &memoryx, http, true).await, cluster::Reach::Connected, "a labelled namespace scrapes /metrics");
+    assert_ne!(reach_settled(scraper, &engine, grpc, false).await, cluster::Reach::Connected, "a scraper reaches an engine's gRPC port");
+    // All of it while the job ran (else a refusal could be a finished pod's).
+    let phase = ok(jobs.get("guarded").await, "guarded").status.and_then(|s| s.phase);
+    assert_eq!(phase, Some(Phase::Running), "the job ended before the probes did: raise WS_E2E_STEPS");
 
     // And the job is unaffected: it finishes.
     let j = wait_phase(&client, &ns, "guarded", Phase::Succeeded, finish_timeout()).await;
