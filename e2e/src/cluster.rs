@@ -232,15 +232,22 @@ pub struct Stopped {
 }
 
 impl Stopped {
-    /// Sends SIGSTOP to `pid` and checks the kernel reports it stopped (state `T`).
+    /// Sends SIGSTOP to `pid` and waits (at most 5 s) until the kernel reports it stopped (state `T`).
     pub fn stop(pid: u32) -> Result<Stopped, ClusterError> {
         run(Command::new("kill").args(["-STOP", &pid.to_string()]))?;
         let guard = Stopped { pid };
-        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // The state follows the command name, which is in parentheses and may hold spaces.
-        let state = state.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()).unwrap_or("?").to_string();
-        if state != "T" {
-            return Err(ClusterError::Input(format!("pid {pid} is in state {state} after SIGSTOP, not T")));
+        // A stop reaches every thread asynchronously: the state turns `T` within moments.
+        let state = || {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The state follows the command name, which is in parentheses and may hold spaces.
+            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()).unwrap_or("?").to_string()
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while state() != "T" {
+            if std::time::Instant::now() > until {
+                return Err(ClusterError::Input(format!("pid {pid} is in state {} 5 s after SIGSTOP, not T", state())));
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
         Ok(guard)
     }
