@@ -225,6 +225,13 @@ fn overrides_reach_the_objects() {
     // One namespace: the job permissions are bound there only, and no Lease permission without an election.
     let binding = find(&objects, "RoleBinding", "weightstream-operator").expect("a RoleBinding in the watched namespace");
     assert_eq!(binding["metadata"]["namespace"], "ml");
+    // What it binds grants the job's NetworkPolicy there too.
+    let bound_kind = binding["roleRef"]["kind"].as_str().unwrap_or_default().to_string();
+    let bound_name = binding["roleRef"]["name"].as_str().unwrap_or_default().to_string();
+    let bound = find(&objects, &bound_kind, &bound_name).unwrap_or_else(|| panic!("{bound_kind} {bound_name} is not rendered"));
+    let rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule> = serde_json::from_value(bound["rules"].clone()).unwrap();
+    let want = expect_grants(&[("networking.k8s.io", "networkpolicies", &["list", "create", "patch", "delete"])]);
+    assert!(want.is_subset(&grants(&rules)), "the watched namespace's binding lacks networkpolicies");
     assert!(find(&objects, "ClusterRoleBinding", "weightstream-operator").is_none());
     assert!(find(&objects, "ClusterRoleBinding", "weightstream-operator-nodes").is_some(), "nodes stay readable");
     assert!(find(&objects, "Role", "weightstream-operator-leader-election").is_none());
