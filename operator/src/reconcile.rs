@@ -10,6 +10,7 @@ use crds::{Phase, TrainingJob, TrainingJobStatus};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -293,8 +294,12 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
     let coordinator = if holds > 0 { Some(ctx.coordinator.status(job).await.map_err(|e| e.to_string())) } else { None };
     let pool = pool(ctx).await?;
-    let settings =
-        Settings { default_image: ctx.config.default_image.clone(), fan_out: ctx.config.fan_out, request_cs2: pool.is_some_and(|p| p.1) };
+    let settings = Settings {
+        default_image: ctx.config.default_image.clone(),
+        fan_out: ctx.config.fan_out,
+        request_cs2: pool.is_some_and(|p| p.1),
+        operator: ctx.config.operator.clone(),
+    };
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let existing = pods.list(&ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any()))).await?.items;
     let desired = if holds > 0 { Some(children::desired(job, &settings, holds)?) } else { None };
@@ -481,6 +486,8 @@ async fn assemble(
     for s in &desired.services {
         apply_one(&services, s).await?;
     }
+    // The policy before any pod: a job's pods never run unprotected.
+    apply_one(&Api::<NetworkPolicy>::namespaced(client.clone(), &ns), &desired.network_policy).await?;
     apply_one(&Api::<StatefulSet>::namespaced(client.clone(), &ns), &desired.memoryx).await?;
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let owned;
@@ -558,6 +565,7 @@ async fn cleanup(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action, Err
     delete_labelled(&Api::<ConfigMap>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<Secret>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<PersistentVolumeClaim>::namespaced(c.clone(), &ns), &selector).await?;
+    delete_labelled(&Api::<NetworkPolicy>::namespaced(c.clone(), &ns), &selector).await?;
     tracing::info!(job = %job.name_any(), namespace = %ns, "job deleted; children removed");
     Ok(Action::await_change())
 }
@@ -592,7 +600,7 @@ mod tests {
 
     fn desired(n: u32) -> Vec<Pod> {
         let j = crds::testing::mlp_job("j", "ns", 2);
-        let s = Settings { default_image: "i".into(), fan_out: 2, request_cs2: false };
+        let s = Settings { default_image: "i".into(), fan_out: 2, request_cs2: false, operator: Default::default() };
         children::desired(&j, &s, n).unwrap().pods
     }
 
