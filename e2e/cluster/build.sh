@@ -5,6 +5,7 @@
 #   - kube-controller-manager, kube-scheduler, kubelet, kube-proxy: built in that same wrapper module (same Go
 #     module and build caches, same version ldflags), so the second and later commands reuse the first's packages;
 #   - CoreDNS from its Go module (no replace directives, so `go install` works);
+#   - kube-router (only its network-policy controller is run, by up.sh) from its Go module, the same way;
 #   - containerd, runc, the CNI plugins, iptables, conntrack from Debian (apt-get, only when missing).
 # Prints "name=path" lines on stdout (one per binary); logs go to stderr. Needs root for apt-get.
 set -euo pipefail
@@ -12,6 +13,12 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 K8S_VERSION="${WS_K8S_VERSION:-1.34.4}"
 COREDNS_VERSION="${WS_COREDNS_VERSION:-1.14.7}"
+# kube-router's network-policy controller (iptables + ipset) enforces NetworkPolicy on the node. v2.1.0 is the
+# newest release the Go module proxy serves here (later ones answer 403 "not available").
+# The checksum database has no entry for it here (404), so the module's hash is pinned below instead: it is
+# the h1: hash of the module as served, checked against the v2.1.0 tag of the upstream repository's sources.
+KUBE_ROUTER_VERSION="${WS_KUBE_ROUTER_VERSION:-2.1.0}"
+KUBE_ROUTER_SUM="${WS_KUBE_ROUTER_SUM:-h1:xWsptKtmZ44L+NjwFKoFAFlVdxCz8fka9A/eYJe95Ok=}"
 CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
 BIN="$CACHE/bin"
 mkdir -p "$BIN"
@@ -33,6 +40,7 @@ have curl || need_pkgs+=(curl)
 have jq || need_pkgs+=(jq)
 have openssl || need_pkgs+=(openssl)
 have flock || need_pkgs+=(util-linux)
+have ipset || need_pkgs+=(ipset)   # kube-router's policy controller drives ipsets through the ipset tool
 if ((${#need_pkgs[@]})); then
   if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null; then
     log "missing ${need_pkgs[*]} and cannot apt-get them (needs root on Debian)"; exit 1
@@ -88,10 +96,30 @@ if [[ ! -x "$COREDNS" ]]; then
   log "built CoreDNS in $(( $(date +%s) - start ))s"
 fi
 
+KUBE_ROUTER="$BIN/kube-router-v$KUBE_ROUTER_VERSION"
+if [[ ! -x "$KUBE_ROUTER" ]]; then
+  start=$(date +%s)
+  log "building kube-router v$KUBE_ROUTER_VERSION"
+  export GONOSUMDB="github.com/cloudnativelabs/kube-router/v2${GONOSUMDB:+,$GONOSUMDB}"
+  mod="github.com/cloudnativelabs/kube-router/v2@v$KUBE_ROUTER_VERSION"
+  sum="$(cd "$BIN" && go mod download -json "$mod" | jq -r '.Sum // empty')"
+  [[ "$sum" == "$KUBE_ROUTER_SUM" ]] \
+    || { log "kube-router v$KUBE_ROUTER_VERSION has hash '$sum', not the pinned $KUBE_ROUTER_SUM: refusing to build it"; exit 1; }
+  # Built inside the downloaded module, with its own go.mod and go.sum (`go install pkg@version` would ask the
+  # proxy for the module's version list, which it refuses).
+  dir="$(cd "$BIN" && go mod download -json "$mod" | jq -r '.Dir')"
+  CGO_ENABLED=0 GOFLAGS=-mod=readonly nice -n "${WS_NICE:-19}" go build -C "$dir" -trimpath \
+    -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=v$KUBE_ROUTER_VERSION" \
+    -o "$KUBE_ROUTER.tmp" ./cmd/kube-router >&2
+  mv "$KUBE_ROUTER.tmp" "$KUBE_ROUTER"
+  log "built kube-router in $(( $(date +%s) - start ))s"
+fi
+
 echo "etcd=${CORE[0]}"
 echo "kube-apiserver=${CORE[1]}"
 for cmd in kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
   [[ -x "$BIN/$cmd-v$K8S_VERSION" ]] && echo "$cmd=$BIN/$cmd-v$K8S_VERSION"
 done
 echo "coredns=$COREDNS"
+echo "kube-router=$KUBE_ROUTER"
 for b in containerd ctr runc iptables conntrack; do echo "$b=$(command -v "$b" || echo "/usr/sbin/$b")"; done

@@ -13,12 +13,12 @@ API_PORT=6443
 ETCD_PORT=12379
 ETCD_PEER_PORT=12380
 KUBELET_ROOT="/var/lib/kubelet"  # the device-plugin socket dir is <root>/device-plugins; plugins expect this one
-PV_ROOT="/tmp/weightstream-pv"   # hostPath volumes; under /tmp so the controller-manager may delete them
+PV_ROOT="/tmp/weightstream-pv"   # the local volumes' directories (root-owned 0755; pods get them through fsGroup)
 PV_COUNT="${WS_CLUSTER_PV_COUNT:-48}"
 FWD_CHAIN="WS-CLUSTER-FWD"       # keeps pod traffic on the bridge (pods never reach other networks)
 CONTAINERD_SOCK="$RUN/containerd/containerd.sock"
 # Processes in start order; down.sh stops them in reverse.
-COMPONENTS=(etcd kube-apiserver containerd kube-controller-manager kube-scheduler kubelet kube-proxy coredns)
+COMPONENTS=(etcd kube-apiserver containerd kube-controller-manager kube-scheduler kubelet kube-proxy coredns kube-router)
 
 log() { echo "[cluster/$(basename "$0") $(date -u +%H:%M:%S)] $*" >&2; }
 alive() { [[ -f "$RUN/pids/$1" ]] && kill -0 "$(cat "$RUN/pids/$1")" 2>/dev/null; }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stops the cluster e2e/cluster/up.sh started and removes what it made: its processes (by pid file), every pod's
 # container and shim, mounts under the run dir and the kubelet's root, the pods' network namespaces, the bridge,
-# the iptables chains of kube-proxy, the kubelet and up.sh, the kubelet's cgroups, the volume pool and all state.
+# the iptables chains of kube-proxy, kube-router, the kubelet and up.sh, kube-router's ipsets, the kubelet's
+# cgroups, the volume pool and all state.
 # The logs stay in $RUN/logs. Safe to run when nothing is up.
 #
 #   bash e2e/cluster/down.sh               # everything, logs kept
@@ -27,7 +28,7 @@ stop() { # stop NAME: TERM, then KILL after 10 s
 }
 
 # 1. The node first (so nothing restarts containers), then every container through our containerd.
-for c in kube-proxy kubelet kube-scheduler kube-controller-manager coredns; do stop "$c"; done
+for c in kube-router kube-proxy kubelet kube-scheduler kube-controller-manager coredns; do stop "$c"; done
 NETNS=()
 if alive containerd && command -v ctr >/dev/null; then
   CTR=(ctr --address "$CONTAINERD_SOCK" -n k8s.io)
@@ -84,6 +85,10 @@ ipt_clean() { # ipt_clean IPTABLES: drops rules that jump to our chains from the
 }
 ipt_clean iptables
 ipt_clean ip6tables
+# kube-router's ipsets (KUBE-SRC-*, KUBE-DST-*, kube-router-*, and their inet6: twins), now that no rule uses them.
+if command -v ipset >/dev/null; then
+  ipset list -n 2>/dev/null | grep -E '^(inet6:)?(KUBE-|kube-router-)' | while read -r set; do ipset destroy "$set" 2>/dev/null; done
+fi
 # kube-proxy's own clean-up covers what it wrote in the other backends (nftables, ipvs), if anything.
 if [[ -f "$RUN/binaries" ]]; then
   KP="$(sed -n 's/^kube-proxy=//p' "$RUN/binaries")"

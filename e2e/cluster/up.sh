@@ -98,16 +98,30 @@ import_images() {
   shopt -u nullglob
 }
 pv_pool() {
-  # Statically provisioned hostPath volumes (world-writable, since the images run as non-root and hostPath
-  # volumes get no fsGroup), bound to claims of the default class; reclaim Delete removes the directory when a
-  # claim goes away, and every up.sh run tops the pool up again.
-  local i name have
+  # Statically provisioned `local` volumes, bound to claims of the default class. Unlike hostPath, the kubelet
+  # applies a pod's fsGroup to a local volume (group-owned, setgid, group-writable), so MemoryX (uid 65532)
+  # writes its checkpoints into a root-owned 0755 directory that nobody else may write: nothing world-writable.
+  # A local volume must name its node (nodeAffinity). Without a provisioner nothing can delete a local volume's
+  # data, so the reclaim policy is Retain and this function recycles: a Released volume (its claim is gone) is
+  # emptied, given back to root with 0755, and its claimRef cleared, which makes it Available again. Every up.sh
+  # run recycles and tops the pool up.
+  local i name have released
+  released="$(api GET /api/v1/persistentvolumes?labelSelector=weightstream.dev/e2e-pool%3Dtrue \
+    | jq -r '.items[] | select(.status.phase == "Released") | .metadata.name + " " + .spec.local.path')"
+  while read -r name path; do
+    [[ -n "$name" && "$path" == "$PV_ROOT/"* ]] || continue
+    find "$path" -mindepth 1 -delete
+    chown 0:0 "$path" && chmod u=rwx,go=rx,g-s "$path"
+    api PATCH "/api/v1/persistentvolumes/$name" -H 'Content-Type: application/merge-patch+json' \
+      --data '{"spec":{"claimRef":null}}' >/dev/null
+    log "recycled volume $name"
+  done <<<"$released"
   have="$(api GET /api/v1/persistentvolumes | jq -r '.items[].metadata.name')"
   for ((i = 0; i < PV_COUNT; i++)); do
     name="$(printf 'ws-pv-%02d' "$i")"
     grep -qxF "$name" <<<"$have" && continue
     mkdir -p "$PV_ROOT/$name"
-    chmod 0777 "$PV_ROOT/$name"
+    chown 0:0 "$PV_ROOT/$name" && chmod 0755 "$PV_ROOT/$name"
     apply "/api/v1/persistentvolumes/$name" <<YAML
 apiVersion: v1
 kind: PersistentVolume
@@ -115,14 +129,19 @@ metadata: {name: $name, labels: {weightstream.dev/e2e-pool: "true"}}
 spec:
   capacity: {storage: 10Gi}
   accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Delete
+  persistentVolumeReclaimPolicy: Retain
   storageClassName: ws-local
-  hostPath: {path: $PV_ROOT/$name, type: Directory}
+  local: {path: $PV_ROOT/$name}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+      - matchExpressions:
+        - {key: kubernetes.io/hostname, operator: In, values: [$NODE_NAME]}
 YAML
   done
 }
 
-if alive etcd && alive kube-apiserver && alive kubelet && api_ready && node_ready; then
+if alive etcd && alive kube-apiserver && alive kubelet && alive kube-router && api_ready && node_ready; then
   import_images
   pv_pool
   echo "$KC/admin.kubeconfig"
@@ -136,7 +155,7 @@ if ! "$HERE/build.sh" >"$RUN/binaries"; then
 fi
 declare -A B
 while IFS='=' read -r k v; do B[$k]="$v"; done <"$RUN/binaries"
-for k in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy coredns containerd ctr runc; do
+for k in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy coredns kube-router containerd ctr runc; do
   [[ -x "${B[$k]:-}" ]] || { log "build.sh named no usable $k: '${B[$k]:-}'"; exit 1; }
 done
 PATH="$(dirname "${B[ctr]}"):$PATH"
@@ -164,11 +183,14 @@ fi
 ip addr replace "$NODE_IP/${POD_CIDR#*/}" dev "$BRIDGE"
 ip link set "$BRIDGE" up
 sysctl -qw net.ipv4.ip_forward=1
+# Pod-to-pod traffic is bridged, so without br_netfilter it never meets iptables: neither kube-proxy's Service
+# rules nor kube-router's NetworkPolicy rules would see it. Required.
 [[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]] || modprobe br_netfilter 2>/dev/null || true
 if [[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]]; then
   sysctl -qw net.bridge.bridge-nf-call-iptables=1
 else
-  log "no br_netfilter: Services reached from pods on the same bridge may not work"
+  log "no br_netfilter (modprobe br_netfilter failed): bridged pod traffic would bypass iptables, so NetworkPolicy could not be enforced"
+  exit 1
 fi
 iptables -N "$FWD_CHAIN" 2>/dev/null || iptables -F "$FWD_CHAIN"
 iptables -A "$FWD_CHAIN" -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT
@@ -221,7 +243,7 @@ YAML
   }
   kubeconfig admin admin "$t"
   for triple in "kube-controller-manager|system:kube-controller-manager|" "kube-scheduler|system:kube-scheduler|" \
-      "kube-proxy|system:kube-proxy|" "kubelet|system:node:$NODE_NAME|system:nodes" "coredns|ws-coredns|"; do
+      "kube-proxy|system:kube-proxy|" "kubelet|system:node:$NODE_NAME|system:nodes" "coredns|ws-coredns|" "kube-router|ws-kube-router|"; do
     IFS='|' read -r file user group <<<"$triple"
     t="$(tok)"
     if [[ -n "$group" ]]; then echo "$t,$user,$user,$group" >>"$RUN/tokens.csv"; else echo "$t,$user,$user" >>"$RUN/tokens.csv"; fi
@@ -271,6 +293,30 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: ws-cored
 subjects:
 - {apiGroup: rbac.authorization.k8s.io, kind: User, name: ws-coredns}
 YAML
+# kube-router's network-policy controller reads what policies select and never writes.
+apply /apis/rbac.authorization.k8s.io/v1/clusterroles/ws-kube-router <<'YAML'
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: ws-kube-router}
+rules:
+- apiGroups: [""]
+  resources: [nodes, pods, namespaces, services, endpoints]
+  verbs: [get, list, watch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [get, list, watch]
+YAML
+apply /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/ws-kube-router <<'YAML'
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: ws-kube-router}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: ws-kube-router}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: ws-kube-router}
+YAML
 apply /apis/storage.k8s.io/v1/storageclasses/ws-local <<'YAML'
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -278,7 +324,7 @@ metadata:
   name: ws-local
   annotations: {storageclass.kubernetes.io/is-default-class: "true"}
 provisioner: kubernetes.io/no-provisioner
-reclaimPolicy: Delete
+reclaimPolicy: Retain
 volumeBindingMode: WaitForFirstConsumer
 YAML
 pv_pool
@@ -347,7 +393,7 @@ LOADED="$(ctr --address "$CONTAINERD_SOCK" -n k8s.io images ls -q)"
 grep -qxF "$PAUSE_IMAGE" <<<"$LOADED" \
   || { log "the pause image $PAUSE_IMAGE is not in containerd after the import; it has: $LOADED"; exit 1; }
 
-# --- controller-manager (with the hostPath deleter for the volume pool) and scheduler ---
+# --- controller-manager and scheduler ---
 start kube-controller-manager "${B[kube-controller-manager]}" \
   --kubeconfig "$KC/kube-controller-manager.kubeconfig" \
   --authentication-kubeconfig "$KC/kube-controller-manager.kubeconfig" \
@@ -355,8 +401,7 @@ start kube-controller-manager "${B[kube-controller-manager]}" \
   --bind-address 127.0.0.1 --leader-elect=false --use-service-account-credentials \
   --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
   --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
-  --service-cluster-ip-range "$SERVICE_CIDR" --cluster-name weightstream-local \
-  --enable-hostpath-provisioner --profiling=false
+  --service-cluster-ip-range "$SERVICE_CIDR" --cluster-name weightstream-local --profiling=false
 start kube-scheduler "${B[kube-scheduler]}" \
   --kubeconfig "$KC/kube-scheduler.kubeconfig" \
   --authentication-kubeconfig "$KC/kube-scheduler.kubeconfig" \
@@ -434,6 +479,16 @@ start kube-proxy "${B[kube-proxy]}" --config "$RUN/kube-proxy.yaml"
 
 wait_until 60 "CoreDNS /ready" coredns curl -sf --max-time 1 http://127.0.0.1:18181/ready -o /dev/null
 wait_until 120 "node $NODE_NAME to be Ready" kubelet node_ready
+
+# --- kube-router, its network-policy controller only (iptables + ipset; no routing, no service proxy, no CNI
+# config: the bridge plugin stays the CNI): it reads the Node object, so it starts once the node is registered.
+# Its health and metrics servers are off (they would listen on every interface). ---
+start kube-router "${B[kube-router]}" --kubeconfig "$KC/kube-router.kubeconfig" --hostname-override "$NODE_NAME" \
+  --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
+  --service-cluster-ip-range "$SERVICE_CIDR" --health-port=0 --metrics-port=0
+# Enforcing once its jump leads FORWARD (ahead of $FWD_CHAIN, which accepts bridge-to-bridge traffic).
+policy_enforced() { [[ "$(iptables -S FORWARD 2>/dev/null | sed -n 2p)" == *"-j KUBE-ROUTER-FORWARD"* ]]; }
+wait_until 60 "kube-router's policy chains at the head of FORWARD" kube-router policy_enforced
 for c in kube-controller-manager kube-scheduler kube-proxy; do alive "$c" || { log "$c exited:"; tail -20 "$RUN/logs/$c.log" >&2; exit 1; }; done
 
 # --- a pod really runs: the pause image in the default namespace (its ServiceAccount comes from the

@@ -160,3 +160,101 @@ pub fn steps(default: u64) -> u64 {
 pub fn job_timeout(default: Duration) -> Duration {
     std::env::var("WS_E2E_JOB_TIMEOUT_SECS").ok().and_then(|s| s.parse().ok()).map_or(default, Duration::from_secs)
 }
+
+/// What a TCP connection attempt from inside a pod's network namespace came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// The handshake completed.
+    Connected,
+    /// The attempt failed at once (a RST or an ICMP reject: NetworkPolicy agents such as kube-router reject),
+    /// with the error text.
+    Refused(String),
+    /// No answer before the deadline (a dropped SYN).
+    TimedOut,
+}
+
+/// The host pid of a running pod's first container: the process whose pid in its own namespace is 1 and whose
+/// cgroup path names the container's id. Only for a cluster whose node is this machine (`e2e/cluster/up.sh`),
+/// with the test running as root; elsewhere it fails, naming why.
+pub fn container_pid(pod: &k8s_openapi::api::core::v1::Pod) -> Result<u32, ClusterError> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref()?.first()?.container_id.clone())
+        .ok_or_else(|| ClusterError::Input(format!("pod {name} has no running container")))?;
+    let id = id.rsplit("://").next().unwrap_or_default().to_string();
+    if id.len() < 12 {
+        return Err(ClusterError::Input(format!("pod {name}: container id {id:?} is not one")));
+    }
+    let procs = std::fs::read_dir("/proc").map_err(|e| ClusterError::Input(format!("/proc: {e}")))?;
+    for entry in procs.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cgroup) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else { continue };
+        if !cgroup.contains(&id) {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
+        let ns_pid = status.lines().find_map(|l| l.strip_prefix("NSpid:")).and_then(|v| v.split_whitespace().last());
+        if ns_pid == Some("1") {
+            return Ok(pid);
+        }
+    }
+    Err(ClusterError::Input(format!(
+        "no process of pod {name}'s container {id} on this machine (is the node this machine, and are we root?)"
+    )))
+}
+
+/// Tries a TCP connection to `ip:port` from inside the network namespace of host process `pid` (a pod's
+/// container), so it leaves from that pod's address and meets the same NetworkPolicy rules the pod would. Bash's
+/// `/dev/tcp` makes the connection; `timeout` bounds it by `deadline`.
+pub fn tcp_connect_from(pid: u32, ip: &str, port: u16, deadline: Duration) -> Result<Reach, ClusterError> {
+    let secs = deadline.as_secs().max(1).to_string();
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net=/proc/{pid}/ns/net"))
+        .args(["--", "timeout", "--kill-after=2", &secs, "bash", "-c", r#"exec 3<>"/dev/tcp/$0/$1""#, ip])
+        .arg(port.to_string());
+    let what = format!("{cmd:?}");
+    let out = cmd.output().map_err(|source| ClusterError::Spawn { what: what.clone(), source })?;
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    match out.status.code() {
+        Some(0) => Ok(Reach::Connected),
+        Some(124 | 137) => Ok(Reach::TimedOut),
+        Some(1) if !stderr.contains("nsenter:") => Ok(Reach::Refused(stderr)),
+        code => Err(ClusterError::Command { what, code, tail: stderr }),
+    }
+}
+
+/// A process stopped with SIGSTOP until this guard goes: dropping it (also when a test panics) sends SIGCONT,
+/// so a failed test never leaves a frozen container behind.
+pub struct Stopped {
+    pid: u32,
+}
+
+impl Stopped {
+    /// Sends SIGSTOP to `pid` and waits (at most 5 s) until the kernel reports it stopped (state `T`).
+    pub fn stop(pid: u32) -> Result<Stopped, ClusterError> {
+        run(Command::new("kill").args(["-STOP", &pid.to_string()]))?;
+        let guard = Stopped { pid };
+        // A stop reaches every thread asynchronously: the state turns `T` within moments.
+        let state = || {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The state follows the command name, which is in parentheses and may hold spaces.
+            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()).unwrap_or("?").to_string()
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while state() != "T" {
+            if std::time::Instant::now() > until {
+                return Err(ClusterError::Input(format!("pid {pid} is in state {} 5 s after SIGSTOP, not T", state())));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.pid.to_string()]).status();
+    }
+}

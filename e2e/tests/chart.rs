@@ -128,8 +128,10 @@ fn namespaced_grants() -> BTreeSet<(String, String, String)> {
         ("apps", "statefulsets", &["get", "list", "watch", "create", "patch", "delete"]),
         ("", "services", &["list", "create", "patch", "delete"]),
         ("", "configmaps", &["list", "create", "patch", "delete"]),
+        ("", "secrets", &["get", "list", "create", "delete"]),
         ("", "persistentvolumeclaims", &["list", "delete"]),
         ("events.k8s.io", "events", &["create", "patch"]),
+        ("networking.k8s.io", "networkpolicies", &["list", "create", "patch", "delete"]),
         ("", "events", &["list"]),
     ])
 }
@@ -157,12 +159,16 @@ fn the_operator_may_do_exactly_what_it_does() {
     assert_eq!(binding["subjects"][0]["name"], "weightstream-operator");
     assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
     assert!(find(&objects, "ServiceAccount", "weightstream-operator").is_some());
-    // No wildcard, and nothing about secrets, in any rule of any role.
+    // No wildcard in any rule of any role; secrets (the jobs' identities) only where the operator's rules
+    // name them, never `update`/`patch`/`watch`: an identity is issued once and only read back.
     for rule in objects.iter().filter_map(|o| o["rules"].as_array()).flatten() {
         for key in ["verbs", "resources", "apiGroups"] {
             for v in rule[key].as_array().into_iter().flatten() {
-                assert!(v != "*" && v != "secrets", "{v} granted in {rule}");
+                assert!(v != "*", "{v} granted in {rule}");
             }
+        }
+        if rule["resources"].as_array().is_some_and(|r| r.iter().any(|v| v == "secrets")) {
+            assert!(rule["verbs"].as_array().unwrap().iter().all(|v| v != "update" && v != "patch" && v != "watch"), "{rule}");
         }
     }
 }
@@ -197,6 +203,11 @@ fn the_default_operator_is_locked_down_probed_and_elects_a_leader() {
     assert_eq!(env(&c, "WS_CS2_POOL"), Some("8"));
     let pod_ns = c.env.as_ref().unwrap().iter().find(|e| e.name == "POD_NAMESPACE").unwrap();
     assert_eq!(pod_ns.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "metadata.namespace");
+    // The labels every job's NetworkPolicy admits are the operator pods' own selector labels.
+    let admitted = operator::children::OperatorPeer::parse_labels(env(&c, "WS_OPERATOR_POD_LABELS").unwrap()).unwrap();
+    let pod_labels = spec.template.metadata.clone().unwrap().labels.unwrap();
+    assert_eq!(admitted, spec.selector.match_labels.clone().unwrap(), "exactly the Deployment's selector");
+    assert!(admitted.iter().all(|(k, v)| pod_labels.get(k) == Some(v)), "{admitted:?} ⊄ {pod_labels:?}");
     assert!(find(&objects, "DaemonSet", "weightstream-device-plugin").is_none(), "no device plugin by default");
     assert!(!objects.iter().any(|o| o["kind"] == "ServiceMonitor"), "no ServiceMonitor by default");
     assert!(find(&objects, "Service", "weightstream-operator-metrics").is_some());
@@ -230,6 +241,13 @@ fn overrides_reach_the_objects() {
     // permission without an election.
     let binding = find(&objects, "RoleBinding", "weightstream-operator").expect("a RoleBinding in the watched namespace");
     assert_eq!(binding["metadata"]["namespace"], "ml");
+    // What it binds grants the job's NetworkPolicy there too.
+    let bound_kind = binding["roleRef"]["kind"].as_str().unwrap_or_default().to_string();
+    let bound_name = binding["roleRef"]["name"].as_str().unwrap_or_default().to_string();
+    let bound = find(&objects, &bound_kind, &bound_name).unwrap_or_else(|| panic!("{bound_kind} {bound_name} is not rendered"));
+    let rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule> = serde_json::from_value(bound["rules"].clone()).unwrap();
+    let want = expect_grants(&[("networking.k8s.io", "networkpolicies", &["list", "create", "patch", "delete"])]);
+    assert!(want.is_subset(&grants(&rules)), "the watched namespace's binding lacks networkpolicies");
     assert!(find(&objects, "ClusterRoleBinding", "weightstream-operator").is_none());
     assert!(find(&objects, "ClusterRoleBinding", "weightstream-operator-cluster-reads").is_some(), "nodes stay readable");
     assert!(find(&objects, "Role", "weightstream-operator-leader-election").is_none());

@@ -373,6 +373,7 @@ async fn a_deleted_job_leaves_nothing_behind() {
     let svcs: Api<Service> = Api::namespaced(client.clone(), &ns);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let nps: Api<k8s_openapi::api::networking::v1::NetworkPolicy> = Api::namespaced(client.clone(), &ns);
     let left = || async {
         let mut v: Vec<String> = Vec::new();
         if jobs.get_opt("doomed").await.ok()?.is_some() {
@@ -383,6 +384,7 @@ async fn a_deleted_job_leaves_nothing_behind() {
         v.extend(svcs.list(&sel).await.ok()?.items.iter().map(|o| format!("service/{}", o.name_any())));
         v.extend(cms.list(&sel).await.ok()?.items.iter().map(|o| format!("configmap/{}", o.name_any())));
         v.extend(pvcs.list(&sel).await.ok()?.items.iter().map(|o| format!("pvc/{}", o.name_any())));
+        v.extend(nps.list(&sel).await.ok()?.items.iter().map(|o| format!("networkpolicy/{}", o.name_any())));
         Some(v)
     };
     let r = wait_for(Duration::from_secs(180), "every child of doomed to go", || async {
@@ -414,5 +416,183 @@ async fn the_api_server_refuses_each_invalid_example() {
             Err(e) => panic!("{}: {e}", path.display()),
         }
     }
+    done(&client, &ns).await;
+}
+
+/// A running pod's IP.
+async fn pod_ip(pods: &Api<Pod>, name: &str) -> String {
+    let p = ok(pods.get(name).await, name);
+    p.status.and_then(|s| s.pod_ip).unwrap_or_else(|| panic!("{name} has no IP"))
+}
+
+/// The host pid of pod `name`'s container, once it runs.
+async fn running_pid(pods: &Api<Pod>, name: &str) -> u32 {
+    let p = ok(
+        wait_for(Duration::from_secs(120), &format!("{name} to run"), || async {
+            let p = pods.get(name).await.ok()?;
+            (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+        })
+        .await,
+        name,
+    );
+    ok(cluster::container_pid(&p), &format!("{name}'s container process"))
+}
+
+/// A pause pod (the locally built sandbox image, which only sleeps) in `ns`, passing Pod Security
+/// "restricted": the stand-in for another tenant's workload, whose network namespace the test connects from.
+async fn outsider(client: &Client, ns: &str) -> u32 {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod: Pod = ok(
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "outsider", "labels": { "weightstream.dev/job": "guarded" } },
+            "spec": {
+                "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 0,
+                "securityContext": { "runAsNonRoot": true, "runAsUser": 65535, "seccompProfile": { "type": "RuntimeDefault" } },
+                "containers": [{
+                    "name": "pause", "image": "weightstream/pause:3.10", "imagePullPolicy": "Never",
+                    "securityContext": { "allowPrivilegeEscalation": false, "capabilities": { "drop": ["ALL"] }, "readOnlyRootFilesystem": true },
+                }],
+            },
+        })),
+        "outsider pod",
+    );
+    ok(pods.create(&PostParams::default(), &pod).await, "create the outsider pod");
+    running_pid(&pods, "outsider").await
+}
+
+const PROBE_DEADLINE: Duration = Duration::from_secs(5);
+
+fn reach(pid: u32, ip: &str, port: u16) -> cluster::Reach {
+    ok(cluster::tcp_connect_from(pid, ip, port, PROBE_DEADLINE), &format!("connect to {ip}:{port}"))
+}
+
+/// Whether `pid`'s pod can connect to `ip:port`, once the policy agent has caught up: the probe is repeated
+/// until it gives `want` (connected or not) for at most 20 s, and the last outcome is returned. The policy
+/// exists before any of the job's pods, so the agent has normally synced before the first probe.
+async fn reach_settled(pid: u32, ip: &str, port: u16, want: bool) -> cluster::Reach {
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = reach(pid, ip, port);
+        if (r == cluster::Reach::Connected) == want || std::time::Instant::now() > until {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_policy_keeps_other_namespaces_out_of_a_running_job() {
+    let _serial = SERIAL.lock().await;
+    let (client, ns) = setup("netpol").await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    // The other tenants first, so the probes take no time once the job trains: a pod in another namespace
+    // (wearing the job's label, which must not help), and one in a namespace labelled for metrics scrapers.
+    let other = ok(e2e::namespace(&client, "outsider").await, "another namespace");
+    let stranger = outsider(&client, &other).await;
+    let scrapers = ok(e2e::namespace(&client, "scraper").await, "a scraper namespace");
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let label = serde_json::json!({ "metadata": { "labels": { crds::contract::METRICS_SCRAPER_LABEL: "true" } } });
+    ok(nss.patch(&scrapers, &PatchParams::default(), &Patch::Merge(&label)).await, "label the scraper namespace");
+    let scraper = outsider(&client, &scrapers).await;
+
+    let total = cluster::steps(DEFAULT_STEPS) * 2;
+    create(&jobs, &job_from("fc-mnist-sparse.yaml", "guarded", 2, total)).await;
+    wait_training(&client, &ns, "guarded", 1).await;
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+    let np = ok(policies.get("guarded-network").await, "the job's NetworkPolicy");
+    assert_eq!(np.owner_references().first().map(|o| o.name.as_str()), Some("guarded"));
+    let memoryx = pod_ip(&pods, "guarded-memoryx-0").await;
+    let engine = pod_ip(&pods, "guarded-engine-0").await;
+    let (http, grpc) = (crds::contract::HTTP_PORT, crds::contract::Role::Engine.grpc_port().map_or(0, |p| p.1));
+    let targets = [("MemoryX /status", memoryx.as_str(), http), ("engine gRPC", engine.as_str(), grpc)];
+
+    // The job's own pods reach both (the positive control: the ports listen, and the policy lets the job in).
+    let insider = running_pid(&pods, "guarded-swarmx-0-0").await;
+    for (what, ip, port) in targets {
+        assert_eq!(reach_settled(insider, ip, port, true).await, cluster::Reach::Connected, "{what} from the job's own SwarmX pod");
+    }
+    // The operator reaches MemoryX's HTTP port (it polls /status), not the engines.
+    let system: Api<Pod> = Api::namespaced(client.clone(), cluster::SYSTEM_NAMESPACE);
+    let operators = ok(system.list(&ListParams::default().labels("app.kubernetes.io/component=operator")).await, "operators");
+    let operator = operators.items.first().map(|p| p.name_any()).unwrap_or_else(|| panic!("no operator pod"));
+    let operator = running_pid(&system, &operator).await;
+    assert_eq!(reach_settled(operator, &memoryx, http, true).await, cluster::Reach::Connected, "the operator polls MemoryX");
+    assert_ne!(reach_settled(operator, &engine, grpc, false).await, cluster::Reach::Connected, "the operator has no business with engines");
+    // The other namespace reaches neither.
+    for (what, ip, port) in targets {
+        let r = reach_settled(stranger, ip, port, false).await;
+        eprintln!("guarded: {what} {ip}:{port} from namespace {other}: {r:?}");
+        assert_ne!(r, cluster::Reach::Connected, "{what} reached from another namespace");
+    }
+    // The scraper namespace reaches the HTTP port (/metrics) and nothing else.
+    assert_eq!(reach_settled(scraper, &memoryx, http, true).await, cluster::Reach::Connected, "a labelled namespace scrapes /metrics");
+    assert_ne!(reach_settled(scraper, &engine, grpc, false).await, cluster::Reach::Connected, "a scraper reaches an engine's gRPC port");
+    // All of it while the job ran (else a refusal could be a finished pod's).
+    let phase = ok(jobs.get("guarded").await, "guarded").status.and_then(|s| s.phase);
+    assert_eq!(phase, Some(Phase::Running), "the job ended before the probes did: raise WS_E2E_STEPS");
+
+    // And the job is unaffected: it finishes.
+    let j = wait_phase(&client, &ns, "guarded", Phase::Succeeded, finish_timeout()).await;
+    assert_eq!(j.status.as_ref().and_then(|s| s.progress.step), Some(total));
+    // Its final checkpoint is on the volume: a `local` PersistentVolume, root-owned 0755, that MemoryX (uid
+    // 65532) writes only through the pod's fsGroup.
+    let ckpt = j.status.as_ref().and_then(|s| s.progress.last_checkpoint.clone());
+    assert_eq!(ckpt.map(|c| c.step), Some(total), "the final checkpoint was written");
+    for n in [&other, &scrapers] {
+        done(&client, n).await;
+    }
+    done(&client, &ns).await;
+}
+
+/// Engine 1's pod's process is frozen with SIGSTOP mid-run (a hung host or a silent partition looks the same).
+/// Within a bound — missed keepalives (20 s), the step's retry window (60 s), the operator's poll — the job
+/// either recovers and keeps stepping, or fails with a message naming the engine. Never a silent hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_engine_pod_is_found_within_a_deadline() {
+    let _serial = SERIAL.lock().await;
+    let (client, ns) = setup("freeze").await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let total = cluster::steps(DEFAULT_STEPS) * 2;
+    create(&jobs, &job_from("fc-mnist-sparse.yaml", "frozen", 2, total)).await;
+    let at = wait_training(&client, &ns, "frozen", total / 10).await;
+    let pid = running_pid(&pods, "frozen-engine-1").await;
+    let frozen = ok(cluster::Stopped::stop(pid), "SIGSTOP frozen-engine-1");
+    let since = std::time::Instant::now();
+    // Steps in flight finish and the operator's poll (1 s) catches up; from here the reported step is where the
+    // job stands with the engine frozen.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let stalled = ok(jobs.get("frozen").await, "frozen").status.and_then(|s| s.progress.step).unwrap_or(at);
+    eprintln!("frozen: SIGSTOPped frozen-engine-1 (pid {pid}) after step {at}; at step {stalled} 5 s later");
+    let deadline = Duration::from_secs(240);
+    let outcome = wait_for(deadline, "the frozen engine to be found (the job fails naming it, or steps on)", || async {
+        let s = jobs.get("frozen").await.ok()?.status?;
+        match s.phase {
+            Some(Phase::Failed) => {
+                let why = s.conditions.iter().map(|c| c.message.clone()).collect::<Vec<_>>().join(" | ");
+                Some(Err(why))
+            }
+            Some(Phase::Succeeded) => Some(Ok(total)),
+            // Progress well past the freeze while the engine is still stopped: the job recovered without it.
+            _ => s.progress.step.filter(|&st| st > stalled + 20).map(Ok),
+        }
+    })
+    .await;
+    let elapsed = since.elapsed();
+    drop(frozen);
+    match outcome {
+        Ok(Ok(step)) => eprintln!("frozen: recovered, at step {step} {elapsed:?} after the freeze"),
+        Ok(Err(why)) => {
+            eprintln!("frozen: failed {elapsed:?} after the freeze: {why}");
+            assert!(
+                why.contains("frozen-engine-1") || why.to_lowercase().contains("engine 1"),
+                "the failure does not name the frozen engine: {why}"
+            );
+        }
+        Err(e) => panic!("{e} (nothing happened {elapsed:?} after the freeze); {}", describe(&client, &ns, "frozen").await),
+    }
+    assert!(elapsed < deadline);
     done(&client, &ns).await;
 }

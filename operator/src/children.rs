@@ -8,15 +8,21 @@ use std::net::SocketAddr;
 
 use crds::contract::{
     CommonArgs, EngineArgs, MemoryxArgs, Role, RoleArgs, SwarmxArgs, SwarmxChild, SwarmxNode, HTTP_PORT,
+    METRICS_SCRAPER_LABEL,
 };
 use crds::{PlanStatus, PullPolicy, SwarmxTreeStatus, TrainingJob};
 use runtime::plan::Plan;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec};
-use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, Pod, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort,
-    ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
 };
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, KeyToPath, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, Pod, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort,
+    Secret, SecretVolumeSource, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::ByteString;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -40,6 +46,11 @@ pub const CONFIG_HASH_ANNOTATION: &str = "weightstream.dev/config-hash";
 pub const CS2_RESOURCE: &str = "weightstream.dev/cs2";
 /// Where every role finds the job manifest.
 pub const CONFIG_DIR: &str = "/etc/weightstream";
+/// Where every role finds the job's TLS identity (the per-job Secret's `ca.crt`, `tls.crt`, `tls.key`).
+pub const IDENTITY_DIR: &str = "/var/run/weightstream/identity";
+/// Annotation on the identity Secret naming the uid of the job it was issued for: a job recreated under the
+/// same name gets a new identity, never its predecessor's.
+pub const IDENTITY_UID_ANNOTATION: &str = "weightstream.dev/job-uid";
 /// Where MemoryX keeps its checkpoints (a persistent volume, so restarts and resumes continue from them).
 pub const CHECKPOINT_DIR: &str = "/var/lib/weightstream/checkpoints";
 
@@ -53,6 +64,50 @@ pub struct Settings {
     /// Whether nodes advertise `weightstream.dev/cs2`, so engine pods may request it (a pod requesting a
     /// resource no node has would never schedule).
     pub request_cs2: bool,
+    /// The operator's own pods, which every job's NetworkPolicy admits (the operator polls MemoryX).
+    pub operator: OperatorPeer,
+}
+
+/// Where the operator's own pods run and the labels they carry: the chart passes both (the namespace through
+/// the downward API, the labels rendered from the same helper that labels its Deployment's pods), so a job's
+/// NetworkPolicy admits exactly the operator that manages it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OperatorPeer {
+    /// The operator's namespace (`POD_NAMESPACE`); it also holds the leader Lease.
+    pub namespace: String,
+    /// Labels every operator pod carries (the chart's selector labels).
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Default for OperatorPeer {
+    /// The chart's defaults: namespace `weightstream-system`, pods labelled `app.kubernetes.io/component: operator`.
+    fn default() -> Self {
+        OperatorPeer {
+            namespace: crate::DEFAULT_NAMESPACE.into(),
+            labels: BTreeMap::from([("app.kubernetes.io/component".to_string(), "operator".to_string())]),
+        }
+    }
+}
+
+impl OperatorPeer {
+    /// Parses `key=value,key=value` (the `--operator-pod-labels` flag), refusing an empty list or a pair
+    /// without `=`: a policy whose peer selector is empty would admit every pod of the operator's namespace.
+    pub fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, Error> {
+        let mut labels = BTreeMap::new();
+        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| Error::Config(format!("operator pod label '{pair}' is not key=value")))?;
+            if k.trim().is_empty() {
+                return Err(Error::Config(format!("operator pod label '{pair}' has no key")));
+            }
+            labels.insert(k.trim().to_string(), v.trim().to_string());
+        }
+        if labels.is_empty() {
+            return Err(Error::Config("the operator's pod labels are empty: a NetworkPolicy would admit every pod of its namespace".into()));
+        }
+        Ok(labels)
+    }
 }
 
 /// The names of a job's children, derived from the job name alone so they are stable across restarts and a
@@ -74,6 +129,10 @@ pub mod names {
     pub fn swarmx(job: &str, level: usize, index: usize) -> String {
         format!("{job}-swarmx-{level}-{index}")
     }
+    /// The Secret with the job's TLS identity.
+    pub fn identity(job: &str) -> String {
+        format!("{job}-identity")
+    }
     /// The headless Service of the engine pods.
     pub fn engine_service(job: &str) -> String {
         format!("{job}-engine")
@@ -82,18 +141,22 @@ pub mod names {
     pub fn engine(job: &str, index: u32) -> String {
         format!("{job}-engine-{index}")
     }
+    /// The job's NetworkPolicy.
+    pub fn network_policy(job: &str) -> String {
+        format!("{job}-network")
+    }
 }
 
 /// The URL of SwarmX node (`level`, `index`) through its headless Service's per-pod DNS name.
 pub fn swarmx_address(job: &str, namespace: &str, level: usize, index: usize) -> String {
     let pod = names::swarmx(job, level, index);
-    format!("http://{pod}.{}.{namespace}.svc:{}", names::swarmx_service(job), grpc_port(Role::Swarmx))
+    format!("https://{pod}.{}.{namespace}.svc:{}", names::swarmx_service(job), grpc_port(Role::Swarmx))
 }
 
 /// The URL of engine `index`.
 pub fn engine_address(job: &str, namespace: &str, index: u32) -> String {
     let pod = names::engine(job, index);
-    format!("http://{pod}.{}.{namespace}.svc:{}", names::engine_service(job), grpc_port(Role::Engine))
+    format!("https://{pod}.{}.{namespace}.svc:{}", names::engine_service(job), grpc_port(Role::Engine))
 }
 
 /// The URL of a SwarmX node's child.
@@ -106,7 +169,38 @@ fn child_address(job: &str, namespace: &str, child: SwarmxChild) -> String {
 
 /// MemoryX's HTTP endpoint (`/status`, `/checkpoint`), through its Service: what the operator polls.
 pub fn memoryx_http(job: &str, namespace: &str) -> String {
-    format!("http://{}.{namespace}.svc:{HTTP_PORT}", names::memoryx(job))
+    format!("https://{}.{namespace}.svc:{HTTP_PORT}", names::memoryx(job))
+}
+
+/// The names the job's certificate carries besides the fixed one: MemoryX's Service (which the operator calls
+/// by name) and every SwarmX and engine pod's DNS name.
+pub fn identity_names(job: &str, namespace: &str) -> Vec<String> {
+    vec![
+        format!("{}.{namespace}.svc", names::memoryx(job)),
+        format!("*.{}.{namespace}.svc", names::swarmx_service(job)),
+        format!("*.{}.{namespace}.svc", names::engine_service(job)),
+    ]
+}
+
+/// The job's identity Secret from freshly issued material (see [`runtime::identity`]): every file, the
+/// operator's client certificate among them; the pods mount only the roles' three files.
+pub fn identity_secret(job: &TrainingJob, issued: &runtime::identity::Issued) -> Result<Secret, Error> {
+    let mut m = meta(job, names::identity(&job.name_any()), None)?;
+    let uid = job.uid().ok_or(Error::MissingField("metadata.uid"))?;
+    m.annotations = Some(BTreeMap::from([(IDENTITY_UID_ANNOTATION.to_string(), uid)]));
+    Ok(Secret {
+        metadata: m,
+        type_: Some("Opaque".into()),
+        immutable: Some(true),
+        data: Some(issued.files().into_iter().map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec()))).collect()),
+        ..Default::default()
+    })
+}
+
+/// Whether `secret` is the identity of this very job (same uid), not a leftover of a deleted namesake.
+pub fn identity_belongs_to(secret: &Secret, job: &TrainingJob) -> bool {
+    let uid = secret.annotations().get(IDENTITY_UID_ANNOTATION);
+    uid.is_some() && uid.cloned() == job.uid()
 }
 
 fn grpc_port(role: Role) -> u16 {
@@ -206,6 +300,8 @@ pub struct Desired {
     pub memoryx: StatefulSet,
     /// The SwarmX tree's pods (root first), then one engine pod per CS-2.
     pub pods: Vec<Pod>,
+    /// Who may reach the job's pods, and whom they may reach.
+    pub network_policy: NetworkPolicy,
 }
 
 /// Builds the job's whole appliance for `cs2` CS-2s (the allocated count), or says why the plan refuses it.
@@ -219,8 +315,74 @@ pub fn desired(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<Desir
         plan: status,
         memoryx: memoryx(job, settings, &plan, 1, &config_hash)?,
         services: services(job)?,
+        network_policy: network_policy(job, &settings.operator)?,
         config,
         pods,
+    })
+}
+
+/// The job's NetworkPolicy: the data plane's endpoints take plaintext calls that read (`Snapshot`, `/status`)
+/// and replace (`Prime`, `Apply`, `/checkpoint`) the job's state, so its pods accept traffic only from
+/// - the same job's pods (the SwarmX tree and the engines call each other on every port);
+/// - the operator's pods ([`OperatorPeer`]), on the HTTP port only (it polls `/status` and asks for
+///   checkpoints there);
+/// - pods in namespaces labelled [`METRICS_SCRAPER_LABEL`]` = "true"`, on the HTTP port only (`/metrics`,
+///   `/healthz`): a cluster admin labels the monitoring namespace so Prometheus can scrape the roles. Any pod
+///   in such a namespace reaches the HTTP port, so only admins should be able to label namespaces.
+///
+/// Egress is limited too, to the same job's pods and DNS (port 53 anywhere: the roles find each other by
+/// name): the data plane talks to nothing else, so a compromised role cannot reach the API server, another
+/// tenant or the node's metadata endpoints. Kubelet probes come from the node, which policy agents admit.
+pub fn network_policy(job: &TrainingJob, operator: &OperatorPeer) -> Result<NetworkPolicy, Error> {
+    let name = job.name_any();
+    let same_job = NetworkPolicyPeer {
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(JOB_LABEL.to_string(), name.clone())])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let port = |protocol: &str, port: u16| NetworkPolicyPort {
+        protocol: Some(protocol.into()),
+        port: Some(IntOrString::Int(i32::from(port))),
+        ..Default::default()
+    };
+    let namespace_named = |ns: &str| LabelSelector {
+        match_labels: Some(BTreeMap::from([("kubernetes.io/metadata.name".to_string(), ns.to_string())])),
+        ..Default::default()
+    };
+    let operator_pods = NetworkPolicyPeer {
+        namespace_selector: Some(namespace_named(&operator.namespace)),
+        pod_selector: Some(LabelSelector { match_labels: Some(operator.labels.clone()), ..Default::default() }),
+        ..Default::default()
+    };
+    let scrapers = NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(METRICS_SCRAPER_LABEL.to_string(), "true".to_string())])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Ok(NetworkPolicy {
+        metadata: meta(job, names::network_policy(&name), None)?,
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(JOB_LABEL.to_string(), name.clone())])),
+                ..Default::default()
+            }),
+            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule { from: Some(vec![same_job.clone()]), ports: None },
+                NetworkPolicyIngressRule {
+                    from: Some(vec![operator_pods, scrapers]),
+                    ports: Some(vec![port("TCP", HTTP_PORT)]),
+                },
+            ]),
+            egress: Some(vec![
+                NetworkPolicyEgressRule { to: Some(vec![same_job]), ports: None },
+                NetworkPolicyEgressRule { to: None, ports: Some(vec![port("UDP", 53), port("TCP", 53)]) },
+            ]),
+        }),
     })
 }
 
@@ -321,7 +483,7 @@ fn common_args() -> CommonArgs {
     CommonArgs {
         http: SocketAddr::from(([0, 0, 0, 0], HTTP_PORT)),
         json_logs: true,
-        ..CommonArgs::new(format!("{CONFIG_DIR}/{JOB_FILE}"))
+        ..CommonArgs::new(format!("{CONFIG_DIR}/{JOB_FILE}"), IDENTITY_DIR)
     }
 }
 
@@ -339,12 +501,10 @@ fn container<A: RoleArgs>(
     extra_mounts: Vec<VolumeMount>,
 ) -> Container {
     let role = A::ROLE;
-    let mut mounts = vec![VolumeMount {
-        name: "config".into(),
-        mount_path: CONFIG_DIR.into(),
-        read_only: Some(true),
-        ..Default::default()
-    }];
+    let mut mounts = vec![
+        VolumeMount { name: "config".into(), mount_path: CONFIG_DIR.into(), read_only: Some(true), ..Default::default() },
+        VolumeMount { name: "identity".into(), mount_path: IDENTITY_DIR.into(), read_only: Some(true), ..Default::default() },
+    ];
     mounts.extend(extra_mounts);
     let port = |(n, p): (&str, u16)| ContainerPort { name: Some(n.into()), container_port: i32::from(p), ..Default::default() };
     Container {
@@ -355,9 +515,11 @@ fn container<A: RoleArgs>(
         args: Some(args.argv()),
         ports: Some(role.grpc_port().into_iter().chain([("http", HTTP_PORT)]).map(port).collect()),
         readiness_probe: Some(Probe {
+            // Over TLS like every endpoint; the kubelet verifies no certificate and `/healthz` asks for none.
             http_get: Some(HTTPGetAction {
                 path: Some("/healthz".into()),
                 port: IntOrString::Int(i32::from(HTTP_PORT)),
+                scheme: Some("HTTPS".into()),
                 ..Default::default()
             }),
             period_seconds: Some(2),
@@ -412,12 +574,30 @@ fn restricted_pod(containers: Vec<Container>, volumes: Vec<Volume>) -> PodSpec {
     }
 }
 
-fn config_volume(job: &TrainingJob) -> Volume {
-    Volume {
-        name: "config".into(),
-        config_map: Some(ConfigMapVolumeSource { name: names::config(&job.name_any()), ..Default::default() }),
-        ..Default::default()
-    }
+/// What every role's pod mounts: the job manifest and the roles' part of the job's identity (readable by the
+/// runtime's group only; the operator's key is not among the items).
+fn role_volumes(job: &TrainingJob) -> Vec<Volume> {
+    let items = runtime::identity::MOUNTED
+        .iter()
+        .map(|f| KeyToPath { key: f.to_string(), path: f.to_string(), ..Default::default() })
+        .collect();
+    vec![
+        Volume {
+            name: "config".into(),
+            config_map: Some(ConfigMapVolumeSource { name: names::config(&job.name_any()), ..Default::default() }),
+            ..Default::default()
+        },
+        Volume {
+            name: "identity".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names::identity(&job.name_any())),
+                items: Some(items),
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ]
 }
 
 /// MemoryX's arguments in a pod: the root of the job's SwarmX tree, the checkpoint volume, and `--linger` so it
@@ -445,7 +625,7 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, replicas: i3
         job.spec.resources.memoryx.clone().or_else(|| memory_request(plan.memoryx_bytes)),
         vec![VolumeMount { name: "checkpoints".into(), mount_path: CHECKPOINT_DIR.into(), ..Default::default() }],
     );
-    let mut pod_spec = restricted_pod(vec![c], vec![config_volume(job)]);
+    let mut pod_spec = restricted_pod(vec![c], role_volumes(job));
     pod_spec.priority_class_name.clone_from(&job.spec.priority_class_name);
     let hash = spec_hash(&pod_spec)?;
     let claim = PersistentVolumeClaim {
@@ -526,7 +706,7 @@ fn swarmx_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str
         .nodes()
         .map(|node| {
             let c = container(job, settings, &swarmx_args(job, node), job.spec.resources.swarmx.clone(), vec![]);
-            let spec = restricted_pod(vec![c], vec![config_volume(job)]);
+            let spec = restricted_pod(vec![c], role_volumes(job));
             pod(job, names::swarmx(&name, node.level, node.index), Role::Swarmx, names::swarmx_service(&name), spec, config)
         })
         .collect()
@@ -555,7 +735,7 @@ fn engine_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str
             }
             let resources = (resources != ResourceRequirements::default()).then_some(resources);
             let c = container(job, settings, &engine_args(i), resources, vec![]);
-            let spec = restricted_pod(vec![c], vec![config_volume(job)]);
+            let spec = restricted_pod(vec![c], role_volumes(job));
             pod(job, names::engine(&name, i), Role::Engine, names::engine_service(&name), spec, config)
         })
         .collect()
@@ -588,7 +768,7 @@ mod tests {
     }
 
     fn settings(request_cs2: bool) -> Settings {
-        Settings { default_image: "weightstream/runtime:0.1.0".into(), fan_out: 2, request_cs2 }
+        Settings { default_image: "weightstream/runtime:0.1.0".into(), fan_out: 2, request_cs2, operator: OperatorPeer::default() }
     }
 
     fn build(j: &TrainingJob, s: &Settings, n: u32) -> Desired {
@@ -704,6 +884,127 @@ mod tests {
         }
     }
 
+    fn matches(selector: &Option<LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
+        let s = selector.as_ref().expect("a selector");
+        assert!(s.match_expressions.is_none(), "the evaluator reads matchLabels only");
+        s.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v))
+    }
+
+    /// A pod somewhere: its namespace's labels (as the API server sets them) and its own.
+    struct Peer {
+        ns: BTreeMap<String, String>,
+        pod: BTreeMap<String, String>,
+    }
+
+    fn peer(ns: &str, ns_labels: &[(&str, &str)], pod: &[(&str, &str)]) -> Peer {
+        let mut n: BTreeMap<String, String> = ns_labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        n.insert("kubernetes.io/metadata.name".into(), ns.into());
+        Peer { ns: n, pod: pod.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
+    }
+
+    /// NetworkPolicy semantics for matchLabels peers: a peer with only a podSelector is in the policy's own
+    /// namespace; with a namespaceSelector (and a podSelector) both must match; a rule without ports allows all.
+    fn peer_matches(p: &NetworkPolicyPeer, policy_ns: &str, who: &Peer) -> bool {
+        assert!(p.ip_block.is_none());
+        let ns_ok = match &p.namespace_selector {
+            Some(_) => matches(&p.namespace_selector, &who.ns),
+            None => who.ns["kubernetes.io/metadata.name"] == policy_ns,
+        };
+        ns_ok && (p.pod_selector.is_none() || matches(&p.pod_selector, &who.pod))
+    }
+
+    fn port_allowed(ports: &Option<Vec<NetworkPolicyPort>>, proto: &str, port: u16) -> bool {
+        ports.as_ref().is_none_or(|ps| {
+            ps.iter().any(|p| {
+                p.protocol.as_deref().unwrap_or("TCP") == proto
+                    && p.port.as_ref().is_none_or(|x| *x == IntOrString::Int(i32::from(port)))
+            })
+        })
+    }
+
+    fn ingress_allowed(np: &NetworkPolicy, from: &Peer, port: u16) -> bool {
+        let ns = np.metadata.namespace.as_deref().unwrap();
+        np.spec.as_ref().unwrap().ingress.iter().flatten().any(|r| {
+            port_allowed(&r.ports, "TCP", port) && r.from.as_ref().is_none_or(|f| f.iter().any(|p| peer_matches(p, ns, from)))
+        })
+    }
+
+    fn egress_allowed(np: &NetworkPolicy, to: Option<&Peer>, proto: &str, port: u16) -> bool {
+        let ns = np.metadata.namespace.as_deref().unwrap();
+        np.spec.as_ref().unwrap().egress.iter().flatten().any(|r| {
+            port_allowed(&r.ports, proto, port)
+                && r.to.as_ref().is_none_or(|t| to.is_some_and(|to| t.iter().any(|p| peer_matches(p, ns, to))))
+        })
+    }
+
+    #[test]
+    fn the_network_policy_admits_the_job_the_operator_and_scrapers_only() {
+        let d = build(&job(4), &settings(false), 4);
+        let np = &d.network_policy;
+        let spec = np.spec.as_ref().unwrap();
+        assert_eq!(np.metadata.name.as_deref(), Some("mnist-network"));
+        assert_eq!(spec.policy_types.as_deref(), Some(&["Ingress".to_string(), "Egress".to_string()][..]));
+        // It selects every pod of the job (MemoryX's template included) and no other job's.
+        let mut pod_labels: Vec<BTreeMap<String, String>> = d.pods.iter().map(|p| p.labels().clone()).collect();
+        pod_labels.push(d.memoryx.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().labels.clone().unwrap());
+        assert_eq!(pod_labels.len(), 1 + 3 + 4);
+        assert!(pod_labels.iter().all(|l| matches(&spec.pod_selector, l)));
+        assert!(!matches(&spec.pod_selector, &labels("other", Some(Role::Engine))));
+
+        let (http, engine, fabric) = (HTTP_PORT, grpc_port(Role::Engine), grpc_port(Role::Swarmx));
+        let job_pod = peer("ml", &[], &[(JOB_LABEL, "mnist"), (ROLE_LABEL, "swarmx")]);
+        for port in [http, engine, fabric] {
+            assert!(ingress_allowed(np, &job_pod, port), "the job's own pods reach port {port}");
+        }
+        let strangers = [
+            ("another job in the namespace", peer("ml", &[], &[(JOB_LABEL, "other"), (ROLE_LABEL, "engine")])),
+            ("a pod of the namespace", peer("ml", &[], &[("app", "x")])),
+            ("the job's label in another namespace", peer("tenant-b", &[], &[(JOB_LABEL, "mnist")])),
+            ("operator labels outside its namespace", peer("tenant-b", &[], &[("app.kubernetes.io/component", "operator")])),
+            ("a pod of the operator's namespace", peer(crate::DEFAULT_NAMESPACE, &[], &[("app", "x")])),
+        ];
+        for (what, p) in &strangers {
+            for port in [http, engine, fabric] {
+                assert!(!ingress_allowed(np, p, port), "{what} must not reach port {port}");
+            }
+        }
+        let operator = peer(crate::DEFAULT_NAMESPACE, &[], &[("app.kubernetes.io/component", "operator"), ("x", "y")]);
+        assert!(ingress_allowed(np, &operator, http), "the operator polls MemoryX's /status");
+        assert!(!ingress_allowed(np, &operator, engine) && !ingress_allowed(np, &operator, fabric));
+        let scraper = peer("monitoring", &[(METRICS_SCRAPER_LABEL, "true")], &[("app", "prometheus")]);
+        assert!(ingress_allowed(np, &scraper, http), "a labelled namespace scrapes /metrics");
+        assert!(!ingress_allowed(np, &scraper, engine) && !ingress_allowed(np, &scraper, fabric));
+        let unlabelled = peer("monitoring", &[(METRICS_SCRAPER_LABEL, "false")], &[("app", "prometheus")]);
+        assert!(!ingress_allowed(np, &unlabelled, http));
+
+        assert!(egress_allowed(np, Some(&job_pod), "TCP", engine), "the tree reaches the engines");
+        assert!(egress_allowed(np, None, "UDP", 53) && egress_allowed(np, None, "TCP", 53), "DNS");
+        assert!(!egress_allowed(np, Some(&strangers[0].1), "TCP", engine), "not another job's engines");
+        assert!(!egress_allowed(np, None, "TCP", 6443), "not the API server");
+        let o = &np.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((o.name.as_str(), o.controller), ("mnist", Some(true)));
+        assert_eq!(np.metadata.labels.as_ref().unwrap()[JOB_LABEL], "mnist", "cleanup finds it by label");
+    }
+
+    #[test]
+    fn the_operator_peer_follows_the_settings() {
+        let mut s = settings(false);
+        s.operator = OperatorPeer {
+            namespace: "ops".into(),
+            labels: OperatorPeer::parse_labels("app.kubernetes.io/name=weightstream-operator, app.kubernetes.io/instance=ws").unwrap(),
+        };
+        let np = build(&job(1), &s, 1).network_policy;
+        let chart_pod = peer("ops", &[], &[("app.kubernetes.io/name", "weightstream-operator"), ("app.kubernetes.io/instance", "ws")]);
+        assert!(ingress_allowed(&np, &chart_pod, HTTP_PORT));
+        let other_release = peer("ops", &[], &[("app.kubernetes.io/name", "weightstream-operator"), ("app.kubernetes.io/instance", "b")]);
+        assert!(!ingress_allowed(&np, &other_release, HTTP_PORT));
+        let default_ns = peer(crate::DEFAULT_NAMESPACE, &[], &[("app.kubernetes.io/name", "weightstream-operator"), ("app.kubernetes.io/instance", "ws")]);
+        assert!(!ingress_allowed(&np, &default_ns, HTTP_PORT));
+        for bad in ["", " , ", "novalue", "=x"] {
+            assert!(OperatorPeer::parse_labels(bad).is_err(), "{bad:?}");
+        }
+    }
+
     #[test]
     fn the_pods_follow_the_plans_tree() {
         let j = job(8);
@@ -748,10 +1049,10 @@ mod tests {
     #[test]
     fn every_child_is_owned_by_the_job_with_blocking_deletion() {
         let d = build(&job(4), &settings(false), 4);
-        let mut metas = vec![d.config.metadata.clone(), d.memoryx.metadata.clone()];
+        let mut metas = vec![d.config.metadata.clone(), d.memoryx.metadata.clone(), d.network_policy.metadata.clone()];
         metas.extend(d.services.iter().map(|x| x.metadata.clone()));
         metas.extend(d.pods.iter().map(|x| x.metadata.clone()));
-        assert_eq!(metas.len(), 2 + 3 + 3 + 4);
+        assert_eq!(metas.len(), 3 + 3 + 3 + 4);
         for m in metas {
             let o = &m.owner_references.as_ref().unwrap()[0];
             assert_eq!((o.kind.as_str(), o.name.as_str(), o.uid.as_str()), ("TrainingJob", "mnist", "1234-abcd"));
@@ -766,7 +1067,7 @@ mod tests {
         let d = build(&job(4), &settings(false), 4);
         let c = &d.memoryx.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
         let a: MemoryxArgs = parse(c);
-        assert_eq!(a.swarmx, "http://mnist-swarmx-0-0.mnist-swarmx.ml.svc:7100");
+        assert_eq!(a.swarmx, "https://mnist-swarmx-0-0.mnist-swarmx.ml.svc:7100");
         assert_eq!(a.checkpoint_dir.as_deref(), Some(std::path::Path::new(CHECKPOINT_DIR)));
         assert!(a.linger, "MemoryX must keep serving its final status");
         let pods = role_pods(&d, Role::Swarmx);
@@ -775,11 +1076,11 @@ mod tests {
         let children = |p: &Pod| parse::<SwarmxArgs>(&p.spec.as_ref().unwrap().containers[0]).children;
         assert_eq!(
             children(&pods[0]),
-            ["http://mnist-swarmx-1-0.mnist-swarmx.ml.svc:7100", "http://mnist-swarmx-1-1.mnist-swarmx.ml.svc:7100"]
+            ["https://mnist-swarmx-1-0.mnist-swarmx.ml.svc:7100", "https://mnist-swarmx-1-1.mnist-swarmx.ml.svc:7100"]
         );
         assert_eq!(
             children(&pods[2]),
-            ["http://mnist-engine-2.mnist-engine.ml.svc:7200", "http://mnist-engine-3.mnist-engine.ml.svc:7200"]
+            ["https://mnist-engine-2.mnist-engine.ml.svc:7200", "https://mnist-engine-3.mnist-engine.ml.svc:7200"]
         );
         let claim = &d.memoryx.spec.as_ref().unwrap().volume_claim_templates.as_ref().unwrap()[0];
         assert_eq!(claim.spec.as_ref().unwrap().resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"].0, "1Gi");

@@ -24,21 +24,33 @@ pub trait Coordinator: Send + Sync + 'static {
 /// The most of a `/status` answer the operator reads.
 pub const MAX_STATUS_BYTES: usize = 64 << 10;
 
-/// The real thing: HTTP to MemoryX's Service, `http://<job>-memoryx.<namespace>.svc:8080`.
+/// Where the operator finds the identity it presents to a job's MemoryX.
+#[derive(Clone)]
+enum Identities {
+    /// The job's Secret (the operator's own client certificate, issued with the job's identity).
+    Secrets(kube::Client),
+    /// One identity for every job: tests, and an operator pointed at a single local appliance.
+    Fixed(runtime::identity::Identity),
+}
+
+/// The real thing: HTTPS to MemoryX's Service, `https://<job>-memoryx.<namespace>.svc:8080`, presenting the
+/// operator's client certificate of that job and trusting only that job's CA.
 pub struct HttpCoordinator {
-    client: reqwest::Client,
+    identities: Identities,
+    /// One HTTP client per job identity (by job uid and Secret version), so connections are reused.
+    clients: Mutex<HashMap<String, reqwest::Client>>,
     template: Option<String>,
 }
 
 impl HttpCoordinator {
-    /// A client with short timeouts, so one unreachable MemoryX never stalls reconciling the others.
-    pub fn new() -> Result<HttpCoordinator, Error> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(5))
-            .build()
-            .map_err(|e| Error::Config(format!("cannot build the HTTP client for MemoryX: {e}")))?;
-        Ok(HttpCoordinator { client, template: None })
+    /// A coordinator that reads each job's identity Secret through `client`.
+    pub fn new(client: kube::Client) -> HttpCoordinator {
+        HttpCoordinator { identities: Identities::Secrets(client), clients: Mutex::default(), template: None }
+    }
+
+    /// A coordinator presenting `identity` to every job's MemoryX.
+    pub fn with_identity(identity: runtime::identity::Identity) -> HttpCoordinator {
+        HttpCoordinator { identities: Identities::Fixed(identity), clients: Mutex::default(), template: None }
     }
 
     /// Reaches MemoryX at `template` instead of its Service, with `{job}` and `{namespace}` filled in: for an
@@ -55,6 +67,49 @@ impl HttpCoordinator {
             None => crate::children::memoryx_http(&name, &ns),
         }
     }
+
+    /// The HTTP client that speaks to `job`'s MemoryX as the operator, with short timeouts, so one unreachable
+    /// MemoryX never stalls reconciling the others.
+    async fn client(&self, job: &TrainingJob, url: &str) -> Result<reqwest::Client, Error> {
+        let (key, identity) = match &self.identities {
+            Identities::Fixed(id) => (String::new(), id.clone()),
+            Identities::Secrets(client) => {
+                let ns = job.namespace().unwrap_or_default();
+                let name = crate::children::names::identity(&job.name_any());
+                let secret = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns)
+                    .get_opt(&name)
+                    .await?
+                    .filter(|s| crate::children::identity_belongs_to(s, job))
+                    .ok_or_else(|| unreachable(url, format!("the job's identity Secret {ns}/{name} does not exist yet")))?;
+                let file = |f: &str| {
+                    let bytes = secret.data.as_ref().and_then(|d| d.get(f)).map(|b| b.0.clone()).unwrap_or_default();
+                    String::from_utf8(bytes).map_err(|_| unreachable(url, format!("{name}: {f} is not PEM text")))
+                };
+                use runtime::identity::{CA_CERT, OPERATOR_CERT, OPERATOR_KEY};
+                let id = runtime::identity::Identity::from_pem(&file(CA_CERT)?, &file(OPERATOR_CERT)?, &file(OPERATOR_KEY)?);
+                (format!("{}/{}", job.uid().unwrap_or_default(), secret.resource_version().unwrap_or_default()), id)
+            }
+        };
+        if let Some(c) = self.clients.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(c);
+        }
+        let tls = identity.client_config().map_err(|e| unreachable(url, e))?;
+        let client = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .https_only(true)
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| Error::Config(format!("cannot build the HTTP client for MemoryX: {e}")))?;
+        if let Ok(mut m) = self.clients.lock() {
+            // Jobs come and go: start afresh rather than grow without bound.
+            if m.len() > 1024 {
+                m.clear();
+            }
+            m.insert(key, client.clone());
+        }
+        Ok(client)
+    }
 }
 
 fn unreachable(url: &str, e: impl std::fmt::Display) -> Error {
@@ -65,7 +120,7 @@ impl Coordinator for HttpCoordinator {
     fn status<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<MemoryxStatus, Error>> {
         Box::pin(async move {
             let url = format!("{}/status", self.base(job));
-            let resp = self.client.get(&url).send().await.map_err(|e| unreachable(&url, e))?;
+            let resp = self.client(job, &url).await?.get(&url).send().await.map_err(|e| unreachable(&url, e))?;
             let mut resp = resp.error_for_status().map_err(|e| unreachable(&url, e))?;
             // A status is a few hundred bytes; whatever answers there gets no more of the operator's memory.
             let mut body = Vec::new();
@@ -82,7 +137,7 @@ impl Coordinator for HttpCoordinator {
     fn checkpoint<'a>(&'a self, job: &'a TrainingJob) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             let url = format!("{}/checkpoint", self.base(job));
-            let resp = self.client.post(&url).send().await.map_err(|e| unreachable(&url, e))?;
+            let resp = self.client(job, &url).await?.post(&url).send().await.map_err(|e| unreachable(&url, e))?;
             resp.error_for_status().map_err(|e| unreachable(&url, e))?;
             Ok(())
         })
@@ -191,10 +246,14 @@ mod tests {
                     }
                 }),
             );
+        // A MemoryX stand-in that serves the routes as MemoryX does: over TLS, to the job's certificates only.
+        let issued = runtime::identity::issue("j", &[]).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let c = HttpCoordinator::new().unwrap().with_url_template(format!("http://{addr}/{{job}}/{{namespace}}/"));
+        let server = issued.job_identity();
+        tokio::spawn(async move { runtime::https::serve(listener, &server, axum::Router::new(), app).await });
+        let template = format!("https://{addr}/{{job}}/{{namespace}}/");
+        let c = HttpCoordinator::with_identity(issued.operator_identity()).with_url_template(template.clone());
         let mut job = crds::TrainingJob::new("j", serde_json::from_value(serde_json::json!({
             "model": {"kind": "mlp", "layers": [784, 10]}, "data": {"kind": "mnist", "path": "d"},
             "training": {"batchSize": 1, "steps": 1, "optimizer": {"kind": "sgd", "learningRate": 0.1}}
@@ -210,5 +269,12 @@ mod tests {
         job.metadata.name = Some("missing".into());
         let err = c.status(&job).await.unwrap_err().to_string();
         assert!(err.contains("/missing/ns/status"), "{err}");
+        // Another job's operator certificate (another CA) gets nothing, not even a checkpoint.
+        job.metadata.name = Some("j".into());
+        let other = runtime::identity::issue("other", &[]).unwrap();
+        let stranger = HttpCoordinator::with_identity(other.operator_identity()).with_url_template(template);
+        assert!(stranger.status(&job).await.is_err());
+        assert!(stranger.checkpoint(&job).await.is_err());
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1, "the stranger's checkpoint request never arrived");
     }
 }

@@ -37,6 +37,9 @@ pub const MANAGER: &str = "weightstream-operator";
 /// The finalizer that lets the operator remove a job's children itself, so deletion cleans up even on a
 /// cluster whose garbage collector is slow or absent.
 pub const FINALIZER: &str = "weightstream.dev/cleanup";
+/// The operator's namespace when `POD_NAMESPACE` is unset (the chart's usual release namespace): where the
+/// leader Lease lives and from where every job's NetworkPolicy admits the operator.
+pub const DEFAULT_NAMESPACE: &str = "weightstream-system";
 /// The default data-plane image.
 pub const DEFAULT_RUNTIME_IMAGE: &str = "weightstream/runtime:0.1.0";
 
@@ -96,6 +99,8 @@ pub struct Config {
     pub fan_out: u32,
     /// How often a live job is reconciled (and MemoryX polled) without any change to trigger it.
     pub poll: Duration,
+    /// The operator's own pods (namespace and labels), admitted by every job's NetworkPolicy.
+    pub operator: children::OperatorPeer,
 }
 
 impl Default for Config {
@@ -106,6 +111,7 @@ impl Default for Config {
             default_image: DEFAULT_RUNTIME_IMAGE.into(),
             fan_out: crds::contract::DEFAULT_FAN_OUT,
             poll: Duration::from_secs(3),
+            operator: children::OperatorPeer::default(),
         }
     }
 }

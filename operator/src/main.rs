@@ -38,9 +38,14 @@ struct Args {
     /// Skip leader election (a single replica, or local development).
     #[arg(long, env = "WS_NO_LEADER_ELECTION")]
     no_leader_election: bool,
-    /// Namespace of the leader-election Lease.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "weightstream-system")]
+    /// The operator's own namespace (the chart sets it from the pod's): the leader-election Lease lives there,
+    /// and every job's NetworkPolicy admits the operator's pods from it.
+    #[arg(long, env = "POD_NAMESPACE", default_value = operator::DEFAULT_NAMESPACE)]
     lease_namespace: String,
+    /// Labels of the operator's own pods, `key=value,key=value` (the chart renders its pods' selector labels):
+    /// every job's NetworkPolicy admits pods with these labels in the operator's namespace.
+    #[arg(long, env = "WS_OPERATOR_POD_LABELS", default_value = "app.kubernetes.io/component=operator")]
+    operator_pod_labels: String,
     /// This replica's identity in the Lease.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
@@ -81,10 +86,14 @@ async fn run(args: Args) -> Result<(), Error> {
         default_image: args.runtime_image,
         fan_out: args.swarmx_fan_out,
         poll: Duration::from_secs(args.poll_seconds.max(1)),
+        operator: operator::children::OperatorPeer {
+            namespace: args.lease_namespace.clone(),
+            labels: operator::children::OperatorPeer::parse_labels(&args.operator_pod_labels)?,
+        },
     };
     let coordinator = match args.memoryx_url {
-        Some(t) => Arc::new(HttpCoordinator::new()?.with_url_template(t)),
-        None => Arc::new(HttpCoordinator::new()?),
+        Some(t) => Arc::new(HttpCoordinator::new(client.clone()).with_url_template(t)),
+        None => Arc::new(HttpCoordinator::new(client.clone())),
     };
     // Kubernetes stops a pod with SIGTERM; a terminal sends SIGINT. Either ends the operator cleanly.
     let shutdown = async {

@@ -14,7 +14,8 @@ use crds::contract::MemoryxStatus;
 use crds::{Phase, TrainingJob, TrainingJobStatus};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Node, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
@@ -331,8 +332,12 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
     let coordinator = if holds > 0 { Some(ctx.coordinator.status(job).await.map_err(|e| e.to_string())) } else { None };
     let pool = pool(ctx).await?;
-    let settings =
-        Settings { default_image: ctx.config.default_image.clone(), fan_out: ctx.config.fan_out, request_cs2: pool.is_some_and(|p| p.1) };
+    let settings = Settings {
+        default_image: ctx.config.default_image.clone(),
+        fan_out: ctx.config.fan_out,
+        request_cs2: pool.is_some_and(|p| p.1),
+        operator: ctx.config.operator.clone(),
+    };
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let existing = pods.list(&ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any()))).await?.items;
     let desired = if holds > 0 { Some(children::desired(job, &settings, holds)?) } else { None };
@@ -617,11 +622,14 @@ async fn assemble(
 ) -> Result<(), Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let client = &ctx.client;
+    ensure_identity(client, job, &ns).await?;
     apply_one(&Api::<ConfigMap>::namespaced(client.clone(), &ns), &desired.config).await?;
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
     for s in &desired.services {
         apply_one(&services, s).await?;
     }
+    // The policy before any pod: a job's pods never run unprotected.
+    apply_one(&Api::<NetworkPolicy>::namespaced(client.clone(), &ns), &desired.network_policy).await?;
     apply_one(&Api::<StatefulSet>::namespaced(client.clone(), &ns), &desired.memoryx).await?;
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let owned;
@@ -640,6 +648,29 @@ async fn assemble(
         apply_one(&pods_api, pod).await?;
     }
     Ok(())
+}
+
+/// Makes sure the job has its own TLS identity before any pod that mounts it exists. It is issued once (the
+/// CA's key is dropped at once, so nobody can issue another certificate of this job) and never re-applied: a
+/// Secret of a deleted namesake (another uid) is replaced, since it is another job's identity.
+async fn ensure_identity(client: &Client, job: &TrainingJob, ns: &str) -> Result<(), Error> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let name = children::names::identity(&job.name_any());
+    if let Some(existing) = secrets.get_opt(&name).await? {
+        if children::identity_belongs_to(&existing, job) {
+            return Ok(());
+        }
+        tracing::info!(job = %job.name_any(), "replacing the identity of an earlier job of the same name");
+        delete_ignoring_absent(&secrets, &name).await?;
+    }
+    let issued = runtime::identity::issue(&job.name_any(), &children::identity_names(&job.name_any(), ns))
+        .map_err(|e| Error::Config(format!("cannot issue the job's identity: {e}")))?;
+    match secrets.create(&kube::api::PostParams::default(), &children::identity_secret(job, &issued)?).await {
+        Ok(_) => Ok(()),
+        // Another pass created it meanwhile: that one stands.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Gives the job's CS-2s back: engines and SwarmX nodes go, MemoryX scales to zero and its checkpoint volume
@@ -676,7 +707,9 @@ async fn cleanup(job: &ObjectMeta, ctx: Arc<Context>) -> Result<Action, Error> {
     delete_labelled(&Api::<StatefulSet>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<Service>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<ConfigMap>::namespaced(c.clone(), &ns), &selector).await?;
+    delete_labelled(&Api::<Secret>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<PersistentVolumeClaim>::namespaced(c.clone(), &ns), &selector).await?;
+    delete_labelled(&Api::<NetworkPolicy>::namespaced(c.clone(), &ns), &selector).await?;
     tracing::info!(job = %name, namespace = %ns, "job deleted; children removed");
     Ok(Action::await_change())
 }
@@ -711,7 +744,7 @@ mod tests {
 
     fn desired(n: u32) -> Vec<Pod> {
         let j = crds::testing::mlp_job("j", "ns", 2);
-        let s = Settings { default_image: "i".into(), fan_out: 2, request_cs2: false };
+        let s = Settings { default_image: "i".into(), fan_out: 2, request_cs2: false, operator: Default::default() };
         children::desired(&j, &s, n).unwrap().pods
     }
 

@@ -145,7 +145,8 @@ impl Driver {
         let store = job.memoryx();
         let mut start = 0;
         if let Some(dir) = &self.outputs.checkpoint_dir {
-            if let Some((step, tensors, path)) = checkpoint::latest_for(dir, job.uid.as_deref())? {
+            let max_bytes = crate::plan::Limits::for_spec(spec).state_bytes();
+            if let Some((step, tensors, path)) = checkpoint::latest_for(dir, job.uid.as_deref(), max_bytes)? {
                 store.restore(step, &tensors)?;
                 tracing::info!(step, path = %path.display(), "resumed from checkpoint");
                 start = step.min(total);

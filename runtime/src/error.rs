@@ -28,10 +28,25 @@ pub enum Error {
     /// A role received a message that does not fit the job (unknown layer, wrong shape, out of order).
     #[error("protocol: {0}")]
     Protocol(String),
+    /// A message, a stream or a file asked a role to hold more than the job's plan allows (more samples than
+    /// its shard, a layer larger than the layer's shape, a state larger than the model's): refused before
+    /// anything was allocated for it, so no client, even one of the job itself, can make a role grow at will.
+    #[error("{what} is {value}, beyond the {limit} this job's plan allows: refused before allocating for it")]
+    OverLimit {
+        /// The field or stream that is too large, naming where it came from.
+        what: String,
+        /// What the sender asked for (values, samples or bytes, as `what` says).
+        value: u64,
+        /// The most the plan allows.
+        limit: u64,
+    },
     /// A component (an engine, a SwarmX node, MemoryX) could not be reached or dropped out mid-step; the step
     /// can be rerun once it is back.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The job's identity (its certificates) is missing or unusable, so no role may talk to another.
+    #[error("identity: {0}")]
+    Identity(String),
     /// Reading or writing files of the job's output or checkpoints failed.
     #[error("{context}: {source}")]
     Io {
@@ -46,6 +61,15 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// Refuses `value` of `what` unless it is at most `limit`: the one check every bounded allocation makes
+    /// before it is made.
+    pub fn check_limit(what: impl FnOnce() -> String, value: u64, limit: u64) -> Result<()> {
+        if value > limit {
+            return Err(Error::OverLimit { what: what(), value, limit });
+        }
+        Ok(())
+    }
+
     /// An I/O error with the path or action it happened on.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { context: context.into(), source }

@@ -14,6 +14,8 @@ pub mod data;
 pub mod driver;
 pub mod engine;
 pub mod error;
+pub mod https;
+pub mod identity;
 pub mod kernels;
 pub mod memoryx;
 pub mod model;

@@ -13,18 +13,21 @@ use tonic::Status;
 use crds::contract::{CommonArgs, Handshake, Role};
 
 use crate::error::Error;
+use crate::identity::Identity;
 
 /// The status↔error mapping lives in [`crate::protocol::status`]; re-exported here, where callers have always
 /// found it.
 pub use crate::protocol::status::{from_status, to_status};
 
-/// Serves `/healthz` and `/metrics` (Prometheus text from `registry`) on `listener` until the process ends.
-/// `extra` adds role-specific routes (MemoryX's `/status`).
+/// Serves `/healthz` and `/metrics` (Prometheus text from `registry`) to anyone who reaches the port, and
+/// `protected` (MemoryX's `/status` and `/checkpoint`) only to holders of the job's certificate, over TLS with
+/// the job's `identity`, on `listener` until the process ends (see [`crate::https`]).
 pub async fn serve_http(
     listener: tokio::net::TcpListener,
     registry: Arc<Mutex<Registry>>,
-    extra: Router,
-) -> std::io::Result<()> {
+    identity: &Identity,
+    protected: Router,
+) -> crate::Result<()> {
     let metrics = move || {
         let registry = registry.clone();
         async move {
@@ -36,8 +39,8 @@ pub async fn serve_http(
             ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
         }
     };
-    let app = Router::new().route("/healthz", get(|| async { "ok" })).route("/metrics", get(metrics)).merge(extra);
-    axum::serve(listener, app).await
+    let open = Router::new().route("/healthz", get(|| async { "ok" })).route("/metrics", get(metrics));
+    crate::https::serve(listener, identity, open, protected).await
 }
 
 /// Logs through tracing-subscriber: human-readable by default, one JSON object per line with `json`.
@@ -55,6 +58,11 @@ pub fn load_job(args: &CommonArgs) -> crate::Result<(crds::TrainingJob, String)>
     let job = crds::parse_training_job(&text)?;
     let id = args.job_id.clone().unwrap_or_else(|| job.metadata.name.clone().unwrap_or_else(|| "job".into()));
     Ok((job, id))
+}
+
+/// Reads the job's TLS identity named by a role's arguments: without it a role can neither serve nor call.
+pub fn load_identity(args: &CommonArgs) -> crate::Result<Identity> {
+    Identity::load(&args.identity)
 }
 
 /// Starts logging and, when asked, the standard-input watchdog: what every role program does first.
@@ -119,15 +127,19 @@ pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// HTTP/2 frame size: large frames carry a layer in a few frames instead of one per 16 KiB.
 pub const FRAME: u32 = (1 << 20) - 1;
 
-/// Serves a `Stage` service on an already bound listener until the process ends.
+/// Serves a `Stage` service on an already bound listener until the process ends, over mutual TLS: only a
+/// client presenting a certificate of the job's CA completes the handshake.
 pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(
     service: Arc<S>,
     listener: tokio::net::TcpListener,
+    identity: &Identity,
 ) -> crate::Result<()> {
     let svc = crate::protocol::pb::stage_server::StageServer::from_arc(service)
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20);
     tonic::transport::Server::builder()
+        .tls_config(identity.grpc_server())
+        .map_err(|e| Error::Identity(format!("the gRPC server's TLS configuration: {e}")))?
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .tcp_nodelay(true)
@@ -141,16 +153,20 @@ pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(
 }
 
 /// Receives an `Apply` stream: the step's summed gradients, whose first chunk names the job and the step. A
-/// stream of another job is refused before anything is applied.
+/// stream of another job is refused before anything is applied, and every chunk is metered against the plan's
+/// `limits` before it is kept, so an `Apply` can never make a stage hold more than the model's gradients.
 pub async fn receive_grads(
     mut stream: tonic::Streaming<crate::protocol::pb::GradChunk>,
     job: &str,
+    limits: &crate::plan::Limits,
 ) -> Result<Vec<crate::protocol::pb::GradChunk>, Status> {
+    let mut meter = crate::protocol::wire::GradMeter::new(limits);
     let mut chunks = Vec::new();
     while let Some(c) = stream.message().await? {
         if chunks.is_empty() && c.job != job {
             return Err(Status::failed_precondition(format!("gradients of job '{}' reached a stage of job '{job}'", c.job)));
         }
+        meter.check(&c, limits).map_err(to_status)?;
         chunks.push(c);
     }
     Ok(chunks)

@@ -11,6 +11,7 @@ use runtime::engine::server::EngineServer;
 use runtime::engine::{CountingHw, EngineRole, Wse};
 use runtime::memoryx::{checkpoint, MemoryX, Tensors, WeightStore};
 use runtime::model::ModelLayout;
+use runtime::plan::Limits;
 use runtime::protocol::pb::{self, stage_client::StageClient};
 use runtime::protocol::wire::{encode_grads, encode_state};
 use runtime::protocol::{LayerGrad, WeightPayload};
@@ -38,6 +39,11 @@ fn optimizer() -> OptimizerSpec {
     }
 }
 
+/// The job's limits: shards of `shard` samples of the test model, trained with AdamW (two moments).
+fn limits(shard: usize) -> Limits {
+    Limits::new(&layout(), shard, 2)
+}
+
 fn store() -> MemoryX {
     MemoryX::new(layout(), optimizer(), ScheduleSpec::default(), STEPS, SEED)
 }
@@ -51,15 +57,21 @@ fn engine() -> Box<dyn EngineRole> {
     Box::new(Wse::new("engine-0", layout(), CountingHw::new(1 << 30)))
 }
 
+/// The test job's TLS identity, issued once.
+fn identity() -> &'static runtime::identity::Identity {
+    static ID: std::sync::OnceLock<runtime::identity::Identity> = std::sync::OnceLock::new();
+    ID.get_or_init(|| runtime::identity::issue(JOB, &[]).expect("an identity").job_identity())
+}
+
 /// An engine server with room for a replica on a loopback port, and a client of it.
 fn serve(rt: &tokio::runtime::Runtime, data: &Arc<Dataset>) -> (String, StageClient<tonic::transport::Channel>) {
-    let server = EngineServer::new(JOB.into(), layout().linears.len(), engine(), data.clone(), data.clone())
-        .with_replicas(Arc::new(store));
+    let server =
+        EngineServer::new(JOB.into(), limits(64), engine(), data.clone(), data.clone()).with_replicas(Arc::new(store));
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(runtime::transport::serve_stage(Arc::new(server), listener));
-        let child = runtime::swarmx::relay::connect(&url, JOB, Duration::from_secs(10)).await.expect("connect");
+        let url = format!("https://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { runtime::transport::serve_stage(Arc::new(server), listener, identity()).await });
+        let child = runtime::swarmx::relay::connect(&url, JOB, identity(), Duration::from_secs(10)).await.expect("connect");
         (url, child.client)
     })
 }
@@ -80,7 +92,8 @@ fn a_replica_trains_exactly_like_memoryx() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let data = data();
     let (url, _) = serve(&rt, &data);
-    let mut swarm = RemoteSwarm::connect(rt.handle().clone(), &url, JOB, Duration::from_secs(10)).expect("swarm");
+    let mut swarm =
+        RemoteSwarm::connect(rt.handle().clone(), &url, JOB, identity(), Duration::from_secs(10), limits(64)).expect("swarm");
     assert!(swarm.holds_replicas());
     assert_eq!(swarm.sram_bytes(), 1 << 30, "the engine reports its SRAM for the plan");
 
@@ -217,7 +230,7 @@ fn a_step_larger_than_the_shard_is_refused_before_anything_is_gathered() {
     use runtime::protocol::pb::stage_server::Stage;
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let data = data();
-    let server = EngineServer::new(JOB.into(), layout().linears.len(), engine(), data.clone(), data.clone()).with_max_samples(16);
+    let server = EngineServer::new(JOB.into(), limits(16), engine(), data.clone(), data.clone());
     let begin = |n: usize| pb::BeginStepRequest {
         job: JOB.into(),
         step: 0,
@@ -227,8 +240,8 @@ fn a_step_larger_than_the_shard_is_refused_before_anything_is_gathered() {
     };
     // Two million indices: what one 8 MiB message can carry, and ~6 GB of images if gathered.
     let err = rt.block_on(server.begin_step(tonic::Request::new(begin(2_000_000)))).unwrap_err();
-    assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(err.message().contains("shard of the batch is 16"), "{}", err.message());
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    assert!(err.message().contains("shard of the batch) is 2000000, beyond the 16"), "{}", err.message());
     assert!(server.stats().is_some_and(|s| s.peak_sram_bytes == 0), "nothing was held for the refused step");
     rt.block_on(server.begin_step(tonic::Request::new(begin(16)))).expect("a step within the shard");
 }

@@ -12,27 +12,26 @@ use runtime::engine::server::EngineServer;
 use runtime::memoryx::MemoryX;
 use runtime::model::ModelLayout;
 use crds::contract::{EngineArgs, Role};
-use runtime::transport::{announce_ready, bind, load_job, serve_http, serve_stage, start};
+use runtime::transport::{announce_ready, bind, load_identity, load_job, serve_http, serve_stage, start};
 use runtime::{Error, Result};
 
 /// Runs one engine until it is stopped.
 pub fn main(args: EngineArgs) -> Result<()> {
     start(&args.common);
     let (job, job_id) = load_job(&args.common)?;
+    let identity = load_identity(&args.common)?;
     let spec = job.spec;
     let (train, test) = runtime::data::load(&spec)?;
     let (train, test) = (Arc::new(train), Arc::new(test));
     let layout = ModelLayout::from_spec(&spec.model);
-    let layers = layout.linears.len();
     let engine = crate::engine(format!("engine-{}", args.index), layout.clone(), &spec.engine);
     let total = runtime::train::total_steps(&spec.training, train.len())?;
     let (optimizer, schedule, seed) = (spec.training.optimizer.clone(), spec.training.schedule.clone(), spec.training.seed);
     let replica = move || MemoryX::new(layout.clone(), optimizer.clone(), schedule.clone(), total, seed);
-    // One engine's shard of the batch: training steps and evaluation batches alike never hand it more.
-    let shard = (spec.training.batch_size / spec.cs2.max(1)) as usize;
-    let server = EngineServer::new(job_id, layers, Box::new(engine), train, test)
-        .with_replicas(Arc::new(replica))
-        .with_max_samples(shard);
+    // What the plan lets a message make this engine hold: its shard of the batch (training steps and
+    // evaluation batches alike never hand it more), each layer's shape, the model's state.
+    let limits = runtime::plan::Limits::for_spec(&spec);
+    let server = EngineServer::new(job_id, limits, Box::new(engine), train, test).with_replicas(Arc::new(replica));
     let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
     rt.block_on(async move {
         let grpc = bind(args.listen, Role::Engine, "grpc").await?;
@@ -41,7 +40,12 @@ pub fn main(args: EngineArgs) -> Result<()> {
         let server = Arc::new(server);
         let mut registry = Registry::default();
         let gauges = EngineGauges::register(&mut registry);
-        tokio::spawn(serve_http(http, Arc::new(Mutex::new(registry)), axum::Router::new()));
+        {
+            let identity = identity.clone();
+            tokio::spawn(async move {
+                serve_http(http, Arc::new(Mutex::new(registry)), &identity, axum::Router::new()).await
+            });
+        }
         let (watched, started) = (server.clone(), std::time::Instant::now());
         tokio::spawn(async move {
             loop {
@@ -52,7 +56,7 @@ pub fn main(args: EngineArgs) -> Result<()> {
             }
         });
         tracing::info!(index = args.index, "engine ready");
-        serve_stage(server, grpc).await
+        serve_stage(server, grpc, &identity).await
     })
 }
 

@@ -35,10 +35,20 @@ pub fn node(role: &str, args: Vec<String>) -> Result<()> {
     Ok(())
 }
 
-/// The arguments every local process shares: the run's copy of the job, its wire identity, an ephemeral HTTP
-/// port, and exit when `wsctl` goes away.
-fn common(job: &Path, job_id: &str) -> CommonArgs {
-    CommonArgs { job_id: Some(job_id.to_string()), exit_with_stdin: true, ..CommonArgs::new(job) }
+/// What every local process of one run is told.
+struct RunFiles<'a> {
+    /// The run's copy of the job.
+    job: &'a Path,
+    /// Its wire identity.
+    job_id: &'a str,
+    /// The run's ephemeral TLS identity.
+    identity: &'a Path,
+}
+
+/// The arguments every local process shares: the run's files, an ephemeral HTTP port, and exit when `wsctl`
+/// goes away.
+fn common(run: &RunFiles) -> CommonArgs {
+    CommonArgs { job_id: Some(run.job_id.to_string()), exit_with_stdin: true, ..CommonArgs::new(run.job, run.identity) }
 }
 
 /// An ephemeral port on the loopback interface.
@@ -47,13 +57,13 @@ fn loopback() -> SocketAddr {
 }
 
 /// Engine `index`'s arguments.
-fn engine_args(job: &Path, job_id: &str, index: u32) -> EngineArgs {
-    EngineArgs::new(common(job, job_id), loopback(), index)
+fn engine_args(run: &RunFiles, index: u32) -> EngineArgs {
+    EngineArgs::new(common(run), loopback(), index)
 }
 
 /// A SwarmX node's arguments, given where its children listen.
-fn swarmx_args(job: &Path, job_id: &str, children: Vec<String>) -> SwarmxArgs {
-    SwarmxArgs::new(common(job, job_id), loopback(), children)
+fn swarmx_args(run: &RunFiles, children: Vec<String>) -> SwarmxArgs {
+    SwarmxArgs::new(common(run), loopback(), children)
 }
 
 /// The local name of SwarmX node `node`: the operator's pod name without the job.
@@ -81,6 +91,7 @@ pub struct Appliance {
     logs: PathBuf,
     job: PathBuf,
     job_id: String,
+    identity: PathBuf,
     interrupted: Arc<AtomicBool>,
 }
 
@@ -90,7 +101,22 @@ impl Drop for Appliance {
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
+        // The run's identity dies with it: its CA's key was never kept, and its certificate's key goes now.
+        let _ = std::fs::remove_dir_all(&self.identity);
     }
+}
+
+/// Issues the run's ephemeral identity into a fresh directory only this user can read, so a local run is one
+/// command and still speaks mutual TLS like a job in a cluster.
+fn ephemeral_identity(job_id: &str) -> Result<PathBuf> {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("wsctl-identity-{}-{nanos}", std::process::id()));
+    let mut builder = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    runtime::identity::issue(job_id, &[])?.write_roles_files(&dir)?;
+    Ok(dir)
 }
 
 fn last_line(path: &Path) -> String {
@@ -109,7 +135,8 @@ impl Appliance {
         // A second handler cannot be installed in one process; the first one (from an earlier run) still works.
         let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
         let (tx, lines) = mpsc::channel();
-        Ok(Appliance { procs: Vec::new(), lines, tx, logs, job, job_id, interrupted })
+        let identity = ephemeral_identity(&job_id)?;
+        Ok(Appliance { procs: Vec::new(), lines, tx, logs, job, job_id, identity, interrupted })
     }
 
     /// Starts `wsctl node ROLE ARGS…` as `name`.
@@ -171,7 +198,7 @@ impl Appliance {
             match self.lines.recv_timeout(Duration::from_millis(50)) {
                 Ok(Line { child, text }) if child == id => {
                     if let Some(Handshake::Ready { grpc: Some(addr), .. }) = Handshake::from_line(&text) {
-                        return Ok(format!("http://{addr}"));
+                        return Ok(format!("https://{addr}"));
                     }
                 }
                 Ok(_) => {}
@@ -183,9 +210,10 @@ impl Appliance {
 
     /// Starts the plan's engines and its SwarmX tree above them, leaves first; returns the root's address.
     pub fn start_fabric(&mut self, engines: u32, tree: &SwarmxTree) -> Result<String> {
-        let (job, id) = (self.job.clone(), self.job_id.clone());
+        let (job, job_id, identity) = (self.job.clone(), self.job_id.clone(), self.identity.clone());
+        let run = RunFiles { job: &job, job_id: &job_id, identity: &identity };
         let engine_urls =
-            (0..engines).map(|i| self.start(&format!("engine-{i}"), &engine_args(&job, &id, i))).collect::<Result<Vec<_>>>()?;
+            (0..engines).map(|i| self.start(&format!("engine-{i}"), &engine_args(&run, i))).collect::<Result<Vec<_>>>()?;
         let mut node_urls: Vec<Vec<String>> = tree.levels.iter().map(|l| vec![String::new(); l.len()]).collect();
         for node in tree.nodes_bottom_up() {
             let children = node
@@ -196,14 +224,15 @@ impl Appliance {
                     SwarmxChild::Swarmx { level, index } => node_urls[level][index].clone(),
                 })
                 .collect();
-            node_urls[node.level][node.index] = self.start(&swarmx_name(node), &swarmx_args(&job, &id, children))?;
+            node_urls[node.level][node.index] = self.start(&swarmx_name(node), &swarmx_args(&run, children))?;
         }
         Ok(node_urls[0][0].clone())
     }
 
     /// The arguments MemoryX gets in this appliance, driving the tree at `root`.
     pub fn memoryx_args(&self, root: String) -> MemoryxArgs {
-        MemoryxArgs { progress: true, ..MemoryxArgs::new(common(&self.job, &self.job_id), root) }
+        let run = RunFiles { job: &self.job, job_id: &self.job_id, identity: &self.identity };
+        MemoryxArgs { progress: true, ..MemoryxArgs::new(common(&run), root) }
     }
 
     /// Starts MemoryX and follows its progress until it finishes, calling `on_progress` with each step's report.
@@ -235,20 +264,21 @@ mod tests {
             assert_eq!(&A::try_parse_from(argv).expect("parses"), args);
         }
         let job = Path::new("/tmp/run/job.yaml");
+        let run = RunFiles { job, job_id: "j-1", identity: Path::new("/tmp/run/identity") };
         let tree = SwarmxTree::new(20, 4);
         for i in 0..20 {
-            check(&engine_args(job, "j-1", i));
+            check(&engine_args(&run, i));
         }
         for node in tree.nodes() {
             let port = |c: &SwarmxChild| match *c {
                 SwarmxChild::Engine(e) => 20_000 + e as usize,
                 SwarmxChild::Swarmx { level, index } => 30_000 + 100 * level + index,
             };
-            let children = node.children.iter().map(|c| format!("http://127.0.0.1:{}", port(c))).collect();
-            check(&swarmx_args(job, "j-1", children));
+            let children = node.children.iter().map(|c| format!("https://127.0.0.1:{}", port(c))).collect();
+            check(&swarmx_args(&run, children));
         }
         let appliance = Appliance::new(job.into(), "j-1".into(), std::env::temp_dir().join("ws-local-test-logs")).unwrap();
-        let mut m = appliance.memoryx_args("http://127.0.0.1:9".into());
+        let mut m = appliance.memoryx_args("https://127.0.0.1:9".into());
         check(&m);
         m.checkpoint_dir = Some("/tmp/c".into());
         m.sample = 2;

@@ -29,6 +29,7 @@ fn load_job(path: &Path, cs2: Option<u32>) -> Result<crds::TrainingJob> {
 pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     let job = load_job(path, cs2)?;
     let plan = Plan::new(&job.spec, sim_wse::preset::sram_bytes(&job.spec.engine), crds::contract::DEFAULT_FAN_OUT)?;
+    runtime::data::check_path(&job.spec)?;
     let simulated = sim_wse::cost::estimate(&job.spec);
     if json {
         let mut value = serde_json::to_value(&plan)?;

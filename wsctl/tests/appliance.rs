@@ -151,6 +151,8 @@ fn start(role: &str, job: &Path, args: &[&str]) -> (Child, BufReader<ChildStdout
     let mut child = Command::new(env!("CARGO_BIN_EXE_wsctl"))
         .args(["node", role, "--job"])
         .arg(job)
+        .arg("--identity")
+        .arg(common::identity(job))
         .args(args)
         .current_dir(repo())
         .stdout(Stdio::piped())
@@ -185,7 +187,9 @@ fn memoryx(job: &Path, sx: &Node, extra: &[&str], log: &Path) -> (Child, BufRead
     let mut mx = Command::new(env!("CARGO_BIN_EXE_wsctl"))
         .args(["node", "memoryx", "--job"])
         .arg(job)
-        .args(["--swarmx", &format!("http://{}", sx.addr), "--progress"])
+        .arg("--identity")
+        .arg(common::identity(job))
+        .args(["--swarmx", &format!("https://{}", sx.addr), "--progress"])
         .args(extra)
         .current_dir(repo())
         .stdout(Stdio::piped())
@@ -217,7 +221,7 @@ fn kill_and_replace_an_engine(name: &str, cs2: usize, mode: &str) -> String {
     wsctl_run(&job, &dir.join("undisturbed"), &[]);
 
     let mut engines: Vec<Node> = (0..cs2).map(|i| node("engine", &job, &["--index", &i.to_string()])).collect();
-    let children: Vec<String> = engines.iter().map(|e| format!("http://{}", e.addr)).collect();
+    let children: Vec<String> = engines.iter().map(|e| format!("https://{}", e.addr)).collect();
     let sx = node("swarmx", &job, &["--children", &children.join(",")]);
     let out = dir.join("disturbed");
     let log = dir.join("memoryx.log");
@@ -277,7 +281,7 @@ fn a_frozen_engine_is_detected_and_named_within_the_deadline() {
     let job = dir.join("job.yaml");
     std::fs::write(&job, JOB.replace("cs2: 1", "cs2: 2").replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 100000")).unwrap();
     let engines: Vec<Node> = (0..2).map(|i| node("engine", &job, &["--index", &i.to_string()])).collect();
-    let children: Vec<String> = engines.iter().map(|e| format!("http://{}", e.addr)).collect();
+    let children: Vec<String> = engines.iter().map(|e| format!("https://{}", e.addr)).collect();
     let sx = node("swarmx", &job, &["--children", &children.join(",")]);
     let log = dir.join("memoryx.log");
     let (mut mx, mut progress) = memoryx(&job, &sx, &["--retry-seconds", "10"], &log);
@@ -317,10 +321,11 @@ fn memoryx_restarts_from_its_checkpoint() {
     wsctl_run(&job, &dir.join("undisturbed"), &["--checkpoint-dir", dir.join("ckpt-a").to_str().unwrap()]);
 
     let e0 = node("engine", &job, &[]);
-    let sx = node("swarmx", &job, &["--children", &format!("http://{}", e0.addr)]);
+    let sx = node("swarmx", &job, &["--children", &format!("https://{}", e0.addr)]);
     let out = dir.join("restarted");
     let ckpt = dir.join("ckpt-b");
-    let args = ["--swarmx", &format!("http://{}", sx.addr), "--out", out.to_str().unwrap(), "--checkpoint-dir", ckpt.to_str().unwrap()];
+    let identity = common::identity(&job);
+    let args = ["--identity", identity.to_str().unwrap(), "--swarmx", &format!("https://{}", sx.addr), "--out", out.to_str().unwrap(), "--checkpoint-dir", ckpt.to_str().unwrap()];
     // Crash after 12 steps: the newest checkpoint holds step 10.
     let crashed = Command::new(env!("CARGO_BIN_EXE_wsctl"))
         .args(["node", "memoryx", "--job"])
@@ -350,14 +355,9 @@ fn memoryx_restarts_from_its_checkpoint() {
     drop((e0, sx));
 }
 
-/// A plain HTTP/1.1 GET over loopback, enough to read a health or metrics endpoint.
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body
+/// A GET of a health or metrics endpoint as a probe or a scraper makes it: over TLS, without a certificate.
+fn http_get(job: &Path, addr: &str, path: &str) -> String {
+    common::https("GET", addr, path, &common::ca(job), None).expect("the endpoint answers")
 }
 
 #[test]
@@ -368,18 +368,96 @@ fn every_server_has_health_and_metrics() {
     let (mut engine, mut out) = start("engine", &job, &[]);
     let (grpc, http) = ready("engine", &mut out);
     let grpc = grpc.expect("the engine serves gRPC");
-    let (mut swarmx, mut sout) = start("swarmx", &job, &["--children", &format!("http://{grpc}")]);
+    let (mut swarmx, mut sout) = start("swarmx", &job, &["--children", &format!("https://{grpc}")]);
     let (_, shttp) = ready("swarmx", &mut sout);
-    assert!(http_get(&http, "/healthz").ends_with("ok"));
+    assert!(http_get(&job, &http, "/healthz").ends_with("ok"));
     std::thread::sleep(std::time::Duration::from_millis(1200));
-    let metrics = http_get(&http, "/metrics");
+    let metrics = http_get(&job, &http, "/metrics");
     for name in ["ws_engine_busy_fraction", "ws_engine_bytes_received", "ws_engine_sram_bytes"] {
         assert!(metrics.contains(name), "{name} missing from engine metrics:\n{metrics}");
     }
-    let metrics = http_get(&shttp, "/metrics");
+    let metrics = http_get(&job, &shttp, "/metrics");
     assert!(metrics.contains("ws_swarmx_reduce_seconds") && metrics.contains("ws_swarmx_engines 1"), "{metrics}");
     for c in [&mut engine, &mut swarmx] {
         let _ = c.kill();
         let _ = c.wait();
     }
+}
+
+/// Every data-plane endpoint of a job answers only to the job: gRPC stages refuse another job's certificate and
+/// plaintext; MemoryX's `/status` and `/checkpoint` answer `401` without a certificate, refuse another job's in
+/// the handshake and answer the job's own and the operator's; `/healthz` and `/metrics` stay open for probes
+/// and scrapers. The job, meanwhile, trains to the end.
+#[test]
+fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
+    use runtime::identity::{Identity, CERT, KEY, OPERATOR_CERT, OPERATOR_KEY};
+    let dir = scratch("identity");
+    let job = dir.join("job.yaml");
+    std::fs::write(&job, JOB.replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 300")).unwrap();
+    let e0 = node("engine", &job, &[]);
+    let sx = node("swarmx", &job, &["--children", &format!("https://{}", e0.addr)]);
+    let (mut mx, mut out) = memoryx(&job, &sx, &["--linger"], &dir.join("memoryx.log"));
+    let (_, mx_http) = ready("memoryx", &mut out);
+    wait_for_step(&mut out, 2);
+    std::thread::spawn(move || for _ in out.lines() {});
+
+    let ids = common::identity(&job);
+    let file = |name: &str| std::fs::read_to_string(ids.join(name)).unwrap();
+    let own = Identity::load(&ids).unwrap();
+    let other = runtime::identity::issue("other", &[]).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let connect = |addr: &str, id: &Identity| {
+        rt.block_on(runtime::swarmx::relay::connect(&format!("https://{addr}"), "plane", id, std::time::Duration::from_secs(3)))
+    };
+    for (what, addr) in [("engine", &e0.addr), ("swarmx", &sx.addr)] {
+        let err = connect(addr, &other.job_identity()).err().unwrap_or_else(|| panic!("the {what} took another job's certificate"));
+        assert!(err.to_string().contains(addr.as_str()), "{what}: {err}");
+        let plaintext = rt.block_on(async {
+            let mut c = runtime::protocol::pb::stage_client::StageClient::connect(format!("http://{addr}")).await.ok()?;
+            c.info(runtime::protocol::pb::InfoRequest { job: "plane".into() }).await.ok()
+        });
+        assert!(plaintext.is_none(), "the {what} answered a plaintext call");
+        assert_eq!(connect(addr, &own).expect("the job's own identity is let in").engines, 1, "{what}");
+    }
+
+    let ca = common::ca(&job);
+    let get = |path: &str, client: Option<(&str, &str)>| common::https("GET", &mx_http, path, &ca, client);
+    let (job_cert, job_key, op_cert, op_key) = (file(CERT), file(KEY), file(OPERATOR_CERT), file(OPERATOR_KEY));
+    assert!(get("/healthz", None).unwrap().starts_with("HTTP/1.1 200"), "probes need no certificate");
+    assert!(get("/metrics", None).unwrap().starts_with("HTTP/1.1 200"), "scrapers need no certificate");
+    for path in ["/status", "/checkpoint"] {
+        let method = if path == "/status" { "GET" } else { "POST" };
+        let anonymous = common::https(method, &mx_http, path, &ca, None).unwrap();
+        assert!(anonymous.starts_with("HTTP/1.1 401"), "{path} without a certificate: {anonymous}");
+        let stranger = common::https(method, &mx_http, path, &ca, Some((&other.job.cert, &other.job.key)));
+        assert!(stranger.as_ref().is_err() || !stranger.as_ref().unwrap().contains(" 200 "), "{path} with another job's certificate: {stranger:?}");
+    }
+    let plain = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&mx_http).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        write!(s, "GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut b = Vec::new();
+        let _ = s.read_to_end(&mut b);
+        String::from_utf8_lossy(&b).to_string()
+    };
+    assert!(!plain.contains("step"), "plaintext HTTP got the status: {plain}");
+    assert!(get("/status", Some((&op_cert, &op_key))).unwrap().starts_with("HTTP/1.1 200"), "the operator's identity reads /status");
+
+    // The job was never disturbed: it trains to the end.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let status = get("/status", Some((&job_cert, &job_key))).unwrap();
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        if status.contains("Succeeded") {
+            assert!(status.contains("\"step\":300"), "{status}");
+            break;
+        }
+        assert!(!status.contains("Failed"), "{status}");
+        assert!(std::time::Instant::now() < deadline, "the job did not finish: {status}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let _ = mx.kill();
+    let _ = mx.wait();
+    drop((e0, sx));
 }

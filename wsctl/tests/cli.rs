@@ -135,6 +135,18 @@ fn bad_input_gets_one_clear_error() {
         "SRAM budget exceeded",
     );
     refused("missing-data", &SMALL.replace("examples/data/mnist", "/nonexistent/mnist"), "not found");
+    // Data that is not a regular file (a device that never ends, a folder) is refused before a byte is read,
+    // by `wsctl plan` as by `wsctl run`.
+    let gpt = std::fs::read_to_string(repo().join("examples/jobs/gpt-small.yaml")).unwrap();
+    for (name, path) in [("dev-zero", "/dev/zero"), ("folder", "/tmp")] {
+        let text = gpt.replace("examples/data/moby-dick/moby-dick.txt.gz", path);
+        refused(name, &text, "not a regular file");
+        let job = scratch(name).join("plan.yaml");
+        std::fs::write(&job, &text).unwrap();
+        let o = wsctl(&["plan", job.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && stderr.trim().lines().count() == 1 && stderr.contains("not a regular file"), "plan {name}: {stderr}");
+    }
 
     // A truncated copy of the data.
     let data = scratch("truncated-data");

@@ -98,9 +98,17 @@ app.kubernetes.io/component: device-plugin
   resources: [services, configmaps]
   verbs: [list, create, patch, delete]
 - apiGroups: [""]
+  # Each job's TLS identity: issued once, read back for the operator's calls to MemoryX, removed with the job.
+  resources: [secrets]
+  verbs: [get, list, create, delete]
+- apiGroups: [""]
   # MemoryX's checkpoint claims come from its StatefulSet; the operator only removes them with the job.
   resources: [persistentvolumeclaims]
   verbs: [list, delete]
+- apiGroups: [networking.k8s.io]
+  # One NetworkPolicy per job (its pods accept traffic only from the job, the operator and metrics scrapers).
+  resources: [networkpolicies]
+  verbs: [list, create, patch, delete]
 - apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create, patch]
@@ -108,4 +116,14 @@ app.kubernetes.io/component: device-plugin
   # Why MemoryX's pod is missing: the StatefulSet controller says so only in a FailedCreate event.
   resources: [events]
   verbs: [list]
+{{- end }}
+
+{{/* The operator pods' selector labels as key=value,key=value: the operator puts them in every job's
+     NetworkPolicy, so the policy admits exactly the pods this chart labels. */}}
+{{- define "weightstream.operator.selectorLabelList" -}}
+{{- $pairs := list }}
+{{- range $k, $v := (include "weightstream.operator.selectorLabels" . | fromYaml) }}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) }}
+{{- end }}
+{{- join "," $pairs }}
 {{- end }}

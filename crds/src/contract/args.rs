@@ -18,6 +18,11 @@ pub struct CommonArgs {
     /// The job's identity on the wire (default: its name); stages refuse requests of another job.
     #[arg(long, env = "WS_JOB_ID")]
     pub job_id: Option<String>,
+    /// The directory holding the job's TLS identity (`ca.crt`, `tls.crt`, `tls.key`): every endpoint but
+    /// `/healthz` and `/metrics` requires it of its peers, and every call presents it. Required: roles speak only
+    /// mutual TLS.
+    #[arg(long, env = "WS_IDENTITY")]
+    pub identity: PathBuf,
     /// Address of the health and metrics endpoint (port 0 picks one).
     #[arg(long, env = "WS_HTTP", default_value = "127.0.0.1:0")]
     pub http: SocketAddr,
@@ -30,9 +35,17 @@ pub struct CommonArgs {
 }
 
 impl CommonArgs {
-    /// The arguments for the job manifest at `job`, with every other flag at its default.
-    pub fn new(job: impl Into<PathBuf>) -> Self {
-        CommonArgs { job: job.into(), job_id: None, http: ([127, 0, 0, 1], 0).into(), json_logs: false, exit_with_stdin: false }
+    /// The arguments for the job manifest at `job` and the identity directory `identity`, with every other flag
+    /// at its default.
+    pub fn new(job: impl Into<PathBuf>, identity: impl Into<PathBuf>) -> Self {
+        CommonArgs {
+            job: job.into(),
+            job_id: None,
+            identity: identity.into(),
+            http: ([127, 0, 0, 1], 0).into(),
+            json_logs: false,
+            exit_with_stdin: false,
+        }
     }
 
     fn render(&self, out: &mut Vec<String>) {
@@ -40,6 +53,7 @@ impl CommonArgs {
         if let Some(id) = &self.job_id {
             out.extend(["--job-id".into(), id.clone()]);
         }
+        out.extend(["--identity".into(), self.identity.display().to_string()]);
         out.extend(["--http".into(), self.http.to_string()]);
         if self.json_logs {
             out.push("--json-logs".into());
@@ -257,6 +271,7 @@ mod tests {
         CommonArgs {
             job: "/etc/weightstream/job.yaml".into(),
             job_id: Some("fc-mnist-42".into()),
+            identity: "/var/run/weightstream/identity".into(),
             http: "0.0.0.0:8080".parse().unwrap(),
             json_logs: true,
             exit_with_stdin: true,
@@ -265,7 +280,7 @@ mod tests {
 
     #[test]
     fn every_role_round_trips_through_its_own_parser() {
-        let mut m = MemoryxArgs::new(common(), "http://root:7100");
+        let mut m = MemoryxArgs::new(common(), "https://root:7100");
         round_trip(&m);
         m.checkpoint_dir = Some("/ckpt".into());
         m.out = Some("runs/x".into());
@@ -277,21 +292,23 @@ mod tests {
         m.hold_seconds = 0;
         m.connect_timeout = 9;
         round_trip(&m);
-        round_trip(&MemoryxArgs::new(CommonArgs::new("job.yaml"), "http://127.0.0.1:1"));
-        let mut s = SwarmxArgs::new(common(), "0.0.0.0:7100".parse().unwrap(), vec!["http://a:1".into(), "http://b:2".into()]);
+        round_trip(&MemoryxArgs::new(CommonArgs::new("job.yaml", "id"), "https://127.0.0.1:1"));
+        let mut s = SwarmxArgs::new(common(), "0.0.0.0:7100".parse().unwrap(), vec!["https://a:1".into(), "https://b:2".into()]);
         round_trip(&s);
         s.connect_timeout = 3;
-        s.common = CommonArgs::new("j.yaml");
+        s.common = CommonArgs::new("j.yaml", "id");
         round_trip(&s);
         round_trip(&EngineArgs::new(common(), "0.0.0.0:7200".parse().unwrap(), 17));
-        round_trip(&EngineArgs::new(CommonArgs::new("j.yaml"), "127.0.0.1:0".parse().unwrap(), 0));
+        round_trip(&EngineArgs::new(CommonArgs::new("j.yaml", "id"), "127.0.0.1:0".parse().unwrap(), 0));
     }
 
     #[test]
     fn a_missing_required_flag_is_refused_by_name() {
-        let err = SwarmxArgs::try_parse_from(["swarmx", "--job", "j.yaml"]).unwrap_err().to_string();
+        let err = SwarmxArgs::try_parse_from(["swarmx", "--job", "j.yaml", "--identity", "id"]).unwrap_err().to_string();
         assert!(err.contains("--children"), "{err}");
         let err = EngineArgs::try_parse_from(["sim-wse", "--job", "j", "--index", "x"]).unwrap_err().to_string();
         assert!(err.contains("--index"), "{err}");
+        let err = MemoryxArgs::try_parse_from(["memoryx", "--job", "j", "--swarmx", "https://x:1"]).unwrap_err().to_string();
+        assert!(err.contains("--identity"), "{err}");
     }
 }

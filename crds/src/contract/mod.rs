@@ -14,6 +14,6 @@ mod tree;
 
 pub use args::{CommonArgs, EngineArgs, MemoryxArgs, RoleArgs, SwarmxArgs};
 pub use handshake::{Handshake, ProgressReport};
-pub use role::{Role, HTTP_PORT};
+pub use role::{Role, HTTP_PORT, METRICS_SCRAPER_LABEL};
 pub use status::{MemoryxPhase, MemoryxStatus};
 pub use tree::{SwarmxChild, SwarmxNode, SwarmxTree, DEFAULT_FAN_OUT};

@@ -3,6 +3,11 @@
 /// Every role's HTTP port in a cluster: `/healthz`, `/metrics`, and MemoryX's `/status` and `/checkpoint`.
 pub const HTTP_PORT: u16 = 8080;
 
+/// Namespace label that lets a metrics scraper (Prometheus) in that namespace reach every job's HTTP port
+/// (`/metrics`, `/healthz`) through the job's NetworkPolicy, which otherwise admits only the job's own pods
+/// and the operator. Set to `"true"` by a cluster admin on the monitoring namespace.
+pub const METRICS_SCRAPER_LABEL: &str = "weightstream.dev/metrics-scraper";
+
 /// One kind of data-plane process. The operator labels pods with it, picks the program and the ports from it,
 /// and the local runner names processes after it, so a role is spelled once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

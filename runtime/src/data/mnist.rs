@@ -2,7 +2,6 @@
 //! standard names, raw or gzip-compressed, and every length is checked so a truncated download is reported
 //! rather than trained on.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::Images;
@@ -59,16 +58,10 @@ fn read_file(dir: &Path, name: &str) -> Result<(PathBuf, Vec<u8>)> {
     let raw = dir.join(name);
     let gz = dir.join(format!("{name}.gz"));
     if raw.is_file() {
-        let bytes = std::fs::read(&raw).map_err(|e| Error::io(format!("reading {}", raw.display()), e))?;
-        return Ok((raw, bytes));
+        return Ok((raw.clone(), super::read_data_file(&raw)?));
     }
     if gz.is_file() {
-        let file = std::fs::File::open(&gz).map_err(|e| Error::io(format!("opening {}", gz.display()), e))?;
-        let mut bytes = Vec::new();
-        flate2::read::GzDecoder::new(file).read_to_end(&mut bytes).map_err(|e| {
-            Error::Data(format!("{} is not a complete gzip file ({e}); copy it again", gz.display()))
-        })?;
-        return Ok((gz, bytes));
+        return Ok((gz.clone(), super::read_data_file(&gz)?));
     }
     Err(Error::Data(format!(
         "{} not found (nor {}.gz); point spec.data.path at a folder holding the MNIST IDX files, \

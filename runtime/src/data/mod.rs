@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::engine::Shard;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::Mat;
 
 /// One split of a job's data, as the engines read their shards from it.
@@ -59,6 +59,69 @@ impl Dataset {
             Dataset::Images(d) => d.shard(indices),
             Dataset::Text(d) => d.shard(indices),
         }
+    }
+}
+
+/// The most bytes a data file may hold, compressed or not: data sets live in memory, so more is refused before
+/// it is read rather than found out by the kernel's OOM killer (or never, for `/dev/zero`).
+pub const MAX_DATA_BYTES: u64 = 2 << 30;
+
+/// Reads a data file whole: a regular file (not a device, a FIFO or a folder) of at most [`MAX_DATA_BYTES`],
+/// gunzipped when its name ends in `.gz` (and the gunzipped bytes bounded alike, so a gzip bomb stops early).
+pub fn read_data_file(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let meta = std::fs::metadata(path).map_err(|e| {
+        Error::Data(format!("cannot open {} ({e}); check spec.data.path", path.display()))
+    })?;
+    if !meta.is_file() {
+        return Err(Error::Data(format!(
+            "{} is not a regular file; point spec.data.path at a data file (or, for mnist, a folder of them)",
+            path.display()
+        )));
+    }
+    let too_big = || {
+        Error::Data(format!(
+            "{} holds more than {} bytes, the most a data file may hold; split or subsample it",
+            path.display(),
+            MAX_DATA_BYTES
+        ))
+    };
+    if meta.len() > MAX_DATA_BYTES {
+        return Err(too_big());
+    }
+    let file = std::fs::File::open(path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    let mut bytes = Vec::new();
+    if path.extension().is_some_and(|e| e == "gz") {
+        flate2::read::GzDecoder::new(file)
+            .take(MAX_DATA_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| Error::Data(format!("{} is not a complete gzip file ({e}); copy it again", path.display())))?;
+    } else {
+        std::io::BufReader::new(file)
+            .take(MAX_DATA_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    }
+    if bytes.len() as u64 > MAX_DATA_BYTES {
+        return Err(too_big());
+    }
+    Ok(bytes)
+}
+
+/// What can be said of a job's data path without reading it: a path that exists must be what the data kind
+/// reads (a regular file for text, a folder for MNIST). A path that does not exist here passes, since the job
+/// may run where it does (a cluster's volume); loading it says so there.
+pub fn check_path(spec: &crds::TrainingJobSpec) -> Result<()> {
+    let path = Path::new(&spec.data.path);
+    let Ok(meta) = std::fs::metadata(path) else { return Ok(()) };
+    let (ok, want) = match spec.data.kind {
+        crds::DataKind::Text => (meta.is_file(), "a regular file"),
+        crds::DataKind::Mnist => (meta.is_dir(), "a folder of MNIST IDX files"),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Data(format!("spec.data.path {} is not {want}", path.display())))
     }
 }
 

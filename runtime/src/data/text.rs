@@ -2,7 +2,6 @@
 //! other) text works. A sample is a window of `context` tokens and the `context` tokens that follow each of
 //! them; windows tile the text without overlap, and the last 5% of the file is held out.
 
-use std::io::Read;
 use std::path::Path;
 
 use crate::engine::Shard;
@@ -64,22 +63,12 @@ impl TextWindows {
 
 /// Reads a text file (gzip when it ends in `.gz`) and splits it into training and held-out windows.
 pub fn load(path: &Path, context: usize) -> Result<(TextWindows, TextWindows)> {
-    let file = std::fs::File::open(path).map_err(|e| {
-        Error::Data(format!(
-            "cannot open {} ({e}); point spec.data.path at a text file, e.g. examples/data/moby-dick/moby-dick.txt.gz",
-            path.display()
-        ))
+    let bytes = super::read_data_file(path).map_err(|e| match e {
+        Error::Data(m) if m.starts_with("cannot open") => Error::Data(format!(
+            "{m}; point spec.data.path at a text file, e.g. examples/data/moby-dick/moby-dick.txt.gz"
+        )),
+        e => e,
     })?;
-    let mut bytes = Vec::new();
-    if path.extension().is_some_and(|e| e == "gz") {
-        flate2::read::GzDecoder::new(file)
-            .read_to_end(&mut bytes)
-            .map_err(|e| Error::Data(format!("{} is not a complete gzip file ({e}); copy it again", path.display())))?;
-    } else {
-        std::io::BufReader::new(file)
-            .read_to_end(&mut bytes)
-            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    }
     split(bytes, context).map_err(|e| Error::Data(format!("{}: {e}", path.display())))
 }
 
@@ -133,5 +122,10 @@ mod tests {
         let err = load(&path, 8).unwrap_err().to_string();
         assert!(err.contains("gzip"), "{err}");
         std::fs::remove_dir_all(&dir).ok();
+        // A device that never ends and a folder are refused before a byte is read.
+        for path in ["/dev/zero", "/tmp"] {
+            let err = load(Path::new(path), 8).unwrap_err().to_string();
+            assert!(err.contains("not a regular file") && err.contains(path), "{err}");
+        }
     }
 }

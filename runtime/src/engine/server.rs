@@ -21,7 +21,8 @@ use crate::protocol::pb::{
     self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
     StateChunk, StepChunk,
 };
-use crate::protocol::wire::{decode_grads, decode_state, encode_grad, encode_state, encode_step, LayerAssembler};
+use crate::plan::Limits;
+use crate::protocol::wire::{decode_grads, encode_grad, encode_state, encode_step, LayerAssembler, StateMeter};
 use crate::protocol::{LayerGrad, Pass};
 use crate::swarmx::check_samples;
 use crate::transport::{receive_grads, to_status};
@@ -51,17 +52,19 @@ pub struct EngineServer {
     make_replica: Option<ReplicaFactory>,
     /// Time spent running the optimizer on the replica: engine work, counted as compute.
     update_nanos: Arc<AtomicU64>,
-    /// The most samples one step may hand this engine: its shard of the plan's batch. A request for more is
-    /// refused before anything is gathered for it.
-    max_samples: usize,
+    /// What the plan lets one message make this engine hold: its shard of the batch (a `BeginStep` for more is
+    /// refused before anything is gathered for it), each layer's shape (bounding every stream and gradient),
+    /// the model's state (bounding a `Prime`).
+    limits: Arc<Limits>,
 }
 
 impl EngineServer {
-    /// Serves `engine` (running a model of `layers` weight layers) for `job`, reading shards from the data sets.
-    pub fn new(job: String, layers: usize, engine: Box<dyn EngineRole>, train: Arc<Dataset>, test: Arc<Dataset>) -> Self {
+    /// Serves `engine` for `job`, reading shards from the data sets, and refusing anything beyond the job's
+    /// `limits` (whose layers are the model the engine runs).
+    pub fn new(job: String, limits: Limits, engine: Box<dyn EngineRole>, train: Arc<Dataset>, test: Arc<Dataset>) -> Self {
         EngineServer {
             job,
-            layers,
+            layers: limits.layers.len(),
             engine: Arc::new(Mutex::new(engine)),
             train,
             test,
@@ -69,15 +72,8 @@ impl EngineServer {
             replica: Arc::new(Mutex::new(None)),
             make_replica: None,
             update_nanos: Arc::new(AtomicU64::new(0)),
-            max_samples: usize::MAX,
+            limits: Arc::new(limits),
         }
-    }
-
-    /// Bounds the samples of one step to `shard` (the plan's batch over the engines): what a `BeginStep` may
-    /// make the engine gather and hold.
-    pub fn with_max_samples(mut self, shard: usize) -> Self {
-        self.max_samples = shard.max(1);
-        self
     }
 
     /// Lets the engine hold the whole model for pipelined execution, building its replicas with `make`.
@@ -153,13 +149,12 @@ impl EngineServer {
             Ok(pb::Split::Test) => (self.test.clone(), false),
             Err(_) => return Err(Status::invalid_argument(format!("unknown split {}", r.split))),
         };
-        if r.samples.len() > self.max_samples {
-            return Err(Status::invalid_argument(format!(
-                "a step of {} samples reached an engine whose shard of the batch is {}: refused before gathering them",
-                r.samples.len(),
-                self.max_samples
-            )));
-        }
+        Error::check_limit(
+            || "the samples of a BeginStep (an engine's shard of the batch)".into(),
+            r.samples.len() as u64,
+            self.limits.samples(1),
+        )
+        .map_err(to_status)?;
         check_samples(&r.samples, data.len()).map_err(to_status)?;
         let engine = self.engine.clone();
         let (samples, scale) = (r.samples, r.grad_scale);
@@ -177,7 +172,7 @@ impl EngineServer {
     async fn receive(&self, mut stream: Streaming<LayerChunk>) -> Result<(u64, crate::protocol::LayerStream), Status> {
         let mut asm = LayerAssembler::default();
         while let Some(chunk) = stream.message().await? {
-            asm.push(chunk, &self.job).map_err(to_status)?;
+            asm.push(chunk, &self.job, &self.limits).map_err(to_status)?;
         }
         asm.finish().map_err(to_status)
     }
@@ -264,11 +259,15 @@ impl Stage for EngineServer {
             Status::failed_precondition("this engine was started without room for a replica (pipelined execution)")
         })?;
         let mut stream = request.into_inner();
-        let mut chunks = Vec::new();
+        let mut meter = StateMeter::new(&self.limits);
+        let mut bytes = Vec::new();
         while let Some(c) = stream.message().await? {
-            chunks.push(c);
+            meter.check(&c, &self.job).map_err(to_status)?;
+            bytes.extend_from_slice(&c.data);
         }
-        let bytes = decode_state(chunks, &self.job).map_err(to_status)?;
+        if !meter.done() {
+            return Err(to_status(Error::Protocol("the replica's state is truncated: its last chunk never came".into())));
+        }
         let (replica, engine) = (self.replica.clone(), self.engine.clone());
         tokio::task::spawn_blocking(move || {
             let (step, tensors) = checkpoint::from_bytes(&bytes, "the replica sent to this engine")?;
@@ -335,9 +334,9 @@ impl Stage for EngineServer {
     }
 
     async fn apply(&self, request: Request<Streaming<GradChunk>>) -> Result<Response<Ack>, Status> {
-        let chunks = receive_grads(request.into_inner(), &self.job).await?;
+        let chunks = receive_grads(request.into_inner(), &self.job, &self.limits).await?;
         let step = chunks.first().map_or(0, |c| c.step);
-        let grads = decode_grads(chunks).map_err(to_status)?;
+        let grads = decode_grads(chunks, &self.limits).map_err(to_status)?;
         let (replica, nanos) = (self.replica.clone(), self.update_nanos.clone());
         tokio::task::spawn_blocking(move || {
             let guard = replica.lock().map_err(|_| Error::Protocol("replica poisoned".into()))?;

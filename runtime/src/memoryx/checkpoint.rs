@@ -25,6 +25,9 @@ pub fn tensor_name(layer: usize, kind: &str) -> String {
 }
 
 const PREFIX: &str = "step-";
+/// Bytes an older checkpoint of the same state may exceed the one just written by when retention reads it back:
+/// room for longer metadata (a longer step number, a uid), nothing like another tensor.
+const PRUNE_SLACK: u64 = 64 << 10;
 const SUFFIX: &str = ".safetensors";
 
 /// The file a checkpoint of `step` lives in.
@@ -107,7 +110,8 @@ pub fn write_for(dir: &Path, step: u64, tensors: &Tensors, job: &str, uid: Optio
     if let Ok(d) = fs::File::open(dir) {
         let _ = d.sync_all();
     }
-    prune(dir, keep.max(1), &path)?;
+    // Older checkpoints of this job hold the same tensors; only their metadata (step, uid) may differ in length.
+    prune(dir, keep.max(1), &path, data.len() as u64 + PRUNE_SLACK)?;
     Ok(path)
 }
 
@@ -115,12 +119,13 @@ pub fn write_for(dir: &Path, step: u64, tensors: &Tensors, job: &str, uid: Optio
 /// the `keep`-th good one stays (it may be a write still being checked by a reader, and costs only space).
 /// `fresh` was just written and synced from memory, so it counts as good without being read back; each older
 /// one is verified only while fewer than `keep` good ones have been found.
-fn prune(dir: &Path, keep: usize, fresh: &Path) -> Result<()> {
+/// Files larger than `max_bytes` are not read (nor counted as good).
+fn prune(dir: &Path, keep: usize, fresh: &Path, max_bytes: u64) -> Result<()> {
     let mut good = 0;
     for (_, path) in list(dir)? {
         if good >= keep {
             let _ = fs::remove_file(&path);
-        } else if path == fresh || read(&path).is_ok() {
+        } else if path == fresh || read(&path, max_bytes).is_ok() {
             good += 1;
         }
     }
@@ -158,10 +163,26 @@ pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(found)
 }
 
-/// Reads one checkpoint, verifying its checksum.
-pub fn read(path: &Path) -> Result<(u64, Tensors)> {
-    let bytes = fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+/// Reads one checkpoint of at most `max_bytes` (the plan's [`crate::plan::Limits::state_bytes`]), verifying its
+/// checksum. A larger file is refused by its size on disk, before any of it is read.
+pub fn read(path: &Path, max_bytes: u64) -> Result<(u64, Tensors)> {
+    let bytes = read_bounded(path, max_bytes)?;
     from_bytes(&bytes, &format!("checkpoint {}", path.display()))
+}
+
+/// The bytes of the file at `path`, refused when its size is beyond `max_bytes` before any of it is read; the
+/// read itself stops past `max_bytes` too, so a file growing meanwhile is refused as well.
+fn read_bounded(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
+    let context = || format!("reading {}", path.display());
+    let file = fs::File::open(path).map_err(|e| Error::io(context(), e))?;
+    let size = file.metadata().map_err(|e| Error::io(context(), e))?.len();
+    let what = || format!("checkpoint {} (bytes on disk)", path.display());
+    Error::check_limit(what, size, max_bytes)?;
+    let mut bytes = Vec::with_capacity(size as usize);
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, max_bytes.saturating_add(1)), &mut bytes)
+        .map_err(|e| Error::io(context(), e))?;
+    Error::check_limit(what, bytes.len() as u64, max_bytes)?;
+    Ok(bytes)
 }
 
 /// Parses the bytes of a checkpoint file (`what` names them in errors), verifying the checksum.
@@ -206,19 +227,19 @@ fn tensor_order(name: &str) -> (usize, usize) {
     (layer, kind)
 }
 
-/// The newest readable checkpoint in `dir`, passing over damaged ones with a warning.
-pub fn latest(dir: &Path) -> Result<Option<(u64, Tensors, PathBuf)>> {
-    latest_for(dir, None)
+/// The newest readable checkpoint in `dir` of at most `max_bytes`, passing over damaged (or larger) ones with a
+/// warning.
+pub fn latest(dir: &Path, max_bytes: u64) -> Result<Option<(u64, Tensors, PathBuf)>> {
+    latest_for(dir, None, max_bytes)
 }
 
 /// The newest readable checkpoint in `dir` of the TrainingJob of `uid`: one recording another job's uid (a job
 /// deleted and recreated under the same name, whose volume survived) is passed over with a warning, so a new
-/// job never resumes an old one's weights. Checkpoints without a uid (local runs) belong to anyone.
-pub fn latest_for(dir: &Path, uid: Option<&str>) -> Result<Option<(u64, Tensors, PathBuf)>> {
+/// job never resumes an old one's weights. Checkpoints without a uid (local runs) belong to anyone. A file
+/// larger than `max_bytes` (the plan's state size) is passed over by its size, unread.
+pub fn latest_for(dir: &Path, uid: Option<&str>, max_bytes: u64) -> Result<Option<(u64, Tensors, PathBuf)>> {
     for (_, path) in list(dir)? {
-        let read = fs::read(&path)
-            .map_err(|e| Error::io(format!("reading {}", path.display()), e))
-            .and_then(|bytes| decode(&bytes, &format!("checkpoint {}", path.display())));
+        let read = read_bounded(&path, max_bytes).and_then(|bytes| decode(&bytes, &format!("checkpoint {}", path.display())));
         match read {
             Ok((step, _, Some(theirs))) if uid.is_some_and(|ours| ours != theirs) => {
                 tracing::warn!(step, path = %path.display(), owner = %theirs, "a checkpoint of another job (uid) is not resumed");
@@ -246,15 +267,15 @@ mod tests {
         }
         let files = list(&dir).unwrap();
         assert_eq!(files.iter().map(|f| f.0).collect::<Vec<_>>(), vec![40, 30], "only the newest two are kept");
-        let (step, tensors, _) = latest(&dir).unwrap().unwrap();
+        let (step, tensors, _) = latest(&dir, 1 << 20).unwrap().unwrap();
         assert_eq!((step, tensors), (40, t(4.0)));
         // Flip a byte of the newest: it is passed over for the older one.
         let mut bytes = fs::read(&files[0].1).unwrap();
         let n = bytes.len();
         bytes[n - 3] ^= 0xff;
         fs::write(&files[0].1, bytes).unwrap();
-        assert!(read(&files[0].1).unwrap_err().to_string().contains("checksum"));
-        assert_eq!(latest(&dir).unwrap().unwrap().0, 30);
+        assert!(read(&files[0].1, 1 << 20).unwrap_err().to_string().contains("checksum"));
+        assert_eq!(latest(&dir, 1 << 20).unwrap().unwrap().0, 30);
         fs::remove_dir_all(&dir).ok();
     }
 
@@ -264,11 +285,11 @@ mod tests {
         fs::remove_dir_all(&dir).ok();
         let t = |x: f32| -> Tensors { vec![("layer.0.weight".into(), vec![x; 4])] };
         write_for(&dir, 10, &t(1.0), "j", Some("uid-old"), 5).unwrap();
-        assert!(latest_for(&dir, Some("uid-new")).unwrap().is_none(), "a recreated job starts afresh");
-        assert_eq!(latest_for(&dir, Some("uid-old")).unwrap().unwrap().0, 10);
-        assert_eq!(latest_for(&dir, None).unwrap().unwrap().0, 10, "a run without a uid takes any");
+        assert!(latest_for(&dir, Some("uid-new"), 1 << 20).unwrap().is_none(), "a recreated job starts afresh");
+        assert_eq!(latest_for(&dir, Some("uid-old"), 1 << 20).unwrap().unwrap().0, 10);
+        assert_eq!(latest_for(&dir, None, 1 << 20).unwrap().unwrap().0, 10, "a run without a uid takes any");
         write(&dir, 5, &t(0.5), "j", 5).unwrap();
-        assert_eq!(latest_for(&dir, Some("uid-new")).unwrap().unwrap().0, 5, "one without a uid belongs to anyone");
+        assert_eq!(latest_for(&dir, Some("uid-new"), 1 << 20).unwrap().unwrap().0, 5, "one without a uid belongs to anyone");
         fs::remove_dir_all(&dir).ok();
     }
 
@@ -294,7 +315,35 @@ mod tests {
         write(&dir, 40, &t(4.0), "job", 2).unwrap();
         let steps: Vec<u64> = list(&dir).unwrap().into_iter().map(|f| f.0).collect();
         assert_eq!(steps, vec![40, 30], "two good ones newer than the damaged one: it goes, and so does 10");
-        assert_eq!(latest(&dir).unwrap().unwrap().0, 40);
+        assert_eq!(latest(&dir, 1 << 20).unwrap().unwrap().0, 40);
+        fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_checkpoint_beyond_the_plan_is_refused_unread() {
+        let dir = std::env::temp_dir().join(format!("ws-ckpt-big-{}", std::process::id()));
+        fs::remove_dir_all(&dir).ok();
+        let t = |x: f32| -> Tensors { vec![("layer.0.weight".into(), vec![x; 4])] };
+        let good = write(&dir, 10, &t(1.0), "job", 5).unwrap();
+        let limit = fs::metadata(&good).unwrap().len();
+        // A newer file far larger than the state (sparse on disk: its size is what is checked, not its content).
+        let big = path_for(&dir, 20);
+        fs::File::create(&big).unwrap().set_len(1 << 40).unwrap();
+        match read(&big, limit).unwrap_err() {
+            Error::OverLimit { what, value, limit: l } => {
+                assert!(what.contains("step-00000020.safetensors"), "{what}");
+                assert_eq!((value, l), (1 << 40, limit));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(latest(&dir, limit).unwrap().unwrap().0, 10, "passed over for the good one");
+        // A file within the size whose header claims an absurd shape.
+        let header = br#"{"layer.0.weight":{"dtype":"F32","shape":[4611686018427387904,8],"data_offsets":[0,16]}}"#;
+        let mut absurd = (header.len() as u64).to_le_bytes().to_vec();
+        absurd.extend_from_slice(header);
+        absurd.extend_from_slice(&[0u8; 16]);
+        fs::write(&big, &absurd).unwrap();
+        assert!(read(&big, limit).unwrap_err().to_string().contains("unusable"));
         fs::remove_dir_all(&dir).ok();
     }
 }

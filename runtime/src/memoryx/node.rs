@@ -17,7 +17,7 @@ use crate::driver::{Driver, Job, Outputs};
 use crate::error::{Error, Result};
 use crate::swarmx::remote::RemoteSwarm;
 use crate::train::RetryPolicy;
-use crate::transport::{announce_ready, bind, load_job, serve_http, start};
+use crate::transport::{announce_ready, bind, load_identity, load_job, serve_http, start};
 
 struct Metrics {
     step: Gauge<i64>,
@@ -48,6 +48,7 @@ impl Metrics {
 pub fn main(args: MemoryxArgs) -> Result<()> {
     start(&args.common);
     let (manifest, job_id) = load_job(&args.common)?;
+    let identity = load_identity(&args.common)?;
     let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
     let outputs = Outputs {
         checkpoint_dir: args.checkpoint_dir.clone(),
@@ -75,15 +76,25 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
                 async { (axum::http::StatusCode::ACCEPTED, "checkpoint requested\n") }
             }))
     };
-    let http_task = rt.spawn(serve_http(http, Arc::new(Mutex::new(registry)), routes));
+    let http_task = {
+        let identity = identity.clone();
+        rt.spawn(async move { serve_http(http, Arc::new(Mutex::new(registry)), &identity, routes).await })
+    };
 
     let uid = manifest.metadata.uid.clone();
     let result = Job::load(manifest.spec, job_id).and_then(|mut job| {
         job.uid = uid;
         let mut driver = Driver::new(job, outputs);
         driver.share(status.clone(), want_checkpoint.clone());
-        let mut swarm =
-            RemoteSwarm::connect(rt.handle().clone(), &args.swarmx, &driver.job().id, Duration::from_secs(args.connect_timeout))?;
+        let limits = crate::plan::Limits::for_spec(&driver.job().spec);
+        let mut swarm = RemoteSwarm::connect(
+            rt.handle().clone(),
+            &args.swarmx,
+            &driver.job().id,
+            &identity,
+            Duration::from_secs(args.connect_timeout),
+            limits,
+        )?;
         let mut steps_done = 0;
         driver.run(&mut swarm, &mut |m| {
             metrics.record(m);

@@ -1,6 +1,6 @@
 //! Runtime errors across the gRPC boundary. A gRPC status has a code and a message; a caller that only had those
 //! would see every refusal as one kind of error. So a status also carries the error's kind in its metadata
-//! (`ws-error-kind: protocol|data|out-of-sram|unavailable|spec|io`), with the fields of the structured kinds
+//! (`ws-error-kind: protocol|data|out-of-sram|over-limit|unavailable|spec|io`), with the fields of the structured kinds
 //! beside it, and [`from_status`] gives back the same [`Error`] variant on the calling side: an engine out of
 //! SRAM stays [`Error::OutOfSram`] with its numbers through every SwarmX hop to MemoryX.
 //!
@@ -25,6 +25,9 @@ const SRAM_ENGINE: &str = "ws-sram-engine-bin";
 const SRAM_WHAT: &str = "ws-sram-what-bin";
 const SRAM_NEEDED: &str = "ws-sram-needed";
 const SRAM_AVAILABLE: &str = "ws-sram-available";
+const LIMIT_WHAT: &str = "ws-limit-what-bin";
+const LIMIT_VALUE: &str = "ws-limit-value";
+const LIMIT_MAX: &str = "ws-limit-max";
 const IO_CONTEXT: &str = "ws-io-context-bin";
 const IO_SOURCE: &str = "ws-io-source-bin";
 const IO_KIND: &str = "ws-io-kind";
@@ -38,22 +41,27 @@ enum Kind {
     Protocol,
     Data,
     OutOfSram,
+    OverLimit,
     Unavailable,
     Spec,
     Io,
+    Identity,
 }
 
 impl Kind {
-    const ALL: [Kind; 6] = [Kind::Protocol, Kind::Data, Kind::OutOfSram, Kind::Unavailable, Kind::Spec, Kind::Io];
+    const ALL: [Kind; 8] =
+        [Kind::Protocol, Kind::Data, Kind::OutOfSram, Kind::OverLimit, Kind::Unavailable, Kind::Spec, Kind::Io, Kind::Identity];
 
     fn of(e: &Error) -> Kind {
         match e {
             Error::Protocol(_) => Kind::Protocol,
             Error::Data(_) => Kind::Data,
             Error::OutOfSram { .. } => Kind::OutOfSram,
+            Error::OverLimit { .. } => Kind::OverLimit,
             Error::Unavailable(_) => Kind::Unavailable,
             Error::Spec(_) => Kind::Spec,
             Error::Io { .. } => Kind::Io,
+            Error::Identity(_) => Kind::Identity,
         }
     }
 
@@ -62,9 +70,11 @@ impl Kind {
             Kind::Protocol => "protocol",
             Kind::Data => "data",
             Kind::OutOfSram => "out-of-sram",
+            Kind::OverLimit => "over-limit",
             Kind::Unavailable => "unavailable",
             Kind::Spec => "spec",
             Kind::Io => "io",
+            Kind::Identity => "identity",
         }
     }
 
@@ -105,11 +115,18 @@ pub fn to_status(e: Error) -> Status {
         Error::Unavailable(m) => (Code::Unavailable, m),
         Error::Protocol(m) => (Code::InvalidArgument, m),
         Error::Data(m) => (Code::Internal, m),
+        Error::Identity(m) => (Code::Unauthenticated, m),
         Error::OutOfSram { ref engine, ref what, needed, available } => {
             md.insert_bin(SRAM_ENGINE, text(engine));
             md.insert_bin(SRAM_WHAT, text(what));
             md.insert(SRAM_NEEDED, needed.into());
             md.insert(SRAM_AVAILABLE, available.into());
+            (Code::ResourceExhausted, e.to_string())
+        }
+        Error::OverLimit { ref what, value, limit } => {
+            md.insert_bin(LIMIT_WHAT, text(what));
+            md.insert(LIMIT_VALUE, value.into());
+            md.insert(LIMIT_MAX, limit.into());
             (Code::ResourceExhausted, e.to_string())
         }
         Error::Io { ref context, ref source } => {
@@ -162,12 +179,18 @@ fn typed(s: &Status, peer: &str) -> Option<Error> {
     Some(match Kind::parse(ascii(KIND_KEY)?)? {
         Kind::Protocol => Error::Protocol(from_peer(s.message())),
         Kind::Data => Error::Data(from_peer(s.message())),
+        Kind::Identity => Error::Identity(from_peer(s.message())),
         Kind::Unavailable => Error::Unavailable(from_peer(s.message())),
         Kind::OutOfSram => Error::OutOfSram {
             engine: from_peer(&text(SRAM_ENGINE)?),
             what: text(SRAM_WHAT)?,
             needed: ascii(SRAM_NEEDED)?.parse().ok()?,
             available: ascii(SRAM_AVAILABLE)?.parse().ok()?,
+        },
+        Kind::OverLimit => Error::OverLimit {
+            what: from_peer(&text(LIMIT_WHAT)?),
+            value: ascii(LIMIT_VALUE)?.parse().ok()?,
+            limit: ascii(LIMIT_MAX)?.parse().ok()?,
         },
         Kind::Io => {
             let kind = ascii(IO_KIND).and_then(|name| IO_KINDS.into_iter().find(|k| format!("{k:?}") == name));
@@ -227,6 +250,15 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        let over = Error::OverLimit { what: "samples of a BeginStep".into(), value: 8_000_000, limit: 64 };
+        match round_trip(over) {
+            e @ Error::OverLimit { .. } => {
+                assert!(e.to_string().starts_with("peer: samples of a BeginStep is 8000000, beyond the 64"), "{e}");
+                let Error::OverLimit { value, limit, .. } = e else { unreachable!() };
+                assert_eq!((value, limit), (8_000_000, 64));
+            }
+            other => panic!("{other:?}"),
+        }
         let io = Error::io("writing /ckpt/step-1", std::io::Error::new(std::io::ErrorKind::StorageFull, "disk full"));
         match round_trip(io) {
             Error::Io { context, source } => {
@@ -264,6 +296,7 @@ mod tests {
         assert_eq!(code(Error::Protocol("x".into())), Code::InvalidArgument);
         let sram = Error::OutOfSram { engine: "e".into(), what: "w".into(), needed: 2, available: 1 };
         assert_eq!(code(sram), Code::ResourceExhausted);
+        assert_eq!(code(Error::OverLimit { what: "w".into(), value: 2, limit: 1 }), Code::ResourceExhausted);
         assert_eq!(code(Error::Data("x".into())), Code::Internal);
         assert_eq!(code(Error::io("x", std::io::Error::other("y"))), Code::Internal);
         assert_eq!(code(Error::Spec(crds::ApiError::Internal("x".into()))), Code::Internal);

@@ -10,20 +10,22 @@ use super::relay::{connect, Relay};
 use crate::error::{Error, Result};
 use crds::contract::{Role, SwarmxArgs};
 
-use crate::transport::{announce_ready, bind, load_job, serve_http, serve_stage, start};
+use crate::transport::{announce_ready, bind, load_identity, load_job, serve_http, serve_stage, start};
 
 /// Runs a SwarmX node until it is stopped.
 pub fn main(args: SwarmxArgs) -> Result<()> {
     start(&args.common);
-    let (_, job) = load_job(&args.common)?;
+    let (manifest, job) = load_job(&args.common)?;
+    let limits = crate::plan::Limits::for_spec(&manifest.spec);
+    let identity = load_identity(&args.common)?;
     let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
     rt.block_on(async move {
         let grpc = bind(args.listen, Role::Swarmx, "grpc").await?;
         let mut children = Vec::new();
         for url in &args.children {
-            children.push(connect(url, &job, Duration::from_secs(args.connect_timeout)).await?);
+            children.push(connect(url, &job, &identity, Duration::from_secs(args.connect_timeout)).await?);
         }
-        let relay = Relay::new(job, children);
+        let relay = Relay::new(job, children, limits);
         let mut registry = Registry::default();
         let engines = Gauge::<i64>::default();
         engines.set(i64::from(relay.engines()));
@@ -33,11 +35,11 @@ pub fn main(args: SwarmxArgs) -> Result<()> {
         announce_ready(Role::Swarmx, Some(&grpc), &http)?;
         tracing::info!(engines = relay.engines(), "SwarmX node ready");
         let registry = Arc::new(Mutex::new(registry));
-        let http_task = tokio::spawn(async move {
-            let app = axum::Router::new();
-            let _ = serve_http(http, registry, app).await;
-        });
-        let served = serve_stage(Arc::new(relay), grpc).await;
+        let http_task = {
+            let identity = identity.clone();
+            tokio::spawn(async move { serve_http(http, registry, &identity, axum::Router::new()).await })
+        };
+        let served = serve_stage(Arc::new(relay), grpc, &identity).await;
         http_task.abort();
         served
     })

@@ -3,6 +3,7 @@
 //! gradients and losses, so its parent sees one stage whatever is below.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::try_join_all;
@@ -12,6 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::data::split_even;
 use crate::error::{Error, Result};
+use crate::identity::Identity;
 use crate::model::loss::LossSum;
 use crate::protocol::pb::stage_client::StageClient;
 use crate::protocol::pb::stage_server::Stage;
@@ -19,7 +21,10 @@ use crate::protocol::pb::{
     self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
     StateChunk, StepChunk,
 };
-use crate::protocol::wire::{add_grads, decode_grad, decode_grads, encode_grad, encode_grads, encode_step};
+use crate::plan::Limits;
+use crate::protocol::wire::{
+    add_grads, decode_grad, decode_grads, encode_grad, encode_grads, encode_step, GradMeter, LayerMeter, StateMeter,
+};
 use crate::protocol::LayerGrad;
 use crate::transport::{from_status, receive_grads, to_status};
 
@@ -36,10 +41,17 @@ pub struct Child {
     pub sram_bytes: u64,
 }
 
-/// Connects to a stage at `url` for `job`, waiting up to `timeout` for it to come up, and learns its engines.
-pub async fn connect(url: &str, job: &str, timeout: Duration) -> Result<Child> {
+/// Connects to a stage at `url` for `job` over mutual TLS with the job's `identity`, waiting up to `timeout`
+/// for it to come up, and learns its engines. Only `https://` addresses are dialled: a plaintext one would
+/// carry the job's weights to whoever listens.
+pub async fn connect(url: &str, job: &str, identity: &Identity, timeout: Duration) -> Result<Child> {
+    if !url.starts_with("https://") {
+        return Err(Error::Protocol(format!("stage address '{url}' is not https://: stages speak only mutual TLS")));
+    }
     let endpoint = Endpoint::from_shared(url.to_string())
         .map_err(|e| Error::Protocol(format!("bad stage address '{url}': {e}")))?
+        .tls_config(identity.grpc_client())
+        .map_err(|e| Error::Identity(format!("the TLS configuration for {url}: {e}")))?
         .connect_timeout(Duration::from_secs(2))
         // A peer that stops answering (a frozen process, a silent partition) is found by its unanswered pings
         // and its calls fail as unavailable, so the step is rerun instead of waiting for ever.
@@ -75,14 +87,23 @@ pub async fn connect(url: &str, job: &str, timeout: Duration) -> Result<Child> {
 pub struct Relay {
     job: String,
     children: Vec<Child>,
+    /// What the plan lets one message make this node hold: the batch of the engines below it, each layer's
+    /// shape, the model's state. Everything a node receives — from its parent or back from its children — is
+    /// metered against it before it is kept.
+    limits: Arc<Limits>,
     reduce_seconds: prometheus_client::metrics::histogram::Histogram,
 }
 
 impl Relay {
-    /// A node for `job` over connected `children`, in engine order.
-    pub fn new(job: String, children: Vec<Child>) -> Self {
+    /// A node for `job` over connected `children`, in engine order, refusing anything beyond the job's `limits`.
+    pub fn new(job: String, children: Vec<Child>, limits: Limits) -> Self {
         let buckets = prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 16);
-        Relay { job, children, reduce_seconds: prometheus_client::metrics::histogram::Histogram::new(buckets) }
+        Relay {
+            job,
+            children,
+            limits: Arc::new(limits),
+            reduce_seconds: prometheus_client::metrics::histogram::Histogram::new(buckets),
+        }
     }
 
     /// Time from broadcasting a backward layer to having its gradients summed, for `/metrics`.
@@ -103,18 +124,26 @@ impl Relay {
     }
 
     /// Each child's part of a step's batch. The batch is split as if over all engines below, and each child
-    /// gets its engines' consecutive parts, so the shards do not depend on the shape of the tree.
-    fn split(&self, r: &BeginStepRequest) -> Vec<BeginStepRequest> {
-        let parts = split_even(&r.samples, self.engines() as usize);
+    /// gets its engines' consecutive parts, so the shards do not depend on the shape of the tree. A batch larger
+    /// than the shards of the engines below is refused before it is copied for any child.
+    fn split(&self, r: &BeginStepRequest) -> Result<Vec<BeginStepRequest>, Status> {
+        let engines = self.engines() as usize;
+        Error::check_limit(
+            || format!("the samples of a BeginStep (the shards of the {engines} engines below this SwarmX node)"),
+            r.samples.len() as u64,
+            self.limits.samples(engines),
+        )
+        .map_err(to_status)?;
+        let parts = split_even(&r.samples, engines);
         let mut next = 0;
-        self.children
+        Ok(self.children
             .iter()
             .map(|child| {
                 let mine: Vec<u32> = parts[next..next + child.engines as usize].concat();
                 next += child.engines as usize;
                 BeginStepRequest { samples: mine, ..r.clone() }
             })
-            .collect()
+            .collect())
     }
 
     /// Sends the same chunks to every child through `call`, failing with the first child's error (named).
@@ -131,16 +160,49 @@ impl Relay {
         try_join_all(calls).await.map(|_| ())
     }
 
+    /// Refuses what a child sent back (a reply beyond the plan, a malformed gradient), naming the child and
+    /// keeping the refusal's kind.
+    fn child_refused(child: &Child, e: Error) -> Status {
+        to_status(match e {
+            Error::OverLimit { what, value, limit } => Error::OverLimit { what: format!("{}: {what}", child.url), value, limit },
+            e => Error::Protocol(format!("{}: {e}", child.url)),
+        })
+    }
+
     /// Passes a child's failure up with the child named, keeping "unavailable" distinguishable.
     fn child_error(child: &Child, s: Status) -> Status {
         to_status(from_status(s, &child.url))
     }
 
+    /// Receives a layer stream to broadcast, metering every chunk against the layer's shape before keeping it.
     async fn collect(&self, mut stream: Streaming<LayerChunk>) -> Result<Vec<LayerChunk>, Status> {
+        let mut meter = LayerMeter::default();
         let mut chunks = Vec::new();
         while let Some(c) = stream.message().await? {
             self.check_job(&c.job)?;
+            meter.check(&c, &self.job, &self.limits).map_err(to_status)?;
             chunks.push(c);
+        }
+        Ok(chunks)
+    }
+
+    /// A child's reply stream of gradients, metered against the plan as it arrives (a child is a peer of the
+    /// job, but what it sends is bounded like anything else).
+    async fn child_grads<T>(
+        &self,
+        child: &Child,
+        mut stream: Streaming<T>,
+        mut grad: impl FnMut(&mut T) -> Option<GradChunk>,
+        mut rest: impl FnMut(T),
+    ) -> Result<Vec<GradChunk>, Status> {
+        let mut meter = GradMeter::new(&self.limits);
+        let mut chunks = Vec::new();
+        while let Some(mut c) = stream.message().await.map_err(|s| Self::child_error(child, s))? {
+            if let Some(g) = grad(&mut c) {
+                meter.check(&g, &self.limits).map_err(|e| Self::child_refused(child, e))?;
+                chunks.push(g);
+            }
+            rest(c);
         }
         Ok(chunks)
     }
@@ -159,7 +221,7 @@ impl Stage for Relay {
     async fn begin_step(&self, request: Request<BeginStepRequest>) -> Result<Response<Ack>, Status> {
         let r = request.into_inner();
         self.check_job(&r.job)?;
-        let calls = self.children.iter().zip(self.split(&r)).map(|(child, req)| {
+        let calls = self.children.iter().zip(self.split(&r)?).map(|(child, req)| {
             let mut client = child.client.clone();
             async move { client.begin_step(req).await.map_err(|s| Self::child_error(child, s)) }
         });
@@ -198,12 +260,9 @@ impl Stage for Relay {
             let mut client = child.client.clone();
             let chunks = chunks.clone();
             async move {
-                let mut stream = client.backward(tokio_stream::iter(chunks)).await.map_err(|s| Self::child_error(child, s))?.into_inner();
-                let mut parts = Vec::new();
-                while let Some(c) = stream.message().await.map_err(|s| Self::child_error(child, s))? {
-                    parts.push(c);
-                }
-                decode_grad(parts).map_err(|e| to_status(Error::Protocol(format!("{}: {e}", child.url))))
+                let stream = client.backward(tokio_stream::iter(chunks)).await.map_err(|s| Self::child_error(child, s))?.into_inner();
+                let parts = self.child_grads(child, stream, |c| Some(std::mem::take(c)), |_| ()).await?;
+                decode_grad(parts, &self.limits).map_err(|e| Self::child_refused(child, e))
             }
         });
         let grads = try_join_all(calls).await?;
@@ -233,9 +292,11 @@ impl Stage for Relay {
 
     async fn prime(&self, request: Request<Streaming<StateChunk>>) -> Result<Response<Ack>, Status> {
         let mut stream = request.into_inner();
+        let mut meter = StateMeter::new(&self.limits);
         let mut chunks = Vec::new();
         while let Some(c) = stream.message().await? {
             self.check_job(&c.job)?;
+            meter.check(&c, &self.job).map_err(to_status)?;
             chunks.push(c);
         }
         self.broadcast(chunks, |mut c, ch| async move { c.prime(tokio_stream::iter(ch)).await }).await?;
@@ -253,8 +314,10 @@ impl Stage for Relay {
             let mut client = child.client.clone();
             let got = async {
                 let mut stream = client.snapshot(r.clone()).await?.into_inner();
+                let mut meter = StateMeter::new(&self.limits);
                 let mut chunks = Vec::new();
                 while let Some(c) = stream.message().await? {
+                    meter.check(&c, &self.job).map_err(to_status)?;
                     chunks.push(c);
                 }
                 Ok::<_, Status>(chunks)
@@ -284,7 +347,7 @@ impl Stage for Relay {
         let begins: Vec<Option<BeginStepRequest>> = match &r.begin {
             Some(b) => {
                 self.check_job(&b.job)?;
-                self.split(b).into_iter().map(Some).collect()
+                self.split(b)?.into_iter().map(Some).collect()
             }
             None => vec![None; self.children.len()],
         };
@@ -292,15 +355,13 @@ impl Stage for Relay {
             let mut client = child.client.clone();
             let below = ResidentStepRequest { reduce: false, begin, ..r.clone() };
             async move {
-                let mut stream = client.step(below).await.map_err(|s| Self::child_error(child, s))?.into_inner();
+                let stream = client.step(below).await.map_err(|s| Self::child_error(child, s))?.into_inner();
                 let mut loss = None;
-                let mut grads = Vec::new();
-                while let Some(c) = stream.message().await.map_err(|s| Self::child_error(child, s))? {
-                    loss = loss.or(c.loss);
-                    grads.extend(c.grad);
-                }
+                let grads =
+                    self.child_grads(child, stream, |c: &mut StepChunk| c.grad.take(), |c| loss = loss.or(c.loss)).await?;
                 let loss = loss.ok_or_else(|| Status::invalid_argument(format!("{}: a step reply without its loss", child.url)))?;
-                let grads = decode_grads(grads).map_err(|e| to_status(Error::Protocol(format!("{}: {e}", child.url))))?;
+                let grads = decode_grads(grads, &self.limits)
+                    .map_err(|e| Self::child_refused(child, e))?;
                 Ok::<_, Status>((loss, grads))
             }
         });
@@ -328,7 +389,7 @@ impl Stage for Relay {
     }
 
     async fn apply(&self, request: Request<Streaming<GradChunk>>) -> Result<Response<Ack>, Status> {
-        let chunks = receive_grads(request.into_inner(), &self.job).await?;
+        let chunks = receive_grads(request.into_inner(), &self.job, &self.limits).await?;
         self.broadcast(chunks, |mut c, ch| async move { c.apply(tokio_stream::iter(ch)).await }).await?;
         Ok(Response::new(Ack {}))
     }

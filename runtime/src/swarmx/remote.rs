@@ -3,6 +3,7 @@
 //! they finish the current one, and never more than that.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -15,8 +16,10 @@ use crate::engine::EngineStats;
 use crate::error::{Error, Result};
 use crate::model::loss::LossSum;
 use crate::protocol::pb::{self, BeginStepRequest};
-use crate::protocol::wire::{decode_grad, decode_state, encode_layer, encode_state};
+use crate::plan::Limits;
+use crate::protocol::wire::{decode_grad, decode_state, encode_layer, encode_state, GradMeter, StateMeter};
 use crate::protocol::LayerGrad;
+use crate::identity::Identity;
 use crate::transport::from_status;
 
 /// Layers sent ahead of the one the engines are computing.
@@ -28,14 +31,18 @@ pub struct RemoteSwarm {
     root: Child,
     job: String,
     step: u64,
+    /// What the plan allows the replies to hold (each layer's gradients, the replicas' state): checked as they
+    /// arrive, so even the fabric cannot make MemoryX hold more than the model.
+    limits: Arc<Limits>,
 }
 
 impl RemoteSwarm {
-    /// Connects to the stage at `url` for `job`, waiting up to `timeout` for it, on the runtime of `handle`.
-    /// Call it from outside the runtime's worker threads: the loop blocks on the network.
-    pub fn connect(handle: Handle, url: &str, job: &str, timeout: Duration) -> Result<Self> {
-        let root = handle.block_on(connect(url, job, timeout))?;
-        Ok(RemoteSwarm { handle, root, job: job.to_string(), step: 0 })
+    /// Connects to the stage at `url` for `job` with the job's `identity`, waiting up to `timeout` for it, on
+    /// the runtime of `handle`; replies beyond the job's `limits` are refused. Call it from outside the runtime's
+    /// worker threads: the loop blocks on the network.
+    pub fn connect(handle: Handle, url: &str, job: &str, identity: &Identity, timeout: Duration, limits: Limits) -> Result<Self> {
+        let root = handle.block_on(connect(url, job, identity, timeout))?;
+        Ok(RemoteSwarm { handle, root, job: job.to_string(), step: 0, limits: Arc::new(limits) })
     }
 
     /// A step's batch as it travels.
@@ -118,16 +125,18 @@ impl Swarm for RemoteSwarm {
     }
 
     fn backward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<Vec<LayerGrad>> {
-        let url = self.root.url.clone();
+        let (url, limits) = (self.root.url.clone(), self.limits.clone());
         self.pass(layers, next, move |mut client, chunks| {
-            let u = url.clone();
+            let (u, limits) = (url.clone(), limits.clone());
             tokio::spawn(async move {
                 let mut stream = client.backward(tokio_stream::iter(chunks)).await.map_err(|s| from_status(s, &u))?.into_inner();
+                let mut meter = GradMeter::new(&limits);
                 let mut parts = Vec::new();
                 while let Some(c) = stream.message().await.map_err(|s| from_status(s, &u))? {
+                    meter.check(&c, &limits)?;
                     parts.push(c);
                 }
-                decode_grad(parts)
+                decode_grad(parts, &limits)
             })
         })
     }
@@ -168,13 +177,16 @@ impl Swarm for RemoteSwarm {
     fn snapshot(&mut self) -> Result<Vec<u8>> {
         let mut client = self.root.client.clone();
         let (req, url, job) = (pb::SnapshotRequest { job: self.job.clone() }, self.root.url.clone(), self.job.clone());
+        let limits = self.limits.clone();
         self.handle.block_on(async move {
             let mut stream = client.snapshot(req).await.map_err(|s| from_status(s, &url))?.into_inner();
+            let mut meter = StateMeter::new(&limits);
             let mut chunks = Vec::new();
             while let Some(c) = stream.message().await.map_err(|s| from_status(s, &url))? {
+                meter.check(&c, &job)?;
                 chunks.push(c);
             }
-            decode_state(chunks, &job)
+            decode_state(chunks, &job, &limits)
         })
     }
 

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use runtime::protocol::pb::stage_server::Stage;
 use runtime::protocol::pb::{self, Ack, BeginStepRequest, InfoReply, InfoRequest, LayerChunk};
+use runtime::plan::Limits;
 use runtime::protocol::wire::{encode_layer, LayerAssembler};
 use runtime::protocol::{LayerStream, Pass, WeightPayload};
 use serde::Serialize;
@@ -71,6 +72,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 struct Sink {
     job: String,
     received: AtomicU64,
+    /// The benchmark layer's shape, as a role's plan would bound it.
+    limits: Limits,
+}
+
+/// Limits of a model whose only layer is a dense one of `values` weights (one output), as the benchmark streams:
+/// the roles assemble against their plan's limits, so the benchmark measures the same checks.
+fn bench_limits(values: usize) -> Limits {
+    Limits { shard: 1, layers: vec![runtime::model::LinearShape::new(values, 1, false)], optimizer_values: 0 }
 }
 
 #[tonic::async_trait]
@@ -87,7 +96,7 @@ impl Stage for Sink {
         let mut stream = request.into_inner();
         let mut asm = LayerAssembler::default();
         while let Some(chunk) = stream.message().await? {
-            asm.push(chunk, &self.job).map_err(runtime::transport::to_status)?;
+            asm.push(chunk, &self.job, &self.limits).map_err(runtime::transport::to_status)?;
         }
         let (_, layer) = asm.finish().map_err(runtime::transport::to_status)?;
         self.received.store(layer.weights.wire_bytes(), Ordering::SeqCst);
@@ -133,12 +142,21 @@ impl Stage for Sink {
 fn grpc(layer: &LayerStream, repeats: usize) -> Result<PathReport> {
     const JOB: &str = "bench-transport";
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    let sink = Arc::new(Sink { job: JOB.into(), received: AtomicU64::new(0) });
+    let values = match &layer.weights {
+        WeightPayload::Dense(v) => v.len(),
+        _ => bail!("the benchmark layer is dense"),
+    };
+    let sink = Arc::new(Sink { job: JOB.into(), received: AtomicU64::new(0), limits: bench_limits(values) });
     let (seconds, messages) = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind a loopback port")?;
-        let url = format!("http://{}", listener.local_addr()?);
-        let server = tokio::spawn(runtime::transport::serve_stage(sink.clone(), listener));
-        let child = runtime::swarmx::relay::connect(&url, JOB, Duration::from_secs(10)).await?;
+        // Over mutual TLS, as the roles talk: the figure includes the encryption a job pays.
+        let identity = runtime::identity::issue(JOB, &[])?.job_identity();
+        let url = format!("https://{}", listener.local_addr()?);
+        let server = {
+            let (sink, identity) = (sink.clone(), identity.clone());
+            tokio::spawn(async move { runtime::transport::serve_stage(sink, listener, &identity).await })
+        };
+        let child = runtime::swarmx::relay::connect(&url, JOB, &identity, Duration::from_secs(10)).await?;
         let mut times = Vec::new();
         let mut messages = 0;
         for step in 0..=repeats as u64 {
@@ -242,8 +260,9 @@ pub fn transport(args: TransportArgs) -> Result<()> {
         encode.push(start.elapsed().as_secs_f64());
         let start = Instant::now();
         let mut asm = LayerAssembler::default();
+        let limits = bench_limits(values.len());
         for c in chunks {
-            asm.push(c, "bench-transport")?;
+            asm.push(c, "bench-transport", &limits)?;
         }
         asm.finish()?;
         assemble.push(start.elapsed().as_secs_f64());

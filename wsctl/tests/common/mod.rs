@@ -21,3 +21,61 @@ pub fn scratch(kind: &str, name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
 }
+
+/// The TLS identity of the job whose manifest is `job`: issued once into `identity/` beside it (all five
+/// files, the operator's too), so every process a test starts for that job shares it.
+pub fn identity(job: &Path) -> PathBuf {
+    let dir = job.parent().expect("a job file in a folder").join("identity");
+    if !dir.join(runtime::identity::CA_CERT).exists() {
+        let issued = runtime::identity::issue("test", &[]).expect("an identity");
+        issued.write_roles_files(&dir).expect("identity files");
+        for (name, text) in issued.files() {
+            std::fs::write(dir.join(name), text).expect("identity file");
+        }
+    }
+    dir
+}
+
+/// The CA certificate of `job`'s identity.
+pub fn ca(job: &Path) -> String {
+    std::fs::read_to_string(identity(job).join(runtime::identity::CA_CERT)).expect("ca.crt")
+}
+
+/// One HTTP/1.1 request over TLS to `addr`, trusting `ca` and presenting `client` (certificate and key PEM)
+/// if given; the whole answer (status line, headers, body), or why the exchange failed.
+pub fn https(method: &str, addr: &str, path: &str, ca: &str, client: Option<(&str, &str)>) -> Result<String, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    use std::io::{Read, Write};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(c.expect("a CA certificate")).expect("a usable CA");
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots);
+    let config = match client {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(cert.as_bytes()).map(|c| c.expect("cert")).collect(),
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key"),
+            )
+            .expect("client identity"),
+        None => builder.with_no_client_auth(),
+    };
+    let name = rustls_pki_types::ServerName::try_from(runtime::identity::SERVER_NAME).expect("name");
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).map_err(|e| e.to_string())?;
+    let tcp = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(10))).map_err(|e| e.to_string())?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    write!(tls, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    match tls.read_to_string(&mut answer) {
+        Ok(_) => Ok(answer),
+        // Servers may close without a TLS close_notify after a complete answer.
+        Err(e) if !answer.is_empty() && e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(answer),
+        Err(e) => Err(e.to_string()),
+    }
+}

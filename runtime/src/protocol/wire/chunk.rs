@@ -20,8 +20,8 @@ pub(super) fn extend_words<T: bytemuck::Pod>(out: &mut Vec<T>, bytes: &[u8], wha
     Ok(())
 }
 
-/// Most values a header may make the assembler reserve room for up front (64 Mi words, 256 MiB); a longer
-/// stream still arrives, growing as it comes, so a bad header cannot make a stage allocate at will.
+/// Most values a header may make the assembler reserve room for up front (64 Mi words, 256 MiB), even within
+/// the plan's limits (which the meters check first); a longer stream still arrives, growing as it comes.
 pub(super) const MAX_RESERVE: u64 = 64 << 20;
 
 /// Little-endian words owned by a [`Bytes`] without copying them: the platform is little-endian (checked at

@@ -5,6 +5,7 @@ use bytes::Bytes;
 
 use super::chunk::{extend_words, pieces, Words, MAX_RESERVE};
 use crate::error::{Error, Result};
+use crate::plan::Limits;
 use crate::protocol::pb::GradChunk;
 use crate::protocol::LayerGrad;
 
@@ -33,9 +34,60 @@ pub fn encode_grad(grad: &LayerGrad) -> Vec<GradChunk> {
 }
 
 
-/// Puts a gradient back together, checking it is complete; the words go straight into typed buffers sized
-/// from the header.
-pub fn decode_grad(chunks: impl IntoIterator<Item = GradChunk>) -> Result<LayerGrad> {
+/// A gradient stream's lengths, checked chunk by chunk before anything is kept: each layer's header against the
+/// layer's shape in the plan, each layer's running totals against its header, and the layers against the model
+/// (each at most once). A stream of one layer (`Backward`) and one of a whole step (`Apply`, `Step`) are metered
+/// alike, so neither an announced `u64::MAX` nor an endless stream makes a stage hold more than the model's
+/// gradients.
+pub struct GradMeter {
+    /// Layers whose gradient has started.
+    seen: Vec<bool>,
+    /// The layer in progress: its number, announced weights and bias, and the bytes of each received so far.
+    current: Option<(u32, [u64; 2], [u64; 2])>,
+}
+
+impl GradMeter {
+    /// A meter for gradients of the model `limits` describes.
+    pub fn new(limits: &Limits) -> Self {
+        GradMeter { seen: vec![false; limits.layers.len()], current: None }
+    }
+
+    /// Checks the next chunk against `limits`, before the caller keeps it.
+    pub fn check(&mut self, c: &GradChunk, limits: &Limits) -> Result<()> {
+        let (layer, most, mut have) = match self.current {
+            _ if c.first => {
+                let shape = limits.layer(u64::from(c.layer))?;
+                let l = c.layer;
+                Error::check_limit(|| format!("layer {l} gradient's weights_len"), c.weights_len, Limits::weight_values(&shape))?;
+                Error::check_limit(|| format!("layer {l} gradient's bias_len"), c.bias_len, shape.bias_len() as u64)?;
+                if self.seen.get_mut(l as usize).is_some_and(|seen| std::mem::replace(seen, true)) {
+                    return Err(Error::Protocol(format!("layer {l}'s gradient arrived twice in one stream")));
+                }
+                (c.layer, [c.weights_len, c.bias_len], [0, 0])
+            }
+            None => return Err(Error::Protocol("a gradient stream must start with its header".into())),
+            Some((layer, _, _)) if c.layer != layer => {
+                return Err(Error::Protocol("gradient chunks of two layers are mixed".into()));
+            }
+            Some(current) => current,
+        };
+        for (i, (data, name)) in [(&c.weights, "weights"), (&c.bias, "bias")].into_iter().enumerate() {
+            have[i] = have[i].saturating_add(data.len() as u64);
+            Error::check_limit(
+                || format!("layer {layer} gradient's {name} (values received, beyond what its header announced)"),
+                have[i].div_ceil(4),
+                most[i],
+            )?;
+        }
+        self.current = Some((layer, most, have));
+        Ok(())
+    }
+}
+
+/// Puts a gradient back together, checking it against `limits` chunk by chunk (before anything is kept) and
+/// that it is complete; the words go straight into typed buffers sized from the checked header.
+pub fn decode_grad(chunks: impl IntoIterator<Item = GradChunk>, limits: &Limits) -> Result<LayerGrad> {
+    let mut meter = GradMeter::new(limits);
     let mut header: Option<GradChunk> = None;
     let (mut weights, mut bias) = (Vec::<f32>::new(), Vec::<f32>::new());
     let mut done = false;
@@ -43,17 +95,14 @@ pub fn decode_grad(chunks: impl IntoIterator<Item = GradChunk>) -> Result<LayerG
         if done {
             return Err(Error::Protocol("a gradient chunk arrived after the last one".into()));
         }
+        if header.is_some() && c.first {
+            return Err(Error::Protocol("gradient chunks of two layers are mixed".into()));
+        }
+        meter.check(&c, limits)?;
         done = c.last;
-        match &header {
-            None if !c.first => return Err(Error::Protocol("a gradient stream must start with its header".into())),
-            None => {
-                weights.reserve(c.weights_len.min(MAX_RESERVE) as usize);
-                bias.reserve(c.bias_len.min(MAX_RESERVE) as usize);
-            }
-            Some(h) if c.first || c.layer != h.layer => {
-                return Err(Error::Protocol("gradient chunks of two layers are mixed".into()));
-            }
-            Some(_) => {}
+        if header.is_none() {
+            weights.reserve(c.weights_len.min(MAX_RESERVE) as usize);
+            bias.reserve(c.bias_len.min(MAX_RESERVE) as usize);
         }
         extend_words(&mut weights, &c.weights, "weights")?;
         extend_words(&mut bias, &c.bias, "bias")?;
@@ -81,28 +130,63 @@ pub fn encode_grads(grads: Vec<LayerGrad>) -> Vec<GradChunk> {
 }
 
 /// Splits a stream of several layers' gradients at each layer's first chunk and decodes every layer.
-pub fn decode_grads(chunks: impl IntoIterator<Item = GradChunk>) -> Result<Vec<LayerGrad>> {
+pub fn decode_grads(chunks: impl IntoIterator<Item = GradChunk>, limits: &Limits) -> Result<Vec<LayerGrad>> {
+    let mut meter = GradMeter::new(limits);
     let mut layers: Vec<Vec<GradChunk>> = Vec::new();
     for c in chunks {
+        meter.check(&c, limits)?;
         match layers.last_mut() {
             Some(current) if !c.first => current.push(c),
             _ => layers.push(vec![c]),
         }
     }
-    layers.into_iter().map(decode_grad).collect()
+    layers.into_iter().map(|chunks| decode_grad(chunks, limits)).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Two layers of 600,000 weights and 5 outputs.
+    fn limits() -> Limits {
+        Limits { shard: 1, layers: vec![crate::model::LinearShape::new(120_000, 5, false); 2], optimizer_values: 0 }
+    }
+
     #[test]
     fn gradients_round_trip_and_a_cut_stream_is_refused() {
         let g = LayerGrad { layer: 1, weights: (0..600_000).map(|i| i as f32).collect(), bias: vec![2.0; 5] };
-        assert_eq!(decode_grad(encode_grad(&g)).unwrap(), g);
+        assert_eq!(decode_grad(encode_grad(&g), &limits()).unwrap(), g);
         // A gradient cut short.
         let mut g = encode_grad(&LayerGrad { layer: 0, weights: vec![1.0; 300_000], bias: vec![0.0; 3] });
         g.pop();
-        assert!(decode_grad(g).is_err());
+        assert!(decode_grad(g, &limits()).is_err());
+    }
+
+    #[test]
+    fn gradients_beyond_the_plan_are_refused() {
+        let over = |e: Error| match e {
+            Error::OverLimit { what, value, limit } => (what, value, limit),
+            other => panic!("{other:?}"),
+        };
+        let g = LayerGrad { layer: 1, weights: vec![1.0; 600_000], bias: vec![2.0; 5] };
+        // A header announcing u64::MAX weights.
+        let mut huge = encode_grad(&g);
+        huge[0].weights_len = u64::MAX;
+        let (what, value, limit) = over(decode_grad(huge, &limits()).unwrap_err());
+        assert!(what.contains("layer 1 gradient's weights_len"), "{what}");
+        assert_eq!((value, limit), (u64::MAX, 600_000));
+        // A stream that keeps going past what it announced.
+        let mut long = encode_grad(&g);
+        let extra = long[1].clone();
+        if let Some(c) = long.last_mut() {
+            c.last = false;
+        }
+        long.push(GradChunk { first: false, ..extra });
+        assert!(over(decode_grad(long, &limits()).unwrap_err()).0.contains("weights"));
+        // A whole step's stream naming one layer twice, and one naming a layer the model lacks.
+        let twice = encode_grads(vec![g.clone(), g.clone()]);
+        assert!(decode_grads(twice, &limits()).unwrap_err().to_string().contains("twice"));
+        let other = encode_grads(vec![LayerGrad { layer: 9, ..g }]);
+        assert!(decode_grads(other, &limits()).unwrap_err().to_string().contains("layer 9"));
     }
 }

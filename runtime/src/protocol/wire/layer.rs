@@ -7,6 +7,7 @@ use bytes::Bytes;
 
 use super::chunk::{extend_words, CHUNK_BYTES, MAX_RESERVE};
 use crate::error::{Error, Result};
+use crate::plan::Limits;
 use crate::kernels::sparse::SparsePattern;
 use crate::protocol::pb::{Encoding, LayerChunk, Pass as PbPass};
 use crate::protocol::{LayerStream, Pass, WeightPayload};
@@ -66,11 +67,92 @@ pub fn encode_layer(stream: &LayerStream, job: &str, step: u64) -> Vec<LayerChun
     chunks
 }
 
-/// Puts a layer stream back together from its chunks, checking that it is for `job` and complete. Every chunk
-/// must carry whole 4-byte words (as [`encode_layer`] cuts them); the words go straight into typed buffers
-/// sized from the header.
+/// A layer stream's lengths, checked chunk by chunk before anything is kept: the header's announced lengths
+/// against the layer's shape in the plan, and every array's running total against its header (the mask's
+/// `order` and `ptr`, which the header does not announce, against the mask's line count). A SwarmX node meters
+/// the chunks it relays with it; [`LayerAssembler`] meters what it assembles. A stream announcing `u64::MAX`
+/// values, or one that keeps sending past what it announced, is refused at the first chunk that exceeds.
+#[derive(Default)]
+pub struct LayerMeter {
+    header: Option<Announced>,
+    /// Bytes received so far of order, ptr, indices, values and bias.
+    have: [u64; 5],
+    done: bool,
+}
+
+/// What a layer stream's header announced, once checked against the plan: its layer and step, and the most
+/// words each array may hold.
+#[derive(Clone, Copy)]
+struct Announced {
+    layer: u32,
+    step: u64,
+    most: [u64; 5],
+}
+
+/// The arrays of a layer chunk, in [`LayerMeter::have`]'s order.
+const FIELDS: [&str; 5] = ["order", "ptr", "indices", "values", "bias"];
+
+fn fields(c: &LayerChunk) -> [&Bytes; 5] {
+    [&c.order, &c.ptr, &c.indices, &c.values, &c.bias]
+}
+
+impl LayerMeter {
+    /// Checks the next chunk of the stream for `job` against `limits`, before the caller keeps it.
+    pub fn check(&mut self, chunk: &LayerChunk, job: &str, limits: &Limits) -> Result<()> {
+        if chunk.job != job {
+            return Err(Error::Protocol(format!("a chunk for job '{}' reached a stage of job '{job}'", chunk.job)));
+        }
+        if self.done {
+            return Err(Error::Protocol("a chunk arrived after the layer's last chunk".into()));
+        }
+        let announced = match self.header {
+            None if !chunk.first => return Err(Error::Protocol("a layer stream must start with its header".into())),
+            None => *self.header.insert(Self::announced(chunk, limits)?),
+            Some(_) if chunk.first => return Err(Error::Protocol("a second header in one layer stream".into())),
+            Some(h) if chunk.layer != h.layer || chunk.step != h.step => {
+                return Err(Error::Protocol(format!(
+                    "chunk of layer {} step {} inside the stream of layer {} step {}",
+                    chunk.layer, chunk.step, h.layer, h.step
+                )));
+            }
+            Some(h) => h,
+        };
+        for (i, data) in fields(chunk).into_iter().enumerate() {
+            let have = self.have[i].saturating_add(data.len() as u64);
+            let l = announced.layer;
+            Error::check_limit(
+                || format!("layer {l} stream's {} (values received, beyond what its header announced)", FIELDS[i]),
+                have.div_ceil(4),
+                announced.most[i],
+            )?;
+            self.have[i] = have;
+        }
+        self.done = chunk.last;
+        Ok(())
+    }
+
+    /// The header's lengths, each checked against the layer's shape in the plan.
+    fn announced(h: &LayerChunk, limits: &Limits) -> Result<Announced> {
+        let shape = limits.layer(u64::from(h.layer))?;
+        let l = h.layer;
+        let (lines, weights, bias) = (Limits::mask_lines(&shape), Limits::weight_values(&shape), shape.bias_len() as u64);
+        Error::check_limit(|| format!("layer {l} stream's outer (mask lines)"), u64::from(h.outer), lines)?;
+        Error::check_limit(|| format!("layer {l} stream's inner (mask line length)"), u64::from(h.inner), lines)?;
+        Error::check_limit(|| format!("layer {l} stream's indices_len"), h.indices_len, weights)?;
+        Error::check_limit(|| format!("layer {l} stream's values_len"), h.values_len, weights)?;
+        Error::check_limit(|| format!("layer {l} stream's bias_len"), h.bias_len, bias)?;
+        let outer = u64::from(h.outer);
+        Ok(Announced { layer: h.layer, step: h.step, most: [outer, outer + 1, h.indices_len, h.values_len, h.bias_len] })
+    }
+}
+
+/// Puts a layer stream back together from its chunks, checking that it is for `job`, within the plan's
+/// [`Limits`] (chunk by chunk, through a [`LayerMeter`], before anything is kept) and complete. Every chunk must
+/// carry whole 4-byte words (as [`encode_layer`] cuts them); the words go straight into typed buffers sized from
+/// the checked header.
 #[derive(Default)]
 pub struct LayerAssembler {
+    meter: LayerMeter,
     header: Option<LayerChunk>,
     order: Vec<u32>,
     ptr: Vec<u32>,
@@ -89,54 +171,31 @@ impl LayerAssembler {
         extend_words(&mut self.bias, &chunk.bias, "bias")
     }
 
-    /// Adds the next chunk.
-    pub fn push(&mut self, mut chunk: LayerChunk, job: &str) -> Result<()> {
-        if chunk.job != job {
-            return Err(Error::Protocol(format!("a chunk for job '{}' reached a stage of job '{job}'", chunk.job)));
+    /// Adds the next chunk, refusing it (before keeping any of it) when it breaks the stream's order or takes
+    /// the layer beyond what `limits` allow.
+    pub fn push(&mut self, mut chunk: LayerChunk, job: &str, limits: &Limits) -> Result<()> {
+        self.meter.check(&chunk, job, limits)?;
+        if self.header.is_none() {
+            // The header's lengths are within the layer's shape: reserving them is bounded by the plan.
+            let reserve = |n: u64| n.min(MAX_RESERVE) as usize;
+            self.indices.reserve(reserve(chunk.indices_len));
+            self.values.reserve(reserve(chunk.values_len));
+            self.bias.reserve(reserve(chunk.bias_len));
         }
-        if self.done {
-            return Err(Error::Protocol("a chunk arrived after the layer's last chunk".into()));
-        }
-        match &self.header {
-            None if !chunk.first => return Err(Error::Protocol("a layer stream must start with its header".into())),
-            None => {
-                let reserve = |n: u64| n.min(MAX_RESERVE) as usize;
-                self.indices.reserve(reserve(chunk.indices_len));
-                self.values.reserve(reserve(chunk.values_len));
-                self.bias.reserve(reserve(chunk.bias_len));
-                self.append(&chunk)?;
-                self.done = chunk.last;
-                for field in [&mut chunk.order, &mut chunk.ptr, &mut chunk.indices, &mut chunk.values, &mut chunk.bias] {
-                    *field = Bytes::new();
-                }
-                self.header = Some(chunk);
+        self.append(&chunk)?;
+        self.done = chunk.last;
+        if self.header.is_none() {
+            for field in [&mut chunk.order, &mut chunk.ptr, &mut chunk.indices, &mut chunk.values, &mut chunk.bias] {
+                *field = Bytes::new();
             }
-            Some(_) if chunk.first => return Err(Error::Protocol("a second header in one layer stream".into())),
-            Some(h) => {
-                if chunk.layer != h.layer || chunk.step != h.step {
-                    return Err(Error::Protocol(format!(
-                        "chunk of layer {} step {} inside the stream of layer {} step {}",
-                        chunk.layer, chunk.step, h.layer, h.step
-                    )));
-                }
-                self.append(&chunk)?;
-                self.done = chunk.last;
-            }
-        }
-        if let Some(h) = &self.header {
-            let too_long = self.indices.len() as u64 > h.indices_len
-                || self.values.len() as u64 > h.values_len
-                || self.bias.len() as u64 > h.bias_len;
-            if too_long {
-                return Err(Error::Protocol(format!("layer {} stream is longer than its header says", h.layer)));
-            }
+            self.header = Some(chunk);
         }
         Ok(())
     }
 
     /// The whole stream with its step, or an error naming what is missing.
     pub fn finish(self) -> Result<(u64, LayerStream)> {
-        let LayerAssembler { header, order, ptr, indices, values, bias, done } = self;
+        let LayerAssembler { header, order, ptr, indices, values, bias, done, .. } = self;
         let h = header.ok_or_else(|| Error::Protocol("an empty layer stream".into()))?;
         if !done {
             return Err(Error::Protocol(format!("layer {} stream was cut off before its last chunk", h.layer)));
@@ -194,10 +253,16 @@ mod tests {
         LayerStream { layer: 2, pass: Pass::Forward, weights: WeightPayload::Sparse { pattern: Arc::new(p), values }, bias: vec![1.0; 700] }
     }
 
+    /// Limits of a model whose layer 2 is the 700×900 layer of [`sparse_stream`].
+    fn limits() -> Limits {
+        let shape = crate::model::LinearShape::new(900, 700, true);
+        Limits { shard: 1, layers: vec![shape; 3], optimizer_values: 0 }
+    }
+
     fn assemble(chunks: Vec<LayerChunk>, job: &str) -> Result<(u64, LayerStream)> {
         let mut a = LayerAssembler::default();
         for c in chunks {
-            a.push(c, job)?;
+            a.push(c, job, &limits())?;
         }
         a.finish()
     }
@@ -248,5 +313,56 @@ mod tests {
             c.values.truncate(c.values.len() - 4);
         }
         assert!(assemble(short, "job-a").unwrap_err().to_string().contains("truncated"));
+    }
+
+    #[test]
+    fn streams_beyond_the_plan_are_refused_before_they_are_kept() {
+        let chunks = encode_layer(&sparse_stream(), "job-a", 1);
+        let over = |e: Error| match e {
+            Error::OverLimit { what, value, limit } => (what, value, limit),
+            other => panic!("{other:?}"),
+        };
+        // A header announcing u64::MAX values: refused at the header, whatever follows.
+        let mut huge = chunks.clone();
+        huge[0].values_len = u64::MAX;
+        let (what, value, limit) = over(assemble(huge, "job-a").unwrap_err());
+        assert!(what.contains("layer 2 stream's values_len"), "{what}");
+        assert_eq!((value, limit), (u64::MAX, 900 * 700));
+        // A layer the model does not have.
+        let mut missing = chunks.clone();
+        missing.iter_mut().for_each(|c| c.layer = 7);
+        assert!(assemble(missing, "job-a").unwrap_err().to_string().contains("layer 7"));
+        // A mask of more lines than the layer has.
+        let mut wide = chunks.clone();
+        wide[0].outer = 100_000;
+        assert!(over(assemble(wide, "job-a").unwrap_err()).0.contains("outer"));
+        // A stream that keeps sending past its announced values: refused at the first chunk beyond them,
+        // before that chunk is kept.
+        let mut a = LayerAssembler::default();
+        let mut pushed = 0;
+        let mut refused = None;
+        for c in chunks.iter().cloned().chain(std::iter::repeat(LayerChunk {
+            job: "job-a".into(),
+            step: 1,
+            layer: 2,
+            values: Bytes::from(vec![0u8; CHUNK_BYTES]),
+            ..LayerChunk::default()
+        })) {
+            let mut c = c;
+            c.last = false;
+            if let Err(e) = a.push(c, "job-a", &limits()) {
+                refused = Some(e);
+                break;
+            }
+            pushed += 1;
+            assert!(pushed < 1000, "an endless stream must be refused");
+        }
+        let (what, _, limit) = over(refused.expect("refused"));
+        assert!(what.contains("values"), "{what}");
+        assert_eq!(limit, chunks[0].values_len);
+        // An unannounced mask array (ptr) longer than the mask's lines.
+        let mut long_ptr = chunks;
+        long_ptr[1].ptr = Bytes::from(vec![0u8; 4 * 800]);
+        assert!(over(assemble(long_ptr, "job-a").unwrap_err()).0.contains("ptr"));
     }
 }
