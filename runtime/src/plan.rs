@@ -196,6 +196,13 @@ impl Limits {
         Limits { shard: shard.max(1), layers: layout.linears.clone(), optimizer_values }
     }
 
+    /// How long one call to a stage may take by default: two minutes, plus the model's whole state at 16 MiB/s
+    /// (a `Prime` or `Snapshot` carries it all; no other call carries more). Keepalives find a dead peer long
+    /// before; this bounds a live one that never finishes.
+    pub fn call_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(120).saturating_add(std::time::Duration::from_secs(self.state_bytes() / (16 << 20)))
+    }
+
     /// Samples a `BeginStep` may carry to a stage with `engines` engines below it.
     pub fn samples(&self, engines: usize) -> u64 {
         (self.shard as u64).saturating_mul(engines.max(1) as u64)

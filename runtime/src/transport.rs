@@ -65,6 +65,18 @@ pub fn load_identity(args: &CommonArgs) -> crate::Result<Identity> {
     Identity::load(&args.identity)
 }
 
+/// How a role program dials its stages: the job's identity, `connect_seconds` for a stage to come up, and the
+/// per-call deadline from the command line or else from the plan's `limits`.
+pub fn dial<'a>(
+    args: &CommonArgs,
+    identity: &'a Identity,
+    connect_seconds: u64,
+    limits: &crate::plan::Limits,
+) -> crate::swarmx::relay::Dial<'a> {
+    let call = args.call_timeout_seconds.map_or_else(|| limits.call_timeout(), std::time::Duration::from_secs);
+    crate::swarmx::relay::Dial::new(identity, std::time::Duration::from_secs(connect_seconds)).with_call_timeout(call)
+}
+
 /// Starts logging and, when asked, the standard-input watchdog: what every role program does first.
 pub fn start(args: &CommonArgs) {
     init_logging(args.json_logs);

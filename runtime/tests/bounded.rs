@@ -28,7 +28,7 @@ use runtime::model::ModelLayout;
 use runtime::plan::Limits;
 use runtime::protocol::pb::{self, stage_client::StageClient};
 use runtime::protocol::wire::{encode_layer, encode_state};
-use runtime::swarmx::relay::{connect, Relay};
+use runtime::swarmx::relay::{connect, Dial, Relay};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
@@ -95,17 +95,17 @@ fn appliance(rt: &tokio::runtime::Runtime) -> Appliance {
     let server = EngineServer::new(JOB.into(), limits(), engine, data.clone(), data).with_replicas(Arc::new(store));
     rt.block_on(async {
         let engine_url = serve(server).await;
-        let child = connect(&engine_url, JOB, identity(), Duration::from_secs(10)).await.expect("connect to the engine");
+        let child = connect(&engine_url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect to the engine");
         let engine = child.client.clone();
         let swarmx_url = serve(Relay::new(JOB.into(), vec![child], limits())).await;
-        let swarmx = connect(&swarmx_url, JOB, identity(), Duration::from_secs(10)).await.expect("connect to SwarmX").client;
+        let swarmx = connect(&swarmx_url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect to SwarmX").client;
         let liar_url = serve(Liar).await;
         let mut liars = Vec::new();
         for _ in 0..2 {
-            liars.push(connect(&liar_url, JOB, identity(), Duration::from_secs(10)).await.expect("connect to the liar"));
+            liars.push(connect(&liar_url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect to the liar"));
         }
         let over_url = serve(Relay::new(JOB.into(), liars, limits())).await;
-        let over_liars = connect(&over_url, JOB, identity(), Duration::from_secs(10)).await.expect("connect to SwarmX").client;
+        let over_liars = connect(&over_url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect to SwarmX").client;
         Appliance { engine, swarmx, over_liars }
     })
 }
@@ -370,4 +370,85 @@ fn no_message_or_file_makes_a_role_allocate_beyond_the_plan() {
     for (case, growth) in report {
         assert!(growth < BUDGET, "{case}: resident memory grew by {growth} bytes, over the {BUDGET} budget");
     }
+}
+
+/// A stage that answers `Info` (so it can be dialled) and then never finishes a call, while its transport
+/// answers every keepalive: what a deadlocked peer looks like.
+struct Silent;
+
+async fn never<T>() -> Result<tonic::Response<T>, Status> {
+    std::future::pending().await
+}
+
+#[tonic::async_trait]
+impl pb::stage_server::Stage for Silent {
+    async fn info(&self, _: tonic::Request<pb::InfoRequest>) -> Result<tonic::Response<pb::InfoReply>, Status> {
+        Ok(tonic::Response::new(pb::InfoReply { job: JOB.into(), engines: 1, sram_bytes: 1 << 30 }))
+    }
+    async fn begin_step(&self, _: tonic::Request<pb::BeginStepRequest>) -> Result<tonic::Response<pb::Ack>, Status> {
+        never().await
+    }
+    async fn forward(&self, _: tonic::Request<tonic::Streaming<pb::LayerChunk>>) -> Result<tonic::Response<pb::Ack>, Status> {
+        never().await
+    }
+    async fn loss(&self, _: tonic::Request<pb::LossRequest>) -> Result<tonic::Response<pb::LossReply>, Status> {
+        never().await
+    }
+    type BackwardStream = Reply<pb::GradChunk>;
+    async fn backward(&self, _: tonic::Request<tonic::Streaming<pb::LayerChunk>>) -> Result<tonic::Response<Self::BackwardStream>, Status> {
+        never().await
+    }
+    async fn stats(&self, _: tonic::Request<pb::StatsRequest>) -> Result<tonic::Response<pb::StatsReply>, Status> {
+        never().await
+    }
+    async fn prime(&self, _: tonic::Request<tonic::Streaming<pb::StateChunk>>) -> Result<tonic::Response<pb::Ack>, Status> {
+        never().await
+    }
+    type SnapshotStream = Reply<pb::StateChunk>;
+    async fn snapshot(&self, _: tonic::Request<pb::SnapshotRequest>) -> Result<tonic::Response<Self::SnapshotStream>, Status> {
+        never().await
+    }
+    type StepStream = Reply<pb::StepChunk>;
+    async fn step(&self, _: tonic::Request<pb::ResidentStepRequest>) -> Result<tonic::Response<Self::StepStream>, Status> {
+        never().await
+    }
+    async fn apply(&self, _: tonic::Request<tonic::Streaming<pb::GradChunk>>) -> Result<tonic::Response<pb::Ack>, Status> {
+        never().await
+    }
+}
+
+/// A peer that keeps answering keepalives but never finishes a call is given up within the call deadline,
+/// directly and through a SwarmX node above it, and the error says the deadline passed: the step is rerun or
+/// the job fails naming it, instead of waiting for ever. The plan's default deadline grows with the state.
+#[test]
+fn a_call_that_never_finishes_ends_at_its_deadline() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (direct, through) = rt.block_on(async {
+        let dial = Dial::new(identity(), Duration::from_secs(10)).with_call_timeout(Duration::from_secs(2));
+        let silent_url = serve(Silent).await;
+        let silent = connect(&silent_url, JOB, dial).await.expect("the silent stage answers Info");
+        let relay_url = serve(Relay::new(JOB.into(), vec![silent.clone()], limits())).await;
+        let relay = connect(&relay_url, JOB, dial.with_call_timeout(Duration::from_secs(20))).await.expect("the relay");
+        let started = std::time::Instant::now();
+        let direct = silent.client.clone().begin_step(begin(vec![0])).await.map(|_| ());
+        let direct = (direct, started.elapsed());
+        let started = std::time::Instant::now();
+        let through = relay.client.clone().begin_step(begin(vec![0])).await.map(|_| ());
+        (direct, (through, started.elapsed()))
+    });
+    for (what, (result, took)) in [("direct", direct), ("through SwarmX", through)] {
+        let status = result.expect_err(what);
+        assert!(took < Duration::from_secs(15), "{what}: gave up only after {took:?}");
+        assert!(
+            matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled | Code::Unavailable),
+            "{what}: {:?} {}",
+            status.code(),
+            status.message()
+        );
+    }
+    let small = limits();
+    assert!(small.call_timeout() >= Duration::from_secs(120));
+    let mut big = small.clone();
+    big.optimizer_values = 2_000_000;
+    assert!(big.call_timeout() > small.call_timeout(), "a larger state gets a longer deadline");
 }

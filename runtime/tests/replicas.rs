@@ -15,6 +15,7 @@ use runtime::plan::Limits;
 use runtime::protocol::pb::{self, stage_client::StageClient};
 use runtime::protocol::wire::{encode_grads, encode_state};
 use runtime::protocol::{LayerGrad, WeightPayload};
+use runtime::swarmx::relay::Dial;
 use runtime::swarmx::remote::RemoteSwarm;
 use runtime::swarmx::{LocalSwarm, Split, StepRequest, Swarm};
 use runtime::train;
@@ -71,7 +72,7 @@ fn serve(rt: &tokio::runtime::Runtime, data: &Arc<Dataset>) -> (String, StageCli
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("https://{}", listener.local_addr().expect("addr"));
         tokio::spawn(async move { runtime::transport::serve_stage(Arc::new(server), listener, identity()).await });
-        let child = runtime::swarmx::relay::connect(&url, JOB, identity(), Duration::from_secs(10)).await.expect("connect");
+        let child = runtime::swarmx::relay::connect(&url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect");
         (url, child.client)
     })
 }
@@ -93,7 +94,7 @@ fn a_replica_trains_exactly_like_memoryx() {
     let data = data();
     let (url, _) = serve(&rt, &data);
     let mut swarm =
-        RemoteSwarm::connect(rt.handle().clone(), &url, JOB, identity(), Duration::from_secs(10), limits(64)).expect("swarm");
+        RemoteSwarm::connect(rt.handle().clone(), &url, JOB, Dial::new(identity(), Duration::from_secs(10)), limits(64)).expect("swarm");
     assert!(swarm.holds_replicas());
     assert_eq!(swarm.sram_bytes(), 1 << 30, "the engine reports its SRAM for the plan");
 

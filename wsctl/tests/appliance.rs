@@ -407,7 +407,8 @@ fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
     let other = runtime::identity::issue("other", &[]).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let connect = |addr: &str, id: &Identity| {
-        rt.block_on(runtime::swarmx::relay::connect(&format!("https://{addr}"), "plane", id, std::time::Duration::from_secs(3)))
+        let dial = runtime::swarmx::relay::Dial::new(id, std::time::Duration::from_secs(3));
+        rt.block_on(runtime::swarmx::relay::connect(&format!("https://{addr}"), "plane", dial))
     };
     for (what, addr) in [("engine", &e0.addr), ("swarmx", &sx.addr)] {
         let err = connect(addr, &other.job_identity()).err().unwrap_or_else(|| panic!("the {what} took another job's certificate"));

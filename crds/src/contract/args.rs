@@ -23,6 +23,10 @@ pub struct CommonArgs {
     /// mutual TLS.
     #[arg(long, env = "WS_IDENTITY")]
     pub identity: PathBuf,
+    /// Seconds one call to a stage may take, its streams included (default: derived from the plan, from the
+    /// size of the model's state): a peer that answers keepalives but never finishes a call is lost after it.
+    #[arg(long, env = "WS_CALL_TIMEOUT_SECONDS")]
+    pub call_timeout_seconds: Option<u64>,
     /// Address of the health and metrics endpoint (port 0 picks one).
     #[arg(long, env = "WS_HTTP", default_value = "127.0.0.1:0")]
     pub http: SocketAddr,
@@ -42,6 +46,7 @@ impl CommonArgs {
             job: job.into(),
             job_id: None,
             identity: identity.into(),
+            call_timeout_seconds: None,
             http: ([127, 0, 0, 1], 0).into(),
             json_logs: false,
             exit_with_stdin: false,
@@ -54,6 +59,9 @@ impl CommonArgs {
             out.extend(["--job-id".into(), id.clone()]);
         }
         out.extend(["--identity".into(), self.identity.display().to_string()]);
+        if let Some(s) = self.call_timeout_seconds {
+            out.extend(["--call-timeout-seconds".into(), s.to_string()]);
+        }
         out.extend(["--http".into(), self.http.to_string()]);
         if self.json_logs {
             out.push("--json-logs".into());
@@ -272,6 +280,7 @@ mod tests {
             job: "/etc/weightstream/job.yaml".into(),
             job_id: Some("fc-mnist-42".into()),
             identity: "/var/run/weightstream/identity".into(),
+            call_timeout_seconds: Some(90),
             http: "0.0.0.0:8080".parse().unwrap(),
             json_logs: true,
             exit_with_stdin: true,

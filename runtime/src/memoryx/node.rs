@@ -17,7 +17,7 @@ use crate::driver::{Driver, Job, Outputs};
 use crate::error::{Error, Result};
 use crate::swarmx::remote::RemoteSwarm;
 use crate::train::RetryPolicy;
-use crate::transport::{announce_ready, bind, load_identity, load_job, serve_http, start};
+use crate::transport::{announce_ready, bind, dial, load_identity, load_job, serve_http, start};
 
 struct Metrics {
     step: Gauge<i64>,
@@ -91,8 +91,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
             rt.handle().clone(),
             &args.swarmx,
             &driver.job().id,
-            &identity,
-            Duration::from_secs(args.connect_timeout),
+            dial(&args.common, &identity, args.connect_timeout, &limits),
             limits,
         )?;
         let mut steps_done = 0;

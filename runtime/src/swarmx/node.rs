@@ -1,7 +1,6 @@
 //! The SwarmX program: one node of the fabric, serving the `Stage` service in front of its children.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -10,7 +9,7 @@ use super::relay::{connect, Relay};
 use crate::error::{Error, Result};
 use crds::contract::{Role, SwarmxArgs};
 
-use crate::transport::{announce_ready, bind, load_identity, load_job, serve_http, serve_stage, start};
+use crate::transport::{announce_ready, bind, dial, load_identity, load_job, serve_http, serve_stage, start};
 
 /// Runs a SwarmX node until it is stopped.
 pub fn main(args: SwarmxArgs) -> Result<()> {
@@ -23,7 +22,7 @@ pub fn main(args: SwarmxArgs) -> Result<()> {
         let grpc = bind(args.listen, Role::Swarmx, "grpc").await?;
         let mut children = Vec::new();
         for url in &args.children {
-            children.push(connect(url, &job, &identity, Duration::from_secs(args.connect_timeout)).await?);
+            children.push(connect(url, &job, dial(&args.common, &identity, args.connect_timeout, &limits)).await?);
         }
         let relay = Relay::new(job, children, limits);
         let mut registry = Registry::default();

@@ -41,10 +41,39 @@ pub struct Child {
     pub sram_bytes: u64,
 }
 
-/// Connects to a stage at `url` for `job` over mutual TLS with the job's `identity`, waiting up to `timeout`
-/// for it to come up, and learns its engines. Only `https://` addresses are dialled: a plaintext one would
-/// carry the job's weights to whoever listens.
-pub async fn connect(url: &str, job: &str, identity: &Identity, timeout: Duration) -> Result<Child> {
+/// How a role dials its stages: over mutual TLS with the job's identity, waiting up to `connect` for a stage
+/// to come up, and giving each call at most `call`. Keepalives find a peer that stops answering altogether
+/// (a frozen process, a silent partition) within [`crate::transport::KEEPALIVE_TIMEOUT`]; the call deadline is
+/// the backstop for a peer whose transport still answers pings while its calls never finish.
+#[derive(Clone, Copy, Debug)]
+pub struct Dial<'a> {
+    /// The job's identity.
+    pub identity: &'a Identity,
+    /// How long a stage may take to come up.
+    pub connect: Duration,
+    /// How long one call may take, its streams included.
+    pub call: Duration,
+}
+
+impl<'a> Dial<'a> {
+    /// Dials with `identity`, waiting up to `connect` for a stage, and [`DEFAULT_CALL_TIMEOUT`] per call.
+    pub fn new(identity: &'a Identity, connect: Duration) -> Dial<'a> {
+        Dial { identity, connect, call: DEFAULT_CALL_TIMEOUT }
+    }
+
+    /// The same, with `call` per call.
+    pub fn with_call_timeout(self, call: Duration) -> Dial<'a> {
+        Dial { call, ..self }
+    }
+}
+
+/// The per-call deadline when neither the plan nor the command line gives one.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Connects to a stage at `url` for `job` as `dial` says, and learns its engines. Only `https://` addresses are
+/// dialled: a plaintext one would carry the job's weights to whoever listens.
+pub async fn connect(url: &str, job: &str, dial: Dial<'_>) -> Result<Child> {
+    let (identity, timeout) = (dial.identity, dial.connect);
     if !url.starts_with("https://") {
         return Err(Error::Protocol(format!("stage address '{url}' is not https://: stages speak only mutual TLS")));
     }
@@ -53,6 +82,7 @@ pub async fn connect(url: &str, job: &str, identity: &Identity, timeout: Duratio
         .tls_config(identity.grpc_client())
         .map_err(|e| Error::Identity(format!("the TLS configuration for {url}: {e}")))?
         .connect_timeout(Duration::from_secs(2))
+        .timeout(dial.call)
         // A peer that stops answering (a frozen process, a silent partition) is found by its unanswered pings
         // and its calls fail as unavailable, so the step is rerun instead of waiting for ever.
         .http2_keep_alive_interval(crate::transport::KEEPALIVE_INTERVAL)

@@ -4,12 +4,11 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
-use super::relay::{connect, Child};
+use super::relay::{connect, Child, Dial};
 use super::{Split, StepRequest, StreamSource, Swarm};
 use crate::engine::server::stats_from_pb;
 use crate::engine::EngineStats;
@@ -19,7 +18,6 @@ use crate::protocol::pb::{self, BeginStepRequest};
 use crate::plan::Limits;
 use crate::protocol::wire::{decode_grad, decode_state, encode_layer, encode_state, GradMeter, StateMeter};
 use crate::protocol::LayerGrad;
-use crate::identity::Identity;
 use crate::transport::from_status;
 
 /// Layers sent ahead of the one the engines are computing.
@@ -37,11 +35,11 @@ pub struct RemoteSwarm {
 }
 
 impl RemoteSwarm {
-    /// Connects to the stage at `url` for `job` with the job's `identity`, waiting up to `timeout` for it, on
+    /// Connects to the stage at `url` for `job` as `dial` says, on
     /// the runtime of `handle`; replies beyond the job's `limits` are refused. Call it from outside the runtime's
     /// worker threads: the loop blocks on the network.
-    pub fn connect(handle: Handle, url: &str, job: &str, identity: &Identity, timeout: Duration, limits: Limits) -> Result<Self> {
-        let root = handle.block_on(connect(url, job, identity, timeout))?;
+    pub fn connect(handle: Handle, url: &str, job: &str, dial: Dial<'_>, limits: Limits) -> Result<Self> {
+        let root = handle.block_on(connect(url, job, dial))?;
         Ok(RemoteSwarm { handle, root, job: job.to_string(), step: 0, limits: Arc::new(limits) })
     }
 

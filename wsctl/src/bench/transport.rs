@@ -156,7 +156,7 @@ fn grpc(layer: &LayerStream, repeats: usize) -> Result<PathReport> {
             let (sink, identity) = (sink.clone(), identity.clone());
             tokio::spawn(async move { runtime::transport::serve_stage(sink, listener, &identity).await })
         };
-        let child = runtime::swarmx::relay::connect(&url, JOB, &identity, Duration::from_secs(10)).await?;
+        let child = runtime::swarmx::relay::connect(&url, JOB, runtime::swarmx::relay::Dial::new(&identity, Duration::from_secs(10))).await?;
         let mut times = Vec::new();
         let mut messages = 0;
         for step in 0..=repeats as u64 {
