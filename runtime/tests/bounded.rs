@@ -452,3 +452,19 @@ fn a_call_that_never_finishes_ends_at_its_deadline() {
     big.optimizer_values = 2_000_000;
     assert!(big.call_timeout() > small.call_timeout(), "a larger state gets a longer deadline");
 }
+
+/// A peer whose kernel accepts connections but whose process never answers (SIGSTOPped, hung) cannot hold a
+/// dialler in its TLS handshake: connecting gives up within its timeout plus one handshake timeout.
+#[test]
+fn a_peer_that_accepts_but_never_handshakes_is_given_up() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("https://{}", listener.local_addr().expect("addr"));
+    let started = std::time::Instant::now();
+    let got = rt.block_on(connect(&url, JOB, Dial::new(identity(), Duration::from_secs(2))));
+    let err = got.err().expect("nobody answered, so nothing connected");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2) + runtime::swarmx::relay::HANDSHAKE_TIMEOUT + Duration::from_secs(5), "took {took:?}");
+    assert!(err.to_string().contains(&url), "{err}");
+    drop(listener);
+}

@@ -67,6 +67,9 @@ impl<'a> Dial<'a> {
     }
 }
 
+/// How long connecting to a stage may take, TCP and TLS handshake together.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The per-call deadline when neither the plan nor the command line gives one.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -81,7 +84,9 @@ pub async fn connect(url: &str, job: &str, dial: Dial<'_>) -> Result<Child> {
         .map_err(|e| Error::Protocol(format!("bad stage address '{url}': {e}")))?
         .tls_config(identity.grpc_client())
         .map_err(|e| Error::Identity(format!("the TLS configuration for {url}: {e}")))?
-        .connect_timeout(Duration::from_secs(2))
+        // Covers the TCP connect and the TLS handshake together (see below): a frozen peer's kernel still
+        // accepts the connection, and only the handshake would hang.
+        .connect_timeout(HANDSHAKE_TIMEOUT)
         .timeout(dial.call)
         // A peer that stops answering (a frozen process, a silent partition) is found by its unanswered pings
         // and its calls fail as unavailable, so the step is rerun instead of waiting for ever.
@@ -92,7 +97,12 @@ pub async fn connect(url: &str, job: &str, dial: Dial<'_>) -> Result<Child> {
         .initial_stream_window_size(crate::transport::WINDOW)
         .initial_connection_window_size(4 * crate::transport::WINDOW)
         .max_frame_size(crate::transport::FRAME);
-    let client = StageClient::new(endpoint.connect_lazy())
+    // tonic's own connector bounds only the TCP connect; through a connector of ours the connect timeout
+    // wraps the whole connection set-up, TLS included.
+    let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
+    tcp.enforce_http(false);
+    tcp.set_nodelay(true);
+    let client = StageClient::new(endpoint.connect_with_connector_lazy(tcp))
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20);
     let deadline = Instant::now() + timeout;
