@@ -482,10 +482,12 @@ wait_until 120 "node $NODE_NAME to be Ready" kubelet node_ready
 
 # --- kube-router, its network-policy controller only (iptables + ipset; no routing, no service proxy, no CNI
 # config: the bridge plugin stays the CNI): it reads the Node object, so it starts once the node is registered.
-# Its health and metrics servers are off (they would listen on every interface). ---
+# Its health and metrics servers are off (they would listen on every interface). kube-proxy also inserts jumps
+# at the head of FORWARD, and kube-router puts its own back in front only on a sync: it syncs every 15 s (not
+# every 5 minutes), so whichever starts first, the policy leads FORWARD within seconds. ---
 start kube-router "${B[kube-router]}" --kubeconfig "$KC/kube-router.kubeconfig" --hostname-override "$NODE_NAME" \
   --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
-  --service-cluster-ip-range "$SERVICE_CIDR" --health-port=0 --metrics-port=0
+  --service-cluster-ip-range "$SERVICE_CIDR" --health-port=0 --metrics-port=0 --iptables-sync-period=15s
 # Enforcing once its jump leads FORWARD (ahead of $FWD_CHAIN, which accepts bridge-to-bridge traffic).
 policy_enforced() { [[ "$(iptables -S FORWARD 2>/dev/null | sed -n 2p)" == *"-j KUBE-ROUTER-FORWARD"* ]]; }
 wait_until 60 "kube-router's policy chains at the head of FORWARD" kube-router policy_enforced
