@@ -25,6 +25,8 @@ use crate::status::TrainingJobStatus;
     printcolumn = r#"{"name":"CS-2","type":"integer","jsonPath":".spec.cs2"}"#,
     printcolumn = r#"{"name":"Step","type":"integer","jsonPath":".status.step"}"#,
     printcolumn = r#"{"name":"Loss","type":"number","jsonPath":".status.loss"}"#,
+    printcolumn = r#"{"name":"Done","type":"integer","jsonPath":".status.progressPercentage","description":"percent of the steps done"}"#,
+    printcolumn = r#"{"name":"ETA-s","type":"integer","jsonPath":".status.estimatedRemainingSeconds","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("size(self.metadata.name) <= 40")
         .message("metadata.name must be at most 40 characters: the appliance's pod names and hostnames extend it"),

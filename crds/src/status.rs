@@ -29,6 +29,14 @@ pub struct TrainingJobStatus {
     /// Steps, loss, throughput and the newest checkpoint, as MemoryX last reported them.
     #[serde(flatten)]
     pub progress: Progress,
+    /// Share of the steps done, 0 to 100 ([`Progress::percentage`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100))]
+    pub progress_percentage: Option<u32>,
+    /// How long the remaining steps take at the throughput of the last steps ([`Progress::remaining_seconds`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1_000_000_000_000u64))]
+    pub estimated_remaining_seconds: Option<u64>,
     /// Failures survived so far (engines or SwarmX nodes replaced, MemoryX restarted); past `spec.restartLimit`
     /// the job fails.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -87,6 +95,20 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// Share of the steps done, 0 to 100, once both the step and the total are known.
+    pub fn percentage(&self) -> Option<u32> {
+        let (step, total) = (self.step?, self.total_steps?);
+        (total > 0).then(|| (u128::from(step.min(total)) * 100 / u128::from(total)) as u32)
+    }
+
+    /// Seconds the remaining steps take at the reported throughput, with `batch` samples a step; none until a
+    /// throughput is known.
+    pub fn remaining_seconds(&self, batch: u32) -> Option<u64> {
+        let rate = self.samples_per_second.filter(|r| r.is_finite() && *r > 0.0)?;
+        let left = self.total_steps?.saturating_sub(self.step?);
+        Some(((left as f64 * f64::from(batch) / rate).ceil() as u64).min(1_000_000_000_000))
+    }
+
     /// Takes every field `newer` reports, keeping what it leaves out (a report without a loss yet does not
     /// erase the last one).
     pub fn merge(&mut self, newer: &Progress) {
@@ -194,5 +216,26 @@ impl Phase {
 impl std::fmt::Display for Phase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+
+    #[test]
+    fn percentage_and_remaining_time_follow_the_steps_and_the_throughput() {
+        let mut p = Progress { step: Some(25), total_steps: Some(200), ..Progress::default() };
+        assert_eq!(p.percentage(), Some(12));
+        assert_eq!(p.remaining_seconds(64), None, "no throughput yet");
+        p.samples_per_second = Some(1600.0);
+        // 175 steps of 64 samples at 1600 samples/s.
+        assert_eq!(p.remaining_seconds(64), Some(7));
+        p.step = Some(200);
+        assert_eq!((p.percentage(), p.remaining_seconds(64)), (Some(100), Some(0)));
+        p.total_steps = Some(0);
+        assert_eq!(p.percentage(), None);
+        p.samples_per_second = Some(f64::NAN);
+        assert_eq!(p.remaining_seconds(64), None);
     }
 }

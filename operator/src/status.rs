@@ -200,7 +200,7 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
     d.s.observed_generation = generation;
     let holds = prev.allocated_cs2.unwrap_or(0);
     if let Some(Ok(c)) = &obs.coordinator {
-        d.progress(c);
+        d.progress(c, spec.training.batch_size);
     }
 
     let (children, request_checkpoint) = 'decided: {
@@ -440,8 +440,10 @@ impl Pass {
         self.cond_with(ADMITTED, false, "Released", "the job failed and its CS-2s are free");
     }
 
-    fn progress(&mut self, c: &MemoryxStatus) {
+    fn progress(&mut self, c: &MemoryxStatus, batch: u32) {
         self.s.progress.merge(&c.progress);
+        self.s.progress_percentage = self.s.progress.percentage();
+        self.s.estimated_remaining_seconds = self.s.progress.remaining_seconds(batch);
     }
 }
 
@@ -531,6 +533,7 @@ mod tests {
         let d = step(&mut j, &o);
         assert_eq!(d.status.phase, Some(Phase::Running));
         assert_eq!((d.status.progress.step, d.status.progress.loss), (Some(7), Some(0.5)));
+        assert_eq!(d.status.progress_percentage, Some(7), "7 of 100 steps");
         assert_eq!(cond(&j, READY).status, "True");
 
         // MemoryX writing a periodic checkpoint shows as Checkpointing, then Running again.
