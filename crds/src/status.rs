@@ -22,6 +22,11 @@ pub struct TrainingJobStatus {
     /// The spec generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Where a queued job stands among the jobs waiting for CS-2s, 1 being next; what it waits for is the
+    /// `Admitted` condition's reason and message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub queue_position: Option<u32>,
     /// CS-2 systems the job holds now. Admission sums this over all jobs to know what is free, so the pool's
     /// state survives an operator restart without any memory of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -113,6 +113,12 @@ pub fn queue(claims: &[Claim]) -> Vec<&Claim> {
     places.iter().map(|&c| own.get_mut(&(c.namespace.as_str(), c.class)).and_then(Vec::pop).unwrap_or(c)).collect()
 }
 
+/// Where the job `key` stands among the waiting jobs, 1 being next; `None` when it does not wait in the queue
+/// (it holds its CS-2s, or names a PriorityClass that does not exist).
+pub fn position(claims: &[Claim], key: &str) -> Option<u32> {
+    queue(claims).iter().position(|c| c.key == key).and_then(|i| u32::try_from(i + 1).ok())
+}
+
 /// What admission says about one job.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
@@ -311,6 +317,14 @@ mod tests {
         let claims = [c("huge", 0, 1, 0, 9), c("small", 0, 2, 0, 1)];
         assert!(matches!(decide(4, &claims, "huge"), Verdict::Wait { reason: "ExceedsPool", .. }));
         assert_eq!(decide(4, &claims, "small"), Verdict::Admit);
+    }
+
+    #[test]
+    fn a_waiting_job_knows_its_place_in_the_queue() {
+        let claims = [c("running", 0, 1, 2, 0), c("first", 0, 2, 0, 2), c("second", 0, 3, 0, 1)];
+        assert_eq!(position(&claims, "first"), Some(1));
+        assert_eq!(position(&claims, "second"), Some(2));
+        assert_eq!(position(&claims, "running"), None, "a job holding its CS-2s does not queue");
     }
 
     #[test]

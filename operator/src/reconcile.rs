@@ -399,6 +399,7 @@ fn decide(job: &TrainingJob, all: &[Stored], r: &Reading, ctx: &Context, now: Ti
         _ => children::plan(job, job.spec.cs2, ctx.config.fan_out).map(|(_, s)| s).map_err(|e| e.to_string()),
     };
     let observed = Observed {
+        queue_position: admission.as_ref().and_then(|_| admission::position(&claims, &key)),
         admission,
         may_grow,
         plan,

@@ -30,6 +30,8 @@ pub const FAILED: &str = "Failed";
 pub struct Observed {
     /// Admission's verdict, when the job holds no CS-2s.
     pub admission: Option<Verdict>,
+    /// Where the job stands among the waiting jobs (see [`crate::admission::position`]).
+    pub queue_position: Option<u32>,
     /// Whether a running job may grow to its spec's CS-2 count now.
     pub may_grow: bool,
     /// The plan for the spec's CS-2 count, or why it refuses the job.
@@ -198,6 +200,8 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
     let generation = job.metadata.generation;
     let mut d = Pass { s: prev.clone(), generation, now: obs.now, reason: String::new(), message: String::new() };
     d.s.observed_generation = generation;
+    // Only a job that waits in the queue has a place in it; the Wait branch below sets it.
+    d.s.queue_position = None;
     let holds = prev.allocated_cs2.unwrap_or(0);
     if let Some(Ok(c)) = &obs.coordinator {
         d.progress(c, spec.training.batch_size);
@@ -241,6 +245,7 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
                 Some(Verdict::Wait { reason, message }) => {
                     d.phase(Phase::Queued, reason, message.clone());
                     d.cond(ADMITTED, false);
+                    d.s.queue_position = obs.queue_position;
                     break 'decided (Children::Nothing, false);
                 }
                 None => {
@@ -463,6 +468,7 @@ mod tests {
     fn obs() -> Observed {
         Observed {
             admission: None,
+            queue_position: None,
             may_grow: true,
             plan: Ok(PlanStatus {
                 cs2: 2,
@@ -507,15 +513,18 @@ mod tests {
         let mut j = job(2);
         let mut o = obs();
         o.admission = Some(Verdict::Wait { reason: "InsufficientCapacity", message: "needs 2".into() });
+        o.queue_position = Some(1);
         let d = step(&mut j, &o);
         assert_eq!(d.status.phase, Some(Phase::Queued));
         assert_eq!(d.children, Children::Nothing);
         assert_eq!(cond(&j, ADMITTED).reason, "InsufficientCapacity");
+        assert_eq!(d.status.queue_position, Some(1), "a queued job shows its place");
         assert_eq!(d.transition.unwrap().phase, Phase::Queued);
 
         o.admission = Some(Verdict::Admit);
         let d = step(&mut j, &o);
         assert_eq!((d.status.phase, d.status.allocated_cs2), (Some(Phase::Starting), Some(2)));
+        assert_eq!(d.status.queue_position, None, "an admitted job has left the queue");
         assert_eq!(d.children, Children::Assemble(2));
         assert!(d.status.start_time.is_some() && d.status.plan.is_some());
 
