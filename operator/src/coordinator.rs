@@ -37,7 +37,7 @@ enum Identities {
 /// operator's client certificate of that job and trusting only that job's CA.
 pub struct HttpCoordinator {
     identities: Identities,
-    /// One HTTP client per job identity (by job uid and Secret version), so connections are reused.
+    /// One HTTP client per job identity (by job uid), so connections are reused and the Secret is read once.
     clients: Mutex<HashMap<String, reqwest::Client>>,
     template: Option<String>,
 }
@@ -71,8 +71,17 @@ impl HttpCoordinator {
     /// The HTTP client that speaks to `job`'s MemoryX as the operator, with short timeouts, so one unreachable
     /// MemoryX never stalls reconciling the others.
     async fn client(&self, job: &TrainingJob, url: &str) -> Result<reqwest::Client, Error> {
-        let (key, identity) = match &self.identities {
-            Identities::Fixed(id) => (String::new(), id.clone()),
+        // An identity Secret is immutable and issued once per job uid (a namesake gets a new uid, hence a new
+        // key), so a client built for a uid stays right: polls after the first read no Secret.
+        let key = match &self.identities {
+            Identities::Fixed(_) => String::new(),
+            Identities::Secrets(_) => job.uid().unwrap_or_default(),
+        };
+        if let Some(c) = self.clients.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(c);
+        }
+        let identity = match &self.identities {
+            Identities::Fixed(id) => id.clone(),
             Identities::Secrets(client) => {
                 let ns = job.namespace().unwrap_or_default();
                 let name = crate::children::names::identity(&job.name_any());
@@ -86,13 +95,9 @@ impl HttpCoordinator {
                     String::from_utf8(bytes).map_err(|_| unreachable(url, format!("{name}: {f} is not PEM text")))
                 };
                 use runtime::identity::{CA_CERT, OPERATOR_CERT, OPERATOR_KEY};
-                let id = runtime::identity::Identity::from_pem(&file(CA_CERT)?, &file(OPERATOR_CERT)?, &file(OPERATOR_KEY)?);
-                (format!("{}/{}", job.uid().unwrap_or_default(), secret.resource_version().unwrap_or_default()), id)
+                runtime::identity::Identity::from_pem(&file(CA_CERT)?, &file(OPERATOR_CERT)?, &file(OPERATOR_KEY)?)
             }
         };
-        if let Some(c) = self.clients.lock().ok().and_then(|m| m.get(&key).cloned()) {
-            return Ok(c);
-        }
         let tls = identity.client_config().map_err(|e| unreachable(url, e))?;
         let client = reqwest::Client::builder()
             .use_preconfigured_tls(tls)

@@ -19,12 +19,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use crds::{Activation, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
+mod common;
+// The client holds the job's own identity: the limits, not the credentials, must refuse.
+use common::{identity, layout, store};
 use runtime::data::{mnist, Dataset};
 use runtime::engine::server::EngineServer;
 use runtime::engine::{CountingHw, Wse};
-use runtime::memoryx::{checkpoint, MemoryX, WeightStore};
-use runtime::model::ModelLayout;
+use runtime::memoryx::{checkpoint, WeightStore};
 use runtime::plan::Limits;
 use runtime::protocol::pb::{self, stage_client::StageClient};
 use runtime::protocol::wire::{encode_layer, encode_state};
@@ -43,25 +44,8 @@ const CALL_DEADLINE: Duration = Duration::from_secs(120);
 /// fail the memory check rather than the test hanging.
 const ENDLESS: usize = 512;
 
-fn layout() -> ModelLayout {
-    ModelLayout::from_spec(&ModelSpec::mlp(vec![784, 32, 10], Activation::Relu, 0.5))
-}
-
 fn limits() -> Limits {
     Limits::new(&layout(), SHARD, 2)
-}
-
-fn store() -> MemoryX {
-    let optimizer = OptimizerSpec {
-        kind: OptimizerKind::Adamw,
-        learning_rate: 0.002,
-        weight_decay: 0.01,
-        momentum: 0.9,
-        beta1: 0.9,
-        beta2: 0.999,
-        epsilon: 1e-8,
-    };
-    MemoryX::new(layout(), optimizer, ScheduleSpec::default(), 10, 3)
 }
 
 /// The job's roles on loopback and a client of each: one engine with room for a replica, and a SwarmX node
@@ -72,12 +56,6 @@ struct Appliance {
     engine: StageClient<Channel>,
     swarmx: StageClient<Channel>,
     over_liars: StageClient<Channel>,
-}
-
-/// The job's TLS identity, issued once: the test's client holds the job's own credentials.
-fn identity() -> &'static runtime::identity::Identity {
-    static ID: std::sync::OnceLock<runtime::identity::Identity> = std::sync::OnceLock::new();
-    ID.get_or_init(|| runtime::identity::issue(JOB, &[]).expect("an identity").job_identity())
 }
 
 /// Serves `stage` over mutual TLS on a loopback port; its URL.

@@ -5,12 +5,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crds::{Activation, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
+mod common;
+use common::{identity, layout, store, SEED};
 use runtime::data::{mnist, Dataset, Sampler};
 use runtime::engine::server::EngineServer;
 use runtime::engine::{CountingHw, EngineRole, Wse};
-use runtime::memoryx::{checkpoint, MemoryX, Tensors, WeightStore};
-use runtime::model::ModelLayout;
+use runtime::memoryx::{checkpoint, Tensors, WeightStore};
 use runtime::plan::Limits;
 use runtime::protocol::pb::{self, stage_client::StageClient};
 use runtime::protocol::wire::{encode_grads, encode_state};
@@ -21,32 +21,10 @@ use runtime::swarmx::{LocalSwarm, Split, StepRequest, Swarm};
 use runtime::train;
 
 const JOB: &str = "replica-test";
-const STEPS: u64 = 10;
-const SEED: u64 = 3;
-
-fn layout() -> ModelLayout {
-    ModelLayout::from_spec(&ModelSpec::mlp(vec![784, 32, 10], Activation::Relu, 0.5))
-}
-
-fn optimizer() -> OptimizerSpec {
-    OptimizerSpec {
-        kind: OptimizerKind::Adamw,
-        learning_rate: 0.002,
-        weight_decay: 0.01,
-        momentum: 0.9,
-        beta1: 0.9,
-        beta2: 0.999,
-        epsilon: 1e-8,
-    }
-}
 
 /// The job's limits: shards of `shard` samples of the test model, trained with AdamW (two moments).
 fn limits(shard: usize) -> Limits {
     Limits::new(&layout(), shard, 2)
-}
-
-fn store() -> MemoryX {
-    MemoryX::new(layout(), optimizer(), ScheduleSpec::default(), STEPS, SEED)
 }
 
 fn data() -> Arc<Dataset> {
@@ -56,12 +34,6 @@ fn data() -> Arc<Dataset> {
 
 fn engine() -> Box<dyn EngineRole> {
     Box::new(Wse::new("engine-0", layout(), CountingHw::new(1 << 30)))
-}
-
-/// The test job's TLS identity, issued once.
-fn identity() -> &'static runtime::identity::Identity {
-    static ID: std::sync::OnceLock<runtime::identity::Identity> = std::sync::OnceLock::new();
-    ID.get_or_init(|| runtime::identity::issue(JOB, &[]).expect("an identity").job_identity())
 }
 
 /// An engine server with room for a replica on a loopback port, and a client of it.
