@@ -10,7 +10,7 @@ mod validate;
 
 pub use spec::*;
 pub use status::*;
-pub use validate::{is_dns_label, is_dns_subdomain, is_quantity, parse_training_job, quantity_bytes, ApiError};
+pub use validate::{escapes, is_dns_label, is_dns_subdomain, is_quantity, parse_training_job, quantity_bytes, ApiError};
 pub use validate::{MAX_BATCH, MAX_EPOCHS, MAX_KEEP, MAX_SEED, MAX_SRAM_BYTES, MAX_STEPS, MAX_WIDTH};
 
 /// The API group, for code that builds references to jobs by hand.

@@ -37,8 +37,8 @@ use crate::status::TrainingJobStatus;
     validation = Rule::new("self.training.batchSize % self.cs2 == 0")
         .message("spec.training.batchSize must be divisible by spec.cs2: each CS-2 takes an equal shard of the batch")
         .field_path(".training.batchSize"),
-    validation = Rule::new("(self.data.kind == 'text') == (self.model.kind == 'gpt')")
-        .message("spec.data.kind: a gpt trains on text and an mlp on mnist")
+    validation = Rule::new("(self.data.kind in ['text', 'tokens', 'jsonl']) == (self.model.kind == 'gpt')")
+        .message("spec.data.kind: a gpt trains on text, tokens or jsonl, and an mlp on mnist or arrays")
         .field_path(".data.kind"),
     validation = Rule::new(
         "self.data.kind != 'mnist' || (size(self.model.layers) >= 2 && self.model.layers[0] == 784 && \
@@ -296,15 +296,115 @@ pub enum Activation {
     Gelu,
 }
 
-/// The data set.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+/// Where a job's data comes from and how it is read. Input workers read it (engines never open data files),
+/// from a PersistentVolumeClaim in a cluster or from plain paths on the local machine.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(
+    validation = Rule::new("!has(self.volume) || !(self.path.startsWith('/') || self.path.matches('(^|/)[.][.](/|$)'))")
+        .message("spec.data.path must be relative to the volume and stay inside it (no leading '/', no '..')")
+        .field_path(".path"),
+    validation = Rule::new("!has(self.volume) || !has(self.tokenizer) || !(self.tokenizer.startsWith('/') || self.tokenizer.matches('(^|/)[.][.](/|$)'))")
+        .message("spec.data.tokenizer must be relative to the volume and stay inside it (no leading '/', no '..')")
+        .field_path(".tokenizer"),
+    validation = Rule::new("!has(self.heldOutPath) || !has(self.volume) || !(self.heldOutPath.startsWith('/') || self.heldOutPath.matches('(^|/)[.][.](/|$)'))")
+        .message("spec.data.heldOutPath must be relative to the volume and stay inside it (no leading '/', no '..')")
+        .field_path(".heldOutPath"),
+    validation = Rule::new("!has(self.tokenizer) || self.kind in ['text', 'jsonl']")
+        .message("spec.data.tokenizer applies to text and jsonl only (tokens are already token ids)")
+        .field_path(".tokenizer")
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DataSpec {
     /// The data set format.
     pub kind: DataKind,
-    /// For `mnist`, the folder holding the files under their standard names (raw or `.gz`); for `text`, the
-    /// file. Relative paths are taken from the current directory of the process that runs the job.
+    /// For `mnist`, the folder holding the files under their standard names (raw or `.gz`); for `arrays`, a
+    /// `.safetensors` file or a folder of `.npy` files; otherwise the file. With `volume`, a path inside the
+    /// volume; without, taken from the current directory of the process that reads it.
+    #[schemars(length(min = 1, max = 4096))]
     pub path: String,
+    /// A PersistentVolumeClaim in the job's namespace holding the data, mounted read-only into the input
+    /// workers (never into the other roles); `path`, `heldOutPath` and `tokenizer` are taken inside it. A local
+    /// `wsctl run` maps the claim to a folder with `--volume CLAIM=DIR`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"))]
+    pub volume: Option<String>,
+    /// The held-out split, in the same format as `path`. Without it the last 5% of the data is held out (for
+    /// `mnist`, the `t10k-` files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub held_out_path: Option<String>,
+    /// Input workers per CS-2: the processes that read, decode, tokenize and shard the data and stream each
+    /// engine its share of every step. More workers split each engine's shard between them; the samples an
+    /// engine sees do not depend on the count.
+    #[serde(default = "default_workers", skip_serializing_if = "is_default_workers")]
+    #[schemars(range(min = 1, max = 16))]
+    pub workers: u32,
+    /// For `text` and `jsonl`: a Hugging Face `tokenizer.json` (BPE, WordPiece, …); without it text is read as
+    /// bytes (256 tokens). `spec.model.vocabSize` must hold every id it produces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub tokenizer: Option<String>,
+    /// For `tokens`: the width of each token id in the file (`uint16`, as nanoGPT's `train.bin`, or `uint32`).
+    #[serde(default, skip_serializing_if = "TokenType::is_default")]
+    pub token_type: TokenType,
+    /// For `jsonl`: the field of each line holding its text.
+    #[serde(default = "default_text_field", skip_serializing_if = "is_default_text_field")]
+    #[schemars(length(min = 1, max = 256))]
+    pub text_field: String,
+    /// For `arrays`: the name of the inputs array (a tensor in the safetensors file, or `NAME.npy`), shaped
+    /// `[samples, features]`.
+    #[serde(default = "default_inputs_name", skip_serializing_if = "is_default_inputs_name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub inputs: String,
+    /// For `arrays`: the name of the labels array, shaped `[samples]`, integer classes below the model's output
+    /// width.
+    #[serde(default = "default_labels_name", skip_serializing_if = "is_default_labels_name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub labels: String,
+}
+
+fn default_workers() -> u32 {
+    1
+}
+fn is_default_workers(v: &u32) -> bool {
+    *v == 1
+}
+fn default_text_field() -> String {
+    "text".into()
+}
+fn is_default_text_field(v: &str) -> bool {
+    v == "text"
+}
+fn default_inputs_name() -> String {
+    "inputs".into()
+}
+fn is_default_inputs_name(v: &str) -> bool {
+    v == "inputs"
+}
+fn default_labels_name() -> String {
+    "labels".into()
+}
+fn is_default_labels_name(v: &str) -> bool {
+    v == "labels"
+}
+
+impl DataSpec {
+    /// Data of `kind` at `path` on the local machine, every other field at its default: what tests and tools
+    /// that build specs in code need.
+    pub fn local(kind: DataKind, path: impl Into<String>) -> Self {
+        DataSpec {
+            kind,
+            path: path.into(),
+            volume: None,
+            held_out_path: None,
+            workers: default_workers(),
+            tokenizer: None,
+            token_type: TokenType::default(),
+            text_field: default_text_field(),
+            inputs: default_inputs_name(),
+            labels: default_labels_name(),
+        }
+    }
 }
 
 /// Data set formats the appliance reads.
@@ -313,8 +413,39 @@ pub struct DataSpec {
 pub enum DataKind {
     /// MNIST digits in IDX files: `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`, `t10k-…`.
     Mnist,
-    /// A UTF-8 text file (raw or `.gz`) read as bytes, for `gpt`: the last 5% is held out.
+    /// A UTF-8 text file (raw or `.gz`), for `gpt`: read as bytes, or tokenized by `tokenizer`.
     Text,
+    /// Pre-tokenized token ids, a flat little-endian array of `tokenType` (like nanoGPT's `train.bin`).
+    Tokens,
+    /// JSON Lines, one document per line, its text in `textField`; documents are joined by a newline.
+    Jsonl,
+    /// Named arrays of inputs and labels (safetensors, or NumPy `.npy`), for an `mlp` of any width.
+    Arrays,
+}
+
+/// Widths of a token file's ids.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum TokenType {
+    /// Two bytes per id (vocabularies up to 65,536).
+    #[default]
+    Uint16,
+    /// Four bytes per id.
+    Uint32,
+}
+
+impl TokenType {
+    fn is_default(&self) -> bool {
+        *self == TokenType::default()
+    }
+
+    /// Bytes per token id.
+    pub fn width(self) -> usize {
+        match self {
+            TokenType::Uint16 => 2,
+            TokenType::Uint32 => 4,
+        }
+    }
 }
 
 /// How to train.

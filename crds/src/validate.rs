@@ -27,6 +27,11 @@ pub enum ApiError {
     Internal(String),
 }
 
+/// Whether a path given inside a volume would leave it: absolute, or with a `..` component.
+pub fn escapes(path: &str) -> bool {
+    path.starts_with('/') || path.split('/').any(|c| c == "..")
+}
+
 fn invalid(field: impl Into<String>, message: impl Into<String>) -> ApiError {
     ApiError::Invalid { field: field.into(), message: message.into() }
 }
@@ -260,15 +265,15 @@ impl TrainingJobSpec {
             }
             ModelKind::Gpt => self.validate_gpt()?,
         }
-        match (self.data.kind, m.kind) {
-            (DataKind::Text, ModelKind::Gpt) => {}
-            (DataKind::Text, _) | (_, ModelKind::Gpt) => {
-                return Err(invalid(
-                    "spec.data.kind",
-                    "a gpt trains on text (data.kind: text) and an mlp on mnist (data.kind: mnist)",
-                ));
-            }
-            (DataKind::Mnist, _) => {
+        let language = matches!(self.data.kind, DataKind::Text | DataKind::Tokens | DataKind::Jsonl);
+        if language != (m.kind == ModelKind::Gpt) {
+            return Err(invalid(
+                "spec.data.kind",
+                "a gpt trains on text, tokens or jsonl, and an mlp on mnist or arrays",
+            ));
+        }
+        match self.data.kind {
+            DataKind::Mnist => {
                 let (first, last) = (m.layers[0], m.layers[m.layers.len() - 1]);
                 if first != 784 || last != 10 {
                     return Err(invalid(
@@ -280,6 +285,35 @@ impl TrainingJobSpec {
                     ));
                 }
             }
+            _ => {}
+        }
+        self.validate_data()
+    }
+
+    /// The data rules the CRD's CEL rules state, with the same messages: paths inside a volume stay inside it,
+    /// and a tokenizer only where there is text to tokenize.
+    fn validate_data(&self) -> Result<(), ApiError> {
+        let d = &self.data;
+        if d.volume.is_some() {
+            for (field, path) in [("path", Some(&d.path)), ("heldOutPath", d.held_out_path.as_ref()), ("tokenizer", d.tokenizer.as_ref())] {
+                if path.is_some_and(|p| escapes(p)) {
+                    return Err(invalid(
+                        format!("spec.data.{field}"),
+                        "must be relative to the volume and stay inside it (no leading '/', no '..')",
+                    ));
+                }
+            }
+        }
+        if let Some(v) = &d.volume {
+            if !is_dns_subdomain(v) {
+                return Err(invalid("spec.data.volume", format!("'{v}' is not a PersistentVolumeClaim name (a DNS subdomain)")));
+            }
+        }
+        if d.tokenizer.is_some() && !matches!(d.kind, DataKind::Text | DataKind::Jsonl) {
+            return Err(invalid("spec.data.tokenizer", "applies to text and jsonl only (tokens are already token ids)"));
+        }
+        if !(1..=16).contains(&d.workers) {
+            return Err(invalid("spec.data.workers", format!("{} is out of range: use 1 to 16 input workers per CS-2", d.workers)));
         }
         Ok(())
     }

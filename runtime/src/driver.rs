@@ -39,7 +39,7 @@ pub struct Job {
 impl Job {
     /// Loads the job's data and counts its steps; fails with what to change when the data cannot train.
     pub fn load(spec: TrainingJobSpec, id: impl Into<String>) -> Result<Job> {
-        let (train, test) = crate::data::load(&spec)?;
+        let (train, test) = crate::data::load(&spec, None)?;
         let total_steps = train::total_steps(&spec.training, train.len())?;
         Ok(Job { spec, id: id.into(), train: Arc::new(train), test: Arc::new(test), total_steps, uid: None })
     }

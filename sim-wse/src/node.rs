@@ -21,7 +21,7 @@ pub fn main(args: EngineArgs) -> Result<()> {
     let (job, job_id) = load_job(&args.common)?;
     let identity = load_identity(&args.common)?;
     let spec = job.spec;
-    let (train, test) = runtime::data::load(&spec)?;
+    let (train, test) = runtime::data::load(&spec, None)?;
     let (train, test) = (Arc::new(train), Arc::new(test));
     let layout = ModelLayout::from_spec(&spec.model);
     let engine = crate::engine(format!("engine-{}", args.index), layout.clone(), &spec.engine);

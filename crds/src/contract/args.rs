@@ -114,6 +114,10 @@ pub struct MemoryxArgs {
     /// The root SwarmX node.
     #[arg(long, env = "WS_SWARMX")]
     pub swarmx: String,
+    /// An input worker (any of the job's): MemoryX asks it how many samples the data has, to plan the steps
+    /// and the evaluation, and never opens the data itself.
+    #[arg(long, env = "WS_INPUT")]
+    pub input: String,
     /// Where checkpoints live; the job resumes from the newest one found here.
     #[arg(long, env = "WS_CHECKPOINT_DIR")]
     pub checkpoint_dir: Option<PathBuf>,
@@ -145,11 +149,13 @@ pub struct MemoryxArgs {
 }
 
 impl MemoryxArgs {
-    /// MemoryX for the job at `job`, driving the tree whose root is at `swarmx`; every other flag at its default.
-    pub fn new(common: CommonArgs, swarmx: impl Into<String>) -> Self {
+    /// MemoryX for the job at `job`, driving the tree whose root is at `swarmx` and describing the data through
+    /// the input worker at `input`; every other flag at its default.
+    pub fn new(common: CommonArgs, swarmx: impl Into<String>, input: impl Into<String>) -> Self {
         MemoryxArgs {
             common,
             swarmx: swarmx.into(),
+            input: input.into(),
             checkpoint_dir: None,
             out: None,
             connect_timeout: 120,
@@ -170,6 +176,7 @@ impl RoleArgs for MemoryxArgs {
         let mut v = Vec::new();
         self.common.render(&mut v);
         v.extend(["--swarmx".into(), self.swarmx.clone()]);
+        v.extend(["--input".into(), self.input.clone()]);
         if let Some(d) = &self.checkpoint_dir {
             v.extend(["--checkpoint-dir".into(), d.display().to_string()]);
         }
@@ -244,12 +251,16 @@ pub struct EngineArgs {
     /// This engine's place among the job's engines (its CS-2), used in names and errors.
     #[arg(long, env = "WS_INDEX", default_value_t = 0)]
     pub index: u32,
+    /// This engine's input workers (comma-separated URLs): it splits each shard of samples evenly over them,
+    /// in this order, and never opens a data file itself.
+    #[arg(long, env = "WS_INPUTS", value_delimiter = ',', required = true)]
+    pub inputs: Vec<String>,
 }
 
 impl EngineArgs {
-    /// Engine `index`, listening on `listen`.
-    pub fn new(common: CommonArgs, listen: SocketAddr, index: u32) -> Self {
-        EngineArgs { common, listen, index }
+    /// Engine `index`, listening on `listen`, fed by `inputs`.
+    pub fn new(common: CommonArgs, listen: SocketAddr, index: u32, inputs: Vec<String>) -> Self {
+        EngineArgs { common, listen, index, inputs }
     }
 }
 
@@ -261,6 +272,47 @@ impl RoleArgs for EngineArgs {
         self.common.render(&mut v);
         v.extend(["--listen".into(), self.listen.to_string()]);
         v.extend(["--index".into(), self.index.to_string()]);
+        v.extend(["--inputs".into(), self.inputs.join(",")]);
+        v
+    }
+}
+
+/// Flags of the `input` program: one input worker.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct InputArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub common: CommonArgs,
+    /// Address of the gRPC service (port 0 picks one).
+    #[arg(long, env = "WS_LISTEN", default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// This worker's place among the job's input workers, used in names and errors.
+    #[arg(long, env = "WS_INDEX", default_value_t = 0)]
+    pub index: u32,
+    /// Where `spec.data.volume` is mounted (in a pod, [`super::DATA_MOUNT`]); the data's paths are taken
+    /// inside it and may not leave it. Without it, a job naming a volume is refused.
+    #[arg(long, env = "WS_DATA_ROOT")]
+    pub data_root: Option<PathBuf>,
+}
+
+impl InputArgs {
+    /// Input worker `index`, listening on `listen`.
+    pub fn new(common: CommonArgs, listen: SocketAddr, index: u32, data_root: Option<PathBuf>) -> Self {
+        InputArgs { common, listen, index, data_root }
+    }
+}
+
+impl RoleArgs for InputArgs {
+    const ROLE: Role = Role::Input;
+
+    fn argv(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        self.common.render(&mut v);
+        v.extend(["--listen".into(), self.listen.to_string()]);
+        v.extend(["--index".into(), self.index.to_string()]);
+        if let Some(root) = &self.data_root {
+            v.extend(["--data-root".into(), root.display().to_string()]);
+        }
         v
     }
 }
@@ -289,7 +341,7 @@ mod tests {
 
     #[test]
     fn every_role_round_trips_through_its_own_parser() {
-        let mut m = MemoryxArgs::new(common(), "https://root:7100");
+        let mut m = MemoryxArgs::new(common(), "https://root:7100", "https://input-0:7300");
         round_trip(&m);
         m.checkpoint_dir = Some("/ckpt".into());
         m.out = Some("runs/x".into());
@@ -301,14 +353,16 @@ mod tests {
         m.hold_seconds = 0;
         m.connect_timeout = 9;
         round_trip(&m);
-        round_trip(&MemoryxArgs::new(CommonArgs::new("job.yaml", "id"), "https://127.0.0.1:1"));
+        round_trip(&MemoryxArgs::new(CommonArgs::new("job.yaml", "id"), "https://127.0.0.1:1", "https://127.0.0.1:2"));
         let mut s = SwarmxArgs::new(common(), "0.0.0.0:7100".parse().unwrap(), vec!["https://a:1".into(), "https://b:2".into()]);
         round_trip(&s);
         s.connect_timeout = 3;
         s.common = CommonArgs::new("j.yaml", "id");
         round_trip(&s);
-        round_trip(&EngineArgs::new(common(), "0.0.0.0:7200".parse().unwrap(), 17));
-        round_trip(&EngineArgs::new(CommonArgs::new("j.yaml", "id"), "127.0.0.1:0".parse().unwrap(), 0));
+        round_trip(&EngineArgs::new(common(), "0.0.0.0:7200".parse().unwrap(), 17, vec!["https://i-34:7300".into(), "https://i-35:7300".into()]));
+        round_trip(&EngineArgs::new(CommonArgs::new("j.yaml", "id"), "127.0.0.1:0".parse().unwrap(), 0, vec!["https://127.0.0.1:9".into()]));
+        round_trip(&InputArgs::new(common(), "0.0.0.0:7300".parse().unwrap(), 3, Some("/var/run/weightstream/data".into())));
+        round_trip(&InputArgs::new(CommonArgs::new("j.yaml", "id"), "127.0.0.1:0".parse().unwrap(), 0, None));
     }
 
     #[test]
@@ -317,7 +371,7 @@ mod tests {
         assert!(err.contains("--children"), "{err}");
         let err = EngineArgs::try_parse_from(["sim-wse", "--job", "j", "--index", "x"]).unwrap_err().to_string();
         assert!(err.contains("--index"), "{err}");
-        let err = MemoryxArgs::try_parse_from(["memoryx", "--job", "j", "--swarmx", "https://x:1"]).unwrap_err().to_string();
+        let err = MemoryxArgs::try_parse_from(["memoryx", "--job", "j", "--swarmx", "https://x:1", "--input", "https://y:2"]).unwrap_err().to_string();
         assert!(err.contains("--identity"), "{err}");
     }
 }

@@ -3,6 +3,10 @@
 /// Every role's HTTP port in a cluster: `/healthz`, `/metrics`, and MemoryX's `/status` and `/checkpoint`.
 pub const HTTP_PORT: u16 = 8080;
 
+/// Where an input worker's pod mounts the job's data volume (`spec.data.volume`), read-only: the paths of
+/// `spec.data` are taken inside it.
+pub const DATA_MOUNT: &str = "/var/run/weightstream/data";
+
 /// Namespace label that lets a metrics scraper (Prometheus) in that namespace reach every job's HTTP port
 /// (`/metrics`, `/healthz`) through the job's NetworkPolicy, which otherwise admits only the job's own pods
 /// and the operator. Set to `"true"` by a cluster admin on the monitoring namespace.
@@ -18,11 +22,13 @@ pub enum Role {
     Swarmx,
     /// One simulated CS-2.
     Engine,
+    /// An input worker: reads, decodes, tokenizes and shards the data and serves each engine its samples.
+    Input,
 }
 
 impl Role {
-    /// Every role, in the order an appliance is brought up from the engines to MemoryX.
-    pub const ALL: [Role; 3] = [Role::Engine, Role::Swarmx, Role::Memoryx];
+    /// Every role, in the order an appliance is brought up: input workers, engines, SwarmX, MemoryX.
+    pub const ALL: [Role; 4] = [Role::Input, Role::Engine, Role::Swarmx, Role::Memoryx];
 
     /// The name in labels, logs and `wsctl node ROLE`.
     pub fn as_str(self) -> &'static str {
@@ -30,6 +36,7 @@ impl Role {
             Role::Memoryx => "memoryx",
             Role::Swarmx => "swarmx",
             Role::Engine => "engine",
+            Role::Input => "input",
         }
     }
 
@@ -39,6 +46,7 @@ impl Role {
             Role::Memoryx => "memoryx",
             Role::Swarmx => "swarmx",
             Role::Engine => "sim-wse",
+            Role::Input => "input",
         }
     }
 
@@ -48,10 +56,11 @@ impl Role {
             Role::Memoryx => None,
             Role::Swarmx => Some(("fabric", 7100)),
             Role::Engine => Some(("engine", 7200)),
+            Role::Input => Some(("input", 7300)),
         }
     }
 
-    /// The role named `name` (`memoryx`, `swarmx`, `engine`), for labels read back from the API server.
+    /// The role named `name` (`memoryx`, `swarmx`, `engine`, `input`), for labels read back from the API server.
     pub fn from_name(name: &str) -> Option<Role> {
         Role::ALL.into_iter().find(|r| r.as_str() == name)
     }
@@ -61,4 +70,12 @@ impl std::fmt::Display for Role {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// The input workers that serve engine `engine` when each CS-2 has `per_cs2` of them: a contiguous block, so
+/// worker `w` always serves engine `w / per_cs2`. The operator names pods and the local runner starts
+/// processes from it, and an engine splits its shard over exactly these.
+pub fn input_workers_of(engine: u32, per_cs2: u32) -> std::ops::Range<u32> {
+    let per = per_cs2.max(1);
+    engine * per..(engine + 1) * per
 }

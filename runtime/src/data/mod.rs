@@ -112,11 +112,16 @@ pub fn read_data_file(path: &Path) -> Result<Vec<u8>> {
 /// reads (a regular file for text, a folder for MNIST). A path that does not exist here passes, since the job
 /// may run where it does (a cluster's volume); loading it says so there.
 pub fn check_path(spec: &crds::TrainingJobSpec) -> Result<()> {
+    if spec.data.volume.is_some() {
+        // Inside a volume: only the input workers, where it is mounted, can tell.
+        return Ok(());
+    }
     let path = Path::new(&spec.data.path);
     let Ok(meta) = std::fs::metadata(path) else { return Ok(()) };
     let (ok, want) = match spec.data.kind {
-        crds::DataKind::Text => (meta.is_file(), "a regular file"),
         crds::DataKind::Mnist => (meta.is_dir(), "a folder of MNIST IDX files"),
+        crds::DataKind::Arrays => (true, "a safetensors file or a folder of .npy files"),
+        _ => (meta.is_file(), "a regular file"),
     };
     if ok {
         Ok(())
@@ -125,10 +130,45 @@ pub fn check_path(spec: &crds::TrainingJobSpec) -> Result<()> {
     }
 }
 
-/// Loads the training and held-out splits a job names. Every role that needs data calls this, so MemoryX and
-/// the engines agree on what sample `i` is.
-pub fn load(spec: &crds::TrainingJobSpec) -> Result<(Dataset, Dataset)> {
-    let path = Path::new(&spec.data.path);
+/// Where a path of `spec.data` (`path`, `heldOutPath`, `tokenizer`) is read from. Without a volume it is a plain
+/// path. With one, it is taken inside `root`, the folder the volume is mounted at (in a pod,
+/// [`crds::contract::DATA_MOUNT`]; locally, `wsctl run --volume CLAIM=DIR`), and refused when it would leave it:
+/// an absolute path, a `..`, or a symbolic link pointing out of the volume.
+pub fn resolve(spec: &crds::TrainingJobSpec, root: Option<&Path>, path: &str) -> Result<std::path::PathBuf> {
+    let Some(claim) = &spec.data.volume else { return Ok(Path::new(path).to_path_buf()) };
+    let root = root.ok_or_else(|| {
+        Error::Data(format!(
+            "spec.data.volume names the claim '{claim}' but no volume is mounted here; locally, run with \
+             `--volume {claim}=DIR` (the folder holding the claim's files)"
+        ))
+    })?;
+    if crds::escapes(path) {
+        return Err(Error::Data(format!(
+            "spec.data path '{path}' leaves the volume '{claim}'; give a path relative to the volume's root, without '..'"
+        )));
+    }
+    let root = root.canonicalize().map_err(|e| {
+        Error::Data(format!("the volume '{claim}' mounted at {} cannot be read ({e}); check the claim", root.display()))
+    })?;
+    let joined = root.join(path);
+    // A link inside the volume may point anywhere: what counts is where the path really leads.
+    match joined.canonicalize() {
+        Ok(real) if !real.starts_with(&root) => Err(Error::Data(format!(
+            "spec.data path '{path}' leads out of the volume '{claim}' (through a symbolic link, to {}); copy the data into the volume",
+            real.display()
+        ))),
+        Ok(real) => Ok(real),
+        Err(e) => Err(Error::Data(format!(
+            "cannot open '{path}' in the volume '{claim}' ({e}); check spec.data.path against the claim's files"
+        ))),
+    }
+}
+
+/// Loads the training and held-out splits a job names, its paths resolved by [`resolve`] against `root`. Input
+/// workers call this (engines and MemoryX never open data files), so every worker agrees on what sample `i` is.
+pub fn load(spec: &crds::TrainingJobSpec, root: Option<&Path>) -> Result<(Dataset, Dataset)> {
+    let path = resolve(spec, root, &spec.data.path)?;
+    let path = path.as_path();
     match spec.data.kind {
         crds::DataKind::Mnist => Ok((
             Dataset::Images(mnist::load(path, mnist::Split::Train)?),
@@ -139,6 +179,7 @@ pub fn load(spec: &crds::TrainingJobSpec) -> Result<(Dataset, Dataset)> {
             let (train, test) = text::load(path, context)?;
             Ok((Dataset::Text(train), Dataset::Text(test)))
         }
+        kind => Err(Error::Data(format!("spec.data.kind {kind:?} is not read yet"))),
     }
 }
 
@@ -180,7 +221,7 @@ impl Images {
                 *x = normalised[image[f] as usize];
             }
         }
-        Shard { inputs, labels: indices.iter().map(|&i| self.labels[i as usize]).collect() }
+        Shard { inputs, labels: indices.iter().map(|&i| u32::from(self.labels[i as usize])).collect() }
     }
 }
 

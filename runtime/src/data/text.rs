@@ -44,7 +44,7 @@ impl TextWindows {
         for &i in indices {
             let start = i as usize * t;
             tokens.extend(self.bytes[start..start + t].iter().map(|&b| f32::from(b)));
-            labels.extend_from_slice(&self.bytes[start + 1..start + t + 1]);
+            labels.extend(self.bytes[start + 1..start + t + 1].iter().map(|&b| u32::from(b)));
         }
         Shard { inputs: Mat::from_vec(1, tokens.len(), tokens), labels }
     }
@@ -102,9 +102,9 @@ mod tests {
         let shard = train.shard(&[0, 2]);
         assert_eq!(shard.inputs.cols, 16);
         assert_eq!(shard.inputs.data[0], f32::from(b'a'));
-        assert_eq!(shard.labels[0], b'b');
+        assert_eq!(shard.labels[0], u32::from(b'b'));
         assert_eq!(shard.inputs.data[8], f32::from(text[16]));
-        assert_eq!(shard.labels[15], text[24]);
+        assert_eq!(shard.labels[15], u32::from(text[24]));
         // A uniform alphabet of 26 letters: the unigram loss is about ln 26.
         let u = test.unigram_loss(&train);
         assert!((u - 26f64.ln()).abs() < 0.02, "{u}");

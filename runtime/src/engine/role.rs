@@ -15,8 +15,8 @@ use crate::tensor::Mat;
 pub struct Shard {
     /// `inputs × samples` activations of the input layer.
     pub inputs: Mat,
-    /// The class of each sample.
-    pub labels: Vec<u8>,
+    /// The class of each sample (the next token of each position, for a language model).
+    pub labels: Vec<u32>,
 }
 
 /// An engine's report of itself, for summaries and metrics.

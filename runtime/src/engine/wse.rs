@@ -36,7 +36,7 @@ pub(super) trait Net: Send {
 struct StepState {
     train: bool,
     scale: f32,
-    labels: Vec<u8>,
+    labels: Vec<u32>,
     /// The unit the forward pass computes next.
     next_forward: usize,
     /// Whether the loss has been computed.
@@ -193,11 +193,26 @@ impl<H: EngineHw> EngineRole for Wse<H> {
                 self.layout.inputs()
             )));
         }
+        let classes = self.layout.outputs();
+        if let Some(bad) = shard.labels.iter().find(|&&l| l as usize >= classes) {
+            return Err(Error::Data(format!(
+                "label {bad} is beyond the model's {classes} outputs; widen the model's last layer (or \
+                 spec.model.vocabSize) to the data's classes"
+            )));
+        }
+        // A language model's inputs are token ids, looked up in an embedding of `classes` (the vocabulary) rows.
+        if self.layout.is_language_model() {
+            if let Some(bad) = shard.inputs.data.iter().find(|&&t| !(t >= 0.0 && (t as usize) < classes && t.fract() == 0.0)) {
+                return Err(Error::Data(format!(
+                    "token id {bad} is beyond the vocabulary of {classes}; set spec.model.vocabSize to the tokenizer's"
+                )));
+            }
+        }
         self.end_step();
         let samples = shard.labels.len() / per_sample;
         let activations = self.layout.activation_bytes(samples);
         self.reserve(activations, || format!("the activations of a {samples}-sample shard"))?;
-        let bytes = shard.inputs.bytes() + shard.labels.len() as u64;
+        let bytes = shard.inputs.bytes() + 4 * shard.labels.len() as u64;
         self.net.begin(shard.inputs)?;
         self.hw.record(&Work::Received { bytes });
         self.step = Some(StepState {

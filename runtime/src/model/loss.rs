@@ -25,7 +25,7 @@ impl LossSum {
 
 /// Loss sums for `logits` (`classes × samples`) against `labels`, and the gradient of `scale · Σ loss` with
 /// respect to the logits. `scale` is 1 / global batch, so gradients summed over engines give the batch mean.
-pub fn softmax_cross_entropy(logits: &Mat, labels: &[u8], scale: f32) -> (LossSum, Mat) {
+pub fn softmax_cross_entropy(logits: &Mat, labels: &[u32], scale: f32) -> (LossSum, Mat) {
     let (classes, n) = (logits.rows, logits.cols);
     assert_eq!(labels.len(), n, "one label per sample");
     let mut grad = Mat::zeros(classes, n);
@@ -59,7 +59,7 @@ mod tests {
     #[test]
     fn gradient_matches_central_differences() {
         let logits = Mat::from_vec(3, 2, vec![0.5, -1.0, 2.0, 0.3, -0.7, 1.1]);
-        let labels = [2u8, 0];
+        let labels = [2u32, 0];
         let (_, grad) = softmax_cross_entropy(&logits, &labels, 0.5);
         // The gradient was scaled by 0.5: so is the objective.
         let objective = |l: &Mat| 0.5 * softmax_cross_entropy(l, &labels, 1.0).0.loss;

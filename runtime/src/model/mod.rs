@@ -260,6 +260,11 @@ impl ModelLayout {
         }
     }
 
+    /// Whether the model reads token ids (a GPT) rather than features.
+    pub fn is_language_model(&self) -> bool {
+        matches!(self.arch, Arch::Gpt(_))
+    }
+
     /// Output features (classes) of the last layer.
     pub fn outputs(&self) -> usize {
         self.linears.last().map_or(0, |l| l.outputs)
