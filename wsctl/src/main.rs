@@ -45,6 +45,10 @@ enum Command {
         /// After training a language model, decode and print this many lines of text from it.
         #[arg(long, default_value_t = 0)]
         sample: usize,
+        /// A folder standing in for a PersistentVolumeClaim the job's data names (`spec.data.volume`), as
+        /// CLAIM=DIR; repeatable.
+        #[arg(long = "volume", value_name = "CLAIM=DIR", value_parser = run::parse_volume)]
+        volumes: Vec<(String, PathBuf)>,
     },
     /// Run one role of the appliance (what `wsctl run` starts for each component): `wsctl node ROLE ARGS…`
     /// takes exactly the arguments of the role's program (`memoryx`, `swarmx`, `sim-wse`).
@@ -111,8 +115,8 @@ impl From<Preset> for crds::EnginePreset {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { job, out, cs2, in_process, fanout, checkpoint_dir, sample } => {
-            run::run(&job, run::RunOptions { cs2, out, in_process, fanout, checkpoint_dir, sample })
+        Command::Run { job, out, cs2, in_process, fanout, checkpoint_dir, sample, volumes } => {
+            run::run(&job, run::RunOptions { cs2, out, in_process, fanout, checkpoint_dir, sample, volumes })
         }
         Command::Node { role, args } => local::node(&role, args),
         Command::Plan { job, cs2, json } => run::plan(&job, cs2, json),

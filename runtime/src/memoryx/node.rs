@@ -82,7 +82,15 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
     };
 
     let uid = manifest.metadata.uid.clone();
-    let result = Job::load(manifest.spec, job_id).and_then(|mut job| {
+    let described = {
+        // The data stays with the input workers: one of them says what it holds.
+        let limits = crate::plan::Limits::for_spec(&manifest.spec);
+        let bound = crate::input::ShardBound::for_spec(&manifest.spec);
+        let dial = dial(&args.common, &identity, args.connect_timeout, &limits);
+        crate::input::remote::RemoteFeed::new(rt.handle().clone(), std::slice::from_ref(&args.input), &job_id, dial, bound)
+            .and_then(|feed| crate::input::Feed::describe(&feed))
+    };
+    let result = described.and_then(|data| Job::new(manifest.spec, job_id, data)).and_then(|mut job| {
         job.uid = uid;
         let mut driver = Driver::new(job, outputs);
         driver.share(status.clone(), want_checkpoint.clone());
