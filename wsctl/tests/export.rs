@@ -195,20 +195,31 @@ impl Gpt2 {
 /// the job reported within 1%. (And by `transformers` too, where it is installed.)
 #[test]
 fn an_exported_gpt_computes_the_loss_the_job_reported() {
-    let (job, out, summary) = train("gpt", GPT);
+    exported_loss_matches("gpt", GPT, true);
+}
+
+/// The same with an LM head of its own (written as `lm_head.weight`) and dense layers.
+#[test]
+fn an_exported_gpt_with_its_own_head_computes_the_loss_the_job_reported() {
+    let untied = GPT.replace("sparsity: 0.5}", "sparsity: 0.0, tiedEmbeddings: false}").replace("steps: 60", "steps: 30");
+    exported_loss_matches("untied", &untied, false);
+}
+
+fn exported_loss_matches(name: &str, manifest: &str, tied: bool) {
+    let (job, out, summary) = train(name, manifest);
     let reported = summary["eval"]["loss"].as_f64().unwrap();
-    let ckpt = out.join("checkpoints").join("step-00000060.safetensors");
+    let steps = summary["steps"].as_u64().unwrap();
+    let ckpt = out.join("checkpoints").join(format!("step-{steps:08}.safetensors"));
     assert!(ckpt.exists(), "the last step is checkpointed: {:?}", std::fs::read_dir(out.join("checkpoints")).unwrap().collect::<Vec<_>>());
     let hf = job.parent().unwrap().join("hf");
     let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", hf.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let model = Gpt2::load(&hf);
-    assert_eq!((model.embd, model.heads, model.layers, model.positions, model.vocab, model.tied), (48, 4, 2, 32, 256, true));
-    assert!(!model.tensors.contains_key("lm_head.weight"), "a tied head is the token embedding");
+    assert_eq!((model.embd, model.heads, model.layers, model.positions, model.vocab, model.tied), (48, 4, 2, 32, 256, tied));
+    assert_eq!(model.tensors.contains_key("lm_head.weight"), !tied, "a tied head is the token embedding");
 
     // The held-out windows the job evaluated: the same split, the same evenly spread windows.
-    let spec = crds::parse_training_job(GPT).unwrap().spec;
-    let mut spec = spec;
+    let mut spec = crds::parse_training_job(manifest).unwrap().spec;
     spec.data.path = common::repo().join(&spec.data.path).to_string_lossy().to_string();
     let (_, test) = runtime::data::load(&spec).unwrap();
     let (mut sum, mut tokens) = (0.0, 0usize);
@@ -224,7 +235,7 @@ fn an_exported_gpt_computes_the_loss_the_job_reported() {
     assert_eq!(tokens as u64, summary["eval"]["samples"].as_u64().unwrap(), "the same held-out tokens");
     assert!((ours - reported).abs() <= 0.01 * reported, "GPT-2's forward gives {ours}, the job reported {reported}");
     assert!(reported < 5.0, "the job learned something ({reported} nats/token; ln 256 = 5.55)");
-    eprintln!("independent GPT-2 forward: {ours:.5} nats/token; the job reported {reported:.5}");
+    eprintln!("{name}: independent GPT-2 forward: {ours:.5} nats/token; the job reported {reported:.5}");
 
     transformers_check(&hf, &test, &windows, reported);
 }
