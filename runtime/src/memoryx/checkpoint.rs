@@ -355,6 +355,30 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoint_records_its_model_and_old_ones_read_without_it() {
+        let dir = std::env::temp_dir().join(format!("ws-ckpt-model-{}", std::process::id()));
+        fs::remove_dir_all(&dir).ok();
+        let t: Tensors = vec![("layer.0.weight".into(), vec![1.0; 4])];
+        let model = crds::ModelSpec {
+            kind: crds::ModelKind::Gpt,
+            width: Some(8),
+            heads: Some(2),
+            ..crds::ModelSpec::mlp(Vec::new(), crds::Activation::Gelu, 0.0)
+        };
+        let owner = Owner { job: "j", uid: Some("u"), model: Some((&model, 42)) };
+        let path = write_owned(&dir, 10, &t, &owner, 5).unwrap();
+        let (info, tensors) = read_with_info(&path, 1 << 20).unwrap();
+        assert_eq!(tensors, t);
+        assert_eq!(info, Info { step: 10, job: Some("j".into()), uid: Some("u".into()), model: Some(model), seed: Some(42) });
+        assert_eq!(latest_for(&dir, Some("u"), 1 << 20).unwrap().unwrap().0, 10, "resumable as before");
+        // A checkpoint written before the model was recorded still reads, without one.
+        let old = write(&dir, 20, &t, "j", 5).unwrap();
+        let (info, _) = read_with_info(&old, 1 << 20).unwrap();
+        assert_eq!((info.step, info.model, info.seed), (20, None, None));
+        fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
     fn a_job_resumes_only_its_own_checkpoints() {
         let dir = std::env::temp_dir().join(format!("ws-ckpt-owner-{}", std::process::id()));
         fs::remove_dir_all(&dir).ok();
