@@ -847,7 +847,8 @@ mod tests {
         for n in [1, 4] {
             let d = build(&j, &settings(true), n);
             let all = containers(&d);
-            assert_eq!(all.len(), 1 + d.plan.swarmx.nodes.len() + n as usize);
+            // MemoryX, the tree, an engine per CS-2 and its input worker.
+            assert_eq!(all.len(), 1 + d.plan.swarmx.nodes.len() + 2 * n as usize);
             for c in &all {
                 let program = c.command.as_ref().unwrap()[0].as_str();
                 let role = Role::ALL.into_iter().find(|r| r.binary() == program).expect("a role's program");
@@ -864,7 +865,14 @@ mod tests {
                     }
                     Role::Engine => {
                         let a: EngineArgs = parse(c);
-                        assert_eq!(a, engine_args(a.index));
+                        assert_eq!(a, engine_args(&j, a.index));
+                        assert_eq!(a.inputs.len(), 1, "one input worker per CS-2 by default");
+                        a.common.http
+                    }
+                    Role::Input => {
+                        let a: InputArgs = parse(c);
+                        assert_eq!(a, input_args(&j, a.index));
+                        assert_eq!(a.data_root, None, "no volume, no data root");
                         a.common.http
                     }
                 };
@@ -873,6 +881,36 @@ mod tests {
                 assert!(ports.contains(&i32::from(HTTP_PORT)));
             }
         }
+    }
+
+    /// With `spec.data.volume` and two workers per CS-2, each engine is fed by its own two workers, and only the
+    /// input pods mount the claim, read-only, where their `--data-root` says.
+    #[test]
+    fn input_workers_alone_mount_the_data_volume_read_only() {
+        let mut j = job(2);
+        j.spec.data.volume = Some("corpus".into());
+        j.spec.data.workers = 2;
+        let d = build(&j, &settings(false), 2);
+        let inputs = role_pods(&d, Role::Input);
+        assert_eq!(inputs.len(), 4);
+        for (i, p) in inputs.iter().enumerate() {
+            let spec = p.spec.as_ref().unwrap();
+            let claim = spec.volumes.iter().flatten().find_map(|v| v.persistent_volume_claim.clone()).expect("the data claim");
+            assert_eq!((claim.claim_name.as_str(), claim.read_only), ("corpus", Some(true)));
+            let c = &spec.containers[0];
+            let mount = c.volume_mounts.iter().flatten().find(|m| m.name == "data").expect("mounted");
+            assert_eq!((mount.mount_path.as_str(), mount.read_only), (DATA_MOUNT, Some(true)));
+            let a: InputArgs = parse(c);
+            assert_eq!((a.index, a.data_root.as_deref()), (i as u32, Some(std::path::Path::new(DATA_MOUNT))));
+        }
+        for p in d.pods.iter().filter(|p| p.labels()[ROLE_LABEL] != Role::Input.as_str()) {
+            let mounts_data = p.spec.as_ref().unwrap().volumes.iter().flatten().any(|v| v.persistent_volume_claim.is_some());
+            assert!(!mounts_data, "{} mounts the data volume", p.name_any());
+        }
+        let engines = role_pods(&d, Role::Engine);
+        let a: EngineArgs = parse(&engines[1].spec.as_ref().unwrap().containers[0]);
+        assert_eq!(a.inputs, vec![input_address("mnist", "ml", 2), input_address("mnist", "ml", 3)]);
+        assert!(a.inputs[0].starts_with("https://mnist-input-2.mnist-input.ml.svc:7300"), "{:?}", a.inputs);
     }
 
     /// The checks of Pod Security "restricted" (v1.34) that a pod spec can fail, as the API server applies them.

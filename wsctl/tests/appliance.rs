@@ -560,9 +560,10 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
     let job = dir.join("job.yaml");
     std::fs::write(&job, JOB.replace("steps: 24", "steps: 20")).unwrap();
     let ck = dir.join("checkpoints");
-    let e0 = node("engine", &job, &[]);
-    let sx = node("swarmx", &job, &["--children", &format!("https://{}", e0.addr)]);
-    let (mut mx, mut out) = memoryx(&job, &sx, &["--linger", "--checkpoint-dir", ck.to_str().unwrap()], &dir.join("memoryx.log"));
+    let input = node("input", &job, &[]);
+    let e0 = engine(&job, 0, &input, &[]);
+    let sx = node("swarmx", &job, &["--children", &e0.url()]);
+    let (mut mx, mut out) = memoryx(&job, &sx, &input, &["--linger", "--checkpoint-dir", ck.to_str().unwrap()], &dir.join("memoryx.log"));
     let (_, mx_http) = ready("memoryx", &mut out);
     std::thread::spawn(move || for _ in out.lines() {});
     let ids = common::identity(&job);
@@ -657,5 +658,5 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
     assert!(get("/checkpoints/..%2F..%2Fetc%2Fpasswd").contains("no checkpoint named"), "a clear message");
     let _ = mx.kill();
     let _ = mx.wait();
-    drop((e0, sx));
+    drop((e0, sx, input));
 }

@@ -221,7 +221,7 @@ fn exported_loss_matches(name: &str, manifest: &str, tied: bool) {
     // The held-out windows the job evaluated: the same split, the same evenly spread windows.
     let mut spec = crds::parse_training_job(manifest).unwrap().spec;
     spec.data.path = common::repo().join(&spec.data.path).to_string_lossy().to_string();
-    let (_, test) = runtime::data::load(&spec).unwrap();
+    let (_, test) = runtime::data::load(&spec, None).unwrap();
     let (mut sum, mut tokens) = (0.0, 0usize);
     let windows = test.eval_samples();
     for &w in &windows {
@@ -257,7 +257,7 @@ fn transformers_check(hf: &Path, test: &runtime::data::Dataset, windows: &[u32],
             return;
         }
     }
-    let batches: Vec<(Vec<f32>, Vec<u8>)> = windows.iter().map(|&w| {
+    let batches: Vec<(Vec<f32>, Vec<u32>)> = windows.iter().map(|&w| {
         let s = test.shard(&[w]);
         (s.inputs.data, s.labels)
     }).collect();
