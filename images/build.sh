@@ -7,7 +7,7 @@
 #
 # Writes, under ${WS_IMAGES_DIR:-target/images}:
 #   weightstream-operator-<version>.tar  weightstream/operator:<version>  weightstream-operator, weightstream-device-plugin
-#   weightstream-runtime-<version>.tar   weightstream/runtime:<version>   memoryx, swarmx, sim-wse, examples/data/{mnist,moby-dick}
+#   weightstream-runtime-<version>.tar   weightstream/runtime:<version>   memoryx, swarmx, sim-wse, input, examples/data/{mnist,moby-dick}
 #   weightstream-pause-3.10.tar          weightstream/pause:3.10          /pause (the pod sandbox, static)
 #
 # Each image is one layer: the binaries (debug info stripped) in /usr/local/bin, exactly the shared libraries and loader `ldd` lists for
@@ -116,9 +116,9 @@ binary_image() {
   local rootfs="$work/rootfs-$name" bin
   mkdir -p "$rootfs/usr/local/bin"
   write_etc "$rootfs"
-  # The data plane opens spec.data.path relative to its working directory (/), and the examples say
-  # examples/data/...: ship the examples' data (the digits, the text) in the runtime image so the examples
-  # run unchanged in a pod.
+  # Input workers open a spec.data.path without a volume relative to their working directory (/), and the
+  # examples say examples/data/...: ship the examples' data (the digits, the text) in the runtime image so the
+  # examples run unchanged in a pod. Users' data comes from a volume (spec.data.volume) instead.
   if [[ "$name" == runtime ]]; then
     mkdir -p "$rootfs/examples/data/mnist" "$rootfs/examples/data/moby-dick"
     install -m 0644 examples/data/mnist/*-ubyte.gz "$rootfs/examples/data/mnist/"
@@ -136,7 +136,7 @@ binary_image() {
 }
 
 binary_image operator '["weightstream-operator"]' '[]' weightstream-operator weightstream-device-plugin
-binary_image runtime null "$(json_array memoryx --help)" memoryx swarmx sim-wse
+binary_image runtime null "$(json_array memoryx --help)" memoryx swarmx sim-wse input
 
 # The sandbox image: one static binary, run as the conventional nobody-like 65535.
 pause_root="$work/rootfs-pause"

@@ -67,7 +67,13 @@ pub struct Claim {
     pub holds: u32,
     /// CS-2s it waits for (0 when it waits for nothing: running, suspended, finished).
     pub wants: u32,
+    /// Whether it cannot start whatever is free (its data volume's claim does not exist): it waits outside the
+    /// queue, blocking no one, until its own pass finds the claim.
+    pub blocked: bool,
 }
+
+/// The `Admitted` reason of a job whose `spec.data.volume` names a claim that does not exist.
+pub const DATA_VOLUME_NOT_FOUND: &str = "DataVolumeNotFound";
 
 impl Claim {
     /// The claim of a job as it stands in the API server, with the cluster's PriorityClasses.
@@ -86,13 +92,14 @@ impl Claim {
             created: job.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second()),
             holds,
             wants,
+            blocked: status.conditions.iter().any(|c| c.type_ == "Admitted" && c.reason == DATA_VOLUME_NOT_FOUND),
         }
     }
 
     /// The claim of a job the operator cannot decode: it keeps what its status says it holds (its pods may
     /// still run), and waits for nothing, since nothing can be assembled from a spec that cannot be read.
     pub fn undecodable(key: String, namespace: String, holds: u32) -> Claim {
-        Claim { key, namespace, class: None, class_name: None, priority: 0, created: 0, holds, wants: 0 }
+        Claim { key, namespace, class: None, class_name: None, priority: 0, created: 0, holds, wants: 0, blocked: false }
     }
 }
 
@@ -100,7 +107,7 @@ impl Claim {
 /// then each namespace's jobs of one class value are dealt, in its own `spec.priority` order, into the places
 /// they hold between them. Jobs whose class does not exist are left out.
 pub fn queue(claims: &[Claim]) -> Vec<&Claim> {
-    let mut places: Vec<&Claim> = claims.iter().filter(|c| c.wants > 0 && c.class.is_some()).collect();
+    let mut places: Vec<&Claim> = claims.iter().filter(|c| c.wants > 0 && c.class.is_some() && !c.blocked).collect();
     places.sort_by_key(|c| (Reverse(c.class), c.created, c.key.clone()));
     let mut own: BTreeMap<(&str, Option<i32>), Vec<&Claim>> = BTreeMap::new();
     for c in &places {
@@ -187,7 +194,8 @@ pub fn decide(pool: u32, claims: &[Claim], key: &str) -> Verdict {
 /// admission would start first, so growing never jumps the queue.
 pub fn may_grow(pool: u32, claims: &[Claim], extra: u32) -> bool {
     let used: u32 = claims.iter().map(|c| c.holds).sum();
-    let waiting: u32 = claims.iter().filter(|c| c.wants > 0 && c.wants <= pool && c.class.is_some()).map(|c| c.wants).sum();
+    let waiting: u32 =
+        claims.iter().filter(|c| c.wants > 0 && c.wants <= pool && c.class.is_some() && !c.blocked).map(|c| c.wants).sum();
     pool.saturating_sub(used).saturating_sub(waiting) >= extra
 }
 
@@ -196,7 +204,7 @@ mod tests {
     use super::*;
 
     fn c(key: &str, priority: i32, created: i64, holds: u32, wants: u32) -> Claim {
-        Claim { key: key.into(), namespace: "ns".into(), class: Some(0), class_name: None, priority, created, holds, wants }
+        Claim { key: key.into(), namespace: "ns".into(), class: Some(0), class_name: None, priority, created, holds, wants, blocked: false }
     }
 
     /// A job of namespace `ns` in a class of value `class`, waiting for `wants` CS-2s.
@@ -210,7 +218,19 @@ mod tests {
             created,
             holds: 0,
             wants,
+            blocked: false,
         }
+    }
+
+    /// A job whose data claim is missing waits outside the queue: the job behind it is admitted.
+    #[test]
+    fn a_job_whose_data_volume_is_missing_blocks_no_one() {
+        let mut a = c("a", 0, 1, 0, 4);
+        a.blocked = true;
+        let claims = vec![a, c("b", 0, 2, 0, 4)];
+        assert_eq!(decide(4, &claims, "b"), Verdict::Admit);
+        assert_eq!(position(&claims, "a"), None);
+        assert!(may_grow(4, &claims[..1], 4));
     }
 
     fn order(claims: &[Claim]) -> Vec<&str> {

@@ -964,7 +964,7 @@ mod tests {
         let d = build(&job(4), &settings(true), 4);
         let mut specs = vec![d.memoryx.spec.clone().unwrap().template.spec.unwrap()];
         specs.extend(d.pods.iter().map(|p| p.spec.clone().unwrap()));
-        assert_eq!(specs.len(), 1 + 3 + 4);
+        assert_eq!(specs.len(), 1 + 3 + 4 + 4, "MemoryX, the tree, the engines and their input workers");
         for spec in specs {
             assert_eq!(restricted_violations(&spec), Vec::<String>::new(), "{:?}", spec.hostname);
             assert_eq!(spec.automount_service_account_token, Some(false), "no API token in the data plane");
@@ -1036,7 +1036,7 @@ mod tests {
         // It selects every pod of the job (MemoryX's template included) and no other job's.
         let mut pod_labels: Vec<BTreeMap<String, String>> = d.pods.iter().map(|p| p.labels().clone()).collect();
         pod_labels.push(d.memoryx.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().labels.clone().unwrap());
-        assert_eq!(pod_labels.len(), 1 + 3 + 4);
+        assert_eq!(pod_labels.len(), 1 + 3 + 4 + 4);
         assert!(pod_labels.iter().all(|l| matches(&spec.pod_selector, l)));
         assert!(!matches(&spec.pod_selector, &labels("other", Some(Role::Engine))));
 
@@ -1141,7 +1141,7 @@ mod tests {
         let mut metas = vec![d.config.metadata.clone(), d.memoryx.metadata.clone(), d.network_policy.metadata.clone()];
         metas.extend(d.services.iter().map(|x| x.metadata.clone()));
         metas.extend(d.pods.iter().map(|x| x.metadata.clone()));
-        assert_eq!(metas.len(), 3 + 3 + 3 + 4);
+        assert_eq!(metas.len(), 3 + 4 + 3 + 4 + 4);
         for m in metas {
             let o = &m.owner_references.as_ref().unwrap()[0];
             assert_eq!((o.kind.as_str(), o.name.as_str(), o.uid.as_str()), ("TrainingJob", "mnist", "1234-abcd"));

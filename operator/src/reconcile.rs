@@ -323,6 +323,9 @@ struct Reading {
     desired: Option<Desired>,
     classes: PriorityClasses,
     memoryx_refusal: Option<Refusal>,
+    /// Why the job cannot be admitted because of its data: `spec.data.volume` names a claim that does not
+    /// exist (checked only while it waits).
+    missing_data: Option<String>,
 }
 
 /// Read: everything the decision needs that is not the list of jobs. MemoryX is asked first and outside any
@@ -344,7 +347,19 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
     let classes = Api::<PriorityClass>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
     let classes = PriorityClasses::new(&classes);
     let memoryx_refusal = if holds > 0 { memoryx_refusal(job, &existing, ctx).await } else { None };
-    Ok(Reading { coordinator, pool, settings, existing, desired, classes, memoryx_refusal })
+    let missing_data = match (&job.spec.data.volume, holds) {
+        (Some(claim), 0) => {
+            let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+            claims.get_opt(claim).await?.is_none().then(|| {
+                format!(
+                    "spec.data.volume names the PersistentVolumeClaim '{claim}', which does not exist in namespace \
+                     '{ns}': create it with the data (or fix the name); the job waits for it without holding CS-2s"
+                )
+            })
+        }
+        _ => None,
+    };
+    Ok(Reading { coordinator, pool, settings, existing, desired, classes, memoryx_refusal, missing_data })
 }
 
 /// Why MemoryX's pod is missing, when the API server refused it: the StatefulSet controller creates it, so
@@ -380,13 +395,20 @@ async fn memoryx_refusal(job: &TrainingJob, existing: &[Pod], ctx: &Context) -> 
 /// Decide (pure): the job's next status and what to do with its children, from what was read and the current
 /// list of every job (whose allocations are what is taken from the pool).
 fn decide(job: &TrainingJob, all: &[Stored], r: &Reading, ctx: &Context, now: Timestamp) -> (status::Decision, PodCensus) {
-    let claims = decode::claims(all, &r.classes);
+    let mut claims = decode::claims(all, &r.classes);
     let (pool_size, _) = r.pool.unwrap_or((0, false));
     let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
+    // This pass knows afresh whether the job's data claim exists; other jobs' claims say what their last pass saw.
+    if let Some(own) = claims.iter_mut().find(|c| c.key == key) {
+        own.blocked = r.missing_data.is_some();
+    }
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
-    let admission = (holds == 0).then(|| match r.pool {
-        Some(_) => admission::decide(pool_size, &claims, &key),
-        None => Verdict::Wait {
+    let admission = (holds == 0).then(|| match (&r.missing_data, r.pool) {
+        (Some(message), _) if job.spec.cs2 > 0 && !job.spec.suspend => {
+            Verdict::Wait { reason: admission::DATA_VOLUME_NOT_FOUND, message: message.clone() }
+        }
+        (_, Some(_)) => admission::decide(pool_size, &claims, &key),
+        (_, None) => Verdict::Wait {
             reason: "NoPool",
             message: "no node advertises weightstream.dev/cs2 and no pool size is configured (WS_CS2_POOL)".into(),
         },
@@ -761,7 +783,8 @@ mod tests {
     fn census_finds_missing_failed_outdated_and_surplus_pods() {
         let want = desired(2);
         let c = census(&[], &want, "j-memoryx-0");
-        assert_eq!((c.ready, c.missing.len()), (false, 3));
+        // The root, two engines and their two input workers.
+        assert_eq!((c.ready, c.missing.len()), (false, 5));
 
         let all_ready: Vec<Pod> = want.iter().cloned().map(|p| with_status(p, "Running", true)).collect();
         let c = census(&all_ready, &want, "j-memoryx-0");

@@ -102,9 +102,10 @@ app.kubernetes.io/component: device-plugin
   resources: [secrets]
   verbs: [get, list, create, delete]
 - apiGroups: [""]
-  # MemoryX's checkpoint claims come from its StatefulSet; the operator only removes them with the job.
+  # MemoryX's checkpoint claims come from its StatefulSet; the operator only removes them with the job, and
+  # reads a job's data claim (spec.data.volume) to say when it is missing.
   resources: [persistentvolumeclaims]
-  verbs: [list, delete]
+  verbs: [get, list, delete]
 - apiGroups: [networking.k8s.io]
   # One NetworkPolicy per job (its pods accept traffic only from the job, the operator and metrics scrapers).
   resources: [networkpolicies]
