@@ -401,9 +401,9 @@ pub fn run(
         .retry("evaluation", || evaluate(store, swarm, layers, &test_samples, eval_batch, total), || Ok(true))?
         .ok_or_else(|| Error::Unavailable("evaluation gave up".into()))?;
     let mut eval = eval;
-    if let (Dataset::Text(train), Dataset::Text(test)) = data {
+    if let Some(unigram) = data.1.unigram_loss(data.0) {
         eval.perplexity = Some(eval.loss.exp());
-        eval.unigram_loss = Some(test.unigram_loss(train));
+        eval.unigram_loss = Some(unigram);
     }
     let steps_run = total - start;
     let samples_per_s = (steps_run as usize * batch) as f64 / wall_s.max(1e-9);
