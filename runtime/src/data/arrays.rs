@@ -170,7 +170,7 @@ pub fn load(path: &Path, spec: &crds::TrainingJobSpec) -> Result<Arrays> {
         })?;
         let take = |name: &str| -> Result<Array> {
             let view = st.tensor(name).map_err(|_| {
-                let mut names: Vec<&str> = st.names().into_iter().map(|n| n.as_ref()).collect();
+                let mut names: Vec<&str> = st.names();
                 names.sort_unstable();
                 Error::Data(format!(
                     "{shown} has no tensor '{name}' (it holds {}); set spec.data.inputs and spec.data.labels to \
