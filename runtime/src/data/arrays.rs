@@ -93,6 +93,24 @@ pub struct Array {
     pub data: Vec<u8>,
 }
 
+impl Array {
+    /// A borrowed view of the array, as a safetensors file gives its tensors without copying them.
+    pub fn view(&self) -> ArrayRef<'_> {
+        ArrayRef { dtype: self.dtype, shape: self.shape.clone(), data: &self.data }
+    }
+}
+
+/// An array's element type, shape and bytes, borrowed from wherever they were read into.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArrayRef<'a> {
+    /// Element type.
+    pub dtype: Dtype,
+    /// Dimensions, outermost first.
+    pub shape: Vec<usize>,
+    /// `product(shape) × dtype.width()` bytes.
+    pub data: &'a [u8],
+}
+
 /// Samples of `features` values each with one class each: what an MLP trains on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Arrays {
@@ -158,41 +176,40 @@ pub fn load(path: &Path, spec: &crds::TrainingJobSpec) -> Result<Arrays> {
         ));
     };
     let shown = path.display();
-    let (inputs, labels) = if path.is_dir() {
-        (npy_in(path, inputs_name)?, npy_in(path, labels_name)?)
-    } else {
-        let bytes = super::read_data_file(path)?;
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
+    let checked = |inputs: ArrayRef, labels: ArrayRef| {
+        from_arrays(&inputs, &labels, width as usize, classes as usize).map_err(|e| Error::Data(format!("{shown}: {e}")))
+    };
+    if path.is_dir() {
+        let (inputs, labels) = (npy_in(path, inputs_name)?, npy_in(path, labels_name)?);
+        return checked(inputs.view(), labels.view());
+    }
+    let bytes = super::read_data_file(path)?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
+        Error::Data(format!(
+            "{shown} is not a safetensors file ({e}); write one with safetensors' save_file, or point \
+             spec.data.path at a folder of .npy files"
+        ))
+    })?;
+    let take = |name: &str| -> Result<ArrayRef> {
+        let view = st.tensor(name).map_err(|_| {
+            let mut names: Vec<&str> = st.names();
+            names.sort_unstable();
             Error::Data(format!(
-                "{shown} is not a safetensors file ({e}); write one with safetensors' save_file, or point \
-                 spec.data.path at a folder of .npy files"
+                "{shown} has no tensor '{name}' (it holds {}); set spec.data.inputs and spec.data.labels to \
+                 the names of the inputs and labels",
+                if names.is_empty() { "none".to_string() } else { names.join(", ") }
             ))
         })?;
-        let take = |name: &str| -> Result<Array> {
-            let view = st.tensor(name).map_err(|_| {
-                let mut names: Vec<&str> = st.names();
-                names.sort_unstable();
-                Error::Data(format!(
-                    "{shown} has no tensor '{name}' (it holds {}); set spec.data.inputs and spec.data.labels to \
-                     the names of the inputs and labels",
-                    if names.is_empty() { "none".to_string() } else { names.join(", ") }
-                ))
-            })?;
-            let dtype = Dtype::from_safetensors(view.dtype()).ok_or_else(|| {
-                Error::Data(format!(
-                    "{shown}: the tensor '{name}' is {:?}, which is not read; store float32, float64 or an integer type",
-                    view.dtype()
-                ))
-            })?;
-            Ok(Array { dtype, shape: view.shape().to_vec(), data: view.data().to_vec() })
-        };
-        let pair = (take(inputs_name)?, take(labels_name)?);
-        drop(st);
-        drop(bytes);
-        pair
+        let dtype = Dtype::from_safetensors(view.dtype()).ok_or_else(|| {
+            Error::Data(format!(
+                "{shown}: the tensor '{name}' is {:?}, which is not read; store float32, float64 or an integer type",
+                view.dtype()
+            ))
+        })?;
+        Ok(ArrayRef { dtype, shape: view.shape().to_vec(), data: view.data() })
     };
-    from_arrays(&inputs, &labels, width as usize, classes as usize)
-        .map_err(|e| Error::Data(format!("{shown}: {e}")))
+    // Converted straight from the file's bytes: no copy of the tensors is made on the way.
+    checked(take(inputs_name)?, take(labels_name)?)
 }
 
 /// Reads `NAME.npy` from the folder `dir`, listing the arrays it holds when `NAME.npy` is missing.
@@ -223,8 +240,8 @@ fn npy_in(dir: &Path, name: &str) -> Result<Array> {
 
 /// Checks and converts a pair of arrays against the model's input width and class count.
 pub fn from_arrays(
-    inputs: &Array,
-    labels: &Array,
+    inputs: &ArrayRef,
+    labels: &ArrayRef,
     width: usize,
     classes: usize,
 ) -> std::result::Result<Arrays, String> {
@@ -266,8 +283,8 @@ pub fn from_arrays(
 }
 
 /// The values of a float or integer array as f32.
-fn to_f32(a: &Array) -> std::result::Result<Vec<f32>, String> {
-    let d = &a.data;
+fn to_f32(a: &ArrayRef) -> std::result::Result<Vec<f32>, String> {
+    let d = a.data;
     let mut out = Vec::with_capacity(d.len() / a.dtype.width());
     match a.dtype {
         Dtype::F32 => d.chunks_exact(4).for_each(|b| out.push(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
@@ -289,34 +306,36 @@ fn b8(b: &[u8]) -> [u8; 8] {
 }
 
 /// The classes of an integer array, each checked to be below `classes`.
-fn to_labels(a: &Array, classes: usize) -> std::result::Result<Vec<u32>, String> {
-    let d = &a.data;
-    let values: Vec<i128> = match a.dtype {
+fn to_labels(a: &ArrayRef, classes: usize) -> std::result::Result<Vec<u32>, String> {
+    let d = a.data;
+    let mut out = Vec::with_capacity(d.len() / a.dtype.width());
+    let mut push = |v: i128| -> std::result::Result<(), String> {
+        if v < 0 || v >= classes as i128 {
+            return Err(format!(
+                "label {v} of sample {} is not a class of the model's last layer (0 to {}); set the last of \
+                 spec.model.layers to the number of classes",
+                out.len(),
+                classes.saturating_sub(1)
+            ));
+        }
+        out.push(v as u32);
+        Ok(())
+    };
+    match a.dtype {
         Dtype::F32 | Dtype::F64 => {
             return Err(format!(
                 "the labels are {}; store classes as integers (labels.astype('int64'))",
                 a.dtype.name()
             ));
         }
-        Dtype::U8 => d.iter().map(|&b| i128::from(b)).collect(),
-        Dtype::I8 => d.iter().map(|&b| i128::from(b as i8)).collect(),
-        Dtype::I16 => d.chunks_exact(2).map(|b| i128::from(i16::from_le_bytes([b[0], b[1]]))).collect(),
-        Dtype::U16 => d.chunks_exact(2).map(|b| i128::from(u16::from_le_bytes([b[0], b[1]]))).collect(),
-        Dtype::I32 => d.chunks_exact(4).map(|b| i128::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect(),
-        Dtype::U32 => d.chunks_exact(4).map(|b| i128::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect(),
-        Dtype::I64 => d.chunks_exact(8).map(|b| i128::from(i64::from_le_bytes(b8(b)))).collect(),
-        Dtype::U64 => d.chunks_exact(8).map(|b| i128::from(u64::from_le_bytes(b8(b)))).collect(),
-    };
-    let mut out = Vec::with_capacity(values.len());
-    for (i, &v) in values.iter().enumerate() {
-        if v < 0 || v >= classes as i128 {
-            return Err(format!(
-                "label {v} of sample {i} is not a class of the model's last layer (0 to {}); set the last of \
-                 spec.model.layers to the number of classes",
-                classes.saturating_sub(1)
-            ));
-        }
-        out.push(v as u32);
+        Dtype::U8 => d.iter().try_for_each(|&b| push(i128::from(b)))?,
+        Dtype::I8 => d.iter().try_for_each(|&b| push(i128::from(b as i8)))?,
+        Dtype::I16 => d.chunks_exact(2).try_for_each(|b| push(i128::from(i16::from_le_bytes([b[0], b[1]]))))?,
+        Dtype::U16 => d.chunks_exact(2).try_for_each(|b| push(i128::from(u16::from_le_bytes([b[0], b[1]]))))?,
+        Dtype::I32 => d.chunks_exact(4).try_for_each(|b| push(i128::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))))?,
+        Dtype::U32 => d.chunks_exact(4).try_for_each(|b| push(i128::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))))?,
+        Dtype::I64 => d.chunks_exact(8).try_for_each(|b| push(i128::from(i64::from_le_bytes(b8(b)))))?,
+        Dtype::U64 => d.chunks_exact(8).try_for_each(|b| push(i128::from(u64::from_le_bytes(b8(b)))))?,
     }
     Ok(out)
 }
