@@ -430,6 +430,11 @@ pub(crate) mod tests {
         let shard = train.shard(&[2]);
         assert_eq!(shard.inputs.data, tr[256..384].iter().map(|&i| f32::from(i)).collect::<Vec<_>>());
         assert_eq!(shard.labels, tr[257..385].iter().map(|&i| u32::from(i)).collect::<Vec<_>>());
+        // The PVC variant reads the same files inside a volume: locally, `--volume weightstream-data=examples/data`.
+        let pvc = example("gpt-bpe-pvc.yaml");
+        assert_eq!(pvc.data.volume.as_deref(), Some("weightstream-data"));
+        let (pvc_train, pvc_test) = load(&pvc, Some(&repo().join("examples/data"))).unwrap();
+        assert_eq!((pvc_train, pvc_test), (train.clone(), test.clone()));
         // Too small a model for the tokenizer is one clear error.
         let mut small = spec.clone();
         small.model.vocab_size = 512;

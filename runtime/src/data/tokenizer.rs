@@ -53,12 +53,18 @@ impl TextTokenizer {
         std::fs::File::open(path)
             .and_then(|f| f.take(MAX_TOKENIZER_BYTES).read_to_end(&mut bytes))
             .map_err(|e| Error::io(format!("reading the tokenizer {shown}"), e))?;
-        let inner = Tokenizer::from_bytes(&bytes).map_err(|e| {
+        let mut inner = Tokenizer::from_bytes(&bytes).map_err(|e| {
             Error::Data(format!(
                 "the tokenizer {shown} is not a Hugging Face tokenizer.json ({e}); save one with \
                  `tokenizer.save(\"tokenizer.json\")` (Python `tokenizers`) or `AutoTokenizer.save_pretrained` and \
                  point spec.data.tokenizer at it"
             ))
+        })?;
+        // A tokenizer saved for a model's inputs may truncate or pad each encoding; a corpus is one stream of
+        // pieces, so neither may apply (truncation would drop text silently, padding insert tokens).
+        inner.with_padding(None);
+        inner.with_truncation(None).map_err(|e| {
+            Error::Data(format!("the tokenizer {shown}'s truncation cannot be turned off ({e}); save it without truncation"))
         })?;
         let vocab = inner.get_vocab_size(true);
         if vocab > model_vocab || vocab > MAX_VOCAB {
@@ -176,6 +182,20 @@ pub(crate) mod tests {
         assert!(err.contains("has a vocabulary of 6; set spec.model.vocabSize to at least 6"), "{err}");
         let err = tok.encode(b"call \xff me", &path, 6).unwrap_err().to_string();
         assert!(err.contains("not UTF-8") && err.contains("at byte 5"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_tokenizer_saved_with_truncation_and_padding_keeps_every_token() {
+        let dir = temp_dir("tok-trunc");
+        let path = dir.join("tokenizer.json");
+        let mut json: serde_json::Value = serde_json::from_str(&word_level_json()).unwrap();
+        json["truncation"] = serde_json::json!({"direction": "Right", "max_length": 2, "strategy": "LongestFirst", "stride": 0});
+        json["padding"] = serde_json::json!({"strategy": {"Fixed": 16}, "direction": "Right", "pad_to_multiple_of": null,
+            "pad_id": 0, "pad_type_id": 0, "pad_token": "[UNK]"});
+        std::fs::write(&path, json.to_string()).unwrap();
+        let tok = TextTokenizer::load(&path, 6).unwrap();
+        assert_eq!(tok.encode(b"call me ishmael .\nwhale", &path, 6).unwrap(), vec![1, 2, 3, 4, 5]);
         std::fs::remove_dir_all(&dir).ok();
     }
 
