@@ -164,6 +164,9 @@ pub struct RolesResources {
     /// Each engine host (the `weightstream.dev/cs2` request is added by the operator, not here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<ResourceRequirements>,
+    /// Each input worker: it holds the data set in memory (tokenized), and decodes and shards it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<ResourceRequirements>,
 }
 
 impl RolesResources {

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use crds::contract::{
-    CommonArgs, EngineArgs, MemoryxArgs, Role, RoleArgs, SwarmxArgs, SwarmxChild, SwarmxNode, HTTP_PORT,
+    input_workers_of, CommonArgs, EngineArgs, InputArgs, MemoryxArgs, Role, RoleArgs, SwarmxArgs, SwarmxChild, SwarmxNode,
+    DATA_MOUNT, HTTP_PORT,
     METRICS_SCRAPER_LABEL,
 };
 use crds::{PlanStatus, PullPolicy, SwarmxTreeStatus, TrainingJob};
@@ -19,7 +20,7 @@ use k8s_openapi::api::networking::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, KeyToPath, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, Pod, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort,
     Secret, SecretVolumeSource, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::ByteString;
@@ -141,6 +142,14 @@ pub mod names {
     pub fn engine(job: &str, index: u32) -> String {
         format!("{job}-engine-{index}")
     }
+    /// The headless Service of the input workers.
+    pub fn input_service(job: &str) -> String {
+        format!("{job}-input")
+    }
+    /// Input worker `index`: `spec.data.workers` per CS-2, engine `e`'s in a contiguous block.
+    pub fn input(job: &str, index: u32) -> String {
+        format!("{job}-input-{index}")
+    }
     /// The job's NetworkPolicy.
     pub fn network_policy(job: &str) -> String {
         format!("{job}-network")
@@ -157,6 +166,12 @@ pub fn swarmx_address(job: &str, namespace: &str, level: usize, index: usize) ->
 pub fn engine_address(job: &str, namespace: &str, index: u32) -> String {
     let pod = names::engine(job, index);
     format!("https://{pod}.{}.{namespace}.svc:{}", names::engine_service(job), grpc_port(Role::Engine))
+}
+
+/// The URL of input worker `index`.
+pub fn input_address(job: &str, namespace: &str, index: u32) -> String {
+    let pod = names::input(job, index);
+    format!("https://{pod}.{}.{namespace}.svc:{}", names::input_service(job), grpc_port(Role::Input))
 }
 
 /// The URL of a SwarmX node's child.
@@ -179,6 +194,7 @@ pub fn identity_names(job: &str, namespace: &str) -> Vec<String> {
         format!("{}.{namespace}.svc", names::memoryx(job)),
         format!("*.{}.{namespace}.svc", names::swarmx_service(job)),
         format!("*.{}.{namespace}.svc", names::engine_service(job)),
+        format!("*.{}.{namespace}.svc", names::input_service(job)),
     ]
 }
 
@@ -298,7 +314,7 @@ pub struct Desired {
     pub services: Vec<Service>,
     /// MemoryX's StatefulSet.
     pub memoryx: StatefulSet,
-    /// The SwarmX tree's pods (root first), then one engine pod per CS-2.
+    /// The SwarmX tree's pods (root first), then one engine pod per CS-2, then the input workers.
     pub pods: Vec<Pod>,
     /// Who may reach the job's pods, and whom they may reach.
     pub network_policy: NetworkPolicy,
@@ -311,6 +327,7 @@ pub fn desired(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<Desir
     let config_hash = fnv(&serde_json::to_vec(&config.data).map_err(|e| Error::Serialize(e.to_string()))?);
     let mut pods = swarmx_pods(job, settings, &plan, &config_hash)?;
     pods.extend(engine_pods(job, settings, &plan, &config_hash)?);
+    pods.extend(input_pods(job, settings, &plan, &config_hash)?);
     Ok(Desired {
         plan: status,
         memoryx: memoryx(job, settings, &plan, 1, &config_hash)?,
@@ -454,14 +471,15 @@ fn headless_service(job: &TrainingJob, name: String, role: Role) -> Result<Servi
     })
 }
 
-/// The three headless Services: MemoryX (only its HTTP port: it dials out to the SwarmX root, and the operator
-/// polls it), SwarmX and engines.
+/// The four headless Services: MemoryX (only its HTTP port: it dials out to the SwarmX root, and the operator
+/// polls it), SwarmX, engines and input workers.
 pub fn services(job: &TrainingJob) -> Result<Vec<Service>, Error> {
     let name = job.name_any();
     Ok(vec![
         headless_service(job, names::memoryx(&name), Role::Memoryx)?,
         headless_service(job, names::swarmx_service(&name), Role::Swarmx)?,
         headless_service(job, names::engine_service(&name), Role::Engine)?,
+        headless_service(job, names::input_service(&name), Role::Input)?,
     ])
 }
 
@@ -608,7 +626,7 @@ pub fn memoryx_args(job: &TrainingJob) -> MemoryxArgs {
     MemoryxArgs {
         checkpoint_dir: Some(CHECKPOINT_DIR.into()),
         linger: true,
-        ..MemoryxArgs::new(common_args(), swarmx_address(&name, &ns, 0, 0))
+        ..MemoryxArgs::new(common_args(), swarmx_address(&name, &ns, 0, 0), input_address(&name, &ns, 0))
     }
 }
 
@@ -712,9 +730,42 @@ fn swarmx_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str
         .collect()
 }
 
-/// Engine `index`'s arguments in a pod.
-pub fn engine_args(index: u32) -> EngineArgs {
-    EngineArgs::new(common_args(), listen(Role::Engine), index)
+/// Engine `index`'s arguments in a pod: fed by its block of the job's input workers.
+pub fn engine_args(job: &TrainingJob, index: u32) -> EngineArgs {
+    let (name, ns) = (job.name_any(), job.namespace().unwrap_or_default());
+    let inputs = input_workers_of(index, job.spec.data.workers).map(|w| input_address(&name, &ns, w)).collect();
+    EngineArgs::new(common_args(), listen(Role::Engine), index, inputs)
+}
+
+/// Input worker `index`'s arguments in a pod: the data volume, when the job names one, is at [`DATA_MOUNT`].
+pub fn input_args(job: &TrainingJob, index: u32) -> InputArgs {
+    InputArgs::new(common_args(), listen(Role::Input), index, job.spec.data.volume.as_ref().map(|_| DATA_MOUNT.into()))
+}
+
+/// The input workers, `spec.data.workers` per CS-2: the only pods that mount the data volume (read-only), so
+/// a job's data is read by the role that prepares it and by no other.
+fn input_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str) -> Result<Vec<Pod>, Error> {
+    let name = job.name_any();
+    (0..plan.cs2 * job.spec.data.workers.max(1))
+        .map(|i| {
+            let mut volumes = role_volumes(job);
+            let mut mounts = Vec::new();
+            if let Some(claim) = &job.spec.data.volume {
+                volumes.push(Volume {
+                    name: "data".into(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: claim.clone(),
+                        read_only: Some(true),
+                    }),
+                    ..Default::default()
+                });
+                mounts.push(VolumeMount { name: "data".into(), mount_path: DATA_MOUNT.into(), read_only: Some(true), ..Default::default() });
+            }
+            let c = container(job, settings, &input_args(job, i), job.spec.resources.input.clone(), mounts);
+            let spec = restricted_pod(vec![c], volumes);
+            pod(job, names::input(&name, i), Role::Input, names::input_service(&name), spec, config)
+        })
+        .collect()
 }
 
 /// One engine pod per CS-2, named by index so a replacement keeps its identity. It requests one
@@ -734,7 +785,7 @@ fn engine_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str
                 resources.requests.get_or_insert_with(BTreeMap::new).insert(CS2_RESOURCE.into(), one);
             }
             let resources = (resources != ResourceRequirements::default()).then_some(resources);
-            let c = container(job, settings, &engine_args(i), resources, vec![]);
+            let c = container(job, settings, &engine_args(job, i), resources, vec![]);
             let spec = restricted_pod(vec![c], role_volumes(job));
             pod(job, names::engine(&name, i), Role::Engine, names::engine_service(&name), spec, config)
         })

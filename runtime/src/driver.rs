@@ -12,23 +12,22 @@ use std::sync::{Arc, Mutex};
 use crds::contract::{MemoryxPhase, MemoryxStatus, ProgressReport};
 use crds::{CheckpointRef, TrainingJobSpec};
 
-use crate::data::Dataset;
+use crate::input::DataInfo;
 use crate::error::{Error, Result};
 use crate::memoryx::{checkpoint, MemoryX};
 use crate::model::ModelLayout;
 use crate::swarmx::Swarm;
 use crate::train::{self, RetryPolicy, Summary};
 
-/// A job ready to train: its spec, its identity on the wire and its data, loaded once.
+/// A job ready to train: its spec, its identity on the wire and what its data holds (the data itself stays
+/// with the input workers).
 pub struct Job {
     /// What to train.
     pub spec: TrainingJobSpec,
     /// The job's identity on the wire and in checkpoints.
     pub id: String,
-    /// The training examples.
-    pub train: Arc<Dataset>,
-    /// The held-out examples.
-    pub test: Arc<Dataset>,
+    /// What the data holds, as an input worker described it.
+    pub data: DataInfo,
     /// Optimizer steps in the whole run.
     pub total_steps: u64,
     /// The TrainingJob's uid when the manifest has one (in a cluster): checkpoints record it, and only this
@@ -37,11 +36,11 @@ pub struct Job {
 }
 
 impl Job {
-    /// Loads the job's data and counts its steps; fails with what to change when the data cannot train.
-    pub fn load(spec: TrainingJobSpec, id: impl Into<String>) -> Result<Job> {
-        let (train, test) = crate::data::load(&spec, None)?;
-        let total_steps = train::total_steps(&spec.training, train.len())?;
-        Ok(Job { spec, id: id.into(), train: Arc::new(train), test: Arc::new(test), total_steps, uid: None })
+    /// The job over data that holds `data`, its steps counted; fails with what to change when the data cannot
+    /// train.
+    pub fn new(spec: TrainingJobSpec, id: impl Into<String>, data: DataInfo) -> Result<Job> {
+        let total_steps = train::total_steps(&spec.training, data.train_samples)?;
+        Ok(Job { spec, id: id.into(), data, total_steps, uid: None })
     }
 
     /// The model's layout.
@@ -59,7 +58,7 @@ impl Job {
     /// Builds replicas of this job's MemoryX for engines that hold the model (pipelined execution).
     pub fn replica_factory(&self) -> crate::engine::server::ReplicaFactory {
         let (layout, t, total) = (self.layout(), self.spec.training.clone(), self.total_steps);
-        Arc::new(move || MemoryX::new(layout.clone(), t.optimizer.clone(), t.schedule.clone(), total, t.seed))
+        Arc::new(move || Ok(MemoryX::new(layout.clone(), t.optimizer.clone(), t.schedule.clone(), total, t.seed)))
     }
 }
 
@@ -168,7 +167,8 @@ impl Driver {
             self.update(|s| s.phase = MemoryxPhase::Checkpointing);
             let (at, tensors) = store.snapshot()?;
             debug_assert_eq!(at, step);
-            let path = checkpoint::write_for(dir, at, &tensors, &job.id, job.uid.as_deref(), spec.checkpoint.keep as usize)?;
+            let owner = checkpoint::Owner { job: &job.id, uid: job.uid.as_deref(), model: Some((&spec.model, spec.training.seed)) };
+            let path = checkpoint::write_owned(dir, at, &tensors, &owner, spec.checkpoint.keep as usize)?;
             self.update(|s| {
                 s.phase = MemoryxPhase::Running;
                 s.progress.last_checkpoint = Some(CheckpointRef { step: at, path: path.display().to_string() });
@@ -181,7 +181,7 @@ impl Driver {
             spec,
             job: &job.id,
             store: &store,
-            data: (&job.train, &job.test),
+            data: &job.data,
             range: start..total,
             retry: self.outputs.retry,
             sync_at: &sync_at,

@@ -16,6 +16,7 @@ pub mod engine;
 pub mod error;
 pub mod https;
 pub mod identity;
+pub mod input;
 pub mod kernels;
 pub mod memoryx;
 pub mod model;

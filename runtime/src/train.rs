@@ -13,7 +13,8 @@ use std::time::Instant;
 use crds::contract::ProgressReport;
 use serde::{Deserialize, Serialize};
 
-use crate::data::{Dataset, Sampler};
+use crate::data::Sampler;
+use crate::input::DataInfo;
 use crate::engine::EngineStats;
 use crate::error::{Error, Result};
 use crate::memoryx::WeightStore;
@@ -276,8 +277,8 @@ pub struct Steps<'a> {
     pub job: &'a str,
     /// MemoryX.
     pub store: &'a dyn WeightStore,
-    /// The training and held-out examples.
-    pub data: (&'a Dataset, &'a Dataset),
+    /// What the training and held-out splits hold.
+    pub data: &'a DataInfo,
     /// The steps to run: from the checkpoint resumed (or 0) to the job's total.
     pub range: std::ops::Range<u64>,
     /// How a step that loses a component is rerun.
@@ -310,8 +311,8 @@ pub fn run(
         Mode::Streaming
     };
     tracing::info!(?mode, "execution");
-    let train_samples = data.0.len();
-    let test_samples = data.1.eval_samples();
+    let train_samples = data.train_samples;
+    let test_samples = &data.eval_samples;
     let batch = spec.training.batch_size as usize;
     let sampler = Sampler::new(train_samples, batch, spec.training.seed);
     let layout = crate::model::ModelLayout::from_spec(&spec.model);
@@ -398,10 +399,10 @@ pub fn run(
     let engines = swarm.stats()?;
     let eval_batch = batch.max(swarm.engines());
     let eval = retry
-        .retry("evaluation", || evaluate(store, swarm, layers, &test_samples, eval_batch, total), || Ok(true))?
+        .retry("evaluation", || evaluate(store, swarm, layers, test_samples, eval_batch, total), || Ok(true))?
         .ok_or_else(|| Error::Unavailable("evaluation gave up".into()))?;
     let mut eval = eval;
-    if let Some(unigram) = data.1.unigram_loss(data.0) {
+    if let Some(unigram) = data.unigram_loss {
         eval.perplexity = Some(eval.loss.exp());
         eval.unigram_loss = Some(unigram);
     }

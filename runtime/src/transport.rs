@@ -149,7 +149,35 @@ pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(
     let svc = crate::protocol::pb::stage_server::StageServer::from_arc(service)
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20);
-    tonic::transport::Server::builder()
+    grpc_server(identity)?
+        .add_service(svc)
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
+        .await
+        .map_err(|e| Error::Unavailable(format!("gRPC server stopped: {e}")))
+}
+
+/// Serves an input worker's `Input` service on an already bound listener until the process ends, over mutual
+/// TLS like every stage. Its replies are bounded by `reply_bytes`, the plan's largest shard.
+pub async fn serve_input(
+    service: Arc<crate::input::server::InputServer>,
+    listener: tokio::net::TcpListener,
+    identity: &Identity,
+    reply_bytes: usize,
+) -> crate::Result<()> {
+    let svc = crate::protocol::pb::input_server::InputServer::from_arc(service)
+        .max_decoding_message_size(8 << 20)
+        .max_encoding_message_size(reply_bytes);
+    grpc_server(identity)?
+        .add_service(svc)
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
+        .await
+        .map_err(|e| Error::Unavailable(format!("gRPC server stopped: {e}")))
+}
+
+/// Every role's gRPC server: mutual TLS with the job's identity, keepalives that find a frozen peer, and
+/// windows and frames sized for layers.
+fn grpc_server(identity: &Identity) -> crate::Result<tonic::transport::Server> {
+    Ok(tonic::transport::Server::builder()
         .tls_config(identity.grpc_server())
         .map_err(|e| Error::Identity(format!("the gRPC server's TLS configuration: {e}")))?
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
@@ -157,11 +185,7 @@ pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(
         .tcp_nodelay(true)
         .initial_stream_window_size(WINDOW)
         .initial_connection_window_size(4 * WINDOW)
-        .max_frame_size(FRAME)
-        .add_service(svc)
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
-        .await
-        .map_err(|e| Error::Unavailable(format!("gRPC server stopped: {e}")))
+        .max_frame_size(FRAME))
 }
 
 /// Receives an `Apply` stream: the step's summed gradients, whose first chunk names the job and the step. A

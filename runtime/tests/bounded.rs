@@ -22,6 +22,7 @@ use bytes::Bytes;
 mod common;
 // The client holds the job's own identity: the limits, not the credentials, must refuse.
 use common::{identity, layout, store};
+use runtime::input::LocalFeed;
 use runtime::data::{mnist, Dataset};
 use runtime::engine::server::EngineServer;
 use runtime::engine::{CountingHw, Wse};
@@ -70,7 +71,7 @@ fn appliance(rt: &tokio::runtime::Runtime) -> Appliance {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/mnist");
     let data = Arc::new(Dataset::Images(mnist::load(&path, mnist::Split::Train).expect("the shipped digits load")));
     let engine = Box::new(Wse::new("engine-0", layout(), CountingHw::new(1 << 30)));
-    let server = EngineServer::new(JOB.into(), limits(), engine, data.clone(), data).with_replicas(Arc::new(store));
+    let server = EngineServer::new(JOB.into(), limits(), engine, Arc::new(LocalFeed::new(data.clone(), data))).with_replicas(Arc::new(|| Ok(store())));
     rt.block_on(async {
         let engine_url = serve(server).await;
         let child = connect(&engine_url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect to the engine");

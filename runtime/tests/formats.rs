@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use runtime::data::{self, Sampler};
 use runtime::engine::{CountingHw, EngineRole, Wse};
+use runtime::input::LocalFeed;
 use runtime::memoryx::MemoryX;
 use runtime::model::ModelLayout;
 use runtime::swarmx::LocalSwarm;
@@ -31,7 +32,8 @@ fn train(spec: &crds::TrainingJobSpec, steps: u64) -> (train::EvalReport, Option
         vec![Box::new(Wse::new("engine-0", layout.clone(), CountingHw::new(1 << 30))) as Box<dyn EngineRole>];
     let test_samples = test_set.eval_samples();
     let unigram = test_set.unigram_loss(&train_set);
-    let mut swarm = LocalSwarm::new(engines, Arc::new(train_set.clone()), Arc::new(test_set)).expect("engines");
+    let feed = LocalFeed::new(Arc::new(train_set.clone()), Arc::new(test_set));
+    let mut swarm = LocalSwarm::new(engines, Arc::new(feed)).expect("engines");
     let sampler = Sampler::new(train_set.len(), spec.training.batch_size as usize, seed);
     let (layers, tokens) = (layout.linears.len(), spec.model.context_length.unwrap_or(1) as usize);
     for step in 0..steps {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crds::{Decay, ModelKind, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use runtime::input::LocalFeed;
 use runtime::data::text::{TextWindows, Tokens};
 use runtime::data::{Dataset, Sampler};
 use runtime::engine::{CountingHw, EngineRole, Wse};
@@ -40,7 +41,7 @@ fn swarm(layout: &ModelLayout, engines: usize, data: &Arc<Dataset>) -> LocalSwar
     let engines: Vec<Box<dyn EngineRole>> = (0..engines)
         .map(|i| Box::new(Wse::new(format!("engine-{i}"), layout.clone(), CountingHw::new(1 << 30))) as Box<dyn EngineRole>)
         .collect();
-    LocalSwarm::new(engines, data.clone(), data.clone()).expect("engines")
+    LocalSwarm::new(engines, Arc::new(LocalFeed::new(data.clone(), data.clone()))).expect("engines")
 }
 
 /// Mean loss per token of windows `samples`, forward only.

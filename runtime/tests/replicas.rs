@@ -7,6 +7,7 @@ use std::time::Duration;
 
 mod common;
 use common::{identity, layout, store, SEED};
+use runtime::input::LocalFeed;
 use runtime::data::{mnist, Dataset, Sampler};
 use runtime::engine::server::EngineServer;
 use runtime::engine::{CountingHw, EngineRole, Wse};
@@ -39,7 +40,7 @@ fn engine() -> Box<dyn EngineRole> {
 /// An engine server with room for a replica on a loopback port, and a client of it.
 fn serve(rt: &tokio::runtime::Runtime, data: &Arc<Dataset>) -> (String, StageClient<tonic::transport::Channel>) {
     let server =
-        EngineServer::new(JOB.into(), limits(64), engine(), data.clone(), data.clone()).with_replicas(Arc::new(store));
+        EngineServer::new(JOB.into(), limits(64), engine(), Arc::new(LocalFeed::new(data.clone(), data.clone()))).with_replicas(Arc::new(|| Ok(store())));
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("https://{}", listener.local_addr().expect("addr"));
@@ -72,7 +73,7 @@ fn a_replica_trains_exactly_like_memoryx() {
 
     // The same steps streamed from MemoryX in this process, as the reference.
     let reference = store();
-    let mut local = LocalSwarm::new(vec![engine()], data.clone(), data.clone()).expect("engines");
+    let mut local = LocalSwarm::new(vec![engine()], Arc::new(LocalFeed::new(data.clone(), data.clone()))).expect("engines");
     let coordinator = store();
     swarm.prime(&coordinator.state(JOB).expect("state").1).expect("prime");
     assert!(decoded(&swarm.snapshot().expect("snapshot")) == decoded(&coordinator.state(JOB).expect("state").1), "the replica is MemoryX's state");
@@ -203,7 +204,7 @@ fn a_step_larger_than_the_shard_is_refused_before_anything_is_gathered() {
     use runtime::protocol::pb::stage_server::Stage;
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let data = data();
-    let server = EngineServer::new(JOB.into(), limits(16), engine(), data.clone(), data.clone());
+    let server = EngineServer::new(JOB.into(), limits(16), engine(), Arc::new(LocalFeed::new(data.clone(), data.clone())));
     let begin = |n: usize| pb::BeginStepRequest {
         job: JOB.into(),
         step: 0,

@@ -4,6 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crds::{Activation, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
+use runtime::input::LocalFeed;
 use runtime::data::{mnist, Dataset, Sampler};
 use runtime::engine::{CountingHw, EngineRole, Wse};
 use runtime::kernels::sparse::SparsePattern;
@@ -41,7 +42,7 @@ fn engines(layout: &ModelLayout, n: usize, data: &Arc<Dataset>) -> LocalSwarm {
     let engines: Vec<Box<dyn EngineRole>> = (0..n)
         .map(|i| Box::new(Wse::new(format!("engine-{i}"), layout.clone(), CountingHw::new(1 << 30))) as Box<dyn EngineRole>)
         .collect();
-    LocalSwarm::new(engines, data.clone(), data.clone()).expect("engines")
+    LocalSwarm::new(engines, Arc::new(LocalFeed::new(data.clone(), data.clone()))).expect("engines")
 }
 
 /// Trains `steps` steps of 64 samples on `n` engines and returns the loss curve and the bytes per step.
@@ -115,7 +116,7 @@ fn engine_gradients_match_finite_differences() {
         patterns.iter().enumerate().map(|(i, p)| (0..p.nnz()).map(|k| ((k * 7 + i * 3) % 11) as f32 / 5.5 - 1.0).collect()).collect();
     let biases: Vec<Vec<f32>> = l.linears.iter().map(|s| (0..s.outputs).map(|o| 0.1 * o as f32 - 0.1).collect()).collect();
     let inputs = Mat::from_vec(6, 4, (0..24).map(|i| ((i * 5) % 9) as f32 / 4.0 - 1.0).collect());
-    let labels = vec![0u8, 2, 1, 2];
+    let labels = vec![0u32, 2, 1, 2];
 
     let run = |values: &[Vec<f32>], train: bool| -> (f64, Vec<LayerGrad>) {
         let mut e = Wse::new("fd", l.clone(), CountingHw::new(1 << 20));

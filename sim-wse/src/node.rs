@@ -1,6 +1,6 @@
-//! The engine program: one simulated CS-2 on the network. It loads the job's data itself (as the seeds'
-//! input servers feed each engine directly), runs the runtime's engine program on a [`crate::SimWse`], and
-//! serves the `Stage` service to its SwarmX node.
+//! The engine program: one simulated CS-2 on the network. Its input workers feed it each step's samples (as
+//! the seeds' input servers feed each engine directly; it never opens a data file), it runs the runtime's
+//! engine program on a [`crate::SimWse`], and serves the `Stage` service to its SwarmX node.
 
 use std::sync::{Arc, Mutex};
 
@@ -13,7 +13,13 @@ use runtime::memoryx::MemoryX;
 use runtime::model::ModelLayout;
 use crds::contract::{EngineArgs, Role};
 use runtime::transport::{announce_ready, bind, load_identity, load_job, serve_http, serve_stage, start};
+use runtime::input::remote::RemoteFeed;
+use runtime::input::{Feed, ShardBound};
 use runtime::{Error, Result};
+
+/// Seconds an engine waits for its input workers to answer when it first needs data: they may still be loading
+/// (tokenizing a corpus takes a while).
+const INPUT_CONNECT_SECONDS: u64 = 600;
 
 /// Runs one engine until it is stopped.
 pub fn main(args: EngineArgs) -> Result<()> {
@@ -21,18 +27,24 @@ pub fn main(args: EngineArgs) -> Result<()> {
     let (job, job_id) = load_job(&args.common)?;
     let identity = load_identity(&args.common)?;
     let spec = job.spec;
-    let (train, test) = runtime::data::load(&spec, None)?;
-    let (train, test) = (Arc::new(train), Arc::new(test));
+    let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
     let layout = ModelLayout::from_spec(&spec.model);
     let engine = crate::engine(format!("engine-{}", args.index), layout.clone(), &spec.engine);
-    let total = runtime::train::total_steps(&spec.training, train.len())?;
-    let (optimizer, schedule, seed) = (spec.training.optimizer.clone(), spec.training.schedule.clone(), spec.training.seed);
-    let replica = move || MemoryX::new(layout.clone(), optimizer.clone(), schedule.clone(), total, seed);
     // What the plan lets a message make this engine hold: its shard of the batch (training steps and
     // evaluation batches alike never hand it more), each layer's shape, the model's state.
     let limits = runtime::plan::Limits::for_spec(&spec);
-    let server = EngineServer::new(job_id, limits, Box::new(engine), train, test).with_replicas(Arc::new(replica));
-    let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
+    let dial = runtime::transport::dial(&args.common, &identity, INPUT_CONNECT_SECONDS, &limits);
+    let feed: Arc<dyn Feed> =
+        Arc::new(RemoteFeed::new(rt.handle().clone(), &args.inputs, &job_id, dial, ShardBound::for_spec(&spec))?);
+    let (optimizer, schedule, seed) = (spec.training.optimizer.clone(), spec.training.schedule.clone(), spec.training.seed);
+    let (described, training) = (feed.clone(), spec.training.clone());
+    // A replica's optimizer schedule spans the run, whose length the data decides: asked of the input workers
+    // when the first replica is made (they are up by then: MemoryX has already asked one).
+    let replica = move || {
+        let total = runtime::train::total_steps(&training, described.describe()?.train_samples)?;
+        Ok(MemoryX::new(layout.clone(), optimizer.clone(), schedule.clone(), total, seed))
+    };
+    let server = EngineServer::new(job_id, limits, Box::new(engine), feed).with_replicas(Arc::new(replica));
     rt.block_on(async move {
         let grpc = bind(args.listen, Role::Engine, "grpc").await?;
         let http = bind(args.common.http, Role::Engine, "http").await?;

@@ -70,7 +70,7 @@ fn a_simulated_engine_charges_what_the_estimate_predicts() {
         let mut engine = sim_wse::engine("engine-0", layout.clone(), &s.engine);
         let samples = 256;
         let inputs = Mat::from_vec(784, samples, (0..784 * samples).map(|i| ((i * 37) % 101) as f32 / 101.0).collect());
-        let labels = (0..samples).map(|i| (i % 10) as u8).collect();
+        let labels = (0..samples).map(|i| (i % 10) as u32).collect();
         // One training step driven by hand, as SwarmX drives each engine: every layer forward, the loss, every
         // layer backward.
         engine.begin_step(Shard { inputs, labels }, 1.0 / samples as f32, true).unwrap();

@@ -1,4 +1,4 @@
-//! The appliance on this machine: MemoryX, a SwarmX tree and one engine per CS-2, each its own process on
+//! The appliance on this machine: MemoryX, a SwarmX tree, one engine per CS-2 and its input workers, each its own process on
 //! 127.0.0.1 with ephemeral ports — the same programs that run as pods, started as `wsctl node ROLE ARGS…` with
 //! arguments rendered from the contract's types. `wsctl` supervises them: it learns their ports and progress
 //! from their typed handshake lines, names a component that crashes and stops the rest, stops them all on
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use crds::contract::{
-    CommonArgs, EngineArgs, Handshake, MemoryxArgs, ProgressReport, Role, RoleArgs, SwarmxArgs, SwarmxChild, SwarmxNode,
+    input_workers_of, CommonArgs, EngineArgs, Handshake, InputArgs, MemoryxArgs, ProgressReport, Role, RoleArgs, SwarmxArgs, SwarmxChild, SwarmxNode,
     SwarmxTree,
 };
 
@@ -30,7 +30,8 @@ pub fn node(role: &str, args: Vec<String>) -> Result<()> {
         Some(Role::Memoryx) => runtime::memoryx::node::main(parse(args))?,
         Some(Role::Swarmx) => runtime::swarmx::node::main(parse(args))?,
         Some(Role::Engine) => sim_wse::node::main(parse(args))?,
-        None => bail!("unknown role '{role}': use memoryx, swarmx or engine"),
+        Some(Role::Input) => runtime::input::node::main(parse(args))?,
+        None => bail!("unknown role '{role}': use memoryx, swarmx, engine or input"),
     }
     Ok(())
 }
@@ -56,9 +57,14 @@ fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
-/// Engine `index`'s arguments.
-fn engine_args(run: &RunFiles, index: u32) -> EngineArgs {
-    EngineArgs::new(common(run), loopback(), index)
+/// Engine `index`'s arguments, fed by the input workers at `inputs`.
+fn engine_args(run: &RunFiles, index: u32, inputs: Vec<String>) -> EngineArgs {
+    EngineArgs::new(common(run), loopback(), index, inputs)
+}
+
+/// Input worker `index`'s arguments, reading the data volume (if the job names one) from `data_root`.
+fn input_args(run: &RunFiles, index: u32, data_root: Option<PathBuf>) -> InputArgs {
+    InputArgs::new(common(run), loopback(), index, data_root)
 }
 
 /// A SwarmX node's arguments, given where its children listen.
@@ -208,12 +214,28 @@ impl Appliance {
         }
     }
 
-    /// Starts the plan's engines and its SwarmX tree above them, leaves first; returns the root's address.
-    pub fn start_fabric(&mut self, engines: u32, tree: &SwarmxTree) -> Result<String> {
+    /// Starts `per_cs2` input workers for each of `engines` engines, reading the data volume from `data_root`;
+    /// returns their addresses, worker by worker.
+    pub fn start_inputs(&mut self, engines: u32, per_cs2: u32, data_root: Option<PathBuf>) -> Result<Vec<String>> {
         let (job, job_id, identity) = (self.job.clone(), self.job_id.clone(), self.identity.clone());
         let run = RunFiles { job: &job, job_id: &job_id, identity: &identity };
-        let engine_urls =
-            (0..engines).map(|i| self.start(&format!("engine-{i}"), &engine_args(&run, i))).collect::<Result<Vec<_>>>()?;
+        (0..engines * per_cs2.max(1))
+            .map(|i| self.start(&format!("input-{i}"), &input_args(&run, i, data_root.clone())))
+            .collect()
+    }
+
+    /// Starts the plan's engines, each fed by its block of `inputs` (per [`input_workers_of`]), and its SwarmX
+    /// tree above them, leaves first; returns the root's address.
+    pub fn start_fabric(&mut self, engines: u32, tree: &SwarmxTree, inputs: &[String]) -> Result<String> {
+        let (job, job_id, identity) = (self.job.clone(), self.job_id.clone(), self.identity.clone());
+        let run = RunFiles { job: &job, job_id: &job_id, identity: &identity };
+        let per_cs2 = (inputs.len() as u32 / engines.max(1)).max(1);
+        let engine_urls = (0..engines)
+            .map(|i| {
+                let mine = input_workers_of(i, per_cs2).filter_map(|w| inputs.get(w as usize).cloned()).collect();
+                self.start(&format!("engine-{i}"), &engine_args(&run, i, mine))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut node_urls: Vec<Vec<String>> = tree.levels.iter().map(|l| vec![String::new(); l.len()]).collect();
         for node in tree.nodes_bottom_up() {
             let children = node
@@ -229,10 +251,11 @@ impl Appliance {
         Ok(node_urls[0][0].clone())
     }
 
-    /// The arguments MemoryX gets in this appliance, driving the tree at `root`.
-    pub fn memoryx_args(&self, root: String) -> MemoryxArgs {
+    /// The arguments MemoryX gets in this appliance, driving the tree at `root` and asking the input worker at
+    /// `input` what the data holds.
+    pub fn memoryx_args(&self, root: String, input: String) -> MemoryxArgs {
         let run = RunFiles { job: &self.job, job_id: &self.job_id, identity: &self.identity };
-        MemoryxArgs { progress: true, ..MemoryxArgs::new(common(&run), root) }
+        MemoryxArgs { progress: true, ..MemoryxArgs::new(common(&run), root, input) }
     }
 
     /// Starts MemoryX and follows its progress until it finishes, calling `on_progress` with each step's report.
@@ -267,7 +290,9 @@ mod tests {
         let run = RunFiles { job, job_id: "j-1", identity: Path::new("/tmp/run/identity") };
         let tree = SwarmxTree::new(20, 4);
         for i in 0..20 {
-            check(&engine_args(&run, i));
+            check(&engine_args(&run, i, vec![format!("https://127.0.0.1:{}", 40_000 + i)]));
+            check(&input_args(&run, i, Some("/data".into())));
+            check(&input_args(&run, i, None));
         }
         for node in tree.nodes() {
             let port = |c: &SwarmxChild| match *c {
@@ -278,7 +303,7 @@ mod tests {
             check(&swarmx_args(&run, children));
         }
         let appliance = Appliance::new(job.into(), "j-1".into(), std::env::temp_dir().join("ws-local-test-logs")).unwrap();
-        let mut m = appliance.memoryx_args("https://127.0.0.1:9".into());
+        let mut m = appliance.memoryx_args("https://127.0.0.1:9".into(), "https://127.0.0.1:10".into());
         check(&m);
         m.checkpoint_dir = Some("/tmp/c".into());
         m.sample = 2;

@@ -1,8 +1,11 @@
 //! `wsctl`: the user's front door to weightstream. `run` trains a job on local processes, `plan` shows the
 //! appliance a job would get without running it, `bench` measures the kernels, the machine and the transport,
-//! `simulate` reproduces the seeds' sparsity and scaling figures with the wafer's cost model.
+//! `simulate` reproduces the seeds' sparsity and scaling figures with the wafer's cost model; `checkpoint`
+//! fetches a job's checkpoints from MemoryX and `export` converts one for other tools (Hugging Face).
 
 mod bench;
+mod checkpoint;
+mod export;
 mod local;
 mod run;
 mod simulate;
@@ -45,6 +48,10 @@ enum Command {
         /// After training a language model, decode and print this many lines of text from it.
         #[arg(long, default_value_t = 0)]
         sample: usize,
+        /// A folder standing in for a PersistentVolumeClaim the job's data names (`spec.data.volume`), as
+        /// CLAIM=DIR; repeatable.
+        #[arg(long = "volume", value_name = "CLAIM=DIR", value_parser = run::parse_volume)]
+        volumes: Vec<(String, PathBuf)>,
     },
     /// Run one role of the appliance (what `wsctl run` starts for each component): `wsctl node ROLE ARGS…`
     /// takes exactly the arguments of the role's program (`memoryx`, `swarmx`, `sim-wse`).
@@ -85,6 +92,58 @@ enum Command {
         #[command(subcommand)]
         what: bench::Bench,
     },
+    /// List or fetch a job's checkpoints from its MemoryX over HTTPS, with the job's identity.
+    Checkpoint {
+        #[command(subcommand)]
+        what: CheckpointCommand,
+    },
+    /// Convert a checkpoint file for other tools: a GPT to a Hugging Face GPT2LMHeadModel folder, any model to
+    /// plainly named safetensors.
+    Export {
+        /// The checkpoint (step-XXXXXXXX.safetensors: pulled, or from a local run's OUT/checkpoints).
+        checkpoint: PathBuf,
+        /// huggingface (a GPT: config.json + model.safetensors) or safetensors (layers.{i}.weight/bias).
+        #[arg(long, value_enum)]
+        format: export::Format,
+        /// The folder to write into (created).
+        #[arg(short, long)]
+        out: PathBuf,
+        /// The job's manifest, for a checkpoint written before checkpoints recorded their model.
+        #[arg(long)]
+        job: Option<PathBuf>,
+    },
+}
+
+/// `wsctl checkpoint …`.
+#[derive(Subcommand)]
+enum CheckpointCommand {
+    /// List the checkpoints MemoryX holds, newest first.
+    List {
+        /// MemoryX's HTTPS address, https://HOST:PORT (its `http` address; a port-forward to it).
+        #[arg(long)]
+        url: String,
+        /// A folder with the job's identity: ca.crt, tls.crt, tls.key.
+        #[arg(long)]
+        identity: PathBuf,
+    },
+    /// Fetch one checkpoint (the newest unless --step), verified before it is kept.
+    Pull {
+        /// MemoryX's HTTPS address, https://HOST:PORT.
+        #[arg(long)]
+        url: String,
+        /// A folder with the job's identity: ca.crt, tls.crt, tls.key.
+        #[arg(long)]
+        identity: PathBuf,
+        /// The step of the checkpoint to fetch (default: the newest).
+        #[arg(long)]
+        step: Option<u64>,
+        /// The folder to write it into.
+        #[arg(short, long, default_value = ".")]
+        out: PathBuf,
+        /// The job's manifest: bounds the download by the job's plan.
+        #[arg(long)]
+        job: Option<PathBuf>,
+    },
 }
 
 /// Engine generations `wsctl simulate` can model (the CRD's enum has no clap derive).
@@ -111,13 +170,18 @@ impl From<Preset> for crds::EnginePreset {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { job, out, cs2, in_process, fanout, checkpoint_dir, sample } => {
-            run::run(&job, run::RunOptions { cs2, out, in_process, fanout, checkpoint_dir, sample })
+        Command::Run { job, out, cs2, in_process, fanout, checkpoint_dir, sample, volumes } => {
+            run::run(&job, run::RunOptions { cs2, out, in_process, fanout, checkpoint_dir, sample, volumes })
         }
         Command::Node { role, args } => local::node(&role, args),
         Command::Plan { job, cs2, json } => run::plan(&job, cs2, json),
         Command::Simulate { json, out, preset } => simulate::simulate(preset.into(), json, out),
         Command::Bench { what } => bench::bench(what),
+        Command::Checkpoint { what: CheckpointCommand::List { url, identity } } => checkpoint::list_command(&url, &identity),
+        Command::Checkpoint { what: CheckpointCommand::Pull { url, identity, step, out, job } } => {
+            checkpoint::pull_command(&url, &identity, step, &out, job.as_deref())
+        }
+        Command::Export { checkpoint, format, out, job } => export::command(&checkpoint, format, &out, job.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,5 @@
-//! `wsctl run` and `wsctl plan`: load a job, plan it, and (for `run`) assemble MemoryX, SwarmX and the
-//! engines in this process, train, evaluate and write the results.
+//! `wsctl run` and `wsctl plan`: load a job, plan it, and (for `run`) assemble MemoryX, SwarmX, the engines and
+//! their input workers on this machine, train, evaluate and write the results.
 
 use std::path::{Path, PathBuf};
 
@@ -8,6 +8,7 @@ use crds::contract::{MemoryxArgs, ProgressReport};
 use indicatif::{ProgressBar, ProgressStyle};
 use runtime::driver::{Driver, Job, Outputs};
 use runtime::engine::EngineRole;
+use runtime::input::{Feed, LocalFeed};
 use runtime::plan::Plan;
 use runtime::swarmx::LocalSwarm;
 use runtime::train::Summary;
@@ -104,6 +105,29 @@ pub struct RunOptions {
     pub fanout: u32,
     /// Where MemoryX keeps checkpoints (default: OUT/checkpoints when spec.checkpoint.intervalSteps > 0).
     pub checkpoint_dir: Option<PathBuf>,
+    /// Folders standing in for PersistentVolumeClaims (`--volume CLAIM=DIR`): where `spec.data.volume` is found.
+    pub volumes: Vec<(String, PathBuf)>,
+}
+
+/// The folder standing in for the job's data volume, when it names one: `--volume CLAIM=DIR`. A job naming a
+/// claim that was not given is refused when its data is loaded, with the flag to add.
+fn data_root(spec: &crds::TrainingJobSpec, volumes: &[(String, PathBuf)]) -> Result<Option<PathBuf>> {
+    let Some(claim) = &spec.data.volume else { return Ok(None) };
+    match volumes.iter().find(|(c, _)| c == claim) {
+        Some((_, dir)) => Ok(Some(std::fs::canonicalize(dir).with_context(|| {
+            format!("--volume {claim}={}: the folder cannot be read", dir.display())
+        })?)),
+        None => Ok(None),
+    }
+}
+
+/// Parses `CLAIM=DIR`.
+pub fn parse_volume(s: &str) -> std::result::Result<(String, PathBuf), String> {
+    let (claim, dir) = s.split_once('=').ok_or_else(|| format!("'{s}' is not CLAIM=DIR"))?;
+    if !crds::is_dns_subdomain(claim) {
+        return Err(format!("'{claim}' is not a PersistentVolumeClaim name"));
+    }
+    Ok((claim.to_string(), PathBuf::from(dir)))
 }
 
 /// `wsctl run`.
@@ -114,8 +138,11 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
     let out = opts.out.clone().unwrap_or_else(|| Path::new("runs").join(&name));
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    // Data is loaded once, here, so a bad data set is reported before anything starts.
-    let loaded = Job::load(spec.clone(), name.clone())?;
+    // Data is loaded once, here, so a bad data set is reported before anything starts; the input workers load
+    // it again in their own processes.
+    let root = data_root(spec, &opts.volumes)?;
+    let feed = std::sync::Arc::new(LocalFeed::load(spec, root.as_deref())?);
+    let loaded = Job::new(spec.clone(), name.clone(), feed.describe()?)?;
     let total = loaded.total_steps;
     let how = match plan.execution_mode {
         crds::ExecutionMode::Pipelined => "the model resident on the engines (pipelined)",
@@ -140,10 +167,10 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
         bar.set_position(m.step);
     };
     let result = if opts.in_process {
-        run_in_process(loaded, &plan, Outputs { checkpoint_dir: checkpoints, out: Some(out.clone()), sample: opts.sample, ..Outputs::default() }, show)
+        run_in_process(loaded, feed, &plan, Outputs { checkpoint_dir: checkpoints, out: Some(out.clone()), sample: opts.sample, ..Outputs::default() }, show)
     } else {
-        drop(loaded);
-        run_local(&job, &plan, checkpoints, opts.sample, &out, show)
+        drop((loaded, feed));
+        run_local(&job, &plan, root, checkpoints, opts.sample, &out, show)
     };
     bar.finish_and_clear();
     let s = result?;
@@ -179,6 +206,7 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
 fn run_local(
     job: &crds::TrainingJob,
     plan: &Plan,
+    data_root: Option<PathBuf>,
     checkpoint_dir: Option<PathBuf>,
     sample: usize,
     out: &Path,
@@ -190,8 +218,9 @@ fn run_local(
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
     let job_id = format!("{name}-{}", std::process::id());
     let mut appliance = crate::local::Appliance::new(job_file, job_id, out.join("logs"))?;
-    let root = appliance.start_fabric(plan.cs2, &plan.swarmx)?;
-    let args = MemoryxArgs { out: Some(out.to_path_buf()), sample, checkpoint_dir, ..appliance.memoryx_args(root) };
+    let inputs = appliance.start_inputs(plan.cs2, job.spec.data.workers, data_root)?;
+    let root = appliance.start_fabric(plan.cs2, &plan.swarmx, &inputs)?;
+    let args = MemoryxArgs { out: Some(out.to_path_buf()), sample, checkpoint_dir, ..appliance.memoryx_args(root, inputs[0].clone()) };
     appliance.run_memoryx(&args, show)?;
     drop(appliance);
     let path = out.join("summary.json");
@@ -201,13 +230,19 @@ fn run_local(
 
 /// The appliance in this process: the same roles and the same driver as MemoryX's program, with the engines
 /// as objects and SwarmX as calls — for benchmarks and debugging.
-fn run_in_process(job: Job, plan: &Plan, outputs: Outputs, mut show: impl FnMut(&ProgressReport)) -> Result<Summary> {
+fn run_in_process(
+    job: Job,
+    feed: std::sync::Arc<LocalFeed>,
+    plan: &Plan,
+    outputs: Outputs,
+    mut show: impl FnMut(&ProgressReport),
+) -> Result<Summary> {
     let spec = &job.spec;
     let layout = job.layout();
     let engines: Vec<Box<dyn EngineRole>> = (0..spec.cs2)
         .map(|i| Box::new(sim_wse::engine(format!("engine-{i}"), layout.clone(), &spec.engine)) as Box<dyn EngineRole>)
         .collect();
-    let mut swarm = LocalSwarm::new(engines, job.train.clone(), job.test.clone())?;
+    let mut swarm = LocalSwarm::new(engines, feed)?;
     if plan.execution_mode == crds::ExecutionMode::Pipelined {
         swarm = swarm.with_replicas(job.id.clone(), job.replica_factory());
     }

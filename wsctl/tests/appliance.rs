@@ -90,7 +90,56 @@ fn one_two_and_four_engines_give_the_same_curve() {
             assert!(close("loss", 1e-6) && close("accuracy", 1e-3), "evaluation of {mode} on {n}: {got} vs {want}");
         }
     }
+    // Two input workers per CS-2 split each engine's shard between them: the engines see the same samples.
+    let two = dir.join("two-workers.yaml");
+    std::fs::write(&two, JOB.replace("intervalSteps: 5", "intervalSteps: 0").replace("path: examples/data/mnist}", "path: examples/data/mnist, workers: 2}")).unwrap();
+    let out = dir.join("two-workers");
+    wsctl_run(&two, &out, &["--cs2", "2"]);
+    same_curve(&reference, &losses(&out), "two input workers per CS-2 vs one");
+    for i in 0..4 {
+        assert!(out.join(format!("logs/input-{i}.log")).exists(), "input worker {i} of 2 x 2 ran");
+    }
     assert!(pgrep_nodes(&dir).is_empty(), "no process is left behind");
+}
+
+/// An input worker killed mid-epoch and started again on its address: the step it broke is rerun, and the run
+/// gives the undisturbed curve with every step exactly once.
+#[test]
+fn a_killed_input_worker_is_replaced_and_the_step_reruns() {
+    let dir = scratch("input-fault");
+    let job = dir.join("job.yaml");
+    let long = JOB.replace("cs2: 1", "cs2: 2").replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 100")
+        + "  executionMode: weightStreaming\n";
+    std::fs::write(&job, long).unwrap();
+    wsctl_run(&job, &dir.join("undisturbed"), &[]);
+    let mut inputs: Vec<Node> = (0..2).map(|_| node("input", &job, &[])).collect();
+    let engines: Vec<Node> = (0..2).map(|i| engine(&job, i, &inputs[i], &[])).collect();
+    let children: Vec<String> = engines.iter().map(Node::url).collect();
+    let sx = node("swarmx", &job, &["--children", &children.join(",")]);
+    let (out, log) = (dir.join("disturbed"), dir.join("memoryx.log"));
+    let (mut mx, mut progress) = memoryx(&job, &sx, &inputs[0], &["--out", out.to_str().unwrap()], &log);
+    // Mid-epoch (an epoch is 125 steps of 64): freeze MemoryX between steps, kill engine 1's worker, go on
+    // without it, and only then start a replacement on its address.
+    wait_for_step(&mut progress, 6);
+    let signal = |sig: &str| Command::new("kill").args([sig, &mx.id().to_string()]).status().unwrap();
+    assert!(signal("-STOP").success());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut victim = inputs.pop().unwrap();
+    let addr = victim.addr.clone();
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    assert!(signal("-CONT").success());
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let _replacement = node("input", &job, &["--listen", &addr]);
+    std::thread::spawn(move || for _ in progress.lines() {});
+    let status = mx.wait().unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "memoryx finished after the input worker was replaced: {stderr}");
+    assert!(stderr.contains("step aborted, rerunning"), "a step really was aborted and rerun: {stderr}");
+    let curve = losses(&out);
+    assert_eq!(curve.iter().map(|c| c.0).collect::<Vec<_>>(), (1..=100).collect::<Vec<_>>(), "every step exactly once");
+    same_curve(&losses(&dir.join("undisturbed")), &curve, "with an input worker killed mid-epoch");
+    drop((engines, sx, inputs));
 }
 
 /// `--in-process` runs through the same driver as MemoryX's program: it runs pipelined when the model fits,
@@ -181,15 +230,29 @@ fn node(role: &str, job: &Path, args: &[&str]) -> Node {
     Node { child, addr: grpc.expect("a gRPC address"), _stdout: out }
 }
 
-/// MemoryX started by hand against the SwarmX node `sx`, reporting progress on its standard output and logging
-/// to `log`; `extra` adds flags.
-fn memoryx(job: &Path, sx: &Node, extra: &[&str], log: &Path) -> (Child, BufReader<ChildStdout>) {
+impl Node {
+    /// Its gRPC URL.
+    fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+}
+
+/// Engine `index` fed by the input worker `input`; `extra` adds flags.
+fn engine(job: &Path, index: usize, input: &Node, extra: &[&str]) -> Node {
+    let (index, inputs) = (index.to_string(), input.url());
+    let args: Vec<&str> = ["--index", index.as_str(), "--inputs", inputs.as_str()].into_iter().chain(extra.iter().copied()).collect();
+    node("engine", job, &args)
+}
+
+/// MemoryX started by hand against the SwarmX node `sx` and the input worker `input`, reporting progress on its
+/// standard output and logging to `log`; `extra` adds flags.
+fn memoryx(job: &Path, sx: &Node, input: &Node, extra: &[&str], log: &Path) -> (Child, BufReader<ChildStdout>) {
     let mut mx = Command::new(env!("CARGO_BIN_EXE_wsctl"))
         .args(["node", "memoryx", "--job"])
         .arg(job)
         .arg("--identity")
         .arg(common::identity(job))
-        .args(["--swarmx", &format!("https://{}", sx.addr), "--progress"])
+        .args(["--swarmx", &sx.url(), "--input", &input.url(), "--progress"])
         .args(extra)
         .current_dir(repo())
         .stdout(Stdio::piped())
@@ -220,12 +283,13 @@ fn kill_and_replace_an_engine(name: &str, cs2: usize, mode: &str) -> String {
     std::fs::write(&job, long).unwrap();
     wsctl_run(&job, &dir.join("undisturbed"), &[]);
 
-    let mut engines: Vec<Node> = (0..cs2).map(|i| node("engine", &job, &["--index", &i.to_string()])).collect();
-    let children: Vec<String> = engines.iter().map(|e| format!("https://{}", e.addr)).collect();
+    let input = node("input", &job, &[]);
+    let mut engines: Vec<Node> = (0..cs2).map(|i| engine(&job, i, &input, &[])).collect();
+    let children: Vec<String> = engines.iter().map(Node::url).collect();
     let sx = node("swarmx", &job, &["--children", &children.join(",")]);
     let out = dir.join("disturbed");
     let log = dir.join("memoryx.log");
-    let (mut mx, mut progress) = memoryx(&job, &sx, &["--out", out.to_str().unwrap()], &log);
+    let (mut mx, mut progress) = memoryx(&job, &sx, &input, &["--out", out.to_str().unwrap()], &log);
     // Freeze MemoryX a few steps in, kill the last engine under it, let it go on against the dead engine, and
     // only then start a replacement on the same address.
     wait_for_step(&mut progress, 6);
@@ -241,7 +305,7 @@ fn kill_and_replace_an_engine(name: &str, cs2: usize, mode: &str) -> String {
     victim.child.wait().unwrap();
     assert!(signal("-CONT").success());
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let _replacement = node("engine", &job, &["--index", &(cs2 - 1).to_string(), "--listen", &addr]);
+    let _replacement = engine(&job, cs2 - 1, &input, &["--listen", &addr]);
     std::thread::spawn(move || for _ in progress.lines() {});
     let status = mx.wait().unwrap();
     let stderr = std::fs::read_to_string(&log).unwrap();
@@ -250,7 +314,7 @@ fn kill_and_replace_an_engine(name: &str, cs2: usize, mode: &str) -> String {
     let undisturbed = losses(&dir.join("undisturbed"));
     assert_eq!(undisturbed.len(), 120);
     same_curve(&undisturbed, &losses(&out), &format!("{name}: with an engine killed mid-run"));
-    drop((engines, sx));
+    drop((engines, sx, input));
     stderr
 }
 
@@ -280,11 +344,12 @@ fn a_frozen_engine_is_detected_and_named_within_the_deadline() {
     let dir = scratch("frozen");
     let job = dir.join("job.yaml");
     std::fs::write(&job, JOB.replace("cs2: 1", "cs2: 2").replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 100000")).unwrap();
-    let engines: Vec<Node> = (0..2).map(|i| node("engine", &job, &["--index", &i.to_string()])).collect();
-    let children: Vec<String> = engines.iter().map(|e| format!("https://{}", e.addr)).collect();
+    let input = node("input", &job, &[]);
+    let engines: Vec<Node> = (0..2).map(|i| engine(&job, i, &input, &[])).collect();
+    let children: Vec<String> = engines.iter().map(Node::url).collect();
     let sx = node("swarmx", &job, &["--children", &children.join(",")]);
     let log = dir.join("memoryx.log");
-    let (mut mx, mut progress) = memoryx(&job, &sx, &["--retry-seconds", "10"], &log);
+    let (mut mx, mut progress) = memoryx(&job, &sx, &input, &["--retry-seconds", "10"], &log);
     wait_for_step(&mut progress, 3);
     let frozen = engines[1].child.id().to_string();
     assert!(Command::new("kill").args(["-STOP", &frozen]).status().unwrap().success());
@@ -310,7 +375,7 @@ fn a_frozen_engine_is_detected_and_named_within_the_deadline() {
     assert!(!status.success(), "the run cannot finish without its engine");
     let last = stderr.lines().rev().find(|l| l.starts_with("error:")).unwrap_or_default();
     assert!(last.contains(&engines[1].addr), "the error names the frozen engine ({}): {last}", engines[1].addr);
-    drop((engines, sx));
+    drop((engines, sx, input));
 }
 
 #[test]
@@ -320,12 +385,14 @@ fn memoryx_restarts_from_its_checkpoint() {
     std::fs::write(&job, JOB).unwrap();
     wsctl_run(&job, &dir.join("undisturbed"), &["--checkpoint-dir", dir.join("ckpt-a").to_str().unwrap()]);
 
-    let e0 = node("engine", &job, &[]);
-    let sx = node("swarmx", &job, &["--children", &format!("https://{}", e0.addr)]);
+    let input = node("input", &job, &[]);
+    let e0 = engine(&job, 0, &input, &[]);
+    let sx = node("swarmx", &job, &["--children", &e0.url()]);
     let out = dir.join("restarted");
     let ckpt = dir.join("ckpt-b");
     let identity = common::identity(&job);
-    let args = ["--identity", identity.to_str().unwrap(), "--swarmx", &format!("https://{}", sx.addr), "--out", out.to_str().unwrap(), "--checkpoint-dir", ckpt.to_str().unwrap()];
+    let (sx_url, input_url) = (sx.url(), input.url());
+    let args = ["--identity", identity.to_str().unwrap(), "--swarmx", &sx_url, "--input", &input_url, "--out", out.to_str().unwrap(), "--checkpoint-dir", ckpt.to_str().unwrap()];
     // Crash after 12 steps: the newest checkpoint holds step 10.
     let crashed = Command::new(env!("CARGO_BIN_EXE_wsctl"))
         .args(["node", "memoryx", "--job"])
@@ -352,7 +419,7 @@ fn memoryx_restarts_from_its_checkpoint() {
     let curve = losses(&out);
     assert_eq!(curve.iter().map(|c| c.0).collect::<Vec<_>>(), (1..=24).collect::<Vec<_>>(), "every step exactly once");
     same_curve(&losses(&dir.join("undisturbed")), &curve, "after a MemoryX restart");
-    drop((e0, sx));
+    drop((e0, sx, input));
 }
 
 /// A GET of a health or metrics endpoint as a probe or a scraper makes it: over TLS, without a certificate.
@@ -365,7 +432,10 @@ fn every_server_has_health_and_metrics() {
     let dir = scratch("metrics");
     let job = dir.join("job.yaml");
     std::fs::write(&job, JOB.replace("intervalSteps: 5", "intervalSteps: 0")).unwrap();
-    let (mut engine, mut out) = start("engine", &job, &[]);
+    let (mut input, mut iout) = start("input", &job, &[]);
+    let (igrpc, ihttp) = ready("input", &mut iout);
+    let inputs = format!("https://{}", igrpc.expect("the input worker serves gRPC"));
+    let (mut engine, mut out) = start("engine", &job, &["--inputs", &inputs]);
     let (grpc, http) = ready("engine", &mut out);
     let grpc = grpc.expect("the engine serves gRPC");
     let (mut swarmx, mut sout) = start("swarmx", &job, &["--children", &format!("https://{grpc}")]);
@@ -378,7 +448,10 @@ fn every_server_has_health_and_metrics() {
     }
     let metrics = http_get(&job, &shttp, "/metrics");
     assert!(metrics.contains("ws_swarmx_reduce_seconds") && metrics.contains("ws_swarmx_engines 1"), "{metrics}");
-    for c in [&mut engine, &mut swarmx] {
+    assert!(http_get(&job, &ihttp, "/healthz").ends_with("ok"));
+    let metrics = http_get(&job, &ihttp, "/metrics");
+    assert!(metrics.contains("ws_input_train_samples"), "{metrics}");
+    for c in [&mut engine, &mut swarmx, &mut input] {
         let _ = c.kill();
         let _ = c.wait();
     }
@@ -394,9 +467,10 @@ fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
     let dir = scratch("identity");
     let job = dir.join("job.yaml");
     std::fs::write(&job, JOB.replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 300")).unwrap();
-    let e0 = node("engine", &job, &[]);
-    let sx = node("swarmx", &job, &["--children", &format!("https://{}", e0.addr)]);
-    let (mut mx, mut out) = memoryx(&job, &sx, &["--linger"], &dir.join("memoryx.log"));
+    let input = node("input", &job, &[]);
+    let e0 = engine(&job, 0, &input, &[]);
+    let sx = node("swarmx", &job, &["--children", &e0.url()]);
+    let (mut mx, mut out) = memoryx(&job, &sx, &input, &["--linger"], &dir.join("memoryx.log"));
     let (_, mx_http) = ready("memoryx", &mut out);
     wait_for_step(&mut out, 2);
     std::thread::spawn(move || for _ in out.lines() {});
@@ -420,6 +494,18 @@ fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
         assert!(plaintext.is_none(), "the {what} answered a plaintext call");
         assert_eq!(connect(addr, &own).expect("the job's own identity is let in").engines, 1, "{what}");
     }
+
+    // The input worker answers only the job's own identity too.
+    let describe = |id: &Identity| {
+        rt.block_on(async {
+            let dial = runtime::swarmx::relay::Dial::new(id, std::time::Duration::from_secs(3));
+            let channel = runtime::swarmx::relay::channel(&input.url(), dial).ok()?;
+            let mut client = runtime::protocol::pb::input_client::InputClient::new(channel);
+            client.describe(runtime::protocol::pb::DescribeRequest { job: "plane".into() }).await.ok()
+        })
+    };
+    assert!(describe(&other.job_identity()).is_none(), "the input worker took another job's certificate");
+    assert!(describe(&own).is_some_and(|d| d.into_inner().train_samples > 0), "the job's own identity is let in");
 
     let ca = common::ca(&job);
     let get = |path: &str, client: Option<(&str, &str)>| common::https("GET", &mx_http, path, &ca, client);
@@ -458,6 +544,117 @@ fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
         assert!(std::time::Instant::now() < deadline, "the job did not finish: {status}");
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+    let _ = mx.kill();
+    let _ = mx.wait();
+    drop((e0, sx, input));
+}
+
+/// A job's checkpoints come back over MemoryX's HTTPS with the job's identity: `wsctl checkpoint list` shows
+/// them newest first, `pull` fetches the newest or a chosen step byte for byte (verified, nothing else left in
+/// the folder); without the job's certificate the routes answer `401`, with another job's the pull fails, and no
+/// name but a listed checkpoint's is served (traversal, temporary files, other files: `404`).
+#[test]
+fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
+    use runtime::identity::{CERT, KEY};
+    let dir = scratch("pull");
+    let job = dir.join("job.yaml");
+    std::fs::write(&job, JOB.replace("steps: 24", "steps: 20")).unwrap();
+    let ck = dir.join("checkpoints");
+    let e0 = node("engine", &job, &[]);
+    let sx = node("swarmx", &job, &["--children", &format!("https://{}", e0.addr)]);
+    let (mut mx, mut out) = memoryx(&job, &sx, &["--linger", "--checkpoint-dir", ck.to_str().unwrap()], &dir.join("memoryx.log"));
+    let (_, mx_http) = ready("memoryx", &mut out);
+    std::thread::spawn(move || for _ in out.lines() {});
+    let ids = common::identity(&job);
+    let (ca, cert, key) = (common::ca(&job), std::fs::read_to_string(ids.join(CERT)).unwrap(), std::fs::read_to_string(ids.join(KEY)).unwrap());
+    let get = |path: &str| common::https("GET", &mx_http, path, &ca, Some((&cert, &key))).expect("MemoryX answers");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !get("/status").contains("Succeeded") {
+        assert!(std::time::Instant::now() < deadline, "the job did not finish: {}", get("/status"));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // Files that are not checkpoints, in the checkpoint folder and outside it.
+    std::fs::write(ck.join(".step-00000099.safetensors.tmp"), b"half a checkpoint").unwrap();
+    std::fs::write(ck.join("notes.txt"), b"not a checkpoint").unwrap();
+    std::fs::write(dir.join("secret.txt"), b"not yours").unwrap();
+
+    let url = format!("https://{mx_http}");
+    let wsctl = |args: &[&str]| common::wsctl(args);
+    let o = wsctl(&["checkpoint", "list", "--url", &url, "--identity", ids.to_str().unwrap()]);
+    let listing = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let files: Vec<&str> = listing.lines().filter_map(|l| l.split_whitespace().last()).collect();
+    assert_eq!(files, vec!["step-00000020.safetensors", "step-00000015.safetensors"], "{listing}");
+    let json = get("/checkpoints");
+    assert!(json.starts_with("HTTP/1.1 200") && !json.contains("tmp") && !json.contains("notes"), "{json}");
+
+    let pulled = dir.join("pulled");
+    let pull = |extra: &[&str], identity: &Path| {
+        let mut args = vec!["checkpoint", "pull", "--url", &url, "--identity", identity.to_str().unwrap(), "-o", pulled.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        wsctl(&args)
+    };
+    let o = pull(&["--job", job.to_str().unwrap()], &ids);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let newest = pulled.join("step-00000020.safetensors");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), newest.to_str().unwrap());
+    assert_eq!(std::fs::read(&newest).unwrap(), std::fs::read(ck.join("step-00000020.safetensors")).unwrap());
+    let o = pull(&["--step", "15"], &ids);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read(pulled.join("step-00000015.safetensors")).unwrap(), std::fs::read(ck.join("step-00000015.safetensors")).unwrap());
+    let o = pull(&["--step", "3"], &ids);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("no checkpoint of step 3") && err.contains("[20, 15]"), "{err}");
+    let mut names: Vec<String> = std::fs::read_dir(&pulled).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    names.sort();
+    assert_eq!(names, vec!["step-00000015.safetensors", "step-00000020.safetensors"], "only verified checkpoints, no partial files");
+
+    // A file damaged on MemoryX's volume arrives damaged: refused by its checksum, nothing kept.
+    let damaged = ck.join("step-00000015.safetensors");
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    let n = bytes.len();
+    bytes[n - 7] ^= 0x20;
+    std::fs::write(&damaged, bytes).unwrap();
+    let fresh = dir.join("fresh");
+    let o = wsctl(&["checkpoint", "pull", "--url", &url, "--identity", ids.to_str().unwrap(), "--step", "15", "-o", fresh.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("arrived damaged") && err.contains("checksum"), "{err}");
+    assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0, "nothing kept");
+    // A job whose plan cannot hold this checkpoint (a smaller model) bounds the download before it starts.
+    let small = dir.join("small.yaml");
+    std::fs::write(&small, JOB.replace("[784, 64, 32, 10]", "[784, 8, 10]")).unwrap();
+    let o = wsctl(&["checkpoint", "pull", "--url", &url, "--identity", ids.to_str().unwrap(), "--job", small.to_str().unwrap(), "-o", fresh.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("the job's plan allows"), "{err}");
+    assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0, "nothing kept");
+
+    // Another job's identity: the handshake fails, nothing is written.
+    let other = dir.join("other-identity");
+    runtime::identity::issue("other", &[]).unwrap().write_roles_files(&other).unwrap();
+    std::fs::remove_dir_all(&pulled).unwrap();
+    let o = pull(&[], &other);
+    assert!(!o.status.success(), "another job's identity pulled a checkpoint");
+    assert!(std::fs::read_dir(&pulled).map(|d| d.count()).unwrap_or(0) == 0, "nothing written");
+
+    // No certificate at all: 401 on the listing and on every file.
+    for path in ["/checkpoints", "/checkpoints/step-00000020.safetensors"] {
+        let anonymous = common::https("GET", &mx_http, path, &ca, None).unwrap();
+        assert!(anonymous.starts_with("HTTP/1.1 401"), "{path}: {anonymous}");
+    }
+    // Only listed names are served, even to the job.
+    for path in [
+        "/checkpoints/../../etc/passwd",
+        "/checkpoints/..%2F..%2F..%2Fetc%2Fpasswd",
+        "/checkpoints/..%2Fsecret.txt",
+        "/checkpoints/.step-00000099.safetensors.tmp",
+        "/checkpoints/notes.txt",
+        "/checkpoints/step-00000010.safetensors",
+    ] {
+        let answer = get(path);
+        assert!(answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
+        assert!(!answer.contains("root:") && !answer.contains("not yours") && !answer.contains("half"), "{path}: {answer}");
+    }
+    assert!(get("/checkpoints/..%2F..%2Fetc%2Fpasswd").contains("no checkpoint named"), "a clear message");
     let _ = mx.kill();
     let _ = mx.wait();
     drop((e0, sx));

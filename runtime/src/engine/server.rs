@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{EngineRole, EngineStats};
-use crate::data::Dataset;
+use crate::input::Feed;
 use crate::error::{Error, Result};
 use crate::protocol::pb::stage_server::Stage;
 use crate::memoryx::{checkpoint, MemoryX, WeightStore};
@@ -24,7 +24,6 @@ use crate::protocol::pb::{
 use crate::plan::Limits;
 use crate::protocol::wire::{decode_grads, encode_grad, encode_state, encode_step, LayerAssembler, StateMeter};
 use crate::protocol::{LayerGrad, Pass};
-use crate::swarmx::check_samples;
 use crate::transport::{receive_grads, to_status};
 
 /// Where the engine is in its step: which step (and which attempt at it), and how many of its operations
@@ -37,15 +36,16 @@ struct Turn {
 }
 
 /// Builds an empty replica of the job's model (the masks and shapes; the values come with `Prime`).
-pub type ReplicaFactory = Arc<dyn Fn() -> MemoryX + Send + Sync>;
+/// Fallible, since an engine learns the run's length (the optimizer's schedule) from its input workers.
+pub type ReplicaFactory = Arc<dyn Fn() -> Result<MemoryX> + Send + Sync>;
 
 /// The `Stage` service of one engine.
 pub struct EngineServer {
     job: String,
     layers: usize,
     engine: Arc<Mutex<Box<dyn EngineRole>>>,
-    train: Arc<Dataset>,
-    test: Arc<Dataset>,
+    /// Where the samples of a step come from: the engine's input workers.
+    feed: Arc<dyn Feed>,
     turn: watch::Sender<Turn>,
     /// Pipelined execution: the whole model held on the engine, and how to make one.
     replica: Arc<Mutex<Option<MemoryX>>>,
@@ -59,15 +59,14 @@ pub struct EngineServer {
 }
 
 impl EngineServer {
-    /// Serves `engine` for `job`, reading shards from the data sets, and refusing anything beyond the job's
-    /// `limits` (whose layers are the model the engine runs).
-    pub fn new(job: String, limits: Limits, engine: Box<dyn EngineRole>, train: Arc<Dataset>, test: Arc<Dataset>) -> Self {
+    /// Serves `engine` for `job`, taking each step's samples from `feed`, and refusing anything beyond the
+    /// job's `limits` (whose layers are the model the engine runs).
+    pub fn new(job: String, limits: Limits, engine: Box<dyn EngineRole>, feed: Arc<dyn Feed>) -> Self {
         EngineServer {
             job,
             layers: limits.layers.len(),
             engine: Arc::new(Mutex::new(engine)),
-            train,
-            test,
+            feed,
             turn: watch::channel(Turn::default()).0,
             replica: Arc::new(Mutex::new(None)),
             make_replica: None,
@@ -144,22 +143,22 @@ impl EngineServer {
     /// Starts step `r.step` on this engine's share of the batch.
     async fn begin(&self, r: BeginStepRequest) -> Result<(), Status> {
         self.check_job(&r.job)?;
-        let (data, train) = match pb::Split::try_from(r.split) {
-            Ok(pb::Split::Train) => (self.train.clone(), true),
-            Ok(pb::Split::Test) => (self.test.clone(), false),
+        let split = match pb::Split::try_from(r.split) {
+            Ok(pb::Split::Train) => crate::swarmx::Split::Train,
+            Ok(pb::Split::Test) => crate::swarmx::Split::Test,
             Err(_) => return Err(Status::invalid_argument(format!("unknown split {}", r.split))),
         };
+        let train = split == crate::swarmx::Split::Train;
         Error::check_limit(
             || "the samples of a BeginStep (an engine's shard of the batch)".into(),
             r.samples.len() as u64,
             self.limits.samples(1),
         )
         .map_err(to_status)?;
-        check_samples(&r.samples, data.len()).map_err(to_status)?;
-        let engine = self.engine.clone();
+        let (engine, feed) = (self.engine.clone(), self.feed.clone());
         let (samples, scale) = (r.samples, r.grad_scale);
         tokio::task::spawn_blocking(move || {
-            let shard = data.shard(&samples);
+            let shard = feed.shard(split, &samples)?;
             engine.lock().map_err(|_| Error::Protocol("engine state poisoned".into()))?.begin_step(shard, scale, train)
         })
         .await
@@ -271,7 +270,7 @@ impl Stage for EngineServer {
         let (replica, engine) = (self.replica.clone(), self.engine.clone());
         tokio::task::spawn_blocking(move || {
             let (step, tensors) = checkpoint::from_bytes(&bytes, "the replica sent to this engine")?;
-            let store = make();
+            let store = make()?;
             store.restore(step, &tensors)?;
             *replica.lock().map_err(|_| Error::Protocol("replica poisoned".into()))? = Some(store);
             engine.lock().map_err(|_| Error::Protocol("engine state poisoned".into()))?.set_resident(true);

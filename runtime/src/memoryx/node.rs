@@ -1,6 +1,7 @@
 //! The MemoryX program. It is also the job's coordinator: it runs the [`crate::driver`] against the SwarmX
 //! tree, and reports progress on `GET /status` (what the operator reads, [`crds::contract::MemoryxStatus`]) and
-//! `/metrics`. `POST /checkpoint` asks for a checkpoint at the next step boundary.
+//! `/metrics`. `POST /checkpoint` asks for a checkpoint at the next step boundary; `GET /checkpoints` and
+//! `GET /checkpoints/{file}` hand the checkpoints back ([`super::serve`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -75,6 +76,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
                 want.store(true, Ordering::SeqCst);
                 async { (axum::http::StatusCode::ACCEPTED, "checkpoint requested\n") }
             }))
+            .merge(super::serve::routes(args.checkpoint_dir.clone()))
     };
     let http_task = {
         let identity = identity.clone();
@@ -82,7 +84,15 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
     };
 
     let uid = manifest.metadata.uid.clone();
-    let result = Job::load(manifest.spec, job_id).and_then(|mut job| {
+    let described = {
+        // The data stays with the input workers: one of them says what it holds.
+        let limits = crate::plan::Limits::for_spec(&manifest.spec);
+        let bound = crate::input::ShardBound::for_spec(&manifest.spec);
+        let dial = dial(&args.common, &identity, args.connect_timeout, &limits);
+        crate::input::remote::RemoteFeed::new(rt.handle().clone(), std::slice::from_ref(&args.input), &job_id, dial, bound)
+            .and_then(|feed| crate::input::Feed::describe(&feed))
+    };
+    let result = described.and_then(|data| Job::new(manifest.spec, job_id, data)).and_then(|mut job| {
         job.uid = uid;
         let mut driver = Driver::new(job, outputs);
         driver.share(status.clone(), want_checkpoint.clone());
@@ -118,7 +128,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         }
     }
     if args.linger {
-        tracing::info!("job finished; serving /status until stopped");
+        tracing::info!("job finished; serving /status and /checkpoints until stopped");
         let _ = rt.block_on(http_task);
     }
     result.map(|_| ())

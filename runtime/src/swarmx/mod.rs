@@ -11,7 +11,8 @@ pub mod remote;
 
 use std::sync::Arc;
 
-use crate::data::{split_even, Dataset};
+use crate::data::split_even;
+use crate::input::Feed;
 use crate::engine::server::{apply_all, resident_pass, ReplicaFactory};
 use crate::engine::{EngineRole, EngineStats};
 use crate::memoryx::{checkpoint, MemoryX};
@@ -30,8 +31,8 @@ pub enum Split {
 }
 
 /// What a step asks of the engines: which samples (by index into the split) and how to scale gradients.
-/// Engines hold the data themselves, as the seeds' input servers feed each engine directly, so only sample
-/// indices travel through the fabric.
+/// Input workers feed each engine directly, as the seeds' input servers do, so only sample indices travel
+/// through the fabric.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepRequest {
     /// The global step (0-based); evaluation steps reuse the step they follow.
@@ -86,8 +87,7 @@ pub trait Swarm {
 /// SwarmX with its engines in the same process: broadcast is a shared reference, reduce a sum in engine order.
 pub struct LocalSwarm {
     engines: Vec<Box<dyn EngineRole>>,
-    train: Arc<Dataset>,
-    test: Arc<Dataset>,
+    feed: Arc<dyn Feed>,
     replicas: Option<Replicas>,
 }
 
@@ -99,12 +99,12 @@ struct Replicas {
 }
 
 impl LocalSwarm {
-    /// A fabric over `engines`, which read their shards from `train` and `test`; there must be at least one.
-    pub fn new(engines: Vec<Box<dyn EngineRole>>, train: Arc<Dataset>, test: Arc<Dataset>) -> Result<Self> {
+    /// A fabric over `engines`, fed their shards by `feed`; there must be at least one.
+    pub fn new(engines: Vec<Box<dyn EngineRole>>, feed: Arc<dyn Feed>) -> Result<Self> {
         if engines.is_empty() {
             return Err(Error::Protocol("SwarmX needs at least one engine".into()));
         }
-        Ok(LocalSwarm { engines, train, test, replicas: None })
+        Ok(LocalSwarm { engines, feed, replicas: None })
     }
 
     /// Lets every engine hold the whole model for pipelined execution of `job`, building replicas with `make`,
@@ -128,14 +128,9 @@ impl Swarm for LocalSwarm {
     }
 
     fn begin_step(&mut self, request: &StepRequest) -> Result<()> {
-        let data = match request.split {
-            Split::Train => &self.train,
-            Split::Test => &self.test,
-        };
-        check_samples(&request.samples, data.len())?;
         let parts = split_even(&request.samples, self.engines.len());
         for (engine, part) in self.engines.iter_mut().zip(parts) {
-            engine.begin_step(data.shard(part), request.grad_scale, request.split == Split::Train)?;
+            engine.begin_step(self.feed.shard(request.split, part)?, request.grad_scale, request.split == Split::Train)?;
         }
         Ok(())
     }
@@ -185,7 +180,7 @@ impl Swarm for LocalSwarm {
         let (step, tensors) = checkpoint::from_bytes(state, "the replica sent to the engines")?;
         let replicas = held(&mut self.replicas)?;
         for (engine, held) in self.engines.iter_mut().zip(&mut replicas.held) {
-            let store = (replicas.make)();
+            let store = (replicas.make)()?;
             store.restore(step, &tensors)?;
             *held = Some(store);
             engine.set_resident(true);
@@ -194,7 +189,6 @@ impl Swarm for LocalSwarm {
     }
 
     fn resident_step(&mut self, request: &StepRequest) -> Result<LossSum> {
-        check_samples(&request.samples, self.train.len())?;
         let parts = split_even(&request.samples, self.engines.len());
         let replicas = held(&mut self.replicas)?;
         let (mut loss, mut sum) = (LossSum::default(), None);
@@ -203,7 +197,7 @@ impl Swarm for LocalSwarm {
             if store.step() != request.step {
                 return Err(Error::Protocol(format!("step {} asked of a replica of step {}", request.step, store.step())));
             }
-            engine.begin_step(self.train.shard(part), request.grad_scale, true)?;
+            engine.begin_step(self.feed.shard(Split::Train, part)?, request.grad_scale, true)?;
             let (l, grads) = resident_pass(engine.as_mut(), store, store.layout().linears.len())?;
             loss.add(&l);
             add_grads(&mut sum, grads)?;

@@ -76,7 +76,32 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// Connects to a stage at `url` for `job` as `dial` says, and learns its engines. Only `https://` addresses are
 /// dialled: a plaintext one would carry the job's weights to whoever listens.
 pub async fn connect(url: &str, job: &str, dial: Dial<'_>) -> Result<Child> {
-    let (identity, timeout) = (dial.identity, dial.connect);
+    let client = StageClient::new(channel(url, dial)?)
+        .max_decoding_message_size(8 << 20)
+        .max_encoding_message_size(8 << 20);
+    let timeout = dial.connect;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match client.clone().info(InfoRequest { job: job.to_string() }).await {
+            Ok(reply) => {
+                let reply = reply.into_inner();
+                return Ok(Child { url: url.to_string(), client, engines: reply.engines, sram_bytes: reply.sram_bytes });
+            }
+            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                return Err(Error::Protocol(format!("{url}: {}", s.message())));
+            }
+            Err(s) if Instant::now() >= deadline => {
+                return Err(Error::Unavailable(format!("{url} did not answer within {timeout:?}: {}", s.message())));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// A lazily connecting channel to the role at `url`, over mutual TLS with `dial`'s identity and deadlines: what
+/// every client of a role (a stage, an input worker) is built on. Only `https://` addresses are dialled.
+pub fn channel(url: &str, dial: Dial<'_>) -> Result<Channel> {
+    let identity = dial.identity;
     if !url.starts_with("https://") {
         return Err(Error::Protocol(format!("stage address '{url}' is not https://: stages speak only mutual TLS")));
     }
@@ -102,25 +127,7 @@ pub async fn connect(url: &str, job: &str, dial: Dial<'_>) -> Result<Child> {
     let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
     tcp.enforce_http(false);
     tcp.set_nodelay(true);
-    let client = StageClient::new(endpoint.connect_with_connector_lazy(tcp))
-        .max_decoding_message_size(8 << 20)
-        .max_encoding_message_size(8 << 20);
-    let deadline = Instant::now() + timeout;
-    loop {
-        match client.clone().info(InfoRequest { job: job.to_string() }).await {
-            Ok(reply) => {
-                let reply = reply.into_inner();
-                return Ok(Child { url: url.to_string(), client, engines: reply.engines, sram_bytes: reply.sram_bytes });
-            }
-            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
-                return Err(Error::Protocol(format!("{url}: {}", s.message())));
-            }
-            Err(s) if Instant::now() >= deadline => {
-                return Err(Error::Unavailable(format!("{url} did not answer within {timeout:?}: {}", s.message())));
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
+    Ok(endpoint.connect_with_connector_lazy(tcp))
 }
 
 /// The `Stage` service of a SwarmX node.

@@ -1,0 +1,8 @@
+//! `input`: the weightstream input worker as a program, as it runs in a pod. Its arguments are the contract's
+//! ([`crds::contract::InputArgs`]), so whoever starts it renders them from the same type.
+
+use crds::contract::{InputArgs, RoleArgs};
+
+fn main() -> std::process::ExitCode {
+    runtime::transport::exit(runtime::input::node::main(InputArgs::parse()))
+}
