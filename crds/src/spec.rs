@@ -208,7 +208,8 @@ pub struct ModelSpec {
     #[serde(default)]
     #[schemars(range(min = 0.0, max = 0.99))]
     pub sparsity: f64,
-    /// Tokens a `gpt` reads: 256, one per byte, so no tokenizer has to be downloaded.
+    /// Tokens a `gpt` reads: 256 for text read as bytes (no tokenizer to download); with `spec.data.tokenizer`
+    /// at least the tokenizer's vocabulary, and for `tokens` more than the largest id in the files.
     #[serde(default = "default_vocab", skip_serializing_if = "is_default_vocab")]
     #[schemars(range(min = 2, max = 65536))]
     pub vocab_size: u32,

@@ -337,10 +337,19 @@ impl TrainingJobSpec {
                 format!("width {width} is not divisible by {heads} heads: each head takes an equal slice of the width"),
             ));
         }
-        if m.vocab_size != 256 {
+        if !(2..=65_536).contains(&m.vocab_size) {
+            return Err(invalid("spec.model.vocabSize", format!("{} is out of range: use 2 to 65536", m.vocab_size)));
+        }
+        // Text read as bytes has 256 tokens; a tokenizer's or a token file's vocabulary is checked on loading.
+        let bytes = matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) && self.data.tokenizer.is_none();
+        if bytes && m.vocab_size < 256 {
             return Err(invalid(
                 "spec.model.vocabSize",
-                format!("{} is not supported: the byte-level tokenizer has exactly 256 tokens", m.vocab_size),
+                format!(
+                    "{} is too small for text read as bytes (256 tokens): set it to 256, or name a tokenizer in \
+                     spec.data.tokenizer",
+                    m.vocab_size
+                ),
             ));
         }
         if !(1..=16).contains(&m.mlp_ratio) {
@@ -497,7 +506,10 @@ spec:
         assert!(err(&GPT.replace("width: 64, ", "")).contains("spec.model.width"));
         assert!(err(&GPT.replace("contextLength: 64", "contextLength: 1")).contains("contextLength"));
         assert!(err(&GPT.replace("kind: text", "kind: mnist")).contains("spec.data.kind"));
-        assert!(err(&GPT.replace("blocks: 2", "blocks: 2, vocabSize: 1000")).contains("vocabSize"));
+        assert!(err(&GPT.replace("blocks: 2", "blocks: 2, vocabSize: 100")).contains("vocabSize"));
+        assert!(err(&GPT.replace("blocks: 2", "blocks: 2, vocabSize: 70000")).contains("vocabSize"));
+        let bpe = GPT.replace("blocks: 2", "blocks: 2, vocabSize: 1000").replace("kind: text,", "kind: text, tokenizer: t.json,");
+        assert_eq!(parse_training_job(&bpe).expect("a tokenizer's vocabulary").spec.model.vocab_size, 1000);
         assert!(err(&GPT.replace("blocks: 2", "blocks: 2, layers: [1, 2]")).contains("spec.model.layers"));
     }
 

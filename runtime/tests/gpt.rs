@@ -7,7 +7,7 @@ use crds::{Decay, ModelKind, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSp
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use runtime::input::LocalFeed;
-use runtime::data::text::TextWindows;
+use runtime::data::text::{TextWindows, Tokens};
 use runtime::data::{Dataset, Sampler};
 use runtime::engine::{CountingHw, EngineRole, Wse};
 use runtime::memoryx::{MemoryX, Tensors, WeightStore};
@@ -34,7 +34,7 @@ fn constant() -> ScheduleSpec {
 fn text(context: usize) -> Arc<Dataset> {
     let bytes = b"Call me Ishmael. Some years ago, never mind how long precisely, having little money in my purse."
         .repeat(3);
-    Arc::new(Dataset::Text(TextWindows { bytes, context }))
+    Arc::new(Dataset::Text(TextWindows { tokens: Tokens::Bytes(bytes), vocab: 256, context }))
 }
 
 fn swarm(layout: &ModelLayout, engines: usize, data: &Arc<Dataset>) -> LocalSwarm {

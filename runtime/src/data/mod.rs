@@ -1,8 +1,13 @@
 //! Training data: readers for the data sets a job can name, and the seeded order in which samples are dealt
 //! into batches and the batches into per-engine shards.
 
+pub mod arrays;
+pub mod jsonl;
 pub mod mnist;
+pub mod npy;
 pub mod text;
+pub mod tokenizer;
+pub mod tokens;
 
 use std::path::Path;
 
@@ -19,8 +24,10 @@ use crate::tensor::Mat;
 pub enum Dataset {
     /// Labelled images (MNIST).
     Images(Images),
-    /// Windows of a byte-level text corpus.
+    /// Windows of a text corpus's token ids (bytes, a tokenizer's ids, or a token file's).
     Text(text::TextWindows),
+    /// Named arrays of features and classes (`arrays`), for MLPs of any width.
+    Arrays(arrays::Arrays),
 }
 
 impl Dataset {
@@ -29,6 +36,7 @@ impl Dataset {
         match self {
             Dataset::Images(d) => d.len(),
             Dataset::Text(d) => d.len(),
+            Dataset::Arrays(d) => d.len(),
         }
     }
 
@@ -42,6 +50,7 @@ impl Dataset {
     pub fn eval_samples(&self) -> Vec<u32> {
         match self {
             Dataset::Images(d) => (0..d.len() as u32).collect(),
+            Dataset::Arrays(d) => (0..d.len() as u32).collect(),
             Dataset::Text(d) => {
                 let (len, want) = (d.len(), (text::EVAL_TOKENS / d.context.max(1)).max(1));
                 if len <= want {
@@ -58,6 +67,17 @@ impl Dataset {
         match self {
             Dataset::Images(d) => d.shard(indices),
             Dataset::Text(d) => d.shard(indices),
+            Dataset::Arrays(d) => d.shard(indices),
+        }
+    }
+
+    /// The held-out loss of the best context-free model, called on the held-out split with the training split:
+    /// the bar a language model must clear (see [`text::TextWindows::unigram_loss`]). `None` for data that is
+    /// not language (or splits of different kinds).
+    pub fn unigram_loss(&self, train: &Dataset) -> Option<f64> {
+        match (self, train) {
+            (Dataset::Text(test), Dataset::Text(train)) => Some(test.unigram_loss(train)),
+            _ => None,
         }
     }
 }
@@ -108,26 +128,36 @@ pub fn read_data_file(path: &Path) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// What can be said of a job's data path without reading it: a path that exists must be what the data kind
-/// reads (a regular file for text, a folder for MNIST). A path that does not exist here passes, since the job
-/// may run where it does (a cluster's volume); loading it says so there.
+/// What can be said of a job's data paths without reading them: a path that exists must be what the data kind
+/// reads (a regular file for text, tokens and JSON Lines, a folder for MNIST, a safetensors file or a folder of
+/// `.npy` files for arrays) and a tokenizer a regular file. A path that does not exist here passes, since the
+/// job may run where it does (a cluster's volume); loading it says so there.
 pub fn check_path(spec: &crds::TrainingJobSpec) -> Result<()> {
     if spec.data.volume.is_some() {
         // Inside a volume: only the input workers, where it is mounted, can tell.
         return Ok(());
     }
-    let path = Path::new(&spec.data.path);
-    let Ok(meta) = std::fs::metadata(path) else { return Ok(()) };
-    let (ok, want) = match spec.data.kind {
-        crds::DataKind::Mnist => (meta.is_dir(), "a folder of MNIST IDX files"),
-        crds::DataKind::Arrays => (true, "a safetensors file or a folder of .npy files"),
-        _ => (meta.is_file(), "a regular file"),
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::Data(format!("spec.data.path {} is not {want}", path.display())))
+    let data = [("spec.data.path", Some(&spec.data.path)), ("spec.data.heldOutPath", spec.data.held_out_path.as_ref())];
+    for (field, path) in data {
+        let Some(path) = path else { continue };
+        let path = Path::new(path);
+        let Ok(meta) = std::fs::metadata(path) else { continue };
+        let (ok, want) = match spec.data.kind {
+            crds::DataKind::Mnist => (meta.is_dir(), "a folder of MNIST IDX files"),
+            crds::DataKind::Arrays => (meta.is_file() || meta.is_dir(), "a safetensors file or a folder of .npy files"),
+            _ => (meta.is_file(), "a regular file"),
+        };
+        if !ok {
+            return Err(Error::Data(format!("{field} {} is not {want}", path.display())));
+        }
     }
+    if let Some(tokenizer) = &spec.data.tokenizer {
+        let path = Path::new(tokenizer);
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+            return Err(Error::Data(format!("spec.data.tokenizer {} is not a regular file (a tokenizer.json)", path.display())));
+        }
+    }
+    Ok(())
 }
 
 /// Where a path of `spec.data` (`path`, `heldOutPath`, `tokenizer`) is read from. Without a volume it is a plain
@@ -166,20 +196,71 @@ pub fn resolve(spec: &crds::TrainingJobSpec, root: Option<&Path>, path: &str) ->
 
 /// Loads the training and held-out splits a job names, its paths resolved by [`resolve`] against `root`. Input
 /// workers call this (engines and MemoryX never open data files), so every worker agrees on what sample `i` is.
+/// The held-out split is `spec.data.heldOutPath` when given, else the last 5% of the tokens or samples (for
+/// MNIST, its `t10k-` files).
 pub fn load(spec: &crds::TrainingJobSpec, root: Option<&Path>) -> Result<(Dataset, Dataset)> {
     let path = resolve(spec, root, &spec.data.path)?;
     let path = path.as_path();
+    let held_out = match &spec.data.held_out_path {
+        Some(p) if spec.data.kind != crds::DataKind::Mnist => Some(resolve(spec, root, p)?),
+        _ => None,
+    };
     match spec.data.kind {
         crds::DataKind::Mnist => Ok((
             Dataset::Images(mnist::load(path, mnist::Split::Train)?),
             Dataset::Images(mnist::load(path, mnist::Split::Test)?),
         )),
-        crds::DataKind::Text => {
-            let context = spec.model.context_length.unwrap_or(0) as usize;
-            let (train, test) = text::load(path, context)?;
+        crds::DataKind::Text | crds::DataKind::Jsonl | crds::DataKind::Tokens => {
+            let (train, test) = load_text(spec, root, path, held_out.as_deref())?;
             Ok((Dataset::Text(train), Dataset::Text(test)))
         }
-        kind => Err(Error::Data(format!("spec.data.kind {kind:?} is not read yet"))),
+        crds::DataKind::Arrays => {
+            let train = arrays::load(path, spec)?;
+            let (train, test) = match &held_out {
+                Some(h) => (train, arrays::load(h, spec)?),
+                None => train.hold_out_tail(path)?,
+            };
+            Ok((Dataset::Arrays(train), Dataset::Arrays(test)))
+        }
+    }
+}
+
+/// The token windows of a `text`, `jsonl` or `tokens` job: bytes, a tokenizer's ids, or a token file's ids.
+fn load_text(
+    spec: &crds::TrainingJobSpec,
+    root: Option<&Path>,
+    path: &Path,
+    held_out: Option<&Path>,
+) -> Result<(text::TextWindows, text::TextWindows)> {
+    let context = spec.model.context_length.unwrap_or(0) as usize;
+    let model_vocab = spec.model.vocab_size as usize;
+    let kind = spec.data.kind;
+    let tokenizer = match (&spec.data.tokenizer, kind) {
+        (Some(t), crds::DataKind::Text | crds::DataKind::Jsonl) => {
+            Some(tokenizer::TextTokenizer::load(&resolve(spec, root, t)?, model_vocab)?)
+        }
+        _ => None,
+    };
+    let vocab = match (&tokenizer, kind) {
+        (Some(t), _) => t.vocab,
+        (None, crds::DataKind::Tokens) => model_vocab.min(text::MAX_VOCAB),
+        (None, _) => 256,
+    };
+    let read = |p: &Path| -> Result<text::Tokens> {
+        if kind == crds::DataKind::Tokens {
+            return Ok(text::Tokens::Ids(tokens::read(p, spec.data.token_type, model_vocab)?));
+        }
+        let bytes = if kind == crds::DataKind::Jsonl { jsonl::read(p, &spec.data.text_field)? } else { text::read(p)? };
+        match &tokenizer {
+            Some(t) => Ok(text::Tokens::Ids(t.encode(&bytes, p, model_vocab)?)),
+            None => Ok(text::Tokens::Bytes(bytes)),
+        }
+    };
+    let train = read(path)?;
+    match held_out {
+        None => text::split(train, vocab, context).map_err(|e| Error::Data(format!("{}: {e}", path.display()))),
+        Some(h) => text::pair(train, read(h)?, vocab, context)
+            .map_err(|e| Error::Data(format!("{} and {}: {e}", path.display(), h.display()))),
     }
 }
 
@@ -271,8 +352,229 @@ pub fn split_even(indices: &[u32], parts: usize) -> Vec<&[u32]> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    fn repo() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    }
+
+    /// The spec of `examples/jobs/NAME`, its data paths taken from the repository's root.
+    pub(crate) fn example(name: &str) -> crds::TrainingJobSpec {
+        let text = std::fs::read_to_string(repo().join("examples/jobs").join(name)).unwrap();
+        let mut spec = crds::parse_training_job(&text).unwrap().spec;
+        if spec.data.volume.is_none() {
+            spec.data.path = repo().join(&spec.data.path).to_string_lossy().into_owned();
+            if let Some(t) = &spec.data.tokenizer {
+                spec.data.tokenizer = Some(repo().join(t).to_string_lossy().into_owned());
+            }
+        }
+        spec
+    }
+
+    fn temp(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("ws-data-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn text_spec(kind: crds::DataKind, path: &Path, context: u32) -> crds::TrainingJobSpec {
+        let mut spec = example("gpt-small.yaml");
+        spec.model.context_length = Some(context);
+        spec.data = crds::DataSpec::local(kind, path.to_string_lossy());
+        spec
+    }
+
+    fn ids(d: &Dataset) -> Vec<u16> {
+        match d {
+            Dataset::Text(text::TextWindows { tokens: text::Tokens::Ids(t), .. }) => t.clone(),
+            other => panic!("expected token ids, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn byte_text_of_moby_dick_is_unchanged() {
+        let spec = example("gpt-small.yaml");
+        let (train, test) = load(&spec, None).unwrap();
+        let bytes = read_data_file(Path::new(&spec.data.path)).unwrap();
+        let cut = bytes.len() - (bytes.len() as f64 * text::HELD_OUT) as usize;
+        let (Dataset::Text(tr), Dataset::Text(te)) = (&train, &test) else { panic!("text") };
+        assert_eq!(tr.tokens, text::Tokens::Bytes(bytes[..cut].to_vec()));
+        assert_eq!(te.tokens, text::Tokens::Bytes(bytes[cut..].to_vec()));
+        assert_eq!((tr.vocab, tr.context), (256, 128));
+        let shard = train.shard(&[3, 1000]);
+        let expect: Vec<f32> = bytes[384..512].iter().chain(&bytes[128_000..128_128]).map(|&b| f32::from(b)).collect();
+        assert_eq!(shard.inputs.data, expect);
+        let labels: Vec<u32> = bytes[385..513].iter().chain(&bytes[128_001..128_129]).map(|&b| u32::from(b)).collect();
+        assert_eq!(shard.labels, labels);
+        // The unigram bar the e2e tests quote for Moby-Dick.
+        let u = test.unigram_loss(&train).unwrap();
+        assert!((u - 3.156).abs() < 0.001, "{u}");
+        assert_eq!(test.eval_samples().len(), text::EVAL_TOKENS / 128);
+    }
+
+    #[test]
+    fn the_bpe_example_tokenizes_moby_dick() {
+        let spec = example("gpt-bpe.yaml");
+        assert_eq!(spec.model.vocab_size, 1024);
+        let (train, test) = load(&spec, None).unwrap();
+        let (tr, te) = (ids(&train), ids(&test));
+        assert!(tr.iter().chain(&te).all(|&i| i < 1024));
+        let bytes = read_data_file(Path::new(&spec.data.path)).unwrap();
+        let n = tr.len() + te.len();
+        assert!(n * 2 < bytes.len(), "BPE packs several bytes a token: {n} tokens for {} bytes", bytes.len());
+        assert_eq!(te.len(), (n as f64 * text::HELD_OUT) as usize);
+        // A held-out loss with a 1024-token table is well above the byte one, and below uniform.
+        let u = test.unigram_loss(&train).unwrap();
+        assert!(u > 4.0 && u < 1024f64.ln(), "{u}");
+        let shard = train.shard(&[2]);
+        assert_eq!(shard.inputs.data, tr[256..384].iter().map(|&i| f32::from(i)).collect::<Vec<_>>());
+        assert_eq!(shard.labels, tr[257..385].iter().map(|&i| u32::from(i)).collect::<Vec<_>>());
+        // The PVC variant reads the same files inside a volume: locally, `--volume weightstream-data=examples/data`.
+        let pvc = example("gpt-bpe-pvc.yaml");
+        assert_eq!(pvc.data.volume.as_deref(), Some("weightstream-data"));
+        let (pvc_train, pvc_test) = load(&pvc, Some(&repo().join("examples/data"))).unwrap();
+        assert_eq!((pvc_train, pvc_test), (train.clone(), test.clone()));
+        // Too small a model for the tokenizer is one clear error.
+        let mut small = spec.clone();
+        small.model.vocab_size = 512;
+        let err = load(&small, None).unwrap_err().to_string();
+        assert!(err.contains("has a vocabulary of 1024; set spec.model.vocabSize to at least 1024"), "{err}");
+    }
+
+    #[test]
+    fn text_jsonl_and_tokens_round_trip_with_a_held_out_file() {
+        let dir = temp("kinds");
+        let words = crate::data::tokenizer::tests::word_level_json();
+        std::fs::write(dir.join("tokenizer.json"), &words).unwrap();
+        std::fs::write(dir.join("train.txt"), "call me ishmael .\n".repeat(50)).unwrap();
+        std::fs::write(dir.join("val.txt"), "whale whale .\n".repeat(5)).unwrap();
+        let mut spec = text_spec(crds::DataKind::Text, &dir.join("train.txt"), 4);
+        spec.model.vocab_size = 6;
+        spec.data.tokenizer = Some(dir.join("tokenizer.json").to_string_lossy().into_owned());
+        spec.data.held_out_path = Some(dir.join("val.txt").to_string_lossy().into_owned());
+        let (train, test) = load(&spec, None).unwrap();
+        assert_eq!(ids(&train), [1u16, 2, 3, 4].repeat(50));
+        assert_eq!(ids(&test), [5u16, 5, 4].repeat(5));
+        assert_eq!((train.len(), test.len()), (49, 3));
+
+        // The same documents as JSON Lines (joined by line breaks) give the same ids.
+        let lines: String = (0..50).map(|_| "{\"body\": \"call me ishmael .\"}\n").collect();
+        std::fs::write(dir.join("train.jsonl"), lines).unwrap();
+        let mut j = spec.clone();
+        j.data.kind = crds::DataKind::Jsonl;
+        j.data.path = dir.join("train.jsonl").to_string_lossy().into_owned();
+        j.data.text_field = "body".into();
+        j.data.held_out_path = None;
+        let (jt, jh) = load(&j, None).unwrap();
+        let all = [ids(&jt), ids(&jh)].concat();
+        assert_eq!(all, [1u16, 2, 3, 4].repeat(50));
+        assert_eq!(ids(&jh).len(), 10, "the last 5% of 200 tokens");
+        // Without a tokenizer, JSON Lines are bytes.
+        j.data.tokenizer = None;
+        let (Dataset::Text(bt), _) = load(&j, None).unwrap() else { panic!("text") };
+        assert_eq!(bt.vocab, 256);
+        assert!(matches!(&bt.tokens, text::Tokens::Bytes(b) if b.starts_with(b"call me ishmael .\ncall me")));
+
+        // Pre-tokenized files: uint32 ids of the same stream.
+        let le: Vec<u8> = [1u32, 2, 3, 4].repeat(50).iter().flat_map(|i| i.to_le_bytes()).collect();
+        std::fs::write(dir.join("train.bin"), le).unwrap();
+        let mut t = text_spec(crds::DataKind::Tokens, &dir.join("train.bin"), 4);
+        t.model.vocab_size = 6;
+        t.data.token_type = crds::TokenType::Uint32;
+        let (tt, th) = load(&t, None).unwrap();
+        assert_eq!([ids(&tt), ids(&th)].concat(), all);
+        assert_eq!(tt.shard(&[1]), train.shard(&[1]));
+        assert!(th.unigram_loss(&tt).is_some());
+        t.model.vocab_size = 4;
+        let err = load(&t, None).unwrap_err().to_string();
+        assert!(err.contains("train.bin") && err.contains("token id 4 at position 3 is beyond the vocabulary of 4"), "{err}");
+        t.data.token_type = crds::TokenType::Uint16;
+        std::fs::write(dir.join("train.bin"), [0u8; 401]).unwrap();
+        let err = load(&t, None).unwrap_err().to_string();
+        assert!(err.contains("401 bytes is not a whole number of uint16"), "{err}");
+
+        // A corrupt tokenizer is one error naming the file.
+        std::fs::write(dir.join("tokenizer.json"), &words[..40]).unwrap();
+        let err = load(&spec, None).unwrap_err().to_string();
+        assert!(err.contains("tokenizer.json is not a Hugging Face tokenizer.json"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn arrays_hold_out_their_tail_or_a_named_file() {
+        let dir = temp("arrays");
+        let (x, y): (Vec<f32>, Vec<u8>) = ((0..80).map(|i| i as f32).collect(), (0..40).map(|i| i % 4).collect());
+        let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        crate::data::npy::tests::write_npy(&dir.join("inputs.npy"), "<f4", false, &[40, 2], &xb);
+        crate::data::npy::tests::write_npy(&dir.join("labels.npy"), "|u1", false, &[40], &y);
+        let mut spec = example("fc-mnist.yaml");
+        spec.model.layers = vec![2, 16, 4];
+        spec.data = crds::DataSpec::local(crds::DataKind::Arrays, dir.to_string_lossy());
+        check_path(&spec).unwrap();
+        let (train, test) = load(&spec, None).unwrap();
+        assert_eq!((train.len(), test.len()), (38, 2));
+        assert_eq!(test.eval_samples(), vec![0, 1]);
+        assert_eq!(test.shard(&[1]).inputs.data, vec![78.0, 79.0]);
+        assert_eq!(test.unigram_loss(&train), None);
+        spec.data.held_out_path = Some(dir.to_string_lossy().into_owned());
+        let (train, test) = load(&spec, None).unwrap();
+        assert_eq!((train.len(), test.len()), (40, 40));
+        spec.model.layers = vec![3, 4];
+        let err = load(&spec, None).unwrap_err().to_string();
+        assert!(err.contains("2 features but the model's first layer takes 3"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn paths_stay_inside_the_volume() {
+        let root = temp("volume");
+        let outside = temp("outside");
+        std::fs::create_dir_all(root.join("corpus")).unwrap();
+        std::fs::write(root.join("corpus/train.txt"), "x".repeat(1000)).unwrap();
+        std::fs::write(outside.join("secret.txt"), "y".repeat(1000)).unwrap();
+        std::os::unix::fs::symlink(outside.join("secret.txt"), root.join("corpus/link.txt")).unwrap();
+        let mut spec = text_spec(crds::DataKind::Text, Path::new("corpus/train.txt"), 8);
+        spec.data.volume = Some("weightstream-data".into());
+        let real = resolve(&spec, Some(&root), "corpus/train.txt").unwrap();
+        assert_eq!(real, root.canonicalize().unwrap().join("corpus/train.txt"));
+        assert_eq!(load(&spec, Some(&root)).unwrap().0.len(), (950 - 1) / 8);
+        let err = resolve(&spec, Some(&root), "../outside/secret.txt").unwrap_err().to_string();
+        assert!(err.contains("leaves the volume 'weightstream-data'"), "{err}");
+        let err = resolve(&spec, Some(&root), "/etc/passwd").unwrap_err().to_string();
+        assert!(err.contains("leaves the volume"), "{err}");
+        let err = resolve(&spec, Some(&root), "corpus/link.txt").unwrap_err().to_string();
+        assert!(err.contains("through a symbolic link"), "{err}");
+        // The held-out file and the tokenizer are held to the same rule.
+        spec.data.held_out_path = Some("corpus/link.txt".into());
+        assert!(load(&spec, Some(&root)).unwrap_err().to_string().contains("symbolic link"));
+        spec.data.held_out_path = None;
+        spec.data.tokenizer = Some("../tokenizer.json".into());
+        assert!(load(&spec, Some(&root)).unwrap_err().to_string().contains("leaves the volume"));
+        let err = load(&spec, None).unwrap_err().to_string();
+        assert!(err.contains("--volume weightstream-data=DIR"), "{err}");
+        std::fs::remove_dir_all(&root).ok();
+        std::fs::remove_dir_all(&outside).ok();
+    }
+
+    #[test]
+    fn check_path_knows_each_kind() {
+        let dir = temp("check");
+        std::fs::write(dir.join("train.bin"), [0u8; 4]).unwrap();
+        let spec = text_spec(crds::DataKind::Tokens, &dir.join("train.bin"), 4);
+        check_path(&spec).unwrap();
+        let err = check_path(&text_spec(crds::DataKind::Jsonl, &dir, 4)).unwrap_err().to_string();
+        assert!(err.contains("is not a regular file"), "{err}");
+        let mut s = spec.clone();
+        s.data.tokenizer = Some(dir.to_string_lossy().into_owned());
+        assert!(check_path(&s).unwrap_err().to_string().contains("spec.data.tokenizer"));
+        s = spec.clone();
+        s.data.held_out_path = Some(dir.to_string_lossy().into_owned());
+        assert!(check_path(&s).unwrap_err().to_string().contains("spec.data.heldOutPath"));
+        s = text_spec(crds::DataKind::Arrays, &dir.join("train.bin"), 4);
+        check_path(&s).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     #[test]
     fn batches_cover_each_epoch_once_and_repeat_by_seed() {

@@ -42,10 +42,7 @@ impl DataInfo {
             train_samples: train.len(),
             test_samples: test.len(),
             eval_samples: test.eval_samples(),
-            unigram_loss: match (train, test) {
-                (Dataset::Text(train), Dataset::Text(test)) => Some(test.unigram_loss(train)),
-                _ => None,
-            },
+            unigram_loss: test.unigram_loss(train),
         }
     }
 }
@@ -168,12 +165,12 @@ pub fn per_worker(samples: &[u32], workers: usize) -> Vec<&[u32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::text::TextWindows;
+    use crate::data::text::{TextWindows, Tokens};
 
     fn feed() -> LocalFeed {
         let bytes: Vec<u8> = (0..4000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let train = Dataset::Text(TextWindows { bytes: bytes[..3000].to_vec(), context: 8 });
-        let test = Dataset::Text(TextWindows { bytes: bytes[3000..].to_vec(), context: 8 });
+        let train = Dataset::Text(TextWindows { tokens: Tokens::Bytes(bytes[..3000].to_vec()), vocab: 256, context: 8 });
+        let test = Dataset::Text(TextWindows { tokens: Tokens::Bytes(bytes[3000..].to_vec()), vocab: 256, context: 8 });
         LocalFeed::new(Arc::new(train), Arc::new(test))
     }
 
