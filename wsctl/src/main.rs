@@ -1,8 +1,10 @@
 //! `wsctl`: the user's front door to weightstream. `run` trains a job on local processes, `plan` shows the
 //! appliance a job would get without running it, `bench` measures the kernels, the machine and the transport,
-//! `simulate` reproduces the seeds' sparsity and scaling figures with the wafer's cost model.
+//! `simulate` reproduces the seeds' sparsity and scaling figures with the wafer's cost model; `submit`, `get`,
+//! `logs`, `cancel`, `suspend`, `resume` and `checkpoint` manage jobs on a cluster (see [`cluster`]).
 
 mod bench;
+mod cluster;
 mod local;
 mod run;
 mod simulate;
@@ -85,6 +87,8 @@ enum Command {
         #[command(subcommand)]
         what: bench::Bench,
     },
+    #[command(flatten)]
+    Cluster(cluster::Command),
 }
 
 /// Engine generations `wsctl simulate` can model (the CRD's enum has no clap derive).
@@ -118,6 +122,7 @@ fn main() -> ExitCode {
         Command::Plan { job, cs2, json } => run::plan(&job, cs2, json),
         Command::Simulate { json, out, preset } => simulate::simulate(preset.into(), json, out),
         Command::Bench { what } => bench::bench(what),
+        Command::Cluster(c) => cluster::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
