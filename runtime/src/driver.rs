@@ -168,7 +168,8 @@ impl Driver {
             self.update(|s| s.phase = MemoryxPhase::Checkpointing);
             let (at, tensors) = store.snapshot()?;
             debug_assert_eq!(at, step);
-            let path = checkpoint::write_for(dir, at, &tensors, &job.id, job.uid.as_deref(), spec.checkpoint.keep as usize)?;
+            let owner = checkpoint::Owner { job: &job.id, uid: job.uid.as_deref(), model: Some((&spec.model, spec.training.seed)) };
+            let path = checkpoint::write_owned(dir, at, &tensors, &owner, spec.checkpoint.keep as usize)?;
             self.update(|s| {
                 s.phase = MemoryxPhase::Running;
                 s.progress.last_checkpoint = Some(CheckpointRef { step: at, path: path.display().to_string() });

@@ -1,10 +1,13 @@
 //! `wsctl`: the user's front door to weightstream. `run` trains a job on local processes, `plan` shows the
 //! appliance a job would get without running it, `bench` measures the kernels, the machine and the transport,
-//! `simulate` reproduces the seeds' sparsity and scaling figures with the wafer's cost model; `submit`, `get`,
-//! `logs`, `cancel`, `suspend`, `resume` and `checkpoint` manage jobs on a cluster (see [`cluster`]).
+//! `simulate` reproduces the seeds' sparsity and scaling figures with the wafer's cost model; `checkpoint`
+//! fetches a job's checkpoints from MemoryX and `export` converts one for other tools (Hugging Face); `submit`,
+//! `get`, `logs`, `cancel`, `suspend`, `resume` and `checkpoint JOB` manage jobs on a cluster (see [`cluster`]).
 
 mod bench;
+mod checkpoint;
 mod cluster;
+mod export;
 mod local;
 mod run;
 mod simulate;
@@ -87,6 +90,22 @@ enum Command {
         #[command(subcommand)]
         what: bench::Bench,
     },
+    /// Convert a checkpoint file for other tools: a GPT to a Hugging Face GPT2LMHeadModel folder, any model to
+    /// plainly named safetensors.
+    Export {
+        /// The checkpoint (step-XXXXXXXX.safetensors: pulled, or from a local run's OUT/checkpoints).
+        checkpoint: PathBuf,
+        /// huggingface (a GPT: config.json + model.safetensors) or safetensors (layers.{i}.weight/bias).
+        #[arg(long, value_enum)]
+        format: export::Format,
+        /// The folder to write into (created).
+        #[arg(short, long)]
+        out: PathBuf,
+        /// The job's manifest, for a checkpoint written before checkpoints recorded their model.
+        #[arg(long)]
+        job: Option<PathBuf>,
+    },
+    /// The cluster commands, and `checkpoint` (of a cluster job, or of any MemoryX by URL).
     #[command(flatten)]
     Cluster(cluster::Command),
 }
@@ -122,6 +141,7 @@ fn main() -> ExitCode {
         Command::Plan { job, cs2, json } => run::plan(&job, cs2, json),
         Command::Simulate { json, out, preset } => simulate::simulate(preset.into(), json, out),
         Command::Bench { what } => bench::bench(what),
+        Command::Export { checkpoint, format, out, job } => export::command(&checkpoint, format, &out, job.as_deref()),
         Command::Cluster(c) => cluster::run(c),
     };
     match result {

@@ -462,3 +462,95 @@ fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
     let _ = mx.wait();
     drop((e0, sx));
 }
+
+/// A job's checkpoints come back over MemoryX's HTTPS with the job's identity: `wsctl checkpoint list` shows
+/// them newest first, `pull` fetches the newest or a chosen step byte for byte (verified, nothing else left in
+/// the folder); without the job's certificate the routes answer `401`, with another job's the pull fails, and no
+/// name but a listed checkpoint's is served (traversal, temporary files, other files: `404`).
+#[test]
+fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
+    use runtime::identity::{CERT, KEY};
+    let dir = scratch("pull");
+    let job = dir.join("job.yaml");
+    std::fs::write(&job, JOB.replace("steps: 24", "steps: 20")).unwrap();
+    let ck = dir.join("checkpoints");
+    let e0 = node("engine", &job, &[]);
+    let sx = node("swarmx", &job, &["--children", &format!("https://{}", e0.addr)]);
+    let (mut mx, mut out) = memoryx(&job, &sx, &["--linger", "--checkpoint-dir", ck.to_str().unwrap()], &dir.join("memoryx.log"));
+    let (_, mx_http) = ready("memoryx", &mut out);
+    std::thread::spawn(move || for _ in out.lines() {});
+    let ids = common::identity(&job);
+    let (ca, cert, key) = (common::ca(&job), std::fs::read_to_string(ids.join(CERT)).unwrap(), std::fs::read_to_string(ids.join(KEY)).unwrap());
+    let get = |path: &str| common::https("GET", &mx_http, path, &ca, Some((&cert, &key))).expect("MemoryX answers");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !get("/status").contains("Succeeded") {
+        assert!(std::time::Instant::now() < deadline, "the job did not finish: {}", get("/status"));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // Files that are not checkpoints, in the checkpoint folder and outside it.
+    std::fs::write(ck.join(".step-00000099.safetensors.tmp"), b"half a checkpoint").unwrap();
+    std::fs::write(ck.join("notes.txt"), b"not a checkpoint").unwrap();
+    std::fs::write(dir.join("secret.txt"), b"not yours").unwrap();
+
+    let url = format!("https://{mx_http}");
+    let wsctl = |args: &[&str]| common::wsctl(args);
+    let o = wsctl(&["checkpoint", "list", "--url", &url, "--identity", ids.to_str().unwrap()]);
+    let listing = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let files: Vec<&str> = listing.lines().filter_map(|l| l.split_whitespace().last()).collect();
+    assert_eq!(files, vec!["step-00000020.safetensors", "step-00000015.safetensors"], "{listing}");
+    let json = get("/checkpoints");
+    assert!(json.starts_with("HTTP/1.1 200") && !json.contains("tmp") && !json.contains("notes"), "{json}");
+
+    let pulled = dir.join("pulled");
+    let pull = |extra: &[&str], identity: &Path| {
+        let mut args = vec!["checkpoint", "pull", "--url", &url, "--identity", identity.to_str().unwrap(), "-o", pulled.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        wsctl(&args)
+    };
+    let o = pull(&["--job", job.to_str().unwrap()], &ids);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let newest = pulled.join("step-00000020.safetensors");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), newest.to_str().unwrap());
+    assert_eq!(std::fs::read(&newest).unwrap(), std::fs::read(ck.join("step-00000020.safetensors")).unwrap());
+    let o = pull(&["--step", "15"], &ids);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read(pulled.join("step-00000015.safetensors")).unwrap(), std::fs::read(ck.join("step-00000015.safetensors")).unwrap());
+    let o = pull(&["--step", "3"], &ids);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("no checkpoint of step 3") && err.contains("[20, 15]"), "{err}");
+    let mut names: Vec<String> = std::fs::read_dir(&pulled).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    names.sort();
+    assert_eq!(names, vec!["step-00000015.safetensors", "step-00000020.safetensors"], "only verified checkpoints, no partial files");
+
+    // Another job's identity: the handshake fails, nothing is written.
+    let other = dir.join("other-identity");
+    runtime::identity::issue("other", &[]).unwrap().write_roles_files(&other).unwrap();
+    std::fs::remove_dir_all(&pulled).unwrap();
+    let o = pull(&[], &other);
+    assert!(!o.status.success(), "another job's identity pulled a checkpoint");
+    assert!(std::fs::read_dir(&pulled).map(|d| d.count()).unwrap_or(0) == 0, "nothing written");
+
+    // No certificate at all: 401 on the listing and on every file.
+    for path in ["/checkpoints", "/checkpoints/step-00000020.safetensors"] {
+        let anonymous = common::https("GET", &mx_http, path, &ca, None).unwrap();
+        assert!(anonymous.starts_with("HTTP/1.1 401"), "{path}: {anonymous}");
+    }
+    // Only listed names are served, even to the job.
+    for path in [
+        "/checkpoints/../../etc/passwd",
+        "/checkpoints/..%2F..%2F..%2Fetc%2Fpasswd",
+        "/checkpoints/..%2Fsecret.txt",
+        "/checkpoints/.step-00000099.safetensors.tmp",
+        "/checkpoints/notes.txt",
+        "/checkpoints/step-00000010.safetensors",
+    ] {
+        let answer = get(path);
+        assert!(answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
+        assert!(!answer.contains("root:") && !answer.contains("not yours") && !answer.contains("half"), "{path}: {answer}");
+    }
+    assert!(get("/checkpoints/..%2F..%2Fetc%2Fpasswd").contains("no checkpoint named"), "a clear message");
+    let _ = mx.kill();
+    let _ = mx.wait();
+    drop((e0, sx));
+}

@@ -49,11 +49,31 @@ fn checksum(tensors: &Tensors) -> u32 {
 /// The bytes of a checkpoint file: the tensors as safetensors, with the job, the step and a checksum in the
 /// metadata. Also what a pipelined engine's replica travels as.
 pub fn to_bytes(step: u64, tensors: &Tensors, job: &str) -> Result<Vec<u8>> {
-    encode(step, tensors, job, None)
+    encode(step, tensors, &Owner { job, uid: None, model: None })
 }
 
-/// [`to_bytes`], recording also the uid of the TrainingJob the state belongs to, when it has one.
-fn encode(step: u64, tensors: &Tensors, job: &str, uid: Option<&str>) -> Result<Vec<u8>> {
+/// Whose state a checkpoint holds, as recorded in its metadata: the job's name, the uid of its TrainingJob
+/// (so a restore can tell its checkpoints from another job's) and its model (so an export knows the layout
+/// and can refuse a checkpoint of the wrong kind of model without guessing from tensor shapes).
+#[derive(Clone, Copy, Debug)]
+pub struct Owner<'a> {
+    /// The job's name on the wire.
+    pub job: &'a str,
+    /// The TrainingJob's uid, when it has one (in a cluster).
+    pub uid: Option<&'a str>,
+    /// The job's `spec.model` and `spec.training.seed` (the seed draws a sparse model's masks, which the
+    /// checkpoint does not store), when known.
+    pub model: Option<(&'a crds::ModelSpec, u64)>,
+}
+
+/// Metadata key of the model spec (JSON of [`crds::ModelSpec`]).
+pub const MODEL_KEY: &str = "model";
+/// Metadata key of the seed the model's masks were drawn from.
+pub const SEED_KEY: &str = "seed";
+
+/// [`to_bytes`], recording also who the state belongs to.
+fn encode(step: u64, tensors: &Tensors, owner: &Owner<'_>) -> Result<Vec<u8>> {
+    let (job, uid) = (owner.job, owner.uid);
     let bytes: Vec<(String, Vec<u8>)> =
         tensors.iter().map(|(n, v)| (n.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
     let views = bytes
@@ -74,6 +94,11 @@ fn encode(step: u64, tensors: &Tensors, job: &str, uid: Option<&str>) -> Result<
     if let Some(uid) = uid {
         metadata.insert("uid".to_string(), uid.to_string());
     }
+    if let Some((model, seed)) = owner.model {
+        let json = serde_json::to_string(model).map_err(|e| Error::Protocol(format!("recording the model spec: {e}")))?;
+        metadata.insert(MODEL_KEY.to_string(), json);
+        metadata.insert(SEED_KEY.to_string(), seed.to_string());
+    }
     safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| Error::Protocol(format!("serialising checkpoint: {e}")))
 }
 
@@ -90,9 +115,15 @@ pub fn write(dir: &Path, step: u64, tensors: &Tensors, job: &str, keep: usize) -
 
 /// [`write`] for the TrainingJob of `uid`, so a restore can tell its checkpoints from another job's.
 pub fn write_for(dir: &Path, step: u64, tensors: &Tensors, job: &str, uid: Option<&str>, keep: usize) -> Result<PathBuf> {
+    write_owned(dir, step, tensors, &Owner { job, uid, model: None }, keep)
+}
+
+/// [`write`] recording everything [`Owner`] knows: what the driver writes, so a checkpoint handed back to the
+/// user says which model it holds.
+pub fn write_owned(dir: &Path, step: u64, tensors: &Tensors, owner: &Owner<'_>, keep: usize) -> Result<PathBuf> {
     fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating checkpoint directory {}", dir.display()), e))?;
     remove_stale_temp_files(dir);
-    let data = encode(step, tensors, job, uid)?;
+    let data = encode(step, tensors, owner)?;
     let path = path_for(dir, step);
     let tmp = dir.join(format!(".{PREFIX}{step:08}{SUFFIX}.tmp"));
     let written = fs::File::create(&tmp)
@@ -190,6 +221,50 @@ pub fn from_bytes(bytes: &[u8], what: &str) -> Result<(u64, Tensors)> {
     decode(bytes, what).map(|(step, tensors, _)| (step, tensors))
 }
 
+/// What a checkpoint's metadata says beyond its tensors.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Info {
+    /// The step it was taken after.
+    pub step: u64,
+    /// The job's name.
+    pub job: Option<String>,
+    /// The TrainingJob's uid, when recorded.
+    pub uid: Option<String>,
+    /// The model spec, when recorded (checkpoints written before it was are read without it).
+    pub model: Option<crds::ModelSpec>,
+    /// The seed the model's masks were drawn from, when recorded.
+    pub seed: Option<u64>,
+}
+
+/// [`read`] with the checkpoint's [`Info`]: what an export needs to know the model's layout.
+pub fn read_with_info(path: &Path, max_bytes: u64) -> Result<(Info, Tensors)> {
+    let bytes = read_bounded(path, max_bytes)?;
+    from_bytes_with_info(&bytes, &format!("checkpoint {}", path.display()))
+}
+
+/// [`from_bytes`] with the checkpoint's [`Info`].
+pub fn from_bytes_with_info(bytes: &[u8], what: &str) -> Result<(Info, Tensors)> {
+    let (step, tensors, _) = decode(bytes, what)?;
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| Error::Protocol(format!("{what} is unusable: {e}")))?;
+    let info = meta.metadata().clone().unwrap_or_default();
+    let model = match info.get(MODEL_KEY) {
+        Some(json) => Some(serde_json::from_str(json).map_err(|e| {
+            Error::Protocol(format!("{what} records a model spec this version cannot read: {e}"))
+        })?),
+        None => None,
+    };
+    Ok((
+        Info {
+            step,
+            job: info.get("job").cloned(),
+            uid: info.get("uid").cloned(),
+            model,
+            seed: info.get(SEED_KEY).and_then(|s| s.parse().ok()),
+        },
+        tensors,
+    ))
+}
+
 /// [`from_bytes`], with the uid of the TrainingJob the checkpoint belongs to, when it records one.
 fn decode(bytes: &[u8], what: &str) -> Result<(u64, Tensors, Option<String>)> {
     let bad = |why: String| Error::Protocol(format!("{what} is unusable: {why}"));
@@ -276,6 +351,30 @@ mod tests {
         fs::write(&files[0].1, bytes).unwrap();
         assert!(read(&files[0].1, 1 << 20).unwrap_err().to_string().contains("checksum"));
         assert_eq!(latest(&dir, 1 << 20).unwrap().unwrap().0, 30);
+        fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_checkpoint_records_its_model_and_old_ones_read_without_it() {
+        let dir = std::env::temp_dir().join(format!("ws-ckpt-model-{}", std::process::id()));
+        fs::remove_dir_all(&dir).ok();
+        let t: Tensors = vec![("layer.0.weight".into(), vec![1.0; 4])];
+        let model = crds::ModelSpec {
+            kind: crds::ModelKind::Gpt,
+            width: Some(8),
+            heads: Some(2),
+            ..crds::ModelSpec::mlp(Vec::new(), crds::Activation::Gelu, 0.0)
+        };
+        let owner = Owner { job: "j", uid: Some("u"), model: Some((&model, 42)) };
+        let path = write_owned(&dir, 10, &t, &owner, 5).unwrap();
+        let (info, tensors) = read_with_info(&path, 1 << 20).unwrap();
+        assert_eq!(tensors, t);
+        assert_eq!(info, Info { step: 10, job: Some("j".into()), uid: Some("u".into()), model: Some(model), seed: Some(42) });
+        assert_eq!(latest_for(&dir, Some("u"), 1 << 20).unwrap().unwrap().0, 10, "resumable as before");
+        // A checkpoint written before the model was recorded still reads, without one.
+        let old = write(&dir, 20, &t, "j", 5).unwrap();
+        let (info, _) = read_with_info(&old, 1 << 20).unwrap();
+        assert_eq!((info.step, info.model, info.seed), (20, None, None));
         fs::remove_dir_all(&dir).ok();
     }
 

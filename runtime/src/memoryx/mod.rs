@@ -6,11 +6,13 @@
 //! - `tied`: a tied layer's gradient, held until its target layer's arrives.
 //! - [`checkpoint`]: the tensors' names and the checkpoint files they are written to.
 //! - [`node`]: the MemoryX program, which also coordinates the job.
+//! - [`serve`]: its checkpoints over HTTPS, for the user to take home.
 
 pub mod checkpoint;
 pub mod node;
+pub mod serve;
 mod store;
 mod tied;
 
 pub use checkpoint::Tensors;
-pub use store::{MemoryX, WeightStore};
+pub use store::{mask, MemoryX, WeightStore};

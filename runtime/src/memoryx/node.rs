@@ -1,6 +1,7 @@
 //! The MemoryX program. It is also the job's coordinator: it runs the [`crate::driver`] against the SwarmX
 //! tree, and reports progress on `GET /status` (what the operator reads, [`crds::contract::MemoryxStatus`]) and
-//! `/metrics`. `POST /checkpoint` asks for a checkpoint at the next step boundary.
+//! `/metrics`. `POST /checkpoint` asks for a checkpoint at the next step boundary; `GET /checkpoints` and
+//! `GET /checkpoints/{file}` hand the checkpoints back ([`super::serve`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -75,6 +76,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
                 want.store(true, Ordering::SeqCst);
                 async { (axum::http::StatusCode::ACCEPTED, "checkpoint requested\n") }
             }))
+            .merge(super::serve::routes(args.checkpoint_dir.clone()))
     };
     let http_task = {
         let identity = identity.clone();
@@ -118,7 +120,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         }
     }
     if args.linger {
-        tracing::info!("job finished; serving /status until stopped");
+        tracing::info!("job finished; serving /status and /checkpoints until stopped");
         let _ = rt.block_on(http_task);
     }
     result.map(|_| ())

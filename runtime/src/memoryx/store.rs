@@ -107,6 +107,15 @@ fn layer_seed(seed: u64, l: usize, salt: u64) -> u64 {
     seed ^ (l as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt
 }
 
+/// The mask of layer `l` of `layout` initialised from `seed` (stored by output row), or `None` for a dense
+/// layer. Public because a checkpoint stores only a sparse layer's non-zeros, in this mask's order: an export
+/// draws the same mask again to put them back in place.
+pub fn mask(layout: &ModelLayout, seed: u64, l: usize) -> Option<SparsePattern> {
+    let shape = layout.linears.get(l)?;
+    let density = 1.0 - if shape.sparse { layout.sparsity } else { 0.0 };
+    shape.sparse.then(|| SparsePattern::random(shape.outputs, shape.inputs, density, layer_seed(seed, l, 0x3a5c)))
+}
+
 impl MemoryX {
     /// Initialises every layer from `seed`: masks drawn at the layout's sparsity, weights uniform with the
     /// layer's standard deviation (He-scaled over each output's actual fan-in unless the layout sets one),
@@ -131,9 +140,7 @@ impl MemoryX {
                     // He: variance 2 / fan-in, over each output's actual fan-in
                     None => (6.0 / (shape.inputs as f64 * density).max(1.0)).sqrt() as f32,
                 };
-                let masks = shape.sparse.then(|| {
-                    let by_row =
-                        SparsePattern::random(shape.outputs, shape.inputs, density, layer_seed(seed, l, 0x3a5c));
+                let masks = mask(&layout, seed, l).map(|by_row| {
                     let (by_col, col_to_row) = by_row.transpose();
                     Masks { by_row: Arc::new(by_row), by_col: Arc::new(by_col), col_to_row }
                 });

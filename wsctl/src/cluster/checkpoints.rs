@@ -1,9 +1,11 @@
-//! `wsctl checkpoint list|pull`: a running job's checkpoints, fetched from its MemoryX through the API server
-//! (a [`Forward`] to MemoryX's HTTP port) over HTTPS with mutual TLS, presenting the job's own identity from
-//! the Secret the operator made for it: MemoryX trusts that job's CA and nothing else, so reading the Secret
-//! (RBAC on the namespace) is what grants access.
+//! `wsctl checkpoint list|pull JOB`: a running cluster job's checkpoints, fetched from its MemoryX through the
+//! API server (a [`Forward`] to MemoryX's HTTP port) over HTTPS with mutual TLS, presenting the job's own
+//! identity from the Secret the operator made for it: MemoryX trusts that job's CA and nothing else, so reading
+//! the Secret (RBAC on the namespace) is what grants access. The transfer itself is [`crate::checkpoint`]'s
+//! (bounded, verified, renamed into place); with `--url` and `--identity` instead of a job, that client is
+//! used directly on any MemoryX (a local run's).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crds::contract::{HTTP_PORT, Role};
@@ -11,99 +13,115 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use runtime::identity::{CA_CERT, CERT, Identity, KEY};
+use runtime::memoryx::serve::Entry;
 
 use super::portforward::Forward;
 use super::{Cluster, Error, JOB_LABEL, Namespace, ROLE_LABEL, progress};
 
-/// `wsctl checkpoint …`.
+/// `wsctl checkpoint …`: of a cluster job by name, or of any MemoryX by `--url` and `--identity`.
 #[derive(clap::Subcommand)]
 pub enum Command {
-    /// The job's checkpoints on MemoryX's volume, newest first.
+    /// List the checkpoints MemoryX holds, newest first.
     List {
-        /// The job.
-        job: String,
+        /// The job on the cluster (reached through the API server); or give --url and --identity.
+        #[arg(value_name = "JOB", required_unless_present = "url")]
+        name: Option<String>,
         #[command(flatten)]
         ns: Namespace,
-        /// Seconds the whole command may take.
+        /// MemoryX's HTTPS address, https://HOST:PORT (its `http` address; a port-forward to it).
+        #[arg(long, requires = "identity", conflicts_with = "name")]
+        url: Option<String>,
+        /// A folder with the job's identity: ca.crt, tls.crt, tls.key (with --url).
+        #[arg(long, requires = "url")]
+        identity: Option<PathBuf>,
+        /// Seconds the whole command may take (for a cluster job).
         #[arg(long, default_value = "120")]
         timeout: u64,
     },
-    /// Download a checkpoint (the newest, or the one of --step) into a folder, verified before it is kept.
+    /// Fetch one checkpoint (the newest unless --step), verified before it is kept.
     Pull {
-        /// The job.
-        job: String,
+        /// The job on the cluster (reached through the API server); or give --url and --identity.
+        #[arg(value_name = "JOB", required_unless_present = "url")]
+        name: Option<String>,
         #[command(flatten)]
         ns: Namespace,
-        /// The step of the checkpoint (default: the newest).
+        /// MemoryX's HTTPS address, https://HOST:PORT.
+        #[arg(long, requires = "identity", conflicts_with = "name")]
+        url: Option<String>,
+        /// A folder with the job's identity: ca.crt, tls.crt, tls.key (with --url).
+        #[arg(long, requires = "url")]
+        identity: Option<PathBuf>,
+        /// The step of the checkpoint to fetch (default: the newest).
         #[arg(long)]
         step: Option<u64>,
-        /// The folder to write it into (created if missing).
-        #[arg(short = 'o', long, default_value = ".")]
+        /// The folder to write it into.
+        #[arg(short, long, default_value = ".")]
         out: PathBuf,
-        /// Seconds the whole command may take.
+        /// The job's manifest: bounds the download by the job's plan (with --url; a cluster job's own spec does).
+        #[arg(long, requires = "url")]
+        job: Option<PathBuf>,
+        /// Seconds the whole command may take (for a cluster job).
         #[arg(long, default_value = "600")]
         timeout: u64,
     },
 }
 
-/// One checkpoint file as MemoryX lists it (`GET /checkpoints`).
-#[derive(serde::Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Entry {
-    /// The optimizer step it holds.
-    pub step: u64,
-    /// Its file name on the volume.
-    pub file: String,
-    /// Its size.
-    pub bytes: u64,
+/// The `--url` form, which needs no cluster (and runs on [`crate::checkpoint`]'s own runtime): `None` for the
+/// cluster form.
+pub fn direct(command: &Command) -> Option<anyhow::Result<()>> {
+    match command {
+        Command::List { url: Some(url), identity: Some(id), .. } => Some(crate::checkpoint::list_command(url, id)),
+        Command::Pull { url: Some(url), identity: Some(id), step, out, job, .. } => {
+            Some(crate::checkpoint::pull_command(url, id, *step, out, job.as_deref()))
+        }
+        _ => None,
+    }
 }
 
-/// Runs a checkpoint command within its deadline.
+/// Runs the cluster form within its deadline.
 pub async fn run(command: Command) -> Result<(), Error> {
-    let (ns, timeout) = match &command {
-        Command::List { ns, timeout, .. } | Command::Pull { ns, timeout, .. } => (ns.clone(), Duration::from_secs(*timeout)),
+    let (name, ns, timeout) = match &command {
+        Command::List { name, ns, timeout, .. } | Command::Pull { name, ns, timeout, .. } => {
+            (name.clone().unwrap_or_default(), ns.clone(), Duration::from_secs(*timeout))
+        }
     };
     let cluster = Cluster::connect(ns).await?;
     let work = async {
+        let (job, forward, base, identity) = connect(&cluster, &name).await?;
+        let failed = |what: &str, e: anyhow::Error| {
+            let why = forward.failure().map(|f| format!(" ({f})")).unwrap_or_default();
+            Error::Checkpoint { what: format!("{what} of {}/{name}", cluster.namespace), message: format!("{e:#}{why}") }
+        };
         match &command {
-            Command::List { job, .. } => {
-                let (_forward, base, identity) = connect(&cluster, job).await?;
-                print!("{}", table(&list(&base, &identity).await?));
-                Ok(())
+            Command::List { .. } => {
+                let entries = crate::checkpoint::list(&base, &identity).await.map_err(|e| failed("list", e))?;
+                print!("{}", table(&entries));
             }
-            Command::Pull { job, step, out, .. } => {
-                let (forward, base, identity) = connect(&cluster, job).await?;
-                let pulled = pull(&base, &identity, *step, out).await.map_err(|e| explain(e, &forward))?;
-                println!("{}", pulled.display());
-                Ok(())
+            Command::Pull { step, out, .. } => {
+                let max = crate::checkpoint::planned_bytes(&job.spec);
+                let path =
+                    crate::checkpoint::pull(&base, &identity, *step, out, Some(max)).await.map_err(|e| failed("pull", e))?;
+                println!("{}", path.display());
             }
         }
+        Ok(())
     };
     tokio::time::timeout(timeout, work)
         .await
         .unwrap_or_else(|_| Err(Error::Timeout { after: timeout, what: "the checkpoint transfer".into(), last: None }))
 }
 
-/// The checkpoints as a table.
+/// The checkpoints, one line each, as `wsctl checkpoint list --url` prints them.
 pub fn table(entries: &[Entry]) -> String {
-    let mut out = format!("{:>10}   {:>12}   FILE\n", "STEP", "SIZE");
-    for e in entries {
-        out.push_str(&format!("{:>10}   {:>12}   {}\n", e.step, runtime::units::bytes(e.bytes), e.file));
+    if entries.is_empty() {
+        return "no checkpoints yet\n".into();
     }
-    out
+    entries.iter().map(|e| format!("{:>10}  {:>12}  {}\n", e.step, runtime::units::bytes(e.bytes), e.file)).collect()
 }
 
-/// Adds the port-forward's own failure (RBAC, a pod gone) to a transfer error, which alone would only say the
-/// connection closed.
-fn explain(e: Error, forward: &Forward) -> Error {
-    match (e, forward.failure()) {
-        (Error::Checkpoint { what, message }, Some(why)) => Error::Checkpoint { what, message: format!("{message} ({why})") },
-        (e, _) => e,
-    }
-}
-
-/// The job's running MemoryX pod, its identity, and a local forward to MemoryX's HTTP port: the base URL to
-/// call (`https://127.0.0.1:PORT`; the job's certificate names 127.0.0.1 besides `job.weightstream.internal`).
-async fn connect(cluster: &Cluster, name: &str) -> Result<(Forward, String, Identity), Error> {
+/// The job, a local forward to its running MemoryX pod's HTTP port, the base URL to call through it
+/// (`https://127.0.0.1:PORT`: the client asks for `job.weightstream.internal` there), and the job's identity.
+async fn connect(cluster: &Cluster, name: &str) -> Result<(crds::TrainingJob, Forward, String, Identity), Error> {
     let ns = &cluster.namespace;
     let job = cluster.job(name).await?;
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
@@ -127,7 +145,7 @@ async fn connect(cluster: &Cluster, name: &str) -> Result<(Forward, String, Iden
     let identity = identity(cluster, name).await?;
     let forward = Forward::start(pods, &pod, HTTP_PORT).await?;
     let base = format!("https://{}", forward.addr);
-    Ok((forward, base, identity))
+    Ok((job, forward, base, identity))
 }
 
 /// The job's identity from the Secret `<job>-identity` the operator created.
@@ -146,82 +164,6 @@ async fn identity(cluster: &Cluster, job: &str) -> Result<Identity, Error> {
     Ok(Identity::from_pem(&file(CA_CERT)?, &file(CERT)?, &file(KEY)?))
 }
 
-fn http_client(identity: &Identity) -> Result<reqwest::Client, Error> {
-    let bad = |message: String| Error::Checkpoint { what: "client".into(), message };
-    let tls = identity.client_config().map_err(|e| bad(e.to_string()))?;
-    reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .https_only(true)
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| bad(e.to_string()))
-}
-
-/// `GET /checkpoints`: the files MemoryX has, newest first.
-pub async fn list(base: &str, identity: &Identity) -> Result<Vec<Entry>, Error> {
-    let url = format!("{base}/checkpoints");
-    let failed = |message: String| Error::Checkpoint { what: format!("list ({url})"), message };
-    let resp = http_client(identity)?.get(&url).send().await.map_err(|e| failed(format!("{e:#}")))?;
-    let resp = resp.error_for_status().map_err(|e| failed(e.to_string()))?;
-    let mut entries: Vec<Entry> = resp.json().await.map_err(|e| failed(e.to_string()))?;
-    entries.sort_by(|a, b| b.step.cmp(&a.step));
-    Ok(entries)
-}
-
-/// Downloads the checkpoint of `step` (else the newest) into `out`: written beside its final name, checked
-/// (its size as listed, its checksum and step as the runtime reads checkpoints), then renamed, so `out` never
-/// holds a partial or corrupt file under a checkpoint's name.
-pub async fn pull(base: &str, identity: &Identity, step: Option<u64>, out: &Path) -> Result<PathBuf, Error> {
-    let entries = list(base, identity).await?;
-    let entry = match step {
-        Some(s) => entries.iter().find(|e| e.step == s),
-        None => entries.first(),
-    };
-    let Some(entry) = entry.cloned() else {
-        let have: Vec<String> = entries.iter().map(|e| e.step.to_string()).collect();
-        return Err(Error::Invalid(match step {
-            Some(s) => format!("no checkpoint at step {s}; there are checkpoints at steps [{}]", have.join(", ")),
-            None => "the job has no checkpoint yet (spec.checkpoint.intervalSteps sets how often it writes one)".into(),
-        }));
-    };
-    if entry.file.contains('/') || entry.file.starts_with('.') {
-        return Err(Error::Checkpoint { what: "list".into(), message: format!("MemoryX named a file {:?}", entry.file) });
-    }
-    std::fs::create_dir_all(out).map_err(Error::io(format!("creating {}", out.display())))?;
-    let url = format!("{base}/checkpoints/{}", entry.file);
-    let failed = |message: String| Error::Checkpoint { what: format!("download ({url})"), message };
-    let mut resp = http_client(identity)?.get(&url).send().await.map_err(|e| failed(format!("{e:#}")))?;
-    resp = resp.error_for_status().map_err(|e| failed(e.to_string()))?;
-    let partial = out.join(format!(".{}.partial", entry.file));
-    let dest = out.join(&entry.file);
-    let mut file = std::fs::File::create(&partial).map_err(Error::io(format!("creating {}", partial.display())))?;
-    let mut written = 0u64;
-    let result: Result<(), Error> = async {
-        while let Some(chunk) = resp.chunk().await.map_err(|e| failed(e.to_string()))? {
-            written += chunk.len() as u64;
-            if written > entry.bytes {
-                return Err(failed(format!("more than the {} bytes listed", entry.bytes)));
-            }
-            std::io::Write::write_all(&mut file, &chunk).map_err(Error::io(format!("writing {}", partial.display())))?;
-        }
-        if written != entry.bytes {
-            return Err(failed(format!("{written} bytes received of the {} listed", entry.bytes)));
-        }
-        file.sync_all().map_err(Error::io(format!("writing {}", partial.display())))?;
-        let (at, _) = runtime::memoryx::checkpoint::read(&partial, entry.bytes)
-            .map_err(|e| Error::Checkpoint { what: "verify".into(), message: e.to_string() })?;
-        if at != entry.step {
-            return Err(failed(format!("the file holds step {at}, not the {} listed", entry.step)));
-        }
-        std::fs::rename(&partial, &dest).map_err(Error::io(format!("renaming to {}", dest.display())))
-    }
-    .await;
-    if result.is_err() {
-        let _ = std::fs::remove_file(&partial);
-    }
-    result.map(|()| dest)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,7 +172,8 @@ mod tests {
     fn the_list_is_a_table_of_steps_sizes_and_files() {
         let e = Entry { step: 20, file: "step-00000020.safetensors".into(), bytes: 2048 };
         let t = table(&[e]);
-        assert_eq!(t.lines().count(), 2);
-        assert!(t.lines().nth(1).is_some_and(|l| l.trim_start().starts_with("20 ") && l.ends_with("step-00000020.safetensors")), "{t}");
+        assert_eq!(t.lines().count(), 1);
+        assert!(t.trim_start().starts_with("20 ") && t.trim_end().ends_with("step-00000020.safetensors"), "{t}");
+        assert_eq!(table(&[]), "no checkpoints yet\n");
     }
 }

@@ -138,7 +138,8 @@ pub enum Command {
         #[arg(long, default_value = "300")]
         timeout: u64,
     },
-    /// List or fetch a running job's checkpoints from its MemoryX, through the API server (a port-forward).
+    /// List or fetch a running job's checkpoints from its MemoryX: a cluster job's through the API server (a
+    /// port-forward with the job's identity), or any MemoryX's by --url and --identity.
     Checkpoint {
         #[command(subcommand)]
         what: checkpoints::Command,
@@ -147,6 +148,11 @@ pub enum Command {
 
 /// Runs a cluster command on a runtime of its own (the rest of wsctl is synchronous).
 pub fn run(command: Command) -> anyhow::Result<()> {
+    if let Command::Checkpoint { what } = &command {
+        if let Some(done) = checkpoints::direct(what) {
+            return done;
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

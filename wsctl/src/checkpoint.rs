@@ -1,0 +1,252 @@
+//! `wsctl checkpoint list|pull`: a job's checkpoints fetched from MemoryX over HTTPS with the job's identity,
+//! so the trained weights come back to the user from a volume nobody else can read.
+//!
+//! [`list`] and [`pull`] take any base URL (`https://HOST:PORT`) and any [`Identity`]: a local run's MemoryX on
+//! loopback, or a port-forward through the API server to a cluster job's MemoryX pod with the identity read
+//! from the job's Secret. Whatever the address, the server must prove it holds a certificate of the job's CA
+//! for [`SERVER_NAME`], which every job certificate carries: the address only says where to connect.
+//!
+//! Nothing the server sends is trusted beyond what it can be checked against: the listing is bounded and its
+//! names must be checkpoint names (never a path), a download is bounded by the size the listing announced (and
+//! by the job's plan when the job is known), and the file lands in the output folder only after its checksum
+//! verified, by rename from a temporary file, so a failed pull leaves nothing half-written behind.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use runtime::identity::{Identity, SERVER_NAME};
+use runtime::memoryx::checkpoint;
+pub use runtime::memoryx::serve::Entry;
+
+/// Most bytes of a `GET /checkpoints` answer read: a listing of thousands of checkpoints is a few hundred KiB,
+/// so more is not a listing.
+const MAX_LIST_BYTES: usize = 1 << 20;
+/// Most bytes of an error message read from the server.
+const MAX_MESSAGE_BYTES: usize = 4 << 10;
+/// How long connecting to MemoryX may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the listing may take in all, and how long a download may wait for its next chunk.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where to connect for `base`, and the URL prefix that asks for [`SERVER_NAME`] there.
+struct Target {
+    addr: SocketAddr,
+    prefix: String,
+}
+
+async fn target(base: &str) -> Result<Target> {
+    let url = reqwest::Url::parse(base).with_context(|| format!("{base:?} is not a URL; give https://HOST:PORT"))?;
+    if url.scheme() != "https" {
+        bail!("{base}: MemoryX speaks HTTPS only; give https://HOST:PORT");
+    }
+    let port = url.port_or_known_default().unwrap_or(443);
+    let host = url.host_str().ok_or_else(|| anyhow!("{base} names no host; give https://HOST:PORT"))?;
+    let addr = match host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
+        Ok(ip) => SocketAddr::from((ip, port)),
+        Err(_) => {
+            let mut found = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host((host, port)))
+                .await
+                .map_err(|_| anyhow!("{base}: looking up {host} timed out"))?
+                .with_context(|| format!("{base}: cannot look up {host}"))?;
+            found.next().ok_or_else(|| anyhow!("{base}: {host} has no address"))?
+        }
+    };
+    Ok(Target { addr, prefix: format!("https://{SERVER_NAME}:{port}") })
+}
+
+/// A client that trusts only the job's CA, presents the job's certificate and reaches [`SERVER_NAME`] at `addr`.
+fn client(identity: &Identity, addr: SocketAddr) -> Result<reqwest::Client> {
+    let tls = identity.client_config()?;
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .https_only(true)
+        .resolve(SERVER_NAME, addr)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .read_timeout(IDLE_TIMEOUT)
+        .build()
+        .context("cannot build the HTTPS client")
+}
+
+/// Reads at most `max` bytes of `response`'s body, failing on more; each chunk within [`IDLE_TIMEOUT`].
+async fn body_bounded(mut response: reqwest::Response, max: usize, what: &str) -> Result<Vec<u8>> {
+    let mut body = Vec::new();
+    while let Some(chunk) = next_chunk(&mut response, what).await? {
+        if body.len() + chunk.len() > max {
+            bail!("{what} is larger than {max} bytes");
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+async fn next_chunk(response: &mut reqwest::Response, what: &str) -> Result<Option<bytes::Bytes>> {
+    tokio::time::timeout(IDLE_TIMEOUT, response.chunk())
+        .await
+        .map_err(|_| anyhow!("{what}: nothing arrived for {}s", IDLE_TIMEOUT.as_secs()))?
+        .with_context(|| format!("{what}: the transfer failed"))
+}
+
+/// Fails with the server's own words when `response` is not a success: `401` means the identity is not the
+/// job's, `404` an unknown checkpoint.
+async fn check(response: reqwest::Response, what: &str) -> Result<reqwest::Response> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let message = body_bounded(response, MAX_MESSAGE_BYTES, what).await.map(|b| String::from_utf8_lossy(&b).trim().to_string());
+    let message = message.unwrap_or_default();
+    if status == reqwest::StatusCode::UNAUTHORIZED {
+        bail!("{what}: MemoryX refused the identity ({status}: {message}); give the job's identity (ca.crt, tls.crt, tls.key)");
+    }
+    bail!("{what}: {status}: {message}")
+}
+
+/// Whether `name` is a checkpoint file's name of step `step` as MemoryX writes them: `step-` digits
+/// `.safetensors`, nothing else (no separator, no dot-dot), so it can be joined to the output folder safely.
+fn valid_name(name: &str, step: u64) -> bool {
+    let digits = name.strip_prefix("step-").and_then(|r| r.strip_suffix(".safetensors"));
+    digits.is_some_and(|d| !d.is_empty() && d.len() <= 20 && d.bytes().all(|b| b.is_ascii_digit()) && d.parse() == Ok(step))
+}
+
+/// The checkpoints MemoryX at `base` holds, newest first, asked with `identity`.
+pub async fn list(base: &str, identity: &Identity) -> Result<Vec<Entry>> {
+    let target = target(base).await?;
+    let what = format!("GET {base}/checkpoints");
+    let http = client(identity, target.addr)?;
+    let response = tokio::time::timeout(IDLE_TIMEOUT, http.get(format!("{}/checkpoints", target.prefix)).send())
+        .await
+        .map_err(|_| anyhow!("{what}: no answer within {}s", IDLE_TIMEOUT.as_secs()))?
+        .with_context(|| format!("{what}: cannot reach MemoryX"))?;
+    let body = body_bounded(check(response, &what).await?, MAX_LIST_BYTES, &what).await?;
+    let entries: Vec<Entry> = serde_json::from_slice(&body).with_context(|| format!("{what}: not a checkpoint listing"))?;
+    if let Some(bad) = entries.iter().find(|e| !valid_name(&e.file, e.step)) {
+        bail!("{what}: the listing names {:?} for step {}, not a checkpoint file name; refusing it", bad.file, bad.step);
+    }
+    Ok(entries)
+}
+
+/// The most bytes a checkpoint of the job `spec` can take: its plan's state size.
+pub fn planned_bytes(spec: &crds::TrainingJobSpec) -> u64 {
+    runtime::plan::Limits::for_spec(spec).state_bytes()
+}
+
+/// Fetches the checkpoint of `step` (the newest without one) from MemoryX at `base` into `out_dir` and returns
+/// its path. The download is bounded by the size the listing announced and, when given, by `max_bytes` (the
+/// job's [`planned_bytes`]): both before it starts and while it runs. It goes to a temporary file in `out_dir`,
+/// is verified (checksum) and only then renamed to the checkpoint's name; on any failure the temporary file is
+/// removed.
+pub async fn pull(base: &str, identity: &Identity, step: Option<u64>, out_dir: &Path, max_bytes: Option<u64>) -> Result<PathBuf> {
+    let entries = list(base, identity).await?;
+    let entry = match step {
+        Some(s) => entries.iter().find(|e| e.step == s).ok_or_else(|| {
+            let steps: Vec<String> = entries.iter().map(|e| e.step.to_string()).collect();
+            anyhow!("MemoryX at {base} has no checkpoint of step {s}; it has steps [{}]", steps.join(", "))
+        })?,
+        None => entries.first().ok_or_else(|| {
+            anyhow!("MemoryX at {base} has no checkpoint yet; a job writes them every spec.checkpoint.intervalSteps steps")
+        })?,
+    }
+    .clone();
+    if let Some(max) = max_bytes {
+        if entry.bytes > max {
+            bail!("{} is {} bytes, more than the {max} bytes the job's plan allows for its state; refusing it", entry.file, entry.bytes);
+        }
+    }
+    std::fs::create_dir_all(out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
+    let tmp = out_dir.join(format!(".{}.{}.part", entry.file, std::process::id()));
+    let result = download(base, identity, &entry, &tmp).await.and_then(|()| {
+        checkpoint::read(&tmp, entry.bytes).with_context(|| format!("{} arrived damaged; nothing was kept", entry.file))?;
+        let path = out_dir.join(&entry.file);
+        std::fs::rename(&tmp, &path).with_context(|| format!("cannot move the checkpoint to {}", path.display()))?;
+        Ok(path)
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Streams `entry`'s file into `tmp`, never more than its announced size.
+async fn download(base: &str, identity: &Identity, entry: &Entry, tmp: &Path) -> Result<()> {
+    use std::io::Write;
+    let target = target(base).await?;
+    let what = format!("GET {base}/checkpoints/{}", entry.file);
+    let http = client(identity, target.addr)?;
+    let response = tokio::time::timeout(IDLE_TIMEOUT, http.get(format!("{}/checkpoints/{}", target.prefix, entry.file)).send())
+        .await
+        .map_err(|_| anyhow!("{what}: no answer within {}s", IDLE_TIMEOUT.as_secs()))?
+        .with_context(|| format!("{what}: cannot reach MemoryX"))?;
+    let mut response = check(response, &what).await?;
+    if response.content_length().is_some_and(|n| n > entry.bytes) {
+        bail!("{what}: the server announces more bytes than the listing did ({}); refusing it", entry.bytes);
+    }
+    let file = std::fs::File::create(tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    let mut received = 0u64;
+    while let Some(chunk) = next_chunk(&mut response, &what).await? {
+        received += chunk.len() as u64;
+        if received > entry.bytes {
+            bail!("{what}: more than the {} bytes announced; refusing it", entry.bytes);
+        }
+        out.write_all(&chunk).with_context(|| format!("cannot write {}", tmp.display()))?;
+    }
+    if received != entry.bytes {
+        bail!("{what}: {received} of {} bytes arrived", entry.bytes);
+    }
+    let file = out.into_inner().map_err(|e| anyhow!("cannot write {}: {}", tmp.display(), e.error()))?;
+    file.sync_all().with_context(|| format!("cannot write {}", tmp.display()))?;
+    Ok(())
+}
+
+/// `wsctl checkpoint list`: prints the checkpoints as a table.
+pub fn list_command(url: &str, identity_dir: &Path) -> Result<()> {
+    let identity = Identity::load(identity_dir)?;
+    let entries = runtime_block_on(list(url, &identity))?;
+    if entries.is_empty() {
+        println!("no checkpoints yet");
+    }
+    for e in entries {
+        println!("{:>10}  {:>12}  {}", e.step, runtime::units::bytes(e.bytes), e.file);
+    }
+    Ok(())
+}
+
+/// `wsctl checkpoint pull`: fetches one checkpoint and prints where it went.
+pub fn pull_command(url: &str, identity_dir: &Path, step: Option<u64>, out_dir: &Path, job: Option<&Path>) -> Result<()> {
+    let identity = Identity::load(identity_dir)?;
+    let max_bytes = match job {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+            let job = crds::parse_training_job(&text).with_context(|| path.display().to_string())?;
+            Some(planned_bytes(&job.spec))
+        }
+        None => None,
+    };
+    let path = runtime_block_on(pull(url, &identity, step, out_dir, max_bytes))?;
+    println!("{}", path.display());
+    Ok(())
+}
+
+fn runtime_block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?.block_on(f)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_checkpoint_names_are_accepted() {
+        assert!(super::valid_name("step-00000010.safetensors", 10));
+        for (bad, step) in [
+            ("step-00000010.safetensors", 11),
+            ("../step-00000010.safetensors", 10),
+            ("step-/../10.safetensors", 10),
+            ("step-.safetensors", 0),
+            (".step-00000010.safetensors.tmp", 10),
+            ("passwd", 0),
+        ] {
+            assert!(!super::valid_name(bad, step), "{bad}");
+        }
+    }
+}

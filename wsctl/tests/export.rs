@@ -1,0 +1,331 @@
+//! `wsctl export` checked by code that shares nothing with our engine: a GPT trained by `wsctl run` is exported
+//! to Hugging Face's GPT-2 format, and GPT-2's forward pass written out below (plain loops over the exported
+//! tensors, by GPT-2's names and config.json) gives the held-out loss the job reported. Also: an MLP is refused
+//! by `--format huggingface` with one clear error and exported plainly instead, and a corrupt checkpoint is
+//! refused, in both cases with nothing half-written.
+
+mod common;
+use common::wsctl;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+fn scratch(name: &str) -> PathBuf {
+    common::scratch("export", name)
+}
+
+/// A small GPT (sparse, so the masks must be drawn again by the export), checkpointed at its last step.
+const GPT: &str = r#"
+apiVersion: weightstream.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: export-gpt}
+spec:
+  cs2: 1
+  model: {kind: gpt, contextLength: 32, width: 48, heads: 4, blocks: 2, sparsity: 0.5}
+  data: {kind: text, path: examples/data/moby-dick/moby-dick.txt.gz}
+  training:
+    batchSize: 16
+    steps: 60
+    seed: 11
+    optimizer: {kind: adamw, learningRate: 0.003, weightDecay: 0.01, beta2: 0.99}
+  checkpoint: {intervalSteps: 30, keep: 2}
+"#;
+
+const MLP: &str = r#"
+apiVersion: weightstream.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: export-mlp}
+spec:
+  cs2: 1
+  model: {kind: mlp, layers: [784, 32, 10], sparsity: 0.5}
+  data: {kind: mnist, path: examples/data/mnist}
+  training:
+    batchSize: 64
+    steps: 10
+    seed: 3
+    optimizer: {kind: adamw, learningRate: 0.002}
+  checkpoint: {intervalSteps: 10, keep: 1}
+"#;
+
+/// Runs `manifest` in one process; returns the job file, the run's folder and its summary.
+fn train(name: &str, manifest: &str) -> (PathBuf, PathBuf, serde_json::Value) {
+    let dir = scratch(name);
+    let job = dir.join("job.yaml");
+    std::fs::write(&job, manifest).unwrap();
+    let out = dir.join("out");
+    let o = wsctl(&["run", job.to_str().unwrap(), "--out", out.to_str().unwrap(), "--in-process"]);
+    assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+    let summary = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    (job, out, summary)
+}
+
+/// GPT-2 as Hugging Face `transformers` defines it (`GPT2LMHeadModel`), written out from its definition:
+/// only the exported files are read.
+struct Gpt2 {
+    tensors: HashMap<String, (Vec<usize>, Vec<f32>)>,
+    embd: usize,
+    inner: usize,
+    heads: usize,
+    layers: usize,
+    positions: usize,
+    vocab: usize,
+    eps: f32,
+    tied: bool,
+}
+
+impl Gpt2 {
+    fn load(dir: &Path) -> Gpt2 {
+        let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        assert_eq!(config["model_type"], "gpt2");
+        assert_eq!(config["architectures"][0], "GPT2LMHeadModel");
+        assert_eq!(config["activation_function"], "gelu_new");
+        let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        assert_eq!(meta.metadata().as_ref().and_then(|m| m.get("format")).map(String::as_str), Some("pt"), "transformers needs format pt");
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let tensors = st
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| {
+                assert_eq!(view.dtype(), safetensors::Dtype::F32);
+                let values = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                (name, (view.shape().to_vec(), values))
+            })
+            .collect();
+        let n = |k: &str| config[k].as_u64().unwrap_or_else(|| panic!("config.json {k}")) as usize;
+        Gpt2 {
+            tensors,
+            embd: n("n_embd"),
+            inner: n("n_inner"),
+            heads: n("n_head"),
+            layers: n("n_layer"),
+            positions: n("n_positions"),
+            vocab: n("vocab_size"),
+            eps: config["layer_norm_epsilon"].as_f64().unwrap() as f32,
+            tied: config["tie_word_embeddings"].as_bool().unwrap(),
+        }
+    }
+
+    /// A tensor by its GPT-2 name, checked to have `shape`.
+    fn t(&self, name: &str, shape: &[usize]) -> &[f32] {
+        let (s, v) = self.tensors.get(name).unwrap_or_else(|| panic!("model.safetensors has no {name}"));
+        assert_eq!(s, shape, "{name}");
+        v
+    }
+
+    fn layer_norm(&self, x: &[f32], prefix: &str) -> Vec<f32> {
+        let (g, b) = (self.t(&format!("{prefix}.weight"), &[self.embd]), self.t(&format!("{prefix}.bias"), &[self.embd]));
+        let n = x.len() as f32;
+        let mean = x.iter().sum::<f32>() / n;
+        let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+        let r = 1.0 / (var + self.eps).sqrt();
+        x.iter().zip(g).zip(b).map(|((v, g), b)| (v - mean) * r * g + b).collect()
+    }
+
+    /// GPT-2's `Conv1D`: `y = x · W + b` with `W` stored `[inputs, outputs]`.
+    fn conv1d(&self, x: &[f32], prefix: &str, outputs: usize) -> Vec<f32> {
+        let w = self.t(&format!("{prefix}.weight"), &[x.len(), outputs]);
+        let mut y = self.t(&format!("{prefix}.bias"), &[outputs]).to_vec();
+        for (i, xi) in x.iter().enumerate() {
+            for (o, yo) in y.iter_mut().enumerate() {
+                *yo += xi * w[i * outputs + o];
+            }
+        }
+        y
+    }
+
+    /// The summed cross-entropy (nats) of predicting `labels[p]` after `tokens[..=p]`, for every position.
+    fn loss(&self, tokens: &[usize], labels: &[usize]) -> f64 {
+        let (e, nh) = (self.embd, self.heads);
+        let dh = e / nh;
+        let (wte, wpe) = (self.t("transformer.wte.weight", &[self.vocab, e]), self.t("transformer.wpe.weight", &[self.positions, e]));
+        let mut h: Vec<Vec<f32>> =
+            tokens.iter().enumerate().map(|(p, &tok)| (0..e).map(|d| wte[tok * e + d] + wpe[p * e + d]).collect()).collect();
+        for l in 0..self.layers {
+            let pre = format!("transformer.h.{l}");
+            let qkv: Vec<Vec<f32>> = h.iter().map(|x| self.conv1d(&self.layer_norm(x, &format!("{pre}.ln_1")), &format!("{pre}.attn.c_attn"), 3 * e)).collect();
+            for p in 0..h.len() {
+                let mut merged = vec![0.0f32; e];
+                for head in 0..nh {
+                    let q = &qkv[p][head * dh..(head + 1) * dh];
+                    // causal: position p attends to positions 0..=p
+                    let scores: Vec<f64> = (0..=p)
+                        .map(|j| {
+                            let k = &qkv[j][e + head * dh..e + (head + 1) * dh];
+                            q.iter().zip(k).map(|(a, b)| (a * b) as f64).sum::<f64>() / (dh as f64).sqrt()
+                        })
+                        .collect();
+                    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let total: f64 = weights.iter().sum();
+                    for (j, wj) in weights.iter().enumerate() {
+                        let v = &qkv[j][2 * e + head * dh..2 * e + (head + 1) * dh];
+                        for d in 0..dh {
+                            merged[head * dh + d] += (wj / total) as f32 * v[d];
+                        }
+                    }
+                }
+                let attn = self.conv1d(&merged, &format!("{pre}.attn.c_proj"), e);
+                h[p].iter_mut().zip(&attn).for_each(|(x, a)| *x += a);
+            }
+            for x in &mut h {
+                let up = self.conv1d(&self.layer_norm(x, &format!("{pre}.ln_2")), &format!("{pre}.mlp.c_fc"), self.inner);
+                let act: Vec<f32> = up
+                    .iter()
+                    .map(|&u| 0.5 * u * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (u + 0.044715 * u.powi(3))).tanh()))
+                    .collect();
+                let down = self.conv1d(&act, &format!("{pre}.mlp.c_proj"), e);
+                x.iter_mut().zip(&down).for_each(|(x, d)| *x += d);
+            }
+        }
+        let head = if self.tied { wte } else { self.t("lm_head.weight", &[self.vocab, e]) };
+        let mut sum = 0.0;
+        for (x, &label) in h.iter().zip(labels) {
+            let f = self.layer_norm(x, "transformer.ln_f");
+            let logits: Vec<f64> = (0..self.vocab).map(|v| (0..e).map(|d| (head[v * e + d] * f[d]) as f64).sum()).collect();
+            let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + logits.iter().map(|z| (z - max).exp()).sum::<f64>().ln();
+            sum += lse - logits[label];
+        }
+        sum
+    }
+}
+
+/// The exported GPT, run by the forward pass above over the held-out windows the job evaluated, gives the loss
+/// the job reported within 1%. (And by `transformers` too, where it is installed.)
+#[test]
+fn an_exported_gpt_computes_the_loss_the_job_reported() {
+    exported_loss_matches("gpt", GPT, true);
+}
+
+/// The same with an LM head of its own (written as `lm_head.weight`) and dense layers.
+#[test]
+fn an_exported_gpt_with_its_own_head_computes_the_loss_the_job_reported() {
+    let untied = GPT.replace("sparsity: 0.5}", "sparsity: 0.0, tiedEmbeddings: false}").replace("steps: 60", "steps: 30");
+    exported_loss_matches("untied", &untied, false);
+}
+
+fn exported_loss_matches(name: &str, manifest: &str, tied: bool) {
+    let (job, out, summary) = train(name, manifest);
+    let reported = summary["eval"]["loss"].as_f64().unwrap();
+    let steps = summary["steps"].as_u64().unwrap();
+    let ckpt = out.join("checkpoints").join(format!("step-{steps:08}.safetensors"));
+    assert!(ckpt.exists(), "the last step is checkpointed: {:?}", std::fs::read_dir(out.join("checkpoints")).unwrap().collect::<Vec<_>>());
+    let hf = job.parent().unwrap().join("hf");
+    let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", hf.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let model = Gpt2::load(&hf);
+    assert_eq!((model.embd, model.heads, model.layers, model.positions, model.vocab, model.tied), (48, 4, 2, 32, 256, tied));
+    assert_eq!(model.tensors.contains_key("lm_head.weight"), !tied, "a tied head is the token embedding");
+
+    // The held-out windows the job evaluated: the same split, the same evenly spread windows.
+    let mut spec = crds::parse_training_job(manifest).unwrap().spec;
+    spec.data.path = common::repo().join(&spec.data.path).to_string_lossy().to_string();
+    let (_, test) = runtime::data::load(&spec).unwrap();
+    let (mut sum, mut tokens) = (0.0, 0usize);
+    let windows = test.eval_samples();
+    for &w in &windows {
+        let shard = test.shard(&[w]);
+        let input: Vec<usize> = shard.inputs.data.iter().map(|&t| t as usize).collect();
+        let labels: Vec<usize> = shard.labels.iter().map(|&l| l as usize).collect();
+        sum += model.loss(&input, &labels);
+        tokens += labels.len();
+    }
+    let ours = sum / tokens as f64;
+    assert_eq!(tokens as u64, summary["eval"]["samples"].as_u64().unwrap(), "the same held-out tokens");
+    assert!((ours - reported).abs() <= 0.01 * reported, "GPT-2's forward gives {ours}, the job reported {reported}");
+    assert!(reported < 5.0, "the job learned something ({reported} nats/token; ln 256 = 5.55)");
+    eprintln!("{name}: independent GPT-2 forward: {ours:.5} nats/token; the job reported {reported:.5}");
+
+    transformers_check(&hf, &test, &windows, reported);
+}
+
+/// With `transformers` and `torch` installed, `GPT2LMHeadModel.from_pretrained` gives the same loss too.
+fn transformers_check(hf: &Path, test: &runtime::data::Dataset, windows: &[u32], reported: f64) {
+    let probe = std::process::Command::new("python3").args(["-c", "import transformers, torch"]).output();
+    match probe {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            let why = String::from_utf8_lossy(&o.stderr);
+            eprintln!("transformers check skipped: {}", why.lines().last().unwrap_or("python3 cannot import transformers, torch"));
+            return;
+        }
+        Err(e) => {
+            eprintln!("transformers check skipped: no python3 ({e})");
+            return;
+        }
+    }
+    let batches: Vec<(Vec<f32>, Vec<u8>)> = windows.iter().map(|&w| {
+        let s = test.shard(&[w]);
+        (s.inputs.data, s.labels)
+    }).collect();
+    let data = hf.join("windows.json");
+    std::fs::write(&data, serde_json::to_string(&batches).unwrap()).unwrap();
+    let script = r#"
+import json, sys, torch, transformers
+m = transformers.GPT2LMHeadModel.from_pretrained(sys.argv[1]).eval()
+total, n = 0.0, 0
+with torch.no_grad():
+    for x, y in json.load(open(sys.argv[2])):
+        logits = m(torch.tensor([[int(t) for t in x]])).logits[0]
+        total += torch.nn.functional.cross_entropy(logits, torch.tensor(y), reduction="sum").item()
+        n += len(y)
+print(total / n)
+"#;
+    let o = std::process::Command::new("python3").args(["-c", script, hf.to_str().unwrap(), data.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "transformers: {}", String::from_utf8_lossy(&o.stderr));
+    let loss: f64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    assert!((loss - reported).abs() <= 0.01 * reported, "transformers gives {loss}, the job reported {reported}");
+}
+
+/// An MLP's checkpoint: `--format huggingface` refuses it with one clear error and writes nothing; `--format
+/// safetensors` writes its layers under plain names, dense. A corrupt checkpoint is refused, and nothing is
+/// left in (or as) the output folder.
+#[test]
+fn an_mlp_exports_plainly_and_bad_exports_write_nothing() {
+    let (job, out, _) = train("mlp", MLP);
+    let ckpt = out.join("checkpoints").join("step-00000010.safetensors");
+    let dir = job.parent().unwrap().to_path_buf();
+    let hf = dir.join("hf");
+    let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", hf.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!o.status.success() && lines.len() == 1, "{stderr}");
+    assert!(lines[0].contains("not a GPT") && lines[0].contains("--format safetensors"), "{stderr}");
+    assert!(!hf.exists(), "nothing written");
+    let leftovers = |d: &Path| std::fs::read_dir(d).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.contains("export")).collect::<Vec<_>>();
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+
+    let plain = dir.join("plain");
+    let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "safetensors", "-o", plain.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(plain.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["layers"], serde_json::json!([784, 32, 10]));
+    assert_eq!(config["activation"], "relu");
+    let bytes = std::fs::read(plain.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let w0 = st.tensor("layers.0.weight").unwrap();
+    assert_eq!(w0.shape(), &[32, 784]);
+    assert_eq!(st.tensor("layers.1.weight").unwrap().shape(), &[10, 32]);
+    assert_eq!(st.tensor("layers.1.bias").unwrap().shape(), &[10]);
+    // Sparsity 0.5: about half the dense weights are the mask's zeros, put back in place.
+    let zeros = w0.data().chunks_exact(4).filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) == 0.0).count();
+    assert!((0.4..0.6).contains(&(zeros as f64 / (32.0 * 784.0))), "{zeros} zeros");
+
+    // A flipped byte in the weights: the checksum refuses it, and -o stays absent.
+    let mut damaged = std::fs::read(&ckpt).unwrap();
+    let n = damaged.len();
+    damaged[n - 5] ^= 0x40;
+    let bad = dir.join("step-00000010.safetensors");
+    std::fs::write(&bad, damaged).unwrap();
+    let target = dir.join("from-bad");
+    let o = wsctl(&["export", bad.to_str().unwrap(), "--format", "safetensors", "-o", target.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.contains("checksum"), "{stderr}");
+    assert!(!target.exists() && leftovers(&dir).is_empty(), "nothing half-written");
+    // Not a checkpoint at all.
+    std::fs::write(&bad, b"hello").unwrap();
+    let o = wsctl(&["export", bad.to_str().unwrap(), "--format", "huggingface", "-o", target.to_str().unwrap()]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a usable checkpoint"));
+    assert!(!target.exists());
+}
