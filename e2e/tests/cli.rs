@@ -324,7 +324,6 @@ async fn checkpoint_pull_fetches_a_running_jobs_checkpoint_through_the_api_serve
     let listed = wsctl_ok(&kc, &["checkpoint", "list", "saved", "-n", &ns]).await;
     let rows: Vec<(u64, String)> = listed
         .lines()
-        .skip(1)
         .filter_map(|l| {
             let cells: Vec<&str> = l.split_whitespace().collect();
             Some((cells.first()?.parse().ok()?, cells.last()?.to_string()))
@@ -361,7 +360,7 @@ async fn checkpoint_pull_fetches_a_running_jobs_checkpoint_through_the_api_serve
     assert!(leftovers.is_empty(), "partial files left: {leftovers:?}");
     // A step that has no checkpoint is one clear error.
     let out = wsctl_run(&kc, &["checkpoint", "pull", "saved", "-n", &ns, "--step", "7", "-o", &out_arg]).await;
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no checkpoint at step 7"));
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no checkpoint of step 7"));
     wsctl_ok(&kc, &["cancel", "saved", "-n", &ns]).await;
     let _ = std::fs::remove_dir_all(&dir);
     done(&client, &ns).await;
