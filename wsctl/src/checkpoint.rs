@@ -149,10 +149,8 @@ pub async fn pull(base: &str, identity: &Identity, step: Option<u64>, out_dir: &
         })?,
     }
     .clone();
-    if let Some(max) = max_bytes {
-        if entry.bytes > max {
-            bail!("{} is {} bytes, more than the {max} bytes the job's plan allows for its state; refusing it", entry.file, entry.bytes);
-        }
+    if let Some(max) = max_bytes.filter(|&max| entry.bytes > max) {
+        bail!("{} is {} bytes, more than the {max} bytes the job's plan allows for its state; refusing it", entry.file, entry.bytes);
     }
     std::fs::create_dir_all(out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
     let tmp = out_dir.join(format!(".{}.{}.part", entry.file, std::process::id()));

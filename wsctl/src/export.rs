@@ -63,11 +63,12 @@ fn header_metadata(path: &Path) -> Result<HashMap<String, String>> {
     use std::io::Read;
     let unusable = |why: String| anyhow!("{} is not a usable checkpoint: {why}", path.display());
     let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let size = file.metadata().with_context(|| format!("cannot read {}", path.display()))?.len();
     let mut len = [0u8; 8];
     file.read_exact(&mut len).map_err(|e| unusable(format!("no safetensors header ({e})")))?;
     let n = u64::from_le_bytes(len);
-    if n > MAX_HEADER_BYTES {
-        return Err(unusable(format!("its header claims {n} bytes")));
+    if n > MAX_HEADER_BYTES || n > size.saturating_sub(8) {
+        return Err(unusable(format!("its header claims {n} bytes of a {size}-byte file")));
     }
     let mut header = Vec::with_capacity(n as usize);
     file.take(n).read_to_end(&mut header).map_err(|e| unusable(e.to_string()))?;

@@ -523,6 +523,25 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
     names.sort();
     assert_eq!(names, vec!["step-00000015.safetensors", "step-00000020.safetensors"], "only verified checkpoints, no partial files");
 
+    // A file damaged on MemoryX's volume arrives damaged: refused by its checksum, nothing kept.
+    let damaged = ck.join("step-00000015.safetensors");
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    let n = bytes.len();
+    bytes[n - 7] ^= 0x20;
+    std::fs::write(&damaged, bytes).unwrap();
+    let fresh = dir.join("fresh");
+    let o = wsctl(&["checkpoint", "pull", "--url", &url, "--identity", ids.to_str().unwrap(), "--step", "15", "-o", fresh.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("arrived damaged") && err.contains("checksum"), "{err}");
+    assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0, "nothing kept");
+    // A job whose plan cannot hold this checkpoint (a smaller model) bounds the download before it starts.
+    let small = dir.join("small.yaml");
+    std::fs::write(&small, JOB.replace("[784, 64, 32, 10]", "[784, 8, 10]")).unwrap();
+    let o = wsctl(&["checkpoint", "pull", "--url", &url, "--identity", ids.to_str().unwrap(), "--job", small.to_str().unwrap(), "-o", fresh.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("the job's plan allows"), "{err}");
+    assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0, "nothing kept");
+
     // Another job's identity: the handshake fails, nothing is written.
     let other = dir.join("other-identity");
     runtime::identity::issue("other", &[]).unwrap().write_roles_files(&other).unwrap();

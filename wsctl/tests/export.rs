@@ -233,7 +233,9 @@ fn exported_loss_matches(name: &str, manifest: &str, tied: bool) {
     }
     let ours = sum / tokens as f64;
     assert_eq!(tokens as u64, summary["eval"]["samples"].as_u64().unwrap(), "the same held-out tokens");
-    assert!((ours - reported).abs() <= 0.01 * reported, "GPT-2's forward gives {ours}, the job reported {reported}");
+    // The acceptance asks for 1%; the two agree to float rounding, and a tiny model leans on its embeddings
+    // enough that a wrongly laid-out block moves the loss by only a few tenths of a percent: hold it to 0.1%.
+    assert!((ours - reported).abs() <= 0.001 * reported, "GPT-2's forward gives {ours}, the job reported {reported}");
     assert!(reported < 5.0, "the job learned something ({reported} nats/token; ln 256 = 5.55)");
     eprintln!("{name}: independent GPT-2 forward: {ours:.5} nats/token; the job reported {reported:.5}");
 

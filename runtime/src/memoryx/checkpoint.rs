@@ -1,7 +1,9 @@
 //! Checkpoints of MemoryX: every weight and optimizer moment in a `safetensors` file named by its step, with
 //! the step and a CRC-32 of the tensor data in the file's metadata. A checkpoint is written to a temporary
 //! file, flushed and renamed into place, so a crash leaves either the old set or the new one, never half a file;
-//! a file whose checksum does not match is passed over for the one before it.
+//! a file whose checksum does not match is passed over for the one before it. The driver's checkpoints also
+//! record the job's `spec.model` and seed ([`Owner`]), so a checkpoint handed back to the user says what it
+//! holds (`wsctl export`); files written before that are read as before, without them.
 
 use std::collections::HashMap;
 use std::fs;

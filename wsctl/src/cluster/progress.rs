@@ -4,7 +4,7 @@
 use std::io::{IsTerminal, Write};
 
 use crds::{ModelKind, Phase, TrainingJob};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// A duration in seconds as people read it: `42s`, `3m05s`, `1h02m`, `2d03h`.
 pub fn duration(secs: u64) -> String {
@@ -110,7 +110,7 @@ impl Reporter {
             let style = ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg}")
                 .map(|s| s.progress_chars("=> "))
                 .unwrap_or_else(|_| ProgressStyle::default_bar());
-            let bar = ProgressBar::new(0).with_style(style);
+            let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stdout()).with_style(style);
             bar.enable_steady_tick(std::time::Duration::from_millis(200));
             Reporter::Bar(bar)
         } else {
@@ -148,10 +148,10 @@ impl Reporter {
         }
     }
 
-    /// Ends the display, leaving the final state on screen.
+    /// Ends the display, leaving the final state on screen as a line.
     pub fn finish(&self, job: Option<&TrainingJob>) {
         if let Reporter::Bar(bar) = self {
-            bar.finish();
+            bar.finish_and_clear();
             if let Some(j) = job {
                 println!("{}", line(j));
             }
