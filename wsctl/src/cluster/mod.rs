@@ -148,10 +148,10 @@ pub enum Command {
 
 /// Runs a cluster command on a runtime of its own (the rest of wsctl is synchronous).
 pub fn run(command: Command) -> anyhow::Result<()> {
-    if let Command::Checkpoint { what } = &command {
-        if let Some(done) = checkpoints::direct(what) {
-            return done;
-        }
+    if let Command::Checkpoint { what } = &command
+        && let Some(done) = checkpoints::direct(what)
+    {
+        return done;
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

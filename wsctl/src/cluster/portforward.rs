@@ -33,10 +33,10 @@ impl Forward {
             while let Ok((conn, _)) = listener.accept().await {
                 let (pods, pod, seen) = (pods.clone(), pod.clone(), seen.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = bridge(&pods, &pod, port, conn).await {
-                        if let Ok(mut f) = seen.lock() {
-                            f.get_or_insert(e);
-                        }
+                    if let Err(e) = bridge(&pods, &pod, port, conn).await
+                        && let Ok(mut f) = seen.lock()
+                    {
+                        f.get_or_insert(e);
                     }
                 });
             }

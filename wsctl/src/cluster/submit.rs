@@ -21,12 +21,10 @@ pub fn load(path: &Path, flag: Option<&str>) -> Result<TrainingJob, Error> {
     if job.metadata.name.as_deref().unwrap_or_default().is_empty() {
         return Err(manifest("metadata.name is missing: every TrainingJob needs a name".into()));
     }
-    if let (Some(flag), Some(own)) = (flag, job.metadata.namespace.as_deref()) {
-        if flag != own {
-            return Err(manifest(format!(
-                "its metadata.namespace is {own} but --namespace says {flag}: drop one of them"
-            )));
-        }
+    if let (Some(flag), Some(own)) = (flag, job.metadata.namespace.as_deref())
+        && flag != own
+    {
+        return Err(manifest(format!("its metadata.namespace is {own} but --namespace says {flag}: drop one of them")));
     }
     // What the server assigns is not the user's to send.
     (job.metadata.uid, job.metadata.resource_version, job.status) = (None, None, None);
