@@ -1,10 +1,12 @@
 //! `wsctl`: the user's front door to weightstream. `run` trains a job on local processes, `plan` shows the
 //! appliance a job would get without running it, `bench` measures the kernels, the machine and the transport,
 //! `simulate` reproduces the seeds' sparsity and scaling figures with the wafer's cost model; `checkpoint`
-//! fetches a job's checkpoints from MemoryX and `export` converts one for other tools (Hugging Face).
+//! fetches a job's checkpoints from MemoryX and `export` converts one for other tools (Hugging Face); `submit`,
+//! `get`, `logs`, `cancel`, `suspend`, `resume` and `checkpoint JOB` manage jobs on a cluster (see [`cluster`]).
 
 mod bench;
 mod checkpoint;
+mod cluster;
 mod export;
 mod local;
 mod run;
@@ -92,11 +94,6 @@ enum Command {
         #[command(subcommand)]
         what: bench::Bench,
     },
-    /// List or fetch a job's checkpoints from its MemoryX over HTTPS, with the job's identity.
-    Checkpoint {
-        #[command(subcommand)]
-        what: CheckpointCommand,
-    },
     /// Convert a checkpoint file for other tools: a GPT to a Hugging Face GPT2LMHeadModel folder, any model to
     /// plainly named safetensors.
     Export {
@@ -112,38 +109,9 @@ enum Command {
         #[arg(long)]
         job: Option<PathBuf>,
     },
-}
-
-/// `wsctl checkpoint …`.
-#[derive(Subcommand)]
-enum CheckpointCommand {
-    /// List the checkpoints MemoryX holds, newest first.
-    List {
-        /// MemoryX's HTTPS address, https://HOST:PORT (its `http` address; a port-forward to it).
-        #[arg(long)]
-        url: String,
-        /// A folder with the job's identity: ca.crt, tls.crt, tls.key.
-        #[arg(long)]
-        identity: PathBuf,
-    },
-    /// Fetch one checkpoint (the newest unless --step), verified before it is kept.
-    Pull {
-        /// MemoryX's HTTPS address, https://HOST:PORT.
-        #[arg(long)]
-        url: String,
-        /// A folder with the job's identity: ca.crt, tls.crt, tls.key.
-        #[arg(long)]
-        identity: PathBuf,
-        /// The step of the checkpoint to fetch (default: the newest).
-        #[arg(long)]
-        step: Option<u64>,
-        /// The folder to write it into.
-        #[arg(short, long, default_value = ".")]
-        out: PathBuf,
-        /// The job's manifest: bounds the download by the job's plan.
-        #[arg(long)]
-        job: Option<PathBuf>,
-    },
+    /// The cluster commands, and `checkpoint` (of a cluster job, or of any MemoryX by URL).
+    #[command(flatten)]
+    Cluster(cluster::Command),
 }
 
 /// Engine generations `wsctl simulate` can model (the CRD's enum has no clap derive).
@@ -177,11 +145,8 @@ fn main() -> ExitCode {
         Command::Plan { job, cs2, json } => run::plan(&job, cs2, json),
         Command::Simulate { json, out, preset } => simulate::simulate(preset.into(), json, out),
         Command::Bench { what } => bench::bench(what),
-        Command::Checkpoint { what: CheckpointCommand::List { url, identity } } => checkpoint::list_command(&url, &identity),
-        Command::Checkpoint { what: CheckpointCommand::Pull { url, identity, step, out, job } } => {
-            checkpoint::pull_command(&url, &identity, step, &out, job.as_deref())
-        }
         Command::Export { checkpoint, format, out, job } => export::command(&checkpoint, format, &out, job.as_deref()),
+        Command::Cluster(c) => cluster::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

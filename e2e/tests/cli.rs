@@ -1,0 +1,367 @@
+//! `wsctl`'s cluster commands driven as a user drives them: the real release binary, run with `KUBECONFIG`, on
+//! the cluster of `cluster.rs` (the chart installed with Helm, a namespace per test, deleted when it passes).
+//!
+//! - `submit --watch` prints one line per status change off a terminal: the steps rise and the last line is
+//!   `Succeeded` at the last step; `logs -f` read MemoryX's and an engine's logs meanwhile; `get` (table and
+//!   JSON) shows the job Succeeded at its step, also through a `kubectl-ws` symlink and `kubectl ws`; a manifest
+//!   that does not parse is one error and nothing is created.
+//! - `suspend` returns once the status says Suspended (CS-2s free), `resume` once it has left it, and the job
+//!   finishes; `cancel` returns once the job is gone, and none of its children is left.
+//! - `checkpoint list` and `checkpoint pull` fetch a running job's checkpoint through a port-forward with the
+//!   job's identity, and the file reads back as the runtime's checkpoint of the listed step.
+//!
+//! The binary is `target/release/wsctl` beside this test's own (`cargo build --release -p wsctl` first), or
+//! `WS_WSCTL`. Tests share the node's 4 CS-2s, so they take turns.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crds::{Phase, TrainingJob};
+use e2e::{cluster, wait_for};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret, Service};
+use kube::api::{Api, DeleteParams, ListParams};
+use kube::{Client, ResourceExt};
+
+static SETUP: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn ok<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+/// The cluster with the chart (once per test binary), its kubeconfig, a client, and a fresh namespace.
+async fn setup(prefix: &str) -> (PathBuf, Client, String) {
+    let kc = SETUP.get_or_init(|| {
+        let kc = cluster::kubeconfig().map_err(|e| format!("no cluster for the e2e suite: {e}"))?;
+        cluster::install_chart(&kc).map_err(|e| format!("cannot install charts/weightstream: {e}"))?;
+        Ok(kc)
+    });
+    let kc = match kc {
+        Ok(kc) => kc.clone(),
+        Err(e) => panic!("{e}"),
+    };
+    let client = ok(e2e::client_for(&kc).await, "client");
+    let ns = ok(e2e::namespace(&client, prefix).await, "namespace");
+    (kc, client, ns)
+}
+
+async fn done(client: &Client, ns: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    ok(api.delete(ns, &DeleteParams::default()).await.map(|_| ()), "delete the test's namespace");
+}
+
+/// The `wsctl` binary under test.
+fn wsctl() -> PathBuf {
+    let path = std::env::var_os("WS_WSCTL").map(PathBuf::from).unwrap_or_else(|| {
+        // This test runs as target/<profile>/deps/cli-<hash>; the binary is target/<profile>/wsctl.
+        let exe = ok(std::env::current_exe(), "this test's path");
+        exe.parent().and_then(Path::parent).map(|d| d.join("wsctl")).unwrap_or_default()
+    });
+    assert!(path.is_file(), "no wsctl at {}: build it first (cargo build --release -p wsctl) or set WS_WSCTL", path.display());
+    path
+}
+
+/// Runs `program args` with the cluster's kubeconfig, returning its output once it ends (at most 10 minutes).
+async fn run_as(program: &Path, kc: &Path, args: &[&str]) -> Output {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).env("KUBECONFIG", kc).kill_on_drop(true);
+    let what = format!("{} {}", program.display(), args.join(" "));
+    let out = tokio::time::timeout(Duration::from_secs(600), cmd.output()).await;
+    let out = ok(ok(out, &format!("{what} ran 10 minutes")), &what);
+    eprintln!(
+        "$ wsctl {}\n{}{}(exit {:?})",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        out.status.code()
+    );
+    out
+}
+
+async fn wsctl_run(kc: &Path, args: &[&str]) -> Output {
+    run_as(&wsctl(), kc, args).await
+}
+
+/// Runs wsctl and returns its stdout, failing the test (with its stderr) unless it exits 0.
+async fn wsctl_ok(kc: &Path, args: &[&str]) -> String {
+    let out = wsctl_run(kc, args).await;
+    assert!(out.status.success(), "wsctl {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `examples/jobs/fc-mnist-sparse.yaml` as `name` on 2 CS-2s for `steps` steps, a checkpoint every `every`
+/// (the last 10 kept), written as a manifest file into the test's own folder.
+fn manifest(dir: &Path, name: &str, steps: u64, every: u64) -> PathBuf {
+    let mut j: TrainingJob = ok(cluster::example("fc-mnist-sparse.yaml"), "example");
+    j.metadata.name = Some(name.into());
+    j.spec.cs2 = 2;
+    (j.spec.training.epochs, j.spec.training.steps) = (None, Some(steps));
+    (j.spec.checkpoint.interval_steps, j.spec.checkpoint.keep) = (every, 10);
+    let path = dir.join(format!("{name}.yaml"));
+    ok(std::fs::create_dir_all(dir), "test folder");
+    ok(std::fs::write(&path, ok(serde_yaml::to_string(&j), "yaml")), "write the manifest");
+    path
+}
+
+fn scratch(ns: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("ws-cli-{ns}"))
+}
+
+/// The `step A/B` of a `--watch` line.
+fn step_of(line: &str) -> Option<(u64, u64)> {
+    let rest = line.split("step ").nth(1)?;
+    let (a, b) = rest.split_whitespace().next()?.split_once('/')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+async fn phase(jobs: &Api<TrainingJob>, name: &str) -> Option<Phase> {
+    jobs.get(name).await.ok()?.status?.phase
+}
+
+/// Waits until the job trains past `step` (via the API, for the test's own timing).
+async fn training_past(jobs: &Api<TrainingJob>, name: &str, step: u64) {
+    let r = wait_for(Duration::from_secs(300), &format!("{name} to train past step {step}"), || async {
+        let s = jobs.get(name).await.ok()?.status?;
+        (s.phase == Some(Phase::Running) && s.progress.step? >= step).then_some(())
+    })
+    .await;
+    if let Err(e) = r {
+        panic!("{e}; status: {:#?}", jobs.get(name).await.ok().and_then(|j| j.status));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_watch_logs_and_get_follow_a_job_to_success() {
+    let _serial = SERIAL.lock().await;
+    let (kc, client, ns) = setup("cli-watch").await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let dir = scratch(&ns);
+    let steps = 2000;
+
+    // A manifest that does not parse: one error naming the file, and nothing reaches the cluster.
+    let bad = dir.join("bad.yaml");
+    let text = ok(std::fs::read_to_string(manifest(&dir, "broken", steps, 0)), "manifest");
+    ok(std::fs::write(&bad, text.replace("batchSize: 128", "batchSize: 127")), "bad manifest");
+    let out = wsctl_run(&kc, &["submit", &bad.display().to_string(), "-n", &ns, "--watch"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an invalid manifest was accepted");
+    assert!(stderr.contains("bad.yaml") && stderr.contains("batchSize") && stderr.contains("nothing was sent"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one error: {stderr}");
+    assert!(ok(jobs.get_opt("broken").await, "get").is_none(), "the invalid job was created");
+
+    // submit --watch in the background; the logs are followed while it trains.
+    let path = manifest(&dir, "watched", steps, 0);
+    let watch = tokio::spawn({
+        let kc = kc.clone();
+        let args = ["submit".to_string(), path.display().to_string(), "-n".into(), ns.clone(), "--watch".into(), "--timeout".into(), "300".into()];
+        async move { run_as(&wsctl(), &kc, &args.iter().map(String::as_str).collect::<Vec<_>>()).await }
+    });
+    ok(
+        wait_for(Duration::from_secs(30), "the job to be created", || async { jobs.get_opt("watched").await.ok()?.map(|_| ()) }).await,
+        "submit",
+    );
+    let follow = |role: &'static str, index: Option<&'static str>| {
+        let (kc, ns) = (kc.clone(), ns.clone());
+        tokio::spawn(async move {
+            let mut args = vec!["logs", "watched", "-n", &ns, "-f", "--timeout", "300", "--role", role];
+            if let Some(i) = index {
+                args.extend(["--index", i]);
+            }
+            run_as(&wsctl(), &kc, &args).await
+        })
+    };
+    let (memoryx, engine) = (follow("memoryx", None), follow("engine", Some("1")));
+
+    let out = ok(watch.await, "submit task");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "submit --watch failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.first().copied(), Some(format!("trainingjob {ns}/watched created").as_str()), "{stdout}");
+    let seen: Vec<(u64, u64)> = lines.iter().filter_map(|l| step_of(l)).collect();
+    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "steps go back: {seen:?}");
+    assert!(seen.iter().all(|s| s.1 == steps), "the total is not {steps}: {seen:?}");
+    let distinct: std::collections::BTreeSet<u64> = seen.iter().map(|s| s.0).collect();
+    assert!(distinct.len() >= 2, "no progress between status lines: {stdout}");
+    let last = lines.last().copied().unwrap_or_default();
+    assert!(last.starts_with(&format!("Succeeded step {steps}/{steps} (100%) loss ")), "last line: {last}");
+
+    // MemoryX's log: it trained the job's steps to the end. An engine's log: it came up.
+    let mx = ok(memoryx.await, "logs task");
+    let mx_log = String::from_utf8_lossy(&mx.stdout);
+    assert!(mx.status.success(), "logs -f memoryx: {}", String::from_utf8_lossy(&mx.stderr));
+    assert!(mx_log.contains(&format!("\"total\":{steps}")), "MemoryX's log does not start training: {mx_log}");
+    assert!(mx_log.contains(&format!("\"event\":\"done\",\"steps\":{steps}")), "MemoryX's log does not finish: {mx_log}");
+    let eng = ok(engine.await, "logs task");
+    let eng_log = String::from_utf8_lossy(&eng.stdout);
+    assert!(eng.status.success(), "logs -f engine 1: {}", String::from_utf8_lossy(&eng.stderr));
+    assert!(eng_log.contains("engine ready") && eng_log.contains("\"index\":1"), "engine 1's log: {eng_log}");
+
+    // get: the table, JSON, and the same through the kubectl plugin's name.
+    let table = wsctl_ok(&kc, &["get", "-n", &ns]).await;
+    let row = table.lines().find(|l| l.starts_with("watched ")).unwrap_or_else(|| panic!("no row for the job: {table}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cells[..4], ["watched", "Succeeded", "0/2", &format!("{steps}/{steps}")], "{table}");
+    let json: serde_json::Value = ok(serde_json::from_str(&wsctl_ok(&kc, &["get", "watched", "-n", &ns, "-o", "json"]).await), "get -o json");
+    assert_eq!((json["status"]["phase"].as_str(), json["status"]["step"].as_u64()), (Some("Succeeded"), Some(steps)));
+    let plugin_dir = dir.join("bin");
+    ok(std::fs::create_dir_all(&plugin_dir), "plugin folder");
+    let plugin = plugin_dir.join("kubectl-ws");
+    let _ = std::fs::remove_file(&plugin);
+    ok(std::os::unix::fs::symlink(wsctl(), &plugin), "kubectl-ws symlink");
+    let out = run_as(&plugin, &kc, &["get", "-n", &ns]).await;
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout) == table, "kubectl-ws get differs from wsctl get");
+    // kubectl finds plugins on the PATH: `kubectl ws get` runs the same binary.
+    let path_var = format!("{}:{}", plugin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    match tokio::process::Command::new("kubectl").args(["ws", "get", "-n", &ns]).env("KUBECONFIG", &kc).env("PATH", &path_var).output().await {
+        Ok(out) => {
+            assert!(out.status.success(), "kubectl ws get: {}", String::from_utf8_lossy(&out.stderr));
+            assert_eq!(String::from_utf8_lossy(&out.stdout), table, "kubectl ws get");
+        }
+        Err(e) => eprintln!("kubectl is not installed ({e}): only the kubectl-ws symlink was tried"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    done(&client, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspend_resume_and_cancel_take_effect_before_they_return() {
+    let _serial = SERIAL.lock().await;
+    let (kc, client, ns) = setup("cli-control").await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let dir = scratch(&ns);
+    let steps = 4000;
+
+    wsctl_ok(&kc, &["submit", &manifest(&dir, "pausable", steps, 0).display().to_string(), "-n", &ns]).await;
+    training_past(&jobs, "pausable", 100).await;
+    let out = wsctl_ok(&kc, &["suspend", "pausable", "-n", &ns, "--timeout", "180"]).await;
+    assert!(out.contains("pausable: Suspended step "), "{out}");
+    // Returned only once the status said so: the CS-2s are free and the checkpoint is the suspend's.
+    let s = ok(jobs.get("pausable").await, "get").status.unwrap_or_default();
+    assert_eq!(s.phase, Some(Phase::Suspended));
+    assert_eq!(s.allocated_cs2.unwrap_or(0), 0, "a suspended job holds CS-2s");
+    let at = s.progress.last_checkpoint.map(|c| c.step).unwrap_or_else(|| panic!("suspended without a checkpoint"));
+    assert!(at > 0 && at < steps, "suspended at step {at}");
+    let table = wsctl_ok(&kc, &["get", "pausable", "-n", &ns]).await;
+    assert!(table.lines().nth(1).is_some_and(|l| l.split_whitespace().nth(1) == Some("Suspended")), "{table}");
+
+    let out = wsctl_ok(&kc, &["resume", "pausable", "-n", &ns, "--timeout", "180"]).await;
+    assert!(out.contains("resume requested"), "{out}");
+    assert_ne!(phase(&jobs, "pausable").await, Some(Phase::Suspended), "resume returned while still Suspended");
+    let r = wait_for(Duration::from_secs(300), "pausable to finish after its resume", || async {
+        let p = phase(&jobs, "pausable").await?;
+        p.is_terminal().then_some(p)
+    })
+    .await;
+    assert_eq!(ok(r, "resume"), Phase::Succeeded);
+    let s = ok(jobs.get("pausable").await, "get").status.unwrap_or_default();
+    assert_eq!(s.progress.step, Some(steps));
+
+    // Suspending a finished job is refused, saying why.
+    let out = wsctl_run(&kc, &["suspend", "pausable", "-n", &ns]).await;
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("nothing to suspend"));
+
+    // cancel: a running job and every child of it go before it returns (pods may take their grace period).
+    wsctl_ok(&kc, &["submit", &manifest(&dir, "doomed", steps, 0).display().to_string(), "-n", &ns]).await;
+    training_past(&jobs, "doomed", 1).await;
+    let out = wsctl_ok(&kc, &["cancel", "doomed", "-n", &ns, "--timeout", "180"]).await;
+    assert!(out.contains(&format!("trainingjob {ns}/doomed deleted")), "{out}");
+    assert!(ok(jobs.get_opt("doomed").await, "get").is_none(), "cancel returned with the job still there");
+    let sel = ListParams::default().labels("weightstream.dev/job=doomed");
+    let left = || async {
+        let mut v: Vec<String> = Vec::new();
+        let names = |l: Vec<String>, kind: &str| l.into_iter().map(|n| format!("{kind}/{n}")).collect::<Vec<_>>();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        v.extend(names(pods.list(&sel).await.ok()?.items.iter().map(|o| o.name_any()).collect(), "pod"));
+        let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+        v.extend(names(sts.list(&sel).await.ok()?.items.iter().map(|o| o.name_any()).collect(), "statefulset"));
+        let svcs: Api<Service> = Api::namespaced(client.clone(), &ns);
+        v.extend(names(svcs.list(&sel).await.ok()?.items.iter().map(|o| o.name_any()).collect(), "service"));
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+        v.extend(names(cms.list(&sel).await.ok()?.items.iter().map(|o| o.name_any()).collect(), "configmap"));
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        v.extend(names(pvcs.list(&sel).await.ok()?.items.iter().map(|o| o.name_any()).collect(), "pvc"));
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        v.extend(names(secrets.list(&sel).await.ok()?.items.iter().map(|o| o.name_any()).collect(), "secret"));
+        Some(v)
+    };
+    let r = wait_for(Duration::from_secs(120), "every child of doomed to go", || async {
+        left().await.filter(|v| v.is_empty()).map(|_| ())
+    })
+    .await;
+    if let Err(e) = r {
+        panic!("{e}; still there: {:?}", left().await);
+    }
+    // And a job that is not there is one clear error.
+    let out = wsctl_run(&kc, &["cancel", "doomed", "-n", &ns, "--timeout", "10"]).await;
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no TrainingJob doomed"));
+    let _ = std::fs::remove_dir_all(&dir);
+    done(&client, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_pull_fetches_a_running_jobs_checkpoint_through_the_api_server() {
+    let _serial = SERIAL.lock().await;
+    let (kc, client, ns) = setup("cli-ckpt").await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let dir = scratch(&ns);
+    // Long enough to be running while the checkpoints are fetched (a few hundred steps a second here); one
+    // every 1000 steps, 10 kept, so the older one listed is still there when it is pulled.
+    let steps = 60_000;
+    wsctl_ok(&kc, &["submit", &manifest(&dir, "saved", steps, 1000).display().to_string(), "-n", &ns]).await;
+    let r = wait_for(Duration::from_secs(300), "a checkpoint of saved", || async {
+        let s = jobs.get("saved").await.ok()?.status?;
+        (s.phase == Some(Phase::Running) && s.progress.last_checkpoint?.step >= 2000).then_some(())
+    })
+    .await;
+    ok(r, "checkpoint");
+
+    let listed = wsctl_ok(&kc, &["checkpoint", "list", "saved", "-n", &ns]).await;
+    let rows: Vec<(u64, String)> = listed
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            Some((cells.first()?.parse().ok()?, cells.last()?.to_string()))
+        })
+        .collect();
+    assert!(rows.len() >= 2, "fewer than two checkpoints listed: {listed}");
+    assert!(rows.windows(2).all(|w| w[0].0 > w[1].0), "not newest first: {listed}");
+
+    // The newest, and an older one by --step; each verifies as the runtime reads checkpoints.
+    let out_dir = dir.join("pulled");
+    let out_arg = out_dir.display().to_string();
+    let (older, older_file) = rows[1].clone();
+    for step in [None, Some(older)] {
+        let mut args = vec!["checkpoint", "pull", "saved", "-n", &ns, "-o", &out_arg];
+        let step_arg = step.map(|s| s.to_string());
+        if let Some(s) = &step_arg {
+            args.extend(["--step", s]);
+        }
+        let printed = wsctl_ok(&kc, &args).await;
+        let path = PathBuf::from(printed.trim());
+        assert_eq!(path.parent(), Some(out_dir.as_path()), "{printed}");
+        let (at, tensors) = ok(runtime::memoryx::checkpoint::read(&path, 1 << 30), "read the pulled checkpoint");
+        assert!(!tensors.is_empty(), "an empty checkpoint");
+        match step {
+            Some(s) => assert_eq!((at, path.file_name().map(|f| f.to_string_lossy().into_owned())), (s, Some(older_file.clone()))),
+            None => assert!(at >= rows[0].0, "the newest pulled is step {at}, older than the listed {}", rows[0].0),
+        }
+    }
+    let leftovers: Vec<_> = ok(std::fs::read_dir(&out_dir), "pulled folder")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "partial files left: {leftovers:?}");
+    // A step that has no checkpoint is one clear error.
+    let out = wsctl_run(&kc, &["checkpoint", "pull", "saved", "-n", &ns, "--step", "7", "-o", &out_arg]).await;
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no checkpoint of step 7"));
+    wsctl_ok(&kc, &["cancel", "saved", "-n", &ns]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    done(&client, &ns).await;
+}

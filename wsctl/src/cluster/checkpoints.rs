@@ -1,0 +1,179 @@
+//! `wsctl checkpoint list|pull JOB`: a running cluster job's checkpoints, fetched from its MemoryX through the
+//! API server (a [`Forward`] to MemoryX's HTTP port) over HTTPS with mutual TLS, presenting the job's own
+//! identity from the Secret the operator made for it: MemoryX trusts that job's CA and nothing else, so reading
+//! the Secret (RBAC on the namespace) is what grants access. The transfer itself is [`crate::checkpoint`]'s
+//! (bounded, verified, renamed into place); with `--url` and `--identity` instead of a job, that client is
+//! used directly on any MemoryX (a local run's).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crds::contract::{HTTP_PORT, Role};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use runtime::identity::{CA_CERT, CERT, Identity, KEY};
+use runtime::memoryx::serve::Entry;
+
+use super::portforward::Forward;
+use super::{Cluster, Error, JOB_LABEL, Namespace, ROLE_LABEL, progress};
+
+/// `wsctl checkpoint …`: of a cluster job by name, or of any MemoryX by `--url` and `--identity`.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// List the checkpoints MemoryX holds, newest first.
+    List {
+        /// The job on the cluster (reached through the API server); or give --url and --identity.
+        #[arg(value_name = "JOB", required_unless_present = "url")]
+        name: Option<String>,
+        #[command(flatten)]
+        ns: Namespace,
+        /// MemoryX's HTTPS address, https://HOST:PORT (its `http` address; a port-forward to it).
+        #[arg(long, requires = "identity", conflicts_with = "name")]
+        url: Option<String>,
+        /// A folder with the job's identity: ca.crt, tls.crt, tls.key (with --url).
+        #[arg(long, requires = "url")]
+        identity: Option<PathBuf>,
+        /// Seconds the whole command may take (for a cluster job).
+        #[arg(long, default_value = "120")]
+        timeout: u64,
+    },
+    /// Fetch one checkpoint (the newest unless --step), verified before it is kept.
+    Pull {
+        /// The job on the cluster (reached through the API server); or give --url and --identity.
+        #[arg(value_name = "JOB", required_unless_present = "url")]
+        name: Option<String>,
+        #[command(flatten)]
+        ns: Namespace,
+        /// MemoryX's HTTPS address, https://HOST:PORT.
+        #[arg(long, requires = "identity", conflicts_with = "name")]
+        url: Option<String>,
+        /// A folder with the job's identity: ca.crt, tls.crt, tls.key (with --url).
+        #[arg(long, requires = "url")]
+        identity: Option<PathBuf>,
+        /// The step of the checkpoint to fetch (default: the newest).
+        #[arg(long)]
+        step: Option<u64>,
+        /// The folder to write it into.
+        #[arg(short, long, default_value = ".")]
+        out: PathBuf,
+        /// The job's manifest: bounds the download by the job's plan (with --url; a cluster job's own spec does).
+        #[arg(long, requires = "url")]
+        job: Option<PathBuf>,
+        /// Seconds the whole command may take (for a cluster job).
+        #[arg(long, default_value = "600")]
+        timeout: u64,
+    },
+}
+
+/// The `--url` form, which needs no cluster (and runs on [`crate::checkpoint`]'s own runtime): `None` for the
+/// cluster form.
+pub fn direct(command: &Command) -> Option<anyhow::Result<()>> {
+    match command {
+        Command::List { url: Some(url), identity: Some(id), .. } => Some(crate::checkpoint::list_command(url, id)),
+        Command::Pull { url: Some(url), identity: Some(id), step, out, job, .. } => {
+            Some(crate::checkpoint::pull_command(url, id, *step, out, job.as_deref()))
+        }
+        _ => None,
+    }
+}
+
+/// Runs the cluster form within its deadline.
+pub async fn run(command: Command) -> Result<(), Error> {
+    let (name, ns, timeout) = match &command {
+        Command::List { name, ns, timeout, .. } | Command::Pull { name, ns, timeout, .. } => {
+            (name.clone().unwrap_or_default(), ns.clone(), Duration::from_secs(*timeout))
+        }
+    };
+    let cluster = Cluster::connect(ns).await?;
+    let work = async {
+        let (job, forward, base, identity) = connect(&cluster, &name).await?;
+        let failed = |what: &str, e: anyhow::Error| {
+            let why = forward.failure().map(|f| format!(" ({f})")).unwrap_or_default();
+            Error::Checkpoint { what: format!("{what} of {}/{name}", cluster.namespace), message: format!("{e:#}{why}") }
+        };
+        match &command {
+            Command::List { .. } => {
+                let entries = crate::checkpoint::list(&base, &identity).await.map_err(|e| failed("list", e))?;
+                print!("{}", table(&entries));
+            }
+            Command::Pull { step, out, .. } => {
+                let max = crate::checkpoint::planned_bytes(&job.spec);
+                let path =
+                    crate::checkpoint::pull(&base, &identity, *step, out, Some(max)).await.map_err(|e| failed("pull", e))?;
+                println!("{}", path.display());
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(timeout, work)
+        .await
+        .unwrap_or_else(|_| Err(Error::Timeout { after: timeout, what: "the checkpoint transfer".into(), last: None }))
+}
+
+/// The checkpoints, one line each, as `wsctl checkpoint list --url` prints them.
+pub fn table(entries: &[Entry]) -> String {
+    if entries.is_empty() {
+        return "no checkpoints yet\n".into();
+    }
+    entries.iter().map(|e| format!("{:>10}  {:>12}  {}\n", e.step, runtime::units::bytes(e.bytes), e.file)).collect()
+}
+
+/// The job, a local forward to its running MemoryX pod's HTTP port, the base URL to call through it
+/// (`https://127.0.0.1:PORT`: the client asks for `job.weightstream.internal` there), and the job's identity.
+async fn connect(cluster: &Cluster, name: &str) -> Result<(crds::TrainingJob, Forward, String, Identity), Error> {
+    let ns = &cluster.namespace;
+    let job = cluster.job(name).await?;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let selector = format!("{JOB_LABEL}={name},{ROLE_LABEL}={}", Role::Memoryx);
+    let list = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(Error::other(format!("list the MemoryX pod of {ns}/{name}")))?;
+    let pod = list
+        .items
+        .iter()
+        .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && p.metadata.deletion_timestamp.is_none())
+        .map(|p| p.name_any())
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "TrainingJob {ns}/{name} ({}) has no running MemoryX pod: its checkpoints are served by MemoryX while the \
+                 job holds its CS-2s (a finished or suspended job's MemoryX is scaled to zero)",
+                progress::phase(&job)
+            ))
+        })?;
+    let identity = identity(cluster, name).await?;
+    let forward = Forward::start(pods, &pod, HTTP_PORT).await?;
+    let base = format!("https://{}", forward.addr);
+    Ok((job, forward, base, identity))
+}
+
+/// The job's identity from the Secret `<job>-identity` the operator created.
+async fn identity(cluster: &Cluster, job: &str) -> Result<Identity, Error> {
+    let name = format!("{job}-identity");
+    let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let action = format!("read the job's identity Secret {}/{name} (MemoryX accepts only the job's certificate)", cluster.namespace);
+    let secret = secrets.get(&name).await.map_err(Error::other(action))?;
+    let file = |key: &str| -> Result<String, Error> {
+        let bytes = secret.data.as_ref().and_then(|d| d.get(key)).map(|b| b.0.clone()).unwrap_or_default();
+        String::from_utf8(bytes)
+            .ok()
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| Error::Invalid(format!("Secret {}/{name} has no PEM text under {key}", cluster.namespace)))
+    };
+    Ok(Identity::from_pem(&file(CA_CERT)?, &file(CERT)?, &file(KEY)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_list_is_a_table_of_steps_sizes_and_files() {
+        let e = Entry { step: 20, file: "step-00000020.safetensors".into(), bytes: 2048 };
+        let t = table(&[e]);
+        assert_eq!(t.lines().count(), 1);
+        assert!(t.trim_start().starts_with("20 ") && t.trim_end().ends_with("step-00000020.safetensors"), "{t}");
+        assert_eq!(table(&[]), "no checkpoints yet\n");
+    }
+}

@@ -1,0 +1,133 @@
+//! `wsctl get`: the jobs as a table of what users ask first (is it running, how far, how good, how long, and if
+//! waiting, for what), or the objects as JSON or YAML for scripts.
+
+use crds::TrainingJob;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+
+use super::{Cluster, Error, Namespace, progress};
+
+/// How `wsctl get` prints.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Output {
+    /// Aligned columns for people.
+    Table,
+    /// The TrainingJob objects (a `List` for several).
+    Json,
+    /// The same as YAML.
+    Yaml,
+}
+
+/// The table: one row per job, `-` where the status does not know yet; the namespace column only with `-A`.
+pub fn table(jobs: &[TrainingJob], namespaces: bool) -> String {
+    let mut rows: Vec<Vec<String>> = Vec::with_capacity(jobs.len() + 1);
+    let mut header = vec!["NAME", "PHASE", "CS-2", "STEP", "LOSS", "ETA", "QUEUE", "WAITING"];
+    if namespaces {
+        header.insert(0, "NAMESPACE");
+    }
+    rows.push(header.into_iter().map(String::from).collect());
+    for job in jobs {
+        let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+        let held = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
+        let mut row = vec![
+            job.name_any(),
+            progress::phase(job),
+            format!("{held}/{}", job.spec.cs2),
+            dash(progress::steps(job)),
+            dash(progress::loss(job)),
+            dash(progress::eta(job)),
+            dash(progress::queue_position(job)),
+            dash(progress::waiting_for(job)),
+        ];
+        if namespaces {
+            row.insert(0, job.namespace().unwrap_or_default());
+        }
+        rows.push(row);
+    }
+    let widths: Vec<usize> =
+        (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        out.push_str(cells.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// JSON or YAML of one job, or of a `List` of several (as kubectl prints them).
+pub fn render(jobs: &[TrainingJob], single: bool, output: Output) -> Result<String, Error> {
+    let value = if single {
+        serde_json::to_value(jobs.first())
+    } else {
+        serde_json::to_value(jobs).map(|items| serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": items }))
+    };
+    let encode = |e: &dyn std::fmt::Display| Error::Invalid(format!("cannot encode the jobs: {e}"));
+    let value = value.map_err(|e| encode(&e))?;
+    match output {
+        Output::Json => serde_json::to_string_pretty(&value).map(|s| s + "\n").map_err(|e| encode(&e)),
+        Output::Yaml | Output::Table => serde_yaml::to_string(&value).map_err(|e| encode(&e)),
+    }
+}
+
+/// `wsctl get [JOB] [-n NS | -A] [-o table|json|yaml]`.
+pub async fn get(name: Option<&str>, ns: Namespace, all: bool, output: Output) -> Result<(), Error> {
+    let cluster = Cluster::connect(ns).await?;
+    let jobs = match name {
+        Some(name) => vec![cluster.job(name).await?],
+        None => {
+            let (api, scope): (Api<TrainingJob>, &str) = if all {
+                (Api::all(cluster.client.clone()), "any namespace")
+            } else {
+                (cluster.jobs(), cluster.namespace.as_str())
+            };
+            let action = format!("list TrainingJobs (namespace: {scope})");
+            let mut items =
+                api.list(&ListParams::default()).await.map_err(Error::api(action, &cluster.namespace, ""))?.items;
+            items.sort_by_key(|j| (j.namespace(), j.name_any()));
+            if items.is_empty() && matches!(output, Output::Table) {
+                eprintln!("no TrainingJobs in {}", if all { "any namespace".to_string() } else { format!("namespace {scope}") });
+                return Ok(());
+            }
+            items
+        }
+    };
+    match output {
+        Output::Table => print!("{}", table(&jobs, all)),
+        other => print!("{}", render(&jobs, name.is_some(), other)?),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::testing::{queued, running, succeeded};
+
+    #[test]
+    fn the_table_aligns_every_column_and_dashes_the_unknown() {
+        let t = table(&[running(), queued(), succeeded()], false);
+        let want = "\
+NAME      PHASE       CS-2   STEP      LOSS     ETA     QUEUE   WAITING
+train     Running     2/2    20/100    0.4321   1m05s   -       -
+waiting   Queued      0/2    -         -        -       #2      InsufficientCapacity
+done      Succeeded   0/2    100/100   0.1000   0s      -       -
+";
+        assert_eq!(t, want);
+    }
+
+    #[test]
+    fn all_namespaces_adds_the_namespace_column() {
+        let t = table(&[running()], true);
+        assert!(t.starts_with("NAMESPACE   NAME "), "{t}");
+        assert!(t.lines().nth(1).is_some_and(|l| l.starts_with("ml          train ")), "{t}");
+    }
+
+    #[test]
+    fn json_is_the_object_or_a_list() {
+        let one: serde_json::Value = serde_json::from_str(&render(&[running()], true, Output::Json).unwrap()).unwrap();
+        assert_eq!((one["kind"].as_str(), one["status"]["step"].as_u64()), (Some("TrainingJob"), Some(20)));
+        let list: serde_yaml::Value = serde_yaml::from_str(&render(&[running(), queued()], false, Output::Yaml).unwrap()).unwrap();
+        assert_eq!(list["items"][1]["status"]["queuePosition"].as_u64(), Some(2));
+    }
+}

@@ -1,0 +1,167 @@
+//! `wsctl logs`: the logs of a job's pods, found by the labels the operator puts on them (job and role), so
+//! the user names the job and the role rather than pod names.
+
+use std::cmp::Ordering;
+use std::io::Write;
+use std::time::Duration;
+
+use crds::contract::Role;
+use futures::{AsyncBufReadExt, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, LogParams};
+
+use super::{Cluster, Error, JOB_LABEL, ROLE_LABEL, progress};
+
+/// What `wsctl logs` was asked for.
+pub struct Options {
+    /// The role's name, checked against [`Role::from_name`] (so a role added to the contract works here too).
+    pub role: String,
+    /// Only the pods whose name ends in this index.
+    pub index: Option<u32>,
+    /// Keep streaming until the pods end.
+    pub follow: bool,
+    /// Only the last lines.
+    pub tail: Option<i64>,
+    /// How long `follow` runs (and waits for pods) at most.
+    pub timeout: Duration,
+}
+
+/// The role named `name`, or an error listing the roles there are.
+pub fn role(name: &str) -> Result<Role, Error> {
+    Role::from_name(name).ok_or_else(|| {
+        let known: Vec<&str> = Role::ALL.iter().map(|r| r.as_str()).collect();
+        Error::Invalid(format!("unknown role {name:?}: --role takes one of {}", known.join(", ")))
+    })
+}
+
+/// Orders names as people count: `engine-2` before `engine-10`.
+pub fn natural(a: &str, b: &str) -> Ordering {
+    fn chunks(s: &str) -> Vec<(u64, String)> {
+        let mut out: Vec<(u64, String)> = Vec::new();
+        let mut cur = String::new();
+        for c in s.chars() {
+            if !cur.is_empty() && cur.chars().all(|d| d.is_ascii_digit()) != c.is_ascii_digit() {
+                out.push((cur.parse().unwrap_or(u64::MAX), std::mem::take(&mut cur)));
+            }
+            cur.push(c);
+        }
+        if !cur.is_empty() {
+            out.push((cur.parse().unwrap_or(u64::MAX), cur));
+        }
+        out
+    }
+    chunks(a).cmp(&chunks(b))
+}
+
+/// The pods of `names` (in natural order) that `index` selects: those whose name ends in `-INDEX` (engine N;
+/// the SwarmX nodes numbered N at each level), every one without an index.
+pub fn select(mut names: Vec<String>, index: Option<u32>) -> Vec<String> {
+    names.sort_by(|a, b| natural(a, b));
+    match index {
+        Some(i) => names.into_iter().filter(|n| n.rsplit('-').next() == Some(i.to_string().as_str())).collect(),
+        None => names,
+    }
+}
+
+/// `wsctl logs JOB [--role R] [--index N] [-f]`.
+pub async fn logs(cluster: &Cluster, job_name: &str, o: Options) -> Result<(), Error> {
+    let role = role(&o.role)?;
+    let job = cluster.job(job_name).await?;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let selector = format!("{JOB_LABEL}={job_name},{ROLE_LABEL}={role}");
+    let deadline = tokio::time::Instant::now() + o.timeout;
+    let which = format!("{role} pod{}", o.index.map(|i| format!(" with index {i}")).unwrap_or_default());
+    // With -f the pods may not be there yet (the job is starting): wait for them to run, up to the deadline.
+    let names = loop {
+        let action = format!("list the pods of {}/{job_name}", cluster.namespace);
+        let list = pods.list(&ListParams::default().labels(&selector)).await.map_err(Error::other(action))?;
+        let started = |p: &Pod| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, None | Some("Pending"))
+        };
+        let names = select(list.items.iter().filter(|p| started(p)).map(|p| p.name_any()).collect(), o.index);
+        if !names.is_empty() {
+            break names;
+        }
+        if !o.follow {
+            let phase = progress::phase(&job);
+            let hint = if matches!(phase.as_str(), "Succeeded" | "Failed" | "Suspended") {
+                "a job's pods exist only while it holds CS-2s; follow them with -f while it runs"
+            } else {
+                "it may still be starting: -f waits for its pods"
+            };
+            return Err(Error::Invalid(format!(
+                "TrainingJob {}/{job_name} ({phase}) has no running {which}: {hint}",
+                cluster.namespace
+            )));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Timeout { after: o.timeout, what: format!("a running {which} of {job_name}"), last: None });
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let prefixed = names.len() > 1;
+    let params = LogParams { follow: o.follow, tail_lines: o.tail, ..LogParams::default() };
+    if !o.follow {
+        for name in &names {
+            let text = pods.logs(name, &params).await.map_err(Error::other(format!("read the log of pod {name}")))?;
+            print_lines(prefixed.then_some(name.as_str()), text.lines());
+        }
+        return Ok(());
+    }
+    let mut streams = Vec::new();
+    for name in &names {
+        let reader = pods.log_stream(name, &params).await.map_err(Error::other(format!("follow the log of pod {name}")))?;
+        let tag = name.clone();
+        streams.push(reader.lines().map(move |l| (tag.clone(), l)).boxed());
+    }
+    let mut all = futures::stream::select_all(streams);
+    loop {
+        match tokio::time::timeout_at(deadline, all.next()).await {
+            Err(_) => {
+                return Err(Error::Timeout { after: o.timeout, what: format!("the {which}s of {job_name} to end"), last: None });
+            }
+            Ok(None) => return Ok(()),
+            Ok(Some((name, Ok(line)))) => print_lines(prefixed.then_some(name.as_str()), std::iter::once(line.as_str())),
+            Ok(Some((name, Err(e)))) => {
+                return Err(Error::Io { what: format!("reading the log of pod {name}"), source: e });
+            }
+        }
+    }
+}
+
+fn print_lines<'a>(pod: Option<&str>, lines: impl Iterator<Item = &'a str>) {
+    let mut out = std::io::stdout().lock();
+    for l in lines {
+        let written = match pod {
+            Some(p) => writeln!(out, "[{p}] {l}"),
+            None => writeln!(out, "{l}"),
+        };
+        if written.is_err() {
+            return; // A closed pipe (`| head`): nobody is reading.
+        }
+    }
+    let _ = out.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_are_the_contracts_and_a_typo_lists_them() {
+        assert_eq!(role("engine").unwrap(), Role::Engine);
+        let e = role("engines").unwrap_err().to_string();
+        assert!(e.contains("\"engines\"") && e.contains("memoryx") && e.contains("swarmx"), "{e}");
+    }
+
+    #[test]
+    fn pods_are_in_natural_order_and_an_index_picks_by_suffix() {
+        let names = ["j-engine-10", "j-engine-2", "j-engine-0", "j-engine-1"].map(String::from).to_vec();
+        assert_eq!(select(names.clone(), None), ["j-engine-0", "j-engine-1", "j-engine-2", "j-engine-10"]);
+        assert_eq!(select(names, Some(1)), ["j-engine-1"]);
+        let swarm = ["j-swarmx-1-0", "j-swarmx-0-0", "j-swarmx-1-1"].map(String::from).to_vec();
+        assert_eq!(select(swarm, Some(0)), ["j-swarmx-0-0", "j-swarmx-1-0"]);
+    }
+}

@@ -1,0 +1,214 @@
+//! The cluster client: `wsctl submit|get|logs|cancel|suspend|resume|checkpoint` on the TrainingJobs of a
+//! Kubernetes cluster, through the user's kubeconfig as kubectl does. The same binary works as a kubectl plugin
+//! when it is reachable as `kubectl-ws` on the PATH (`kubectl ws get`): clap's name is fixed, so argv[0] does not
+//! matter.
+//!
+//! One module per concept: [`submit`] (create, then optionally watch), [`progress`] (status to text: the bar and
+//! the per-change lines), [`watch`] (waiting on a job through the API's watch with a deadline), [`get`] (the
+//! table), [`logs`] (the job's pods by the operator's labels), [`control`] (cancel, suspend, resume),
+//! [`portforward`] (a local port bridged to a pod through the API server) and [`checkpoints`] (list and pull
+//! over that bridge with the job's mutual-TLS identity).
+
+mod checkpoints;
+mod control;
+mod error;
+mod get;
+mod logs;
+mod portforward;
+mod progress;
+mod submit;
+#[cfg(test)]
+mod testing;
+mod watch;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crds::TrainingJob;
+use kube::Client;
+use kube::api::Api;
+
+pub use error::Error;
+
+/// The label the operator puts on every child of a job, naming the job (`operator::children::JOB_LABEL`; wsctl
+/// does not link the operator, and the e2e test of `wsctl logs` fails if the two drift apart).
+pub const JOB_LABEL: &str = "weightstream.dev/job";
+/// The label naming a pod's role (`operator::children::ROLE_LABEL`), spelled as [`crds::contract::Role`] does.
+pub const ROLE_LABEL: &str = "weightstream.dev/role";
+
+/// Waits longer than this are an error unless `--timeout` says otherwise: long enough for a small job, short
+/// enough that a stuck script notices.
+const DEFAULT_TIMEOUT: &str = "3600";
+
+/// Where a command acts: the namespace flag, as kubectl spells it.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct Namespace {
+    /// The namespace (default: the manifest's, else the kubeconfig context's, else `default`).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+}
+
+/// The cluster commands, flattened into `wsctl`'s own.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Create a TrainingJob on the cluster from a manifest, and with --watch follow it to its end.
+    Submit {
+        /// The TrainingJob manifest (YAML), checked here before anything is sent.
+        job: PathBuf,
+        #[command(flatten)]
+        ns: Namespace,
+        /// Follow the job's progress until it succeeds (exit 0) or fails (exit 1 with its message).
+        #[arg(long)]
+        watch: bool,
+        /// Seconds --watch waits for the job's end before giving up.
+        #[arg(long, default_value = DEFAULT_TIMEOUT)]
+        timeout: u64,
+    },
+    /// List TrainingJobs with their phase, CS-2s, step, loss, ETA and queue position.
+    Get {
+        /// One job only.
+        job: Option<String>,
+        #[command(flatten)]
+        ns: Namespace,
+        /// Every namespace's jobs.
+        #[arg(short = 'A', long, conflicts_with = "job")]
+        all_namespaces: bool,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value = "table")]
+        output: get::Output,
+    },
+    /// Print the logs of a job's pods (by default MemoryX's, the coordinator's).
+    Logs {
+        /// The job.
+        job: String,
+        #[command(flatten)]
+        ns: Namespace,
+        /// The role whose pods to read: memoryx, swarmx, engine (or any role the appliance has).
+        #[arg(long, default_value = "memoryx")]
+        role: String,
+        /// Only the pod(s) of this index (engine N; the SwarmX nodes numbered N at each level).
+        #[arg(long)]
+        index: Option<u32>,
+        /// Keep printing new lines until the pods end or --timeout passes (waits for the pods to start).
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Only the last N lines of each pod.
+        #[arg(long)]
+        tail: Option<i64>,
+        /// Seconds -f follows (and waits for pods) at most.
+        #[arg(long, default_value = DEFAULT_TIMEOUT)]
+        timeout: u64,
+    },
+    /// Delete a job: the operator removes its pods, volumes and Secret; waits until it is gone.
+    Cancel {
+        /// The job.
+        job: String,
+        #[command(flatten)]
+        ns: Namespace,
+        /// Return once deletion is requested, without waiting for the job to be gone.
+        #[arg(long)]
+        no_wait: bool,
+        /// Seconds to wait for the job to be gone.
+        #[arg(long, default_value = "300")]
+        timeout: u64,
+    },
+    /// Suspend a job: it checkpoints and gives its CS-2s back; waits until the status says Suspended.
+    Suspend {
+        /// The job.
+        job: String,
+        #[command(flatten)]
+        ns: Namespace,
+        /// Return once the request is written.
+        #[arg(long)]
+        no_wait: bool,
+        /// Seconds to wait for the job to be Suspended.
+        #[arg(long, default_value = "600")]
+        timeout: u64,
+    },
+    /// Resume a suspended job from its checkpoint; waits until it is no longer Suspended.
+    Resume {
+        /// The job.
+        job: String,
+        #[command(flatten)]
+        ns: Namespace,
+        /// Return once the request is written.
+        #[arg(long)]
+        no_wait: bool,
+        /// Seconds to wait for the job to leave Suspended.
+        #[arg(long, default_value = "300")]
+        timeout: u64,
+    },
+    /// List or fetch a running job's checkpoints from its MemoryX: a cluster job's through the API server (a
+    /// port-forward with the job's identity), or any MemoryX's by --url and --identity.
+    Checkpoint {
+        #[command(subcommand)]
+        what: checkpoints::Command,
+    },
+}
+
+/// Runs a cluster command on a runtime of its own (the rest of wsctl is synchronous).
+pub fn run(command: Command) -> anyhow::Result<()> {
+    if let Command::Checkpoint { what } = &command
+        && let Some(done) = checkpoints::direct(what)
+    {
+        return done;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?;
+    rt.block_on(dispatch(command)).map_err(anyhow::Error::from)
+}
+
+async fn dispatch(command: Command) -> Result<(), Error> {
+    let secs = Duration::from_secs;
+    match command {
+        Command::Submit { job, ns, watch, timeout } => submit::submit(&job, ns, watch, secs(timeout)).await,
+        Command::Get { job, ns, all_namespaces, output } => get::get(job.as_deref(), ns, all_namespaces, output).await,
+        Command::Logs { job, ns, role, index, follow, tail, timeout } => {
+            let options = logs::Options { role, index, follow, tail, timeout: secs(timeout) };
+            logs::logs(&Cluster::connect(ns).await?, &job, options).await
+        }
+        Command::Cancel { job, ns, no_wait, timeout } => {
+            control::cancel(&Cluster::connect(ns).await?, &job, (!no_wait).then(|| secs(timeout))).await
+        }
+        Command::Suspend { job, ns, no_wait, timeout } => {
+            control::suspend(&Cluster::connect(ns).await?, &job, true, (!no_wait).then(|| secs(timeout))).await
+        }
+        Command::Resume { job, ns, no_wait, timeout } => {
+            control::suspend(&Cluster::connect(ns).await?, &job, false, (!no_wait).then(|| secs(timeout))).await
+        }
+        Command::Checkpoint { what } => checkpoints::run(what).await,
+    }
+}
+
+/// What every cluster command needs: a client from the user's kubeconfig and the namespace it acts in.
+pub struct Cluster {
+    /// The API client.
+    pub client: Client,
+    /// The namespace commands act in.
+    pub namespace: String,
+}
+
+impl Cluster {
+    /// Connects with the user's kubeconfig (`KUBECONFIG`, `~/.kube/config`, or the pod's service account),
+    /// acting in `ns` (else the context's namespace).
+    pub async fn connect(ns: Namespace) -> Result<Cluster, Error> {
+        let config = kube::Config::infer().await.map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        let namespace = ns.namespace.unwrap_or_else(|| config.default_namespace.clone());
+        let client = Client::try_from(config).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        Ok(Cluster { client, namespace })
+    }
+
+    /// The TrainingJobs of the namespace.
+    pub fn jobs(&self) -> Api<TrainingJob> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Job `name`, or an error saying it (or the API) does not exist.
+    pub async fn job(&self, name: &str) -> Result<TrainingJob, Error> {
+        let action = format!("read TrainingJob {}/{name}", self.namespace);
+        self.jobs().get(name).await.map_err(Error::api(action, &self.namespace, name))
+    }
+}
