@@ -94,6 +94,10 @@ pub struct Progress {
     /// Held-out accuracy of the last evaluation, when the job has run one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_accuracy: Option<f64>,
+    /// Held-out loss of the last evaluation (nats per token for a language model): what an exported model is
+    /// checked against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
     /// The newest complete checkpoint: where a restart, a resume or a rescale continues from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint: Option<CheckpointRef>,
@@ -128,6 +132,7 @@ impl Progress {
         take(&mut self.samples_per_second, &newer.samples_per_second);
         take(&mut self.simulated_step_seconds, &newer.simulated_step_seconds);
         take(&mut self.eval_accuracy, &newer.eval_accuracy);
+        take(&mut self.eval_loss, &newer.eval_loss);
         take(&mut self.last_checkpoint, &newer.last_checkpoint);
     }
 }

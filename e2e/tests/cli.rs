@@ -365,3 +365,170 @@ async fn checkpoint_pull_fetches_a_running_jobs_checkpoint_through_the_api_serve
     let _ = std::fs::remove_dir_all(&dir);
     done(&client, &ns).await;
 }
+
+#[path = "../../wsctl/tests/common/gpt2.rs"]
+mod gpt2;
+
+/// Pods of `ns` with `role` that exist now.
+async fn role_pods(client: &Client, ns: &str, job: &str, role: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let sel = format!("weightstream.dev/job={job},weightstream.dev/role={role}");
+    pods.list(&ListParams::default().labels(&sel)).await.map(|l| l.items).unwrap_or_default()
+}
+
+/// The user's path from their data to a Hugging Face model, on the cluster: the corpus and its BPE tokenizer go
+/// onto a PersistentVolumeClaim (never into the image: the tokenizer is nowhere else), a GPT trains on it
+/// through two input workers per CS-2 (the only pods mounting the claim, read-only), `wsctl checkpoint pull`
+/// fetches the finished job's checkpoint, `wsctl export` converts it, and GPT-2's forward pass written out in
+/// the test gives the held-out loss the job reported within 1%. A job naming a claim that does not exist waits
+/// with `DataVolumeNotFound`, and one whose path leaves the volume is refused by the API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
+    let _serial = SERIAL.lock().await;
+    let (kc, client, ns) = setup("cli-data").await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let dir = scratch(&ns);
+    ok(std::fs::create_dir_all(&dir), "test folder");
+
+    // The claim, bound by a pod that mounts it (the class binds on first use), and filled where the volume lives
+    // on this node, as `kubectl cp` into such a pod would.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let claim: PersistentVolumeClaim = ok(
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "corpus" },
+            "spec": { "accessModes": ["ReadWriteOnce"], "resources": { "requests": { "storage": "1Gi" } } },
+        })),
+        "claim",
+    );
+    ok(claims.create(&Default::default(), &claim).await, "create the claim");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let loader: Pod = ok(
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "loader" },
+            "spec": {
+                "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 0,
+                "securityContext": { "runAsNonRoot": true, "runAsUser": 65535, "seccompProfile": { "type": "RuntimeDefault" } },
+                "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": "corpus" } }],
+                "containers": [{
+                    "name": "pause", "image": "weightstream/pause:3.10", "imagePullPolicy": "Never",
+                    "volumeMounts": [{ "name": "data", "mountPath": "/data" }],
+                    "securityContext": { "allowPrivilegeEscalation": false, "capabilities": { "drop": ["ALL"] }, "readOnlyRootFilesystem": true },
+                }],
+            },
+        })),
+        "loader pod",
+    );
+    ok(pods.create(&Default::default(), &loader).await, "create the loader pod");
+    let volume = ok(
+        wait_for(Duration::from_secs(120), "the claim to bind", || async {
+            claims.get("corpus").await.ok()?.spec?.volume_name.filter(|v| !v.is_empty())
+        })
+        .await,
+        "bound claim",
+    );
+    let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
+    let pv = ok(pvs.get(&volume).await, "the bound volume");
+    let root = PathBuf::from(pv.spec.and_then(|s| s.local).map(|l| l.path).expect("a local volume"));
+    let corpus = root.join("moby-dick");
+    ok(std::fs::create_dir_all(&corpus), "folder in the volume");
+    let examples = cluster::repo_root().join("examples/data/moby-dick");
+    for f in ["moby-dick.txt.gz", "tokenizer.json"] {
+        ok(std::fs::copy(examples.join(f), corpus.join(f)), "copy into the volume");
+    }
+    ok(pods.delete("loader", &DeleteParams::default()).await, "delete the loader pod");
+
+    // A small GPT over the BPE corpus on the claim, two input workers per CS-2.
+    let mut j: TrainingJob = ok(cluster::example("gpt-bpe-pvc.yaml"), "example");
+    j.metadata.name = Some("bpe".into());
+    j.spec.cs2 = 2;
+    j.spec.data.volume = Some("corpus".into());
+    j.spec.data.workers = 2;
+    (j.spec.model.context_length, j.spec.model.width, j.spec.model.blocks) = (Some(32), Some(64), Some(2));
+    j.spec.training.steps = Some(60);
+    j.spec.training.schedule.warmup_steps = 6;
+    (j.spec.checkpoint.interval_steps, j.spec.checkpoint.keep) = (30, 2);
+    let path = dir.join("bpe.yaml");
+    ok(std::fs::write(&path, ok(serde_yaml::to_string(&j), "yaml")), "manifest");
+    let submit = tokio::spawn({
+        let (kc, path, ns) = (kc.clone(), path.display().to_string(), ns.clone());
+        async move { run_as(&wsctl(), &kc, &["submit", &path, "-n", &ns, "--watch", "--timeout", "900"]).await }
+    });
+    // While it trains: four input workers, each mounting the claim read-only; no other pod mounts it.
+    let inputs = ok(
+        wait_for(Duration::from_secs(300), "four input workers", || async {
+            let p = role_pods(&client, &ns, "bpe", "input").await;
+            (p.len() == 4).then_some(p)
+        })
+        .await,
+        "input workers",
+    );
+    for p in &inputs {
+        let spec = p.spec.clone().unwrap_or_default();
+        let source = spec.volumes.iter().flatten().find_map(|v| v.persistent_volume_claim.clone()).expect("the claim");
+        assert_eq!((source.claim_name.as_str(), source.read_only), ("corpus", Some(true)), "{}", p.name_any());
+    }
+    for role in ["engine", "swarmx", "memoryx"] {
+        for p in role_pods(&client, &ns, "bpe", role).await {
+            let mounts = p.spec.unwrap_or_default().volumes.unwrap_or_default();
+            assert!(mounts.iter().all(|v| v.persistent_volume_claim.as_ref().is_none_or(|c| c.claim_name != "corpus")), "a {role} pod mounts the data");
+        }
+    }
+    let out = ok(submit.await, "submit task");
+    assert!(out.status.success(), "submit --watch: {}", String::from_utf8_lossy(&out.stderr));
+    let status = ok(jobs.get("bpe").await, "job").status.unwrap_or_default();
+    let reported = status.progress.eval_loss.expect("the job reports its held-out loss");
+
+    // The model back: the finished job's checkpoint through the API server, converted for transformers.
+    let pulled = dir.join("pulled");
+    let printed = wsctl_ok(&kc, &["checkpoint", "pull", "bpe", "-n", &ns, "-o", &pulled.display().to_string()]).await;
+    let ckpt = PathBuf::from(printed.trim());
+    let hf = dir.join("hf");
+    let out = wsctl_run(&kc, &["export", &ckpt.display().to_string(), "--format", "huggingface", "-o", &hf.display().to_string()]).await;
+    assert!(out.status.success(), "export: {}", String::from_utf8_lossy(&out.stderr));
+    let model = gpt2::Gpt2::load(&hf);
+    assert_eq!((model.vocab, model.positions, model.embd), (1024, 32, 64));
+
+    // The held-out windows the job evaluated, read from the same files by the runtime's own loader.
+    let local = cluster::repo_root().join("examples/data");
+    let (_, test) = ok(runtime::data::load(&j.spec, Some(&local)), "the corpus, locally");
+    let (mut sum, mut tokens) = (0.0, 0usize);
+    for w in test.eval_samples() {
+        let shard = test.shard(&[w]);
+        let input: Vec<usize> = shard.inputs.data.iter().map(|&t| t as usize).collect();
+        let labels: Vec<usize> = shard.labels.iter().map(|&l| l as usize).collect();
+        sum += model.loss(&input, &labels);
+        tokens += labels.len();
+    }
+    let ours = sum / tokens.max(1) as f64;
+    eprintln!("exported GPT-2 held-out loss {ours:.5} nats/token; the job reported {reported:.5}");
+    assert!((ours - reported).abs() <= 0.01 * reported, "GPT-2's forward gives {ours}, the job reported {reported}");
+    assert!(reported < (1024f64).ln(), "the job learned something: {reported}");
+
+    // A claim that does not exist: the job waits, saying so, and holds no CS-2.
+    let mut missing = j.clone();
+    missing.metadata.name = Some("nodata".into());
+    missing.spec.data.volume = Some("no-such-claim".into());
+    ok(jobs.create(&Default::default(), &missing).await, "create the job on a missing claim");
+    let why = ok(
+        wait_for(Duration::from_secs(60), "DataVolumeNotFound", || async {
+            let s = jobs.get("nodata").await.ok()?.status?;
+            let c = s.conditions.iter().find(|c| c.type_ == "Admitted" && c.reason == "DataVolumeNotFound")?;
+            (s.allocated_cs2.is_none()).then(|| c.message.clone())
+        })
+        .await,
+        "missing claim",
+    );
+    assert!(why.contains("no-such-claim") && why.contains("create it"), "{why}");
+    // A path leaving the volume never reaches the operator.
+    let mut escaping = j.clone();
+    escaping.metadata.name = Some("escape".into());
+    escaping.spec.data.path = "../etc/passwd".into();
+    let err = jobs.create(&Default::default(), &escaping).await.expect_err("a path out of the volume was accepted");
+    assert!(err.to_string().contains("stay inside it"), "{err}");
+
+    wsctl_ok(&kc, &["cancel", "bpe", "-n", &ns]).await;
+    wsctl_ok(&kc, &["cancel", "nodata", "-n", &ns]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    done(&client, &ns).await;
+}

@@ -10,7 +10,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crds::contract::MemoryxStatus;
+use crds::contract::{MemoryxStatus, Role};
 use crds::{Phase, TrainingJob, TrainingJobStatus};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -568,7 +568,7 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
                 return Err(e);
             }
         }
-        Children::Release => release(&ctx, &job, &reading.existing).await?,
+        Children::Release => release(&ctx, &job, decision.status.phase, &reading.existing).await?,
     }
     if decision.request_checkpoint {
         // A refused request is not fatal: the next pass sees no new checkpoint and asks again.
@@ -696,14 +696,15 @@ async fn ensure_identity(client: &Client, job: &TrainingJob, ns: &str) -> Result
     }
 }
 
-/// Gives the job's CS-2s back: engines and SwarmX nodes go, MemoryX scales to zero and its checkpoint volume
-/// stays for a resume.
-async fn release(ctx: &Context, job: &TrainingJob, existing: &[Pod]) -> Result<(), Error> {
+/// Gives the job's CS-2s back: engines, SwarmX nodes and input workers go, and MemoryX scales to zero with its
+/// checkpoint volume kept for a resume — except for a job that succeeded (`phase`), whose MemoryX keeps serving
+/// its checkpoints (`wsctl checkpoint pull`) on no CS-2 until the job is deleted.
+async fn release(ctx: &Context, job: &TrainingJob, phase: Option<Phase>, existing: &[Pod]) -> Result<(), Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
     let memoryx = children::names::memoryx(&job.name_any());
     if let Some(sts) = sets.get_opt(&memoryx).await? {
-        if sts.spec.as_ref().and_then(|s| s.replicas) != Some(0) {
+        if phase != Some(Phase::Succeeded) && sts.spec.as_ref().and_then(|s| s.replicas) != Some(0) {
             let scale = serde_json::json!({ "spec": { "replicas": 0 } });
             sets.patch(&memoryx, &PatchParams::default(), &Patch::Merge(&scale)).await?;
         }
@@ -711,7 +712,8 @@ async fn release(ctx: &Context, job: &TrainingJob, existing: &[Pod]) -> Result<(
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     for p in existing {
         let role = p.labels().get(ROLE_LABEL).map(String::as_str);
-        if matches!(role, Some("engine" | "swarmx")) && p.metadata.deletion_timestamp.is_none() {
+        let holds_cs2_or_data = role.and_then(Role::from_name).is_some_and(|r| r != Role::Memoryx);
+        if holds_cs2_or_data && p.metadata.deletion_timestamp.is_none() {
             delete_ignoring_absent(&pods_api, &p.name_any()).await?;
         }
     }

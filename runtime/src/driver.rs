@@ -130,6 +130,7 @@ impl Driver {
             Ok(summary) => {
                 s.phase = MemoryxPhase::Succeeded;
                 s.progress.eval_accuracy = Some(summary.eval.accuracy);
+                s.progress.eval_loss = Some(summary.eval.loss);
             }
             Err(e) => {
                 s.phase = MemoryxPhase::Failed;
