@@ -48,6 +48,13 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
         plan.cs2
     );
     println!(
+        "  input       {} worker(s), {} per CS-2: read, tokenize and shard {} for the engines{}",
+        plan.cs2 * job.spec.data.workers.max(1),
+        job.spec.data.workers.max(1),
+        job.spec.data.path,
+        job.spec.data.volume.as_ref().map(|v| format!(" (inside volume {v}, read-only)")).unwrap_or_default()
+    );
+    println!(
         "  engines     {} x {} samples/step; {} resident activations, peak {} of {} SRAM",
         plan.cs2,
         plan.shard,
