@@ -520,6 +520,24 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
         "missing claim",
     );
     assert!(why.contains("no-such-claim") && why.contains("create it"), "{why}");
+    // Bad data on the claim: a corrupt tokenizer fails the job with the input worker's words in its status.
+    ok(std::fs::write(corpus.join("broken-tokenizer.json"), b"{\"model\": not json"), "corrupt tokenizer");
+    let mut corrupt = j.clone();
+    corrupt.metadata.name = Some("badtok".into());
+    corrupt.spec.data.tokenizer = Some("moby-dick/broken-tokenizer.json".into());
+    ok(jobs.create(&Default::default(), &corrupt).await, "create the job with a corrupt tokenizer");
+    let failed = ok(
+        wait_for(Duration::from_secs(300), "the corrupt tokenizer's job to fail", || async {
+            let s = jobs.get("badtok").await.ok()?.status?;
+            (s.phase == Some(Phase::Failed)).then_some(s)
+        })
+        .await,
+        "failed job",
+    );
+    let said = failed.conditions.iter().any(|c| c.message.contains("broken-tokenizer.json") && c.message.contains("tokenizer"));
+    assert!(said, "the status names the bad file: {failed:#?}");
+    wsctl_ok(&kc, &["cancel", "badtok", "-n", &ns]).await;
+
     // A path leaving the volume never reaches the operator.
     let mut escaping = j.clone();
     escaping.metadata.name = Some("escape".into());

@@ -117,15 +117,29 @@ pub async fn logs(cluster: &Cluster, job_name: &str, o: Options) -> Result<(), E
         streams.push(reader.lines().map(move |l| (tag.clone(), l)).boxed());
     }
     let mut all = futures::stream::select_all(streams);
+    // A finished job's MemoryX stays (it serves the checkpoints), so following ends with the job, not the pod:
+    // once the job is over, what is still in flight is printed and the command returns.
+    let mut check = tokio::time::interval(Duration::from_secs(2));
+    let mut over_at: Option<tokio::time::Instant> = None;
     loop {
-        match tokio::time::timeout_at(deadline, all.next()).await {
-            Err(_) => {
-                return Err(Error::Timeout { after: o.timeout, what: format!("the {which}s of {job_name} to end"), last: None });
-            }
-            Ok(None) => return Ok(()),
-            Ok(Some((name, Ok(line)))) => print_lines(prefixed.then_some(name.as_str()), std::iter::once(line.as_str())),
-            Ok(Some((name, Err(e)))) => {
-                return Err(Error::Io { what: format!("reading the log of pod {name}"), source: e });
+        let until = over_at.map_or(deadline, |t| t.min(deadline));
+        tokio::select! {
+            next = tokio::time::timeout_at(until, all.next()) => match next {
+                Err(_) if over_at.is_some() => return Ok(()),
+                Err(_) => {
+                    return Err(Error::Timeout { after: o.timeout, what: format!("the {which}s of {job_name} to end"), last: None });
+                }
+                Ok(None) => return Ok(()),
+                Ok(Some((name, Ok(line)))) => print_lines(prefixed.then_some(name.as_str()), std::iter::once(line.as_str())),
+                Ok(Some((name, Err(e)))) => {
+                    return Err(Error::Io { what: format!("reading the log of pod {name}"), source: e });
+                }
+            },
+            _ = check.tick(), if over_at.is_none() => {
+                let over = cluster.job(job_name).await.is_ok_and(|j| matches!(progress::phase(&j).as_str(), "Succeeded" | "Failed"));
+                if over {
+                    over_at = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+                }
             }
         }
     }
