@@ -53,7 +53,8 @@ async fn the_operator_carries_on_after_the_api_server_restarts() {
     phase_is(&jobs, "r", Phase::Starting).await;
     ok(
         wait_for(WAIT, "pods", || async {
-            (pods.list(&ListParams::default().labels("weightstream.dev/job=r")).await.ok()?.items.len() == 3).then_some(())
+            // The SwarmX root, two engines and their two input workers.
+            (pods.list(&ListParams::default().labels("weightstream.dev/job=r")).await.ok()?.items.len() == 5).then_some(())
         })
         .await,
         "pods",

@@ -85,15 +85,15 @@ async fn pods_of(pods: &Api<Pod>, job: &str, role: &str) -> Vec<Pod> {
     v
 }
 
-/// Plays the kubelet for every engine and SwarmX pod of `job`: waits until `count` engines exist, then marks
-/// all of them and the SwarmX pods Running and Ready.
+/// Plays the kubelet for every engine, SwarmX and input pod of `job`: waits until `count` engines exist, then
+/// marks all of them, the SwarmX pods and the input workers Running and Ready.
 async fn start_pods(pods: &Api<Pod>, job: &str, engines: usize) {
     let what = format!("{engines} engine pods of {job}");
     ok(
         wait_for(WAIT, &what, || async { (pods_of(pods, job, "engine").await.len() == engines).then_some(()) }).await,
         "engines",
     );
-    for role in ["engine", "swarmx"] {
+    for role in ["engine", "swarmx", "input"] {
         for p in pods_of(pods, job, role).await {
             ok(set_pod_phase(pods, &p.name_any(), "Running").await, "mark pod running");
         }
@@ -195,17 +195,17 @@ async fn a_job_is_assembled_runs_survives_a_failed_engine_completes_and_is_clean
     let svcs: Vec<Service> = {
         let api: Api<Service> = Api::namespaced(client.clone(), &ns);
         let mut v = Vec::new();
-        for n in ["fc-memoryx", "fc-swarmx", "fc-engine"] {
+        for n in ["fc-memoryx", "fc-swarmx", "fc-engine", "fc-input"] {
             v.push(ok(api.get(n).await, n));
         }
         v
     };
     let mut metas = vec![cm.metadata.clone(), sts.metadata.clone()];
     metas.extend(svcs.iter().map(|s| s.metadata.clone()));
-    for role in ["engine", "swarmx"] {
+    for role in ["engine", "swarmx", "input"] {
         metas.extend(pods_of(&pods, "fc", role).await.into_iter().map(|p| p.metadata));
     }
-    assert_eq!(metas.len(), 2 + 3 + 4 + 3);
+    assert_eq!(metas.len(), 2 + 4 + 4 + 3 + 4, "ConfigMap, StatefulSet, Services, engines, SwarmX, input workers");
     for m in &metas {
         let owners = m.owner_references.clone().unwrap_or_default();
         assert_eq!(owners.len(), 1, "{:?}", m.name);
