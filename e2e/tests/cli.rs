@@ -484,8 +484,12 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
     let printed = wsctl_ok(&kc, &["checkpoint", "pull", "bpe", "-n", &ns, "-o", &pulled.display().to_string()]).await;
     let ckpt = PathBuf::from(printed.trim());
     let hf = dir.join("hf");
-    let out = wsctl_run(&kc, &["export", &ckpt.display().to_string(), "--format", "huggingface", "-o", &hf.display().to_string()]).await;
+    let tokenizer = examples.join("tokenizer.json");
+    let args = ["export", &ckpt.display().to_string(), "--format", "huggingface", "-o", &hf.display().to_string(), "--tokenizer", &tokenizer.display().to_string()];
+    let out = wsctl_run(&kc, &args).await;
     assert!(out.status.success(), "export: {}", String::from_utf8_lossy(&out.stderr));
+    // The tokenizer travels with the model, for `AutoTokenizer.from_pretrained`.
+    assert_eq!(ok(std::fs::read(hf.join("tokenizer.json")), "exported tokenizer"), ok(std::fs::read(&tokenizer), "tokenizer"));
     let model = gpt2::Gpt2::load(&hf);
     assert_eq!((model.vocab, model.positions, model.embd), (1024, 32, 64));
 

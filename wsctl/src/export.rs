@@ -253,8 +253,18 @@ fn check_model(m: &ModelSpec) -> std::result::Result<(), String> {
 
 /// Exports the checkpoint at `path` in `format` into the folder `out` (created; an existing one gets the files
 /// added), taking the model from `job` when the checkpoint does not record it. Returns the files written.
-pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>) -> Result<Vec<PathBuf>> {
+pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>, tokenizer: Option<&Path>) -> Result<Vec<PathBuf>> {
     let (model, seed) = model_of(path, job)?;
+    // The tokenizer travels with the model, so `AutoTokenizer.from_pretrained` finds it beside the weights; it is
+    // read as the input workers read it, and must fit the model's vocabulary.
+    let tokenizer = match tokenizer {
+        Some(t) if model.kind != ModelKind::Gpt => bail!("--tokenizer {}: only a GPT reads tokens; leave it out for an MLP", t.display()),
+        Some(t) => {
+            runtime::data::tokenizer::TextTokenizer::load(t, model.vocab_size as usize)?;
+            Some(std::fs::read(t).with_context(|| format!("cannot read {}", t.display()))?)
+        }
+        None => None,
+    };
     if format == Format::Huggingface && model.kind != ModelKind::Gpt {
         bail!(
             "{} holds an MLP (layers {:?}), not a GPT: --format huggingface writes GPT-2 language models only; \
@@ -277,12 +287,25 @@ pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>) -> Re
         "checkpoint": path.file_name().map(|n| n.to_string_lossy().to_string()),
         "job": info.job,
         "step": info.step,
-        "tokenizer": if model.kind == ModelKind::Gpt { Some("bytes: token id = byte value") } else { None },
+        "tokenizer": match (model.kind, &tokenizer) {
+            (ModelKind::Mlp, _) => None,
+            (_, Some(_)) => Some("tokenizer.json (the job's spec.data.tokenizer)"),
+            _ if model.vocab_size == 256 => Some("bytes: token id = byte value"),
+            _ => Some("not included: export with --tokenizer (the job's spec.data.tokenizer)"),
+        },
     });
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
     let weights = tensors_out.serialize(meta)?;
     let config = serde_json::to_vec_pretty(&config)?;
-    write_all(out, &[("config.json", &config), ("model.safetensors", &weights)])
+    let mut files: Vec<(&str, &[u8])> = vec![("config.json", &config), ("model.safetensors", &weights)];
+    let tokenizer_config = serde_json::to_vec_pretty(&serde_json::json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": model.context_length,
+    }))?;
+    if let Some(t) = &tokenizer {
+        files.extend([("tokenizer.json", t.as_slice()), ("tokenizer_config.json", tokenizer_config.as_slice())]);
+    }
+    write_all(out, &files)
 }
 
 /// Writes `files` into `out` all or nothing: into a fresh temporary folder beside `out`, then moved into place
@@ -316,8 +339,8 @@ fn write_all(out: &Path, files: &[(&str, &[u8])]) -> Result<Vec<PathBuf>> {
 }
 
 /// `wsctl export`: prints the files written.
-pub fn command(path: &Path, format: Format, out: &Path, job: Option<&Path>) -> Result<()> {
-    for file in export(path, format, out, job)? {
+pub fn command(path: &Path, format: Format, out: &Path, job: Option<&Path>, tokenizer: Option<&Path>) -> Result<()> {
+    for file in export(path, format, out, job, tokenizer)? {
         println!("{}", file.display());
     }
     Ok(())

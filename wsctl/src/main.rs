@@ -108,6 +108,9 @@ enum Command {
         /// The job's manifest, for a checkpoint written before checkpoints recorded their model.
         #[arg(long)]
         job: Option<PathBuf>,
+        /// The job's tokenizer.json (spec.data.tokenizer), written beside the model so `transformers` loads both.
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
     },
     /// The cluster commands, and `checkpoint` (of a cluster job, or of any MemoryX by URL).
     #[command(flatten)]
@@ -145,7 +148,9 @@ fn main() -> ExitCode {
         Command::Plan { job, cs2, json } => run::plan(&job, cs2, json),
         Command::Simulate { json, out, preset } => simulate::simulate(preset.into(), json, out),
         Command::Bench { what } => bench::bench(what),
-        Command::Export { checkpoint, format, out, job } => export::command(&checkpoint, format, &out, job.as_deref()),
+        Command::Export { checkpoint, format, out, job, tokenizer } => {
+            export::command(&checkpoint, format, &out, job.as_deref(), tokenizer.as_deref())
+        }
         Command::Cluster(c) => cluster::run(c),
     };
     match result {

@@ -10,7 +10,6 @@ mod gpt2;
 use gpt2::Gpt2;
 use common::wsctl;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 fn scratch(name: &str) -> PathBuf {
@@ -86,6 +85,13 @@ fn exported_loss_matches(name: &str, manifest: &str, tied: bool) {
     let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", hf.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let model = Gpt2::load(&hf);
+    // A byte model cannot take a 1024-token tokenizer: one error, and nothing written.
+    let bpe = common::repo().join("examples/data/moby-dick/tokenizer.json");
+    let hf2 = job.parent().unwrap().join("hf-bpe");
+    let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", hf2.to_str().unwrap(), "--tokenizer", bpe.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.contains("vocabulary of 1024"), "{stderr}");
+    assert!(!hf2.exists(), "nothing written");
     assert_eq!((model.embd, model.heads, model.layers, model.positions, model.vocab, model.tied), (48, 4, 2, 32, 256, tied));
     assert_eq!(model.tensors.contains_key("lm_head.weight"), !tied, "a tied head is the token embedding");
 
