@@ -129,7 +129,8 @@ fn namespaced_grants() -> BTreeSet<(String, String, String)> {
         ("", "services", &["list", "create", "patch", "delete"]),
         ("", "configmaps", &["list", "create", "patch", "delete"]),
         ("", "secrets", &["get", "list", "create", "delete"]),
-        ("", "persistentvolumeclaims", &["list", "delete"]),
+        // MemoryX's checkpoint claims are removed with the job; a job's data claim is read to say when it is missing.
+        ("", "persistentvolumeclaims", &["get", "list", "delete"]),
         ("events.k8s.io", "events", &["create", "patch"]),
         ("networking.k8s.io", "networkpolicies", &["list", "create", "patch", "delete"]),
         ("", "events", &["list"]),
