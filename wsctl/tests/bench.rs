@@ -34,6 +34,18 @@ fn machine_quick_reports_positive_finite_ceilings_per_thread_count() {
             assert!(x["best"].as_f64() >= x["median"].as_f64(), "best is at least the median: {x}");
         }
     }
+    // The disk: write to fsync and read back from the disk, in the folder asked for, leaving nothing there.
+    let dir = std::env::temp_dir().join(format!("ws-bench-disk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = json(&["bench", "machine", "--json", "--quick", "--threads", "1", "--disk-dir", dir.to_str().unwrap()]);
+    assert_eq!((d["disk_dir"].as_str(), d["disk_bytes"].as_u64()), (dir.to_str(), Some(16 << 20)), "{d}");
+    for key in ["disk_write_bytes_per_s", "disk_read_bytes_per_s"] {
+        assert!(positive(&d[key]["best"]) && d[key]["best"].as_f64() < Some(1e12), "{key}: {d}");
+    }
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the measurement file is removed");
+    let o = wsctl(&["bench", "machine", "--disk-bytes", "0"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--disk-bytes"), "{o:?}");
+    std::fs::remove_dir_all(&dir).ok();
     // A GEMM or a triad faster than 100 TFLOP/s or 10 TB/s on this machine would be a broken timer.
     assert!(r["gemm_flops_per_s"][0]["best"].as_f64().is_some_and(|x| x < 1e14), "{r}");
     assert!(r["triad_bytes_per_s"][0]["best"].as_f64().is_some_and(|x| x < 1e13), "{r}");

@@ -1,7 +1,8 @@
-//! `wsctl bench machine`: the two ceilings every kernel on this machine lives under. Peak dense GEMM FLOP/s of
-//! the `gemm` crate, called through the runtime's own `kernels::dense::matmul` so it is exactly the dense path
-//! the engines use, and memory bandwidth from a STREAM-like triad. The harness divides each kernel's speed by
-//! the ceiling that bounds it, so "fast" reads as "this share of what the hardware can do".
+//! `wsctl bench machine`: the ceilings everything on this machine lives under. Peak dense GEMM FLOP/s of the
+//! `gemm` crate, called through the runtime's own `kernels::dense::matmul` so it is exactly the dense path the
+//! engines use; memory bandwidth from a STREAM-like triad; and the disk's sequential write and read bandwidth,
+//! the limit a MemoryX whose state lives on disk streams under. The harness divides each speed by the ceiling
+//! that bounds it, so "fast" reads as "this share of what the hardware can do".
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -26,7 +27,14 @@ pub struct MachineArgs {
     /// Timed repetitions; the best is the ceiling, the median is reported beside it.
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
-    /// Tiny sizes (a 256 GEMM, 1 Mi-element triad, 2 repeats): a smoke test in well under a second.
+    /// Where the disk bandwidth is measured: a file is written there, read back and removed (default: the
+    /// temporary folder; point it at the volume MemoryX would use).
+    #[arg(long)]
+    pub disk_dir: Option<std::path::PathBuf>,
+    /// Bytes of the file the disk bandwidth is measured with: larger than the disk's cache gives its real rate.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub disk_bytes: u64,
+    /// Tiny sizes (a 256 GEMM, 1 Mi-element triad, a 16 MiB file, 2 repeats): a smoke test in about a second.
     #[arg(long)]
     pub quick: bool,
     /// Print one JSON object instead of a table.
@@ -52,6 +60,93 @@ struct Report {
     gemm_flops_per_s: Vec<Rate>,
     /// Bytes/s of `a = b + s * c` over f64 arrays, counted as STREAM does: 24 bytes per element.
     triad_bytes_per_s: Vec<Rate>,
+    /// The disk measured: the folder and the file's size.
+    disk_dir: String,
+    disk_bytes: u64,
+    /// Sequential write, 4 MiB blocks, up to the file's `fsync`.
+    disk_write_bytes_per_s: Rate,
+    /// Sequential read of the same file after its pages were dropped from the page cache.
+    disk_read_bytes_per_s: Rate,
+}
+
+/// The block the disk is written and read in: large enough that the rate is the disk's, not the calls'.
+const DISK_BLOCK: usize = 4 << 20;
+
+/// Removes the measurement file however the measurement ends.
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Asks the kernel to drop `file`'s cached pages (they are clean after `fsync`), so the next read comes from
+/// the disk. Without it a read right after the write measures memory.
+fn drop_cache(file: &std::fs::File) {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: the descriptor is open for the duration of the call; the advice changes no memory of ours.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+}
+
+/// Bytes free in the filesystem of `dir`, so the measurement never fills a disk.
+fn free_bytes(dir: &std::path::Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).context("the disk folder's name holds a NUL")?;
+    // SAFETY: `path` is a NUL-terminated string and `stat` a zeroed struct the call fills.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        bail!("cannot read the free space of {}: {}", dir.display(), std::io::Error::last_os_error());
+    }
+    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
+/// Sequential write (to `fsync`) and read (from the disk, not the cache) bandwidth of `bytes` in `dir`.
+fn disk_rates(dir: &std::path::Path, bytes: u64, repeats: usize) -> Result<(Rate, Rate)> {
+    use std::io::{Read, Write};
+    let free = free_bytes(dir)?;
+    if bytes > free / 2 {
+        bail!(
+            "--disk-bytes {bytes} is more than half of the {free} bytes free in {}: lower it or point --disk-dir elsewhere",
+            dir.display()
+        );
+    }
+    let file = Scratch(dir.join(format!(".wsctl-bench-disk-{}", std::process::id())));
+    let block: Vec<u8> = (0..DISK_BLOCK).map(|i| (i % 251) as u8).collect();
+    let mut buf = vec![0u8; DISK_BLOCK];
+    let (mut writes, mut reads) = (Vec::with_capacity(repeats), Vec::with_capacity(repeats));
+    for _ in 0..repeats {
+        let start = Instant::now();
+        let mut f = std::fs::File::create(&file.0).with_context(|| format!("cannot create {}", file.0.display()))?;
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(DISK_BLOCK as u64) as usize;
+            f.write_all(&block[..n]).with_context(|| format!("writing {}", file.0.display()))?;
+            left -= n as u64;
+        }
+        f.sync_all().with_context(|| format!("syncing {}", file.0.display()))?;
+        writes.push(bytes as f64 / start.elapsed().as_secs_f64().max(1e-12));
+        drop_cache(&f);
+        drop(f);
+        let mut f = std::fs::File::open(&file.0).with_context(|| format!("cannot open {}", file.0.display()))?;
+        let start = Instant::now();
+        let mut read = 0u64;
+        loop {
+            let n = f.read(&mut buf).with_context(|| format!("reading {}", file.0.display()))?;
+            if n == 0 {
+                break;
+            }
+            read += n as u64;
+        }
+        black_box(&buf);
+        if read != bytes {
+            bail!("read {read} bytes back from {} but wrote {bytes}", file.0.display());
+        }
+        reads.push(bytes as f64 / start.elapsed().as_secs_f64().max(1e-12));
+    }
+    Ok((best_and_median(1, writes), best_and_median(1, reads)))
 }
 
 /// Best and median of `rates`.
@@ -112,10 +207,13 @@ fn triad_rate(threads: usize, elements: usize, repeats: usize) -> Result<Rate> {
 
 /// Runs `wsctl bench machine` and prints its report.
 pub fn machine(args: MachineArgs) -> Result<()> {
-    let (n, elements, repeats) =
-        if args.quick { (256, 1 << 20, 2) } else { (args.gemm_n, args.triad_elements, args.repeats) };
-    if n == 0 || elements == 0 || repeats == 0 {
-        bail!("--gemm-n, --triad-elements and --repeats must be at least 1");
+    let (n, elements, repeats, disk_bytes) = if args.quick {
+        (256, 1 << 20, 2, 16 << 20)
+    } else {
+        (args.gemm_n, args.triad_elements, args.repeats, args.disk_bytes)
+    };
+    if n == 0 || elements == 0 || repeats == 0 || disk_bytes == 0 {
+        bail!("--gemm-n, --triad-elements, --disk-bytes and --repeats must be at least 1");
     }
     if n > 16_384 || elements > 1 << 28 {
         bail!("--gemm-n is at most 16384 and --triad-elements at most 268435456 (3 x 2 GiB), to stay in memory");
@@ -123,8 +221,19 @@ pub fn machine(args: MachineArgs) -> Result<()> {
     if args.threads.is_empty() || args.threads.iter().any(|&t| t == 0 || t > 1024) {
         bail!("--threads needs thread counts from 1 to 1024");
     }
-    let mut report =
-        Report { gemm_n: n, triad_elements: elements, repeats, gemm_flops_per_s: Vec::new(), triad_bytes_per_s: Vec::new() };
+    let disk_dir = args.disk_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let (disk_write, disk_read) = disk_rates(&disk_dir, disk_bytes, repeats)?;
+    let mut report = Report {
+        gemm_n: n,
+        triad_elements: elements,
+        repeats,
+        gemm_flops_per_s: Vec::new(),
+        triad_bytes_per_s: Vec::new(),
+        disk_dir: disk_dir.display().to_string(),
+        disk_bytes,
+        disk_write_bytes_per_s: disk_write,
+        disk_read_bytes_per_s: disk_read,
+    };
     for &t in &args.threads {
         report.gemm_flops_per_s.push(gemm_rate(t, n, repeats)?);
         report.triad_bytes_per_s.push(triad_rate(t, elements, repeats)?);
@@ -145,5 +254,15 @@ pub fn machine(args: MachineArgs) -> Result<()> {
             t.median / 1e9
         );
     }
+    let (w, r) = (&report.disk_write_bytes_per_s, &report.disk_read_bytes_per_s);
+    println!(
+        "disk {} ({} MiB file): write {:.2} GB/s best, {:.2} median (to fsync); read {:.2} GB/s best, {:.2} median (cache dropped)",
+        report.disk_dir,
+        disk_bytes >> 20,
+        w.best / 1e9,
+        w.median / 1e9,
+        r.best / 1e9,
+        r.median / 1e9
+    );
     Ok(())
 }
