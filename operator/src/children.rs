@@ -31,11 +31,9 @@ use kube::{Resource, ResourceExt};
 
 use crate::Error;
 
-/// Label every child carries with its job's name, so the operator finds (and cleans up) a job's children by
-/// selector even where owner references are not honoured.
-pub const JOB_LABEL: &str = "weightstream.dev/job";
-/// Label naming a child's role (`memoryx`, `swarmx`, `engine`), for selectors and for people.
-pub const ROLE_LABEL: &str = "weightstream.dev/role";
+/// The labels every child carries (its job, its role), from the contract the CLI reads them by too; the
+/// operator finds (and cleans up) a job's children by them even where owner references are not honoured.
+pub use crds::contract::{JOB_LABEL, ROLE_LABEL};
 /// Annotation holding a hash of a pod's desired spec and of the configuration it reads at start: pods are
 /// immutable, so a pod whose hash differs from the desired one (a rescaled tree, a new image, a new CS-2 count
 /// in `job.yaml`) is replaced rather than patched.

@@ -14,6 +14,6 @@ mod tree;
 
 pub use args::{CommonArgs, EngineArgs, InputArgs, MemoryxArgs, RoleArgs, SwarmxArgs};
 pub use handshake::{Handshake, ProgressReport};
-pub use role::{input_workers_of, Role, DATA_MOUNT, HTTP_PORT, METRICS_SCRAPER_LABEL};
+pub use role::{input_workers_of, Role, DATA_MOUNT, HTTP_PORT, JOB_LABEL, METRICS_SCRAPER_LABEL, ROLE_LABEL};
 pub use status::{MemoryxPhase, MemoryxStatus};
 pub use tree::{SwarmxChild, SwarmxNode, SwarmxTree, DEFAULT_FAN_OUT};

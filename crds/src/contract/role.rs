@@ -3,6 +3,12 @@
 /// Every role's HTTP port in a cluster: `/healthz`, `/metrics`, and MemoryX's `/status` and `/checkpoint`.
 pub const HTTP_PORT: u16 = 8080;
 
+/// Label every child of a job carries with the job's name: the operator finds (and cleans up) a job's children
+/// by it, and `wsctl logs`/`checkpoint` find a job's pods by it, so it is spelled once, here.
+pub const JOB_LABEL: &str = "weightstream.dev/job";
+/// Label naming a pod's role ([`Role::as_str`]), for the same selectors and for people.
+pub const ROLE_LABEL: &str = "weightstream.dev/role";
+
 /// Where an input worker's pod mounts the job's data volume (`spec.data.volume`), read-only: the paths of
 /// `spec.data` are taken inside it.
 pub const DATA_MOUNT: &str = "/var/run/weightstream/data";

@@ -30,11 +30,8 @@ use kube::api::Api;
 
 pub use error::Error;
 
-/// The label the operator puts on every child of a job, naming the job (`operator::children::JOB_LABEL`; wsctl
-/// does not link the operator, and the e2e test of `wsctl logs` fails if the two drift apart).
-pub const JOB_LABEL: &str = "weightstream.dev/job";
-/// The label naming a pod's role (`operator::children::ROLE_LABEL`), spelled as [`crds::contract::Role`] does.
-pub const ROLE_LABEL: &str = "weightstream.dev/role";
+/// The labels the operator puts on a job's pods (its job, its role), from the contract both compile against.
+pub use crds::contract::{JOB_LABEL, ROLE_LABEL};
 
 /// Waits longer than this are an error unless `--timeout` says otherwise: long enough for a small job, short
 /// enough that a stuck script notices.
