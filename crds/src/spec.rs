@@ -103,6 +103,10 @@ pub struct TrainingJobSpec {
     /// Compute resources per role, so a cluster can size MemoryX's memory and the engines' hosts.
     #[serde(default, skip_serializing_if = "RolesResources::is_default")]
     pub resources: RolesResources,
+    /// How MemoryX holds the model's state: over how many weight servers, and how much of it each keeps in
+    /// memory (the rest on its volume).
+    #[serde(default, skip_serializing_if = "MemoryxSpec::is_default")]
+    pub memoryx: MemoryxSpec,
 }
 
 fn default_cs2() -> u32 {
@@ -149,6 +153,32 @@ pub enum PullPolicy {
     IfNotPresent,
     /// Never pull: the image must be preloaded.
     Never,
+}
+
+/// MemoryX as weight servers. The model's state can outgrow one machine: each server owns an equal slice of every
+/// layer (its weights, bias and optimizer moments), streams that slice and runs the optimizer on the matching
+/// slice of the summed gradient, so the servers' memory and bandwidth add up. The optimizer is elementwise, so
+/// any number of servers trains exactly the same model.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MemoryxSpec {
+    /// How many weight servers. Unset: as many as the state needs at `memoryBytes` each (up to 8, the rest on
+    /// their disks), or one when `memoryBytes` is unset too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub servers: Option<u32>,
+    /// Bytes of weights and optimizer state each server keeps in memory. A server whose slice is larger keeps
+    /// the rest on its volume (the disk tier), read ahead in the order the layers stream and written back after
+    /// each update, so its resident memory stays within this budget. Unset: the whole slice in memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1048576, max = 70368744177664u64))]
+    pub memory_bytes: Option<u64>,
+}
+
+impl MemoryxSpec {
+    fn is_default(&self) -> bool {
+        *self == MemoryxSpec::default()
+    }
 }
 
 /// Resource requests and limits of each role's container.

@@ -146,6 +146,21 @@ pub struct MemoryxArgs {
     /// Fault injection for tests: exit abruptly, without a final checkpoint, after this many steps.
     #[arg(long, hide = true)]
     pub crash_after_steps: Option<u64>,
+    /// This process's place among the job's `spec.memoryx.servers` weight servers. Server 0 is the
+    /// coordinator: it drives the job, holds slice 0 and reaches the others at `--weight-servers`. Any other
+    /// serves its slice to the coordinator on `--listen` and nothing else. In a StatefulSet the pod's ordinal.
+    #[arg(long, env = "WS_SERVER_INDEX", default_value_t = 0)]
+    pub server_index: u32,
+    /// The coordinator's view of the other weight servers: their addresses, for servers 1, 2, … in order.
+    #[arg(long, env = "WS_WEIGHT_SERVERS", value_delimiter = ',')]
+    pub weight_servers: Vec<String>,
+    /// Address of a weight server's gRPC service (port 0 picks one); the coordinator does not listen on it.
+    #[arg(long, env = "WS_LISTEN", default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// Where this server's disk tier keeps the part of its slice beyond `spec.memoryx.memoryBytes` (default: a
+    /// `tier` directory beside the checkpoints). Its files are scratch, rebuilt from the checkpoint on restart.
+    #[arg(long, env = "WS_TIER_DIR")]
+    pub tier_dir: Option<PathBuf>,
 }
 
 impl MemoryxArgs {
@@ -165,6 +180,10 @@ impl MemoryxArgs {
             hold_seconds: 60,
             sample: 0,
             crash_after_steps: None,
+            server_index: 0,
+            weight_servers: Vec::new(),
+            listen: ([127, 0, 0, 1], 0).into(),
+            tier_dir: None,
         }
     }
 }
@@ -197,6 +216,16 @@ impl RoleArgs for MemoryxArgs {
         }
         if let Some(n) = self.crash_after_steps {
             v.extend(["--crash-after-steps".into(), n.to_string()]);
+        }
+        if self.server_index > 0 {
+            v.extend(["--server-index".into(), self.server_index.to_string()]);
+        }
+        if !self.weight_servers.is_empty() {
+            v.extend(["--weight-servers".into(), self.weight_servers.join(",")]);
+        }
+        v.extend(["--listen".into(), self.listen.to_string()]);
+        if let Some(d) = &self.tier_dir {
+            v.extend(["--tier-dir".into(), d.display().to_string()]);
         }
         v
     }
@@ -352,6 +381,11 @@ mod tests {
         m.retry_seconds = 7;
         m.hold_seconds = 0;
         m.connect_timeout = 9;
+        round_trip(&m);
+        m.server_index = 2;
+        m.weight_servers = vec!["https://j-memoryx-1.j-memoryx:7400".into(), "https://j-memoryx-2.j-memoryx:7400".into()];
+        m.listen = "0.0.0.0:7400".parse().unwrap();
+        m.tier_dir = Some("/ckpt/tier".into());
         round_trip(&m);
         round_trip(&MemoryxArgs::new(CommonArgs::new("job.yaml", "id"), "https://127.0.0.1:1", "https://127.0.0.1:2"));
         let mut s = SwarmxArgs::new(common(), "0.0.0.0:7100".parse().unwrap(), vec!["https://a:1".into(), "https://b:2".into()]);

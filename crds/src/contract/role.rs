@@ -59,7 +59,7 @@ impl Role {
     /// The gRPC (`Stage`) port a role serves in a cluster, with its port name; MemoryX only dials out.
     pub fn grpc_port(self) -> Option<(&'static str, u16)> {
         match self {
-            Role::Memoryx => None,
+            Role::Memoryx => Some(("weights", 7400)),
             Role::Swarmx => Some(("fabric", 7100)),
             Role::Engine => Some(("engine", 7200)),
             Role::Input => Some(("input", 7300)),
