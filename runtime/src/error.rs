@@ -25,6 +25,10 @@ pub enum Error {
         /// Bytes it has.
         available: u64,
     },
+    /// The appliance cannot be assembled as the spec asks (MemoryX's servers or their memory cannot hold the
+    /// model); the message gives the numbers and what to change.
+    #[error("plan: {0}")]
+    Plan(String),
     /// A role received a message that does not fit the job (unknown layer, wrong shape, out of order).
     #[error("protocol: {0}")]
     Protocol(String),

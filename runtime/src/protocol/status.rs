@@ -46,11 +46,21 @@ enum Kind {
     Spec,
     Io,
     Identity,
+    Plan,
 }
 
 impl Kind {
-    const ALL: [Kind; 8] =
-        [Kind::Protocol, Kind::Data, Kind::OutOfSram, Kind::OverLimit, Kind::Unavailable, Kind::Spec, Kind::Io, Kind::Identity];
+    const ALL: [Kind; 9] = [
+        Kind::Protocol,
+        Kind::Data,
+        Kind::OutOfSram,
+        Kind::OverLimit,
+        Kind::Unavailable,
+        Kind::Spec,
+        Kind::Io,
+        Kind::Identity,
+        Kind::Plan,
+    ];
 
     fn of(e: &Error) -> Kind {
         match e {
@@ -62,6 +72,7 @@ impl Kind {
             Error::Spec(_) => Kind::Spec,
             Error::Io { .. } => Kind::Io,
             Error::Identity(_) => Kind::Identity,
+            Error::Plan(_) => Kind::Plan,
         }
     }
 
@@ -75,6 +86,7 @@ impl Kind {
             Kind::Spec => "spec",
             Kind::Io => "io",
             Kind::Identity => "identity",
+            Kind::Plan => "plan",
         }
     }
 
@@ -115,6 +127,7 @@ pub fn to_status(e: Error) -> Status {
         Error::Unavailable(m) => (Code::Unavailable, m),
         Error::Protocol(m) => (Code::InvalidArgument, m),
         Error::Data(m) => (Code::Internal, m),
+        Error::Plan(m) => (Code::FailedPrecondition, m),
         Error::Identity(m) => (Code::Unauthenticated, m),
         Error::OutOfSram { ref engine, ref what, needed, available } => {
             md.insert_bin(SRAM_ENGINE, text(engine));
@@ -179,6 +192,7 @@ fn typed(s: &Status, peer: &str) -> Option<Error> {
     Some(match Kind::parse(ascii(KIND_KEY)?)? {
         Kind::Protocol => Error::Protocol(from_peer(s.message())),
         Kind::Data => Error::Data(from_peer(s.message())),
+        Kind::Plan => Error::Plan(from_peer(s.message())),
         Kind::Identity => Error::Identity(from_peer(s.message())),
         Kind::Unavailable => Error::Unavailable(from_peer(s.message())),
         Kind::OutOfSram => Error::OutOfSram {
