@@ -14,7 +14,8 @@ use crds::{CheckpointRef, TrainingJobSpec};
 
 use crate::input::DataInfo;
 use crate::error::{Error, Result};
-use crate::memoryx::{checkpoint, MemoryX};
+use crate::memoryx::{checkpoint, manifest, MemoryX};
+use crate::train::MemoryxUsage;
 use crate::model::ModelLayout;
 use crate::swarmx::Swarm;
 use crate::train::{self, RetryPolicy, Summary};
@@ -55,6 +56,47 @@ impl Job {
         MemoryX::new(self.layout(), t.optimizer.clone(), t.schedule.clone(), self.total_steps, t.seed)
     }
 
+    /// How this job's MemoryX is spread over weight servers, memory and disk.
+    pub fn memoryx_plan(&self) -> Result<crate::plan::MemoryxPlan> {
+        crate::plan::MemoryxPlan::for_spec(&self.spec)
+    }
+
+    /// Where weight server `index` keeps its checkpoint slices under the job's checkpoint directory `base`:
+    /// server 0 (the coordinator) in `base` itself, so one server's checkpoints are where they always were.
+    pub fn server_checkpoint_dir(base: &Path, index: u32) -> PathBuf {
+        if index == 0 { base.to_path_buf() } else { base.join(format!("server-{index}")) }
+    }
+
+    /// How weight server `slice` of this job stores its slice: the memory budget, a disk tier under
+    /// `outputs.tier_dir` (or the checkpoint directory's `tier`, or a scratch directory), its checkpoint
+    /// directory.
+    pub fn storage(&self, outputs: &Outputs, slice: crate::memoryx::SliceId) -> crate::memoryx::server::Storage {
+        let tier_base = outputs
+            .tier_dir
+            .clone()
+            .or_else(|| outputs.checkpoint_dir.as_ref().map(|c| c.join("tier")))
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("weightstream-tier-{}", std::process::id())));
+        crate::memoryx::server::Storage {
+            memory_bytes: self.spec.memoryx.memory_bytes,
+            tier_dir: Some(tier_base.join(format!("server-{}", slice.index))),
+            checkpoint_dir: outputs.checkpoint_dir.as_ref().map(|c| Self::server_checkpoint_dir(c, slice.index)),
+            job: self.id.clone(),
+        }
+    }
+
+    /// The job's MemoryX with every weight server in this process, as the plan spreads it: one in memory
+    /// (the store of earlier versions), or several, each with its budget and disk tier.
+    pub fn store(&self, outputs: &Outputs) -> Result<MemoryX> {
+        let plan = self.memoryx_plan()?;
+        if plan.servers == 1 && plan.disk_bytes == 0 {
+            return Ok(self.memoryx());
+        }
+        let t = &self.spec.training;
+        MemoryX::sharded(self.layout(), t.optimizer.clone(), t.schedule.clone(), self.total_steps, t.seed, plan.servers, &|slice| {
+            self.storage(outputs, slice)
+        })
+    }
+
     /// Builds replicas of this job's MemoryX for engines that hold the model (pipelined execution).
     pub fn replica_factory(&self) -> crate::engine::server::ReplicaFactory {
         let (layout, t, total) = (self.layout(), self.spec.training.clone(), self.total_steps);
@@ -69,6 +111,8 @@ pub struct Outputs {
     pub checkpoint_dir: Option<PathBuf>,
     /// `metrics.jsonl` and `summary.json` go here.
     pub out: Option<PathBuf>,
+    /// Where the weight servers' disk tiers go (default: `tier` in the checkpoint directory).
+    pub tier_dir: Option<PathBuf>,
     /// Lines of text to decode from a trained language model into the summary.
     pub sample: usize,
     /// How a step that loses a component is rerun.
@@ -83,6 +127,9 @@ pub struct Outputs {
 pub struct Driver {
     job: Job,
     outputs: Outputs,
+    /// The store to train, when the caller assembled it (weight servers on the network); else the driver
+    /// builds the job's own.
+    store: Mutex<Option<MemoryX>>,
     status: Arc<Mutex<MemoryxStatus>>,
     want_checkpoint: Arc<AtomicBool>,
 }
@@ -90,7 +137,12 @@ pub struct Driver {
 impl Driver {
     /// A driver for `job` writing to `outputs`; its status starts as `Starting`.
     pub fn new(job: Job, outputs: Outputs) -> Driver {
-        Driver { job, outputs, status: Arc::default(), want_checkpoint: Arc::default() }
+        Driver { job, outputs, store: Mutex::new(None), status: Arc::default(), want_checkpoint: Arc::default() }
+    }
+
+    /// Trains `store` instead of a store of the job's own: MemoryX's program hands it its weight servers.
+    pub fn with_store(&mut self, store: MemoryX) {
+        self.store = Mutex::new(Some(store));
     }
 
     /// Reports through `status` and takes checkpoint requests from `want_checkpoint` instead of its own: for a
@@ -141,47 +193,154 @@ impl Driver {
     }
 
     fn train(&self, swarm: &mut dyn Swarm, on_step: &mut dyn FnMut(&ProgressReport)) -> Result<Summary> {
-        let (job, spec, total) = (&self.job, &self.job.spec, self.job.total_steps);
-        let store = job.memoryx();
-        let mut start = 0;
-        if let Some(dir) = &self.outputs.checkpoint_dir {
-            let max_bytes = crate::plan::Limits::for_spec(spec).state_bytes();
-            if let Some((step, tensors, path)) = checkpoint::latest_for(dir, job.uid.as_deref(), max_bytes)? {
-                store.restore(step, &tensors)?;
-                tracing::info!(step, path = %path.display(), "resumed from checkpoint");
-                start = step.min(total);
-                let at = CheckpointRef { step, path: path.display().to_string() };
-                self.update(|s| s.progress.last_checkpoint = Some(at));
+        let job = &self.job;
+        let store = match self.store.lock().ok().and_then(|mut s| s.take()) {
+            Some(store) => store,
+            None => job.store(&self.outputs)?,
+        };
+        if store.servers() > 1 {
+            self.await_servers(&store)?;
+        }
+        let mut start = self.resume(&store)?;
+        if start == 0 && store.server_steps().iter().any(|s| !matches!(s, Ok(0))) {
+            return Err(Error::Protocol(
+                "the weight servers already hold trained state but there is no complete checkpoint to agree on; \
+                 restart every weight server"
+                    .into(),
+            ));
+        }
+        let mut recoveries = 0;
+        loop {
+            match self.train_from(&store, start, swarm, on_step) {
+                Ok(summary) => return Ok(summary),
+                // A weight server that restarted lost its slice: every server goes back to the last complete
+                // checkpoint together, and the steps since are trained again.
+                Err(e) if store.servers() > 1 && recoveries < self.job.spec.restart_limit && self.server_lost(&store) => {
+                    recoveries += 1;
+                    tracing::warn!(recoveries, "a weight server lost its state ({e}); resuming every server from the last complete checkpoint");
+                    self.await_servers(&store)?;
+                    start = self.resume(&store)?;
+                    if start == 0 && store.step() != 0 {
+                        return Err(Error::Unavailable(format!(
+                            "a weight server restarted and the job has no complete checkpoint to resume it from ({e}); \
+                             set spec.checkpoint.intervalSteps so it can recover"
+                        )));
+                    }
+                }
+                Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Whether a server no longer holds the step the coordinator counts (it restarted) or cannot be reached.
+    fn server_lost(&self, store: &MemoryX) -> bool {
+        let at = store.step();
+        store.server_steps().iter().any(|s| !matches!(s, Ok(step) if *step == at))
+    }
+
+    /// Waits for every server to answer again, up to the retry policy's patience.
+    fn await_servers(&self, store: &MemoryX) -> Result<()> {
+        let patience = self.outputs.retry.pause * self.outputs.retry.attempts;
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            let steps = store.server_steps();
+            if steps.iter().all(Result::is_ok) {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                let why = steps.into_iter().filter_map(Result::err).map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+                return Err(Error::Unavailable(format!("weight servers did not come back within {patience:?}: {why}")));
+            }
+            std::thread::sleep(self.outputs.retry.pause);
+        }
+    }
+
+    /// Puts the newest complete checkpoint back into `store` (one file for one server, a manifest and its
+    /// slices for several) and returns its step, or 0 when there is none.
+    fn resume(&self, store: &MemoryX) -> Result<u64> {
+        let (job, spec) = (&self.job, &self.job.spec);
+        let Some(dir) = &self.outputs.checkpoint_dir else { return Ok(0) };
+        let found = if store.servers() == 1 {
+            let max_bytes = crate::plan::Limits::for_spec(spec).state_bytes();
+            match checkpoint::latest_for(dir, job.uid.as_deref(), max_bytes)? {
+                Some((step, tensors, path)) => {
+                    store.restore(step, &tensors)?;
+                    Some((step, path))
+                }
+                None => None,
+            }
+        } else {
+            match manifest::latest(dir, job.uid.as_deref(), store.servers() as u32)? {
+                Some((m, path)) => {
+                    store.load_slices(m.step, &m.slices)?;
+                    Some((m.step, path))
+                }
+                None => None,
+            }
+        };
+        let Some((step, path)) = found else { return Ok(0) };
+        tracing::info!(step, path = %path.display(), "resumed from checkpoint");
+        let at = CheckpointRef { step, path: path.display().to_string() };
+        self.update(|s| s.progress.last_checkpoint = Some(at));
+        Ok(step.min(job.total_steps))
+    }
+
+    /// Writes a checkpoint of `store` after `step`: one file for one server; for several, each server's slice
+    /// and then the manifest that makes them count.
+    fn write_checkpoint(&self, store: &MemoryX, step: u64) -> Result<()> {
+        let (job, spec) = (&self.job, &self.job.spec);
+        let Some(dir) = &self.outputs.checkpoint_dir else { return Ok(()) };
+        self.update(|s| s.phase = MemoryxPhase::Checkpointing);
+        let keep = spec.checkpoint.keep as usize;
+        let path = if store.servers() == 1 {
+            let (at, tensors) = store.snapshot()?;
+            debug_assert_eq!(at, step);
+            let owner = checkpoint::Owner { job: &job.id, uid: job.uid.as_deref(), model: Some((&spec.model, spec.training.seed)) };
+            checkpoint::write_owned(dir, at, &tensors, &owner, keep)?
+        } else {
+            let slices = store.save_slices(step)?;
+            let m = manifest::Manifest {
+                step,
+                job: job.id.clone(),
+                uid: job.uid.clone(),
+                model: Some(spec.model.clone()),
+                seed: spec.training.seed,
+                slices,
+            };
+            let (path, kept) = manifest::write_manifest(dir, &m, keep)?;
+            store.retain_slices(&kept)?;
+            path
+        };
+        self.update(|s| {
+            s.phase = MemoryxPhase::Running;
+            s.progress.last_checkpoint = Some(CheckpointRef { step, path: path.display().to_string() });
+        });
+        Ok(())
+    }
+
+    fn train_from(
+        &self,
+        store: &MemoryX,
+        start: u64,
+        swarm: &mut dyn Swarm,
+        on_step: &mut dyn FnMut(&ProgressReport),
+    ) -> Result<Summary> {
+        let (job, spec, total) = (&self.job, &self.job.spec, self.job.total_steps);
         self.update(|s| {
             s.phase = MemoryxPhase::Running;
             s.progress.step = Some(start);
             s.progress.total_steps = Some(total);
         });
-        tracing::info!(engines = swarm.engines(), start, total, "training");
+        tracing::info!(engines = swarm.engines(), servers = store.servers(), start, total, "training");
         let mut metrics = self.metrics_file(start)?;
         let interval = spec.checkpoint.interval_steps;
         let due = |step: u64| interval > 0 && step % interval == 0;
-        let write_checkpoint = |step: u64| -> Result<()> {
-            let Some(dir) = &self.outputs.checkpoint_dir else { return Ok(()) };
-            self.update(|s| s.phase = MemoryxPhase::Checkpointing);
-            let (at, tensors) = store.snapshot()?;
-            debug_assert_eq!(at, step);
-            let owner = checkpoint::Owner { job: &job.id, uid: job.uid.as_deref(), model: Some((&spec.model, spec.training.seed)) };
-            let path = checkpoint::write_owned(dir, at, &tensors, &owner, spec.checkpoint.keep as usize)?;
-            self.update(|s| {
-                s.phase = MemoryxPhase::Running;
-                s.progress.last_checkpoint = Some(CheckpointRef { step: at, path: path.display().to_string() });
-            });
-            Ok(())
-        };
         // With the model resident on the engines, MemoryX's copy is brought up to date for each checkpoint.
         let sync_at = |step: u64| due(step) || self.want_checkpoint.load(Ordering::SeqCst);
         let steps = train::Steps {
             spec,
             job: &job.id,
-            store: &store,
+            store,
             data: &job.data,
             range: start..total,
             retry: self.outputs.retry,
@@ -199,7 +358,7 @@ impl Driver {
             }
             let requested = self.want_checkpoint.swap(false, Ordering::SeqCst);
             if due(m.step) || requested {
-                write_checkpoint(m.step)?;
+                self.write_checkpoint(store, m.step)?;
             }
             on_step(m);
             let hold = self.outputs.hold_after_requested_checkpoint;
@@ -212,10 +371,11 @@ impl Driver {
         })?;
         let last = self.status.lock().ok().and_then(|s| s.progress.last_checkpoint.as_ref().map(|c| c.step));
         if self.outputs.checkpoint_dir.is_some() && last != Some(total) {
-            write_checkpoint(total)?;
+            self.write_checkpoint(store, total)?;
         }
         self.update(|s| s.progress.simulated_step_seconds = Some(summary.simulated_step_s));
-        summary.samples = crate::sample::lines(&store, &job.layout(), self.outputs.sample, spec.training.seed)?;
+        summary.samples = crate::sample::lines(store, &job.layout(), self.outputs.sample, spec.training.seed)?;
+        summary.memoryx = MemoryxUsage::of(store);
         if let Some(out) = &self.outputs.out {
             write_json_atomic(&out.join("summary.json"), &summary)?;
         }

@@ -56,6 +56,18 @@ pub fn slice_range(len: usize, index: u32, count: u32) -> std::ops::Range<usize>
 }
 
 impl MemoryxPlan {
+    /// The spread of the job `spec`'s state.
+    pub fn for_spec(spec: &TrainingJobSpec) -> Result<MemoryxPlan> {
+        let layout = ModelLayout::from_spec(&spec.model);
+        let layer_values: Vec<u64> = (0..layout.linears.len())
+            .map(|l| {
+                let s = layout.linears[l];
+                (if s.tied_to.is_some() { 0 } else { layout.expected_weights(l) } + s.bias_len()) as u64
+            })
+            .collect();
+        MemoryxPlan::new(&spec.memoryx, &layer_values, OptState::values_per_parameter(spec.training.optimizer.kind))
+    }
+
     /// Spreads a state whose layers hold `layer_values[l]` stored values (weights and bias; 0 for a tied
     /// layer) with `opt` optimizer values beside each, as `spec` asks, refusing a spread that cannot work.
     pub fn new(spec: &crds::MemoryxSpec, layer_values: &[u64], opt: u64) -> Result<MemoryxPlan> {
@@ -182,13 +194,7 @@ impl Plan {
             })
             .sum();
         let opt = OptState::values_per_parameter(spec.training.optimizer.kind);
-        let layer_values: Vec<u64> = (0..n)
-            .map(|l| {
-                let s = layout.linears[l];
-                (if s.tied_to.is_some() { 0 } else { layers[l].weights } + s.bias_len()) as u64
-            })
-            .collect();
-        let memoryx = MemoryxPlan::new(&spec.memoryx, &layer_values, opt)?;
+        let memoryx = MemoryxPlan::for_spec(spec)?;
         let sparse_index_bytes: u64 = (0..n).filter(|&l| layout.linears[l].sparse).map(|l| 8 * layers[l].weights as u64).sum();
         Ok(Plan {
             cs2: spec.cs2,

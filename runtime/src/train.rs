@@ -76,6 +76,45 @@ pub struct Summary {
     /// Lines of text decoded from the trained model (`--sample N`, language models only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub samples: Vec<String>,
+    /// What MemoryX's coordinator held: its servers, its slice in memory and on disk, its disk tier's traffic
+    /// and its peak resident memory.
+    #[serde(default)]
+    pub memoryx: MemoryxUsage,
+}
+
+/// What the coordinator's process held and moved, measured at the end of training: what `spec.memoryx` is
+/// judged by (each other weight server reports the same on its own `/metrics`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryxUsage {
+    /// Weight servers holding the state.
+    pub servers: usize,
+    /// Bytes of state server 0 keeps in memory.
+    pub memory_bytes: u64,
+    /// Bytes of state server 0 keeps in its disk tier.
+    pub disk_bytes: u64,
+    /// Bytes server 0's disk tier read, and wrote.
+    pub tier_read_bytes: u64,
+    /// Bytes server 0's disk tier wrote.
+    pub tier_written_bytes: u64,
+    /// The coordinator process's peak resident memory (VmHWM), in bytes; 0 where the system does not say.
+    pub peak_rss_bytes: u64,
+}
+
+impl MemoryxUsage {
+    /// The usage of `store` and of this process now.
+    pub fn of(store: &crate::memoryx::MemoryX) -> MemoryxUsage {
+        let (memory_bytes, disk_bytes) = store.local().map_or((0, 0), |s| s.bytes());
+        let (tier_read_bytes, tier_written_bytes) = store.local().map_or((0, 0), |s| s.tier_traffic());
+        MemoryxUsage {
+            servers: store.servers(),
+            memory_bytes,
+            disk_bytes,
+            tier_read_bytes,
+            tier_written_bytes,
+            peak_rss_bytes: crate::units::peak_rss_bytes(),
+        }
+    }
 }
 
 /// JSON has no NaN: serde_json writes it as `null`, and this reads it back.
@@ -427,5 +466,6 @@ pub fn run(
         simulated_step_s: engines.iter().map(|e| e.counters.simulated_s).fold(0.0, f64::max) / steps_run.max(1) as f64,
         engines,
         samples: Vec::new(),
+        memoryx: MemoryxUsage::default(),
     })
 }

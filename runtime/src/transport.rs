@@ -174,6 +174,23 @@ pub async fn serve_input(
         .map_err(|e| Error::Unavailable(format!("gRPC server stopped: {e}")))
 }
 
+/// Serves a weight server's `Weights` service on an already bound listener until the process ends, over mutual
+/// TLS like every stage; each message is a chunk of at most 1 MiB.
+pub async fn serve_weights(
+    service: Arc<crate::memoryx::service::WeightsService>,
+    listener: tokio::net::TcpListener,
+    identity: &Identity,
+) -> crate::Result<()> {
+    let svc = crate::protocol::pb::weights_server::WeightsServer::from_arc(service)
+        .max_decoding_message_size(8 << 20)
+        .max_encoding_message_size(8 << 20);
+    grpc_server(identity)?
+        .add_service(svc)
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
+        .await
+        .map_err(|e| Error::Unavailable(format!("gRPC server stopped: {e}")))
+}
+
 /// Every role's gRPC server: mutual TLS with the job's identity, keepalives that find a frozen peer, and
 /// windows and frames sized for layers.
 fn grpc_server(identity: &Identity) -> crate::Result<tonic::transport::Server> {

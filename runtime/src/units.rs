@@ -21,3 +21,21 @@ mod tests {
         assert_eq!(super::bytes(40 << 30), "40.0 GiB");
     }
 }
+
+/// This process's peak resident memory (`VmHWM` in `/proc/self/status`), in bytes; 0 where the system does not
+/// say. What a memory budget is checked against, beside the process's own accounting.
+pub fn peak_rss_bytes() -> u64 {
+    status_kib("VmHWM:") * 1024
+}
+
+/// This process's resident memory now (`VmRSS`), in bytes; 0 where the system does not say.
+pub fn rss_bytes() -> u64 {
+    status_kib("VmRSS:") * 1024
+}
+
+fn status_kib(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}

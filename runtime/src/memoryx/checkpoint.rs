@@ -37,7 +37,8 @@ pub fn path_for(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("{PREFIX}{step:08}{SUFFIX}"))
 }
 
-fn checksum(tensors: &Tensors) -> u32 {
+/// The checksum a checkpoint records of its tensors (names and values, in order).
+pub fn checksum(tensors: &Tensors) -> u32 {
     let mut h = crc32fast::Hasher::new();
     for (name, values) in tensors {
         h.update(name.as_bytes());

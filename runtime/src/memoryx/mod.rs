@@ -1,18 +1,29 @@
 //! MemoryX: the store that owns every weight and all optimizer state. It streams each layer to the engines
 //! (forward, then again backward), receives the summed gradients and runs the optimizer. The engines never hold
-//! the model; MemoryX never computes activations.
+//! the model; MemoryX never computes activations. The state can be spread over weight servers, each owning a
+//! slice of every layer and keeping what does not fit its memory on disk.
 //!
-//! - `store`: [`MemoryX`] and the [`WeightStore`] trait the training loop drives it through.
+//! - `store`: [`MemoryX`], the coordinator's view, and the [`WeightStore`] trait the training loop drives.
+//! - [`server`]: a weight server ([`WeightServer`]) and the one in this process ([`Shard`]).
+//! - [`tier`]: a server's disk tier, read ahead in stream order.
+//! - [`remote`] and [`service`]: a weight server on the network, and the gRPC service it answers with.
 //! - `tied`: a tied layer's gradient, held until its target layer's arrives.
-//! - [`checkpoint`]: the tensors' names and the checkpoint files they are written to.
+//! - [`checkpoint`]: the tensors' names and the checkpoint files they are written to; [`manifest`]: the
+//!   checkpoints of a state spread over several servers, a slice each and a manifest written last.
 //! - [`node`]: the MemoryX program, which also coordinates the job.
 //! - [`serve`]: its checkpoints over HTTPS, for the user to take home.
 
 pub mod checkpoint;
+pub mod manifest;
 pub mod node;
+pub mod remote;
 pub mod serve;
+pub mod server;
+pub mod service;
 mod store;
 mod tied;
+pub mod tier;
 
 pub use checkpoint::Tensors;
+pub use server::{Shard, SliceId, WeightServer};
 pub use store::{mask, MemoryX, WeightStore};

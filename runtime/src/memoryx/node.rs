@@ -15,10 +15,14 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::driver::{Driver, Job, Outputs};
+use crate::memoryx::remote::RemoteServer;
+use crate::memoryx::server::layer_lengths;
+use crate::memoryx::service::WeightsService;
+use crate::memoryx::{MemoryX, Shard, SliceId, WeightServer};
 use crate::error::{Error, Result};
 use crate::swarmx::remote::RemoteSwarm;
 use crate::train::RetryPolicy;
-use crate::transport::{announce_ready, bind, dial, load_identity, load_job, serve_http, start};
+use crate::transport::{announce_ready, bind, dial, load_identity, load_job, serve_http, serve_weights, start};
 
 struct Metrics {
     step: Gauge<i64>,
@@ -45,8 +49,48 @@ impl Metrics {
     }
 }
 
-/// Runs MemoryX and the job to the end (or failure).
+/// What a weight server's process holds and moves, on `/metrics`: its budget is judged by these.
+#[derive(Clone, Default)]
+struct Usage {
+    peak_rss: Gauge<i64>,
+    memory: Gauge<i64>,
+    disk: Gauge<i64>,
+    tier_read: Gauge<i64>,
+    tier_written: Gauge<i64>,
+}
+
+impl Usage {
+    fn register(r: &mut Registry) -> Usage {
+        let u = Usage::default();
+        r.register("ws_memoryx_peak_rss_bytes", "Peak resident memory of this MemoryX process (VmHWM)", u.peak_rss.clone());
+        r.register("ws_memoryx_memory_bytes", "Bytes of state this weight server keeps in memory", u.memory.clone());
+        r.register("ws_memoryx_disk_bytes", "Bytes of state this weight server keeps in its disk tier", u.disk.clone());
+        r.register("ws_memoryx_tier_read_bytes", "Bytes read from the disk tier", u.tier_read.clone());
+        r.register("ws_memoryx_tier_written_bytes", "Bytes written to the disk tier", u.tier_written.clone());
+        u
+    }
+
+    /// Keeps the gauges current, once a second, for as long as the process runs.
+    fn follow(self, shard: Arc<Shard>) {
+        std::thread::spawn(move || loop {
+            let (memory, disk) = shard.bytes();
+            let (read, written) = shard.tier_traffic();
+            self.peak_rss.set(crate::units::peak_rss_bytes() as i64);
+            self.memory.set(memory as i64);
+            self.disk.set(disk as i64);
+            self.tier_read.set(read as i64);
+            self.tier_written.set(written as i64);
+            std::thread::sleep(Duration::from_secs(1));
+        });
+    }
+}
+
+/// Runs MemoryX and the job to the end (or failure): the coordinator (weight server 0), or, with a
+/// `--server-index` above 0, a weight server serving its slice to the coordinator.
 pub fn main(args: MemoryxArgs) -> Result<()> {
+    if args.server_index > 0 {
+        return serve_slice(args);
+    }
     start(&args.common);
     let (manifest, job_id) = load_job(&args.common)?;
     let identity = load_identity(&args.common)?;
@@ -54,6 +98,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
     let outputs = Outputs {
         checkpoint_dir: args.checkpoint_dir.clone(),
         out: args.out.clone(),
+        tier_dir: args.tier_dir.clone(),
         sample: args.sample,
         retry: RetryPolicy { attempts: (args.retry_seconds * 2).max(1) as u32, pause: Duration::from_millis(500) },
         hold_after_requested_checkpoint: Duration::from_secs(args.hold_seconds),
@@ -63,6 +108,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
     let want_checkpoint = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    let usage = Usage::register(&mut registry);
     let http = rt.block_on(bind(args.common.http, Role::Memoryx, "http"))?;
     announce_ready(Role::Memoryx, None, &http)?;
     let routes = {
@@ -94,7 +140,16 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
     };
     let result = described.and_then(|data| Job::new(manifest.spec, job_id, data)).and_then(|mut job| {
         job.uid = uid;
+        let store = if args.weight_servers.is_empty() {
+            job.store(&outputs)?
+        } else {
+            remote_store(&job, &args, &outputs, &identity, rt.handle())?
+        };
+        if let Some(local) = store.local() {
+            usage.clone().follow(local.clone());
+        }
         let mut driver = Driver::new(job, outputs);
+        driver.with_store(store);
         driver.share(status.clone(), want_checkpoint.clone());
         let limits = crate::plan::Limits::for_spec(&driver.job().spec);
         let mut swarm = RemoteSwarm::connect(
@@ -132,4 +187,102 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         let _ = rt.block_on(http_task);
     }
     result.map(|_| ())
+}
+
+/// The coordinator's store over its weight servers: slice 0 here, slice `i` at `--weight-servers`' `i`-th
+/// address. The plan's server count and the addresses given must agree.
+fn remote_store(
+    job: &Job,
+    args: &MemoryxArgs,
+    outputs: &Outputs,
+    identity: &crate::identity::Identity,
+    handle: &tokio::runtime::Handle,
+) -> Result<MemoryX> {
+    let n = job.memoryx_plan()?.servers;
+    if n as usize != args.weight_servers.len() + 1 {
+        return Err(Error::Plan(format!(
+            "the plan spreads MemoryX over {n} weight servers but --weight-servers names {} besides the coordinator",
+            args.weight_servers.len()
+        )));
+    }
+    let t = &job.spec.training;
+    let layout = job.layout();
+    let lengths = layer_lengths(&layout, &t.optimizer, t.seed);
+    let first = SliceId { index: 0, count: n };
+    let local = Arc::new(Shard::new(
+        &layout,
+        &lengths,
+        t.optimizer.clone(),
+        t.schedule.clone(),
+        job.total_steps,
+        t.seed,
+        first,
+        job.storage(outputs, first),
+    )?);
+    let limits = crate::plan::Limits::for_spec(&job.spec);
+    let mut servers: Vec<Arc<dyn WeightServer>> = vec![local.clone()];
+    for (i, url) in args.weight_servers.iter().enumerate() {
+        let slice = SliceId { index: i as u32 + 1, count: n };
+        let d = dial(&args.common, identity, args.connect_timeout, &limits);
+        servers.push(Arc::new(RemoteServer::new(handle.clone(), url, &job.id, slice, &lengths, d)?));
+    }
+    Ok(MemoryX::over(layout, t.seed, lengths, servers, Some(local)))
+}
+
+/// A weight server other than the coordinator: it asks an input worker how long the run is (the learning-rate
+/// schedule needs it), builds its slice, and serves it on `--listen` until stopped.
+fn serve_slice(args: MemoryxArgs) -> Result<()> {
+    start(&args.common);
+    let (manifest, job_id) = load_job(&args.common)?;
+    let identity = load_identity(&args.common)?;
+    let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
+    let (grpc, http) = rt.block_on(async {
+        let grpc = bind(args.listen, Role::Memoryx, "grpc").await?;
+        let http = bind(args.common.http, Role::Memoryx, "http").await?;
+        Ok::<_, Error>((grpc, http))
+    })?;
+    announce_ready(Role::Memoryx, Some(&grpc), &http)?;
+    let mut registry = Registry::default();
+    let usage = Usage::register(&mut registry);
+    {
+        let identity = identity.clone();
+        let registry = Arc::new(Mutex::new(registry));
+        rt.spawn(async move { serve_http(http, registry, &identity, Router::new()).await });
+    }
+    let limits = crate::plan::Limits::for_spec(&manifest.spec);
+    let bound = crate::input::ShardBound::for_spec(&manifest.spec);
+    let feed = crate::input::remote::RemoteFeed::new(
+        rt.handle().clone(),
+        std::slice::from_ref(&args.input),
+        &job_id,
+        dial(&args.common, &identity, args.connect_timeout, &limits),
+        bound,
+    )?;
+    let data = crate::input::Feed::describe(&feed)?;
+    let job = Job::new(manifest.spec, job_id.clone(), data)?;
+    let n = job.memoryx_plan()?.servers;
+    if args.server_index >= n {
+        return Err(Error::Plan(format!("this is weight server {} but the plan has {n} (0..{n})", args.server_index)));
+    }
+    let slice = SliceId { index: args.server_index, count: n };
+    let outputs = Outputs { checkpoint_dir: args.checkpoint_dir.clone(), tier_dir: args.tier_dir.clone(), ..Outputs::default() };
+    let t = &job.spec.training;
+    let layout = job.layout();
+    let lengths = layer_lengths(&layout, &t.optimizer, t.seed);
+    let shard = Arc::new(Shard::new(
+        &layout,
+        &lengths,
+        t.optimizer.clone(),
+        t.schedule.clone(),
+        job.total_steps,
+        t.seed,
+        slice,
+        job.storage(&outputs, slice),
+    )?);
+    let (memory, disk) = shard.bytes();
+    tracing::info!(%slice, memory, disk, "serving its slice");
+    usage.follow(shard.clone());
+    let sliced = lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect();
+    let service = Arc::new(WeightsService::new(job_id, shard, sliced));
+    rt.block_on(serve_weights(service, grpc, &identity))
 }

@@ -1,19 +1,20 @@
-//! The in-process MemoryX: every layer's weights, mask and optimizer moments, streamed out per pass and
-//! updated in place from the summed gradients. Each layer has its own lock, so the next layer can stream while
-//! the current one's gradient is applied.
+//! MemoryX as the coordinator sees it: the model's masks, and its state spread over weight servers
+//! ([`super::server`]). A layer streams as the servers' slices put back together (and reordered by column for
+//! a sparse layer's backward pass); a gradient is reordered, joined with a tied layer's, cut into the same
+//! slices and handed to each server's optimizer. With one server in this process it is the whole MemoryX of
+//! earlier versions, lending its weights to a pipelined replica without copying them.
 
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crds::{OptimizerSpec, ScheduleSpec};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 use super::checkpoint::{self, Tensors};
+use super::server::{layer_lengths, layer_seed, LayerLengths, LayerTensors, Shard, SliceId, WeightServer};
 use super::tied::TiedGrad;
 use crate::error::{Error, Result};
 use crate::kernels::sparse::SparsePattern;
-use crate::model::{LinearShape, ModelLayout};
-use crate::optim::{self, OptState};
+use crate::model::ModelLayout;
 use crate::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
 
 /// What the training loop needs from MemoryX; a gRPC client implements it the same way as [`MemoryX`].
@@ -44,46 +45,29 @@ struct Masks {
     col_to_row: Vec<u32>,
 }
 
-/// One layer as MemoryX holds it: the values it streams, the optimizer state it updates them with, and the
-/// count that keeps every step's gradient applied exactly once.
-#[derive(Debug)]
-struct LayerState {
-    shape: LinearShape,
-    /// Dense: row-major `outputs × inputs`. Sparse: non-zeros in row-pattern order.
-    weights: Vec<f32>,
-    bias: Vec<f32>,
-    weights_opt: OptState,
-    bias_opt: OptState,
-    masks: Option<Masks>,
-    /// Optimizer steps applied so far: the next gradient must be for exactly this step.
-    updates: u64,
-}
-
-impl LayerState {
-    /// The tensors a checkpoint holds of this layer, in [`checkpoint::KINDS`] order: naming them in one place
-    /// keeps a snapshot and its restore in step.
-    fn saved(&self) -> [&Vec<f32>; 6] {
-        [&self.weights, &self.bias, &self.weights_opt.m, &self.weights_opt.v, &self.bias_opt.m, &self.bias_opt.v]
-    }
-
-    /// The same tensors, to be replaced by a restore.
-    fn saved_mut(&mut self) -> [&mut Vec<f32>; 6] {
-        let LayerState { weights, bias, weights_opt, bias_opt, .. } = self;
-        [weights, bias, &mut weights_opt.m, &mut weights_opt.v, &mut bias_opt.m, &mut bias_opt.v]
-    }
-}
-
-/// The in-process MemoryX: what a job's coordinator runs, and what a pipelined engine keeps its replica in.
-#[derive(Debug)]
+/// MemoryX: the coordinator's view of the model's state over its weight servers. What the training loop, a
+/// pipelined engine's replica and the sampler drive.
 pub struct MemoryX {
     layout: ModelLayout,
-    optimizer: OptimizerSpec,
-    schedule: ScheduleSpec,
-    total_steps: u64,
-    layers: Vec<RwLock<LayerState>>,
+    masks: Vec<Option<Masks>>,
+    /// Each layer's whole tensors' lengths, in [`checkpoint::KINDS`] order.
+    lengths: Vec<LayerLengths>,
+    /// Slice `i` of every layer lives on `servers[i]`.
+    servers: Vec<Arc<dyn WeightServer>>,
+    /// Server 0 when it is in this process: it can lend its weights and report its tier.
+    local: Option<Arc<Shard>>,
+    /// Updates applied to each layer, as the coordinator counts them: every fetch names it, so a server that
+    /// restarted is refused rather than trusted.
+    updates: Vec<AtomicU64>,
     /// A tied layer's weight gradient of the step in flight, waiting for the gradient of the layer whose weights
     /// it shares.
     tied_grad: TiedGrad,
+}
+
+impl std::fmt::Debug for MemoryX {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryX").field("layers", &self.lengths.len()).field("servers", &self.servers.len()).finish()
+    }
 }
 
 /// Whether every value is finite. `x - x` is 0 for a finite `x` and NaN otherwise, so a block's sum of them is 0
@@ -102,11 +86,6 @@ fn all_finite(values: &[f32]) -> bool {
     })
 }
 
-/// Seed of layer `l`'s mask and initial values, derived from the job seed so layers differ.
-fn layer_seed(seed: u64, l: usize, salt: u64) -> u64 {
-    seed ^ (l as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt
-}
-
 /// The mask of layer `l` of `layout` initialised from `seed` (stored by output row), or `None` for a dense
 /// layer. Public because a checkpoint stores only a sparse layer's non-zeros, in this mask's order: an export
 /// draws the same mask again to put them back in place.
@@ -116,10 +95,38 @@ pub fn mask(layout: &ModelLayout, seed: u64, l: usize) -> Option<SparsePattern> 
     shape.sparse.then(|| SparsePattern::random(shape.outputs, shape.inputs, density, layer_seed(seed, l, 0x3a5c)))
 }
 
+/// Runs `f` on every server, all at once when there are several (each may be a network round trip or a disk
+/// read), and returns their results in server order.
+fn on_each<T: Send>(servers: &[Arc<dyn WeightServer>], f: impl Fn(usize, &dyn WeightServer) -> Result<T> + Sync) -> Result<Vec<T>> {
+    if let [only] = servers {
+        return Ok(vec![f(0, only.as_ref())?]);
+    }
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> = servers.iter().enumerate().map(|(i, s)| scope.spawn(move || f(i, s.as_ref()))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Protocol("a weight server's call panicked".into()))))
+            .collect()
+    })
+}
+
+/// The whole of a tensor from its slices, in server order (the one slice itself when there is one).
+fn join(mut parts: Vec<Vec<f32>>) -> Vec<f32> {
+    if parts.len() == 1 {
+        return parts.pop().unwrap_or_default();
+    }
+    let mut out = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+    for p in parts {
+        out.extend_from_slice(&p);
+    }
+    out
+}
+
 impl MemoryX {
-    /// Initialises every layer from `seed`: masks drawn at the layout's sparsity, weights uniform with the
-    /// layer's standard deviation (He-scaled over each output's actual fan-in unless the layout sets one),
-    /// biases at zero. A tied layer stores nothing of its own.
+    /// The whole model in this process, initialised from `seed`: masks drawn at the layout's sparsity, weights
+    /// uniform with each layer's standard deviation, biases and moments at zero. A tied layer stores nothing of
+    /// its own. What local runs, tests and every pipelined engine's replica use.
     pub fn new(
         layout: ModelLayout,
         optimizer: OptimizerSpec,
@@ -127,54 +134,115 @@ impl MemoryX {
         total_steps: u64,
         seed: u64,
     ) -> Self {
-        let layers = layout
-            .linears
-            .iter()
-            .enumerate()
-            .map(|(l, &shape)| {
-                let mut rng = ChaCha8Rng::seed_from_u64(layer_seed(seed, l, 0x5eed));
-                let density = 1.0 - if shape.sparse { layout.sparsity } else { 0.0 };
-                let limit = match shape.init_std {
-                    // uniform(-a, a) has standard deviation a / √3
-                    Some(std) => std * 3f32.sqrt(),
-                    // He: variance 2 / fan-in, over each output's actual fan-in
-                    None => (6.0 / (shape.inputs as f64 * density).max(1.0)).sqrt() as f32,
-                };
-                let masks = mask(&layout, seed, l).map(|by_row| {
+        let lengths = layer_lengths(&layout, &optimizer, seed);
+        let shard = Arc::new(Shard::in_memory(&layout, &lengths, optimizer, schedule, total_steps, seed, SliceId::WHOLE));
+        Self::over(layout, seed, lengths, vec![shard.clone()], Some(shard))
+    }
+
+    /// The model over `count` weight servers all in this process, each keeping its slice as `storage` says
+    /// (its memory budget and disk tier, its checkpoint directory): an in-process run of a job with
+    /// `spec.memoryx.servers`, and the way tests compare any number of servers with one.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sharded(
+        layout: ModelLayout,
+        optimizer: OptimizerSpec,
+        schedule: ScheduleSpec,
+        total_steps: u64,
+        seed: u64,
+        count: u32,
+        storage: &dyn Fn(SliceId) -> super::server::Storage,
+    ) -> Result<Self> {
+        let lengths = layer_lengths(&layout, &optimizer, seed);
+        let shards = (0..count.max(1))
+            .map(|index| {
+                let slice = SliceId { index, count: count.max(1) };
+                Shard::new(&layout, &lengths, optimizer.clone(), schedule.clone(), total_steps, seed, slice, storage(slice)).map(Arc::new)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let local = shards.first().cloned();
+        let servers = shards.into_iter().map(|s| s as Arc<dyn WeightServer>).collect();
+        Ok(Self::over(layout, seed, lengths, servers, local))
+    }
+
+    /// The coordinator of a model `layout` (masks drawn from `seed`) whose layers, of whole `lengths`, are
+    /// spread over `servers` (slice `i` on `servers[i]`); `local` is server 0 when it runs in this process.
+    pub fn over(
+        layout: ModelLayout,
+        seed: u64,
+        lengths: Vec<LayerLengths>,
+        servers: Vec<Arc<dyn WeightServer>>,
+        local: Option<Arc<Shard>>,
+    ) -> Self {
+        let masks = (0..layout.linears.len())
+            .map(|l| {
+                mask(&layout, seed, l).map(|by_row| {
                     let (by_col, col_to_row) = by_row.transpose();
                     Masks { by_row: Arc::new(by_row), by_col: Arc::new(by_col), col_to_row }
-                });
-                let n = match (&masks, shape.tied_to) {
-                    (_, Some(_)) => 0,
-                    (Some(m), None) => m.by_row.nnz(),
-                    (None, None) => shape.dense_weights(),
-                };
-                let weights = (0..n).map(|_| rng.random_range(-limit..limit)).collect();
-                RwLock::new(LayerState {
-                    shape,
-                    weights,
-                    bias: vec![0.0; shape.bias_len()],
-                    weights_opt: OptState::new(optimizer.kind, n),
-                    bias_opt: OptState::new(optimizer.kind, shape.bias_len()),
-                    masks,
-                    updates: 0,
                 })
             })
             .collect();
-        MemoryX { layout, optimizer, schedule, total_steps, layers, tied_grad: TiedGrad::default() }
+        let updates = (0..lengths.len()).map(|_| AtomicU64::new(0)).collect();
+        MemoryX { layout, masks, lengths, servers, local, updates, tied_grad: TiedGrad::default() }
+    }
+
+    /// How many weight servers hold the state.
+    pub fn servers(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// Server 0, when it runs in this process.
+    pub fn local(&self) -> Option<&Arc<Shard>> {
+        self.local.as_ref()
+    }
+
+    fn lengths(&self, layer: usize) -> Result<LayerLengths> {
+        self.lengths
+            .get(layer)
+            .copied()
+            .ok_or_else(|| Error::Protocol(format!("layer {layer} requested but the model has {}", self.lengths.len())))
+    }
+
+    fn at(&self, layer: usize) -> u64 {
+        self.updates.get(layer).map_or(0, |u| u.load(Ordering::SeqCst))
+    }
+
+    /// Layer `layer`'s weights and bias, put back together from every server's slice.
+    fn gather(&self, layer: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.lengths(layer)?;
+        let step = self.at(layer);
+        let parts = on_each(&self.servers, |_, s| s.fetch(layer, step))?;
+        let (w, b): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+        Ok((join(w), join(b)))
+    }
+
+    /// The first `n` weights of layer `target`: a tied layer's matrix.
+    fn tied_values(&self, target: usize, n: usize) -> Result<Vec<f32>> {
+        let (mut w, _) = self.gather(target)?;
+        if w.len() < n {
+            return Err(Error::Protocol(format!("layer {target} has {} weights, fewer than the {n} a tied layer reads", w.len())));
+        }
+        w.truncate(n);
+        Ok(w)
+    }
+
+    /// Weights a gradient of layer `layer` carries: the whole matrix for a tied layer, else what it stores.
+    fn grad_weights(&self, layer: usize) -> Result<usize> {
+        let shape = self.layout.linears.get(layer).ok_or_else(|| Error::Protocol(format!("no layer {layer}")))?;
+        Ok(if shape.tied_to.is_some() { shape.dense_weights() } else { self.lengths(layer)?[0] })
     }
 
     /// Refuses a gradient that does not fit layer `grad.layer` (wrong lengths, NaN or infinity).
-    fn check_grad(state: &LayerState, grad: &LayerGrad) -> Result<()> {
-        let own_weights = if state.shape.tied_to.is_some() { state.shape.dense_weights() } else { state.weights.len() };
-        if grad.weights.len() != own_weights || grad.bias.len() != state.shape.bias_len() {
+    fn check_grad(&self, grad: &LayerGrad) -> Result<()> {
+        let own_weights = self.grad_weights(grad.layer)?;
+        let bias = self.lengths(grad.layer)?[1];
+        if grad.weights.len() != own_weights || grad.bias.len() != bias {
             return Err(Error::Protocol(format!(
                 "gradient for layer {} has {} weight and {} bias values; {} and {} expected",
                 grad.layer,
                 grad.weights.len(),
                 grad.bias.len(),
                 own_weights,
-                state.shape.bias_len()
+                bias
             )));
         }
         if !all_finite(&grad.weights) || !all_finite(&grad.bias) {
@@ -189,49 +257,58 @@ impl MemoryX {
     /// Checks a step's gradients against the model before any is applied, so a bad one cannot leave the
     /// state half-updated.
     pub fn check_grads(&self, grads: &[LayerGrad]) -> Result<()> {
-        grads.iter().try_for_each(|g| Self::check_grad(&*self.read(g.layer)?, g))
+        grads.iter().try_for_each(|g| self.check_grad(g))
     }
 
     /// Optimizer steps applied so far (the step the next gradient must be for).
     pub fn step(&self) -> u64 {
-        self.layers.first().and_then(|l| l.read().ok().map(|s| s.updates)).unwrap_or(0)
+        self.at(0)
+    }
+
+    /// Each server's own count of the steps it has applied (or why it could not say): what the driver checks
+    /// after a failed step, to tell a server that restarted from one that was only slow.
+    pub fn server_steps(&self) -> Vec<Result<u64>> {
+        self.servers.iter().map(|s| s.step()).collect()
     }
 
     /// Runs `f` on layer `layer`'s stream for `pass`, lending it the stored weights instead of copying them
-    /// when they travel in stored order (dense layers, and sparse ones forward), and putting them back after.
-    /// For a pipelined engine's replica, whose layers never leave the engine. `f` must not use this store.
+    /// when one server in this process holds them in memory and they travel in stored order (dense layers,
+    /// and sparse ones forward), and putting them back after. For a pipelined engine's replica, whose layers
+    /// never leave the engine. `f` must not use this store.
     pub fn with_stream<T>(&self, layer: usize, pass: Pass, f: impl FnOnce(&LayerStream) -> Result<T>) -> Result<T> {
-        let lendable = {
-            let s = self.read(layer)?;
-            s.shape.tied_to.is_none() && (pass == Pass::Forward || (layer > 0 && s.masks.is_none()))
+        let shape = *self.layout.linears.get(layer).ok_or_else(|| Error::Protocol(format!("no layer {layer}")))?;
+        let masks = self.masks.get(layer).and_then(Option::as_ref);
+        let lendable = shape.tied_to.is_none() && (pass == Pass::Forward || (layer > 0 && masks.is_none()));
+        let resident = |local: &Shard| local.resident(layer);
+        if let (true, [_], Some(local)) = (lendable, self.servers.as_slice(), self.local.as_ref().filter(|l| resident(l))) {
+            let lent = local.lend(layer, |w, b| {
+                let values = std::mem::take(w);
+                let weights = match masks {
+                    Some(m) => WeightPayload::Sparse { pattern: m.by_row.clone(), values },
+                    None => WeightPayload::Dense(values),
+                };
+                let bias = if pass == Pass::Forward { std::mem::take(b) } else { Vec::new() };
+                let stream = LayerStream { layer, pass, weights, bias };
+                let out = f(&stream);
+                let LayerStream { weights, bias, .. } = stream;
+                if let WeightPayload::Dense(v) | WeightPayload::Sparse { values: v, .. } = weights {
+                    *w = v;
+                }
+                if pass == Pass::Forward {
+                    *b = bias;
+                }
+                out
+            })?;
+            if let Some(out) = lent {
+                return out;
+            }
+            return Err(Error::Protocol(format!("layer {layer} could not be lent")));
+        }
+        let stream = match pass {
+            Pass::Forward => self.forward_stream(layer)?,
+            Pass::Backward => self.backward_stream(layer)?,
         };
-        if !lendable {
-            let stream = match pass {
-                Pass::Forward => self.forward_stream(layer)?,
-                Pass::Backward => self.backward_stream(layer)?,
-            };
-            return f(&stream);
-        }
-        let mut state = self.layers[layer]
-            .write()
-            .map_err(|_| Error::Protocol(format!("layer {layer}'s state was poisoned by a failed update")))?;
-        let values = std::mem::take(&mut state.weights);
-        let weights = match &state.masks {
-            Some(m) => WeightPayload::Sparse { pattern: m.by_row.clone(), values },
-            None => WeightPayload::Dense(values),
-        };
-        let bias = if pass == Pass::Forward { std::mem::take(&mut state.bias) } else { Vec::new() };
-        let stream = LayerStream { layer, pass, weights, bias };
-        let out = f(&stream);
-        let LayerStream { weights, bias, .. } = stream;
-        match weights {
-            WeightPayload::Dense(v) | WeightPayload::Sparse { values: v, .. } => state.weights = v,
-            WeightPayload::Mask(_) | WeightPayload::Nothing => {}
-        }
-        if pass == Pass::Forward {
-            state.bias = bias;
-        }
-        out
+        f(&stream)
     }
 
     /// The model it stores.
@@ -241,81 +318,61 @@ impl MemoryX {
 
     /// Weights actually stored (non-zeros for sparse layers) plus biases.
     pub fn parameters(&self) -> usize {
-        self.layers
-            .iter()
-            .filter_map(|l| l.read().ok().map(|s| s.weights.len() + s.bias.len()))
-            .sum()
+        self.lengths.iter().map(|l| l[0] + l[1]).sum()
     }
 
     /// Each layer's weights as a dense row-major matrix, for tests and inspection.
     pub fn dense_weights(&self, layer: usize) -> Result<Vec<f32>> {
-        let state = self.read(layer)?;
-        Ok(match (&state.masks, state.shape.tied_to) {
-            (_, Some(target)) => self.tied_values(target, state.shape.dense_weights())?,
-            (Some(m), None) => m.by_row.to_dense(&state.weights).data,
-            (None, None) => state.weights.clone(),
+        let shape = *self.layout.linears.get(layer).ok_or_else(|| Error::Protocol(format!("no layer {layer}")))?;
+        Ok(match (self.masks.get(layer).and_then(Option::as_ref), shape.tied_to) {
+            (_, Some(target)) => self.tied_values(target, shape.dense_weights())?,
+            (Some(m), None) => m.by_row.to_dense(&self.gather(layer)?.0).data,
+            (None, None) => self.gather(layer)?.0,
         })
-    }
-
-    /// The first `n` weights of layer `target`: a tied layer's matrix.
-    fn tied_values(&self, target: usize, n: usize) -> Result<Vec<f32>> {
-        let t = self.read(target)?;
-        t.weights.get(..n).map(<[f32]>::to_vec).ok_or_else(|| {
-            Error::Protocol(format!("layer {target} has {} weights, fewer than the {n} a tied layer reads", t.weights.len()))
-        })
-    }
-
-    fn read(&self, layer: usize) -> Result<std::sync::RwLockReadGuard<'_, LayerState>> {
-        self.layers
-            .get(layer)
-            .ok_or_else(|| Error::Protocol(format!("layer {layer} requested but the model has {}", self.layers.len())))?
-            .read()
-            .map_err(|_| Error::Protocol(format!("layer {layer}'s state was poisoned by a failed update")))
     }
 }
 
 impl WeightStore for MemoryX {
     fn forward_stream(&self, layer: usize) -> Result<LayerStream> {
-        let state = self.read(layer)?;
-        let weights = match (&state.masks, state.shape.tied_to) {
-            (_, Some(target)) => WeightPayload::Dense(self.tied_values(target, state.shape.dense_weights())?),
-            (Some(m), None) => WeightPayload::Sparse { pattern: m.by_row.clone(), values: state.weights.clone() },
-            (None, None) => WeightPayload::Dense(state.weights.clone()),
+        let shape = *self.layout.linears.get(layer).ok_or_else(|| Error::Protocol(format!("no layer {layer}")))?;
+        let (values, bias) = self.gather(layer)?;
+        let weights = match (self.masks.get(layer).and_then(Option::as_ref), shape.tied_to) {
+            (_, Some(target)) => WeightPayload::Dense(self.tied_values(target, shape.dense_weights())?),
+            (Some(m), None) => WeightPayload::Sparse { pattern: m.by_row.clone(), values },
+            (None, None) => WeightPayload::Dense(values),
         };
-        Ok(LayerStream { layer, pass: Pass::Forward, weights, bias: state.bias.clone() })
+        Ok(LayerStream { layer, pass: Pass::Forward, weights, bias })
     }
 
     fn backward_stream(&self, layer: usize) -> Result<LayerStream> {
-        let state = self.read(layer)?;
-        let weights = match (&state.masks, layer) {
-            (_, l) if l > 0 && state.shape.tied_to.is_some() => {
-                WeightPayload::Dense(self.tied_values(state.shape.tied_to.unwrap_or(0), state.shape.dense_weights())?)
+        let shape = *self.layout.linears.get(layer).ok_or_else(|| Error::Protocol(format!("no layer {layer}")))?;
+        let masks = self.masks.get(layer).and_then(Option::as_ref);
+        let weights = match (masks, layer, shape.tied_to) {
+            (_, l, Some(target)) if l > 0 => WeightPayload::Dense(self.tied_values(target, shape.dense_weights())?),
+            (Some(m), 0, _) => WeightPayload::Mask(m.by_col.clone()),
+            (Some(m), _, _) => {
+                let (values, _) = self.gather(layer)?;
+                WeightPayload::Sparse { pattern: m.by_col.clone(), values: m.col_to_row.iter().map(|&k| values[k as usize]).collect() }
             }
-            (Some(m), 0) => WeightPayload::Mask(m.by_col.clone()),
-            (Some(m), _) => WeightPayload::Sparse {
-                pattern: m.by_col.clone(),
-                values: m.col_to_row.iter().map(|&k| state.weights[k as usize]).collect(),
-            },
-            (None, 0) => WeightPayload::Nothing,
-            (None, _) => WeightPayload::Dense(state.weights.clone()),
+            (None, 0, _) => WeightPayload::Nothing,
+            (None, _, _) => WeightPayload::Dense(self.gather(layer)?.0),
         };
         Ok(LayerStream { layer, pass: Pass::Backward, weights, bias: Vec::new() })
     }
 
     fn apply(&self, grad: &LayerGrad, step: u64) -> Result<()> {
-        let lock = self.layers.get(grad.layer).ok_or_else(|| {
-            Error::Protocol(format!("gradient for layer {} but the model has {} layers", grad.layer, self.layers.len()))
+        let shape = *self.layout.linears.get(grad.layer).ok_or_else(|| {
+            Error::Protocol(format!("gradient for layer {} but the model has {} layers", grad.layer, self.lengths.len()))
         })?;
-        let mut state =
-            lock.write().map_err(|_| Error::Protocol(format!("layer {}'s state was poisoned", grad.layer)))?;
-        if step != state.updates {
+        let at = self.at(grad.layer);
+        if step != at {
             return Err(Error::Protocol(format!(
-                "gradient of step {step} for layer {} refused: the layer expects step {}",
-                grad.layer, state.updates
+                "gradient of step {step} for layer {} refused: the layer expects step {at}",
+                grad.layer
             )));
         }
-        Self::check_grad(&state, grad)?;
-        let mut reordered = match &state.masks {
+        self.check_grad(grad)?;
+        let mut reordered = match self.masks.get(grad.layer).and_then(Option::as_ref) {
             Some(m) => {
                 let mut g = vec![0.0; grad.weights.len()];
                 for (kc, &kr) in m.col_to_row.iter().enumerate() {
@@ -323,18 +380,18 @@ impl WeightStore for MemoryX {
                 }
                 g
             }
-            None if state.shape.tied_to.is_some() => Vec::new(),
+            None if shape.tied_to.is_some() => Vec::new(),
             None => grad.weights.clone(),
         };
         // The shared weights are updated once, with the target layer, from the sum of both gradients.
-        self.tied_grad.exchange(grad, state.shape.tied_to, step, &mut reordered)?;
-        let weight_grads: &[f32] = &reordered;
-        let lr = optim::learning_rate(&self.optimizer, &self.schedule, step, self.total_steps);
-        let t = state.updates + 1;
-        let LayerState { weights, bias, weights_opt, bias_opt, .. } = &mut *state;
-        optim::update(&self.optimizer, weights, weight_grads, weights_opt, lr, t, true);
-        optim::update(&self.optimizer, bias, &grad.bias, bias_opt, lr, t, false);
-        state.updates += 1;
+        self.tied_grad.exchange(grad, shape.tied_to, step, &mut reordered)?;
+        let n = self.servers.len() as u32;
+        on_each(&self.servers, |i, s| {
+            let w = &reordered[crate::plan::slice_range(reordered.len(), i as u32, n)];
+            let b = &grad.bias[crate::plan::slice_range(grad.bias.len(), i as u32, n)];
+            s.update(grad.layer, step, w, b)
+        })?;
+        self.updates[grad.layer].store(step + 1, Ordering::SeqCst);
         Ok(())
     }
 
@@ -351,19 +408,26 @@ impl WeightStore for MemoryX {
 }
 
 impl MemoryX {
-    /// Every weight, bias and optimizer moment as named tensors, with the steps applied so far. Taken between
-    /// steps, so all layers agree on the step.
+    /// Every weight, bias and optimizer moment as named tensors, with the steps applied so far, put back
+    /// together from every server. Taken between steps, so all layers agree on the step.
     pub fn snapshot(&self) -> Result<(u64, Tensors)> {
         let mut out = Vec::new();
         let mut step = None;
-        for (l, lock) in self.layers.iter().enumerate() {
-            let s = lock.read().map_err(|_| Error::Protocol(format!("layer {l}'s state was poisoned")))?;
-            if *step.get_or_insert(s.updates) != s.updates {
-                return Err(Error::Protocol("a snapshot was taken in the middle of a step".into()));
+        for l in 0..self.lengths.len() {
+            let parts = on_each(&self.servers, |_, s| s.tensors(l))?;
+            let mut kinds: [Vec<Vec<f32>>; 6] = Default::default();
+            for (at, tensors) in parts {
+                if *step.get_or_insert(at) != at {
+                    return Err(Error::Protocol("a snapshot was taken in the middle of a step".into()));
+                }
+                for (k, t) in tensors.into_iter().enumerate() {
+                    kinds[k].push(t);
+                }
             }
-            for (kind, values) in checkpoint::KINDS.iter().zip(s.saved()) {
+            for (kind, parts) in checkpoint::KINDS.iter().zip(kinds) {
+                let values = join(parts);
                 if !values.is_empty() {
-                    out.push((checkpoint::tensor_name(l, kind), values.clone()));
+                    out.push((checkpoint::tensor_name(l, kind), values));
                 }
             }
         }
@@ -374,35 +438,62 @@ impl MemoryX {
     /// not fit before anything is changed.
     pub fn restore(&self, step: u64, tensors: &Tensors) -> Result<()> {
         let find = |name: &str| tensors.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+        let empty = Vec::new();
         let mut staged = Vec::new();
-        for (l, lock) in self.layers.iter().enumerate() {
-            let s = lock.read().map_err(|_| Error::Protocol(format!("layer {l}'s state was poisoned")))?;
-            let mut parts = Vec::new();
-            for (kind, want) in checkpoint::KINDS.iter().zip(s.saved().map(Vec::len)) {
+        for (l, want) in self.lengths.iter().enumerate() {
+            let mut parts: [&Vec<f32>; 6] = [&empty; 6];
+            for (k, kind) in checkpoint::KINDS.iter().enumerate() {
                 let key = checkpoint::tensor_name(l, kind);
-                let values = match (find(&key), want) {
-                    (Some(v), n) if v.len() == n => v.clone(),
-                    (None, 0) => Vec::new(),
+                parts[k] = match (find(&key), want[k]) {
+                    (Some(v), n) if v.len() == n => v,
+                    (None, 0) => &empty,
                     (found, n) => {
                         return Err(Error::Protocol(format!(
                             "checkpoint tensor {key} has {} values but this job's model needs {n}; the checkpoint \
                              belongs to another model, seed, sparsity or optimizer",
-                            found.map_or(0, Vec::len)
+                            found.map_or(0, |v| v.len())
                         )));
                     }
                 };
-                parts.push(values);
             }
             staged.push(parts);
         }
-        for (lock, parts) in self.layers.iter().zip(staged) {
-            let mut s = lock.write().map_err(|_| Error::Protocol("layer state poisoned".into()))?;
-            for (slot, values) in s.saved_mut().into_iter().zip(parts) {
-                *slot = values;
-            }
-            s.updates = step;
+        let n = self.servers.len() as u32;
+        for (l, parts) in staged.into_iter().enumerate() {
+            on_each(&self.servers, |i, s| {
+                let slice: LayerTensors = parts.map(|t| t[crate::plan::slice_range(t.len(), i as u32, n)].to_vec());
+                s.put(l, step, slice)
+            })?;
+            self.updates[l].store(step, Ordering::SeqCst);
         }
         Ok(())
+    }
+
+    /// Has every server write its slice of the state after `step` updates; returns their checksums, in
+    /// server order, for the manifest.
+    pub fn save_slices(&self, step: u64) -> Result<Vec<u32>> {
+        on_each(&self.servers, |_, s| s.save(step))
+    }
+
+    /// Has every server take its slice back from the checkpoint of `step` whose slices have `checksums`.
+    pub fn load_slices(&self, step: u64, checksums: &[u32]) -> Result<()> {
+        if checksums.len() != self.servers.len() {
+            return Err(Error::Protocol(format!(
+                "the checkpoint of step {step} has {} slices for {} weight servers",
+                checksums.len(),
+                self.servers.len()
+            )));
+        }
+        on_each(&self.servers, |i, s| s.load(step, checksums[i]))?;
+        for u in &self.updates {
+            u.store(step, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Has every server drop its slices of checkpoints other than `keep`.
+    pub fn retain_slices(&self, keep: &[u64]) -> Result<()> {
+        on_each(&self.servers, |_, s| s.retain(keep)).map(|_| ())
     }
 }
 

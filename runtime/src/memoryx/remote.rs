@@ -1,0 +1,128 @@
+//! A weight server on the network, as the coordinator drives it: each [`WeightServer`] call is one `Weights`
+//! gRPC call over mutual TLS, bounded by the call timeout, with every tensor that comes back metered against the
+//! slice's lengths (which the coordinator derives from the plan) before it is kept.
+
+use tonic::transport::Channel;
+
+use super::server::{LayerLengths, LayerTensors, SliceId, WeightServer};
+use super::service::{chunks, Assembler};
+use crate::error::{Error, Result};
+use crate::protocol::pb::weights_client::WeightsClient;
+use crate::protocol::pb::{RetainRequest, TensorChunk, WeightsRequest};
+use crate::swarmx::relay::{channel, Dial};
+use crate::transport::from_status;
+
+/// Weight server `slice` at `url`.
+pub struct RemoteServer {
+    handle: tokio::runtime::Handle,
+    url: String,
+    job: String,
+    slice: SliceId,
+    /// Its slice's lengths, per layer.
+    lengths: Vec<LayerLengths>,
+    client: WeightsClient<Channel>,
+}
+
+impl RemoteServer {
+    /// The server holding `slice` of a model whose whole layers have `lengths`, at `url`, for `job`. Dialled
+    /// lazily; its calls block, so make them outside the async runtime of `handle`.
+    pub fn new(handle: tokio::runtime::Handle, url: &str, job: &str, slice: SliceId, lengths: &[LayerLengths], dial: Dial<'_>) -> Result<Self> {
+        let _runtime = handle.enter();
+        let client = WeightsClient::new(channel(url, dial)?).max_decoding_message_size(8 << 20).max_encoding_message_size(8 << 20);
+        Ok(RemoteServer {
+            handle,
+            url: url.to_string(),
+            job: job.to_string(),
+            slice,
+            lengths: lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect(),
+            client,
+        })
+    }
+
+    fn request(&self, layer: usize, step: u64, crc32: u32) -> WeightsRequest {
+        WeightsRequest { job: self.job.clone(), layer: layer as u64, step, crc32 }
+    }
+
+    fn failed(&self, s: tonic::Status) -> Error {
+        from_status(s, &format!("{} at {}", self.slice, self.url))
+    }
+
+    /// Receives a stream of `count` tensors of a layer.
+    fn receive(&self, call: impl std::future::Future<Output = Result<tonic::Response<tonic::Streaming<TensorChunk>>, tonic::Status>>, count: usize) -> Result<(usize, u64, LayerTensors)> {
+        self.handle.block_on(async {
+            let mut stream = call.await.map_err(|s| self.failed(s))?.into_inner();
+            let mut a = Assembler::new(&self.job, count, &self.lengths);
+            while let Some(c) = stream.message().await.map_err(|s| self.failed(s))? {
+                a.push(c)?;
+            }
+            a.finish()
+        })
+    }
+
+    /// Sends a layer's tensors as a client stream to `call`.
+    fn send<F, Fut>(&self, layer: usize, step: u64, tensors: &[Vec<f32>], call: F) -> Result<()>
+    where
+        F: FnOnce(WeightsClient<Channel>, futures::stream::Iter<std::vec::IntoIter<TensorChunk>>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<crate::protocol::pb::Ack>, tonic::Status>>,
+    {
+        let stream = futures::stream::iter(chunks(&self.job, layer, step, tensors));
+        self.handle.block_on(call(self.client.clone(), stream)).map(|_| ()).map_err(|s| self.failed(s))
+    }
+}
+
+impl WeightServer for RemoteServer {
+    fn slice(&self) -> SliceId {
+        self.slice
+    }
+
+    fn fetch(&self, layer: usize, step: u64) -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut client = self.client.clone();
+        let (_, _, t) = self.receive(client.fetch(self.request(layer, step, 0)), 2)?;
+        let [w, b, ..] = t;
+        Ok((w, b))
+    }
+
+    fn update(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
+        self.send(layer, step, &[weights.to_vec(), bias.to_vec()], |mut c, s| async move { c.update(s).await })
+    }
+
+    fn step(&self) -> Result<u64> {
+        let mut client = self.client.clone();
+        let info = self.handle.block_on(client.hello(self.request(0, 0, 0))).map_err(|s| self.failed(s))?.into_inner();
+        if (info.index, info.count) != (self.slice.index, self.slice.count) {
+            return Err(Error::Protocol(format!(
+                "{} answered as weight server {} of {}: the servers' addresses are out of order",
+                self.url, info.index, info.count
+            )));
+        }
+        Ok(info.step)
+    }
+
+    fn tensors(&self, layer: usize) -> Result<(u64, LayerTensors)> {
+        let mut client = self.client.clone();
+        let (_, step, t) = self.receive(client.tensors(self.request(layer, 0, 0)), 6)?;
+        Ok((step, t))
+    }
+
+    fn put(&self, layer: usize, step: u64, tensors: LayerTensors) -> Result<()> {
+        self.send(layer, step, &tensors, |mut c, s| async move { c.put(s).await })
+    }
+
+    fn save(&self, step: u64) -> Result<u32> {
+        let mut client = self.client.clone();
+        Ok(self.handle.block_on(client.save(self.request(0, step, 0))).map_err(|s| self.failed(s))?.into_inner().crc32)
+    }
+
+    fn load(&self, step: u64, crc32: u32) -> Result<()> {
+        let mut client = self.client.clone();
+        self.handle.block_on(client.load(self.request(0, step, crc32))).map_err(|s| self.failed(s))?;
+        Ok(())
+    }
+
+    fn retain(&self, keep: &[u64]) -> Result<()> {
+        let mut client = self.client.clone();
+        let r = RetainRequest { job: self.job.clone(), keep: keep.to_vec() };
+        self.handle.block_on(client.retain(r)).map_err(|s| self.failed(s))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,463 @@
+//! A weight server: the part of MemoryX that owns one slice of every layer — its weights, its bias and the
+//! optimizer's moments of both — streams that slice, and runs the optimizer on the matching slice of the summed
+//! gradient. The coordinator ([`super::MemoryX`]) cuts every tensor the same way ([`crate::plan::slice_range`])
+//! and never holds more than the layer in flight; the update is elementwise, so N servers train exactly the
+//! same model as one.
+//!
+//! [`WeightServer`] is what the coordinator drives; [`Shard`] is a server in this process (server 0, a
+//! pipelined engine's replica, every server in an in-process run), and [`super::remote::RemoteServer`] one on
+//! the network.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use crds::{OptimizerSpec, ScheduleSpec};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::checkpoint::{self, Tensors};
+use super::tier::{Tier, TierLayout};
+use crate::error::{Error, Result};
+use crate::model::ModelLayout;
+use crate::optim::{self, OptState};
+use crate::plan::slice_range;
+
+/// Which slice of every layer a server owns: `index` of `count` equal contiguous ranges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SliceId {
+    /// This server's place, 0-based; 0 is the coordinator.
+    pub index: u32,
+    /// How many servers share the state.
+    pub count: u32,
+}
+
+impl SliceId {
+    /// The whole state: what a single MemoryX holds.
+    pub const WHOLE: SliceId = SliceId { index: 0, count: 1 };
+
+    /// This slice of a tensor of `len` values.
+    pub fn range(self, len: usize) -> std::ops::Range<usize> {
+        slice_range(len, self.index, self.count)
+    }
+}
+
+impl std::fmt::Display for SliceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "weight server {} of {}", self.index, self.count)
+    }
+}
+
+/// One layer's slice as a server holds it, in [`checkpoint::KINDS`] order: weights, bias, and the optimizer's
+/// two moments of each (empty when the optimizer keeps none).
+pub type LayerTensors = [Vec<f32>; 6];
+
+/// Lengths of a layer's whole tensors, in [`checkpoint::KINDS`] order: what the coordinator cuts.
+pub type LayerLengths = [usize; 6];
+
+/// What the coordinator needs of a weight server. Every call names the step the coordinator believes the
+/// layer is at, so a server that restarted (and so holds another step) is refused at once rather than
+/// streaming stale weights.
+pub trait WeightServer: Send + Sync {
+    /// The slice it owns.
+    fn slice(&self) -> SliceId;
+    /// Its slice of layer `layer`'s weights and bias, which must have had `step` updates.
+    fn fetch(&self, layer: usize, step: u64) -> Result<(Vec<f32>, Vec<f32>)>;
+    /// Runs the optimizer on its slice of layer `layer` with the matching slices of the summed gradient of
+    /// step `step` (0-based), which must be the next one the layer expects.
+    fn update(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()>;
+    /// Updates applied so far to every layer (all layers agree between steps).
+    fn step(&self) -> Result<u64>;
+    /// Its slice of layer `layer`'s every tensor, with the layer's step: snapshots and pipelined replicas.
+    fn tensors(&self, layer: usize) -> Result<(u64, LayerTensors)>;
+    /// Replaces its slice of layer `layer` (lengths checked) and sets the layer's step.
+    fn put(&self, layer: usize, step: u64, tensors: LayerTensors) -> Result<()>;
+    /// Writes its slice of the state after `step` updates to its checkpoint directory, atomically; returns the
+    /// file's checksum, which the coordinator's manifest records.
+    fn save(&self, step: u64) -> Result<u32>;
+    /// Takes its slice back from the checkpoint of `step`, which must carry checksum `crc32`.
+    fn load(&self, step: u64, crc32: u32) -> Result<()>;
+    /// Removes its checkpoint slices of steps other than `keep` (those the coordinator's manifests still name).
+    fn retain(&self, keep: &[u64]) -> Result<()>;
+}
+
+/// A layer as a [`Shard`] holds it: its slice of each tensor and the updates applied.
+#[derive(Debug)]
+struct Slot {
+    /// `None` while the layer lives in the disk tier.
+    tensors: Option<LayerTensors>,
+    updates: u64,
+}
+
+/// A weight server in this process.
+pub struct Shard {
+    slice: SliceId,
+    optimizer: OptimizerSpec,
+    schedule: ScheduleSpec,
+    total_steps: u64,
+    /// Each layer's slice lengths.
+    lengths: Vec<LayerLengths>,
+    layers: Vec<Mutex<Slot>>,
+    /// Where the part beyond the memory budget lives; `None`: all in memory.
+    tier: Option<Arc<Tier>>,
+    /// Where its checkpoint slices go.
+    checkpoint_dir: Option<PathBuf>,
+    /// The job's name, recorded in its checkpoint slices.
+    job: String,
+}
+
+impl std::fmt::Debug for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shard").field("slice", &self.slice).field("layers", &self.layers.len()).finish()
+    }
+}
+
+/// Where a [`Shard`] keeps what does not fit its memory budget, and where it checkpoints.
+#[derive(Clone, Debug, Default)]
+pub struct Storage {
+    /// Bytes of state it may keep in memory; `None`: everything.
+    pub memory_bytes: Option<u64>,
+    /// The disk tier's directory (required when the budget is below the slice).
+    pub tier_dir: Option<PathBuf>,
+    /// Where its checkpoint slices go.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// The job's name, recorded in its checkpoint slices.
+    pub job: String,
+}
+
+/// Seed of layer `l`'s mask and initial values, derived from the job seed so layers differ.
+pub(super) fn layer_seed(seed: u64, l: usize, salt: u64) -> u64 {
+    seed ^ (l as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt
+}
+
+/// The stored lengths of every layer of `layout` drawn from `seed`, whole: weights (non-zeros of a sparse
+/// layer, none of a tied one), bias, and the optimizer's moments of each.
+pub fn layer_lengths(layout: &ModelLayout, optimizer: &OptimizerSpec, seed: u64) -> Vec<LayerLengths> {
+    let moments = optim::OptState::values_per_parameter(optimizer.kind) as usize;
+    (0..layout.linears.len())
+        .map(|l| {
+            let shape = layout.linears[l];
+            let n = match (shape.tied_to, super::mask(layout, seed, l)) {
+                (Some(_), _) => 0,
+                (None, Some(m)) => m.nnz(),
+                (None, None) => shape.dense_weights(),
+            };
+            let b = shape.bias_len();
+            let (m1, m2) = (if moments >= 1 { n } else { 0 }, if moments >= 2 { n } else { 0 });
+            let (b1, b2) = (if moments >= 1 { b } else { 0 }, if moments >= 2 { b } else { 0 });
+            [n, b, m1, m2, b1, b2]
+        })
+        .collect()
+}
+
+/// Slice `slice` of layer `l`'s initial tensors, exactly as the whole model's would be: the layer's values are
+/// drawn in full, in order, and the slice keeps its range, so any number of servers starts from the same
+/// weights. Weights uniform with the layer's standard deviation (He-scaled over each output's actual fan-in
+/// unless the layout sets one), biases and moments at zero.
+fn initial(layout: &ModelLayout, lengths: &[LayerLengths], seed: u64, slice: SliceId, l: usize) -> LayerTensors {
+    let shape = layout.linears[l];
+    let whole = lengths[l];
+    let mut rng = ChaCha8Rng::seed_from_u64(layer_seed(seed, l, 0x5eed));
+    let density = 1.0 - if shape.sparse { layout.sparsity } else { 0.0 };
+    let limit = match shape.init_std {
+        // uniform(-a, a) has standard deviation a / √3
+        Some(std) => std * 3f32.sqrt(),
+        // He: variance 2 / fan-in, over each output's actual fan-in
+        None => (6.0 / (shape.inputs as f64 * density).max(1.0)).sqrt() as f32,
+    };
+    let range = slice.range(whole[0]);
+    for _ in 0..range.start {
+        let _: f32 = rng.random_range(-limit..limit);
+    }
+    let weights: Vec<f32> = range.map(|_| rng.random_range(-limit..limit)).collect();
+    let s = whole.map(|len| slice.range(len).len());
+    [weights, vec![0.0; s[1]], vec![0.0; s[2]], vec![0.0; s[3]], vec![0.0; s[4]], vec![0.0; s[5]]]
+}
+
+impl Shard {
+    /// Slice `slice` of a model `layout` initialised from `seed` ([`initial`]), keeping what does not fit
+    /// `storage.memory_bytes` in the disk tier. `lengths` are the whole layers' (from [`layer_lengths`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        layout: &ModelLayout,
+        lengths: &[LayerLengths],
+        optimizer: OptimizerSpec,
+        schedule: ScheduleSpec,
+        total_steps: u64,
+        seed: u64,
+        slice: SliceId,
+        storage: Storage,
+    ) -> Result<Shard> {
+        let sliced: Vec<LayerLengths> = lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect();
+        let tier = match storage.memory_bytes {
+            Some(budget) => {
+                let bytes: Vec<u64> = sliced.iter().map(|s| 4 * s.iter().sum::<usize>() as u64).collect();
+                let plan = TierLayout::new(&bytes, budget)?;
+                if plan.on_disk.iter().any(|&d| d) {
+                    let dir = storage.tier_dir.clone().ok_or_else(|| {
+                        Error::Plan(format!("{slice} keeps part of its slice on disk but has no tier directory (--tier-dir)"))
+                    })?;
+                    Some(Arc::new(Tier::create(dir, &sliced, plan)?))
+                } else {
+                    None
+                }
+            }
+            None => None,
+        };
+        let mut layers = Vec::with_capacity(lengths.len());
+        for l in 0..lengths.len() {
+            let tensors = initial(layout, lengths, seed, slice, l);
+            let slot = match &tier {
+                Some(t) if t.on_disk(l) => {
+                    t.write(l, &tensors)?;
+                    Slot { tensors: None, updates: 0 }
+                }
+                _ => Slot { tensors: Some(tensors), updates: 0 },
+            };
+            layers.push(Mutex::new(slot));
+        }
+        Ok(Shard {
+            slice,
+            optimizer,
+            schedule,
+            total_steps,
+            lengths: sliced,
+            layers,
+            tier,
+            checkpoint_dir: storage.checkpoint_dir,
+            job: storage.job,
+        })
+    }
+
+    /// Slice `slice` of the model, all in memory, with no checkpoint directory: a pipelined engine's replica,
+    /// the in-process MemoryX of tests and local runs.
+    pub fn in_memory(
+        layout: &ModelLayout,
+        lengths: &[LayerLengths],
+        optimizer: OptimizerSpec,
+        schedule: ScheduleSpec,
+        total_steps: u64,
+        seed: u64,
+        slice: SliceId,
+    ) -> Shard {
+        let layers = (0..lengths.len())
+            .map(|l| Mutex::new(Slot { tensors: Some(initial(layout, lengths, seed, slice, l)), updates: 0 }))
+            .collect();
+        Shard {
+            slice,
+            optimizer,
+            schedule,
+            total_steps,
+            lengths: lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect(),
+            layers,
+            tier: None,
+            checkpoint_dir: None,
+            job: String::new(),
+        }
+    }
+
+    fn lock(&self, layer: usize) -> Result<std::sync::MutexGuard<'_, Slot>> {
+        self.layers
+            .get(layer)
+            .ok_or_else(|| Error::Protocol(format!("layer {layer} requested but the model has {}", self.layers.len())))?
+            .lock()
+            .map_err(|_| Error::Protocol(format!("{}: layer {layer}'s state was poisoned by a failed update", self.slice)))
+    }
+
+    fn check_step(&self, layer: usize, have: u64, want: u64) -> Result<()> {
+        if have != want {
+            return Err(Error::Protocol(format!(
+                "{}: layer {layer} has had {have} updates but the coordinator is at step {want}; the server restarted \
+                 or missed a step, so the job resumes from its last complete checkpoint",
+                self.slice
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on layer `layer`'s tensors, reading them from the disk tier (and writing them back when
+    /// `write`) if they live there.
+    fn with_layer<T>(&self, layer: usize, write: bool, f: impl FnOnce(&mut Slot, &mut LayerTensors) -> Result<T>) -> Result<T> {
+        let mut slot = self.lock(layer)?;
+        if let Some(mut t) = slot.tensors.take() {
+            let out = f(&mut slot, &mut t);
+            slot.tensors = Some(t);
+            return out;
+        }
+        let tier = self.tier.as_ref().ok_or_else(|| Error::Protocol(format!("layer {layer} has no tensors")))?;
+        let mut t = tier.read(layer, true)?;
+        let out = f(&mut slot, &mut t)?;
+        if write {
+            tier.write(layer, &t)?;
+        }
+        Ok(out)
+    }
+
+    /// Bytes of state this server keeps in memory (its resident layers), and on disk.
+    pub fn bytes(&self) -> (u64, u64) {
+        let total: u64 = self.lengths.iter().map(|s| 4 * s.iter().sum::<usize>() as u64).sum();
+        let disk = self.tier.as_ref().map_or(0, |t| t.disk_bytes());
+        (total - disk, disk)
+    }
+
+    /// The disk tier's traffic so far: bytes read and written.
+    pub fn tier_traffic(&self) -> (u64, u64) {
+        self.tier.as_ref().map_or((0, 0), |t| t.traffic())
+    }
+
+    /// Whether layer `layer` is held in memory (not in the disk tier).
+    pub fn resident(&self, layer: usize) -> bool {
+        self.lock(layer).is_ok_and(|s| s.tensors.is_some())
+    }
+
+    /// Lends layer `layer`'s weights and bias to `f` without copying them, when the layer is in memory.
+    /// Returns `None` (and does not call `f`) when it lives on disk.
+    pub fn lend<T>(&self, layer: usize, f: impl FnOnce(&mut Vec<f32>, &mut Vec<f32>) -> T) -> Result<Option<T>> {
+        let mut slot = self.lock(layer)?;
+        Ok(slot.tensors.as_mut().map(|t| {
+            let [w, b, ..] = t;
+            f(w, b)
+        }))
+    }
+
+    /// Hints that layer `layer` is wanted next, so the disk tier reads it ahead.
+    pub fn prefetch(&self, layer: usize) {
+        if let Some(t) = &self.tier {
+            t.prefetch(layer);
+        }
+    }
+
+    /// The checkpoint slice of `step`'s tensors, in checkpoint order.
+    fn snapshot(&self, step: u64) -> Result<Tensors> {
+        let mut out = Vec::new();
+        for l in 0..self.layers.len() {
+            let (at, tensors) = self.tensors(l)?;
+            self.check_step(l, at, step)?;
+            for (kind, values) in checkpoint::KINDS.iter().zip(tensors) {
+                if !values.is_empty() {
+                    out.push((checkpoint::tensor_name(l, kind), values));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn dir(&self) -> Result<&PathBuf> {
+        self.checkpoint_dir
+            .as_ref()
+            .ok_or_else(|| Error::Protocol(format!("{} has no checkpoint directory", self.slice)))
+    }
+}
+
+impl WeightServer for Shard {
+    fn slice(&self) -> SliceId {
+        self.slice
+    }
+
+    fn fetch(&self, layer: usize, step: u64) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.with_layer(layer, false, |slot, t| {
+            self.check_step(layer, slot.updates, step)?;
+            Ok((t[0].clone(), t[1].clone()))
+        })
+    }
+
+    fn update(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
+        let want = self.lengths.get(layer).map(|s| (s[0], s[1])).unwrap_or_default();
+        if (weights.len(), bias.len()) != want {
+            return Err(Error::Protocol(format!(
+                "{}: gradient slice for layer {layer} has {} weight and {} bias values; {} and {} expected",
+                self.slice,
+                weights.len(),
+                bias.len(),
+                want.0,
+                want.1
+            )));
+        }
+        let lr = optim::learning_rate(&self.optimizer, &self.schedule, step, self.total_steps);
+        self.with_layer(layer, true, |slot, t| {
+            if step != slot.updates {
+                return Err(Error::Protocol(format!(
+                    "{}: gradient of step {step} for layer {layer} refused: the layer expects step {}",
+                    self.slice, slot.updates
+                )));
+            }
+            let tt = slot.updates + 1;
+            let [w, b, wm, wv, bm, bv] = t;
+            let mut wopt = OptState { m: std::mem::take(wm), v: std::mem::take(wv) };
+            let mut bopt = OptState { m: std::mem::take(bm), v: std::mem::take(bv) };
+            optim::update(&self.optimizer, w, weights, &mut wopt, lr, tt, true);
+            optim::update(&self.optimizer, b, bias, &mut bopt, lr, tt, false);
+            (*wm, *wv, *bm, *bv) = (wopt.m, wopt.v, bopt.m, bopt.v);
+            slot.updates += 1;
+            Ok(())
+        })
+    }
+
+    fn step(&self) -> Result<u64> {
+        Ok(self.lock(0).map(|s| s.updates).unwrap_or(0))
+    }
+
+    fn tensors(&self, layer: usize) -> Result<(u64, LayerTensors)> {
+        self.with_layer(layer, false, |slot, t| Ok((slot.updates, t.clone())))
+    }
+
+    fn put(&self, layer: usize, step: u64, tensors: LayerTensors) -> Result<()> {
+        let want = *self.lengths.get(layer).ok_or_else(|| Error::Protocol(format!("no layer {layer}")))?;
+        let have = tensors.each_ref().map(Vec::len);
+        if have != want {
+            return Err(Error::Protocol(format!(
+                "{}: layer {layer}'s tensors have {have:?} values but this job's model needs {want:?}; the state belongs \
+                 to another model, seed, sparsity or optimizer",
+                self.slice
+            )));
+        }
+        let mut slot = self.lock(layer)?;
+        match &self.tier {
+            Some(tier) if slot.tensors.is_none() => tier.write(layer, &tensors)?,
+            _ => slot.tensors = Some(tensors),
+        }
+        slot.updates = step;
+        Ok(())
+    }
+
+    fn save(&self, step: u64) -> Result<u32> {
+        let dir = self.dir()?.clone();
+        let tensors = self.snapshot(step)?;
+        super::manifest::write_slice(&dir, step, &tensors, &self.job, self.slice)
+    }
+
+    fn load(&self, step: u64, crc32: u32) -> Result<()> {
+        let dir = self.dir()?.clone();
+        let max = 4 * self.lengths.iter().map(|s| s.iter().sum::<usize>() as u64).sum::<u64>() + (1 << 20);
+        let tensors = super::manifest::read_slice(&dir, step, self.slice, crc32, max)?;
+        let find = |name: &str| tensors.iter().position(|(n, _)| n == name);
+        let mut staged = Vec::with_capacity(self.layers.len());
+        for (l, want) in self.lengths.iter().enumerate() {
+            let mut parts: LayerTensors = Default::default();
+            for (k, kind) in checkpoint::KINDS.iter().enumerate() {
+                let name = checkpoint::tensor_name(l, kind);
+                parts[k] = match (find(&name), want[k]) {
+                    (Some(i), n) if tensors[i].1.len() == n => tensors[i].1.clone(),
+                    (None, 0) => Vec::new(),
+                    (found, n) => {
+                        return Err(Error::Protocol(format!(
+                            "{}: checkpoint slice of step {step} holds {} values of {name} but this job's model needs {n}; \
+                             it belongs to another model, seed, sparsity or optimizer",
+                            self.slice,
+                            found.map_or(0, |i| tensors[i].1.len())
+                        )));
+                    }
+                };
+            }
+            staged.push(parts);
+        }
+        for (l, parts) in staged.into_iter().enumerate() {
+            self.put(l, step, parts)?;
+        }
+        Ok(())
+    }
+
+    fn retain(&self, keep: &[u64]) -> Result<()> {
+        let dir = self.dir()?.clone();
+        super::manifest::retain_slices(&dir, self.slice, keep)
+    }
+}

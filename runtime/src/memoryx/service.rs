@@ -1,0 +1,225 @@
+//! The `Weights` gRPC service of a weight server other than the coordinator: its [`Shard`] behind mutual TLS.
+//! Every request must name the server's job; every tensor that arrives is metered against the slice's lengths
+//! (which the server derives from the job it loaded, never from the sender) before it is kept.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::server::{LayerLengths, LayerTensors, Shard, WeightServer};
+use crate::error::{Error, Result};
+use crate::protocol::pb::weights_server::Weights;
+use crate::protocol::pb::{Ack, RetainRequest, SaveReply, TensorChunk, WeightsInfo, WeightsRequest};
+use crate::protocol::wire::CHUNK_BYTES;
+use crate::transport::to_status;
+
+type ChunkStream = Pin<Box<dyn Stream<Item = Result<TensorChunk, Status>> + Send>>;
+
+/// The chunks of `tensors` (the first `count`), each cut to at most [`CHUNK_BYTES`]; every tensor sends at
+/// least one chunk, so an empty one is seen too.
+pub(super) fn chunks(job: &str, layer: usize, step: u64, tensors: &[Vec<f32>]) -> Vec<TensorChunk> {
+    let mut out = Vec::new();
+    for (k, t) in tensors.iter().enumerate() {
+        let bytes: &[u8] = bytemuck::cast_slice(t);
+        let mut at = 0;
+        loop {
+            let end = (at + CHUNK_BYTES).min(bytes.len());
+            out.push(TensorChunk {
+                job: job.to_string(),
+                layer: layer as u64,
+                step,
+                tensor: k as u32,
+                data: bytes::Bytes::copy_from_slice(&bytes[at..end]),
+            });
+            at = end;
+            if at >= bytes.len() {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Puts the first `count` tensors of a layer back together from its chunks, refusing another job's, a chunk
+/// of another layer or step, and any tensor that grows past `lengths` (the slice's, from the plan) before it is
+/// kept; each must end exactly at its length. Returns the layer, the step and the tensors.
+pub(super) struct Assembler<'a> {
+    job: &'a str,
+    count: usize,
+    lengths: &'a [LayerLengths],
+    head: Option<(usize, u64, LayerLengths)>,
+    tensors: LayerTensors,
+}
+
+impl<'a> Assembler<'a> {
+    /// Expects `count` tensors of a layer of job `job`, whose slices have `lengths` (per layer).
+    pub(super) fn new(job: &'a str, count: usize, lengths: &'a [LayerLengths]) -> Self {
+        Assembler { job, count, lengths, head: None, tensors: Default::default() }
+    }
+
+    /// Takes one chunk.
+    pub(super) fn push(&mut self, c: TensorChunk) -> Result<()> {
+        let layer = usize::try_from(c.layer).unwrap_or(usize::MAX);
+        let (at, step, want) = match self.head {
+            Some(h) => h,
+            None => {
+                if c.job != self.job {
+                    return Err(Error::Protocol(format!("tensors of job '{}' reached a weight server of job '{}'", c.job, self.job)));
+                }
+                let want = self.lengths.get(layer).copied()
+                    .ok_or_else(|| Error::Protocol(format!("tensors for layer {layer}, which the model does not have")))?;
+                *self.head.insert((layer, c.step, want))
+            }
+        };
+        if layer != at || c.step != step {
+            return Err(Error::Protocol(format!("a stream of layer {at}, step {step} carried a chunk of layer {layer}, step {}", c.step)));
+        }
+        let k = c.tensor as usize;
+        if k >= self.count {
+            return Err(Error::Protocol(format!("tensor {k} of a stream of {} tensors", self.count)));
+        }
+        if c.data.len() % 4 != 0 {
+            return Err(Error::Protocol(format!("a chunk of {} bytes is not whole 4-byte values", c.data.len())));
+        }
+        let have = self.tensors[k].len() + c.data.len() / 4;
+        Error::check_limit(|| format!("tensor {k} of layer {layer}'s slice (values)"), have as u64, want[k] as u64)?;
+        if self.tensors[k].capacity() == 0 {
+            self.tensors[k].reserve_exact(want[k]);
+        }
+        let start = self.tensors[k].len();
+        self.tensors[k].resize(have, 0.0);
+        bytemuck::cast_slice_mut::<f32, u8>(&mut self.tensors[k][start..]).copy_from_slice(&c.data);
+        Ok(())
+    }
+
+    /// The layer, its step and its tensors, once every tensor is complete.
+    pub(super) fn finish(self) -> Result<(usize, u64, LayerTensors)> {
+        let (layer, step, want) = self.head.ok_or_else(|| Error::Protocol("an empty tensor stream".into()))?;
+        for k in 0..self.count {
+            if self.tensors[k].len() != want[k] {
+                return Err(Error::Protocol(format!(
+                    "tensor {k} of layer {layer}'s slice ended after {} values; {} expected",
+                    self.tensors[k].len(),
+                    want[k]
+                )));
+            }
+        }
+        Ok((layer, step, self.tensors))
+    }
+}
+
+/// The `Weights` service of one weight server.
+pub struct WeightsService {
+    job: String,
+    shard: Arc<Shard>,
+    lengths: Vec<LayerLengths>,
+}
+
+impl WeightsService {
+    /// Serves `shard` (whose slice lengths are `lengths`) for `job`.
+    pub fn new(job: String, shard: Arc<Shard>, lengths: Vec<LayerLengths>) -> WeightsService {
+        WeightsService { job, shard, lengths }
+    }
+
+    fn check_job(&self, job: &str) -> Result<(), Status> {
+        if job != self.job {
+            return Err(Status::failed_precondition(format!("request for job '{job}' reached a weight server of job '{}'", self.job)));
+        }
+        Ok(())
+    }
+
+    /// Runs blocking work (the optimizer, the disk tier, a checkpoint) off the async threads.
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Shard) -> Result<T> + Send + 'static) -> Result<T, Status> {
+        let shard = self.shard.clone();
+        tokio::task::spawn_blocking(move || f(&shard))
+            .await
+            .map_err(|e| Status::internal(format!("a weight server task failed: {e}")))?
+            .map_err(to_status)
+    }
+
+    async fn receive(&self, mut stream: Streaming<TensorChunk>, count: usize) -> Result<(usize, u64, LayerTensors), Status> {
+        let mut a = Assembler::new(&self.job, count, &self.lengths);
+        while let Some(c) = stream.message().await? {
+            a.push(c).map_err(to_status)?;
+        }
+        a.finish().map_err(to_status)
+    }
+
+    fn send(&self, layer: usize, step: u64, tensors: &[Vec<f32>]) -> Response<ChunkStream> {
+        let items: Vec<Result<TensorChunk, Status>> = chunks(&self.job, layer, step, tensors).into_iter().map(Ok).collect();
+        Response::new(Box::pin(futures::stream::iter(items)))
+    }
+}
+
+fn layer_of(r: &WeightsRequest) -> usize {
+    usize::try_from(r.layer).unwrap_or(usize::MAX)
+}
+
+#[tonic::async_trait]
+impl Weights for WeightsService {
+    async fn hello(&self, request: Request<WeightsRequest>) -> Result<Response<WeightsInfo>, Status> {
+        self.check_job(&request.get_ref().job)?;
+        let slice = self.shard.slice();
+        let step = self.shard.step().map_err(to_status)?;
+        Ok(Response::new(WeightsInfo { index: slice.index, count: slice.count, step }))
+    }
+
+    type FetchStream = ChunkStream;
+
+    async fn fetch(&self, request: Request<WeightsRequest>) -> Result<Response<ChunkStream>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        let (layer, step) = (layer_of(&r), r.step);
+        let (w, b) = self.blocking(move |s| s.fetch(layer, step)).await?;
+        Ok(self.send(layer, step, &[w, b]))
+    }
+
+    async fn update(&self, request: Request<Streaming<TensorChunk>>) -> Result<Response<Ack>, Status> {
+        let (layer, step, t) = self.receive(request.into_inner(), 2).await?;
+        let [w, b, ..] = t;
+        self.blocking(move |s| s.update(layer, step, &w, &b)).await?;
+        Ok(Response::new(Ack {}))
+    }
+
+    type TensorsStream = ChunkStream;
+
+    async fn tensors(&self, request: Request<WeightsRequest>) -> Result<Response<ChunkStream>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        let layer = layer_of(&r);
+        let (step, t) = self.blocking(move |s| s.tensors(layer)).await?;
+        Ok(self.send(layer, step, &t))
+    }
+
+    async fn put(&self, request: Request<Streaming<TensorChunk>>) -> Result<Response<Ack>, Status> {
+        let (layer, step, t) = self.receive(request.into_inner(), 6).await?;
+        self.blocking(move |s| s.put(layer, step, t)).await?;
+        Ok(Response::new(Ack {}))
+    }
+
+    async fn save(&self, request: Request<WeightsRequest>) -> Result<Response<SaveReply>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        let crc32 = self.blocking(move |s| s.save(r.step)).await?;
+        Ok(Response::new(SaveReply { crc32 }))
+    }
+
+    async fn load(&self, request: Request<WeightsRequest>) -> Result<Response<Ack>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        self.blocking(move |s| s.load(r.step, r.crc32)).await?;
+        Ok(Response::new(Ack {}))
+    }
+
+    async fn retain(&self, request: Request<RetainRequest>) -> Result<Response<Ack>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        if r.keep.len() > 1000 {
+            return Err(Status::invalid_argument("more than 1000 checkpoints to keep"));
+        }
+        self.blocking(move |s| s.retain(&r.keep)).await?;
+        Ok(Response::new(Ack {}))
+    }
+}

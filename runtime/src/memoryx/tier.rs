@@ -1,0 +1,317 @@
+//! The disk tier of a weight server: the layers that do not fit its memory budget live in files on its volume,
+//! one per layer, and are read when the stream reaches them and written back after their update. The order
+//! layers are used in is known — forward 0..L, backward L..0, then the updates L..0 — so each read also starts
+//! reading the next layer in that order on a helper thread, while the engines compute (or the optimizer
+//! updates) the current one. At most two layers are out of their files at once — the one in use and the one
+//! read ahead — which is what [`TierLayout`] reserves in the budget.
+//!
+//! The files are scratch: the state they hold is checkpointed like any other, and a restarted server rebuilds
+//! them from its checkpoint.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use super::server::{LayerLengths, LayerTensors};
+use crate::error::{Error, Result};
+
+/// Which layers of a slice live on disk under a memory budget.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierLayout {
+    /// Per layer: whether it lives in the disk tier.
+    pub on_disk: Vec<bool>,
+    /// Bytes reserved for the layers out of their files: the largest on-disk layer, twice.
+    pub window: u64,
+}
+
+impl TierLayout {
+    /// Keeps layers in memory, in order, while they and the window for the rest fit `budget`; the others go to
+    /// disk. Refuses a budget that cannot hold the window.
+    pub fn new(layer_bytes: &[u64], budget: u64) -> Result<TierLayout> {
+        let total: u64 = layer_bytes.iter().sum();
+        if total <= budget {
+            return Ok(TierLayout { on_disk: vec![false; layer_bytes.len()], window: 0 });
+        }
+        let largest = layer_bytes.iter().copied().max().unwrap_or(0);
+        let window = 2 * largest;
+        if window > budget {
+            return Err(Error::Plan(format!(
+                "a weight server's memory budget ({}) is too small for one layer: its slice of the largest layer ({}) \
+                 must fit twice, one being updated while the next is read ahead; raise spec.memoryx.memoryBytes to {} \
+                 or more, or add weight servers",
+                crate::units::bytes(budget),
+                crate::units::bytes(largest),
+                window
+            )));
+        }
+        let mut resident = 0;
+        let on_disk = layer_bytes
+            .iter()
+            .map(|&b| {
+                if resident + b + window <= budget {
+                    resident += b;
+                    false
+                } else {
+                    true
+                }
+            })
+            .collect();
+        Ok(TierLayout { on_disk, window })
+    }
+}
+
+/// A layer read ahead, or being read.
+#[derive(Default)]
+struct Ahead {
+    /// The layer, and whether all its tensors (not just weights and bias) were read.
+    layer: Option<(usize, bool)>,
+    /// Its tensors once read; `None` while the read is in flight.
+    tensors: Option<Result<LayerTensors>>,
+}
+
+/// The files of one server's on-disk layers.
+pub struct Tier {
+    dir: PathBuf,
+    layout: TierLayout,
+    lengths: Vec<LayerLengths>,
+    files: Vec<Option<Arc<File>>>,
+    ahead: Arc<(Mutex<Ahead>, Condvar)>,
+    /// The last layer used, to tell the direction of travel.
+    last: Mutex<Option<usize>>,
+    read: Arc<AtomicU64>,
+    written: AtomicU64,
+}
+
+impl Tier {
+    /// Creates (or empties) the tier's files in `dir` for the on-disk layers of `layout`, whose slices have
+    /// `lengths`.
+    pub fn create(dir: PathBuf, lengths: &[LayerLengths], layout: TierLayout) -> Result<Tier> {
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("creating the disk tier {}", dir.display()), e))?;
+        let files = layout
+            .on_disk
+            .iter()
+            .enumerate()
+            .map(|(l, &disk)| {
+                if !disk {
+                    return Ok(None);
+                }
+                let path = dir.join(format!("layer-{l:05}.f32"));
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&path)
+                    .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+                Ok(Some(Arc::new(file)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tier {
+            dir,
+            layout,
+            lengths: lengths.to_vec(),
+            files,
+            ahead: Arc::default(),
+            last: Mutex::new(None),
+            read: Arc::default(),
+            written: AtomicU64::new(0),
+        })
+    }
+
+    /// Whether layer `l` lives on disk.
+    pub fn on_disk(&self, l: usize) -> bool {
+        self.layout.on_disk.get(l).copied().unwrap_or(false)
+    }
+
+    /// Bytes of state on disk.
+    pub fn disk_bytes(&self) -> u64 {
+        (0..self.lengths.len()).filter(|&l| self.on_disk(l)).map(|l| 4 * self.lengths[l].iter().sum::<usize>() as u64).sum()
+    }
+
+    /// Bytes read from and written to the tier's files so far.
+    pub fn traffic(&self) -> (u64, u64) {
+        (self.read.load(Ordering::Relaxed), self.written.load(Ordering::Relaxed))
+    }
+
+    fn file(&self, l: usize) -> Result<Arc<File>> {
+        self.files
+            .get(l)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier of {}", self.dir.display())))
+    }
+
+    /// Layer `l`'s tensors (all of them with `all`, else only the weights and bias), from the read-ahead when it
+    /// holds them, and starts reading the layer expected next.
+    pub fn read(&self, l: usize, all: bool) -> Result<LayerTensors> {
+        let next = self.next_after(l);
+        let ahead = self.take_ahead(l, all);
+        let tensors = match ahead {
+            Some(t) => t,
+            None => read_layer(self.file(l)?.as_ref(), &self.lengths[l], all, &self.read),
+        };
+        if let Some(n) = next {
+            self.prefetch(n);
+        }
+        tensors
+    }
+
+    /// Writes layer `l`'s tensors back to its file.
+    pub fn write(&self, l: usize, tensors: &LayerTensors) -> Result<()> {
+        let file = self.file(l)?;
+        let mut at = 0u64;
+        for (t, &want) in tensors.iter().zip(&self.lengths[l]) {
+            if t.len() != want {
+                return Err(Error::Protocol(format!("layer {l}: a tensor of {} values where {want} belong", t.len())));
+            }
+            let bytes: &[u8] = bytemuck::cast_slice(t);
+            file.write_all_at(bytes, at).map_err(|e| Error::io(format!("writing layer {l} to the disk tier"), e))?;
+            at += bytes.len() as u64;
+        }
+        self.written.fetch_add(at, Ordering::Relaxed);
+        // A write makes any read-ahead of the layer stale: one in flight is waited for, then dropped.
+        let (lock, ready) = &*self.ahead;
+        if let Ok(mut a) = lock.lock() {
+            if a.layer.is_some_and(|(al, _)| al == l) {
+                while a.tensors.is_none() {
+                    match ready.wait(a) {
+                        Ok(g) => a = g,
+                        Err(_) => return Ok(()),
+                    }
+                }
+                *a = Ahead::default();
+            }
+        }
+        Ok(())
+    }
+
+    /// The layer expected after `l`, from the direction of travel: on up the forward pass, down the backward
+    /// pass and the updates, and from the bottom back to the top (the updates follow the backward pass).
+    fn next_after(&self, l: usize) -> Option<usize> {
+        let n = self.lengths.len();
+        let mut last = self.last.lock().ok()?;
+        let prev = last.replace(l);
+        let next = match prev {
+            Some(p) if p < l => l + 1,
+            _ if l == 0 => n - 1,
+            _ => l - 1,
+        };
+        (next < n && next != l && self.on_disk(next)).then_some(next)
+    }
+
+    /// Starts reading layer `l` (all its tensors) on a helper thread, unless a read-ahead is already held or in
+    /// flight: one at a time, which is the window the budget reserves.
+    pub fn prefetch(&self, l: usize) {
+        let Ok(file) = self.file(l) else { return };
+        {
+            let Ok(mut a) = self.ahead.0.lock() else { return };
+            if a.layer.is_some() {
+                return;
+            }
+            *a = Ahead { layer: Some((l, true)), tensors: None };
+        }
+        let (ahead, lengths, read) = (self.ahead.clone(), self.lengths[l], self.read.clone());
+        std::thread::spawn(move || {
+            let tensors = read_layer(&file, &lengths, true, &read);
+            let (lock, ready) = &*ahead;
+            if let Ok(mut a) = lock.lock() {
+                a.tensors = Some(tensors);
+                ready.notify_all();
+            }
+        });
+    }
+
+    /// The read-ahead of layer `l`, waiting for it if it is in flight; `None` when another layer (or too little
+    /// of this one) is ahead, which is then dropped.
+    fn take_ahead(&self, l: usize, all: bool) -> Option<Result<LayerTensors>> {
+        let (lock, ready) = &*self.ahead;
+        let mut a = lock.lock().ok()?;
+        match a.layer {
+            Some((al, aall)) if al == l && (aall || !all) => {
+                while a.tensors.is_none() {
+                    a = ready.wait(a).ok()?;
+                }
+                let t = a.tensors.take();
+                *a = Ahead::default();
+                t
+            }
+            Some(_) if a.tensors.is_some() => {
+                *a = Ahead::default();
+                None
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Tier {
+    /// The files are scratch: the state they held is gone with the server (its checkpoints keep it).
+    fn drop(&mut self) {
+        for l in 0..self.files.len() {
+            if self.files[l].is_some() {
+                let _ = std::fs::remove_file(self.dir.join(format!("layer-{l:05}.f32")));
+            }
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Reads a layer's tensors from its file: all six, or only the weights and bias (the others left empty).
+fn read_layer(file: &File, lengths: &LayerLengths, all: bool, counter: &AtomicU64) -> Result<LayerTensors> {
+    let mut out: LayerTensors = Default::default();
+    let mut at = 0u64;
+    for (k, &len) in lengths.iter().enumerate() {
+        if all || k < 2 {
+            let mut v = vec![0f32; len];
+            file.read_exact_at(bytemuck::cast_slice_mut(&mut v), at)
+                .map_err(|e| Error::io("reading a layer from the disk tier", e))?;
+            counter.fetch_add(4 * len as u64, Ordering::Relaxed);
+            out[k] = v;
+        }
+        at += 4 * len as u64;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_stay_in_memory_while_they_and_the_window_fit() {
+        let all = TierLayout::new(&[100, 100, 100], 300).unwrap();
+        assert_eq!(all.on_disk, vec![false; 3]);
+        let some = TierLayout::new(&[100, 100, 100, 100], 350).unwrap();
+        assert_eq!((some.on_disk, some.window), (vec![false, true, true, true], 200));
+        let err = TierLayout::new(&[100, 300], 500).unwrap_err().to_string();
+        assert!(err.contains("too small for one layer"), "{err}");
+    }
+
+    #[test]
+    fn a_layer_written_is_read_back_and_read_ahead_in_stream_order() {
+        let dir = std::env::temp_dir().join(format!("ws-tier-{}", std::process::id()));
+        let lengths = vec![[3, 1, 3, 3, 1, 1]; 4];
+        let tier = Tier::create(dir.clone(), &lengths, TierLayout { on_disk: vec![true; 4], window: 0 }).unwrap();
+        for l in 0..4 {
+            let v = |k: usize, n: usize| (0..n).map(|i| (100 * l + 10 * k + i) as f32).collect::<Vec<_>>();
+            let t: LayerTensors = std::array::from_fn(|k| v(k, lengths[l][k]));
+            tier.write(l, &t).unwrap();
+        }
+        let first = tier.read(0, false).unwrap();
+        assert_eq!((first[0].clone(), first[2].len()), (vec![0.0, 1.0, 2.0], 0), "weights and bias only");
+        // Going up: layer 1 is read ahead and handed over whole.
+        let second = tier.read(1, true).unwrap();
+        assert_eq!(second[3], vec![130.0, 131.0, 132.0]);
+        let (read, _) = tier.traffic();
+        tier.read(2, true).unwrap();
+        assert!(tier.traffic().0 > read);
+        // A write drops a stale read-ahead: the value read is the one written.
+        let mut t = tier.read(3, true).unwrap();
+        t[0][0] = -1.0;
+        tier.write(3, &t).unwrap();
+        assert_eq!(tier.read(3, true).unwrap()[0][0], -1.0);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
