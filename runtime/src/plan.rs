@@ -38,9 +38,14 @@ pub struct MemoryxPlan {
     pub memory_bytes: u64,
     /// Of those, what lives on its volume (the disk tier), read ahead in stream order.
     pub disk_bytes: u64,
-    /// The least memory a server can work in: its slice of the largest layer twice, one being updated while
-    /// the next is read ahead.
+    /// The least memory a server can work in: its slice of the largest layer with its staged gradient, twice:
+    /// one being updated while the next is read ahead.
     pub min_memory_bytes: u64,
+}
+
+/// Bytes a server's slice of a layer of `values` values takes with its staged gradient.
+fn values_with_grad(values: u64, servers: u32, per_value: u64) -> u64 {
+    values.div_ceil(u64::from(servers)) * (per_value + 4)
 }
 
 /// Most weight servers the plan chooses by itself; more must be asked for (`spec.memoryx.servers`).
@@ -86,7 +91,8 @@ impl MemoryxPlan {
         }
         let slice = |values: u64| values.div_ceil(u64::from(servers)) * per_value;
         let server_bytes: u64 = layer_values.iter().map(|&v| slice(v)).sum();
-        let largest = layer_values.iter().map(|&v| slice(v)).max().unwrap_or(0);
+        // A layer in use also has its staged gradient beside it.
+        let largest = layer_values.iter().map(|&v| values_with_grad(v, servers, per_value)).max().unwrap_or(0);
         let min_memory_bytes = 2 * largest;
         let memory_bytes = spec.memory_bytes.map_or(server_bytes, |b| b.min(server_bytes));
         if let Some(budget) = spec.memory_bytes {
@@ -348,8 +354,8 @@ mod servers_tests {
         assert_eq!((one.servers, one.server_bytes, one.memory_bytes, one.disk_bytes), (1, 48_000, 48_000, 0));
         let auto = MemoryxPlan::new(&spec(None, Some(16_000)), &layers, 2).unwrap();
         assert_eq!((auto.servers, auto.server_bytes, auto.disk_bytes), (3, 16_032, 32), "48 kB over 16 kB servers");
-        let tiered = MemoryxPlan::new(&spec(Some(2), Some(12_000)), &layers, 2).unwrap();
-        assert_eq!((tiered.server_bytes, tiered.memory_bytes, tiered.disk_bytes, tiered.min_memory_bytes), (24_000, 12_000, 12_000, 12_000));
+        let tiered = MemoryxPlan::new(&spec(Some(2), Some(16_000)), &layers, 2).unwrap();
+        assert_eq!((tiered.server_bytes, tiered.memory_bytes, tiered.disk_bytes, tiered.min_memory_bytes), (24_000, 16_000, 8_000, 16_000));
         let err = MemoryxPlan::new(&spec(Some(2), Some(5_000)), &layers, 2).unwrap_err().to_string();
         assert!(err.contains("memoryBytes") && err.contains("largest layer"), "{err}");
         let err = MemoryxPlan::new(&spec(Some(5), None), &[2, 2], 2).unwrap_err().to_string();

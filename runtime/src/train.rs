@@ -82,38 +82,21 @@ pub struct Summary {
     pub memoryx: MemoryxUsage,
 }
 
-/// What the coordinator's process held and moved, measured at the end of training: what `spec.memoryx` is
-/// judged by (each other weight server reports the same on its own `/metrics`).
+/// What MemoryX held and moved, measured at the end of training: what `spec.memoryx` is judged by.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MemoryxUsage {
-    /// Weight servers holding the state.
-    pub servers: usize,
-    /// Bytes of state server 0 keeps in memory.
-    pub memory_bytes: u64,
-    /// Bytes of state server 0 keeps in its disk tier.
-    pub disk_bytes: u64,
-    /// Bytes server 0's disk tier read, and wrote.
-    pub tier_read_bytes: u64,
-    /// Bytes server 0's disk tier wrote.
-    pub tier_written_bytes: u64,
+    /// Each weight server's slice in memory and on disk, its disk tier's traffic and its process's memory
+    /// (server 0 is the coordinator's process).
+    pub servers: Vec<crate::memoryx::server::ServerUsage>,
     /// The coordinator process's peak resident memory (VmHWM), in bytes; 0 where the system does not say.
     pub peak_rss_bytes: u64,
 }
 
 impl MemoryxUsage {
-    /// The usage of `store` and of this process now.
+    /// The usage of `store`'s servers (those that answer) and of this process now.
     pub fn of(store: &crate::memoryx::MemoryX) -> MemoryxUsage {
-        let (memory_bytes, disk_bytes) = store.local().map_or((0, 0), |s| s.bytes());
-        let (tier_read_bytes, tier_written_bytes) = store.local().map_or((0, 0), |s| s.tier_traffic());
-        MemoryxUsage {
-            servers: store.servers(),
-            memory_bytes,
-            disk_bytes,
-            tier_read_bytes,
-            tier_written_bytes,
-            peak_rss_bytes: crate::units::peak_rss_bytes(),
-        }
+        MemoryxUsage { servers: store.usage().into_iter().flatten().collect(), peak_rss_bytes: crate::units::peak_rss_bytes() }
     }
 }
 
@@ -147,8 +130,9 @@ fn with_prefetch<T>(
 
 /// Runs one training step over the global batch `samples` and returns the loss sums and bytes moved.
 ///
-/// Gradients are applied only once every layer's gradient has arrived, so a step that fails midway (an engine
-/// lost, a bad message) leaves MemoryX exactly as it was and can simply be run again.
+/// Each layer's gradient is staged with MemoryX as it arrives and the step is committed only once every layer's
+/// has, so a step that fails midway (an engine lost, a bad message) leaves MemoryX exactly as it was and can
+/// simply be run again, and no one holds a whole step's gradients at once.
 /// `tokens_per_sample` turns the batch of samples into the count the gradient is averaged over.
 pub fn train_step(
     store: &dyn WeightStore,
@@ -169,17 +153,19 @@ pub fn train_step(
             Ok(s)
         };
         let loss = swarm.forward_pass(layers, &mut counted)?;
-        let grads = swarm.backward_pass(layers, &mut counted)?;
-        Ok((loss, grads, bytes))
+        let (mut grads, mut grad_bytes) = (0, 0);
+        swarm.backward_pass_into(layers, &mut counted, &mut |g| {
+            grads += 1;
+            grad_bytes += g.wire_bytes();
+            store.stage(g, step)
+        })?;
+        Ok((loss, grads, bytes + grad_bytes))
     })?;
-    if grads.len() != layers {
-        return Err(Error::Protocol(format!("{} layer gradients returned for {layers} layers", grads.len())));
+    if grads != layers {
+        return Err(Error::Protocol(format!("{grads} layer gradients returned for {layers} layers")));
     }
-    let grad_bytes: u64 = grads.iter().map(|g| g.wire_bytes()).sum();
-    for grad in &grads {
-        store.apply(grad, step)?;
-    }
-    Ok((loss, bytes + grad_bytes))
+    store.commit(step)?;
+    Ok((loss, bytes))
 }
 
 /// Forward passes over the held-out `samples` in batches of `batch`, split over the engines like training

@@ -1,4 +1,4 @@
-//! Human-readable quantities for messages and reports.
+//! Quantities for messages and reports: human-readable sizes, and what this process holds in memory.
 
 /// `1536` → `"1.5 KiB"`: byte counts in error messages and plans are read by people.
 pub fn bytes(n: u64) -> String {
@@ -38,4 +38,18 @@ fn status_kib(key: &str) -> u64 {
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
         .unwrap_or(0)
+}
+
+/// Keeps the allocator from holding on to freed layer buffers, for a process whose memory is budgeted (a weight
+/// server): glibc otherwise raises its mmap threshold after the first large buffer is freed and serves later
+/// ones from per-thread arenas that it seldom gives back, so the resident set drifts far above what is in use.
+/// A fixed threshold returns every buffer of a layer's size to the system when freed, and two arenas bound the
+/// per-thread caches.
+pub fn tighten_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets allocator parameters; it is called before the process allocates its state.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 10);
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
 }

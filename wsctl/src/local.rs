@@ -258,6 +258,18 @@ impl Appliance {
         MemoryxArgs { progress: true, ..MemoryxArgs::new(common(&run), root, input) }
     }
 
+    /// Starts MemoryX's weight servers 1..`servers` (server 0 is the coordinator, started by
+    /// [`Appliance::run_memoryx`]), each as `coordinator`'s arguments say but for its index, so its checkpoint
+    /// slices go beside the coordinator's; returns their addresses, in server order.
+    pub fn start_weight_servers(&mut self, servers: u32, coordinator: &MemoryxArgs) -> Result<Vec<String>> {
+        (1..servers)
+            .map(|index| {
+                let args = MemoryxArgs { server_index: index, progress: false, out: None, sample: 0, ..coordinator.clone() };
+                self.start(&format!("memoryx-{index}"), &args)
+            })
+            .collect()
+    }
+
     /// Starts MemoryX and follows its progress until it finishes, calling `on_progress` with each step's report.
     pub fn run_memoryx(&mut self, args: &MemoryxArgs, mut on_progress: impl FnMut(&ProgressReport)) -> Result<()> {
         let id = self.spawn(Role::Memoryx.as_str(), args)?;

@@ -40,6 +40,15 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     }
     println!("appliance for {}:", job.metadata.name.as_deref().unwrap_or("(unnamed)"));
     println!("  MemoryX     {} (weights, biases, optimizer state, mask indices)", units::bytes(plan.memoryx_bytes));
+    let m = &plan.memoryx;
+    println!(
+        "              {} weight server(s), each {}: {} in memory, {} on disk (at least {} in memory)",
+        m.servers,
+        units::bytes(m.server_bytes),
+        units::bytes(m.memory_bytes),
+        units::bytes(m.disk_bytes),
+        units::bytes(m.min_memory_bytes)
+    );
     println!(
         "  SwarmX      {} node(s) in {} level(s), fan-out {}: broadcast to {} engine(s), sum on the way back",
         plan.swarmx.nodes().count(),
@@ -209,7 +218,8 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     Ok(())
 }
 
-/// The appliance as processes: engines, the SwarmX tree and MemoryX, supervised until MemoryX finishes.
+/// The appliance as processes: input workers, engines, the SwarmX tree, MemoryX's weight servers and its
+/// coordinator, supervised until the coordinator finishes.
 fn run_local(
     job: &crds::TrainingJob,
     plan: &Plan,
@@ -227,7 +237,8 @@ fn run_local(
     let mut appliance = crate::local::Appliance::new(job_file, job_id, out.join("logs"))?;
     let inputs = appliance.start_inputs(plan.cs2, job.spec.data.workers, data_root)?;
     let root = appliance.start_fabric(plan.cs2, &plan.swarmx, &inputs)?;
-    let args = MemoryxArgs { out: Some(out.to_path_buf()), sample, checkpoint_dir, ..appliance.memoryx_args(root, inputs[0].clone()) };
+    let mut args = MemoryxArgs { out: Some(out.to_path_buf()), sample, checkpoint_dir, ..appliance.memoryx_args(root, inputs[0].clone()) };
+    args.weight_servers = appliance.start_weight_servers(plan.memoryx.servers, &args)?;
     appliance.run_memoryx(&args, show)?;
     drop(appliance);
     let path = out.join("summary.json");

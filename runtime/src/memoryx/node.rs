@@ -88,6 +88,7 @@ impl Usage {
 /// Runs MemoryX and the job to the end (or failure): the coordinator (weight server 0), or, with a
 /// `--server-index` above 0, a weight server serving its slice to the coordinator.
 pub fn main(args: MemoryxArgs) -> Result<()> {
+    crate::units::tighten_allocator();
     if args.server_index > 0 {
         return serve_slice(args);
     }

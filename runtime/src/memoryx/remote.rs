@@ -4,7 +4,7 @@
 
 use tonic::transport::Channel;
 
-use super::server::{LayerLengths, LayerTensors, SliceId, WeightServer};
+use super::server::{LayerLengths, LayerTensors, ServerUsage, SliceId, WeightServer};
 use super::service::{chunks, Assembler};
 use crate::error::{Error, Result};
 use crate::protocol::pb::weights_client::WeightsClient;
@@ -41,6 +41,22 @@ impl RemoteServer {
 
     fn request(&self, layer: usize, step: u64, crc32: u32) -> WeightsRequest {
         WeightsRequest { job: self.job.clone(), layer: layer as u64, step, crc32 }
+    }
+
+    /// Asks the server who it is and what step it holds, checking it is the server this client is for.
+    fn hello(&self) -> Result<crate::protocol::pb::WeightsInfo> {
+        let mut client = self.client.clone();
+        let info = self.handle.block_on(client.hello(self.request(0, 0, 0))).map_err(|s| self.failed(s))?.into_inner();
+        if (info.index, info.count) != (self.slice.index, self.slice.count) {
+            return Err(Error::Protocol(format!(
+                "{} answered as weight server {} of {}: the servers' addresses are out of order",
+                self.url, info.index, info.count
+            )));
+        }
+        if info.usage.len() > 64 << 10 {
+            return Err(Error::Protocol(format!("{}: an oversized usage report", self.url)));
+        }
+        Ok(info)
     }
 
     fn failed(&self, s: tonic::Status) -> Error {
@@ -86,16 +102,23 @@ impl WeightServer for RemoteServer {
         self.send(layer, step, &[weights.to_vec(), bias.to_vec()], |mut c, s| async move { c.update(s).await })
     }
 
-    fn step(&self) -> Result<u64> {
+    fn stage(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
+        self.send(layer, step, &[weights.to_vec(), bias.to_vec()], |mut c, s| async move { c.stage(s).await })
+    }
+
+    fn commit(&self, step: u64) -> Result<()> {
         let mut client = self.client.clone();
-        let info = self.handle.block_on(client.hello(self.request(0, 0, 0))).map_err(|s| self.failed(s))?.into_inner();
-        if (info.index, info.count) != (self.slice.index, self.slice.count) {
-            return Err(Error::Protocol(format!(
-                "{} answered as weight server {} of {}: the servers' addresses are out of order",
-                self.url, info.index, info.count
-            )));
-        }
-        Ok(info.step)
+        self.handle.block_on(client.commit(self.request(0, step, 0))).map_err(|s| self.failed(s))?;
+        Ok(())
+    }
+
+    fn step(&self) -> Result<u64> {
+        Ok(self.hello()?.step)
+    }
+
+    fn usage(&self) -> Result<ServerUsage> {
+        let info = self.hello()?;
+        serde_json::from_str(&info.usage).map_err(|e| Error::Protocol(format!("{}: its usage is unreadable: {e}", self.url)))
     }
 
     fn tensors(&self, layer: usize) -> Result<(u64, LayerTensors)> {

@@ -54,6 +54,31 @@ pub type LayerTensors = [Vec<f32>; 6];
 /// Lengths of a layer's whole tensors, in [`checkpoint::KINDS`] order: what the coordinator cuts.
 pub type LayerLengths = [usize; 6];
 
+/// What a weight server holds and has moved, and its process's memory: how its budget is judged.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerUsage {
+    /// Its place among the servers.
+    pub index: u32,
+    /// Bytes of its slice kept in memory.
+    pub memory_bytes: u64,
+    /// Bytes of its slice in its disk tier.
+    pub disk_bytes: u64,
+    /// Its memory budget (`spec.memoryx.memoryBytes`), if it has one.
+    pub budget_bytes: Option<u64>,
+    /// Its slice of the largest layer: what streams through it at once.
+    pub largest_layer_bytes: u64,
+    /// Bytes its disk tier has read.
+    pub tier_read_bytes: u64,
+    /// Bytes its disk tier has written.
+    pub tier_written_bytes: u64,
+    /// Its process's resident memory before the slice was built (the program, its runtime, TLS, the data's
+    /// description): the overhead beside the state.
+    pub baseline_rss_bytes: u64,
+    /// Its process's peak resident memory (VmHWM).
+    pub peak_rss_bytes: u64,
+}
+
 /// What the coordinator needs of a weight server. Every call names the step the coordinator believes the
 /// layer is at, so a server that restarted (and so holds another step) is refused at once rather than
 /// streaming stale weights.
@@ -65,6 +90,11 @@ pub trait WeightServer: Send + Sync {
     /// Runs the optimizer on its slice of layer `layer` with the matching slices of the summed gradient of
     /// step `step` (0-based), which must be the next one the layer expects.
     fn update(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()>;
+    /// Holds the matching slices of layer `layer`'s summed gradient of step `step` until [`WeightServer::commit`]
+    /// (a rerun step's replaces them): in memory for a layer in memory, in the disk tier for one on disk.
+    fn stage(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()>;
+    /// Runs the optimizer on every layer staged for `step`, in the order staged; refused unless every layer is.
+    fn commit(&self, step: u64) -> Result<()>;
     /// Updates applied so far to every layer (all layers agree between steps).
     fn step(&self) -> Result<u64>;
     /// Its slice of layer `layer`'s every tensor, with the layer's step: snapshots and pipelined replicas.
@@ -78,6 +108,16 @@ pub trait WeightServer: Send + Sync {
     fn load(&self, step: u64, crc32: u32) -> Result<()>;
     /// Removes its checkpoint slices of steps other than `keep` (those the coordinator's manifests still name).
     fn retain(&self, keep: &[u64]) -> Result<()>;
+    /// What it holds and has moved, and its process's memory.
+    fn usage(&self) -> Result<ServerUsage>;
+}
+
+/// Gradients staged for one step: per layer, in arrival order, the values (or `None` when they wait in the disk
+/// tier).
+#[derive(Debug, Default)]
+struct Staged {
+    step: u64,
+    layers: Vec<(usize, Option<(Vec<f32>, Vec<f32>)>)>,
 }
 
 /// A layer as a [`Shard`] holds it: its slice of each tensor and the updates applied.
@@ -103,6 +143,12 @@ pub struct Shard {
     checkpoint_dir: Option<PathBuf>,
     /// The job's name, recorded in its checkpoint slices.
     job: String,
+    /// Its memory budget, if any.
+    budget: Option<u64>,
+    /// The gradients staged for the step in flight.
+    staged: Mutex<Staged>,
+    /// The process's resident memory before the slice was built.
+    baseline_rss: u64,
 }
 
 impl std::fmt::Debug for Shard {
@@ -187,10 +233,12 @@ impl Shard {
         slice: SliceId,
         storage: Storage,
     ) -> Result<Shard> {
+        let baseline_rss = crate::units::rss_bytes();
         let sliced: Vec<LayerLengths> = lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect();
         let tier = match storage.memory_bytes {
             Some(budget) => {
-                let bytes: Vec<u64> = sliced.iter().map(|s| 4 * s.iter().sum::<usize>() as u64).collect();
+                // A layer in memory also holds its staged gradient (weights and bias) during a step.
+                let bytes: Vec<u64> = sliced.iter().map(|s| 4 * (s.iter().sum::<usize>() + s[0] + s[1]) as u64).collect();
                 let plan = TierLayout::new(&bytes, budget)?;
                 if plan.on_disk.iter().any(|&d| d) {
                     let dir = storage.tier_dir.clone().ok_or_else(|| {
@@ -225,6 +273,9 @@ impl Shard {
             tier,
             checkpoint_dir: storage.checkpoint_dir,
             job: storage.job,
+            budget: storage.memory_bytes,
+            staged: Mutex::default(),
+            baseline_rss,
         })
     }
 
@@ -239,6 +290,7 @@ impl Shard {
         seed: u64,
         slice: SliceId,
     ) -> Shard {
+        let baseline_rss = crate::units::rss_bytes();
         let layers = (0..lengths.len())
             .map(|l| Mutex::new(Slot { tensors: Some(initial(layout, lengths, seed, slice, l)), updates: 0 }))
             .collect();
@@ -252,6 +304,9 @@ impl Shard {
             tier: None,
             checkpoint_dir: None,
             job: String::new(),
+            budget: None,
+            staged: Mutex::default(),
+            baseline_rss,
         }
     }
 
@@ -277,6 +332,18 @@ impl Shard {
     /// Runs `f` on layer `layer`'s tensors, reading them from the disk tier (and writing them back when
     /// `write`) if they live there.
     fn with_layer<T>(&self, layer: usize, write: bool, f: impl FnOnce(&mut Slot, &mut LayerTensors) -> Result<T>) -> Result<T> {
+        self.with_layer_parts(layer, write, true, f)
+    }
+
+    /// [`Shard::with_layer`], reading only the weights and bias from the disk tier unless `all` (they are all
+    /// a stream needs; the moments stay on disk).
+    fn with_layer_parts<T>(
+        &self,
+        layer: usize,
+        write: bool,
+        all: bool,
+        f: impl FnOnce(&mut Slot, &mut LayerTensors) -> Result<T>,
+    ) -> Result<T> {
         let mut slot = self.lock(layer)?;
         if let Some(mut t) = slot.tensors.take() {
             let out = f(&mut slot, &mut t);
@@ -284,7 +351,7 @@ impl Shard {
             return out;
         }
         let tier = self.tier.as_ref().ok_or_else(|| Error::Protocol(format!("layer {layer} has no tensors")))?;
-        let mut t = tier.read(layer, true)?;
+        let mut t = tier.read(layer, all || write)?;
         let out = f(&mut slot, &mut t)?;
         if write {
             tier.write(layer, &t)?;
@@ -322,7 +389,7 @@ impl Shard {
     /// Hints that layer `layer` is wanted next, so the disk tier reads it ahead.
     pub fn prefetch(&self, layer: usize) {
         if let Some(t) = &self.tier {
-            t.prefetch(layer);
+            t.prefetch(layer, true);
         }
     }
 
@@ -354,7 +421,7 @@ impl WeightServer for Shard {
     }
 
     fn fetch(&self, layer: usize, step: u64) -> Result<(Vec<f32>, Vec<f32>)> {
-        self.with_layer(layer, false, |slot, t| {
+        self.with_layer_parts(layer, false, false, |slot, t| {
             self.check_step(layer, slot.updates, step)?;
             Ok((t[0].clone(), t[1].clone()))
         })
@@ -390,6 +457,58 @@ impl WeightServer for Shard {
             slot.updates += 1;
             Ok(())
         })
+    }
+
+    fn stage(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
+        let want = self.lengths.get(layer).map(|s| (s[0], s[1])).ok_or_else(|| Error::Protocol(format!("no layer {layer}")))?;
+        if (weights.len(), bias.len()) != want {
+            return Err(Error::Protocol(format!(
+                "{}: gradient slice for layer {layer} has {} weight and {} bias values; {} and {} expected",
+                self.slice,
+                weights.len(),
+                bias.len(),
+                want.0,
+                want.1
+            )));
+        }
+        let on_disk = self.tier.as_ref().filter(|t| t.on_disk(layer));
+        let mut staged = self.staged.lock().map_err(|_| Error::Protocol("the staged gradients were poisoned".into()))?;
+        if staged.step != step {
+            *staged = Staged { step, layers: Vec::new() };
+        }
+        staged.layers.retain(|(l, _)| *l != layer);
+        match on_disk {
+            Some(tier) => {
+                tier.write_grad(layer, weights, bias)?;
+                staged.layers.push((layer, None));
+            }
+            None => staged.layers.push((layer, Some((weights.to_vec(), bias.to_vec())))),
+        }
+        Ok(())
+    }
+
+    fn commit(&self, step: u64) -> Result<()> {
+        let staged = std::mem::take(&mut *self.staged.lock().map_err(|_| Error::Protocol("the staged gradients were poisoned".into()))?);
+        if staged.step != step || staged.layers.len() != self.layers.len() {
+            return Err(Error::Protocol(format!(
+                "{}: step {step} cannot be applied: {} of its {} layers' gradients were staged",
+                self.slice,
+                if staged.step == step { staged.layers.len() } else { 0 },
+                self.layers.len()
+            )));
+        }
+        for (layer, values) in staged.layers {
+            let (w, b) = match values {
+                Some(v) => v,
+                None => self
+                    .tier
+                    .as_ref()
+                    .ok_or_else(|| Error::Protocol(format!("layer {layer}'s gradient is in no disk tier")))?
+                    .read_grad(layer)?,
+            };
+            self.update(layer, step, &w, &b)?;
+        }
+        Ok(())
     }
 
     fn step(&self) -> Result<u64> {
@@ -459,5 +578,21 @@ impl WeightServer for Shard {
     fn retain(&self, keep: &[u64]) -> Result<()> {
         let dir = self.dir()?.clone();
         super::manifest::retain_slices(&dir, self.slice, keep)
+    }
+
+    fn usage(&self) -> Result<ServerUsage> {
+        let (memory_bytes, disk_bytes) = self.bytes();
+        let (tier_read_bytes, tier_written_bytes) = self.tier_traffic();
+        Ok(ServerUsage {
+            index: self.slice.index,
+            memory_bytes,
+            disk_bytes,
+            budget_bytes: self.budget,
+            largest_layer_bytes: self.lengths.iter().map(|s| 4 * s.iter().sum::<usize>() as u64).max().unwrap_or(0),
+            tier_read_bytes,
+            tier_written_bytes,
+            baseline_rss_bytes: self.baseline_rss,
+            peak_rss_bytes: crate::units::peak_rss_bytes(),
+        })
     }
 }

@@ -163,7 +163,9 @@ impl Weights for WeightsService {
         self.check_job(&request.get_ref().job)?;
         let slice = self.shard.slice();
         let step = self.shard.step().map_err(to_status)?;
-        Ok(Response::new(WeightsInfo { index: slice.index, count: slice.count, step }))
+        let usage = self.shard.usage().map_err(to_status)?;
+        let usage = serde_json::to_string(&usage).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(WeightsInfo { index: slice.index, count: slice.count, step, usage }))
     }
 
     type FetchStream = ChunkStream;
@@ -180,6 +182,20 @@ impl Weights for WeightsService {
         let (layer, step, t) = self.receive(request.into_inner(), 2).await?;
         let [w, b, ..] = t;
         self.blocking(move |s| s.update(layer, step, &w, &b)).await?;
+        Ok(Response::new(Ack {}))
+    }
+
+    async fn stage(&self, request: Request<Streaming<TensorChunk>>) -> Result<Response<Ack>, Status> {
+        let (layer, step, t) = self.receive(request.into_inner(), 2).await?;
+        let [w, b, ..] = t;
+        self.blocking(move |s| s.stage(layer, step, &w, &b)).await?;
+        Ok(Response::new(Ack {}))
+    }
+
+    async fn commit(&self, request: Request<WeightsRequest>) -> Result<Response<Ack>, Status> {
+        let r = request.into_inner();
+        self.check_job(&r.job)?;
+        self.blocking(move |s| s.commit(r.step)).await?;
         Ok(Response::new(Ack {}))
     }
 

@@ -29,6 +29,12 @@ pub trait WeightStore: Sync {
     /// Runs the optimizer on layer `grad.layer` with the gradients summed over all engines for step `step`
     /// (0-based). A step's gradient is applied exactly once: a repeat or a skip is refused.
     fn apply(&self, grad: &LayerGrad, step: u64) -> Result<()>;
+    /// Hands over layer `grad.layer`'s summed gradient of step `step` as soon as it arrives, to be applied
+    /// with the rest of the step's by [`WeightStore::commit`]: nothing changes until then, so a step that fails
+    /// midway leaves the state as it was, yet no one holds a whole step's gradients at once.
+    fn stage(&self, grad: LayerGrad, step: u64) -> Result<()>;
+    /// Applies every gradient staged for step `step` (one per layer, refused otherwise).
+    fn commit(&self, step: u64) -> Result<()>;
     /// The whole state (weights and optimizer moments) and its step, as a checkpoint file's bytes: what
     /// pipelined engines are primed with.
     fn state(&self, job: &str) -> Result<(u64, Vec<u8>)>;
@@ -361,6 +367,52 @@ impl WeightStore for MemoryX {
     }
 
     fn apply(&self, grad: &LayerGrad, step: u64) -> Result<()> {
+        let reordered = self.prepare(grad, step)?;
+        let n = self.servers.len() as u32;
+        on_each(&self.servers, |i, s| {
+            let w = &reordered[crate::plan::slice_range(reordered.len(), i as u32, n)];
+            let b = &grad.bias[crate::plan::slice_range(grad.bias.len(), i as u32, n)];
+            s.update(grad.layer, step, w, b)
+        })?;
+        self.updates[grad.layer].store(step + 1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn stage(&self, grad: LayerGrad, step: u64) -> Result<()> {
+        let reordered = self.prepare(&grad, step)?;
+        let n = self.servers.len() as u32;
+        on_each(&self.servers, |i, s| {
+            let w = &reordered[crate::plan::slice_range(reordered.len(), i as u32, n)];
+            let b = &grad.bias[crate::plan::slice_range(grad.bias.len(), i as u32, n)];
+            s.stage(grad.layer, step, w, b)
+        })?;
+        Ok(())
+    }
+
+    fn commit(&self, step: u64) -> Result<()> {
+        on_each(&self.servers, |_, s| s.commit(step))?;
+        for u in &self.updates {
+            u.store(step + 1, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    fn state(&self, job: &str) -> Result<(u64, Vec<u8>)> {
+        let (step, tensors) = self.snapshot()?;
+        Ok((step, checkpoint::to_bytes(step, &tensors, job)?))
+    }
+
+    fn set_state(&self, bytes: &[u8]) -> Result<u64> {
+        let (step, tensors) = checkpoint::from_bytes(bytes, "the engines' replica")?;
+        self.restore(step, &tensors)?;
+        Ok(step)
+    }
+}
+
+impl MemoryX {
+    /// Checks layer `grad.layer`'s gradient of `step` and brings it into stored order (row order for a sparse
+    /// layer), joined with a tied layer's: what is cut into the servers' slices.
+    fn prepare(&self, grad: &LayerGrad, step: u64) -> Result<Vec<f32>> {
         let shape = *self.layout.linears.get(grad.layer).ok_or_else(|| {
             Error::Protocol(format!("gradient for layer {} but the model has {} layers", grad.layer, self.lengths.len()))
         })?;
@@ -385,25 +437,7 @@ impl WeightStore for MemoryX {
         };
         // The shared weights are updated once, with the target layer, from the sum of both gradients.
         self.tied_grad.exchange(grad, shape.tied_to, step, &mut reordered)?;
-        let n = self.servers.len() as u32;
-        on_each(&self.servers, |i, s| {
-            let w = &reordered[crate::plan::slice_range(reordered.len(), i as u32, n)];
-            let b = &grad.bias[crate::plan::slice_range(grad.bias.len(), i as u32, n)];
-            s.update(grad.layer, step, w, b)
-        })?;
-        self.updates[grad.layer].store(step + 1, Ordering::SeqCst);
-        Ok(())
-    }
-
-    fn state(&self, job: &str) -> Result<(u64, Vec<u8>)> {
-        let (step, tensors) = self.snapshot()?;
-        Ok((step, checkpoint::to_bytes(step, &tensors, job)?))
-    }
-
-    fn set_state(&self, bytes: &[u8]) -> Result<u64> {
-        let (step, tensors) = checkpoint::from_bytes(bytes, "the engines' replica")?;
-        self.restore(step, &tensors)?;
-        Ok(step)
+        Ok(reordered)
     }
 }
 
@@ -489,6 +523,11 @@ impl MemoryX {
             u.store(step, Ordering::SeqCst);
         }
         Ok(())
+    }
+
+    /// What each server holds and has moved.
+    pub fn usage(&self) -> Vec<Result<super::server::ServerUsage>> {
+        self.servers.iter().map(|s| s.usage()).collect()
     }
 
     /// Has every server drop its slices of checkpoints other than `keep`.

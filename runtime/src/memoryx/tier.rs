@@ -77,6 +77,8 @@ pub struct Tier {
     layout: TierLayout,
     lengths: Vec<LayerLengths>,
     files: Vec<Option<Arc<File>>>,
+    /// Per on-disk layer, the file its staged gradient waits in until the step is committed.
+    grads: Vec<Option<File>>,
     ahead: Arc<(Mutex<Ahead>, Condvar)>,
     /// The last layer used, to tell the direction of travel.
     last: Mutex<Option<usize>>,
@@ -108,11 +110,31 @@ impl Tier {
                 Ok(Some(Arc::new(file)))
             })
             .collect::<Result<Vec<_>>>()?;
+        let grads = layout
+            .on_disk
+            .iter()
+            .enumerate()
+            .map(|(l, &disk)| {
+                if !disk {
+                    return Ok(None);
+                }
+                let path = dir.join(format!("grad-{l:05}.f32"));
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&path)
+                    .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+                Ok(Some(file))
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Tier {
             dir,
             layout,
             lengths: lengths.to_vec(),
             files,
+            grads,
             ahead: Arc::default(),
             last: Mutex::new(None),
             read: Arc::default(),
@@ -152,10 +174,33 @@ impl Tier {
             Some(t) => t,
             None => read_layer(self.file(l)?.as_ref(), &self.lengths[l], all, &self.read),
         };
-        if let Some(n) = next {
-            self.prefetch(n);
+        if let Some((n, all)) = next {
+            self.prefetch(n, all);
         }
         tensors
+    }
+
+    /// Keeps layer `l`'s staged gradient (weights and bias) in its file until the step is committed.
+    pub fn write_grad(&self, l: usize, weights: &[f32], bias: &[f32]) -> Result<()> {
+        let file = self.grads.get(l).and_then(Option::as_ref).ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
+        let w: &[u8] = bytemuck::cast_slice(weights);
+        file.write_all_at(w, 0)
+            .and_then(|()| file.write_all_at(bytemuck::cast_slice(bias), w.len() as u64))
+            .map_err(|e| Error::io(format!("staging layer {l}'s gradient in the disk tier"), e))?;
+        self.written.fetch_add(4 * (weights.len() + bias.len()) as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Layer `l`'s staged gradient, as [`Tier::write_grad`] kept it.
+    pub fn read_grad(&self, l: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let file = self.grads.get(l).and_then(Option::as_ref).ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
+        let (nw, nb) = (self.lengths[l][0], self.lengths[l][1]);
+        let (mut w, mut b) = (vec![0f32; nw], vec![0f32; nb]);
+        file.read_exact_at(bytemuck::cast_slice_mut(&mut w), 0)
+            .and_then(|()| file.read_exact_at(bytemuck::cast_slice_mut(&mut b), 4 * nw as u64))
+            .map_err(|e| Error::io(format!("reading layer {l}'s staged gradient from the disk tier"), e))?;
+        self.read.fetch_add(4 * (nw + nb) as u64, Ordering::Relaxed);
+        Ok((w, b))
     }
 
     /// Writes layer `l`'s tensors back to its file.
@@ -187,34 +232,35 @@ impl Tier {
         Ok(())
     }
 
-    /// The layer expected after `l`, from the direction of travel: on up the forward pass, down the backward
-    /// pass and the updates, and from the bottom back to the top (the updates follow the backward pass).
-    fn next_after(&self, l: usize) -> Option<usize> {
+    /// The layer expected after `l`, from the direction of travel, and whether all its tensors will be wanted:
+    /// on up the forward pass (weights and bias only), down the backward pass and the updates (everything),
+    /// and from the bottom back to the top (the updates follow the backward pass).
+    fn next_after(&self, l: usize) -> Option<(usize, bool)> {
         let n = self.lengths.len();
         let mut last = self.last.lock().ok()?;
         let prev = last.replace(l);
-        let next = match prev {
-            Some(p) if p < l => l + 1,
-            _ if l == 0 => n - 1,
-            _ => l - 1,
+        let (next, all) = match prev {
+            Some(p) if p < l => (l + 1, false),
+            _ if l == 0 => (n - 1, true),
+            _ => (l - 1, true),
         };
-        (next < n && next != l && self.on_disk(next)).then_some(next)
+        (next < n && next != l && self.on_disk(next)).then_some((next, all))
     }
 
-    /// Starts reading layer `l` (all its tensors) on a helper thread, unless a read-ahead is already held or in
-    /// flight: one at a time, which is the window the budget reserves.
-    pub fn prefetch(&self, l: usize) {
+    /// Starts reading layer `l` (all its tensors, or with `all` false its weights and bias) on a helper thread,
+    /// unless a read-ahead is already held or in flight: one at a time, which is the window the budget reserves.
+    pub fn prefetch(&self, l: usize, all: bool) {
         let Ok(file) = self.file(l) else { return };
         {
             let Ok(mut a) = self.ahead.0.lock() else { return };
             if a.layer.is_some() {
                 return;
             }
-            *a = Ahead { layer: Some((l, true)), tensors: None };
+            *a = Ahead { layer: Some((l, all)), tensors: None };
         }
         let (ahead, lengths, read) = (self.ahead.clone(), self.lengths[l], self.read.clone());
         std::thread::spawn(move || {
-            let tensors = read_layer(&file, &lengths, true, &read);
+            let tensors = read_layer(&file, &lengths, all, &read);
             let (lock, ready) = &*ahead;
             if let Ok(mut a) = lock.lock() {
                 a.tensors = Some(tensors);
@@ -252,6 +298,7 @@ impl Drop for Tier {
         for l in 0..self.files.len() {
             if self.files[l].is_some() {
                 let _ = std::fs::remove_file(self.dir.join(format!("layer-{l:05}.f32")));
+                let _ = std::fs::remove_file(self.dir.join(format!("grad-{l:05}.f32")));
             }
         }
         let _ = std::fs::remove_dir(&self.dir);

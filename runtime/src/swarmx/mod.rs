@@ -59,6 +59,14 @@ pub trait Swarm {
     /// Broadcasts `layers` backward streams pulled from `next` (last layer first) and returns each layer's
     /// gradients summed over engines, in the order streamed.
     fn backward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<Vec<LayerGrad>>;
+    /// [`Swarm::backward_pass`], handing each layer's summed gradient to `sink` as soon as it is complete, so
+    /// MemoryX never holds a whole step's gradients at once.
+    fn backward_pass_into(&mut self, layers: usize, next: StreamSource<'_>, sink: &mut dyn FnMut(LayerGrad) -> Result<()>) -> Result<()> {
+        for g in self.backward_pass(layers, next)? {
+            sink(g)?;
+        }
+        Ok(())
+    }
     /// Each engine's counters, in engine order.
     fn stats(&mut self) -> Result<Vec<EngineStats>>;
     /// The smallest SRAM among the engines: what the plan's choice of execution mode is made against.
@@ -149,6 +157,14 @@ impl Swarm for LocalSwarm {
 
     fn backward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<Vec<LayerGrad>> {
         let mut grads = Vec::with_capacity(layers);
+        self.backward_pass_into(layers, next, &mut |g| {
+            grads.push(g);
+            Ok(())
+        })?;
+        Ok(grads)
+    }
+
+    fn backward_pass_into(&mut self, layers: usize, next: StreamSource<'_>, sink: &mut dyn FnMut(LayerGrad) -> Result<()>) -> Result<()> {
         for _ in 0..layers {
             let stream = next()?;
             let mut sum: Option<LayerGrad> = None;
@@ -159,9 +175,9 @@ impl Swarm for LocalSwarm {
                     Some(s) => s.add(&g).map_err(Error::Protocol)?,
                 }
             }
-            grads.push(sum.ok_or_else(|| Error::Protocol("no engines".into()))?);
+            sink(sum.ok_or_else(|| Error::Protocol("no engines".into()))?)?;
         }
-        Ok(grads)
+        Ok(())
     }
 
     fn stats(&mut self) -> Result<Vec<EngineStats>> {

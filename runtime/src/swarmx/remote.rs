@@ -65,31 +65,52 @@ impl RemoteSwarm {
         next: StreamSource<'_>,
         call: impl Fn(pb::stage_client::StageClient<tonic::transport::Channel>, Vec<pb::LayerChunk>) -> JoinHandle<Result<T>>,
     ) -> Result<Vec<T>> {
+        let mut out = Vec::with_capacity(layers);
+        self.pass_into(layers, next, call, &mut |t| {
+            out.push(t);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Streams `layers` layers pulled from `next` down the tree, at most [`PREFETCH`] calls ahead, handing each
+    /// call's result to `sink` in order as it completes. `sink` runs outside the async runtime (between waits),
+    /// so it may block, on a weight server for instance.
+    fn pass_into<T: Send + 'static>(
+        &mut self,
+        layers: usize,
+        next: StreamSource<'_>,
+        call: impl Fn(pb::stage_client::StageClient<tonic::transport::Channel>, Vec<pb::LayerChunk>) -> JoinHandle<Result<T>>,
+        sink: &mut dyn FnMut(T) -> Result<()>,
+    ) -> Result<()> {
         let (client, job, step, url) = (self.root.client.clone(), self.job.clone(), self.step, self.root.url.clone());
-        self.handle.clone().block_on(async move {
-            let mut inflight: VecDeque<JoinHandle<Result<T>>> = VecDeque::new();
-            let mut out = Vec::with_capacity(layers);
-            let result: Result<()> = async {
-                for _ in 0..layers {
-                    let stream = next()?;
-                    inflight.push_back(call(client.clone(), encode_layer(&stream, &job, step)));
-                    while inflight.len() > PREFETCH {
-                        if let Some(h) = inflight.pop_front() {
-                            out.push(h.await.map_err(|e| Error::Unavailable(format!("{url}: {e}")))??);
-                        }
+        let handle = self.handle.clone();
+        let mut inflight: VecDeque<JoinHandle<Result<T>>> = VecDeque::new();
+        let wait = |h: JoinHandle<Result<T>>| handle.block_on(h).map_err(|e| Error::Unavailable(format!("{url}: {e}")))?;
+        let result: Result<()> = (|| {
+            for _ in 0..layers {
+                let stream = next()?;
+                let chunks = encode_layer(&stream, &job, step);
+                drop(stream);
+                inflight.push_back({
+                    let _runtime = handle.enter();
+                    call(client.clone(), chunks)
+                });
+                while inflight.len() > PREFETCH {
+                    if let Some(h) = inflight.pop_front() {
+                        sink(wait(h)?)?;
                     }
                 }
-                while let Some(h) = inflight.pop_front() {
-                    out.push(h.await.map_err(|e| Error::Unavailable(format!("{url}: {e}")))??);
-                }
-                Ok(())
             }
-            .await;
-            for h in inflight {
-                h.abort();
+            while let Some(h) = inflight.pop_front() {
+                sink(wait(h)?)?;
             }
-            result.map(|()| out)
-        })
+            Ok(())
+        })();
+        for h in inflight {
+            h.abort();
+        }
+        result
     }
 }
 
@@ -123,8 +144,17 @@ impl Swarm for RemoteSwarm {
     }
 
     fn backward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<Vec<LayerGrad>> {
+        let mut grads = Vec::with_capacity(layers);
+        self.backward_pass_into(layers, next, &mut |g| {
+            grads.push(g);
+            Ok(())
+        })?;
+        Ok(grads)
+    }
+
+    fn backward_pass_into(&mut self, layers: usize, next: StreamSource<'_>, sink: &mut dyn FnMut(LayerGrad) -> Result<()>) -> Result<()> {
         let (url, limits) = (self.root.url.clone(), self.limits.clone());
-        self.pass(layers, next, move |mut client, chunks| {
+        self.pass_into(layers, next, move |mut client, chunks| {
             let (u, limits) = (url.clone(), limits.clone());
             tokio::spawn(async move {
                 let mut stream = client.backward(tokio_stream::iter(chunks)).await.map_err(|s| from_status(s, &u))?.into_inner();
@@ -136,7 +166,7 @@ impl Swarm for RemoteSwarm {
                 }
                 decode_grad(parts, &limits)
             })
-        })
+        }, sink)
     }
 
     fn sram_bytes(&self) -> u64 {
