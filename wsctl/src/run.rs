@@ -182,12 +182,23 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
         bar.set_message(format!("loss {:.4}  {:.0} samples/s", m.loss, m.samples_per_s));
         bar.set_position(m.step);
     };
+    // The weight servers' disk tiers are scratch of this run: under its output, removed when it ends however
+    // the servers ended (a killed process cannot clean up after itself).
+    let tier = out.join("tier");
     let result = if opts.in_process {
-        run_in_process(loaded, feed, &plan, Outputs { checkpoint_dir: checkpoints, out: Some(out.clone()), sample: opts.sample, ..Outputs::default() }, show)
+        let outputs = Outputs {
+            checkpoint_dir: checkpoints,
+            out: Some(out.clone()),
+            tier_dir: Some(tier.clone()),
+            sample: opts.sample,
+            ..Outputs::default()
+        };
+        run_in_process(loaded, feed, &plan, outputs, show)
     } else {
         drop((loaded, feed));
         run_local(&job, &plan, root, checkpoints, opts.sample, &out, show)
     };
+    let _ = std::fs::remove_dir_all(&tier);
     bar.finish_and_clear();
     let s = result?;
     let held_out = match s.eval.perplexity {
@@ -237,7 +248,13 @@ fn run_local(
     let mut appliance = crate::local::Appliance::new(job_file, job_id, out.join("logs"))?;
     let inputs = appliance.start_inputs(plan.cs2, job.spec.data.workers, data_root)?;
     let root = appliance.start_fabric(plan.cs2, &plan.swarmx, &inputs)?;
-    let mut args = MemoryxArgs { out: Some(out.to_path_buf()), sample, checkpoint_dir, ..appliance.memoryx_args(root, inputs[0].clone()) };
+    let mut args = MemoryxArgs {
+        out: Some(out.to_path_buf()),
+        sample,
+        checkpoint_dir,
+        tier_dir: Some(std::fs::canonicalize(out)?.join("tier")),
+        ..appliance.memoryx_args(root, inputs[0].clone())
+    };
     args.weight_servers = appliance.start_weight_servers(plan.memoryx.servers, &args)?;
     appliance.run_memoryx(&args, show)?;
     drop(appliance);

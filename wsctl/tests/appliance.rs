@@ -422,6 +422,57 @@ fn memoryx_restarts_from_its_checkpoint() {
     drop((e0, sx, input));
 }
 
+/// Three weight servers, one killed between steps 12 and 13 and started again on its address with nothing: the
+/// coordinator finds it holds another step, takes every server back to the last complete checkpoint (step 10)
+/// and trains on, giving the undisturbed curve with every step exactly once.
+#[test]
+fn a_killed_weight_server_takes_every_server_back_to_the_last_complete_checkpoint() {
+    let dir = scratch("weight-server-fault");
+    let job = dir.join("job.yaml");
+    std::fs::write(&job, JOB.replace("  checkpoint:", "  memoryx: {servers: 3}\n  executionMode: weightStreaming\n  checkpoint:")).unwrap();
+    wsctl_run(&job, &dir.join("undisturbed"), &["--checkpoint-dir", dir.join("ckpt-a").to_str().unwrap()]);
+    let input = node("input", &job, &[]);
+    let e0 = engine(&job, 0, &input, &[]);
+    let sx = node("swarmx", &job, &["--children", &e0.url()]);
+    let ckpt = dir.join("ckpt-b");
+    let (sx_url, input_url, ck) = (sx.url(), input.url(), ckpt.to_str().unwrap().to_string());
+    let server = |index: &str, extra: &[&str]| {
+        let args: Vec<&str> =
+            ["--server-index", index, "--swarmx", &sx_url, "--input", &input_url, "--checkpoint-dir", &ck].into_iter().chain(extra.iter().copied()).collect();
+        node("memoryx", &job, &args)
+    };
+    let (s1, s2) = (server("1", &[]), server("2", &[]));
+    let servers = format!("{},{}", s1.url(), s2.url());
+    let (out, log) = (dir.join("disturbed"), dir.join("memoryx.log"));
+    let extra = ["--out", out.to_str().unwrap(), "--checkpoint-dir", &ck, "--weight-servers", &servers];
+    let (mut mx, mut progress) = memoryx(&job, &sx, &input, &extra, &log);
+    wait_for_step(&mut progress, 12);
+    let signal = |sig: &str| Command::new("kill").args([sig, &mx.id().to_string()]).status().unwrap();
+    assert!(signal("-STOP").success());
+    let addr = s2.addr.clone();
+    drop(s2);
+    let _replacement = server("2", &["--listen", &addr]);
+    assert!(signal("-CONT").success());
+    std::thread::spawn(move || for _ in progress.lines() {});
+    let status = mx.wait().unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "memoryx finished after the weight server was replaced: {stderr}");
+    assert!(stderr.contains("resuming every server from the last complete checkpoint"), "{stderr}");
+    let curve = losses(&out);
+    assert_eq!(curve.iter().map(|c| c.0).collect::<Vec<_>>(), (1..=24).collect::<Vec<_>>(), "every step exactly once");
+    let undisturbed = losses(&dir.join("undisturbed"));
+    assert_eq!(curve, undisturbed, "bit for bit the undisturbed curve");
+    // The complete checkpoints are the manifests; every server kept its slices of them.
+    let names = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+        v.sort();
+        v
+    };
+    assert!(names(&ckpt).contains(&"step-00000024.manifest.json".to_string()), "{:?}", names(&ckpt));
+    assert!(names(&ckpt.join("server-2")).contains(&"step-00000024.slice-2-of-3.safetensors".to_string()));
+    drop((e0, sx, input, s1));
+}
+
 /// A GET of a health or metrics endpoint as a probe or a scraper makes it: over TLS, without a certificate.
 fn http_get(job: &Path, addr: &str, path: &str) -> String {
     common::https("GET", addr, path, &common::ca(job), None).expect("the endpoint answers")

@@ -92,9 +92,9 @@ pub fn read_slice(dir: &Path, step: u64, slice: SliceId, crc32: u32, max_bytes: 
     let fail = |why: String| {
         Error::Protocol(format!(
             "the checkpoint of step {step} is incomplete: {slice}'s slice {} {why}; restore that server's volume, or \
-             delete {} on the coordinator's volume to resume from the checkpoint before it",
-            path.display(),
-            manifest_path(Path::new("."), step).display()
+             delete {step:08}'s manifest (step-{step:08}.manifest.json) on the coordinator's volume to resume from the \
+             checkpoint before it",
+            path.display()
         ))
     };
     if !path.exists() {

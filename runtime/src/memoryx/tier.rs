@@ -91,6 +91,12 @@ impl Tier {
     /// `lengths`.
     pub fn create(dir: PathBuf, lengths: &[LayerLengths], layout: TierLayout) -> Result<Tier> {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("creating the disk tier {}", dir.display()), e))?;
+        // Files of an earlier incarnation (a killed server cannot remove its own) are scratch too.
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.path().extension().is_some_and(|x| x == "f32") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
         let files = layout
             .on_disk
             .iter()
