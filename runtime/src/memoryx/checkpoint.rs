@@ -295,7 +295,7 @@ fn decode(bytes: &[u8], what: &str) -> Result<(u64, Tensors, Option<String>)> {
 }
 
 /// The order tensors were written in (layer, then kind), so the checksum is computed over the same sequence.
-fn tensor_order(name: &str) -> (usize, usize) {
+pub fn tensor_order(name: &str) -> (usize, usize) {
     let mut parts = name.splitn(3, '.');
     let layer = parts.nth(1).and_then(|l| l.parse().ok()).unwrap_or(usize::MAX);
     let kind = KINDS

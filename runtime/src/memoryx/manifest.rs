@@ -77,35 +77,230 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Writes a server's slice of the checkpoint of `step`; returns its checksum for the manifest.
-pub fn write_slice(dir: &Path, step: u64, tensors: &Tensors, job: &str, slice: SliceId) -> Result<u32> {
-    fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating checkpoint directory {}", dir.display()), e))?;
-    let bytes = checkpoint::to_bytes(step, tensors, job)?;
-    write_atomic(&slice_path(dir, step, slice), &bytes)?;
-    Ok(checkpoint::checksum(tensors))
+/// Writes a server's slice of a checkpoint as it is read, one tensor at a time, so a server whose slice lives
+/// mostly on disk never holds it whole: the safetensors header (every tensor's name and length is known up
+/// front) goes first with a placeholder checksum, the tensors follow in checkpoint order while the checksum is
+/// computed, and the checksum is written into the header last. The file goes to a temporary name and is
+/// renamed into place only when complete.
+pub struct SliceWriter {
+    file: fs::File,
+    tmp: PathBuf,
+    path: PathBuf,
+    tensors: Vec<(String, usize)>,
+    next: usize,
+    hasher: crc32fast::Hasher,
+    /// Where the checksum's eight hex digits sit in the file.
+    crc_at: u64,
 }
 
-/// Reads a server's slice of the checkpoint of `step` (at most `max_bytes`), which the manifest says has
-/// checksum `crc32`: a missing, damaged or different file is an error naming it.
-pub fn read_slice(dir: &Path, step: u64, slice: SliceId, crc32: u32, max_bytes: u64) -> Result<Tensors> {
-    let path = slice_path(dir, step, slice);
-    let fail = |why: String| {
-        Error::Protocol(format!(
-            "the checkpoint of step {step} is incomplete: {slice}'s slice {} {why}; restore that server's volume, or \
-             delete {step:08}'s manifest (step-{step:08}.manifest.json) on the coordinator's volume to resume from the \
-             checkpoint before it",
-            path.display()
-        ))
-    };
-    if !path.exists() {
-        return Err(fail("is missing".into()));
+/// The checksum's placeholder in a header being written.
+const CRC_PLACEHOLDER: &str = "ZZZZZZZZ";
+
+impl SliceWriter {
+    /// Starts slice `slice` of the checkpoint of `step` in `dir`, which will hold `tensors` (name and length,
+    /// in checkpoint order, empty ones left out).
+    pub fn create(dir: &Path, step: u64, job: &str, slice: SliceId, tensors: Vec<(String, usize)>) -> Result<SliceWriter> {
+        fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating checkpoint directory {}", dir.display()), e))?;
+        let mut header = serde_json::Map::new();
+        let metadata = serde_json::json!({
+            "format": "weightstream/v1alpha1",
+            "job": job,
+            "step": step.to_string(),
+            "slice": format!("{}/{}", slice.index, slice.count),
+            "crc32": CRC_PLACEHOLDER,
+        });
+        header.insert("__metadata__".into(), metadata);
+        let mut at = 0u64;
+        for (name, len) in &tensors {
+            let end = at + 4 * *len as u64;
+            header.insert(name.clone(), serde_json::json!({"dtype": "F32", "shape": [len], "data_offsets": [at, end]}));
+            at = end;
+        }
+        let mut json = serde_json::to_vec(&header).map_err(|e| Error::io("encoding a checkpoint header", e.into()))?;
+        // safetensors aligns the data to 8 bytes by padding the header with spaces.
+        while json.len() % 8 != 0 {
+            json.push(b' ');
+        }
+        let needle = format!("\"crc32\":\"{CRC_PLACEHOLDER}\"");
+        let pos = json
+            .windows(needle.len())
+            .position(|w| w == needle.as_bytes())
+            .ok_or_else(|| Error::Protocol("the checkpoint header lost its checksum".into()))?;
+        let crc_at = 8 + (pos + needle.len() - 1 - CRC_PLACEHOLDER.len()) as u64;
+        let path = slice_path(dir, step, slice);
+        let tmp = path.with_extension("tmp");
+        let mut file = fs::File::create(&tmp).map_err(|e| Error::io(format!("creating {}", tmp.display()), e))?;
+        let mut head = (json.len() as u64).to_le_bytes().to_vec();
+        head.extend_from_slice(&json);
+        file.write_all(&head).map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
+        Ok(SliceWriter { file, tmp, path, tensors, next: 0, hasher: crc32fast::Hasher::new(), crc_at })
     }
-    let (at, tensors) = checkpoint::read(&path, max_bytes).map_err(|e| fail(format!("is unusable ({e})")))?;
-    let have = checkpoint::checksum(&tensors);
-    if at != step || have != crc32 {
-        return Err(fail(format!("holds step {at} with checksum {have:08x}, not step {step} with {crc32:08x}")));
+
+    /// Appends the next tensor's values, which must have the length announced for it.
+    pub fn push(&mut self, values: &[f32]) -> Result<()> {
+        let (name, len) = self.tensors.get(self.next).ok_or_else(|| Error::Protocol("a checkpoint slice got a tensor too many".into()))?;
+        if values.len() != *len {
+            return Err(Error::Protocol(format!("checkpoint tensor {name} has {} values; {len} announced", values.len())));
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        self.hasher.update(name.as_bytes());
+        self.hasher.update(bytes);
+        if let Err(e) = self.file.write_all(bytes) {
+            return Err(self.failed(e));
+        }
+        self.next += 1;
+        Ok(())
     }
-    Ok(tensors)
+
+    fn failed(&self, e: std::io::Error) -> Error {
+        let _ = fs::remove_file(&self.tmp);
+        let hint = if e.kind() == std::io::ErrorKind::StorageFull {
+            "; the checkpoint volume is full: raise spec.checkpoint.volumeSize or lower spec.checkpoint.keep (the last complete checkpoint is kept)"
+        } else {
+            ""
+        };
+        Error::io(format!("writing {}{hint}", self.tmp.display()), e)
+    }
+
+    /// Writes the checksum into the header, flushes and renames the file into place; returns the checksum.
+    pub fn finish(self) -> Result<u32> {
+        if self.next != self.tensors.len() {
+            let _ = fs::remove_file(&self.tmp);
+            return Err(Error::Protocol(format!("a checkpoint slice got {} of its {} tensors", self.next, self.tensors.len())));
+        }
+        let crc = self.hasher.clone().finalize();
+        use std::os::unix::fs::FileExt;
+        let done = self
+            .file
+            .write_all_at(format!("{crc:08x}").as_bytes(), self.crc_at)
+            .and_then(|()| self.file.sync_all())
+            .and_then(|()| fs::rename(&self.tmp, &self.path));
+        if let Err(e) = done {
+            return Err(self.failed(e));
+        }
+        if let Some(d) = self.path.parent().and_then(|d| fs::File::open(d).ok()) {
+            let _ = d.sync_all();
+        }
+        Ok(crc)
+    }
+}
+
+/// Writes a server's slice of the checkpoint of `step` from tensors in memory; returns its checksum for the
+/// manifest.
+pub fn write_slice(dir: &Path, step: u64, tensors: &Tensors, job: &str, slice: SliceId) -> Result<u32> {
+    let mut w = SliceWriter::create(dir, step, job, slice, tensors.iter().map(|(n, v)| (n.clone(), v.len())).collect())?;
+    for (_, v) in tensors {
+        w.push(v)?;
+    }
+    w.finish()
+}
+
+/// A server's slice of a checkpoint, opened for reading one tensor at a time: its header is checked against
+/// the size on disk and its checksum verified in one streaming pass before any tensor is handed out, so a
+/// damaged or partial file is refused whole and the slice is never held in memory at once.
+pub struct SliceReader {
+    file: fs::File,
+    path: PathBuf,
+    /// Each tensor's byte offset in the file and its length in values.
+    entries: std::collections::HashMap<String, (u64, usize)>,
+}
+
+impl SliceReader {
+    /// Opens slice `slice` of the checkpoint of `step` in `dir`, which the manifest says has checksum `crc32`;
+    /// the file may be at most `max_bytes`. A missing, damaged or different file is an error naming it.
+    pub fn open(dir: &Path, step: u64, slice: SliceId, crc32: u32, max_bytes: u64) -> Result<SliceReader> {
+        use std::os::unix::fs::FileExt;
+        let path = slice_path(dir, step, slice);
+        let fail = |why: String| {
+            Error::Protocol(format!(
+                "the checkpoint of step {step} is incomplete: {slice}'s slice {} {why}; restore that server's volume, or \
+                 delete its manifest (step-{step:08}.manifest.json) on the coordinator's volume to resume from the \
+                 checkpoint before it",
+                path.display()
+            ))
+        };
+        let file = match fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(fail("is missing".into())),
+            Err(e) => return Err(fail(format!("is unreadable ({e})"))),
+        };
+        let size = file.metadata().map_err(|e| fail(format!("is unreadable ({e})")))?.len();
+        Error::check_limit(|| format!("checkpoint slice {} (bytes on disk)", path.display()), size, max_bytes)?;
+        let mut n = [0u8; 8];
+        file.read_exact_at(&mut n, 0).map_err(|_| fail("is unusable (shorter than its header)".into()))?;
+        let n = u64::from_le_bytes(n);
+        if n > size.saturating_sub(8) || n > (64 << 20) {
+            return Err(fail(format!("is unusable (a header of {n} bytes in a file of {size})")));
+        }
+        let mut json = vec![0u8; n as usize];
+        file.read_exact_at(&mut json, 8).map_err(|_| fail("is unusable (its header is cut short)".into()))?;
+        let header: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&json).map_err(|e| fail(format!("is unusable (its header: {e})")))?;
+        let meta = header.get("__metadata__").cloned().unwrap_or_default();
+        let recorded_step = meta["step"].as_str().and_then(|s| s.parse::<u64>().ok());
+        let recorded_crc = meta["crc32"].as_str().and_then(|s| u32::from_str_radix(s, 16).ok());
+        let mut entries = std::collections::HashMap::new();
+        let mut end = 0u64;
+        for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
+            let offsets = info["data_offsets"].as_array().and_then(|o| Some((o.first()?.as_u64()?, o.get(1)?.as_u64()?)));
+            let Some((a, b)) = offsets.filter(|(a, b)| a <= b && (b - a) % 4 == 0 && info["dtype"] == "F32") else {
+                return Err(fail(format!("is unusable (tensor {name} is not an f32 range)")));
+            };
+            end = end.max(b);
+            entries.insert(name.clone(), (8 + n + a, ((b - a) / 4) as usize));
+        }
+        if 8 + n + end != size {
+            return Err(fail(format!("is unusable (it holds {size} bytes where its header describes {})", 8 + n + end)));
+        }
+        if recorded_step != Some(step) || recorded_crc != Some(crc32) {
+            return Err(fail(format!("holds step {recorded_step:?} with checksum {recorded_crc:x?}, not step {step} with {crc32:08x}")));
+        }
+        let reader = SliceReader { file, path: path.clone(), entries };
+        let have = reader.checksum().map_err(|e| fail(format!("is unusable ({e})")))?;
+        if have != crc32 {
+            return Err(fail(format!("is unusable (checksum {have:08x} does not match the recorded {crc32:08x})")));
+        }
+        Ok(reader)
+    }
+
+    /// The checksum of its tensors, in checkpoint order, read a few MiB at a time.
+    fn checksum(&self) -> Result<u32> {
+        use std::os::unix::fs::FileExt;
+        let mut names: Vec<&String> = self.entries.keys().collect();
+        names.sort_by_key(|n| checkpoint::tensor_order(n));
+        let mut h = crc32fast::Hasher::new();
+        let mut buf = vec![0u8; 4 << 20];
+        for name in names {
+            let (at, len) = self.entries[name];
+            h.update(name.as_bytes());
+            let mut done = 0u64;
+            while done < 4 * len as u64 {
+                let take = (4 * len as u64 - done).min(buf.len() as u64) as usize;
+                self.file
+                    .read_exact_at(&mut buf[..take], at + done)
+                    .map_err(|e| Error::io(format!("reading {}", self.path.display()), e))?;
+                h.update(&buf[..take]);
+                done += take as u64;
+            }
+        }
+        Ok(h.finalize())
+    }
+
+    /// The length of tensor `name`, if the slice has it.
+    pub fn len_of(&self, name: &str) -> Option<usize> {
+        self.entries.get(name).map(|e| e.1)
+    }
+
+    /// Tensor `name`'s values, if the slice has it.
+    pub fn read(&self, name: &str) -> Result<Option<Vec<f32>>> {
+        use std::os::unix::fs::FileExt;
+        let Some(&(at, len)) = self.entries.get(name) else { return Ok(None) };
+        let mut v = vec![0f32; len];
+        self.file
+            .read_exact_at(bytemuck::cast_slice_mut(&mut v), at)
+            .map_err(|e| Error::io(format!("reading {name} from {}", self.path.display()), e))?;
+        Ok(Some(v))
+    }
 }
 
 /// Removes a server's slices of checkpoints other than `keep`, and temporary files a crash left behind.

@@ -15,7 +15,7 @@ use crds::{OptimizerSpec, ScheduleSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::checkpoint::{self, Tensors};
+use super::checkpoint;
 use super::tier::{Tier, TierLayout};
 use crate::error::{Error, Result};
 use crate::model::ModelLayout;
@@ -393,21 +393,6 @@ impl Shard {
         }
     }
 
-    /// The checkpoint slice of `step`'s tensors, in checkpoint order.
-    fn snapshot(&self, step: u64) -> Result<Tensors> {
-        let mut out = Vec::new();
-        for l in 0..self.layers.len() {
-            let (at, tensors) = self.tensors(l)?;
-            self.check_step(l, at, step)?;
-            for (kind, values) in checkpoint::KINDS.iter().zip(tensors) {
-                if !values.is_empty() {
-                    out.push((checkpoint::tensor_name(l, kind), values));
-                }
-            }
-        }
-        Ok(out)
-    }
-
     fn dir(&self) -> Result<&PathBuf> {
         self.checkpoint_dir
             .as_ref()
@@ -539,37 +524,50 @@ impl WeightServer for Shard {
     }
 
     fn save(&self, step: u64) -> Result<u32> {
+        // One layer at a time, from memory or the disk tier: the slice is never held whole.
         let dir = self.dir()?.clone();
-        let tensors = self.snapshot(step)?;
-        super::manifest::write_slice(&dir, step, &tensors, &self.job, self.slice)
+        let names = self
+            .lengths
+            .iter()
+            .enumerate()
+            .flat_map(|(l, lens)| {
+                checkpoint::KINDS.iter().zip(lens).filter(|(_, n)| **n > 0).map(move |(kind, n)| (checkpoint::tensor_name(l, kind), *n))
+            })
+            .collect();
+        let mut w = super::manifest::SliceWriter::create(&dir, step, &self.job, self.slice, names)?;
+        for l in 0..self.layers.len() {
+            let (at, tensors) = self.tensors(l)?;
+            self.check_step(l, at, step)?;
+            for t in tensors.iter().filter(|t| !t.is_empty()) {
+                w.push(t)?;
+            }
+        }
+        w.finish()
     }
 
     fn load(&self, step: u64, crc32: u32) -> Result<()> {
         let dir = self.dir()?.clone();
         let max = 4 * self.lengths.iter().map(|s| s.iter().sum::<usize>() as u64).sum::<u64>() + (1 << 20);
-        let tensors = super::manifest::read_slice(&dir, step, self.slice, crc32, max)?;
-        let find = |name: &str| tensors.iter().position(|(n, _)| n == name);
-        let mut staged = Vec::with_capacity(self.layers.len());
+        let reader = super::manifest::SliceReader::open(&dir, step, self.slice, crc32, max)?;
+        // Every tensor's length is checked against the model before anything is replaced.
         for (l, want) in self.lengths.iter().enumerate() {
-            let mut parts: LayerTensors = Default::default();
             for (k, kind) in checkpoint::KINDS.iter().enumerate() {
                 let name = checkpoint::tensor_name(l, kind);
-                parts[k] = match (find(&name), want[k]) {
-                    (Some(i), n) if tensors[i].1.len() == n => tensors[i].1.clone(),
-                    (None, 0) => Vec::new(),
-                    (found, n) => {
-                        return Err(Error::Protocol(format!(
-                            "{}: checkpoint slice of step {step} holds {} values of {name} but this job's model needs {n}; \
-                             it belongs to another model, seed, sparsity or optimizer",
-                            self.slice,
-                            found.map_or(0, |i| tensors[i].1.len())
-                        )));
-                    }
-                };
+                let have = reader.len_of(&name).unwrap_or(0);
+                if have != want[k] {
+                    return Err(Error::Protocol(format!(
+                        "{}: checkpoint slice of step {step} holds {have} values of {name} but this job's model needs {}; \
+                         it belongs to another model, seed, sparsity or optimizer",
+                        self.slice, want[k]
+                    )));
+                }
             }
-            staged.push(parts);
         }
-        for (l, parts) in staged.into_iter().enumerate() {
+        for l in 0..self.layers.len() {
+            let mut parts: LayerTensors = Default::default();
+            for (k, kind) in checkpoint::KINDS.iter().enumerate() {
+                parts[k] = reader.read(&checkpoint::tensor_name(l, kind))?.unwrap_or_default();
+            }
             self.put(l, step, parts)?;
         }
         Ok(())
