@@ -84,6 +84,15 @@ impl Job {
         }
     }
 
+    /// Weight server `slice` of this job, built in this process and stored as [`Job::storage`] says.
+    pub fn shard(&self, outputs: &Outputs, slice: crate::memoryx::SliceId) -> Result<crate::memoryx::Shard> {
+        let t = &self.spec.training;
+        let layout = self.layout();
+        let lengths = crate::memoryx::server::layer_lengths(&layout, &t.optimizer, t.seed);
+        let storage = self.storage(outputs, slice);
+        crate::memoryx::Shard::new(&layout, &lengths, t.optimizer.clone(), t.schedule.clone(), self.total_steps, t.seed, slice, storage)
+    }
+
     /// The job's MemoryX with every weight server in this process, as the plan spreads it: one in memory
     /// (the store of earlier versions), or several, each with its budget and disk tier.
     pub fn store(&self, outputs: &Outputs) -> Result<MemoryX> {

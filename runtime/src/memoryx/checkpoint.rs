@@ -32,6 +32,16 @@ const PREFIX: &str = "step-";
 const PRUNE_SLACK: u64 = 64 << 10;
 const SUFFIX: &str = ".safetensors";
 
+/// What to do when a checkpoint write failed because the volume is full (nothing otherwise): the last complete
+/// checkpoint is kept either way.
+pub fn full_volume_hint(e: &std::io::Error) -> &'static str {
+    if e.kind() == std::io::ErrorKind::StorageFull {
+        "; the checkpoint volume is full: raise spec.checkpoint.volumeSize or lower spec.checkpoint.keep (the last complete checkpoint is kept)"
+    } else {
+        ""
+    }
+}
+
 /// The file a checkpoint of `step` lives in.
 pub fn path_for(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("{PREFIX}{step:08}{SUFFIX}"))
@@ -134,12 +144,7 @@ pub fn write_owned(dir: &Path, step: u64, tensors: &Tensors, owner: &Owner<'_>, 
         .and_then(|()| fs::rename(&tmp, &path));
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
-        let hint = if e.kind() == std::io::ErrorKind::StorageFull {
-            "; the checkpoint volume is full: raise spec.checkpoint.volumeSize or lower spec.checkpoint.keep (the last good checkpoint is kept)"
-        } else {
-            ""
-        };
-        return Err(Error::io(format!("writing checkpoint {}{hint}", path.display()), e));
+        return Err(Error::io(format!("writing checkpoint {}{}", path.display(), full_volume_hint(&e)), e));
     }
     if let Ok(d) = fs::File::open(dir) {
         let _ = d.sync_all();

@@ -64,12 +64,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .and_then(|()| fs::rename(&tmp, path));
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
-        let hint = if e.kind() == std::io::ErrorKind::StorageFull {
-            "; the checkpoint volume is full: raise spec.checkpoint.volumeSize or lower spec.checkpoint.keep (the last complete checkpoint is kept)"
-        } else {
-            ""
-        };
-        return Err(Error::io(format!("writing {}{hint}", path.display()), e));
+        return Err(Error::io(format!("writing {}{}", path.display(), checkpoint::full_volume_hint(&e)), e));
     }
     if let Some(d) = path.parent().and_then(|d| fs::File::open(d).ok()) {
         let _ = d.sync_all();
@@ -154,12 +149,7 @@ impl SliceWriter {
 
     fn failed(&self, e: std::io::Error) -> Error {
         let _ = fs::remove_file(&self.tmp);
-        let hint = if e.kind() == std::io::ErrorKind::StorageFull {
-            "; the checkpoint volume is full: raise spec.checkpoint.volumeSize or lower spec.checkpoint.keep (the last complete checkpoint is kept)"
-        } else {
-            ""
-        };
-        Error::io(format!("writing {}{hint}", self.tmp.display()), e)
+        Error::io(format!("writing {}{}", self.tmp.display(), checkpoint::full_volume_hint(&e)), e)
     }
 
     /// Writes the checksum into the header, flushes and renames the file into place; returns the checksum.

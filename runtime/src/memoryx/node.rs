@@ -209,17 +209,7 @@ fn remote_store(
     let t = &job.spec.training;
     let layout = job.layout();
     let lengths = layer_lengths(&layout, &t.optimizer, t.seed);
-    let first = SliceId { index: 0, count: n };
-    let local = Arc::new(Shard::new(
-        &layout,
-        &lengths,
-        t.optimizer.clone(),
-        t.schedule.clone(),
-        job.total_steps,
-        t.seed,
-        first,
-        job.storage(outputs, first),
-    )?);
+    let local = Arc::new(job.shard(outputs, SliceId { index: 0, count: n })?);
     let limits = crate::plan::Limits::for_spec(&job.spec);
     let mut servers: Vec<Arc<dyn WeightServer>> = vec![local.clone()];
     for (i, url) in args.weight_servers.iter().enumerate() {
@@ -268,18 +258,8 @@ fn serve_slice(args: MemoryxArgs) -> Result<()> {
     let slice = SliceId { index: args.server_index, count: n };
     let outputs = Outputs { checkpoint_dir: args.checkpoint_dir.clone(), tier_dir: args.tier_dir.clone(), ..Outputs::default() };
     let t = &job.spec.training;
-    let layout = job.layout();
-    let lengths = layer_lengths(&layout, &t.optimizer, t.seed);
-    let shard = Arc::new(Shard::new(
-        &layout,
-        &lengths,
-        t.optimizer.clone(),
-        t.schedule.clone(),
-        job.total_steps,
-        t.seed,
-        slice,
-        job.storage(&outputs, slice),
-    )?);
+    let lengths = layer_lengths(&job.layout(), &t.optimizer, t.seed);
+    let shard = Arc::new(job.shard(&outputs, slice)?);
     let (memory, disk) = shard.bytes();
     tracing::info!(%slice, memory, disk, "serving its slice");
     usage.follow(shard.clone());

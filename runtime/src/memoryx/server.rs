@@ -318,6 +318,22 @@ impl Shard {
             .map_err(|_| Error::Protocol(format!("{}: layer {layer}'s state was poisoned by a failed update", self.slice)))
     }
 
+    /// Refuses a gradient slice whose lengths are not this server's slice of layer `layer`.
+    fn check_grad_slice(&self, layer: usize, weights: &[f32], bias: &[f32]) -> Result<()> {
+        let want = self.lengths.get(layer).map(|s| (s[0], s[1])).ok_or_else(|| Error::Protocol(format!("no layer {layer}")))?;
+        if (weights.len(), bias.len()) != want {
+            return Err(Error::Protocol(format!(
+                "{}: gradient slice for layer {layer} has {} weight and {} bias values; {} and {} expected",
+                self.slice,
+                weights.len(),
+                bias.len(),
+                want.0,
+                want.1
+            )));
+        }
+        Ok(())
+    }
+
     fn check_step(&self, layer: usize, have: u64, want: u64) -> Result<()> {
         if have != want {
             return Err(Error::Protocol(format!(
@@ -413,17 +429,7 @@ impl WeightServer for Shard {
     }
 
     fn update(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
-        let want = self.lengths.get(layer).map(|s| (s[0], s[1])).unwrap_or_default();
-        if (weights.len(), bias.len()) != want {
-            return Err(Error::Protocol(format!(
-                "{}: gradient slice for layer {layer} has {} weight and {} bias values; {} and {} expected",
-                self.slice,
-                weights.len(),
-                bias.len(),
-                want.0,
-                want.1
-            )));
-        }
+        self.check_grad_slice(layer, weights, bias)?;
         let lr = optim::learning_rate(&self.optimizer, &self.schedule, step, self.total_steps);
         self.with_layer(layer, true, |slot, t| {
             if step != slot.updates {
@@ -445,17 +451,7 @@ impl WeightServer for Shard {
     }
 
     fn stage(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
-        let want = self.lengths.get(layer).map(|s| (s[0], s[1])).ok_or_else(|| Error::Protocol(format!("no layer {layer}")))?;
-        if (weights.len(), bias.len()) != want {
-            return Err(Error::Protocol(format!(
-                "{}: gradient slice for layer {layer} has {} weight and {} bias values; {} and {} expected",
-                self.slice,
-                weights.len(),
-                bias.len(),
-                want.0,
-                want.1
-            )));
-        }
+        self.check_grad_slice(layer, weights, bias)?;
         let on_disk = self.tier.as_ref().filter(|t| t.on_disk(layer));
         let mut staged = self.staged.lock().map_err(|_| Error::Protocol("the staged gradients were poisoned".into()))?;
         if staged.step != step {

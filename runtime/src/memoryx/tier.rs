@@ -97,44 +97,23 @@ impl Tier {
                 let _ = std::fs::remove_file(e.path());
             }
         }
-        let files = layout
-            .on_disk
-            .iter()
-            .enumerate()
-            .map(|(l, &disk)| {
-                if !disk {
-                    return Ok(None);
-                }
-                let path = dir.join(format!("layer-{l:05}.f32"));
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(&path)
-                    .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
-                Ok(Some(Arc::new(file)))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let grads = layout
-            .on_disk
-            .iter()
-            .enumerate()
-            .map(|(l, &disk)| {
-                if !disk {
-                    return Ok(None);
-                }
-                let path = dir.join(format!("grad-{l:05}.f32"));
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(&path)
-                    .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
-                Ok(Some(file))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let scratch = |prefix: &str, l: usize| -> Result<File> {
+            let path = dir.join(format!("{prefix}-{l:05}.f32"));
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .map_err(|e| Error::io(format!("creating {}", path.display()), e))
+        };
+        let on_disk: Vec<usize> = (0..lengths.len()).filter(|&l| layout.on_disk.get(l).copied().unwrap_or(false)).collect();
+        let mut files: Vec<Option<Arc<File>>> = vec![None; lengths.len()];
+        let mut grads: Vec<Option<File>> = (0..lengths.len()).map(|_| None).collect();
+        for l in on_disk {
+            files[l] = Some(Arc::new(scratch("layer", l)?));
+            grads[l] = Some(scratch("grad", l)?);
+        }
         Ok(Tier {
             dir,
             layout,
