@@ -254,7 +254,7 @@ fn is_weight_server(pod: &str, set: &str) -> bool {
         .is_some_and(|ordinal| !ordinal.is_empty() && ordinal.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Compares the job's engine and SwarmX pods with the desired ones: which are failed (replace and count),
+/// Compares the job's engine, SwarmX and input-worker pods with the desired ones: which are failed (replace and count),
 /// outdated or surplus (replace or remove), missing (create), and whether all are ready. MemoryX's pods (those
 /// of the StatefulSet `memoryx_set`, one per weight server) are the StatefulSet's to manage: only their
 /// container restarts are summed, since a restarted weight server costs the job a restart like any failure.
@@ -275,7 +275,9 @@ fn census(existing: &[Pod], desired: &[Pod], memoryx_set: &str) -> PodCensus {
             continue;
         }
         let role = p.labels().get(ROLE_LABEL).map(String::as_str);
-        if !matches!(role, Some("engine" | "swarmx")) || p.metadata.deletion_timestamp.is_some() {
+        // Input workers too: after a rescale the surplus ones must go and the rest restart with the new
+        // job.yaml (the 192 → 96 scale test found them left behind, still holding the old configuration).
+        if !matches!(role, Some("engine" | "swarmx" | "input")) || p.metadata.deletion_timestamp.is_some() {
             continue;
         }
         match desired.iter().find(|d| d.name_any() == name) {
@@ -822,9 +824,16 @@ mod tests {
         let c = census(&one_failed, &want, "j-memoryx");
         assert_eq!((c.ready, c.failed.clone(), c.delete.clone()), (false, vec!["j-engine-1".to_string()], vec!["j-engine-1".to_string()]));
 
-        // Shrinking to one engine: the second engine is surplus and the root's children changed.
+        // Shrinking to one engine: the second engine and its input worker are surplus, and every pod reads
+        // another job.yaml (the CS-2 count), so the rest are outdated.
         let c = census(&all_ready, &desired(1), "j-memoryx");
         assert!(c.delete.contains(&"j-engine-1".to_string()));
+        assert!(c.delete.contains(&"j-input-1".to_string()) && c.delete.contains(&"j-input-0".to_string()), "{:?}", c.delete);
+        // A failed input worker is replaced and counted like an engine.
+        let mut input_failed = all_ready.clone();
+        let i = input_failed.iter().position(|p| p.name_any() == "j-input-0").unwrap();
+        input_failed[i] = with_status(input_failed[i].clone(), "Failed", false);
+        assert_eq!(census(&input_failed, &want, "j-memoryx").failed, vec!["j-input-0".to_string()]);
         assert!(c.delete.contains(&"j-swarmx-0-0".to_string()));
         assert!(c.failed.is_empty());
     }
