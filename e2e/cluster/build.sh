@@ -22,7 +22,10 @@ KUBE_ROUTER_VERSION="${WS_KUBE_ROUTER_VERSION:-2.1.0}"
 KUBE_ROUTER_SUM="${WS_KUBE_ROUTER_SUM:-h1:xWsptKtmZ44L+NjwFKoFAFlVdxCz8fka9A/eYJe95Ok=}"
 # kwok fakes nodes and the pods scheduled onto them (no kubelet, no containers): the scale tests' 48 hosts of
 # 4 CS-2s each. It manages only nodes annotated kwok.x-k8s.io/node=fake, so the real node is left alone.
-KWOK_VERSION="${WS_KWOK_VERSION:-0.7.0}"
+# v0.6.1, not v0.7.0: v0.7.0's watches are refused by this API server (its etcd lacks the progress notifications
+# they need), so its caches go stale, its lease renewals conflict, the leases expire and the node controller
+# marks every pod on its nodes not ready.
+KWOK_VERSION="${WS_KWOK_VERSION:-0.6.1}"
 CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
 BIN="$CACHE/bin"
 mkdir -p "$BIN"

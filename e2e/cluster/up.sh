@@ -514,10 +514,7 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: ws-kwok}
 subjects:
 - {apiGroup: rbac.authorization.k8s.io, kind: User, name: ws-kwok}
 YAML
-# Its client-go (v0.33) asks for watch-list streams, which this API server cannot serve (its etcd lacks the
-# progress notifications RequestWatchProgress needs) and which that version does not fall back from: plain
-# list-and-watch instead.
-KUBE_FEATURE_WatchListClient=false start kwok "${B[kwok]}" --kubeconfig "$KC/kwok.kubeconfig" \
+start kwok "${B[kwok]}" --kubeconfig "$KC/kwok.kubeconfig" \
   --manage-all-nodes=false --manage-nodes-with-annotation-selector="$KWOK_NODE_ANNOTATION" \
   --node-lease-duration-seconds=40 --cidr=10.128.0.1/16
 for c in kube-controller-manager kube-scheduler kube-proxy kwok; do alive "$c" || { log "$c exited:"; tail -20 "$RUN/logs/$c.log" >&2; exit 1; }; done
