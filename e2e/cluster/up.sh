@@ -393,7 +393,9 @@ LOADED="$(ctr --address "$CONTAINERD_SOCK" -n k8s.io images ls -q)"
 grep -qxF "$PAUSE_IMAGE" <<<"$LOADED" \
   || { log "the pause image $PAUSE_IMAGE is not in containerd after the import; it has: $LOADED"; exit 1; }
 
-# --- controller-manager and scheduler ---
+# --- controller-manager and scheduler. A node is deemed lost after 5 minutes without a heartbeat, not 50 s: on
+# this shared 2-core machine kwok's 48 fake nodes (e2e/tests/scale.rs) can miss their lease renewals for a while
+# under load, and the node controller would then mark every pod on them not ready. ---
 start kube-controller-manager "${B[kube-controller-manager]}" \
   --kubeconfig "$KC/kube-controller-manager.kubeconfig" \
   --authentication-kubeconfig "$KC/kube-controller-manager.kubeconfig" \
@@ -401,7 +403,8 @@ start kube-controller-manager "${B[kube-controller-manager]}" \
   --bind-address 127.0.0.1 --leader-elect=false --use-service-account-credentials \
   --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
   --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
-  --service-cluster-ip-range "$SERVICE_CIDR" --cluster-name weightstream-local --profiling=false
+  --service-cluster-ip-range "$SERVICE_CIDR" --cluster-name weightstream-local --profiling=false \
+  --node-monitor-grace-period=5m
 start kube-scheduler "${B[kube-scheduler]}" \
   --kubeconfig "$KC/kube-scheduler.kubeconfig" \
   --authentication-kubeconfig "$KC/kube-scheduler.kubeconfig" \

@@ -532,6 +532,8 @@ async fn scenario(client: Client, kc: std::path::PathBuf) {
         m
     })));
 
+    report(&out);
+
     // --- Rescale 192 → 96: a checkpoint first, then the appliance reassembled at 96. ---
     let (m2, c2) = (op.shared.metrics.encode(), calls.snapshot());
     let t1 = Instant::now();
@@ -566,6 +568,8 @@ async fn scenario(client: Client, kc: std::path::PathBuf) {
         t1.elapsed().as_secs_f64(),
         per(&m2, &m3, c2, c3)
     ));
+
+    report(&out);
 
     // --- Three large jobs queue in arrival order behind the 96 held; one is admitted when the big job ends. ---
     for name in ["q1", "q2", "q3"] {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crds::contract::{MemoryxStatus, Role};
 use crds::{Phase, TrainingJob, TrainingJobStatus};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -692,20 +692,13 @@ async fn assemble(
     };
     for name in &census.delete {
         tracing::info!(job = %job.name_any(), pod = %name, "replacing pod");
+        delete_ignoring_absent(&pods_api, name).await?;
     }
-    // The requests are made into a list first: a stream mapping with a closure would make the controller's
-    // future not provably Send.
-    let deletes: Vec<_> = census.delete.iter().map(|name| delete_ignoring_absent(&pods_api, name)).collect();
-    futures::stream::iter(deletes).buffer_unordered(POD_CONCURRENCY).try_collect::<Vec<()>>().await?;
-    let creates: Vec<_> = census.missing.iter().map(|pod| apply_one(&pods_api, pod)).collect();
-    futures::stream::iter(creates).buffer_unordered(POD_CONCURRENCY).try_collect::<Vec<()>>().await?;
+    for pod in &census.missing {
+        apply_one(&pods_api, pod).await?;
+    }
     Ok(())
 }
-
-/// How many pods one pass creates or deletes at once. A 192-CS-2 job has over 400 (engines, input workers, the
-/// SwarmX tree); one request at a time, their round trips were most of its assembly (the scale test measured
-/// it). More at once would only wait in the API server's own queues.
-const POD_CONCURRENCY: usize = 16;
 
 /// Makes sure the job has its own TLS identity before any pod that mounts it exists. It is issued once (the
 /// CA's key is dropped at once, so nobody can issue another certificate of this job) and never re-applied: a
