@@ -6,6 +6,7 @@
 #     module and build caches, same version ldflags), so the second and later commands reuse the first's packages;
 #   - CoreDNS from its Go module (no replace directives, so `go install` works);
 #   - kube-router (only its network-policy controller is run, by up.sh) from its Go module, the same way;
+#   - kwok (fakes the nodes the scale tests add, and their pods) from its Go module sigs.k8s.io/kwok;
 #   - containerd, runc, the CNI plugins, iptables, conntrack from Debian (apt-get, only when missing).
 # Prints "name=path" lines on stdout (one per binary); logs go to stderr. Needs root for apt-get.
 set -euo pipefail
@@ -19,6 +20,12 @@ COREDNS_VERSION="${WS_COREDNS_VERSION:-1.14.7}"
 # the h1: hash of the module as served, checked against the v2.1.0 tag of the upstream repository's sources.
 KUBE_ROUTER_VERSION="${WS_KUBE_ROUTER_VERSION:-2.1.0}"
 KUBE_ROUTER_SUM="${WS_KUBE_ROUTER_SUM:-h1:xWsptKtmZ44L+NjwFKoFAFlVdxCz8fka9A/eYJe95Ok=}"
+# kwok fakes nodes and the pods scheduled onto them (no kubelet, no containers): the scale tests' 48 hosts of
+# 4 CS-2s each. It manages only nodes annotated kwok.x-k8s.io/node=fake, so the real node is left alone.
+# v0.6.1, not v0.7.0: v0.7.0's watches are refused by this API server (its etcd lacks the progress notifications
+# they need), so its caches go stale, its lease renewals conflict, the leases expire and the node controller
+# marks every pod on its nodes not ready.
+KWOK_VERSION="${WS_KWOK_VERSION:-0.6.1}"
 CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
 BIN="$CACHE/bin"
 mkdir -p "$BIN"
@@ -115,6 +122,19 @@ if [[ ! -x "$KUBE_ROUTER" ]]; then
   log "built kube-router in $(( $(date +%s) - start ))s"
 fi
 
+KWOK="$BIN/kwok-v$KWOK_VERSION"
+if [[ ! -x "$KWOK" ]]; then
+  start=$(date +%s)
+  log "building kwok v$KWOK_VERSION"
+  # The module's go.sum pins its dependencies; the checksum database vouches for the module itself.
+  (cd "$BIN" && CGO_ENABLED=0 GOBIN="$BIN/.kwok-$KWOK_VERSION" nice -n "${WS_NICE:-19}" \
+    go install -trimpath -ldflags "-s -w" \
+    "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION" >&2)
+  mv "$BIN/.kwok-$KWOK_VERSION/kwok" "$KWOK"
+  rmdir "$BIN/.kwok-$KWOK_VERSION"
+  log "built kwok in $(( $(date +%s) - start ))s"
+fi
+
 echo "etcd=${CORE[0]}"
 echo "kube-apiserver=${CORE[1]}"
 for cmd in kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
@@ -122,4 +142,5 @@ for cmd in kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
 done
 echo "coredns=$COREDNS"
 echo "kube-router=$KUBE_ROUTER"
+echo "kwok=$KWOK"
 for b in containerd ctr runc iptables conntrack; do echo "$b=$(command -v "$b" || echo "/usr/sbin/$b")"; done

@@ -18,7 +18,9 @@ PV_COUNT="${WS_CLUSTER_PV_COUNT:-48}"
 FWD_CHAIN="WS-CLUSTER-FWD"       # keeps pod traffic on the bridge (pods never reach other networks)
 CONTAINERD_SOCK="$RUN/containerd/containerd.sock"
 # Processes in start order; down.sh stops them in reverse.
-COMPONENTS=(etcd kube-apiserver containerd kube-controller-manager kube-scheduler kubelet kube-proxy coredns kube-router)
+COMPONENTS=(etcd kube-apiserver containerd kube-controller-manager kube-scheduler kubelet kube-proxy coredns kube-router kwok)
+# The annotation that hands a Node (and the pods bound to it) to kwok: the scale tests' fake CS-2 hosts wear it.
+KWOK_NODE_ANNOTATION="kwok.x-k8s.io/node=fake"
 
 log() { echo "[cluster/$(basename "$0") $(date -u +%H:%M:%S)] $*" >&2; }
 alive() { [[ -f "$RUN/pids/$1" ]] && kill -0 "$(cat "$RUN/pids/$1")" 2>/dev/null; }

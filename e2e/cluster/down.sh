@@ -28,7 +28,7 @@ stop() { # stop NAME: TERM, then KILL after 10 s
 }
 
 # 1. The node first (so nothing restarts containers), then every container through our containerd.
-for c in kube-router kube-proxy kubelet kube-scheduler kube-controller-manager coredns; do stop "$c"; done
+for c in kwok kube-router kube-proxy kubelet kube-scheduler kube-controller-manager coredns; do stop "$c"; done
 NETNS=()
 if alive containerd && command -v ctr >/dev/null; then
   CTR=(ctr --address "$CONTAINERD_SOCK" -n k8s.io)

@@ -141,7 +141,7 @@ YAML
   done
 }
 
-if alive etcd && alive kube-apiserver && alive kubelet && alive kube-router && api_ready && node_ready; then
+if alive etcd && alive kube-apiserver && alive kubelet && alive kube-router && alive kwok && api_ready && node_ready; then
   import_images
   pv_pool
   echo "$KC/admin.kubeconfig"
@@ -155,7 +155,7 @@ if ! "$HERE/build.sh" >"$RUN/binaries"; then
 fi
 declare -A B
 while IFS='=' read -r k v; do B[$k]="$v"; done <"$RUN/binaries"
-for k in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy coredns kube-router containerd ctr runc; do
+for k in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy coredns kube-router kwok containerd ctr runc; do
   [[ -x "${B[$k]:-}" ]] || { log "build.sh named no usable $k: '${B[$k]:-}'"; exit 1; }
 done
 PATH="$(dirname "${B[ctr]}"):$PATH"
@@ -200,7 +200,7 @@ iptables -C FORWARD -j "$FWD_CHAIN" 2>/dev/null || iptables -I FORWARD 1 -j "$FW
 
 # --- credentials: a CA, the API server's serving and kubelet-client certificates, the service-account key, a
 # token per component (token auth keeps the kubeconfigs free of client certificates) ---
-if [[ ! -f "$PKI/apiserver.crt" || ! -f "$RUN/tokens.csv" ]]; then
+if [[ ! -f "$PKI/apiserver.crt" || ! -f "$RUN/tokens.csv" || ! -f "$KC/kwok.kubeconfig" ]]; then
   mkdir -p "$PKI"
   (
     cd "$PKI"
@@ -243,7 +243,7 @@ YAML
   }
   kubeconfig admin admin "$t"
   for triple in "kube-controller-manager|system:kube-controller-manager|" "kube-scheduler|system:kube-scheduler|" \
-      "kube-proxy|system:kube-proxy|" "kubelet|system:node:$NODE_NAME|system:nodes" "coredns|ws-coredns|" "kube-router|ws-kube-router|"; do
+      "kube-proxy|system:kube-proxy|" "kubelet|system:node:$NODE_NAME|system:nodes" "coredns|ws-coredns|" "kube-router|ws-kube-router|" "kwok|ws-kwok|"; do
     IFS='|' read -r file user group <<<"$triple"
     t="$(tok)"
     if [[ -n "$group" ]]; then echo "$t,$user,$user,$group" >>"$RUN/tokens.csv"; else echo "$t,$user,$user" >>"$RUN/tokens.csv"; fi
@@ -393,7 +393,9 @@ LOADED="$(ctr --address "$CONTAINERD_SOCK" -n k8s.io images ls -q)"
 grep -qxF "$PAUSE_IMAGE" <<<"$LOADED" \
   || { log "the pause image $PAUSE_IMAGE is not in containerd after the import; it has: $LOADED"; exit 1; }
 
-# --- controller-manager and scheduler ---
+# --- controller-manager and scheduler. A node is deemed lost after 5 minutes without a heartbeat, not 50 s: on
+# this shared 2-core machine kwok's 48 fake nodes (e2e/tests/scale.rs) can miss their lease renewals for a while
+# under load, and the node controller would then mark every pod on them not ready. ---
 start kube-controller-manager "${B[kube-controller-manager]}" \
   --kubeconfig "$KC/kube-controller-manager.kubeconfig" \
   --authentication-kubeconfig "$KC/kube-controller-manager.kubeconfig" \
@@ -401,7 +403,8 @@ start kube-controller-manager "${B[kube-controller-manager]}" \
   --bind-address 127.0.0.1 --leader-elect=false --use-service-account-credentials \
   --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
   --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
-  --service-cluster-ip-range "$SERVICE_CIDR" --cluster-name weightstream-local --profiling=false
+  --service-cluster-ip-range "$SERVICE_CIDR" --cluster-name weightstream-local --profiling=false \
+  --node-monitor-grace-period=5m
 start kube-scheduler "${B[kube-scheduler]}" \
   --kubeconfig "$KC/kube-scheduler.kubeconfig" \
   --authentication-kubeconfig "$KC/kube-scheduler.kubeconfig" \
@@ -491,7 +494,33 @@ start kube-router "${B[kube-router]}" --kubeconfig "$KC/kube-router.kubeconfig" 
 # Enforcing once its jump leads FORWARD (ahead of $FWD_CHAIN, which accepts bridge-to-bridge traffic).
 policy_enforced() { [[ "$(iptables -S FORWARD 2>/dev/null | sed -n 2p)" == *"-j KUBE-ROUTER-FORWARD"* ]]; }
 wait_until 60 "kube-router's policy chains at the head of FORWARD" kube-router policy_enforced
-for c in kube-controller-manager kube-scheduler kube-proxy; do alive "$c" || { log "$c exited:"; tail -20 "$RUN/logs/$c.log" >&2; exit 1; }; done
+
+# --- kwok: plays node and kubelet for the nodes annotated $KWOK_NODE_ANNOTATION (none until a scale test adds
+# its fake CS-2 hosts; the real node is not its). It keeps their leases and Ready condition and marks the pods
+# bound to them Running and Ready, from each node's podCIDR. Its own API server (logs, exec) stays off. ---
+apply /apis/rbac.authorization.k8s.io/v1/clusterroles/ws-kwok <<'YAML'
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: ws-kwok}
+rules:
+- {apiGroups: [""], resources: [nodes, pods], verbs: [get, list, watch, update, patch, delete]}
+- {apiGroups: [""], resources: [nodes/status, pods/status], verbs: [get, update, patch]}
+- {apiGroups: [""], resources: [events], verbs: [create, update, patch]}
+- {apiGroups: [events.k8s.io], resources: [events], verbs: [create, update, patch]}
+- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, list, watch, create, update, patch, delete]}
+YAML
+apply /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/ws-kwok <<'YAML'
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: ws-kwok}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: ws-kwok}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: ws-kwok}
+YAML
+start kwok "${B[kwok]}" --kubeconfig "$KC/kwok.kubeconfig" \
+  --manage-all-nodes=false --manage-nodes-with-annotation-selector="$KWOK_NODE_ANNOTATION" \
+  --node-lease-duration-seconds=40 --cidr=10.128.0.1/16
+for c in kube-controller-manager kube-scheduler kube-proxy kwok; do alive "$c" || { log "$c exited:"; tail -20 "$RUN/logs/$c.log" >&2; exit 1; }; done
 
 # --- a pod really runs: the pause image in the default namespace (its ServiceAccount comes from the
 # controller-manager, so the first tries may be refused) ---

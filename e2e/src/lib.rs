@@ -185,8 +185,6 @@ pub struct RunningOperator {
 impl RunningOperator {
     /// Starts the operator for `namespace` with a pool of `pool` CS-2s and a SwarmX fan-out of 2.
     pub fn start(client: &Client, namespace: &str, pool: u32) -> RunningOperator {
-        let coordinator = ScriptedCoordinator::default();
-        let shared = Shared::default();
         let config = Config {
             namespace: Some(namespace.into()),
             pool: Some(pool),
@@ -194,6 +192,14 @@ impl RunningOperator {
             poll: Duration::from_millis(300),
             ..Config::default()
         };
+        RunningOperator::start_with(client, config)
+    }
+
+    /// Starts the operator with `config` as it is (the scale tests' fan-out and poll), talking through `client`
+    /// (which may count its requests).
+    pub fn start_with(client: &Client, config: Config) -> RunningOperator {
+        let coordinator = ScriptedCoordinator::default();
+        let shared = Shared::default();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(operator::run(
             client.clone(),

@@ -446,6 +446,82 @@ async fn a_job_that_cannot_fit_an_engine_fails_with_the_reason() {
     op.stop().await;
 }
 
+/// A memory budget below what a weight server needs for one layer: the job fails at once, holding nothing, and
+/// its Failed condition gives the plan's numbers and what to change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_budget_too_small_for_a_layer_fails_the_job_with_the_numbers() {
+    let (client, ns) = setup("budget").await;
+    let op = RunningOperator::start(&client, &ns, 4);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let mut j = job("tight", 2);
+    j.spec.memoryx.servers = Some(2);
+    j.spec.memoryx.memory_bytes = Some(1 << 20);
+    j.spec.model.layers = vec![784, 1024, 10];
+    create(&jobs, &j).await;
+    let j = wait_phase(&jobs, "tight", Phase::Failed).await;
+    let failed = j.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Failed")).cloned();
+    let failed = failed.unwrap_or_else(|| panic!("no Failed condition"));
+    assert_eq!(failed.reason, "PlanRejected");
+    assert!(
+        failed.message.contains("spec.memoryx.memoryBytes") && failed.message.contains("raise memoryBytes"),
+        "the message should give the budget and the fix: {}",
+        failed.message
+    );
+    assert_eq!(j.status.and_then(|s| s.allocated_cs2), None, "a job that cannot run holds no CS-2s");
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    assert!(ok(sets.get_opt("tight-memoryx").await, "sts").is_none(), "nothing was assembled");
+    op.stop().await;
+}
+
+/// Weight servers as the API server stores them: a StatefulSet of `spec.memoryx.servers`, the weights port on
+/// the Service and the container, the other servers' addresses, and a template Pod Security "restricted" admits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memoryx_is_assembled_as_a_statefulset_of_weight_servers() {
+    let (client, ns) = setup("servers").await;
+    let op = RunningOperator::start(&client, &ns, 4);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let mut j = job("ws", 2);
+    j.spec.memoryx.servers = Some(3);
+    create(&jobs, &j).await;
+    wait_phase(&jobs, "ws", Phase::Starting).await;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let sts = ok(
+        wait_for(WAIT, "MemoryX's StatefulSet", || async { sets.get_opt("ws-memoryx").await.ok()? }).await,
+        "sts",
+    );
+    let spec = sts.spec.clone().unwrap_or_default();
+    assert_eq!(spec.replicas, Some(3));
+    let pod = spec.template.spec.clone().unwrap_or_default();
+    let c = &pod.containers[0];
+    let args = c.args.clone().unwrap_or_default().join(" ");
+    let want = format!(
+        "--weight-servers https://ws-memoryx-1.ws-memoryx.{ns}.svc:7400,https://ws-memoryx-2.ws-memoryx.{ns}.svc:7400"
+    );
+    assert!(args.contains(&want) && args.contains("--listen 0.0.0.0:7400"), "{args}");
+    let ports: Vec<i32> = c.ports.iter().flatten().map(|p| p.container_port).collect();
+    assert_eq!(ports, [7400, 8080]);
+    let svc = ok(Api::<Service>::namespaced(client.clone(), &ns).get("ws-memoryx").await, "MemoryX's Service");
+    let names: Vec<String> = svc.spec.and_then(|s| s.ports).unwrap_or_default().into_iter().filter_map(|p| p.name).collect();
+    assert_eq!(names, ["weights", "http"]);
+    // The template as the StatefulSet controller would stamp it for server 2 (its ordinal label added): the
+    // namespace enforces Pod Security "restricted", so this shows every server's pod is admitted.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let mut labels = spec.template.metadata.and_then(|m| m.labels).unwrap_or_default();
+    labels.insert("apps.kubernetes.io/pod-index".into(), "2".into());
+    let server = Pod {
+        metadata: kube::api::ObjectMeta { name: Some("ws-memoryx-2".into()), labels: Some(labels), ..Default::default() },
+        spec: Some({
+            let mut spec = pod.clone();
+            let scratch = serde_json::json!({ "name": "checkpoints", "emptyDir": {} });
+            spec.volumes.get_or_insert_with(Vec::new).push(ok(serde_json::from_value(scratch), "volume"));
+            spec
+        }),
+        ..Default::default()
+    };
+    ok(pods.create(&PostParams::default(), &server).await, "a weight server's pod passes Pod Security restricted");
+    op.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suspend_checkpoints_and_frees_the_cs2s_resume_and_rescale_continue_from_the_checkpoint() {
     let (client, ns) = setup("suspend").await;

@@ -19,7 +19,7 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicySpec,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, KeyToPath, PersistentVolumeClaim,
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, KeyToPath, PersistentVolumeClaim,
     PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort,
     Secret, SecretVolumeSource, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
@@ -172,6 +172,13 @@ pub fn input_address(job: &str, namespace: &str, index: u32) -> String {
     format!("https://{pod}.{}.{namespace}.svc:{}", names::input_service(job), grpc_port(Role::Input))
 }
 
+/// The URL of weight server `index`'s gRPC service (its slice of every layer), through MemoryX's headless
+/// Service's per-pod DNS name: the StatefulSet's pod `<job>-memoryx-<index>`.
+pub fn weight_server_address(job: &str, namespace: &str, index: u32) -> String {
+    let set = names::memoryx(job);
+    format!("https://{set}-{index}.{set}.{namespace}.svc:{}", grpc_port(Role::Memoryx))
+}
+
 /// The URL of a SwarmX node's child.
 fn child_address(job: &str, namespace: &str, child: SwarmxChild) -> String {
     match child {
@@ -180,16 +187,21 @@ fn child_address(job: &str, namespace: &str, child: SwarmxChild) -> String {
     }
 }
 
-/// MemoryX's HTTP endpoint (`/status`, `/checkpoint`), through its Service: what the operator polls.
+/// MemoryX's HTTP endpoint (`/status`, `/checkpoint`): what the operator polls. It is weight server 0's, the
+/// coordinator's, by its pod's DNS name: the Service's name would resolve to every weight server, and only the
+/// coordinator knows the job's progress.
 pub fn memoryx_http(job: &str, namespace: &str) -> String {
-    format!("https://{}.{namespace}.svc:{HTTP_PORT}", names::memoryx(job))
+    let set = names::memoryx(job);
+    format!("https://{set}-0.{set}.{namespace}.svc:{HTTP_PORT}")
 }
 
-/// The names the job's certificate carries besides the fixed one: MemoryX's Service (which the operator calls
-/// by name) and every SwarmX and engine pod's DNS name.
+/// The names the job's certificate carries besides the fixed one: MemoryX's Service and every weight server's,
+/// SwarmX node's, engine's and input worker's pod DNS name (the operator calls the coordinator by its pod's
+/// name, the coordinator calls the other weight servers by theirs).
 pub fn identity_names(job: &str, namespace: &str) -> Vec<String> {
     vec![
         format!("{}.{namespace}.svc", names::memoryx(job)),
+        format!("*.{}.{namespace}.svc", names::memoryx(job)),
         format!("*.{}.{namespace}.svc", names::swarmx_service(job)),
         format!("*.{}.{namespace}.svc", names::engine_service(job)),
         format!("*.{}.{namespace}.svc", names::input_service(job)),
@@ -227,19 +239,26 @@ pub fn sram_bytes(job: &TrainingJob) -> u64 {
     sim_wse::preset::sram_bytes(&job.spec.engine)
 }
 
-/// Refuses a checkpoint volume that cannot hold the checkpoints the job keeps plus the one being written (each
-/// about MemoryX's state): such a job would fail at its first full disk, hours in, instead of now.
-fn check_volume(c: &crds::CheckpointSpec, state_bytes: u64) -> Result<(), Error> {
+/// Refuses a checkpoint volume that cannot hold what one weight server keeps on it: its disk tier (the part of
+/// its slice beyond its memory budget) plus the checkpoints of its slice the job keeps and the one being
+/// written. Every server has a volume of this size (the StatefulSet's claim template), so the busiest server's
+/// needs decide; such a job would otherwise fail at its first full disk, hours in, instead of now.
+fn check_volume(c: &crds::CheckpointSpec, m: &runtime::plan::MemoryxPlan) -> Result<(), Error> {
     let volume = crds::quantity_bytes(&c.volume_size)
         .ok_or_else(|| Error::Plan(format!("spec.checkpoint.volumeSize '{}' is not a quantity", c.volume_size)))?;
-    let needed = state_bytes.saturating_mul(u64::from(c.keep) + 1);
+    let checkpoints = m.server_bytes.saturating_mul(u64::from(c.keep) + 1);
+    let needed = checkpoints.saturating_add(m.disk_bytes);
     if volume < needed {
         return Err(Error::Plan(format!(
-            "spec.checkpoint.volumeSize {} is smaller than the {} checkpoints it must hold ({} kept + 1 being written, \
-             {needed} bytes of MemoryX state): raise it or lower spec.checkpoint.keep",
+            "spec.checkpoint.volumeSize {} is smaller than what each of the {} weight servers keeps on its volume: \
+             {} checkpoints of its slice ({} kept + 1 being written, {checkpoints} bytes) and its disk tier ({} \
+             bytes), {needed} bytes in all: raise volumeSize, lower spec.checkpoint.keep, add weight servers \
+             (spec.memoryx.servers) or raise spec.memoryx.memoryBytes",
             c.volume_size,
+            m.servers,
             u64::from(c.keep) + 1,
-            c.keep
+            c.keep,
+            m.disk_bytes
         )));
     }
     Ok(())
@@ -250,8 +269,12 @@ fn check_volume(c: &crds::CheckpointSpec, state_bytes: u64) -> Result<(), Error>
 pub fn plan(job: &TrainingJob, cs2: u32, fan_out: u32) -> Result<(Plan, PlanStatus), Error> {
     let mut spec = job.spec.clone();
     spec.cs2 = cs2;
-    let plan = Plan::new(&spec, sram_bytes(job), fan_out).map_err(|e| Error::Plan(e.to_string()))?;
-    check_volume(&spec.checkpoint, plan.memoryx_bytes)?;
+    let plan = Plan::new(&spec, sram_bytes(job), fan_out).map_err(|e| match e {
+        // The plan's own refusal says what to change; its "plan:" prefix would only repeat ours.
+        runtime::Error::Plan(why) => Error::Plan(why),
+        other => Error::Plan(other.to_string()),
+    })?;
+    check_volume(&spec.checkpoint, &plan.memoryx)?;
     let name = job.name_any();
     let status = PlanStatus {
         cs2,
@@ -328,7 +351,7 @@ pub fn desired(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<Desir
     pods.extend(input_pods(job, settings, &plan, &config_hash)?);
     Ok(Desired {
         plan: status,
-        memoryx: memoryx(job, settings, &plan, 1, &config_hash)?,
+        memoryx: memoryx(job, settings, &plan, &config_hash)?,
         services: services(job)?,
         network_policy: network_policy(job, &settings.operator)?,
         config,
@@ -469,8 +492,8 @@ fn headless_service(job: &TrainingJob, name: String, role: Role) -> Result<Servi
     })
 }
 
-/// The four headless Services: MemoryX (only its HTTP port: it dials out to the SwarmX root, and the operator
-/// polls it), SwarmX, engines and input workers.
+/// The four headless Services: MemoryX (its weight servers' gRPC port, by which the coordinator reaches the
+/// other servers, and the HTTP port the operator polls), SwarmX, engines and input workers.
 pub fn services(job: &TrainingJob) -> Result<Vec<Service>, Error> {
     let name = job.name_any();
     Ok(vec![
@@ -616,31 +639,56 @@ fn role_volumes(job: &TrainingJob) -> Vec<Volume> {
     ]
 }
 
-/// MemoryX's arguments in a pod: the root of the job's SwarmX tree, the checkpoint volume, and `--linger` so it
-/// keeps answering `/status` after the job ends (an exit would be restarted by the StatefulSet and counted as a
-/// failure) and the operator reads Succeeded or Failed.
-pub fn memoryx_args(job: &TrainingJob) -> MemoryxArgs {
+/// The environment variable through which each weight server learns its index (`--server-index`'s).
+pub const SERVER_INDEX_ENV: &str = "WS_SERVER_INDEX";
+/// The label the StatefulSet controller puts on each of its pods with the pod's ordinal (Kubernetes 1.28+).
+pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
+
+/// The arguments of every weight server of a job of `servers` servers: the root of the job's SwarmX tree, the
+/// checkpoint volume, the weight-server port, the other servers' addresses (read by server 0, the coordinator,
+/// only) and `--linger` so the coordinator keeps answering `/status` after the job ends (an exit would be
+/// restarted by the StatefulSet and counted as a failure) and the operator reads Succeeded or Failed. Every pod
+/// of the StatefulSet has the same template, so the index is not here: each learns it from its pod's
+/// [`POD_INDEX_LABEL`] through [`SERVER_INDEX_ENV`].
+pub fn memoryx_args(job: &TrainingJob, servers: u32) -> MemoryxArgs {
     let (name, ns) = (job.name_any(), job.namespace().unwrap_or_default());
     MemoryxArgs {
         checkpoint_dir: Some(CHECKPOINT_DIR.into()),
         linger: true,
+        weight_servers: (1..servers).map(|i| weight_server_address(&name, &ns, i)).collect(),
+        listen: listen(Role::Memoryx),
         ..MemoryxArgs::new(common_args(), swarmx_address(&name, &ns, 0, 0), input_address(&name, &ns, 0))
     }
 }
 
-/// MemoryX: a one-replica StatefulSet (zero while the job holds no CS-2s) whose checkpoint volume outlives its
-/// pod, so a MemoryX restart, a resume or a rescale continues from the last checkpoint. It is also the job's
-/// coordinator: it drives the training loop through the SwarmX root. `config_hash` is the hash of what it reads
-/// at start: a change (a rescale) rolls it.
-pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, replicas: i32, config_hash: &str) -> Result<StatefulSet, Error> {
+/// MemoryX: a StatefulSet of the plan's weight servers (scaled to zero while the job holds no CS-2s), each with
+/// its own checkpoint volume that outlives its pod, so a server's restart, a resume or a rescale continues from
+/// the last checkpoint of its slice. Server 0 is also the job's coordinator: it drives the training loop
+/// through the SwarmX root and reaches the others on their weight-server port. Each server's default memory
+/// request is its memory budget (the plan's `memory_bytes`), not the whole state. `config_hash` is the hash of
+/// what the servers read at start: a change (a rescale) rolls them.
+pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash: &str) -> Result<StatefulSet, Error> {
     let name = job.name_any();
-    let c = container(
+    let servers = plan.memoryx.servers.max(1);
+    let mut c = container(
         job,
         settings,
-        &memoryx_args(job),
-        job.spec.resources.memoryx.clone().or_else(|| memory_request(plan.memoryx_bytes)),
+        &memoryx_args(job, servers),
+        job.spec.resources.memoryx.clone().or_else(|| memory_request(plan.memoryx.memory_bytes)),
         vec![VolumeMount { name: "checkpoints".into(), mount_path: CHECKPOINT_DIR.into(), ..Default::default() }],
     );
+    c.env = Some(vec![EnvVar {
+        name: SERVER_INDEX_ENV.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: format!("metadata.labels['{POD_INDEX_LABEL}']"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }]);
+    let replicas = i32::try_from(servers).map_err(|_| Error::Plan(format!("{servers} weight servers are too many")))?;
     let mut pod_spec = restricted_pod(vec![c], role_volumes(job));
     pod_spec.priority_class_name.clone_from(&job.spec.priority_class_name);
     let hash = spec_hash(&pod_spec)?;
@@ -853,7 +901,7 @@ mod tests {
                 let http = match role {
                     Role::Memoryx => {
                         let a: MemoryxArgs = parse(c);
-                        assert_eq!(a, memoryx_args(&j));
+                        assert_eq!(a, memoryx_args(&j, 1));
                         a.common.http
                     }
                     Role::Swarmx => {
@@ -1065,6 +1113,14 @@ mod tests {
         assert!(!ingress_allowed(np, &unlabelled, http));
 
         assert!(egress_allowed(np, Some(&job_pod), "TCP", engine), "the tree reaches the engines");
+        let weights = grpc_port(Role::Memoryx);
+        assert_eq!(weights, 7400);
+        let server = peer("ml", &[], &[(JOB_LABEL, "mnist"), (ROLE_LABEL, "memoryx")]);
+        assert!(egress_allowed(np, Some(&server), "TCP", weights) && ingress_allowed(np, &server, weights), "weight servers reach each other");
+        for (what, p) in &strangers {
+            assert!(!ingress_allowed(np, p, weights), "{what} must not reach the weight servers");
+        }
+        assert!(!ingress_allowed(np, &operator, weights), "the operator polls HTTP only");
         assert!(egress_allowed(np, None, "UDP", 53) && egress_allowed(np, None, "TCP", 53), "DNS");
         assert!(!egress_allowed(np, Some(&strangers[0].1), "TCP", engine), "not another job's engines");
         assert!(!egress_allowed(np, None, "TCP", 6443), "not the API server");
@@ -1222,13 +1278,146 @@ mod tests {
     fn a_volume_too_small_for_the_checkpoints_kept_is_refused() {
         let mut j = job(2);
         let (p, _) = plan(&j, 2, 2).unwrap();
-        let per = p.memoryx_bytes;
+        let per = p.memoryx.server_bytes;
+        assert_eq!(p.memoryx.disk_bytes, 0, "one server keeps the whole state in memory by default");
         j.spec.checkpoint.keep = 2;
         j.spec.checkpoint.volume_size = format!("{}", 3 * per);
         assert!(plan(&j, 2, 2).is_ok(), "room for two kept and one being written");
         j.spec.checkpoint.volume_size = format!("{}", 3 * per - 1);
         let err = plan(&j, 2, 2).unwrap_err().to_string();
         assert!(err.contains("spec.checkpoint.volumeSize") && err.contains("3 checkpoints"), "{err}");
+    }
+
+    /// Each weight server's volume holds the checkpoints of its own slice and its disk tier, not the whole state.
+    #[test]
+    fn the_volume_is_sized_per_weight_server_with_its_disk_tier() {
+        let mut j = job(2);
+        j.spec.model.layers = vec![784, 64, 512, 512, 512, 10];
+        j.spec.memoryx.servers = Some(4);
+        let (p, _) = plan(&j, 2, 2).unwrap();
+        let m = p.memoryx.clone();
+        assert_eq!(m.servers, 4);
+        assert!(m.server_bytes * 4 >= p.memoryx_bytes - 8 * p.layers.iter().map(|l| l.weights as u64).sum::<u64>());
+        assert!(m.server_bytes < p.memoryx_bytes, "a slice is smaller than the state");
+        j.spec.checkpoint.keep = 1;
+        j.spec.checkpoint.volume_size = format!("{}", 2 * m.server_bytes);
+        assert!(plan(&j, 2, 2).is_ok(), "two slices fit: one kept, one being written");
+        // A memory budget below a slice puts the rest on the disk tier, which the volume must hold too.
+        j.spec.memoryx.memory_bytes = Some(m.min_memory_bytes);
+        j.spec.checkpoint.volume_size = "1Ti".into();
+        let disk = plan(&j, 2, 2).unwrap().0.memoryx.disk_bytes;
+        assert!(disk > 0, "part of each slice on disk");
+        j.spec.checkpoint.volume_size = format!("{}", 2 * m.server_bytes + disk);
+        assert!(plan(&j, 2, 2).is_ok());
+        j.spec.checkpoint.volume_size = format!("{}", 2 * m.server_bytes + disk - 1);
+        let err = plan(&j, 2, 2).unwrap_err().to_string();
+        assert!(err.contains("each of the 4 weight servers") && err.contains("disk tier"), "{err}");
+    }
+
+    /// A memory budget below what one server needs for a layer is refused with the plan's own words, once.
+    #[test]
+    fn a_memory_budget_below_one_layer_is_refused_with_the_numbers() {
+        let mut j = job(2);
+        j.spec.memoryx.memory_bytes = Some(1 << 20);
+        j.spec.memoryx.servers = Some(1);
+        j.spec.model.layers = vec![784, 1024, 10];
+        let err = plan(&j, 2, 2).unwrap_err().to_string();
+        assert!(err.starts_with("the plan refuses the job: spec.memoryx.memoryBytes"), "{err}");
+        assert!(err.contains("raise memoryBytes"), "{err}");
+        assert!(desired(&j, &settings(false), 2).is_err());
+    }
+
+    /// `spec.memoryx.servers` weight servers: a StatefulSet of that many, one volume each, each learning its
+    /// index from its pod's ordinal label, all given the other servers' addresses and the weights port.
+    #[test]
+    fn memoryx_is_a_statefulset_of_weight_servers() {
+        let mut j = job(4);
+        j.spec.memoryx.servers = Some(3);
+        let d = build(&j, &settings(true), 4);
+        let sts = d.memoryx.spec.clone().unwrap();
+        assert_eq!(sts.replicas, Some(3));
+        assert_eq!(sts.volume_claim_templates.as_ref().map(Vec::len), Some(1), "a volume per server");
+        let pod = sts.template.spec.clone().unwrap();
+        let c = &pod.containers[0];
+        let a: MemoryxArgs = parse(c);
+        assert_eq!(a, memoryx_args(&j, 3));
+        assert_eq!(
+            a.weight_servers,
+            ["https://mnist-memoryx-1.mnist-memoryx.ml.svc:7400", "https://mnist-memoryx-2.mnist-memoryx.ml.svc:7400"]
+        );
+        assert_eq!(a.weight_servers[0], weight_server_address("mnist", "ml", 1));
+        assert_eq!(a.listen, "0.0.0.0:7400".parse().unwrap());
+        assert_eq!(a.server_index, 0, "the index is the pod's, from its environment");
+        assert_eq!(a.tier_dir, None, "the tier lives beside the checkpoints");
+        let env = c.env.clone().unwrap_or_default();
+        let index = env.iter().find(|e| e.name == SERVER_INDEX_ENV).expect("WS_SERVER_INDEX");
+        let field = index.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).map(|f| f.field_path.clone());
+        assert_eq!(field.as_deref(), Some("metadata.labels['apps.kubernetes.io/pod-index']"));
+        let ports: Vec<(String, i32)> = c.ports.iter().flatten().map(|p| (p.name.clone().unwrap(), p.container_port)).collect();
+        assert_eq!(ports, [("weights".to_string(), 7400), ("http".to_string(), i32::from(HTTP_PORT))]);
+        let svc = d.services.iter().find(|s| s.name_any() == "mnist-memoryx").unwrap();
+        let svc_ports: Vec<i32> = svc.spec.as_ref().unwrap().ports.iter().flatten().map(|p| p.port).collect();
+        assert_eq!(svc_ports, [7400, i32::from(HTTP_PORT)]);
+        // One server: no others to reach, the same port.
+        let one = build(&job(4), &settings(true), 4).memoryx.spec.unwrap();
+        assert_eq!(one.replicas, Some(1));
+        let a: MemoryxArgs = parse(&one.template.spec.unwrap().containers[0]);
+        assert!(a.weight_servers.is_empty());
+        // The plan chooses the count from the budget when servers is unset.
+        let mut k = job(4);
+        let (p, _) = plan(&k, 4, 2).unwrap();
+        k.spec.memoryx.memory_bytes = Some(p.memoryx.server_bytes.div_ceil(2));
+        k.spec.checkpoint.volume_size = "1Gi".into();
+        let (q, _) = plan(&k, 4, 2).unwrap();
+        assert_eq!(build(&k, &settings(true), 4).memoryx.spec.unwrap().replicas, Some(i32::try_from(q.memoryx.servers).unwrap()));
+        assert!(q.memoryx.servers >= 2);
+    }
+
+    /// Each server asks for its own memory budget (plus the program's), not the whole state.
+    #[test]
+    fn each_weight_server_requests_its_memory_budget() {
+        let request = |j: &TrainingJob| {
+            let sts = build(j, &settings(false), 2).memoryx.spec.unwrap();
+            let r = sts.template.spec.unwrap().containers[0].resources.clone().unwrap();
+            r.requests.unwrap()["memory"].0.clone()
+        };
+        let mut j = job(2);
+        // Layers of like size, so a server's budget can be below its slice and above twice a layer's slice.
+        j.spec.model.layers = vec![784, 64, 512, 512, 512, 10];
+        j.spec.checkpoint.volume_size = "10Gi".into();
+        let (p, _) = plan(&j, 2, 2).unwrap();
+        let mib = |b: u64| format!("{}Mi", (b + (128 << 20)).div_ceil(1 << 20));
+        assert_eq!(request(&j), mib(p.memoryx.memory_bytes));
+        j.spec.memoryx.servers = Some(4);
+        let (q, _) = plan(&j, 2, 2).unwrap();
+        assert_eq!(request(&j), mib(q.memoryx.memory_bytes));
+        assert!(q.memoryx.memory_bytes < p.memoryx.memory_bytes / 3, "a quarter of the state each");
+        j.spec.memoryx.memory_bytes = Some(q.memoryx.min_memory_bytes);
+        let (t, _) = plan(&j, 2, 2).unwrap();
+        assert_eq!(t.memoryx.memory_bytes, q.memoryx.min_memory_bytes);
+        assert_eq!(request(&j), mib(t.memoryx.memory_bytes));
+        assert!(t.memoryx.disk_bytes > 0, "{:?}", t.memoryx);
+    }
+
+    /// The job's certificate names every weight server (the coordinator dials them by their pod names) and the
+    /// operator polls the coordinator, server 0, by its own pod name.
+    #[test]
+    fn the_identity_covers_every_weight_server_and_the_operator_polls_server_0() {
+        let names = identity_names("mnist", "ml");
+        let covered = |host: &str| {
+            names.iter().any(|n| match n.strip_prefix("*.") {
+                Some(rest) => host.split_once('.').is_some_and(|(first, tail)| !first.is_empty() && tail == rest),
+                None => n == host,
+            })
+        };
+        for i in 0..5 {
+            let url = weight_server_address("mnist", "ml", i);
+            let host = url.trim_start_matches("https://").split(':').next().unwrap();
+            assert!(covered(host), "{host} is not in {names:?}");
+        }
+        let http = memoryx_http("mnist", "ml");
+        assert_eq!(http, format!("https://mnist-memoryx-0.mnist-memoryx.ml.svc:{HTTP_PORT}"));
+        assert!(covered("mnist-memoryx-0.mnist-memoryx.ml.svc") && covered("mnist-memoryx.ml.svc"));
     }
 
     #[test]

@@ -247,23 +247,37 @@ fn hash_of(p: &Pod) -> Option<&String> {
     p.metadata.annotations.as_ref().and_then(|a| a.get(SPEC_HASH_ANNOTATION))
 }
 
-/// Compares the job's engine and SwarmX pods with the desired ones: which are failed (replace and count),
-/// outdated or surplus (replace or remove), missing (create), and whether all are ready.
-fn census(existing: &[Pod], desired: &[Pod], memoryx_pod: &str) -> PodCensus {
+/// Whether `pod` is one of the weight servers of the StatefulSet `set` (`<set>-<ordinal>`).
+fn is_weight_server(pod: &str, set: &str) -> bool {
+    pod.strip_prefix(set)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .is_some_and(|ordinal| !ordinal.is_empty() && ordinal.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Compares the job's engine, SwarmX and input-worker pods with the desired ones: which are failed (replace and count),
+/// outdated or surplus (replace or remove), missing (create), and whether all are ready. MemoryX's pods (those
+/// of the StatefulSet `memoryx_set`, one per weight server) are the StatefulSet's to manage: only their
+/// container restarts are summed, since a restarted weight server costs the job a restart like any failure.
+fn census(existing: &[Pod], desired: &[Pod], memoryx_set: &str) -> PodCensus {
     let mut c = PodCensus { ready: true, ..Default::default() };
     for p in existing {
         let name = p.name_any();
-        if name == memoryx_pod {
-            c.memoryx_restarts = p
+        if is_weight_server(&name, memoryx_set) {
+            let restarts = p
                 .status
                 .as_ref()
                 .and_then(|s| s.container_statuses.as_ref())
                 .and_then(|cs| cs.iter().find(|x| x.name == "memoryx"))
                 .map(|x| u32::try_from(x.restart_count).unwrap_or(0));
+            if let Some(r) = restarts.filter(|_| p.metadata.deletion_timestamp.is_none()) {
+                c.memoryx_restarts = Some(c.memoryx_restarts.unwrap_or(0).saturating_add(r));
+            }
             continue;
         }
         let role = p.labels().get(ROLE_LABEL).map(String::as_str);
-        if !matches!(role, Some("engine" | "swarmx")) || p.metadata.deletion_timestamp.is_some() {
+        // Input workers too: after a rescale the surplus ones must go and the rest restart with the new
+        // job.yaml (the 192 → 96 scale test found them left behind, still holding the old configuration).
+        if !matches!(role, Some("engine" | "swarmx" | "input")) || p.metadata.deletion_timestamp.is_some() {
             continue;
         }
         match desired.iter().find(|d| d.name_any() == name) {
@@ -321,6 +335,8 @@ struct Reading {
     settings: Settings,
     existing: Vec<Pod>,
     desired: Option<Desired>,
+    /// Why the plan refuses the job at the size it holds, when it does (then `desired` is `None`).
+    plan_refusal: Option<String>,
     classes: PriorityClasses,
     memoryx_refusal: Option<Refusal>,
     /// Why the job cannot be admitted because of its data: `spec.data.volume` names a claim that does not
@@ -343,10 +359,20 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
     };
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let existing = pods.list(&ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any()))).await?.items;
-    let desired = if holds > 0 { Some(children::desired(job, &settings, holds)?) } else { None };
+    let (desired, plan_refusal) = match holds {
+        0 => (None, None),
+        _ => match children::desired(job, &settings, holds) {
+            Ok(d) => (Some(d), None),
+            // The plan refuses the size the job holds (its spec changed, say spec.memoryx): not a failed pass
+            // retried for ever, but a decision, which says why in the status and gives the CS-2s back.
+            Err(Error::Plan(why)) => (None, Some(Error::Plan(why).to_string())),
+            Err(e) => return Err(e),
+        },
+    };
     let classes = Api::<PriorityClass>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
     let classes = PriorityClasses::new(&classes);
-    let memoryx_refusal = if holds > 0 { memoryx_refusal(job, &existing, ctx).await } else { None };
+    let servers = desired.as_ref().and_then(|d| d.memoryx.spec.as_ref()?.replicas).map_or(1, |r| r.max(1) as u32);
+    let memoryx_refusal = if holds > 0 { memoryx_refusal(job, &existing, servers, ctx).await } else { None };
     let missing_data = match (&job.spec.data.volume, holds) {
         (Some(claim), 0) => {
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
@@ -359,17 +385,17 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
         }
         _ => None,
     };
-    Ok(Reading { coordinator, pool, settings, existing, desired, classes, memoryx_refusal, missing_data })
+    Ok(Reading { coordinator, pool, settings, existing, desired, plan_refusal, classes, memoryx_refusal, missing_data })
 }
 
-/// Why MemoryX's pod is missing, when the API server refused it: the StatefulSet controller creates it, so
-/// the refusal shows only on the StatefulSet (its conditions, or its `FailedCreate` event). Asked only while
-/// the StatefulSet wants a pod that does not exist; a failure to read is logged, never fatal to the pass.
-async fn memoryx_refusal(job: &TrainingJob, existing: &[Pod], ctx: &Context) -> Option<Refusal> {
+/// Why a weight server's pod is missing, when the API server refused it: the StatefulSet controller creates
+/// them, so the refusal shows only on the StatefulSet (its conditions, or its `FailedCreate` event). Asked only
+/// while fewer server pods exist than the job's plan has servers; a failure to read is logged, never fatal.
+async fn memoryx_refusal(job: &TrainingJob, existing: &[Pod], servers: u32, ctx: &Context) -> Option<Refusal> {
     let ns = job.namespace()?;
     let name = children::names::memoryx(&job.name_any());
-    let pod = format!("{name}-0");
-    if existing.iter().any(|p| p.name_any() == pod) {
+    let present = existing.iter().filter(|p| is_weight_server(&p.name_any(), &name)).count();
+    if present >= servers as usize {
         return None;
     }
     let key = format!("{ns}/{}", job.name_any());
@@ -415,9 +441,10 @@ fn decide(job: &TrainingJob, all: &[Stored], r: &Reading, ctx: &Context, now: Ti
     });
     let may_grow = job.spec.cs2 <= holds || admission::may_grow(pool_size, &claims, job.spec.cs2 - holds);
     let desired_pods = r.desired.as_ref().map_or(&[][..], |d| &d.pods[..]);
-    let pods = census(&r.existing, desired_pods, &format!("{}-0", children::names::memoryx(&job.name_any())));
-    let plan = match &r.desired {
-        Some(d) if d.plan.cs2 == job.spec.cs2 => Ok(d.plan.clone()),
+    let pods = census(&r.existing, desired_pods, &children::names::memoryx(&job.name_any()));
+    let plan = match (&r.desired, &r.plan_refusal) {
+        (_, Some(why)) => Err(why.clone()),
+        (Some(d), None) if d.plan.cs2 == job.spec.cs2 => Ok(d.plan.clone()),
         _ => children::plan(job, job.spec.cs2, ctx.config.fan_out).map(|(_, s)| s).map_err(|e| e.to_string()),
     };
     let observed = Observed {
@@ -659,7 +686,7 @@ async fn assemble(
     let census = match census_at_n {
         Some(c) => c,
         None => {
-            owned = census(existing, &desired.pods, &format!("{}-0", children::names::memoryx(&job.name_any())));
+            owned = census(existing, &desired.pods, &children::names::memoryx(&job.name_any()));
             &owned
         }
     };
@@ -784,23 +811,63 @@ mod tests {
     #[test]
     fn census_finds_missing_failed_outdated_and_surplus_pods() {
         let want = desired(2);
-        let c = census(&[], &want, "j-memoryx-0");
+        let c = census(&[], &want, "j-memoryx");
         // The root, two engines and their two input workers.
         assert_eq!((c.ready, c.missing.len()), (false, 5));
 
         let all_ready: Vec<Pod> = want.iter().cloned().map(|p| with_status(p, "Running", true)).collect();
-        let c = census(&all_ready, &want, "j-memoryx-0");
+        let c = census(&all_ready, &want, "j-memoryx");
         assert!(c.ready && c.missing.is_empty() && c.delete.is_empty());
 
         let mut one_failed = all_ready.clone();
         one_failed[2] = with_status(one_failed[2].clone(), "Failed", false);
-        let c = census(&one_failed, &want, "j-memoryx-0");
+        let c = census(&one_failed, &want, "j-memoryx");
         assert_eq!((c.ready, c.failed.clone(), c.delete.clone()), (false, vec!["j-engine-1".to_string()], vec!["j-engine-1".to_string()]));
 
-        // Shrinking to one engine: the second engine is surplus and the root's children changed.
-        let c = census(&all_ready, &desired(1), "j-memoryx-0");
+        // Shrinking to one engine: the second engine and its input worker are surplus, and every pod reads
+        // another job.yaml (the CS-2 count), so the rest are outdated.
+        let c = census(&all_ready, &desired(1), "j-memoryx");
         assert!(c.delete.contains(&"j-engine-1".to_string()));
+        assert!(c.delete.contains(&"j-input-1".to_string()) && c.delete.contains(&"j-input-0".to_string()), "{:?}", c.delete);
+        // A failed input worker is replaced and counted like an engine.
+        let mut input_failed = all_ready.clone();
+        let i = input_failed.iter().position(|p| p.name_any() == "j-input-0").unwrap();
+        input_failed[i] = with_status(input_failed[i].clone(), "Failed", false);
+        assert_eq!(census(&input_failed, &want, "j-memoryx").failed, vec!["j-input-0".to_string()]);
         assert!(c.delete.contains(&"j-swarmx-0-0".to_string()));
         assert!(c.failed.is_empty());
+    }
+
+    fn server(name: &str, restarts: i32) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.status = Some(PodStatus {
+            container_statuses: Some(vec![k8s_openapi::api::core::v1::ContainerStatus {
+                name: "memoryx".into(),
+                restart_count: restarts,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        p
+    }
+
+    /// Every weight server's restarts count, not server 0's alone; other pods and other jobs' servers do not.
+    #[test]
+    fn census_sums_the_restarts_of_every_weight_server() {
+        let want = desired(2);
+        assert_eq!(census(&[], &want, "j-memoryx").memoryx_restarts, None, "no server, nothing observed");
+        let mut pods = vec![server("j-memoryx-0", 1), server("j-memoryx-1", 0), server("j-memoryx-2", 2)];
+        assert_eq!(census(&pods, &want, "j-memoryx").memoryx_restarts, Some(3));
+        pods.push(server("j-memoryx-extra", 5));
+        pods.push(server("jj-memoryx-0", 7));
+        pods.push(server("j-memoryx-", 9));
+        let mut gone = server("j-memoryx-3", 4);
+        gone.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
+        pods.push(gone);
+        let c = census(&pods, &want, "j-memoryx");
+        assert_eq!(c.memoryx_restarts, Some(3), "only the job's live servers");
+        assert!(c.delete.is_empty(), "the StatefulSet's pods are not the operator's to delete");
+        assert!(is_weight_server("j-memoryx-12", "j-memoryx") && !is_weight_server("j-memoryx-1a", "j-memoryx"));
     }
 }

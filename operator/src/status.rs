@@ -36,9 +36,9 @@ pub struct Observed {
     pub may_grow: bool,
     /// The plan for the spec's CS-2 count, or why it refuses the job.
     pub plan: Result<PlanStatus, String>,
-    /// Whether every engine and SwarmX pod of the assembled size exists, is current and is ready.
+    /// Whether every engine, SwarmX and input-worker pod of the assembled size exists, is current and is ready.
     pub pods_ready: bool,
-    /// Names of engine and SwarmX pods that failed this pass (the operator replaces them).
+    /// Names of engine, SwarmX and input-worker pods that failed this pass (the operator replaces them).
     pub failed_pods: Vec<String>,
     /// Container restarts of the current MemoryX pod, when it exists.
     pub memoryx_restarts: Option<u32>,
