@@ -96,7 +96,7 @@ impl Dims {
 ///
 /// Compiled for AVX2+FMA as well as the baseline and picked at run time; the tile's `mul_add` is one
 /// instruction there (the baseline version, for CPUs without FMA, is correct but slow).
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 pub fn matmul_banded(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, band: Band) {
     d.check(a, b, c);
     let mut i0 = 0;

@@ -394,7 +394,7 @@ fn pack_tiles<'s>(src: &[f32], rows: usize, tokens: usize, scratch: &'s mut Vec<
     unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const Lane, tiles * rows) }
 }
 
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 unsafe fn gather_part(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, tokens: usize, out: Disjoint) {
     // The part's values in visiting order, gathered once for all tiles.
     let vals: Vec<f32> = part.at.iter().map(|&k| values[k as usize]).collect();
@@ -475,7 +475,7 @@ pub fn sddmm(p: &SparsePattern, a: &Mat, b: &Mat, out: &mut [f32]) {
 /// The weight gradient of one part, in the gather kernel's visiting order: for each run, the line's lane of
 /// `a` stays in registers while the source lanes of its non-zeros are dotted with it; the sums of all tiles
 /// build up in visiting order and are written to their places in the pattern's order once, at the end.
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 unsafe fn sddmm_part(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint) {
     let mut sums = vec![0.0f32; part.idx.len()];
     for (ta, tb) in a_tiles.chunks_exact(a_rows).zip(b_tiles.chunks_exact(b_rows)) {

@@ -57,7 +57,7 @@ pub fn backward(kind: Activation, z: &[f32], da: &mut [f32]) {
 
 /// Compiled for AVX2+FMA as well as the baseline, picked at run time: the release build targets plain x86-64,
 /// where these loops run four lanes wide without fused multiply-adds.
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 fn forward_slice(kind: Activation, z: &[f32], a: &mut [f32]) {
     match kind {
         Activation::Relu => {
@@ -75,7 +75,7 @@ fn forward_slice(kind: Activation, z: &[f32], a: &mut [f32]) {
 }
 
 /// Multiversioned for the same reason as [`forward_slice`].
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 fn backward_slice(kind: Activation, z: &[f32], da: &mut [f32]) {
     match kind {
         Activation::Relu => {

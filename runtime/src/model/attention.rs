@@ -107,7 +107,7 @@ pub fn forward(g: Geometry, qkv: &Mat) -> (Mat, Vec<f32>) {
 /// Scales each row `i` of the scores by `scale` and replaces its first `i + 1` entries by their softmax,
 /// zeroing the rest: causal masking and the softmax in one pass over a row. Multiversioned for AVX2+FMA (the
 /// release build targets plain x86-64), so the polynomial `exp` runs eight lanes wide.
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 fn softmax_causal(p: &mut [f32], t: usize, scale: f32) {
     for (i, row) in p.chunks_exact_mut(t).enumerate() {
         let (seen, future) = row.split_at_mut(i + 1);
@@ -138,7 +138,7 @@ fn lanes(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
 /// The softmax's backward pass on one pair, in place over `dp` (the gradient of the probabilities): row `i`
 /// becomes `p ⊙ (dp − p·dp) · scale` left of the diagonal and zero right of it. Multiversioned like
 /// [`softmax_causal`].
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 fn softmax_causal_backward(p: &[f32], dp: &mut [f32], t: usize, scale: f32) {
     let mut prod = vec![0.0f32; t];
     for (i, (prow, drow)) in p.chunks_exact(t).zip(dp.chunks_exact_mut(t)).enumerate() {

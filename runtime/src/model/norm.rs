@@ -20,7 +20,7 @@ pub fn forward(x: &Mat) -> (Mat, Vec<f32>) {
 
 /// [`forward`] into an existing matrix of `x`'s shape, compiled for AVX2+FMA as well as the baseline (the
 /// release build targets plain x86-64).
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 fn forward_into(x: &Mat, out: &mut Mat) -> Vec<f32> {
     let (d, n) = (x.rows, x.cols);
     let mut mean = vec![0.0f32; n];
@@ -51,7 +51,7 @@ fn forward_into(x: &Mat, out: &mut Mat) -> Vec<f32> {
 /// Adds to `dx` the gradient with respect to the input, given the normalised output `xhat`, the reciprocal
 /// standard deviations and the gradient `dxhat` of the output: `rstd · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂))`
 /// per token. Multiversioned like [`forward`].
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 pub fn backward_add(xhat: &Mat, rstd: &[f32], dxhat: &Mat, dx: &mut Mat) {
     let (d, n) = (xhat.rows, xhat.cols);
     let (mut mean_g, mut mean_gx) = (vec![0.0f32; n], vec![0.0f32; n]);
