@@ -41,6 +41,22 @@ fn main() {
         println!("   {name}: {:.1} / {:.1} / {:.1} GFLOP/s", flops / f / 1e9, flops / b / 1e9, flops / g / 1e9);
         total += if name == "head" { f + b + g } else { 4.0 * (f + b + g) };
     }
+    let mut sparse_total = 0.0;
+    for (name, outs, ins) in [("qkv", 3 * d, d), ("proj", d, d), ("up", r, d), ("down", d, r)] {
+        let p = runtime::kernels::sparse::SparsePattern::random(outs, ins, 0.1, 3);
+        let values: Vec<f32> = (0..p.nnz()).map(|i| ((i * 31 % 17) as f32 - 8.0) * 1e-2).collect();
+        let (pt, perm) = p.transpose();
+        let tvalues: Vec<f32> = perm.iter().map(|&k| values[k as usize]).collect();
+        let xin = m(ins, n);
+        let dy = m(outs, n);
+        let f = time(&format!("{name} sparse fwd"), 5, || linear::forward(linear::Weights::Sparse { pattern: &p, values: &values }, &[], &xin));
+        let b = time(&format!("{name} sparse dX"), 5, || {
+            linear::backward_input(linear::Weights::Sparse { pattern: &pt, values: &tvalues }, ins, &dy)
+        });
+        let g = time(&format!("{name} sparse dW"), 5, || linear::weight_grad_sparse(&pt, &xin, &dy));
+        sparse_total += 4.0 * (f + b + g);
+    }
+    println!("sparse block matrices per step: {:.1} ms", sparse_total * 1e3);
     let geo = Geometry { width: d, heads, context: t };
     let qkv = m(3 * d, n);
     let (o, probs) = attention::forward(geo, &qkv);

@@ -372,9 +372,11 @@ struct Lane([f32; TILE]);
 fn pack_tiles<'s>(src: &[f32], rows: usize, tokens: usize, scratch: &'s mut Vec<f32>) -> &'s [Lane] {
     let tiles = tokens.div_ceil(TILE);
     let floats = tiles * rows * TILE;
-    // Lanes start at the first address of the scratch aligned for them.
-    scratch.clear();
-    scratch.resize(floats + TILE, 0.0);
+    // Lanes start at the first address of the scratch aligned for them. The scratch only grows: every lane is
+    // written in full below, so clearing it first (a memset of the whole buffer per call) would be wasted.
+    if scratch.len() < floats + TILE {
+        scratch.resize(floats + TILE, 0.0);
+    }
     let skip = scratch.as_ptr().align_offset(std::mem::align_of::<Lane>());
     let buf = &mut scratch[skip..skip + floats];
     let fill = |(t, tile): (usize, &mut [f32])| {
