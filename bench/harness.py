@@ -312,11 +312,11 @@ def gpt_flops_per_token(cfg):
     return 6 * weights + 12 * L * t * d
 
 
-def torch_gpt_run(cfg, steps, compile_, warmup):
+def torch_gpt_run(cfg, steps, compile_, warmup, threads=THREADS):
     r = torch_gpt.train(width=cfg["width"], heads=cfg["heads"], blocks=cfg["blocks"], context=cfg["context"],
                         batch=cfg["batch"], mlp_ratio=cfg["mlp_ratio"], sparsity=cfg["sparsity"], steps=steps,
                         warmup=warmup, lr=cfg["lr"], weight_decay=cfg["weight_decay"], beta2=cfg["beta2"],
-                        threads=THREADS, compile=compile_, seed=cfg["seed"])
+                        threads=threads, compile=compile_, seed=cfg["seed"])
     torch.set_num_threads(THREADS)
     return r
 
@@ -344,6 +344,10 @@ def transformer(widths, steps, runs, with_compile):
         dense_path, dense_cfg = gpt_job(width, 0.0, n + 10)
         sparse_path, sparse_cfg = gpt_job(width, 0.9, n + 10)
         configs.append((width, "PyTorch eager", 0.0, lambda c=dense_cfg, n=n: torch_gpt_run(c, n, False, 5)))
+        # On a busy machine PyTorch's OpenMP threads wait on each other and 2 threads can be far slower than 1:
+        # the targets take the faster of the two, as FC-MNIST's do.
+        configs.append((width, "PyTorch eager, 1 thread", 0.0,
+                        lambda c=dense_cfg, n=n: torch_gpt_run(c, n, False, 5, threads=1)))
         if with_compile:
             configs.append((width, "PyTorch torch.compile", 0.0, lambda c=dense_cfg, n=n: torch_gpt_run(c, n, True, 10)))
         configs.append((width, "PyTorch eager, masked (weight * mask)", 0.9,
@@ -387,10 +391,11 @@ def transformer_targets(tr):
     out = []
     for width in tr["widths"]:
         rows = {r["name"]: r for r in tr["rows"] if r["width"] == width}
-        eager = rows.get("PyTorch eager")
-        if not eager:
+        eagers = [rows[n] for n in ("PyTorch eager", "PyTorch eager, 1 thread") if n in rows]
+        if not eagers:
             continue
-        t = {"width": width, "eager": eager["tokens_per_s"]}
+        best = max(eagers, key=lambda r: r["tokens_per_s"])
+        t = {"width": width, "eager": best["tokens_per_s"], "eager_name": best["name"]}
         if "PyTorch torch.compile" in rows:
             t["compiled"] = rows["PyTorch torch.compile"]["tokens_per_s"]
         for key, name in [("dense", "weightstream dense, in-process"), ("sparse", "weightstream 90% sparse, in-process")]:
@@ -661,13 +666,16 @@ def write_transformer(r, L, peak):
         L.extend(f"- {k} did not run: {v}" for k, v in tr["failed"].items())
     L.append("\nHeld-out loss: weightstream's evaluation after these few steps (not comparable with a full run's).\n")
     L.append("### Transformer targets\n")
+    L.append("Weightstream in process against the faster of PyTorch eager's 2-thread and 1-thread runs (on a busy "
+             "machine PyTorch's 2 OpenMP threads can be several times slower than 1, and a target is only worth "
+             "claiming against the better baseline); torch.compile ran on 2 threads only.\n")
     L.append("| width | target | measured | |\n| --- | --- | --- | --- |")
     for t in transformer_targets(tr):
         w, e = t["width"], t["eager"]
         slack = 0.9 if w != 256 else 1.0  # "at width 768, the same ratios within 10%"
         if "dense" in t:
             L.append(f"| {w} | dense ≥ {1.2 * slack:.2f} × PyTorch eager | {t['dense'] / e:.2f} × ({t['dense']:.0f} vs "
-                     f"{e:.0f} tokens/s) | {verdict(t['dense'] / e >= 1.2 * slack)} |")
+                     f"{e:.0f} tokens/s, {t['eager_name']}) | {verdict(t['dense'] / e >= 1.2 * slack)} |")
             if "compiled" in t:
                 c = t["compiled"]
                 L.append(f"| {w} | dense ≥ {1.0 * slack:.2f} × torch.compile | {t['dense'] / c:.2f} × ({t['dense']:.0f} vs "
