@@ -5,7 +5,10 @@ Runs four measurements and writes bench/RESULTS.md, bench/results.json and bench
      and weightstream in one process and with 1 and 4 engine processes;
   2. `wsctl bench kernels` beside PyTorch's dense matmul and torch.sparse.mm on the same shapes;
   3. the machine's ceilings (`wsctl bench machine`), with each kernel as a share of the ceiling that bounds it;
-  4. streaming a layer over loopback gRPC against raw TCP (`wsctl bench transport`).
+  4. streaming a layer over loopback gRPC against raw TCP (`wsctl bench transport`);
+  5. transformer training: the GPT of examples/jobs/gpt-small.yaml (and at width 768) in PyTorch eager and
+     torch.compile (bench/torch_gpt.py) against weightstream in one process and as processes, dense and 90%
+     sparse, in tokens/s and model-FLOPs utilisation against the GEMM peak of 3.
 
 Standard library and torch only. Start it through bench/run.sh, which builds wsctl and the venv first.
 """
@@ -27,6 +30,9 @@ import warnings
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch_gpt  # noqa: E402  (the bench's PyTorch GPT, beside this file)
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
@@ -262,6 +268,144 @@ def fc_mnist(configs, runs):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Transformer
+
+
+GPT_HEAD_DIM = 64  # heads = width / 64 at every width (gpt-small: 256 / 64 = 4 heads)
+
+
+def gpt_job(width, sparsity, steps):
+    """examples/jobs/gpt-small.yaml at `width` (heads = width / 64), `sparsity` and `steps`; returns the path
+    of the copy and the fields the PyTorch side mirrors."""
+    text = (REPO / "examples/jobs/gpt-small.yaml").read_text()
+    text = re.sub(r"^(\s*)width:\s*\d+", rf"\g<1>width: {width}", text, flags=re.M)
+    text = re.sub(r"^(\s*)heads:\s*\d+", rf"\g<1>heads: {width // GPT_HEAD_DIM}", text, flags=re.M)
+    text = re.sub(r"^(\s*)steps:\s*\d+", rf"\g<1>steps: {steps}", text, flags=re.M)
+    text = re.sub(r"^(\s*)warmupSteps:\s*\d+", rf"\g<1>warmupSteps: {min(40, steps // 4)}", text, flags=re.M)
+    if sparsity > 0:
+        text = re.sub(r"^(\s*)mlpRatio:(.*)$", rf"\g<1>mlpRatio:\2\n\g<1>sparsity: {sparsity}", text, flags=re.M)
+    WORK.mkdir(parents=True, exist_ok=True)
+    path = WORK / f"gpt-w{width}-s{int(100 * sparsity)}-{steps}.yaml"
+    path.write_text(text)
+
+    def field(name, cast):
+        return cast(re.search(rf"^\s*{name}:\s*([^\s#]+)", text, re.M).group(1))
+
+    cfg = {"width": width, "heads": width // GPT_HEAD_DIM, "blocks": field("blocks", int),
+           "context": field("contextLength", int), "batch": field("batchSize", int), "mlp_ratio": field("mlpRatio", int),
+           "lr": field("learningRate", float), "weight_decay": field("weightDecay", float), "beta2": field("beta2", float),
+           "seed": field("seed", int), "sparsity": sparsity}
+    return path, cfg
+
+
+def gpt_steps_at(steps, width):
+    """Timed steps at `width`: fewer for wider models, whose steps are longer (a step's work grows with width²)."""
+    return max(5, steps * 256 // max(width, 256)) if width > 256 else steps
+
+
+def gpt_flops_per_token(cfg):
+    """Training FLOPs per token of the dense model, as model-FLOPs utilisation counts them (PaLM's appendix B):
+    6 per weight of every matrix the forward pass multiplies by (the blocks' four and the tied head), plus
+    12 · blocks · context · width for attention's two products (counted over the full square, as is usual)."""
+    d, r, L, t = cfg["width"], cfg["mlp_ratio"] * cfg["width"], cfg["blocks"], cfg["context"]
+    weights = L * (3 * d * d + d * d + 2 * d * r) + 256 * d
+    return 6 * weights + 12 * L * t * d
+
+
+def torch_gpt_run(cfg, steps, compile_, warmup, threads=THREADS):
+    r = torch_gpt.train(width=cfg["width"], heads=cfg["heads"], blocks=cfg["blocks"], context=cfg["context"],
+                        batch=cfg["batch"], mlp_ratio=cfg["mlp_ratio"], sparsity=cfg["sparsity"], steps=steps,
+                        warmup=warmup, lr=cfg["lr"], weight_decay=cfg["weight_decay"], beta2=cfg["beta2"],
+                        threads=threads, compile=compile_, seed=cfg["seed"])
+    torch.set_num_threads(THREADS)
+    return r
+
+
+def weightstream_gpt(job_path, cfg, mode, warmup=10):
+    """One `wsctl run` of a GPT job: the median per-step time of metrics.jsonl after `warmup` steps, as tokens/s."""
+    extra = {"in-process": ["--in-process"], "1 engine": ["--cs2", "1"]}[mode]
+    out = WORK / f"run-{job_path.stem}-{mode.replace(' ', '-')}"
+    shutil.rmtree(out, ignore_errors=True)
+    subprocess.run([str(WSCTL), "run", str(job_path), "--out", str(out), *extra], cwd=REPO, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    summary = json.loads((out / "summary.json").read_text())
+    metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    step_times = [cfg["batch"] / m["samples_per_s"] for m in metrics[warmup:] if m["samples_per_s"] > 0]
+    step_s = statistics.median(step_times)
+    return {"step_s": step_s, "p10_s": p10(step_times), "tokens_per_s": cfg["batch"] * cfg["context"] / step_s,
+            "final_loss": summary["final_loss"], "eval_loss": summary.get("eval", {}).get("loss")}
+
+
+def transformer(widths, steps, runs, with_compile):
+    """Every configuration once per round, rounds interleaved (as for FC-MNIST); medians over rounds."""
+    configs = []
+    for width in widths:
+        n = gpt_steps_at(steps, width)
+        dense_path, dense_cfg = gpt_job(width, 0.0, n + 10)
+        sparse_path, sparse_cfg = gpt_job(width, 0.9, n + 10)
+        configs.append((width, "PyTorch eager", 0.0, lambda c=dense_cfg, n=n: torch_gpt_run(c, n, False, 5)))
+        # On a busy machine PyTorch's OpenMP threads wait on each other and 2 threads can be far slower than 1:
+        # the targets take the faster of the two, as FC-MNIST's do.
+        configs.append((width, "PyTorch eager, 1 thread", 0.0,
+                        lambda c=dense_cfg, n=n: torch_gpt_run(c, n, False, 5, threads=1)))
+        if with_compile:
+            configs.append((width, "PyTorch torch.compile", 0.0, lambda c=dense_cfg, n=n: torch_gpt_run(c, n, True, 10)))
+        configs.append((width, "PyTorch eager, masked (weight * mask)", 0.9,
+                        lambda c=sparse_cfg, n=n: torch_gpt_run(c, n, False, 5)))
+        for label, path, cfg, sp in [("dense", dense_path, dense_cfg, 0.0), ("90% sparse", sparse_path, sparse_cfg, 0.9)]:
+            for mode in ("in-process", "1 engine"):
+                configs.append((width, f"weightstream {label}, {mode}", sp,
+                                lambda p=path, c=cfg, m=mode: weightstream_gpt(p, c, m)))
+    per = {(w, name): [] for w, name, _, _ in configs}
+    failed = {}
+    for run in range(runs):
+        for width, name, _, measure in configs:
+            if (width, name) in failed:
+                continue
+            log(f"transformer round {run + 1}/{runs}: width {width}, {name}")
+            try:
+                per[(width, name)].append(measure())
+            except Exception as e:  # torch.compile needs a C compiler and can fail; report, do not stop the bench
+                failed[(width, name)] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                log(f"  failed: {failed[(width, name)]}")
+    rows = []
+    for width, name, sparsity, _ in configs:
+        rs = per[(width, name)]
+        if not rs:
+            continue
+        cfg = gpt_job(width, sparsity, gpt_steps_at(steps, width) + 10)[1]
+        rows.append({"width": width, "name": name, "sparsity": sparsity,
+                     "step_s": statistics.median(r["step_s"] for r in rs),
+                     "p10_s": statistics.median(r["p10_s"] for r in rs),
+                     "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
+                     "runs_tokens_per_s": [r["tokens_per_s"] for r in rs],
+                     "flops_per_token": gpt_flops_per_token(cfg),
+                     "final_loss": rs[-1]["final_loss"], "eval_loss": rs[-1].get("eval_loss")})
+    return {"steps": {str(w): gpt_steps_at(steps, w) for w in widths}, "runs": runs, "widths": widths, "rows": rows,
+            "failed": {f"{w} {n}": e for (w, n), e in failed.items()}}
+
+
+def transformer_targets(tr):
+    """The issue's transformer targets, per width: weightstream in process against PyTorch eager (dense) and
+    compiled."""
+    out = []
+    for width in tr["widths"]:
+        rows = {r["name"]: r for r in tr["rows"] if r["width"] == width}
+        eagers = [rows[n] for n in ("PyTorch eager", "PyTorch eager, 1 thread") if n in rows]
+        if not eagers:
+            continue
+        best = max(eagers, key=lambda r: r["tokens_per_s"])
+        t = {"width": width, "eager": best["tokens_per_s"], "eager_name": best["name"]}
+        if "PyTorch torch.compile" in rows:
+            t["compiled"] = rows["PyTorch torch.compile"]["tokens_per_s"]
+        for key, name in [("dense", "weightstream dense, in-process"), ("sparse", "weightstream 90% sparse, in-process")]:
+            if name in rows:
+                t[key] = rows[name]["tokens_per_s"]
+        out.append(t)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Kernels
 
 
@@ -476,11 +620,70 @@ def write_results(r, path):
     L.append(f"\ngRPC reaches {100 * tp['grpc_over_tcp']:.0f}% of raw TCP. Of its time, cutting the layer into chunks "
              f"takes {1e3 * tp['encode_s']:.1f} ms and reassembling them {1e3 * tp['assemble_s']:.1f} ms (measured "
              "alone, in memory); the rest is HTTP/2 framing and the socket.\n")
+    if r.get("transformer"):
+        write_transformer(r, L, peak)
     if r.get("notes"):
         L.append("## Notes\n")
         L.extend(f"- {n}" for n in r["notes"])
         L.append("")
     path.write_text("\n".join(L))
+
+
+def write_transformer(r, L, peak):
+    tr = r["transformer"]
+    p2 = peak[THREADS]
+    L.append("## 5. Transformer training: gpt-small, and the same GPT at width 768\n")
+    steps = ", ".join(f"{n} at width {w}" for w, n in tr["steps"].items())
+    L.append("`examples/jobs/gpt-small.yaml` (4 blocks, context 128, batch 16 sequences = 2048 tokens a step, AdamW "
+             "lr 0.002, weight decay 0.01, β₂ 0.99, byte vocabulary, tied head, LayerNorm without affine parameters, "
+             "tanh-GELU), with heads = width / 64. PyTorch runs the same model (`bench/torch_gpt.py`: "
+             "`scaled_dot_product_attention(is_causal=True)`, the same initialisation) eagerly and through "
+             "`torch.compile`; its masked row multiplies each block matrix by a fixed 90% mask on every forward. "
+             "Weightstream runs the job with `sparsity` set for the sparse rows, in one process (`--in-process`) and "
+             "as processes (`--cs2 1`: MemoryX, SwarmX and the engine talking gRPC). "
+             f"Timed steps per run: {steps} (after 5 warm-up steps in PyTorch, 10 with torch.compile, 10 in "
+             f"weightstream); median step of each run, median over {tr['runs']} round(s), every row once per round, "
+             "interleaved. Tokens/s = 2048 / median step. MFU = tokens/s × training FLOPs per token of the *dense* "
+             "model (6 per matrix weight + 12 · blocks · context · width for attention) / the 2-thread GEMM peak of "
+             f"section 3 ({fmt_rate(p2, 'FLOP/s')}); for the sparse rows that is the dense-equivalent rate.\n")
+    L.append("| width | implementation | sparsity | step (ms) | 10th pct. (ms) | tokens/s | MFU | vs PyTorch eager | "
+             "vs torch.compile | held-out loss |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for w in tr["widths"]:
+        rows = [x for x in tr["rows"] if x["width"] == w]
+        base = {x["name"]: x["tokens_per_s"] for x in rows}
+        eager, comp = base.get("PyTorch eager"), base.get("PyTorch torch.compile")
+        for x in rows:
+            tps = x["tokens_per_s"]
+            mfu = tps * x["flops_per_token"] / p2
+            ve = f"{tps / eager:.2f} ×" if eager else "–"
+            vc = f"{tps / comp:.2f} ×" if comp else "–"
+            ev = f"{x['eval_loss']:.3f}" if x.get("eval_loss") is not None else "–"
+            L.append(f"| {w} | {x['name']} | {x['sparsity']:.0%} | {1e3 * x['step_s']:.0f} | {1e3 * x['p10_s']:.0f} | "
+                     f"{tps:.0f} | {mfu:.0%} | {ve} | {vc} | {ev} |")
+    if tr.get("failed"):
+        L.append("")
+        L.extend(f"- {k} did not run: {v}" for k, v in tr["failed"].items())
+    L.append("\nHeld-out loss: weightstream's evaluation after these few steps (not comparable with a full run's).\n")
+    L.append("### Transformer targets\n")
+    L.append("Weightstream in process against the faster of PyTorch eager's 2-thread and 1-thread runs (on a busy "
+             "machine PyTorch's 2 OpenMP threads can be several times slower than 1, and a target is only worth "
+             "claiming against the better baseline); torch.compile ran on 2 threads only.\n")
+    L.append("| width | target | measured | |\n| --- | --- | --- | --- |")
+    for t in transformer_targets(tr):
+        w, e = t["width"], t["eager"]
+        slack = 0.9 if w != 256 else 1.0  # "at width 768, the same ratios within 10%"
+        if "dense" in t:
+            L.append(f"| {w} | dense ≥ {1.2 * slack:.2f} × PyTorch eager | {t['dense'] / e:.2f} × ({t['dense']:.0f} vs "
+                     f"{e:.0f} tokens/s, {t['eager_name']}) | {verdict(t['dense'] / e >= 1.2 * slack)} |")
+            if "compiled" in t:
+                c = t["compiled"]
+                L.append(f"| {w} | dense ≥ {1.0 * slack:.2f} × torch.compile | {t['dense'] / c:.2f} × ({t['dense']:.0f} vs "
+                         f"{c:.0f} tokens/s) | {verdict(t['dense'] / c >= 1.0 * slack)} |")
+        if "sparse" in t:
+            L.append(f"| {w} | 90% sparse ≥ {3 * slack:.2f} × PyTorch dense eager | {t['sparse'] / e:.2f} × "
+                     f"({t['sparse']:.0f} vs {e:.0f} tokens/s) | {verdict(t['sparse'] / e >= 3 * slack)} |")
+    L.append("")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -529,6 +732,13 @@ def main():
     ap.add_argument("--steps", type=int, default=200, help="timed FC-MNIST steps per run")
     ap.add_argument("--runs", type=int, default=3, help="FC-MNIST runs per configuration")
     ap.add_argument("--out", type=Path, default=BENCH, help="where RESULTS.md, results.json and speedup.svg go")
+    ap.add_argument("--gpt-steps", type=int, default=60, help="timed transformer steps per run at width 256 "
+                    "(fewer at wider widths)")
+    ap.add_argument("--gpt-runs", type=int, default=None, help="transformer rounds (default: --runs)")
+    ap.add_argument("--gpt-widths", default="256,768", help="transformer widths, comma-separated")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    ap.add_argument("--only-transformer", action="store_true",
+                    help="measure only the transformer section and keep the other sections from OUT/results.json")
     ap.add_argument("--from-json", type=Path, metavar="RESULTS_JSON",
                     help="measure nothing: rewrite RESULTS.md and speedup.svg from a saved results.json")
     args = ap.parse_args()
@@ -539,6 +749,21 @@ def main():
         raise SystemExit(f"{WSCTL} is missing: run bench/run.sh, which builds it")
     torch.set_num_threads(THREADS)
     steps, runs = (20, 1) if args.quick else (args.steps, args.runs)
+    gpt_steps, gpt_runs = (10, 1) if args.quick else (args.gpt_steps, args.gpt_runs or args.runs)
+    widths = [int(w) for w in args.gpt_widths.split(",") if w]
+    if args.only_transformer:
+        r = json.loads((args.out / "results.json").read_text())
+        r["notes"] = [n for n in r.get("notes", []) if not n.startswith("Sections 1–4")]
+        r["notes"].append(f"Sections 1–4 are from the run of {r['machine']['date_utc']}; section 5 was measured "
+                          f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (`--only-transformer`), load "
+                          f"average {[round(v, 1) for v in os.getloadavg()]} at its start.")
+        r["transformer"] = transformer(widths, gpt_steps, gpt_runs, not args.no_compile)
+        r["transformer"]["load_after"] = [round(v, 1) for v in os.getloadavg()]
+        (args.out / "results.json").write_text(json.dumps(r, indent=1) + "\n")
+        render(r, args.out)
+        log(f"wrote {args.out / 'RESULTS.md'}, results.json")
+        print((args.out / "RESULTS.md").read_text())
+        return
     features, repeats = (1024, 2) if args.quick else (4096, 5)
     r = {"quick": args.quick, "machine": machine_description(), "notes": []}
 
@@ -578,6 +803,7 @@ def main():
     r["fc_mnist"] = {"batch": dense_job["batch"], "lr_dense": dense_job["lr"], "lr_sparse": sparse_job["lr"],
                      "weight_decay": dense_job["weight_decay"], "steps": steps, "runs": runs, "rows": rows}
 
+    r["transformer"] = transformer(widths, gpt_steps, gpt_runs, not args.no_compile)
     r["load_after"] = [round(v, 1) for v in os.getloadavg()]
     r["targets"] = targets(rows, r["transport"])
     args.out.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@
 
 pub mod dense;
 pub mod reference;
+pub mod small;
 pub mod sparse;
 
 /// Above this many multiply-adds a GEMM is split over threads; below it the fork/join costs more than it saves.

@@ -372,9 +372,11 @@ struct Lane([f32; TILE]);
 fn pack_tiles<'s>(src: &[f32], rows: usize, tokens: usize, scratch: &'s mut Vec<f32>) -> &'s [Lane] {
     let tiles = tokens.div_ceil(TILE);
     let floats = tiles * rows * TILE;
-    // Lanes start at the first address of the scratch aligned for them.
-    scratch.clear();
-    scratch.resize(floats + TILE, 0.0);
+    // Lanes start at the first address of the scratch aligned for them. The scratch only grows: every lane is
+    // written in full below, so clearing it first (a memset of the whole buffer per call) would be wasted.
+    if scratch.len() < floats + TILE {
+        scratch.resize(floats + TILE, 0.0);
+    }
     let skip = scratch.as_ptr().align_offset(std::mem::align_of::<Lane>());
     let buf = &mut scratch[skip..skip + floats];
     let fill = |(t, tile): (usize, &mut [f32])| {
@@ -394,7 +396,7 @@ fn pack_tiles<'s>(src: &[f32], rows: usize, tokens: usize, scratch: &'s mut Vec<
     unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const Lane, tiles * rows) }
 }
 
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 unsafe fn gather_part(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, tokens: usize, out: Disjoint) {
     // The part's values in visiting order, gathered once for all tiles.
     let vals: Vec<f32> = part.at.iter().map(|&k| values[k as usize]).collect();
@@ -475,7 +477,7 @@ pub fn sddmm(p: &SparsePattern, a: &Mat, b: &Mat, out: &mut [f32]) {
 /// The weight gradient of one part, in the gather kernel's visiting order: for each run, the line's lane of
 /// `a` stays in registers while the source lanes of its non-zeros are dotted with it; the sums of all tiles
 /// build up in visiting order and are written to their places in the pattern's order once, at the end.
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+avx"))]
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 unsafe fn sddmm_part(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint) {
     let mut sums = vec![0.0f32; part.idx.len()];
     for (ta, tb) in a_tiles.chunks_exact(a_rows).zip(b_tiles.chunks_exact(b_rows)) {

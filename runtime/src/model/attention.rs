@@ -5,7 +5,11 @@
 
 use rayon::prelude::*;
 
+use multiversion::multiversion;
+
+#[cfg(test)]
 use crate::kernels::dense::{matmul, MatView};
+use crate::kernels::small::{self, Band, Dims};
 use crate::model::activation::exp;
 use crate::tensor::Mat;
 
@@ -25,7 +29,24 @@ impl Geometry {
         self.width / self.heads
     }
 
+    /// Where (Q, K, V) of head `h` of sequence `s` start in a feature-major QKV matrix of `n` tokens: each
+    /// is `head_dim` rows of `context` values, `n` apart.
+    fn offsets(&self, n: usize, s: usize, h: usize) -> [usize; 3] {
+        let (dh, t) = (self.head_dim(), self.context);
+        [0, 1, 2].map(|part| (part * self.width + h * dh) * n + s * t)
+    }
+
+    /// Copies `head_dim` rows of `context` values, `n` apart from `src` on, into `dst` as one contiguous
+    /// feature-major block.
+    fn pack_rows(&self, dst: &mut [f32], src: &[f32], n: usize) {
+        let t = self.context;
+        for (r, row) in dst.chunks_exact_mut(t).enumerate() {
+            row.copy_from_slice(&src[r * n..r * n + t]);
+        }
+    }
+
     /// (Q, K, V) of head `h` of sequence `s` as `head_dim × context` views into `qkv`.
+    #[cfg(test)]
     fn qkv<'a>(&self, qkv: &'a Mat, s: usize, h: usize) -> [MatView<'a>; 3] {
         let (dh, t, n) = (self.head_dim(), self.context, qkv.cols);
         let at = |part: usize| {
@@ -36,6 +57,7 @@ impl Geometry {
     }
 
     /// Writes a `head_dim × context` block back into the rows of head `h` and the columns of sequence `s`.
+    #[cfg(test)]
     fn scatter(&self, dst: &mut Mat, part: usize, s: usize, h: usize, block: &[f32]) {
         let (dh, t, n) = (self.head_dim(), self.context, dst.cols);
         for r in 0..dh {
@@ -46,9 +68,137 @@ impl Geometry {
 }
 
 /// Attention output (`width × tokens`) from the QKV projection (`3·width × tokens`), and the attention
-/// probabilities (one `context × context` matrix per sequence and head, row = query), kept for the backward
-/// pass.
+/// probabilities kept for the backward pass: one `context × context` matrix per head and sequence (head-major:
+/// all of head 0's sequences first), row = query, zero right of the diagonal.
+///
+/// Heads run in parallel, each writing its own rows of the output. Every product reads Q, K and V in place
+/// from the feature-major QKV matrix through [`small::matmul_banded`]: the scores are computed only left of
+/// the diagonal (in blocks of four queries) and `V·Pᵀ` sums only over the keys a query can see, so causal
+/// attention does about half the square's work, and nothing is packed but the probabilities' transpose.
+/// [`forward_reference`] is the same function through full GEMMs.
 pub fn forward(g: Geometry, qkv: &Mat) -> (Mat, Vec<f32>) {
+    let (t, dh, n) = (g.context, g.head_dim(), qkv.cols);
+    let seqs = n / t.max(1);
+    let scale = 1.0 / (dh as f32).sqrt();
+    let mut probs = vec![0.0f32; seqs * g.heads * t * t];
+    let mut out = Mat::zeros(g.width, n);
+    if t == 0 || dh == 0 || seqs == 0 {
+        return (out, probs);
+    }
+    let scores = Dims { m: t, n: t, k: dh, a_row: 1, a_col: n, ldb: t, ldc: t };
+    let mix = Dims { m: dh, n: t, k: t, a_row: n, a_col: 1, ldb: t, ldc: n };
+    out.data.par_chunks_mut(dh * n).zip(probs.par_chunks_mut(seqs * t * t)).enumerate().for_each(|(h, (out_h, probs_h))| {
+        let (mut pt, mut kp) = (vec![0.0f32; t * t], vec![0.0f32; dh * t]);
+        for (s, p) in probs_h.chunks_exact_mut(t * t).enumerate() {
+            let [q, k, v] = g.offsets(n, s, h);
+            // K is the product's B, read a row per inner index: packed, so its rows are not 8 KiB apart (which
+            // would put them all in the same few sets of L1).
+            g.pack_rows(&mut kp, &qkv.data[k..], n);
+            small::matmul_banded(p, &qkv.data[q..], &kp, scores, Band::LowerC);
+            softmax_causal(p, t, scale);
+            small::transpose_into(&mut pt, t, p, t, t, t);
+            // O = V·Pᵀ: Pᵀ is lower triangular (a key after the query never contributes).
+            small::matmul_banded(&mut out_h[s * t..], &qkv.data[v..], &pt, mix, Band::LowerB);
+        }
+    });
+    (out, probs)
+}
+
+/// Scales each row `i` of the scores by `scale` and replaces its first `i + 1` entries by their softmax,
+/// zeroing the rest: causal masking and the softmax in one pass over a row. Multiversioned for AVX2+FMA (the
+/// release build targets plain x86-64), so the polynomial `exp` runs eight lanes wide.
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
+fn softmax_causal(p: &mut [f32], t: usize, scale: f32) {
+    for (i, row) in p.chunks_exact_mut(t).enumerate() {
+        let (seen, future) = row.split_at_mut(i + 1);
+        let max = lanes(seen, f32::NEG_INFINITY, f32::max) * scale;
+        // Exponentials first, then their sum: a sum inside the same loop would keep it from vectorising.
+        seen.iter_mut().for_each(|x| *x = exp(*x * scale - max));
+        let inv = 1.0 / lanes(seen, 0.0, |a, b| a + b);
+        seen.iter_mut().for_each(|x| *x *= inv);
+        future.fill(0.0);
+    }
+}
+
+/// Folds `x` with `f` in eight independent lanes, then the lanes together: a reduction the compiler can keep
+/// in one vector register (a single running fold is a dependency chain it must not reorder).
+#[inline(always)]
+fn lanes(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut acc = [init; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for j in 0..8 {
+            acc[j] = f(acc[j], c[j]);
+        }
+    }
+    let tail = chunks.remainder().iter().fold(init, |a, &b| f(a, b));
+    acc.iter().fold(tail, |a, &b| f(a, b))
+}
+
+/// The softmax's backward pass on one pair, in place over `dp` (the gradient of the probabilities): row `i`
+/// becomes `p ⊙ (dp − p·dp) · scale` left of the diagonal and zero right of it. Multiversioned like
+/// [`softmax_causal`].
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
+fn softmax_causal_backward(p: &[f32], dp: &mut [f32], t: usize, scale: f32) {
+    let mut prod = vec![0.0f32; t];
+    for (i, (prow, drow)) in p.chunks_exact(t).zip(dp.chunks_exact_mut(t)).enumerate() {
+        for ((o, a), b) in prod.iter_mut().zip(&prow[..=i]).zip(&drow[..=i]) {
+            *o = a * b;
+        }
+        let dot = lanes(&prod[..=i], 0.0, |a, b| a + b);
+        for (d, &pv) in drow[..=i].iter_mut().zip(&prow[..=i]) {
+            *d = pv * (*d - dot) * scale;
+        }
+        drow[i + 1..].fill(0.0);
+    }
+}
+
+/// Gradient with respect to the QKV projection (`3·width × tokens`) from the gradient of the attention
+/// output, given the forward pass's QKV and probabilities (laid out as [`forward`] returns them). Banded like
+/// [`forward`]: every product skips the triangle the causal mask zeroes, reads its operands in place and
+/// writes its head's rows of the result directly. [`backward_reference`] is the same function through full
+/// GEMMs.
+pub fn backward(g: Geometry, qkv: &Mat, probs: &[f32], d_out: &Mat) -> Mat {
+    let (t, dh, n) = (g.context, g.head_dim(), qkv.cols);
+    let seqs = n / t.max(1);
+    let scale = 1.0 / (dh as f32).sqrt();
+    let mut dqkv = Mat::zeros(3 * g.width, n);
+    if t == 0 || dh == 0 || seqs == 0 {
+        return dqkv;
+    }
+    // dV = dO·P and dK = Q·dS (P and dS upper triangular read as B); dQ = K·dSᵀ (lower triangular as B).
+    let by_probs = Dims { m: dh, n: t, k: t, a_row: n, a_col: 1, ldb: t, ldc: n };
+    // dP = dOᵀ·V, left of the diagonal only.
+    let d_probs = Dims { m: t, n: t, k: dh, a_row: 1, a_col: n, ldb: t, ldc: t };
+    let (dq_all, rest) = dqkv.data.split_at_mut(g.width * n);
+    let (dk_all, dv_all) = rest.split_at_mut(g.width * n);
+    dq_all
+        .par_chunks_mut(dh * n)
+        .zip(dk_all.par_chunks_mut(dh * n))
+        .zip(dv_all.par_chunks_mut(dh * n))
+        .zip(probs.par_chunks(seqs * t * t))
+        .enumerate()
+        .for_each(|(h, (((dq_h, dk_h), dv_h), probs_h))| {
+            let (mut ds, mut dst, mut vp) = (vec![0.0f32; t * t], vec![0.0f32; t * t], vec![0.0f32; dh * t]);
+            for (s, p) in probs_h.chunks_exact(t * t).enumerate() {
+                let [q, k, v] = g.offsets(n, s, h);
+                let d_o = &d_out.data[h * dh * n + s * t..];
+                small::matmul_banded(&mut dv_h[s * t..], d_o, p, by_probs, Band::UpperB);
+                g.pack_rows(&mut vp, &qkv.data[v..], n);
+                small::matmul_banded(&mut ds, d_o, &vp, d_probs, Band::LowerC);
+                softmax_causal_backward(p, &mut ds, t, scale);
+                small::matmul_banded(&mut dk_h[s * t..], &qkv.data[q..], &ds, by_probs, Band::UpperB);
+                small::transpose_into(&mut dst, t, &ds, t, t, t);
+                small::matmul_banded(&mut dq_h[s * t..], &qkv.data[k..], &dst, by_probs, Band::LowerB);
+            }
+        });
+    dqkv
+}
+
+/// [`forward`] through full GEMMs on strided views, the way it was written first: the tests hold the banded
+/// kernels to it.
+#[cfg(test)]
+pub fn forward_reference(g: Geometry, qkv: &Mat) -> (Mat, Vec<f32>) {
     let (t, dh) = (g.context, g.head_dim());
     let seqs = qkv.cols / t;
     let scale = 1.0 / (dh as f32).sqrt();
@@ -88,9 +238,9 @@ pub fn forward(g: Geometry, qkv: &Mat) -> (Mat, Vec<f32>) {
     (out, probs)
 }
 
-/// Gradient with respect to the QKV projection (`3·width × tokens`) from the gradient of the attention
-/// output, given the forward pass's QKV and probabilities.
-pub fn backward(g: Geometry, qkv: &Mat, probs: &[f32], d_out: &Mat) -> Mat {
+/// [`backward`] through full GEMMs on strided views, for the tests.
+#[cfg(test)]
+pub fn backward_reference(g: Geometry, qkv: &Mat, probs: &[f32], d_out: &Mat) -> Mat {
     let (t, dh, n) = (g.context, g.head_dim(), qkv.cols);
     let scale = 1.0 / (dh as f32).sqrt();
     let blocks: Vec<[Vec<f32>; 3]> = probs
@@ -134,6 +284,60 @@ pub fn backward(g: Geometry, qkv: &Mat, probs: &[f32], d_out: &Mat) -> Mat {
 mod tests {
     use super::*;
     use crate::model::gradcheck::{assert_central_differences, weighted_sum};
+
+    #[test]
+    fn banded_kernels_match_the_gemm_reference() {
+        // Shapes with whole 4 × 16 tiles and with ragged edges.
+        for (width, heads, context, seqs) in [(64, 2, 32, 2), (24, 3, 21, 3), (128, 2, 64, 1)] {
+            let g = Geometry { width, heads, context };
+            let n = seqs * context;
+            let qkv = Mat::from_vec(3 * width, n, (0..3 * width * n).map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 4e-3).collect());
+            let d_out = Mat::from_vec(width, n, (0..width * n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 2e-3).collect());
+            let (o, probs) = forward(g, &qkv);
+            let (o_ref, probs_ref) = forward_reference(g, &qkv);
+            // The reference keeps the probabilities sequence-major, the banded kernels head-major.
+            let tt = context * context;
+            let probs_seq_major: Vec<f32> =
+                (0..seqs * heads).flat_map(|pair| probs[((pair % heads) * seqs + pair / heads) * tt..][..tt].to_vec()).collect();
+            let close = |a: &[f32], b: &[f32], what: &str| {
+                assert_eq!(a.len(), b.len());
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    assert!((x - y).abs() <= 1e-5 + 1e-4 * y.abs(), "{what}[{i}]: {x} vs {y} ({width}/{heads}/{context})");
+                }
+            };
+            close(&o.data, &o_ref.data, "output");
+            close(&probs_seq_major, &probs_ref, "probabilities");
+            let d = backward(g, &qkv, &probs, &d_out);
+            let d_ref = backward_reference(g, &qkv, &probs_ref, &d_out);
+            close(&d.data, &d_ref.data, "dqkv");
+        }
+    }
+
+    /// Times the banded kernels against the GEMM reference at gpt-small's shape, interleaved:
+    /// `cargo test --release -p runtime --lib attention_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn attention_speed() {
+        let g = Geometry { width: 256, heads: 4, context: 128 };
+        let n = 16 * 128;
+        let qkv = Mat::from_vec(3 * 256, n, (0..3 * 256 * n).map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 4e-3).collect());
+        let d_out = Mat::from_vec(256, n, (0..256 * n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 2e-3).collect());
+        let (_, probs) = forward(g, &qkv);
+        let time = |f: &dyn Fn()| {
+            let start = std::time::Instant::now();
+            for _ in 0..10 {
+                f();
+            }
+            start.elapsed().as_secs_f64() * 100.0
+        };
+        for _ in 0..3 {
+            let nf = time(&|| drop(forward(g, &qkv)));
+            let rf = time(&|| drop(forward_reference(g, &qkv)));
+            let nb = time(&|| drop(backward(g, &qkv, &probs, &d_out)));
+            let rb = time(&|| drop(backward_reference(g, &qkv, &probs, &d_out)));
+            println!("forward {nf:.2} ms (reference {rf:.2}), backward {nb:.2} ms (reference {rb:.2})");
+        }
+    }
 
     #[test]
     fn backward_matches_central_differences_and_attention_is_causal() {

@@ -3,6 +3,8 @@
 //! such as OLMo train this way at scale.) Activations are feature-major, so the per-token statistics are
 //! running sums over rows — contiguous loops the compiler vectorises.
 
+use multiversion::multiversion;
+
 use crate::tensor::Mat;
 
 /// Added to the variance so a constant token does not divide by zero.
@@ -11,6 +13,15 @@ pub const EPS: f32 = 1e-5;
 /// Normalises every column of `x` (`features × tokens`) to zero mean and unit variance. Returns the
 /// normalised matrix and each token's reciprocal standard deviation, which is all the backward pass needs.
 pub fn forward(x: &Mat) -> (Mat, Vec<f32>) {
+    let mut out = Mat::zeros(x.rows, x.cols);
+    let rstd = forward_into(x, &mut out);
+    (out, rstd)
+}
+
+/// [`forward`] into an existing matrix of `x`'s shape, compiled for AVX2+FMA as well as the baseline (the
+/// release build targets plain x86-64).
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
+fn forward_into(x: &Mat, out: &mut Mat) -> Vec<f32> {
     let (d, n) = (x.rows, x.cols);
     let mut mean = vec![0.0f32; n];
     for r in 0..d {
@@ -28,19 +39,19 @@ pub fn forward(x: &Mat) -> (Mat, Vec<f32>) {
         }
     }
     let rstd: Vec<f32> = var.iter().map(|v| 1.0 / (v * inv_d + EPS).sqrt()).collect();
-    let mut out = Mat::zeros(d, n);
     for r in 0..d {
         let (src, dst) = (x.row(r), &mut out.data[r * n..(r + 1) * n]);
         for j in 0..n {
             dst[j] = (src[j] - mean[j]) * rstd[j];
         }
     }
-    (out, rstd)
+    rstd
 }
 
 /// Adds to `dx` the gradient with respect to the input, given the normalised output `xhat`, the reciprocal
 /// standard deviations and the gradient `dxhat` of the output: `rstd · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂))`
-/// per token.
+/// per token. Multiversioned like [`forward`].
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 pub fn backward_add(xhat: &Mat, rstd: &[f32], dxhat: &Mat, dx: &mut Mat) {
     let (d, n) = (xhat.rows, xhat.cols);
     let (mut mean_g, mut mean_gx) = (vec![0.0f32; n], vec![0.0f32; n]);

@@ -1,0 +1,296 @@
+//! Small dense products on packed, contiguous operands, with a *band* in the inner dimension: what causal
+//! attention needs. Every product of attention is `C = A · B` over one (sequence, head) pair — a few hundred
+//! KiB that stay in L2 — where a triangle of `A` is known to be zero, so each block of four rows of `C` only
+//! sums over the part of the inner dimension that can be non-zero, and (for the scores) only computes the
+//! columns left of the diagonal. A general GEMM call would pack the operands again and do the whole square.
+//!
+//! The kernel is a 4 × 16 register tile (eight AVX registers of sums) over row-major slices: per inner index,
+//! two loads of `B`, four broadcasts of `A` and eight fused multiply-adds. [`matmul_banded_reference`] is the
+//! same product by the textbook loop; the tests hold the tile to it.
+
+use multiversion::multiversion;
+
+/// Rows of `C` per register tile.
+const MR: usize = 4;
+/// Columns of `C` per register tile (two AVX registers).
+const NR: usize = 16;
+
+/// Which inner indices a tile of `C` sums over, and which of its columns are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Band {
+    /// The full product.
+    Full,
+    /// `A` is lower triangular (`A[i][k] = 0` for `k > i`): row `i` sums over `k ≤ i` only.
+    LowerA,
+    /// `A` is upper triangular (`A[i][k] = 0` for `k < i`): row `i` sums over `k ≥ i` only.
+    UpperA,
+    /// `B` is lower triangular (`B[k][j] = 0` for `k > j`): column `j` sums over `k ≤ j` only.
+    LowerB,
+    /// `B` is upper triangular (`B[k][j] = 0` for `k < j`): column `j` sums over `k ≥ j` only.
+    UpperB,
+    /// Only the lower triangle of `C` is wanted (`j ≤ i`); columns right of the diagonal are left unspecified
+    /// up to the next tile boundary and untouched beyond it. The caller masks them.
+    LowerC,
+}
+
+/// Shapes of one banded product `C (m × n) = A (m × k) · B (k × n)`. `A` is read through two strides, so a
+/// feature-major activation serves as `A` or as `Aᵀ` in place; `B` and `C` are row-major with leading
+/// dimensions, so they too can be blocks of a larger matrix.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims {
+    /// Rows of `A` and `C`.
+    pub m: usize,
+    /// Columns of `B` and `C`.
+    pub n: usize,
+    /// The inner dimension.
+    pub k: usize,
+    /// `A[i][k]` is at `i · a_row + k · a_col`.
+    pub a_row: usize,
+    /// See `a_row`.
+    pub a_col: usize,
+    /// Leading dimension of `B`.
+    pub ldb: usize,
+    /// Leading dimension of `C`.
+    pub ldc: usize,
+}
+
+impl Dims {
+    /// Plain row-major `A`, `B` and `C`, each its own contiguous matrix.
+    pub fn packed(m: usize, n: usize, k: usize) -> Self {
+        Dims { m, n, k, a_row: k, a_col: 1, ldb: n, ldc: n }
+    }
+
+    fn check(&self, a: &[f32], b: &[f32], c: &[f32]) {
+        let need = |rows: usize, cols: usize, ld: usize| if rows == 0 || cols == 0 { 0 } else { (rows - 1) * ld + cols };
+        let a_need = if self.m == 0 || self.k == 0 { 0 } else { (self.m - 1) * self.a_row + (self.k - 1) * self.a_col + 1 };
+        assert!(self.ldb >= self.n && self.ldc >= self.n, "matmul_banded: leading dimensions");
+        assert!(a.len() >= a_need, "matmul_banded: A is short");
+        assert!(b.len() >= need(self.k, self.n, self.ldb), "matmul_banded: B is short");
+        assert!(c.len() >= need(self.m, self.n, self.ldc), "matmul_banded: C is short");
+    }
+
+    /// The inner range a tile of rows `i0..i1` and columns `j0..j1` of `C` sums over under `band`.
+    fn inner(&self, band: Band, (i0, i1): (usize, usize), (j0, j1): (usize, usize)) -> (usize, usize) {
+        let (lo, hi) = match band {
+            Band::Full | Band::LowerC => (0, self.k),
+            Band::LowerA => (0, i1),
+            Band::UpperA => (i0, self.k),
+            Band::LowerB => (0, j1),
+            Band::UpperB => (j0, self.k),
+        };
+        (lo.min(self.k), hi.min(self.k))
+    }
+
+    /// The columns rows `..i1` of `C` compute under `band`.
+    fn cols(&self, band: Band, i1: usize) -> usize {
+        match band {
+            // Up to the tile boundary past the diagonal: a few extra sums in whole tiles cost less than a
+            // scalar edge on every block of rows.
+            Band::LowerC => i1.next_multiple_of(NR).min(self.n),
+            _ => self.n,
+        }
+    }
+}
+
+/// `C = A · B` (overwriting `C`) under `band`. Columns of `C` outside the band's are not written.
+///
+/// Compiled for AVX2+FMA as well as the baseline and picked at run time; the tile's `mul_add` is one
+/// instruction there (the baseline version, for CPUs without FMA, is correct but slow).
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
+pub fn matmul_banded(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, band: Band) {
+    d.check(a, b, c);
+    let mut i0 = 0;
+    while i0 < d.m {
+        let i1 = (i0 + MR).min(d.m);
+        let cols = d.cols(band, i1);
+        let mut j0 = 0;
+        if i1 - i0 == MR {
+            while j0 + NR <= cols {
+                let ks = d.inner(band, (i0, i1), (j0, j0 + NR));
+                tile(c, a, b, d, (i0, j0), ks);
+                j0 += NR;
+            }
+        }
+        // Edges: the last rows and columns that do not fill a tile.
+        for i in i0..i1 {
+            for j in j0..cols {
+                let (k0, k1) = d.inner(band, (i0, i1), (j, j + 1));
+                let mut acc = 0.0f32;
+                for k in k0..k1 {
+                    acc += a[i * d.a_row + k * d.a_col] * b[k * d.ldb + j];
+                }
+                c[i * d.ldc + j] = acc;
+            }
+        }
+        i0 = i1;
+    }
+}
+
+/// One 4 × 16 tile of `C` at `(i0, j0)`, summing over `k0..k1`.
+///
+/// The loop reads without bounds checks: with them, the checks and their spilled limits outnumber the
+/// eight multiply-adds of an iteration several times over.
+#[inline(always)]
+fn tile(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), (k0, k1): (usize, usize)) {
+    let mut acc = [[0.0f32; NR]; MR];
+    // Bounds, once: the last `A` element read is at (i0 + MR − 1, k1 − 1), the last `B` row ends at
+    // (k1 − 1, j0 + NR). `matmul_banded` only calls with i0 + MR ≤ m, j0 + NR ≤ n and k1 ≤ k, so after
+    // `Dims::check` these always hold; they are asserted here too so the unchecked reads below stay sound
+    // whatever the caller.
+    if k1 <= k0 {
+        for r in 0..MR {
+            let at = (i0 + r) * d.ldc + j0;
+            c[at..at + NR].fill(0.0);
+        }
+        return;
+    }
+    assert!((i0 + MR - 1) * d.a_row + (k1 - 1) * d.a_col < a.len(), "tile: A out of bounds");
+    assert!((k1 - 1) * d.ldb + j0 + NR <= b.len(), "tile: B out of bounds");
+    for k in k0..k1 {
+        let base = i0 * d.a_row + k * d.a_col;
+        // SAFETY: k < k1 and r < MR, so every index is at most the ones asserted above.
+        let av: [f32; MR] = std::array::from_fn(|r| unsafe { *a.get_unchecked(base + r * d.a_row) });
+        // SAFETY: as above, row k of B from j0 holds NR values inside `b`.
+        let bv: &[f32; NR] = unsafe { &*(b.as_ptr().add(k * d.ldb + j0) as *const [f32; NR]) };
+        for r in 0..MR {
+            for j in 0..NR {
+                // `mul_add`: one FMA instruction in the AVX2+FMA version this is compiled into.
+                acc[r][j] = av[r].mul_add(bv[j], acc[r][j]);
+            }
+        }
+    }
+    for (r, sums) in acc.iter().enumerate() {
+        let at = (i0 + r) * d.ldc + j0;
+        c[at..at + NR].copy_from_slice(sums);
+    }
+}
+
+/// The textbook triple loop of [`matmul_banded`], in `f64`, for the tests.
+pub fn matmul_banded_reference(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, band: Band) {
+    d.check(a, b, c);
+    for i in 0..d.m {
+        let i0 = i / MR * MR;
+        let i1 = (i0 + MR).min(d.m);
+        for j in 0..d.cols(band, i1) {
+            let j0 = j / NR * NR;
+            let full_tile = i1 - i0 == MR && j0 + NR <= d.cols(band, i1);
+            let js = if full_tile { (j0, j0 + NR) } else { (j, j + 1) };
+            let (k0, k1) = d.inner(band, (i0, i1), js);
+            let mut acc = 0.0f64;
+            for k in k0..k1 {
+                acc += a[i * d.a_row + k * d.a_col] as f64 * b[k * d.ldb + j] as f64;
+            }
+            c[i * d.ldc + j] = acc as f32;
+        }
+    }
+}
+
+/// `dst (cols × rows, leading dimension ldd) = srcᵀ` for `src` of `rows × cols` with leading dimension `lds`:
+/// the packing step between the feature-major activations and the token-major operands attention multiplies.
+pub fn transpose_into(dst: &mut [f32], ldd: usize, src: &[f32], lds: usize, rows: usize, cols: usize) {
+    const B: usize = 16;
+    for r0 in (0..rows).step_by(B) {
+        for c0 in (0..cols).step_by(B) {
+            for r in r0..(r0 + B).min(rows) {
+                for c in c0..(c0 + B).min(cols) {
+                    dst[c * ldd + r] = src[r * lds + c];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: usize) -> Vec<f32> {
+        (0..n).map(|i| (((i * 7919 + seed * 104_729) % 2003) as f32 - 1001.0) / 1001.0).collect()
+    }
+
+    #[test]
+    fn banded_products_match_the_reference() {
+        for &(m, n, k) in &[(128, 128, 64), (128, 64, 128), (37, 29, 23), (3, 3, 2), (4, 16, 1), (64, 48, 64)] {
+            for band in [Band::Full, Band::LowerA, Band::UpperA, Band::LowerB, Band::UpperB, Band::LowerC] {
+                // A triangular A for the bands that assume one, so the skipped terms really are zero.
+                let mut a = values(m * k, 1);
+                for i in 0..m {
+                    for kk in 0..k {
+                        let zero = match band {
+                            Band::LowerA => kk > i,
+                            Band::UpperA => kk < i,
+                            _ => false,
+                        };
+                        if zero {
+                            a[i * k + kk] = 0.0;
+                        }
+                    }
+                }
+                let mut b = values(k * n, 2);
+                for kk in 0..k {
+                    for j in 0..n {
+                        let zero = match band {
+                            Band::LowerB => kk > j,
+                            Band::UpperB => kk < j,
+                            _ => false,
+                        };
+                        if zero {
+                            b[kk * n + j] = 0.0;
+                        }
+                    }
+                }
+                let d = Dims::packed(m, n, k);
+                let (mut c, mut r) = (vec![0.0; m * n], vec![0.0; m * n]);
+                matmul_banded(&mut c, &a, &b, d, band);
+                matmul_banded_reference(&mut r, &a, &b, d, band);
+                let full = {
+                    let mut f = vec![0.0; m * n];
+                    matmul_banded_reference(&mut f, &a, &b, d, Band::Full);
+                    f
+                };
+                for i in 0..m {
+                    for j in 0..n {
+                        if band == Band::LowerC && j > i {
+                            continue;
+                        }
+                        let (got, want) = (c[i * n + j], r[i * n + j]);
+                        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{band:?} {m}x{n}x{k} [{i},{j}]: {got} vs {want}");
+                        assert!((want - full[i * n + j]).abs() <= 1e-4 * (1.0 + want.abs()), "band skipped a non-zero");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn strided_a_reads_a_transpose_in_place() {
+        // A given as the transpose of a row-major k × m matrix stored with leading dimension 40.
+        let (m, n, k, ld) = (20, 32, 12, 40);
+        let at = values(k * ld, 4);
+        let b = values(k * n, 5);
+        let mut packed = vec![0.0; m * k];
+        for i in 0..m {
+            for kk in 0..k {
+                packed[i * k + kk] = at[kk * ld + i];
+            }
+        }
+        let (mut c, mut r) = (vec![0.0; m * n], vec![0.0; m * n]);
+        matmul_banded(&mut c, &at, &b, Dims { a_row: 1, a_col: ld, ..Dims::packed(m, n, k) }, Band::Full);
+        matmul_banded_reference(&mut r, &packed, &b, Dims::packed(m, n, k), Band::Full);
+        for (x, y) in c.iter().zip(&r) {
+            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()));
+        }
+    }
+
+    #[test]
+    fn transpose_packs() {
+        let src = values(5 * 7, 3);
+        let mut dst = vec![0.0; 7 * 5];
+        transpose_into(&mut dst, 5, &src, 7, 5, 7);
+        for r in 0..5 {
+            for c in 0..7 {
+                assert_eq!(dst[c * 5 + r], src[r * 7 + c]);
+            }
+        }
+    }
+}
