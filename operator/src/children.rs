@@ -1292,7 +1292,7 @@ mod tests {
     #[test]
     fn the_volume_is_sized_per_weight_server_with_its_disk_tier() {
         let mut j = job(2);
-        j.spec.model.layers = vec![784, 64, 512, 512, 512, 10];
+        j.spec.model.layers = vec![784, 64, 512, 512, 512, 512, 512, 10];
         j.spec.memoryx.servers = Some(4);
         let (p, _) = plan(&j, 2, 2).unwrap();
         let m = p.memoryx.clone();
@@ -1382,8 +1382,9 @@ mod tests {
             r.requests.unwrap()["memory"].0.clone()
         };
         let mut j = job(2);
-        // Layers of like size, so a server's budget can be below its slice and above twice a layer's slice.
-        j.spec.model.layers = vec![784, 64, 512, 512, 512, 10];
+        // Layers of like size, so a server's budget can be below its slice and above twice a layer's slice (with
+        // its staged gradient).
+        j.spec.model.layers = vec![784, 64, 512, 512, 512, 512, 512, 10];
         j.spec.checkpoint.volume_size = "10Gi".into();
         let (p, _) = plan(&j, 2, 2).unwrap();
         let mib = |b: u64| format!("{}Mi", (b + (128 << 20)).div_ceil(1 << 20));
