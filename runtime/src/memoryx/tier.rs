@@ -317,7 +317,7 @@ mod tests {
         assert_eq!(all.on_disk, vec![false; 3]);
         let some = TierLayout::new(&[100, 100, 100, 100], 350).unwrap();
         assert_eq!((some.on_disk, some.window), (vec![false, true, true, true], 200));
-        let err = TierLayout::new(&[100, 300], 500).unwrap_err().to_string();
+        let err = TierLayout::new(&[100, 300, 300], 500).unwrap_err().to_string();
         assert!(err.contains("too small for one layer"), "{err}");
     }
 
