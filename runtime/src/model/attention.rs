@@ -313,32 +313,6 @@ mod tests {
         }
     }
 
-    /// Times the banded kernels against the GEMM reference at gpt-small's shape, interleaved:
-    /// `cargo test --release -p runtime --lib attention_speed -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn attention_speed() {
-        let g = Geometry { width: 256, heads: 4, context: 128 };
-        let n = 16 * 128;
-        let qkv = Mat::from_vec(3 * 256, n, (0..3 * 256 * n).map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 4e-3).collect());
-        let d_out = Mat::from_vec(256, n, (0..256 * n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 2e-3).collect());
-        let (_, probs) = forward(g, &qkv);
-        let time = |f: &dyn Fn()| {
-            let start = std::time::Instant::now();
-            for _ in 0..10 {
-                f();
-            }
-            start.elapsed().as_secs_f64() * 100.0
-        };
-        for _ in 0..3 {
-            let nf = time(&|| drop(forward(g, &qkv)));
-            let rf = time(&|| drop(forward_reference(g, &qkv)));
-            let nb = time(&|| drop(backward(g, &qkv, &probs, &d_out)));
-            let rb = time(&|| drop(backward_reference(g, &qkv, &probs, &d_out)));
-            println!("forward {nf:.2} ms (reference {rf:.2}), backward {nb:.2} ms (reference {rb:.2})");
-        }
-    }
-
     #[test]
     fn backward_matches_central_differences_and_attention_is_causal() {
         let g = Geometry { width: 4, heads: 2, context: 3 };
