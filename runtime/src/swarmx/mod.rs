@@ -58,15 +58,17 @@ pub trait Swarm {
     fn forward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<LossSum>;
     /// Broadcasts `layers` backward streams pulled from `next` (last layer first) and returns each layer's
     /// gradients summed over engines, in the order streamed.
-    fn backward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<Vec<LayerGrad>>;
+    fn backward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<Vec<LayerGrad>> {
+        let mut grads = Vec::with_capacity(layers);
+        self.backward_pass_into(layers, next, &mut |g| {
+            grads.push(g);
+            Ok(())
+        })?;
+        Ok(grads)
+    }
     /// [`Swarm::backward_pass`], handing each layer's summed gradient to `sink` as soon as it is complete, so
     /// MemoryX never holds a whole step's gradients at once.
-    fn backward_pass_into(&mut self, layers: usize, next: StreamSource<'_>, sink: &mut dyn FnMut(LayerGrad) -> Result<()>) -> Result<()> {
-        for g in self.backward_pass(layers, next)? {
-            sink(g)?;
-        }
-        Ok(())
-    }
+    fn backward_pass_into(&mut self, layers: usize, next: StreamSource<'_>, sink: &mut dyn FnMut(LayerGrad) -> Result<()>) -> Result<()>;
     /// Each engine's counters, in engine order.
     fn stats(&mut self) -> Result<Vec<EngineStats>>;
     /// The smallest SRAM among the engines: what the plan's choice of execution mode is made against.
@@ -153,15 +155,6 @@ impl Swarm for LocalSwarm {
             total.add(&engine.loss()?);
         }
         Ok(total)
-    }
-
-    fn backward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<Vec<LayerGrad>> {
-        let mut grads = Vec::with_capacity(layers);
-        self.backward_pass_into(layers, next, &mut |g| {
-            grads.push(g);
-            Ok(())
-        })?;
-        Ok(grads)
     }
 
     fn backward_pass_into(&mut self, layers: usize, next: StreamSource<'_>, sink: &mut dyn FnMut(LayerGrad) -> Result<()>) -> Result<()> {

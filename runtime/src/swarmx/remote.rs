@@ -143,15 +143,6 @@ impl Swarm for RemoteSwarm {
         Ok(LossSum { loss: r.loss, correct: r.correct, samples: r.samples })
     }
 
-    fn backward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<Vec<LayerGrad>> {
-        let mut grads = Vec::with_capacity(layers);
-        self.backward_pass_into(layers, next, &mut |g| {
-            grads.push(g);
-            Ok(())
-        })?;
-        Ok(grads)
-    }
-
     fn backward_pass_into(&mut self, layers: usize, next: StreamSource<'_>, sink: &mut dyn FnMut(LayerGrad) -> Result<()>) -> Result<()> {
         let (url, limits) = (self.root.url.clone(), self.limits.clone());
         self.pass_into(layers, next, move |mut client, chunks| {
