@@ -20,6 +20,7 @@ use runtime::swarmx::relay::Dial;
 use runtime::swarmx::remote::RemoteSwarm;
 use runtime::swarmx::{LocalSwarm, Split, StepRequest, Swarm};
 use runtime::train;
+use runtime::Error;
 
 const JOB: &str = "replica-test";
 
@@ -75,10 +76,15 @@ fn a_replica_trains_exactly_like_memoryx() {
     let reference = store();
     let mut local = LocalSwarm::new(vec![engine()], Arc::new(LocalFeed::new(data.clone(), data.clone()))).expect("engines");
     let coordinator = store();
+    let sampler = Sampler::new(data.len(), 64, SEED);
+    // An engine without a replica (a replacement pod) is a lost component: the loop primes it and reruns.
+    match swarm.resident_step(&request(&sampler, 0)) {
+        Err(Error::Unavailable(why)) => assert!(why.contains("holds no replica"), "{why}"),
+        other => panic!("a step on an unprimed engine must be unavailable, got {other:?}"),
+    }
     swarm.prime(&coordinator.state(JOB).expect("state").1).expect("prime");
     assert!(decoded(&swarm.snapshot().expect("snapshot")) == decoded(&coordinator.state(JOB).expect("state").1), "the replica is MemoryX's state");
 
-    let sampler = Sampler::new(data.len(), 64, SEED);
     for step in 0..4 {
         let (want, _) = train::train_step(&reference, &mut local, 2, 1, sampler.batch(step), step).expect("reference");
         let got = swarm.resident_step(&request(&sampler, step)).expect("resident step");

@@ -313,7 +313,7 @@ impl Stage for EngineServer {
         let (loss, grads) = self
             .compute(turn, move |e| {
                 let guard = replica.lock().map_err(|_| Error::Protocol("replica poisoned".into()))?;
-                let store = guard.as_ref().ok_or_else(|| Error::Protocol("this engine holds no replica: prime it first".into()))?;
+                let store = guard.as_ref().ok_or_else(no_replica)?;
                 if store.step() != step {
                     return Err(Error::Protocol(format!("step {step} asked of a replica of step {}", store.step())));
                 }
@@ -339,7 +339,7 @@ impl Stage for EngineServer {
         let (replica, nanos) = (self.replica.clone(), self.update_nanos.clone());
         tokio::task::spawn_blocking(move || {
             let guard = replica.lock().map_err(|_| Error::Protocol("replica poisoned".into()))?;
-            let store = guard.as_ref().ok_or_else(|| Error::Protocol("this engine holds no replica: prime it first".into()))?;
+            let store = guard.as_ref().ok_or_else(no_replica)?;
             let started = Instant::now();
             apply_all(store, &grads, step)?;
             nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -350,6 +350,14 @@ impl Stage for EngineServer {
         .map_err(to_status)?;
         Ok(Response::new(Ack {}))
     }
+}
+
+/// A step or an update reached an engine without a replica: it was replaced (its pod restarted) since the
+/// fabric primed it. That is a lost component, like a dropped connection, so it is [`Error::Unavailable`]: the
+/// training loop takes the state back from a surviving replica (or MemoryX), primes every engine again and
+/// reruns the step, where a refusal would have failed the job.
+fn no_replica() -> Error {
+    Error::Unavailable("this engine holds no replica (it was replaced since it was primed): prime it again".into())
 }
 
 /// Engine counters as they travel.
