@@ -20,6 +20,9 @@ fn time<T>(what: &str, reps: usize, mut f: impl FnMut() -> T) -> f64 {
 }
 
 fn main() {
+    if std::env::var_os("PROBE_COLD_ALLOCATOR").is_none() {
+        runtime::units::keep_allocator_warm();
+    }
     let d: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(256);
     let (n, t, heads) = (2048usize, 128usize, 4usize);
     let r = 4 * d;

@@ -23,6 +23,7 @@ const INPUT_CONNECT_SECONDS: u64 = 600;
 
 /// Runs one engine until it is stopped.
 pub fn main(args: EngineArgs) -> Result<()> {
+    runtime::units::keep_allocator_warm();
     start(&args.common);
     let (job, job_id) = load_job(&args.common)?;
     let identity = load_identity(&args.common)?;

@@ -272,6 +272,8 @@ fn run_in_process(
     outputs: Outputs,
     mut show: impl FnMut(&ProgressReport),
 ) -> Result<Summary> {
+    // The engines' activations are this process's working set, the same every step.
+    runtime::units::keep_allocator_warm();
     let spec = &job.spec;
     let layout = job.layout();
     let engines: Vec<Box<dyn EngineRole>> = (0..spec.cs2)

@@ -54,7 +54,8 @@ fn a_small_job_writes_metrics_and_summary() {
 
 /// Trains a shipped example and returns its held-out accuracy.
 fn example_accuracy(file: &str, extra: &[&str]) -> f64 {
-    let out = scratch(file);
+    // One folder per file *and* arguments: two tests of the same example run side by side.
+    let out = scratch(&format!("{file}{}", extra.join("")));
     let mut args = vec!["run", file, "--out", out.to_str().unwrap()];
     args.extend_from_slice(extra);
     let o = wsctl(&args);
