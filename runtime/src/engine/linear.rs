@@ -53,6 +53,27 @@ impl<'s> StreamedLinear<'s> {
     /// when `need_dx` — the gradient of the input.
     pub fn backward(&self, x: &Mat, dy: &Mat, need_dx: bool, works: &mut Vec<Work<'s>>) -> Result<(Grads, Option<Mat>)> {
         let (shape, tokens) = (self.shape, x.cols);
+        // A dense layer's two gradients are independent products: they run side by side.
+        // Both gradients at once: a dense layer's are independent products that run side by side; a sparse
+        // layer's both read the output gradient, packed once for the two.
+        if need_dx {
+            let both = match self.stream.weights.weights() {
+                Some(linear::Weights::Dense(w)) => {
+                    works.push(Work::Gemm { m: shape.outputs, n: shape.inputs, k: tokens });
+                    Some(linear::backward_dense(w, x, dy))
+                }
+                Some(linear::Weights::Sparse { pattern, values }) => {
+                    works.push(Work::SparseDot { pattern, tokens });
+                    Some(linear::backward_sparse(pattern, values, x, dy))
+                }
+                None => None,
+            };
+            if let Some((weights, dx)) = both {
+                works.push(self.product(shape.inputs, tokens, shape.outputs));
+                let bias = if shape.bias { linear::bias_grad(dy) } else { Vec::new() };
+                return Ok(((weights, bias), Some(dx)));
+            }
+        }
         let weights = match self.stream.weights.pattern() {
             Some(pattern) => {
                 works.push(Work::SparseDot { pattern, tokens });
