@@ -76,20 +76,35 @@ fn product_on(a: MatView<'_>, b: MatView<'_>, parallelism: Parallelism) -> Vec<f
         return dst;
     }
     let mut dst: Vec<f32> = Vec::with_capacity(m * n);
-    // SAFETY: as in `matmul`, the views address only elements inside their slices, and `dst` has room for
-    // exactly m*n values. With `read_dst` false, `gemm` sets alpha to zero, and its blocked path stores the
-    // first depth block's products without loading the destination (later blocks add to what the first
-    // stored), so every element is written before it is read and all m*n are written by the time it returns:
-    // only then is the length set.
+    // SAFETY: `dst` has room for exactly m*n values and the views were checked as `gemm_into` requires. With
+    // `read_dst` false, `gemm` sets alpha to zero, and its blocked path stores the first depth block's products
+    // without loading the destination (later blocks add to what the first stored), so every element is written
+    // before it is read and all m*n are written by the time it returns: only then is the length set.
+    unsafe {
+        gemm_into(dst.as_mut_ptr(), a, b, false, parallelism);
+        dst.set_len(m * n);
+    }
+    dst
+}
+
+/// The one call into `gemm`: `dst = a · b` (or `+=` when `read_dst`), `dst` row-major `a.rows × b.cols`.
+///
+/// # Safety
+/// `dst` must be valid for writes (and, with `read_dst`, reads) of `a.rows * b.cols` values and must not
+/// overlap `a` or `b`; `a.cols == b.rows`. The views address only elements inside their slices: their
+/// constructors check it.
+unsafe fn gemm_into(dst: *mut f32, a: MatView<'_>, b: MatView<'_>, read_dst: bool, parallelism: Parallelism) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    // SAFETY: the caller's contract above is `gemm`'s.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            dst.as_mut_ptr(),
+            dst,
             1,
             n as isize,
-            false,
+            read_dst,
             a.data.as_ptr(),
             a.col_stride as isize,
             a.row_stride as isize,
@@ -103,9 +118,7 @@ fn product_on(a: MatView<'_>, b: MatView<'_>, parallelism: Parallelism) -> Vec<f
             false,
             parallelism,
         );
-        dst.set_len(m * n);
     }
-    dst
 }
 
 /// The smallest side for which [`product`] skips zeroing its output.
@@ -135,29 +148,7 @@ pub fn matmul(dst: &mut [f32], a: MatView<'_>, b: MatView<'_>, accumulate: bool)
     // SAFETY: every view was built from a slice at least `rows*cols` long with strides that address only
     // elements inside it (row-major or its transpose), `dst` holds exactly m*n values, and the three slices
     // do not alias because `dst` is borrowed mutably.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            a.data.as_ptr(),
-            a.col_stride as isize,
-            a.row_stride as isize,
-            b.data.as_ptr(),
-            b.col_stride as isize,
-            b.row_stride as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism(m, n, k),
-        );
-    }
+    unsafe { gemm_into(dst.as_mut_ptr(), a, b, accumulate, parallelism(m, n, k)) }
 }
 
 #[cfg(test)]
@@ -171,10 +162,7 @@ mod tests {
     }
 
     fn close(got: &[f32], want: &[f32]) {
-        assert_eq!(got.len(), want.len());
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!((g - w).abs() <= 1e-3 * (1.0 + w.abs()), "element {i}: {g} against {w}");
-        }
+        reference::assert_close(got, want, 1e-3);
     }
 
     /// The products that skip zeroing their output (every side at least 16) and those that do not agree with

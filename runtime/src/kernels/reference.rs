@@ -42,3 +42,13 @@ pub fn sddmm(p: &SparsePattern, a: &Mat, b: &Mat) -> Vec<f32> {
     }
     out
 }
+
+/// Asserts that a kernel's result equals the reference's within a relative tolerance `tol`, naming the first
+/// element that does not: the one comparison every kernel test makes.
+#[cfg(test)]
+pub fn assert_close(got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "lengths differ");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "element {i}: {g} against {w}");
+    }
+}

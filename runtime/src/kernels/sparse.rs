@@ -563,10 +563,7 @@ mod tests {
     }
 
     fn close(a: &[f32], b: &[f32]) {
-        assert_eq!(a.len(), b.len());
-        for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "element {i}: {x} vs {y}");
-        }
+        reference::assert_close(a, b, 1e-4);
     }
 
     #[test]
