@@ -517,32 +517,51 @@ fn sddmm_tiles(p: &SparsePattern, a_tiles: &[Lane], b_tiles: &[Lane], tokens: us
 /// build up in visiting order and are written to their places in the pattern's order once, at the end.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 unsafe fn sddmm_part(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint) {
-    let mut sums = vec![0.0f32; part.idx.len()];
+    // One register-wide partial sum per non-zero, folded to a number once at the end: folding each tile's
+    // product to a scalar cost more shuffles than the product had multiplies.
+    let mut sums = vec![Partial([0.0; PARTIAL]); part.idx.len()];
     for (ta, tb) in a_tiles.chunks_exact(a_rows).zip(b_tiles.chunks_exact(b_rows)) {
         let mut k = 0;
         for &(j, end) in &part.runs {
             let line = &ta[part.lines[j as usize] as usize];
             for (sum, &i) in sums[k..end as usize].iter_mut().zip(&part.idx[k..end as usize]) {
-                *sum += dot_lane(line, &tb[i as usize]);
+                dot_lane_into(&mut sum.0, line, &tb[i as usize]);
             }
             k = end as usize;
         }
     }
-    for (&sum, &at) in sums.iter().zip(&part.at) {
+    for (sum, &at) in sums.iter().zip(&part.at) {
         // SAFETY: see `sddmm`: position `at` belongs to this part alone and lies inside `out`.
-        unsafe { *out.0.add(at as usize) = sum };
+        unsafe { *out.0.add(at as usize) = fold(sum) };
     }
 }
 
-/// The dot product of two lanes: the products, then a pairwise tree of halves. Every level is an element-wise
-/// add the compiler turns into whole-register operations, down to the last eight.
+/// Lanes of a partial sum: one AVX-512 register of `f32`.
+const PARTIAL: usize = 16;
+
+/// A non-zero's running dot product, one register wide.
+#[derive(Clone, Copy)]
+#[repr(align(64))]
+struct Partial([f32; PARTIAL]);
+
+/// Adds the dot product of two lanes to a register-wide partial sum: the lane's quarters multiplied and added
+/// element-wise, every operation a whole-register one.
 #[inline(always)]
-fn dot_lane(a: &Lane, b: &Lane) -> f32 {
-    let mut p = [0.0f32; TILE];
-    for j in 0..TILE {
-        p[j] = a.0[j] * b.0[j];
+fn dot_lane_into(sum: &mut [f32; PARTIAL], a: &Lane, b: &Lane) {
+    for j in 0..PARTIAL {
+        let mut s = sum[j];
+        for q in 0..TILE / PARTIAL {
+            s += a.0[q * PARTIAL + j] * b.0[q * PARTIAL + j];
+        }
+        sum[j] = s;
     }
-    let mut width = TILE / 2;
+}
+
+/// A partial sum's lanes added in a pairwise tree.
+#[inline(always)]
+fn fold(sum: &Partial) -> f32 {
+    let mut p = sum.0;
+    let mut width = PARTIAL / 2;
     while width >= 1 {
         for j in 0..width {
             p[j] += p[j + width];
