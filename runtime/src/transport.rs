@@ -149,11 +149,7 @@ pub async fn serve_stage<S: crate::protocol::pb::stage_server::Stage>(
     let svc = crate::protocol::pb::stage_server::StageServer::from_arc(service)
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20);
-    grpc_server(identity)?
-        .add_service(svc)
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
-        .await
-        .map_err(|e| Error::Unavailable(format!("gRPC server stopped: {e}")))
+    serve(svc, listener, identity).await
 }
 
 /// Serves an input worker's `Input` service on an already bound listener until the process ends, over mutual
@@ -167,11 +163,7 @@ pub async fn serve_input(
     let svc = crate::protocol::pb::input_server::InputServer::from_arc(service)
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(reply_bytes);
-    grpc_server(identity)?
-        .add_service(svc)
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
-        .await
-        .map_err(|e| Error::Unavailable(format!("gRPC server stopped: {e}")))
+    serve(svc, listener, identity).await
 }
 
 /// Serves a weight server's `Weights` service on an already bound listener until the process ends, over mutual
@@ -184,6 +176,22 @@ pub async fn serve_weights(
     let svc = crate::protocol::pb::weights_server::WeightsServer::from_arc(service)
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20);
+    serve(svc, listener, identity).await
+}
+
+/// Serves one gRPC service, its message limits already set, on `listener` until the process ends: the one
+/// place every role's service meets [`grpc_server`].
+async fn serve<S>(svc: S, listener: tokio::net::TcpListener, identity: &Identity) -> crate::Result<()>
+where
+    S: tonic::codegen::Service<tonic::codegen::http::Request<tonic::body::Body>, Error = std::convert::Infallible>
+        + tonic::server::NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Response: axum::response::IntoResponse,
+    S::Future: Send + 'static,
+{
     grpc_server(identity)?
         .add_service(svc)
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))

@@ -185,6 +185,12 @@ fn remove_stale_temp_files(dir: &Path) {
 
 /// Checkpoint files in `dir`, newest first.
 pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    list_steps(dir, SUFFIX)
+}
+
+/// Files in `dir` named `step-<N><suffix>`, with their step, newest first: one-file checkpoints and sliced
+/// checkpoints' manifests are found the same way. A missing folder holds none.
+pub(crate) fn list_steps(dir: &Path, suffix: &str) -> Result<Vec<(u64, PathBuf)>> {
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -194,7 +200,7 @@ pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().to_string();
-            let step = name.strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?.parse().ok()?;
+            let step = name.strip_prefix(PREFIX)?.strip_suffix(suffix)?.parse().ok()?;
             Some((step, e.path()))
         })
         .collect();

@@ -328,21 +328,7 @@ pub fn write_manifest(dir: &Path, manifest: &Manifest, keep: usize) -> Result<(P
 
 /// Manifests in `dir`, newest first.
 pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
-    };
-    let mut found: Vec<(u64, PathBuf)> = entries
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().to_string();
-            let step = name.strip_prefix(PREFIX)?.strip_suffix(MANIFEST_SUFFIX)?.parse().ok()?;
-            Some((step, e.path()))
-        })
-        .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
-    Ok(found)
+    super::checkpoint::list_steps(dir, MANIFEST_SUFFIX)
 }
 
 /// The newest manifest in `dir` of the job of `uid` (manifests of another job's uid are passed over with a
