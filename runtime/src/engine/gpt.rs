@@ -83,9 +83,12 @@ impl GptNet {
 
     /// Adds `y` to the residual stream and normalises the result: the input of the next sub-block.
     fn residual_norm(&mut self, y: &Mat, works: &mut Vec<Work<'_>>) -> (Mat, Vec<f32>) {
-        for (x, v) in self.x.data.iter_mut().zip(&y.data) {
-            *x += v;
-        }
+        use rayon::prelude::*;
+        self.x.data.par_chunks_mut(1 << 15).zip(y.data.par_chunks(1 << 15)).for_each(|(x, y)| {
+            for (x, v) in x.iter_mut().zip(y) {
+                *x += v;
+            }
+        });
         works.push(Work::Elementwise { ops: 9 * y.data.len() as u64 });
         norm::forward(&self.x)
     }
@@ -168,8 +171,7 @@ impl Net for GptNet {
             GptUnit::Up(b) => {
                 let block = self.block(b)?;
                 let u = unit.forward(&block.a2, works)?;
-                let mut g = Mat::zeros(u.rows, u.cols);
-                activation::forward(Activation::Gelu, &u.data, &mut g.data);
+                let g = Mat::from_vec(u.rows, u.cols, activation::forward(Activation::Gelu, &u.data));
                 works.push(Work::Elementwise { ops: 8 * u.data.len() as u64 });
                 (block.u, block.g) = (u, g);
             }

@@ -48,8 +48,7 @@ impl Net for MlpNet {
         if l + 1 == self.units {
             return Ok(Some(z));
         }
-        let mut a = Mat::zeros(z.rows, z.cols);
-        activation::forward(self.activation, &z.data, &mut a.data);
+        let a = Mat::from_vec(z.rows, z.cols, activation::forward(self.activation, &z.data));
         self.z.push(z);
         self.x.push(a);
         Ok(None)

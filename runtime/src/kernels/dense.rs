@@ -55,17 +55,6 @@ impl<'a> MatView<'a> {
 /// it, so the vector is not zeroed first: at a transformer's shapes, zeroing outputs that are overwritten anyway
 /// was a twentieth of a training step.
 pub fn product(a: MatView<'_>, b: MatView<'_>) -> Vec<f32> {
-    product_on(a, b, parallelism(a.rows, b.cols, a.cols))
-}
-
-/// [`product`] on the calling thread only, for two products that run side by side (a layer's input and weight
-/// gradients): at a transformer's shapes two one-thread GEMMs at once finish a tenth sooner than the same two
-/// one after the other on both threads, whose split leaves each core idle at the edges.
-pub fn product_alone(a: MatView<'_>, b: MatView<'_>) -> Vec<f32> {
-    product_on(a, b, Parallelism::None)
-}
-
-fn product_on(a: MatView<'_>, b: MatView<'_>, parallelism: Parallelism) -> Vec<f32> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "product: inner dimensions differ ({}x{} · {}x{})", a.rows, a.cols, b.rows, b.cols);
     // Degenerate and tiny shapes take the zeroed path: `gemm` sends some of them to special cases, and the
@@ -81,7 +70,7 @@ fn product_on(a: MatView<'_>, b: MatView<'_>, parallelism: Parallelism) -> Vec<f
     // without loading the destination (later blocks add to what the first stored), so every element is written
     // before it is read and all m*n are written by the time it returns: only then is the length set.
     unsafe {
-        gemm_into(dst.as_mut_ptr(), a, b, false, parallelism);
+        gemm_into(dst.as_mut_ptr(), a, b, false, parallelism(m, n, k));
         dst.set_len(m * n);
     }
     dst
@@ -166,14 +155,13 @@ mod tests {
     }
 
     /// The products that skip zeroing their output (every side at least 16) and those that do not agree with
-    /// the reference, on plain and transposed operands, threaded and alone.
+    /// the reference, on plain and transposed operands.
     #[test]
     fn products_match_the_reference() {
         for &(m, k, n) in &[(3, 5, 7), (16, 16, 16), (40, 17, 300), (300, 64, 33), (20, 0, 20)] {
             let (a, b) = (mat(m, k, 1), mat(k, n, 2));
             let want = reference::matmul(&a, &b);
             close(&product(a.view(), b.view()), &want.data);
-            close(&product_alone(a.view(), b.view()), &want.data);
             // The same product from stored transposes: aᵀᵀ · bᵀᵀ.
             let (at, bt) = (reference::transpose(&a), reference::transpose(&b));
             close(&product(at.view().t(), bt.view().t()), &want.data);

@@ -4,15 +4,19 @@
 //! sums over the part of the inner dimension that can be non-zero, and (for the scores) only computes the
 //! columns left of the diagonal. A general GEMM call would pack the operands again and do the whole square.
 //!
-//! The kernel is a 4 × 16 register tile (eight AVX registers of sums) over row-major slices: per inner index,
-//! two loads of `B`, four broadcasts of `A` and eight fused multiply-adds. [`matmul_banded_reference`] is the
-//! same product by the textbook loop; the tests hold the tile to it.
+//! The kernel is a register tile of sums over row-major slices, 16 columns wide: 8 rows (eight AVX-512
+//! registers) where the CPU has AVX-512, else 4 rows (eight AVX registers). Per inner index it loads a row of
+//! `B`, broadcasts one value of `A` per row and does one fused multiply-add per register of sums; eight
+//! independent sums are what keeps both FMA units busy through their latency. [`matmul_banded_reference`] is
+//! the same product by the textbook loop; the tests hold the tile to it.
 
 use multiversion::multiversion;
 
-/// Rows of `C` per register tile.
+/// Rows of `C` per register tile where the CPU has AVX-512 (one register of sums per row).
+const MR_WIDE: usize = 8;
+/// Rows of `C` per register tile elsewhere (two AVX registers of sums per row).
 const MR: usize = 4;
-/// Columns of `C` per register tile (two AVX registers).
+/// Columns of `C` per register tile.
 const NR: usize = 16;
 
 /// Which inner indices a tile of `C` sums over, and which of its columns are computed.
@@ -99,15 +103,34 @@ impl Dims {
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 pub fn matmul_banded(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, band: Band) {
     d.check(a, b, c);
+    // The tile's height is fixed per compiled version: sixteen registers of sums would spill on AVX2.
+    #[cfg(target_arch = "x86_64")]
+    if multiversion::target::target_cfg_f!(target_feature = "avx512f") {
+        return banded::<MR_WIDE>(c, a, b, d, band, true);
+    }
+    banded::<MR>(c, a, b, d, band, false)
+}
+
+/// [`matmul_banded`] with tiles of `H` rows, compiled into each of its versions.
+#[inline(always)]
+fn banded<const H: usize>(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, band: Band, avx512: bool) {
     let mut i0 = 0;
     while i0 < d.m {
-        let i1 = (i0 + MR).min(d.m);
+        let i1 = (i0 + H).min(d.m);
         let cols = d.cols(band, i1);
         let mut j0 = 0;
-        if i1 - i0 == MR {
+        if i1 - i0 == H {
             while j0 + NR <= cols {
                 let ks = d.inner(band, (i0, i1), (j0, j0 + NR));
-                tile(c, a, b, d, (i0, j0), ks);
+                #[cfg(target_arch = "x86_64")]
+                if avx512 && H == MR_WIDE {
+                    // SAFETY: `avx512` is only true in the version compiled for (and dispatched to on) CPUs
+                    // with AVX-512F.
+                    unsafe { tile_avx512(c, a, b, d, (i0, j0), ks) };
+                    j0 += NR;
+                    continue;
+                }
+                tile::<H>(c, a, b, d, (i0, j0), ks);
                 j0 += NR;
             }
         }
@@ -126,33 +149,33 @@ pub fn matmul_banded(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, band: Band) {
     }
 }
 
-/// One 4 × 16 tile of `C` at `(i0, j0)`, summing over `k0..k1`.
+/// One `H` × 16 tile of `C` at `(i0, j0)`, summing over `k0..k1`.
 ///
 /// The loop reads without bounds checks: with them, the checks and their spilled limits outnumber the
 /// eight multiply-adds of an iteration several times over.
 #[inline(always)]
-fn tile(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), (k0, k1): (usize, usize)) {
-    let mut acc = [[0.0f32; NR]; MR];
-    // Bounds, once: the last `A` element read is at (i0 + MR − 1, k1 − 1), the last `B` row ends at
-    // (k1 − 1, j0 + NR). `matmul_banded` only calls with i0 + MR ≤ m, j0 + NR ≤ n and k1 ≤ k, so after
+fn tile<const H: usize>(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), (k0, k1): (usize, usize)) {
+    let mut acc = [[0.0f32; NR]; H];
+    // Bounds, once: the last `A` element read is at (i0 + H − 1, k1 − 1), the last `B` row ends at
+    // (k1 − 1, j0 + NR). `matmul_banded` only calls with i0 + H ≤ m, j0 + NR ≤ n and k1 ≤ k, so after
     // `Dims::check` these always hold; they are asserted here too so the unchecked reads below stay sound
     // whatever the caller.
     if k1 <= k0 {
-        for r in 0..MR {
+        for r in 0..H {
             let at = (i0 + r) * d.ldc + j0;
             c[at..at + NR].fill(0.0);
         }
         return;
     }
-    assert!((i0 + MR - 1) * d.a_row + (k1 - 1) * d.a_col < a.len(), "tile: A out of bounds");
+    assert!((i0 + H - 1) * d.a_row + (k1 - 1) * d.a_col < a.len(), "tile: A out of bounds");
     assert!((k1 - 1) * d.ldb + j0 + NR <= b.len(), "tile: B out of bounds");
     for k in k0..k1 {
         let base = i0 * d.a_row + k * d.a_col;
-        // SAFETY: k < k1 and r < MR, so every index is at most the ones asserted above.
-        let av: [f32; MR] = std::array::from_fn(|r| unsafe { *a.get_unchecked(base + r * d.a_row) });
+        // SAFETY: k < k1 and r < H, so every index is at most the ones asserted above.
+        let av: [f32; H] = std::array::from_fn(|r| unsafe { *a.get_unchecked(base + r * d.a_row) });
         // SAFETY: as above, row k of B from j0 holds NR values inside `b`.
         let bv: &[f32; NR] = unsafe { &*(b.as_ptr().add(k * d.ldb + j0) as *const [f32; NR]) };
-        for r in 0..MR {
+        for r in 0..H {
             for j in 0..NR {
                 // `mul_add`: one FMA instruction in the AVX2+FMA version this is compiled into.
                 acc[r][j] = av[r].mul_add(bv[j], acc[r][j]);
@@ -162,6 +185,42 @@ fn tile(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), 
     for (r, sums) in acc.iter().enumerate() {
         let at = (i0 + r) * d.ldc + j0;
         c[at..at + NR].copy_from_slice(sums);
+    }
+}
+
+/// [`tile`] with `MR_WIDE` rows in AVX-512 registers, written with intrinsics: given eight rows, the
+/// vectoriser keeps the sums in memory instead of in eight registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn tile_avx512(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), (k0, k1): (usize, usize)) {
+    use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps};
+    const H: usize = MR_WIDE;
+    let last = (i0 + H - 1) * d.ldc + j0 + NR;
+    assert!(last <= c.len(), "tile: C out of bounds");
+    if k1 <= k0 {
+        for r in 0..H {
+            let at = (i0 + r) * d.ldc + j0;
+            c[at..at + NR].fill(0.0);
+        }
+        return;
+    }
+    // The same bounds as `tile`, once, so the unchecked reads below stay sound whatever the caller.
+    assert!((i0 + H - 1) * d.a_row + (k1 - 1) * d.a_col < a.len(), "tile: A out of bounds");
+    assert!((k1 - 1) * d.ldb + j0 + NR <= b.len(), "tile: B out of bounds");
+    let mut acc = [_mm512_setzero_ps(); H];
+    for k in k0..k1 {
+        let base = i0 * d.a_row + k * d.a_col;
+        // SAFETY: row k of B from j0 holds NR = 16 values inside `b` (asserted above); unaligned load.
+        let bv = unsafe { _mm512_loadu_ps(b.as_ptr().add(k * d.ldb + j0)) };
+        for (r, sum) in acc.iter_mut().enumerate() {
+            // SAFETY: k < k1 and r < H, so the index is at most the one asserted above.
+            let av = _mm512_set1_ps(unsafe { *a.get_unchecked(base + r * d.a_row) });
+            *sum = _mm512_fmadd_ps(av, bv, *sum);
+        }
+    }
+    for (r, sum) in acc.iter().enumerate() {
+        // SAFETY: row i0 + r of C from j0 holds NR values (the last one asserted above); unaligned store.
+        unsafe { _mm512_storeu_ps(c.as_mut_ptr().add((i0 + r) * d.ldc + j0), *sum) };
     }
 }
 

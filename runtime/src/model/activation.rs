@@ -1,6 +1,8 @@
 //! Element-wise non-linearities and their derivatives. The engine keeps the pre-activation `z` from the
 //! forward pass, so the backward pass needs no weights here.
 
+use std::mem::MaybeUninit;
+
 use crds::Activation;
 use multiversion::multiversion;
 
@@ -37,13 +39,21 @@ pub fn tanh(x: f32) -> f32 {
 /// Elements per parallel piece of an activation: element-wise work splits over the cores without changing a bit.
 const CHUNK: usize = 1 << 15;
 
-/// `a = f(z)` element-wise, large arrays on all cores.
-pub fn forward(kind: Activation, z: &[f32], a: &mut [f32]) {
+/// `f(z)` element-wise as a new vector, large arrays on all cores. Each element is written once: the output is
+/// not zeroed first (at a transformer's MLP width that zeroing was a pass over 8 MB per block).
+pub fn forward(kind: Activation, z: &[f32]) -> Vec<f32> {
     use rayon::prelude::*;
+    let mut a = Vec::with_capacity(z.len());
+    let out = &mut a.spare_capacity_mut()[..z.len()];
     if z.len() < 2 * CHUNK {
-        return forward_slice(kind, z, a);
+        forward_slice(kind, z, out);
+    } else {
+        out.par_chunks_mut(CHUNK).zip(z.par_chunks(CHUNK)).for_each(|(a, z)| forward_slice(kind, z, a));
     }
-    a.par_chunks_mut(CHUNK).zip(z.par_chunks(CHUNK)).for_each(|(a, z)| forward_slice(kind, z, a));
+    // SAFETY: the first `z.len()` slots were split into pieces that pair up with `z`'s, and `forward_slice`
+    // writes every slot of the piece it is given (it checks the lengths match).
+    unsafe { a.set_len(z.len()) };
+    a
 }
 
 /// `dz = f'(z) · da` element-wise, in place over `da`, large arrays on all cores.
@@ -58,17 +68,18 @@ pub fn backward(kind: Activation, z: &[f32], da: &mut [f32]) {
 /// Compiled for AVX2+FMA as well as the baseline, picked at run time: the release build targets plain x86-64,
 /// where these loops run four lanes wide without fused multiply-adds.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
-fn forward_slice(kind: Activation, z: &[f32], a: &mut [f32]) {
+fn forward_slice(kind: Activation, z: &[f32], a: &mut [MaybeUninit<f32>]) {
+    assert_eq!(a.len(), z.len(), "activation: one output per input");
     match kind {
         Activation::Relu => {
             for (o, &x) in a.iter_mut().zip(z) {
-                *o = x.max(0.0);
+                o.write(x.max(0.0));
             }
         }
         Activation::Gelu => {
             for (o, &x) in a.iter_mut().zip(z) {
                 let u = SQRT_2_OVER_PI * (x + GELU_C * x * x * x);
-                *o = 0.5 * x * (1.0 + tanh(u));
+                o.write(0.5 * x * (1.0 + tanh(u)));
             }
         }
     }
@@ -121,9 +132,7 @@ mod tests {
             backward(kind, &z, &mut g);
             for (i, &x) in z.iter().enumerate() {
                 let h = 1e-3f32;
-                let (mut hi, mut lo) = ([0.0f32], [0.0f32]);
-                forward(kind, &[x + h], &mut hi);
-                forward(kind, &[x - h], &mut lo);
+                let (hi, lo) = (forward(kind, &[x + h]), forward(kind, &[x - h]));
                 let fd = (hi[0] - lo[0]) / (2.0 * h);
                 assert!((fd - g[i]).abs() < 2e-3, "{kind:?} at {x}: analytic {} vs numeric {fd}", g[i]);
             }

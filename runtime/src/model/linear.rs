@@ -25,12 +25,9 @@ pub fn forward(w: Weights<'_>, bias: &[f32], x: &Mat) -> Mat {
         Weights::Dense(values) => {
             let outputs = values.len() / x.rows.max(1);
             let w = dense::MatView::new(values, outputs, x.rows);
-            if bias.len() == outputs && outputs > 0 {
+            if bias.len() == outputs && outputs > 0 && x.cols > 0 {
                 // The bias is the product's starting value: one pass over the output instead of two.
-                let mut data = Vec::with_capacity(outputs * x.cols);
-                for &b in bias {
-                    data.resize(data.len() + x.cols, b);
-                }
+                let mut data = broadcast_rows(bias, x.cols);
                 dense::matmul(&mut data, w, x.view(), true);
                 return Mat::from_vec(outputs, x.cols, data);
             }
@@ -48,6 +45,23 @@ pub fn forward(w: Weights<'_>, bias: &[f32], x: &Mat) -> Mat {
         }
     }
     y
+}
+
+/// A `values.len() × cols` row-major matrix whose row `r` is `values[r]` throughout, written once and on all
+/// cores: the starting value of a product with a bias.
+fn broadcast_rows(values: &[f32], cols: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    let len = values.len() * cols;
+    let mut data = Vec::with_capacity(len);
+    data.spare_capacity_mut()[..len]
+        .par_chunks_exact_mut(cols)
+        .zip(values.par_iter())
+        .with_min_len(16)
+        .for_each(|(row, &v)| row.fill(std::mem::MaybeUninit::new(v)));
+    // SAFETY: the first `len` slots are exactly `values.len()` rows of `cols` (cols > 0), one per value, and
+    // every row was filled.
+    unsafe { data.set_len(len) };
+    data
 }
 
 /// Backward to the input: `dX = Wᵀ·dY`. Dense weights are row-major `outputs × inputs`; sparse weights come
@@ -71,14 +85,12 @@ pub fn weight_grad_dense(dy: &Mat, x: &Mat) -> Vec<f32> {
     dense::product(dy.view(), x.view().t())
 }
 
-/// Both gradients of a dense layer whose input was `x`: `dW = dY·Xᵀ` and `dX = Wᵀ·dY`, computed side by side,
-/// one thread each (see [`dense::product_alone`]).
+/// Both gradients of a dense layer whose input was `x`: `dW = dY·Xᵀ` and `dX = Wᵀ·dY`, started side by side,
+/// each free to use every core: the thread that finishes its product first helps with the other's blocks,
+/// where two one-thread products left a core idle for as long as they differ.
 pub fn backward_dense(w: &[f32], x: &Mat, dy: &Mat) -> (Vec<f32>, Mat) {
     let wt = dense::MatView::new(w, dy.rows, x.rows).t();
-    let (dw, dx) = rayon::join(
-        || dense::product_alone(dy.view(), x.view().t()),
-        || dense::product_alone(wt, dy.view()),
-    );
+    let (dw, dx) = rayon::join(|| dense::product(dy.view(), x.view().t()), || dense::product(wt, dy.view()));
     (dw, Mat::from_vec(x.rows, dy.cols, dx))
 }
 

@@ -3,6 +3,8 @@
 //! such as OLMo train this way at scale.) Activations are feature-major, so the per-token statistics are
 //! running sums over rows — contiguous loops the compiler vectorises.
 
+use std::mem::MaybeUninit;
+
 use multiversion::multiversion;
 
 use crate::tensor::Mat;
@@ -10,65 +12,108 @@ use crate::tensor::Mat;
 /// Added to the variance so a constant token does not divide by zero.
 pub const EPS: f32 = 1e-5;
 
+/// Tokens per parallel piece of the per-token statistics: each piece sums its columns over every row, so the
+/// order of every sum, and the result bit for bit, does not depend on the split.
+const TOKENS: usize = 256;
+
 /// Normalises every column of `x` (`features × tokens`) to zero mean and unit variance. Returns the
 /// normalised matrix and each token's reciprocal standard deviation, which is all the backward pass needs.
+/// The statistics split over the cores by tokens and the normalisation by rows; the output is written once.
 pub fn forward(x: &Mat) -> (Mat, Vec<f32>) {
-    let mut out = Mat::zeros(x.rows, x.cols);
-    let rstd = forward_into(x, &mut out);
-    (out, rstd)
+    use rayon::prelude::*;
+    let (d, n) = (x.rows, x.cols);
+    let (mut mean, mut rstd) = (vec![0.0f32; n], vec![0.0f32; n]);
+    mean.par_chunks_mut(TOKENS)
+        .zip(rstd.par_chunks_mut(TOKENS))
+        .enumerate()
+        .for_each(|(c, (mean, rstd))| statistics(x, c * TOKENS, mean, rstd));
+    let mut out = Vec::with_capacity(d * n);
+    if n > 0 {
+        out.spare_capacity_mut()[..d * n]
+            .par_chunks_exact_mut(n)
+            .zip(x.data.par_chunks_exact(n))
+            .for_each(|(dst, src)| normalise_row(src, &mean, &rstd, dst));
+    }
+    // SAFETY: with n > 0 the first d·n slots are d rows of n, each written whole by `normalise_row` (which
+    // checks its lengths); with n = 0 there are none.
+    unsafe { out.set_len(d * n) };
+    (Mat::from_vec(d, n, out), rstd)
 }
 
-/// [`forward`] into an existing matrix of `x`'s shape, compiled for AVX2+FMA as well as the baseline (the
-/// release build targets plain x86-64).
+/// Mean and reciprocal standard deviation of the tokens `j0..j0 + mean.len()`, summing over rows in order.
+/// Compiled for AVX2+FMA as well as the baseline (the release build targets plain x86-64).
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
-fn forward_into(x: &Mat, out: &mut Mat) -> Vec<f32> {
-    let (d, n) = (x.rows, x.cols);
-    let mut mean = vec![0.0f32; n];
+fn statistics(x: &Mat, j0: usize, mean: &mut [f32], rstd: &mut [f32]) {
+    let (d, w) = (x.rows, mean.len());
     for r in 0..d {
-        for (m, v) in mean.iter_mut().zip(x.row(r)) {
+        for (m, v) in mean.iter_mut().zip(&x.row(r)[j0..j0 + w]) {
             *m += v;
         }
     }
     let inv_d = 1.0 / d.max(1) as f32;
     mean.iter_mut().for_each(|m| *m *= inv_d);
-    let mut var = vec![0.0f32; n];
+    let var = rstd;
     for r in 0..d {
-        for ((s, v), m) in var.iter_mut().zip(x.row(r)).zip(&mean) {
+        for ((s, v), m) in var.iter_mut().zip(&x.row(r)[j0..j0 + w]).zip(&*mean) {
             let c = v - m;
             *s += c * c;
         }
     }
-    let rstd: Vec<f32> = var.iter().map(|v| 1.0 / (v * inv_d + EPS).sqrt()).collect();
-    for r in 0..d {
-        let (src, dst) = (x.row(r), &mut out.data[r * n..(r + 1) * n]);
-        for j in 0..n {
-            dst[j] = (src[j] - mean[j]) * rstd[j];
-        }
+    var.iter_mut().for_each(|v| *v = 1.0 / (*v * inv_d + EPS).sqrt());
+}
+
+/// One feature's row normalised with each token's statistics. Multiversioned like [`statistics`].
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
+fn normalise_row(src: &[f32], mean: &[f32], rstd: &[f32], dst: &mut [MaybeUninit<f32>]) {
+    assert!(src.len() == dst.len() && mean.len() == dst.len() && rstd.len() == dst.len(), "norm: row lengths");
+    for (((o, &v), &m), &r) in dst.iter_mut().zip(src).zip(mean).zip(rstd) {
+        o.write((v - m) * r);
     }
-    rstd
 }
 
 /// Adds to `dx` the gradient with respect to the input, given the normalised output `xhat`, the reciprocal
 /// standard deviations and the gradient `dxhat` of the output: `rstd · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂))`
-/// per token. Multiversioned like [`forward`].
-#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
+/// per token. Split over the cores like [`forward`], with the same sums in the same order.
 pub fn backward_add(xhat: &Mat, rstd: &[f32], dxhat: &Mat, dx: &mut Mat) {
-    let (d, n) = (xhat.rows, xhat.cols);
+    use rayon::prelude::*;
+    let n = xhat.cols;
     let (mut mean_g, mut mean_gx) = (vec![0.0f32; n], vec![0.0f32; n]);
-    for r in 0..d {
-        let (g, xh) = (dxhat.row(r), xhat.row(r));
-        for j in 0..n {
-            mean_g[j] += g[j];
-            mean_gx[j] += g[j] * xh[j];
+    mean_g
+        .par_chunks_mut(TOKENS)
+        .zip(mean_gx.par_chunks_mut(TOKENS))
+        .enumerate()
+        .for_each(|(c, (g, gx))| gradient_sums(xhat, dxhat, c * TOKENS, g, gx));
+    let inv_d = 1.0 / xhat.rows.max(1) as f32;
+    if n == 0 {
+        return;
+    }
+    dx.data
+        .par_chunks_exact_mut(n)
+        .zip(dxhat.data.par_chunks_exact(n).zip(xhat.data.par_chunks_exact(n)))
+        .for_each(|(out, (g, xh))| backward_row(out, g, xh, (rstd, &mean_g, &mean_gx), inv_d));
+}
+
+/// Per token, the sums of `dx̂` and of `dx̂ ⊙ x̂` over the features, for tokens `j0..j0 + g.len()`.
+/// Multiversioned like [`statistics`].
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
+fn gradient_sums(xhat: &Mat, dxhat: &Mat, j0: usize, sum_g: &mut [f32], sum_gx: &mut [f32]) {
+    let w = sum_g.len();
+    for r in 0..xhat.rows {
+        let (g, xh) = (&dxhat.row(r)[j0..j0 + w], &xhat.row(r)[j0..j0 + w]);
+        for j in 0..w {
+            sum_g[j] += g[j];
+            sum_gx[j] += g[j] * xh[j];
         }
     }
-    let inv_d = 1.0 / d.max(1) as f32;
-    for r in 0..d {
-        let (g, xh) = (dxhat.row(r), xhat.row(r));
-        let out = &mut dx.data[r * n..(r + 1) * n];
-        for j in 0..n {
-            out[j] += rstd[j] * (g[j] - mean_g[j] * inv_d - xh[j] * mean_gx[j] * inv_d);
-        }
+}
+
+/// One feature's row of the input gradient, added into `out`. Multiversioned like [`statistics`].
+#[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
+fn backward_row(out: &mut [f32], g: &[f32], xh: &[f32], (rstd, sum_g, sum_gx): (&[f32], &[f32], &[f32]), inv_d: f32) {
+    let n = out.len();
+    let (g, xh, rstd, sum_g, sum_gx) = (&g[..n], &xh[..n], &rstd[..n], &sum_g[..n], &sum_gx[..n]);
+    for j in 0..n {
+        out[j] += rstd[j] * (g[j] - sum_g[j] * inv_d - xh[j] * sum_gx[j] * inv_d);
     }
 }
 
