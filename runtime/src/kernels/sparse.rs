@@ -20,9 +20,10 @@ use crate::tensor::Mat;
 /// when most weights exist, so the sparse path is never much slower than the dense one.
 pub const DENSE_ABOVE: f64 = 0.25;
 
-/// Tokens per tile: one line's sums over a tile fill eight AVX registers, and every non-zero weight is read
-/// once per tile, so a wide tile spends little on reading the pattern.
-const TILE: usize = 64;
+/// Tokens per tile: one line's sums over a tile fill eight AVX-512 registers, so each non-zero's AXPY is eight
+/// independent fused multiply-adds (enough to cover their latency, where four made every AXPY wait on the
+/// last), and every non-zero weight is read once per tile, so a wide tile spends little on reading the pattern.
+const TILE: usize = 128;
 
 /// A static sparsity mask in compressed form: for each stored line, the inner indices of its non-zeros.
 ///
@@ -239,6 +240,13 @@ struct Disjoint(*mut f32);
 unsafe impl Send for Disjoint {}
 unsafe impl Sync for Disjoint {}
 
+impl Disjoint {
+    /// The pointer, through a method so closures capture the whole (`Sync`) wrapper rather than its field.
+    fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
+
 fn workers(work: usize) -> usize {
     if work < super::PARALLEL_MIN_FLOPS { 1 } else { rayon::current_num_threads().max(1) }
 }
@@ -411,17 +419,24 @@ fn pack_tiles<'s>(src: &[f32], rows: usize, tokens: usize, scratch: &'s mut Vec<
     }
     let skip = scratch.as_ptr().align_offset(std::mem::align_of::<Lane>());
     let buf = &mut scratch[skip..skip + floats];
-    let fill = |(t, tile): (usize, &mut [f32])| {
-        let (t0, tl) = (t * TILE, TILE.min(tokens - t * TILE));
-        for (r, lane) in tile.chunks_exact_mut(TILE).enumerate() {
-            lane[..tl].copy_from_slice(&src[r * tokens + t0..r * tokens + t0 + tl]);
+    // Each source row is read once, front to back, and dealt out to its lane in every tile: reading every row a
+    // lane at a time instead (tile after tile) strides 8 KiB between reads, which the prefetchers do not follow.
+    let out = Disjoint(buf.as_mut_ptr());
+    let fill = |r: usize| {
+        let row = &src[r * tokens..(r + 1) * tokens];
+        for t in 0..tiles {
+            let (t0, tl) = (t * TILE, TILE.min(tokens - t * TILE));
+            // SAFETY: lane (t, r) is the TILE floats at (t·rows + r)·TILE inside `buf`; every (t, r) pair is
+            // written by exactly one call (r's), so calls on different threads never touch the same lane.
+            let lane = unsafe { std::slice::from_raw_parts_mut(out.ptr().add((t * rows + r) * TILE), TILE) };
+            lane[..tl].copy_from_slice(&row[t0..t0 + tl]);
             lane[tl..].fill(0.0);
         }
     };
     if floats >= 1 << 16 {
-        buf.par_chunks_mut(rows * TILE).enumerate().for_each(fill);
+        (0..rows).into_par_iter().with_min_len(8).for_each(fill);
     } else {
-        buf.chunks_mut(rows * TILE).enumerate().for_each(fill);
+        (0..rows).for_each(fill);
     }
     // SAFETY: `buf` starts at an address aligned for `Lane` (by `skip`), holds `tiles * rows` whole lanes of
     // initialised `f32`s, and `Lane` is a `repr(align(64))` wrapper of `[f32; TILE]` with no other fields.
@@ -430,6 +445,21 @@ fn pack_tiles<'s>(src: &[f32], rows: usize, tokens: usize, scratch: &'s mut Vec<
 
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 unsafe fn gather_part(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, tokens: usize, out: Disjoint) {
+    // Fused multiply-adds where the compiled version has them (one instruction, one rounding); elsewhere
+    // `mul_add` would be a library call per element.
+    if multiversion::target::target_cfg_f!(target_feature = "fma") {
+        unsafe { gather_part_with::<true>(part, values, tiles, rows, tokens, out) }
+    } else {
+        unsafe { gather_part_with::<false>(part, values, tiles, rows, tokens, out) }
+    }
+}
+
+/// [`gather_part`], with or without fused multiply-adds.
+///
+/// # Safety
+/// As [`gather_part`]: `out` is `dst`'s buffer and the part's lines are its own.
+#[inline(always)]
+unsafe fn gather_part_with<const FMA: bool>(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, tokens: usize, out: Disjoint) {
     // The part's values in visiting order, gathered once for all tiles.
     let vals: Vec<f32> = part.at.iter().map(|&k| values[k as usize]).collect();
     let mut acc = vec![Lane([0.0; TILE]); part.lines.len()];
@@ -440,7 +470,7 @@ unsafe fn gather_part(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, 
             let a = &mut acc[j as usize];
             let mut sum = a.0;
             for (&v, &i) in vals[k..end as usize].iter().zip(&part.idx[k..end as usize]) {
-                axpy(&mut sum, v, &tile[i as usize]);
+                axpy::<FMA>(&mut sum, v, &tile[i as usize]);
             }
             a.0 = sum;
             k = end as usize;
@@ -456,9 +486,9 @@ unsafe fn gather_part(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, 
 
 /// `sum += v · x` over one lane: the wafer's AXPY of one non-zero weight over a tile of tokens.
 #[inline(always)]
-fn axpy(sum: &mut [f32; TILE], v: f32, x: &Lane) {
+fn axpy<const FMA: bool>(sum: &mut [f32; TILE], v: f32, x: &Lane) {
     for j in 0..TILE {
-        sum[j] += v * x.0[j];
+        sum[j] = if FMA { v.mul_add(x.0[j], sum[j]) } else { sum[j] + v * x.0[j] };
     }
 }
 
@@ -517,6 +547,20 @@ fn sddmm_tiles(p: &SparsePattern, a_tiles: &[Lane], b_tiles: &[Lane], tokens: us
 /// build up in visiting order and are written to their places in the pattern's order once, at the end.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 unsafe fn sddmm_part(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint) {
+    // Fused multiply-adds where the compiled version has them, as in `gather_part`.
+    if multiversion::target::target_cfg_f!(target_feature = "fma") {
+        unsafe { sddmm_part_with::<true>(part, a_tiles, b_tiles, a_rows, b_rows, out) }
+    } else {
+        unsafe { sddmm_part_with::<false>(part, a_tiles, b_tiles, a_rows, b_rows, out) }
+    }
+}
+
+/// [`sddmm_part`], with or without fused multiply-adds.
+///
+/// # Safety
+/// As [`sddmm_part`]: `out` is the output's buffer and the part's non-zeros are its own.
+#[inline(always)]
+unsafe fn sddmm_part_with<const FMA: bool>(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint) {
     // One register-wide partial sum per non-zero, folded to a number once at the end: folding each tile's
     // product to a scalar cost more shuffles than the product had multiplies.
     let mut sums = vec![Partial([0.0; PARTIAL]); part.idx.len()];
@@ -525,7 +569,7 @@ unsafe fn sddmm_part(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: us
         for &(j, end) in &part.runs {
             let line = &ta[part.lines[j as usize] as usize];
             for (sum, &i) in sums[k..end as usize].iter_mut().zip(&part.idx[k..end as usize]) {
-                dot_lane_into(&mut sum.0, line, &tb[i as usize]);
+                dot_lane_into::<FMA>(&mut sum.0, line, &tb[i as usize]);
             }
             k = end as usize;
         }
@@ -547,11 +591,12 @@ struct Partial([f32; PARTIAL]);
 /// Adds the dot product of two lanes to a register-wide partial sum: the lane's quarters multiplied and added
 /// element-wise, every operation a whole-register one.
 #[inline(always)]
-fn dot_lane_into(sum: &mut [f32; PARTIAL], a: &Lane, b: &Lane) {
+fn dot_lane_into<const FMA: bool>(sum: &mut [f32; PARTIAL], a: &Lane, b: &Lane) {
     for j in 0..PARTIAL {
         let mut s = sum[j];
         for q in 0..TILE / PARTIAL {
-            s += a.0[q * PARTIAL + j] * b.0[q * PARTIAL + j];
+            let (x, y) = (a.0[q * PARTIAL + j], b.0[q * PARTIAL + j]);
+            s = if FMA { x.mul_add(y, s) } else { s + x * y };
         }
         sum[j] = s;
     }
