@@ -264,71 +264,77 @@ fn for_each_part(schedule: &Schedule, work: usize, run: impl Fn(&Part) + Sync + 
 
 /// `dst[order[s], :] = Σ_k values[k] · src[idx[k], :]` for every stored line `s`: one AXPY per non-zero.
 ///
-/// `src` has a row per inner index and `dst` a row per line; both have one column per token.
-pub fn gather(p: &SparsePattern, values: &[f32], src: &Mat, dst: &mut Mat) {
+/// `src` has a row per inner index and the result a row per line; both have one column per token. The result
+/// is written once, not zeroed first.
+pub fn gather(p: &SparsePattern, values: &[f32], src: &Mat) -> Mat {
     assert_eq!(values.len(), p.nnz(), "gather: {} values for {} non-zeros", values.len(), p.nnz());
     assert_eq!(src.rows, p.inner, "gather: source has {} rows, pattern needs {}", src.rows, p.inner);
-    assert_eq!((dst.rows, dst.cols), (p.outer, src.cols), "gather: destination shape");
+    let (rows, tokens) = (p.outer, src.cols);
     if p.full {
         let view = super::dense::MatView::new(values, p.outer, p.inner);
-        super::dense::matmul(&mut dst.data, view, src.view(), false);
-        return;
+        return Mat::from_vec(rows, tokens, super::dense::product(view, src.view()));
     }
     if p.runs_dense() {
-        SCRATCH.with_borrow_mut(|w| {
+        return SCRATCH.with_borrow_mut(|w| {
             p.fill_dense(values, w);
             let view = super::dense::MatView::new(w, p.outer, p.inner);
-            super::dense::matmul(&mut dst.data, view, src.view(), false);
+            Mat::from_vec(rows, tokens, super::dense::product(view, src.view()))
         });
-        return;
     }
-    if p.inner == 0 || src.cols == 0 {
-        dst.data.fill(0.0);
-        return;
+    if p.inner == 0 || tokens == 0 {
+        return Mat::zeros(rows, tokens);
     }
     PACKED.with_borrow_mut(|scratch| {
-        let tiles = pack_tiles(&src.data, p.inner, src.cols, scratch);
-        gather_tiles(p, values, tiles, src.cols, dst);
-    });
+        let tiles = pack_tiles(&src.data, p.inner, tokens, scratch);
+        gather_tiles(p, values, tiles, tokens)
+    })
 }
 
-/// The gather over a source already packed into tiles (`tokens` columns, `p.inner` rows), into `dst`, whose
-/// shape the caller checked.
-fn gather_tiles(p: &SparsePattern, values: &[f32], tiles: &[Lane], tokens: usize, dst: &mut Mat) {
-    let out = Disjoint(dst.data.as_mut_ptr());
+/// The gather over a source already packed into tiles (`tokens` columns, `p.inner` rows), as a new
+/// `p.outer × tokens` matrix.
+fn gather_tiles(p: &SparsePattern, values: &[f32], tiles: &[Lane], tokens: usize) -> Mat {
+    let len = p.outer * tokens;
+    let mut data: Vec<f32> = Vec::with_capacity(len);
+    let out = Disjoint(data.as_mut_ptr());
     let run = |part: &Part| {
         // SAFETY: each part writes only the rows of its own lines; the parts deal the lines of `order`,
         // a permutation (checked by every constructor), so no two parts touch the same row, and each row
-        // lies inside `dst` (shape checked by the caller).
+        // lies inside the `p.outer × tokens` allocation.
         unsafe { gather_part(part, values, tiles, p.inner, tokens, out) }
     };
     for_each_part(&p.schedule, p.nnz() * tokens, run);
+    // SAFETY: `order` is a permutation of all `p.outer` lines and the parts deal all of it, and a part writes
+    // every token of each of its lines (tile by tile, the last one up to `tokens`), so all `len` values are
+    // written, through raw pointers, before the length is set.
+    unsafe { data.set_len(len) };
+    Mat::from_vec(p.outer, tokens, data)
 }
 
 /// Both gradients of a sparse layer whose pattern is stored by input column (as the backward pass streams
 /// it): `dx = Wᵀ·dy` through the gather and the weight gradient `dw` at the mask's positions through the SDDMM.
 /// Both read `dy`, so it is packed into tiles once for the two, where calling [`gather`] and [`sddmm`] in turn
 /// would pack it twice (packing is a third of a 90%-sparse transformer step's kernel time).
-pub fn backward(p: &SparsePattern, values: &[f32], x: &Mat, dy: &Mat, dx: &mut Mat, dw: &mut [f32]) {
+pub fn backward(p: &SparsePattern, values: &[f32], x: &Mat, dy: &Mat) -> (Vec<f32>, Mat) {
     assert_eq!(values.len(), p.nnz(), "backward: {} values for {} non-zeros", values.len(), p.nnz());
-    assert_eq!(dw.len(), p.nnz(), "backward: {} gradients for {} non-zeros", dw.len(), p.nnz());
     assert_eq!(dy.rows, p.inner, "backward: dy has {} rows, pattern needs {}", dy.rows, p.inner);
     assert_eq!(x.rows, p.outer, "backward: x has {} rows, pattern has {} lines", x.rows, p.outer);
-    assert_eq!((dx.rows, dx.cols), (p.outer, dy.cols), "backward: dx shape");
     assert_eq!(x.cols, dy.cols, "backward: token counts differ");
+    let mut dw = vec![0.0; p.nnz()];
     if p.full || p.runs_dense() || p.inner == 0 || dy.cols == 0 {
-        gather(p, values, dy, dx);
-        sddmm(p, x, dy, dw);
-        return;
+        let dx = gather(p, values, dy);
+        sddmm(p, x, dy, &mut dw);
+        return (dw, dx);
     }
-    PACKED.with_borrow_mut(|packed_dy| {
+    let dx = PACKED.with_borrow_mut(|packed_dy| {
         SCRATCH.with_borrow_mut(|packed_x| {
             let dy_tiles = pack_tiles(&dy.data, p.inner, dy.cols, packed_dy);
-            gather_tiles(p, values, dy_tiles, dy.cols, dx);
+            let dx = gather_tiles(p, values, dy_tiles, dy.cols);
             let x_tiles = pack_tiles(&x.data, p.outer, x.cols, packed_x);
-            sddmm_tiles(p, x_tiles, dy_tiles, x.cols, dw);
+            sddmm_tiles(p, x_tiles, dy_tiles, x.cols, &mut dw);
+            dx
         })
     });
+    (dw, dx)
 }
 
 /// The order in which the gather and SDDMM kernels visit a pattern's non-zeros, fixed when the pattern is built.
@@ -477,9 +483,9 @@ unsafe fn gather_part_with<const FMA: bool>(part: &Part, values: &[f32], tiles: 
         }
         let (t0, tl) = (t * TILE, TILE.min(tokens - t * TILE));
         for (a, &line) in acc.iter().zip(&part.lines) {
-            // SAFETY: see `gather`: row `line` belongs to this part alone and lies inside the buffer.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(line as usize * tokens + t0), tl) };
-            dst.copy_from_slice(&a.0[..tl]);
+            // SAFETY: see `gather_tiles`: row `line` belongs to this part alone and lies inside the buffer, which
+            // may not be initialised yet, so it is written through a raw copy rather than a slice.
+            unsafe { std::ptr::copy_nonoverlapping(a.0.as_ptr(), out.ptr().add(line as usize * tokens + t0), tl) };
         }
     }
 }
@@ -655,14 +661,12 @@ mod tests {
             let x = random_mat(cols, tokens, 11);
             let dy = random_mat(rows, tokens, 13);
 
-            let mut y = Mat::zeros(rows, tokens);
-            gather(&p, &values, &x, &mut y);
+            let y = gather(&p, &values, &x);
             close(&y.data, &reference::matmul(&w, &x).data);
 
             let (t, perm) = p.transpose();
             let tvalues: Vec<f32> = perm.iter().map(|&k| values[k as usize]).collect();
-            let mut dx = Mat::zeros(cols, tokens);
-            gather(&t, &tvalues, &dy, &mut dx);
+            let dx = gather(&t, &tvalues, &dy);
             close(&dx.data, &reference::matmul(&reference::transpose(&w), &dy).data);
 
             let mut g = vec![0.0; p.nnz()];
@@ -680,8 +684,7 @@ mod tests {
             close(&back, &g);
 
             // Both backward kernels with the output gradient packed once give what each gives alone.
-            let (mut dx_both, mut gt_both) = (Mat::zeros(cols, tokens), vec![0.0; t.nnz()]);
-            backward(&t, &tvalues, &x, &dy, &mut dx_both, &mut gt_both);
+            let (gt_both, dx_both) = backward(&t, &tvalues, &x, &dy);
             assert_eq!(dx_both.data, dx.data, "{rows}x{cols}: dx");
             assert_eq!(gt_both, gt, "{rows}x{cols}: dw");
         }

@@ -33,11 +33,7 @@ pub fn forward(w: Weights<'_>, bias: &[f32], x: &Mat) -> Mat {
             }
             Mat::from_vec(outputs, x.cols, dense::product(w, x.view()))
         }
-        Weights::Sparse { pattern, values } => {
-            let mut y = Mat::zeros(pattern.outer(), x.cols);
-            sparse::gather(pattern, values, x, &mut y);
-            y
-        }
+        Weights::Sparse { pattern, values } => sparse::gather(pattern, values, x),
     };
     for (r, &b) in bias.iter().enumerate() {
         for v in y.row_mut(r) {
@@ -73,9 +69,8 @@ pub fn backward_input(w: Weights<'_>, inputs: usize, dy: &Mat) -> Mat {
             Mat::from_vec(inputs, dy.cols, dense::product(wt, dy.view()))
         }
         Weights::Sparse { pattern, values } => {
-            let mut dx = Mat::zeros(inputs, dy.cols);
-            sparse::gather(pattern, values, dy, &mut dx);
-            dx
+            assert_eq!(pattern.outer(), inputs, "backward_input: the pattern has {} columns, not {inputs}", pattern.outer());
+            sparse::gather(pattern, values, dy)
         }
     }
 }
@@ -97,10 +92,7 @@ pub fn backward_dense(w: &[f32], x: &Mat, dy: &Mat) -> (Vec<f32>, Mat) {
 /// Both gradients of a sparse layer whose input was `x`, with weights stored by input column: the weight
 /// gradient at the mask's positions and `dX = Wᵀ·dY` (see [`sparse::backward`]).
 pub fn backward_sparse(by_column: &SparsePattern, values: &[f32], x: &Mat, dy: &Mat) -> (Vec<f32>, Mat) {
-    let mut g = vec![0.0; by_column.nnz()];
-    let mut dx = Mat::zeros(by_column.outer(), dy.cols);
-    sparse::backward(by_column, values, x, dy, &mut dx, &mut g);
-    (g, dx)
+    sparse::backward(by_column, values, x, dy)
 }
 
 /// Sparse weight gradient at the mask's positions only, for a pattern stored by input column: one dot
