@@ -2,6 +2,36 @@
 //! feature, a column per token/sample), as the seeds lay them over the wafer, so that every AXPY of the sparse
 //! kernels runs over one contiguous row.
 
+use std::mem::MaybeUninit;
+
+/// Values per task of an element-wise pass over an activation: large enough that a task pays for itself.
+pub const PIECE: usize = 1 << 15;
+
+/// Tokens per task of a per-token statistic (layer norm, the softmax loss): each task sums its own tokens over
+/// every row, so the order of every sum, and the result bit for bit, does not depend on the split.
+pub const TOKENS_PER_TASK: usize = 256;
+
+/// A new vector of `len` values written once, piece by piece, on all cores: `write(start, piece)` fills the
+/// values `start..start + piece.len()` (every piece is `piece` long but the last). An output that is about to
+/// be overwritten is not zeroed first: at a transformer's widths that zeroing was one more pass over every
+/// activation.
+///
+/// # Safety
+/// `write` must initialise every element of each piece it is given.
+pub unsafe fn written_once(len: usize, piece: usize, write: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync + Send) -> Vec<f32> {
+    use rayon::prelude::*;
+    let piece = piece.max(1);
+    let mut v = Vec::with_capacity(len);
+    v.spare_capacity_mut()[..len]
+        .par_chunks_mut(piece)
+        .with_min_len(PIECE.div_ceil(piece))
+        .enumerate()
+        .for_each(|(i, slots)| write(i * piece, slots));
+    // SAFETY: the pieces cover the first `len` slots and the caller's `write` initialised every one.
+    unsafe { v.set_len(len) };
+    v
+}
+
 /// A dense row-major `rows × cols` matrix of `f32`.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Mat {

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::model::attention::{self, Geometry};
 use crate::model::{activation, norm, GptShape, GptUnit};
 use crate::protocol::WeightPayload;
-use crate::tensor::Mat;
+use crate::tensor::{Mat, PIECE};
 
 /// What one block keeps from its forward pass for its backward pass.
 #[derive(Default)]
@@ -84,7 +84,7 @@ impl GptNet {
     /// Adds `y` to the residual stream and normalises the result: the input of the next sub-block.
     fn residual_norm(&mut self, y: &Mat, works: &mut Vec<Work<'_>>) -> (Mat, Vec<f32>) {
         use rayon::prelude::*;
-        self.x.data.par_chunks_mut(1 << 15).zip(y.data.par_chunks(1 << 15)).for_each(|(x, y)| {
+        self.x.data.par_chunks_mut(PIECE).zip(y.data.par_chunks(PIECE)).for_each(|(x, y)| {
             for (x, v) in x.iter_mut().zip(y) {
                 *x += v;
             }

@@ -1,6 +1,6 @@
 //! Small dense products on packed, contiguous operands, with a *band* in the inner dimension: what causal
 //! attention needs. Every product of attention is `C = A · B` over one (sequence, head) pair — a few hundred
-//! KiB that stay in L2 — where a triangle of `A` is known to be zero, so each block of four rows of `C` only
+//! KiB that stay in L2 — where a triangle of `A` is known to be zero, so each block of rows of `C` only
 //! sums over the part of the inner dimension that can be non-zero, and (for the scores) only computes the
 //! columns left of the diagonal. A general GEMM call would pack the operands again and do the whole square.
 //!
@@ -13,6 +13,7 @@
 use multiversion::multiversion;
 
 /// Rows of `C` per register tile where the CPU has AVX-512 (one register of sums per row).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MR_WIDE: usize = 8;
 /// Rows of `C` per register tile elsewhere (two AVX registers of sums per row).
 const MR: usize = 4;
@@ -64,13 +65,21 @@ impl Dims {
         Dims { m, n, k, a_row: k, a_col: 1, ldb: n, ldc: n }
     }
 
+    /// Checks the shapes against the slices, in arithmetic that cannot wrap: the tiles read without bounds
+    /// checks on the strength of these (and their own) assertions.
     fn check(&self, a: &[f32], b: &[f32], c: &[f32]) {
-        let need = |rows: usize, cols: usize, ld: usize| if rows == 0 || cols == 0 { 0 } else { (rows - 1) * ld + cols };
-        let a_need = if self.m == 0 || self.k == 0 { 0 } else { (self.m - 1) * self.a_row + (self.k - 1) * self.a_col + 1 };
+        let need = |rows: usize, cols: usize, ld: usize| {
+            if rows == 0 || cols == 0 { Some(0) } else { (rows - 1).checked_mul(ld)?.checked_add(cols) }
+        };
+        let a_need = if self.m == 0 || self.k == 0 {
+            Some(0)
+        } else {
+            (self.m - 1).checked_mul(self.a_row).zip((self.k - 1).checked_mul(self.a_col)).and_then(|(r, k)| r.checked_add(k)?.checked_add(1))
+        };
         assert!(self.ldb >= self.n && self.ldc >= self.n, "matmul_banded: leading dimensions");
-        assert!(a.len() >= a_need, "matmul_banded: A is short");
-        assert!(b.len() >= need(self.k, self.n, self.ldb), "matmul_banded: B is short");
-        assert!(c.len() >= need(self.m, self.n, self.ldc), "matmul_banded: C is short");
+        assert!(a_need.is_some_and(|need| a.len() >= need), "matmul_banded: A is short");
+        assert!(need(self.k, self.n, self.ldb).is_some_and(|need| b.len() >= need), "matmul_banded: B is short");
+        assert!(need(self.m, self.n, self.ldc).is_some_and(|need| c.len() >= need), "matmul_banded: C is short");
     }
 
     /// The inner range a tile of rows `i0..i1` and columns `j0..j1` of `C` sums over under `band`.
@@ -114,6 +123,8 @@ pub fn matmul_banded(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, band: Band) {
 /// [`matmul_banded`] with tiles of `H` rows, compiled into each of its versions.
 #[inline(always)]
 fn banded<const H: usize>(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, band: Band, avx512: bool) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = avx512;
     let mut i0 = 0;
     while i0 < d.m {
         let i1 = (i0 + H).min(d.m);
@@ -299,9 +310,11 @@ mod tests {
                     }
                 }
                 let d = Dims::packed(m, n, k);
-                let (mut c, mut r) = (vec![0.0; m * n], vec![0.0; m * n]);
+                let (mut c, mut r, mut narrow) = (vec![0.0; m * n], vec![0.0; m * n], vec![0.0; m * n]);
                 matmul_banded(&mut c, &a, &b, d, band);
                 matmul_banded_reference(&mut r, &a, &b, d, band);
+                // The four-row tiles of the versions without AVX-512, which this machine may not dispatch to.
+                banded::<MR>(&mut narrow, &a, &b, d, band, false);
                 let full = {
                     let mut f = vec![0.0; m * n];
                     matmul_banded_reference(&mut f, &a, &b, d, Band::Full);
@@ -314,6 +327,8 @@ mod tests {
                         }
                         let (got, want) = (c[i * n + j], r[i * n + j]);
                         assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{band:?} {m}x{n}x{k} [{i},{j}]: {got} vs {want}");
+                        let got = narrow[i * n + j];
+                        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "4-row {band:?} {m}x{n}x{k} [{i},{j}]: {got} vs {want}");
                         assert!((want - full[i * n + j]).abs() <= 1e-4 * (1.0 + want.abs()), "band skipped a non-zero");
                     }
                 }

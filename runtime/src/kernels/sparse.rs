@@ -5,7 +5,7 @@
 //! backward pass). Lines are stored in decreasing order of their non-zero count and dealt round-robin to the
 //! workers, so the heaviest lines are spread out and no worker is left with the tail. Two kernels cover all
 //! three products of a sparse linear layer:
-//! - [`gather`]: `dst[line] = Σ values[k] · src[idx[k]]` — forward `Y = W·X` on the row pattern, and backward
+//! - [`gather`]: `out[line] = Σ values[k] · src[idx[k]]` — forward `Y = W·X` on the row pattern, and backward
 //!   `dX = Wᵀ·dY` on the column pattern.
 //! - [`sddmm`]: `out[k] = a[line] · b[idx[k]]` — the weight gradient, computed only where the mask has a weight.
 
@@ -262,7 +262,7 @@ fn for_each_part(schedule: &Schedule, work: usize, run: impl Fn(&Part) + Sync + 
     }
 }
 
-/// `dst[order[s], :] = Σ_k values[k] · src[idx[k], :]` for every stored line `s`: one AXPY per non-zero.
+/// `out[order[s], :] = Σ_k values[k] · src[idx[k], :]` for every stored line `s`: one AXPY per non-zero.
 ///
 /// `src` has a row per inner index and the result a row per line; both have one column per token. The result
 /// is written once, not zeroed first.
@@ -293,6 +293,8 @@ pub fn gather(p: &SparsePattern, values: &[f32], src: &Mat) -> Mat {
 /// The gather over a source already packed into tiles (`tokens` columns, `p.inner` rows), as a new
 /// `p.outer × tokens` matrix.
 fn gather_tiles(p: &SparsePattern, values: &[f32], tiles: &[Lane], tokens: usize) -> Mat {
+    // The writes below trust this shape: every tile holds a lane per source row.
+    assert_eq!(tiles.len(), tokens.div_ceil(TILE) * p.inner, "gather: {} lanes for {tokens} tokens of {} rows", tiles.len(), p.inner);
     let len = p.outer * tokens;
     let mut data: Vec<f32> = Vec::with_capacity(len);
     let out = Disjoint(data.as_mut_ptr());
@@ -314,6 +316,8 @@ fn gather_tiles(p: &SparsePattern, values: &[f32], tiles: &[Lane], tokens: usize
 /// it): `dx = Wᵀ·dy` through the gather and the weight gradient `dw` at the mask's positions through the SDDMM.
 /// Both read `dy`, so it is packed into tiles once for the two, where calling [`gather`] and [`sddmm`] in turn
 /// would pack it twice (packing is a third of a 90%-sparse transformer step's kernel time).
+///
+/// Returns `(dw, dx)`: the weight gradient in the pattern's order, then the input gradient.
 pub fn backward(p: &SparsePattern, values: &[f32], x: &Mat, dy: &Mat) -> (Vec<f32>, Mat) {
     assert_eq!(values.len(), p.nnz(), "backward: {} values for {} non-zeros", values.len(), p.nnz());
     assert_eq!(dy.rows, p.inner, "backward: dy has {} rows, pattern needs {}", dy.rows, p.inner);
@@ -395,11 +399,11 @@ impl Part {
     }
 }
 
-/// Lines whose sums are built together: their sums ([`TILE`] tokens each) and one block of source rows
-/// stay in L1 while the block is consumed.
+/// Lines whose sums are built together while one block of source rows is consumed: the block stays in L1,
+/// each line's sums are loaded into registers once per run of its non-zeros in the block.
 const LINES_PER_GROUP: usize = 64;
 
-/// Source rows per block: as many as fill half of a 32 KiB L1 data cache, or more when the pattern is so
+/// Source rows per block: as many as fill 8 KiB of L1 data cache (a quarter of the smallest in use), or more when the pattern is so
 /// sparse that a line would have fewer than eight non-zeros per block (each run reloads the line's sums).
 fn block_rows(p: &SparsePattern) -> usize {
     let l1_rows = (8 << 10) / std::mem::size_of::<Lane>();
@@ -449,6 +453,12 @@ fn pack_tiles<'s>(src: &[f32], rows: usize, tokens: usize, scratch: &'s mut Vec<
     unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const Lane, tiles * rows) }
 }
 
+/// The gather for one part: tile by tile, every line's sums built in visiting order, then copied to its row.
+///
+/// # Safety
+/// `out` points at a buffer of at least `(max line + 1) · tokens` values that no one else writes or reads
+/// while this runs, except other parts writing other lines; `tiles` holds `tokens.div_ceil(TILE)` tiles of
+/// `rows` lanes.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 unsafe fn gather_part(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, tokens: usize, out: Disjoint) {
     // Fused multiply-adds where the compiled version has them (one instruction, one rounding); elsewhere
@@ -463,7 +473,7 @@ unsafe fn gather_part(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, 
 /// [`gather_part`], with or without fused multiply-adds.
 ///
 /// # Safety
-/// As [`gather_part`]: `out` is `dst`'s buffer and the part's lines are its own.
+/// As [`gather_part`].
 #[inline(always)]
 unsafe fn gather_part_with<const FMA: bool>(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, tokens: usize, out: Disjoint) {
     // The part's values in visiting order, gathered once for all tiles.
@@ -551,6 +561,11 @@ fn sddmm_tiles(p: &SparsePattern, a_tiles: &[Lane], b_tiles: &[Lane], tokens: us
 /// The weight gradient of one part, in the gather kernel's visiting order: for each run, the line's lane of
 /// `a` stays in registers while the source lanes of its non-zeros are dotted with it; the sums of all tiles
 /// build up in visiting order and are written to their places in the pattern's order once, at the end.
+///
+/// # Safety
+/// `out` points at a buffer holding a value for every non-zero position of the pattern, which no one else
+/// reads or writes while this runs except other parts writing their own positions; the tiles hold `a_rows` and
+/// `b_rows` lanes each.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 unsafe fn sddmm_part(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint) {
     // Fused multiply-adds where the compiled version has them, as in `gather_part`.
@@ -594,7 +609,7 @@ const PARTIAL: usize = 16;
 #[repr(align(64))]
 struct Partial([f32; PARTIAL]);
 
-/// Adds the dot product of two lanes to a register-wide partial sum: the lane's quarters multiplied and added
+/// Adds the dot product of two lanes to a register-wide partial sum: the lane's register-wide pieces multiplied and added
 /// element-wise, every operation a whole-register one.
 #[inline(always)]
 fn dot_lane_into<const FMA: bool>(sum: &mut [f32; PARTIAL], a: &Lane, b: &Lane) {

@@ -4,6 +4,8 @@
 use std::mem::MaybeUninit;
 
 use crds::Activation;
+
+use crate::tensor::{written_once, PIECE};
 use multiversion::multiversion;
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
@@ -36,33 +38,21 @@ pub fn tanh(x: f32) -> f32 {
     1.0 - 2.0 / (exp(2.0 * x) + 1.0)
 }
 
-/// Elements per parallel piece of an activation: element-wise work splits over the cores without changing a bit.
-const CHUNK: usize = 1 << 15;
 
 /// `f(z)` element-wise as a new vector, large arrays on all cores. Each element is written once: the output is
 /// not zeroed first (at a transformer's MLP width that zeroing was a pass over 8 MB per block).
 pub fn forward(kind: Activation, z: &[f32]) -> Vec<f32> {
-    use rayon::prelude::*;
-    let mut a = Vec::with_capacity(z.len());
-    let out = &mut a.spare_capacity_mut()[..z.len()];
-    if z.len() < 2 * CHUNK {
-        forward_slice(kind, z, out);
-    } else {
-        out.par_chunks_mut(CHUNK).zip(z.par_chunks(CHUNK)).for_each(|(a, z)| forward_slice(kind, z, a));
-    }
-    // SAFETY: the first `z.len()` slots were split into pieces that pair up with `z`'s, and `forward_slice`
-    // writes every slot of the piece it is given (it checks the lengths match).
-    unsafe { a.set_len(z.len()) };
-    a
+    // SAFETY: `forward_slice` writes every slot of the piece it is given (one per input; it checks the lengths).
+    unsafe { written_once(z.len(), PIECE, |start, out| forward_slice(kind, &z[start..start + out.len()], out)) }
 }
 
 /// `dz = f'(z) · da` element-wise, in place over `da`, large arrays on all cores.
 pub fn backward(kind: Activation, z: &[f32], da: &mut [f32]) {
     use rayon::prelude::*;
-    if z.len() < 2 * CHUNK {
+    if z.len() < 2 * PIECE {
         return backward_slice(kind, z, da);
     }
-    da.par_chunks_mut(CHUNK).zip(z.par_chunks(CHUNK)).for_each(|(da, z)| backward_slice(kind, z, da));
+    da.par_chunks_mut(PIECE).zip(z.par_chunks(PIECE)).for_each(|(da, z)| backward_slice(kind, z, da));
 }
 
 /// Compiled for AVX2+FMA as well as the baseline, picked at run time: the release build targets plain x86-64,

@@ -287,7 +287,7 @@ mod tests {
 
     #[test]
     fn banded_kernels_match_the_gemm_reference() {
-        // Shapes with whole 4 × 16 tiles and with ragged edges.
+        // Shapes with whole tiles (8 or 4 rows × 16 columns) and with ragged edges.
         for (width, heads, context, seqs) in [(64, 2, 32, 2), (24, 3, 21, 3), (128, 2, 64, 1)] {
             let g = Geometry { width, heads, context };
             let n = seqs * context;

@@ -1,8 +1,10 @@
 //! The linear layer `Y = W·X + b`, dense through GEMM or sparse through the AXPY kernels. Activations are
 //! feature-major (`features × tokens`), so `W` is used as stored (`outputs × inputs`, row-major).
 
+use std::mem::MaybeUninit;
+
 use crate::kernels::{dense, sparse, sparse::SparsePattern};
-use crate::tensor::Mat;
+use crate::tensor::{written_once, Mat};
 
 /// The weights of one layer as the engine receives them.
 #[derive(Clone, Copy, Debug)]
@@ -46,18 +48,8 @@ pub fn forward(w: Weights<'_>, bias: &[f32], x: &Mat) -> Mat {
 /// A `values.len() × cols` row-major matrix whose row `r` is `values[r]` throughout, written once and on all
 /// cores: the starting value of a product with a bias.
 fn broadcast_rows(values: &[f32], cols: usize) -> Vec<f32> {
-    use rayon::prelude::*;
-    let len = values.len() * cols;
-    let mut data = Vec::with_capacity(len);
-    data.spare_capacity_mut()[..len]
-        .par_chunks_exact_mut(cols)
-        .zip(values.par_iter())
-        .with_min_len(16)
-        .for_each(|(row, &v)| row.fill(std::mem::MaybeUninit::new(v)));
-    // SAFETY: the first `len` slots are exactly `values.len()` rows of `cols` (cols > 0), one per value, and
-    // every row was filled.
-    unsafe { data.set_len(len) };
-    data
+    // SAFETY: each piece is one whole row (`cols` values, the last row too) and is filled.
+    unsafe { written_once(values.len() * cols, cols, |start, row| row.fill(MaybeUninit::new(values[start / cols]))) }
 }
 
 /// Backward to the input: `dX = Wᵀ·dY`. Dense weights are row-major `outputs × inputs`; sparse weights come

@@ -7,14 +7,10 @@ use std::mem::MaybeUninit;
 
 use multiversion::multiversion;
 
-use crate::tensor::Mat;
+use crate::tensor::{written_once, Mat, TOKENS_PER_TASK};
 
 /// Added to the variance so a constant token does not divide by zero.
 pub const EPS: f32 = 1e-5;
-
-/// Tokens per parallel piece of the per-token statistics: each piece sums its columns over every row, so the
-/// order of every sum, and the result bit for bit, does not depend on the split.
-const TOKENS: usize = 256;
 
 /// Normalises every column of `x` (`features × tokens`) to zero mean and unit variance. Returns the
 /// normalised matrix and each token's reciprocal standard deviation, which is all the backward pass needs.
@@ -22,21 +18,15 @@ const TOKENS: usize = 256;
 pub fn forward(x: &Mat) -> (Mat, Vec<f32>) {
     use rayon::prelude::*;
     let (d, n) = (x.rows, x.cols);
+    assert_eq!(x.data.len(), d * n, "norm: a {d}x{n} matrix holds {} values", x.data.len());
     let (mut mean, mut rstd) = (vec![0.0f32; n], vec![0.0f32; n]);
-    mean.par_chunks_mut(TOKENS)
-        .zip(rstd.par_chunks_mut(TOKENS))
+    mean.par_chunks_mut(TOKENS_PER_TASK)
+        .zip(rstd.par_chunks_mut(TOKENS_PER_TASK))
         .enumerate()
-        .for_each(|(c, (mean, rstd))| statistics(x, c * TOKENS, mean, rstd));
-    let mut out = Vec::with_capacity(d * n);
-    if n > 0 {
-        out.spare_capacity_mut()[..d * n]
-            .par_chunks_exact_mut(n)
-            .zip(x.data.par_chunks_exact(n))
-            .for_each(|(dst, src)| normalise_row(src, &mean, &rstd, dst));
-    }
-    // SAFETY: with n > 0 the first d·n slots are d rows of n, each written whole by `normalise_row` (which
-    // checks its lengths); with n = 0 there are none.
-    unsafe { out.set_len(d * n) };
+        .for_each(|(c, (mean, rstd))| statistics(x, c * TOKENS_PER_TASK, mean, rstd));
+    // SAFETY: every piece is one whole row of `n` values and `normalise_row` writes each of them (it checks the
+    // lengths against the row of `x` it reads).
+    let out = unsafe { written_once(d * n, n, |start, dst| normalise_row(&x.data[start..start + n], &mean, &rstd, dst)) };
     (Mat::from_vec(d, n, out), rstd)
 }
 
@@ -76,13 +66,18 @@ fn normalise_row(src: &[f32], mean: &[f32], rstd: &[f32], dst: &mut [MaybeUninit
 /// per token. Split over the cores like [`forward`], with the same sums in the same order.
 pub fn backward_add(xhat: &Mat, rstd: &[f32], dxhat: &Mat, dx: &mut Mat) {
     use rayon::prelude::*;
-    let n = xhat.cols;
+    let (d, n) = (xhat.rows, xhat.cols);
+    let shape = |m: &Mat| (m.rows, m.cols, m.data.len());
+    assert!(
+        shape(dxhat) == (d, n, d * n) && shape(dx) == (d, n, d * n) && xhat.data.len() == d * n && rstd.len() == n,
+        "norm backward: x̂, its gradient and the input gradient must all be {d}x{n}, with {n} statistics"
+    );
     let (mut mean_g, mut mean_gx) = (vec![0.0f32; n], vec![0.0f32; n]);
     mean_g
-        .par_chunks_mut(TOKENS)
-        .zip(mean_gx.par_chunks_mut(TOKENS))
+        .par_chunks_mut(TOKENS_PER_TASK)
+        .zip(mean_gx.par_chunks_mut(TOKENS_PER_TASK))
         .enumerate()
-        .for_each(|(c, (g, gx))| gradient_sums(xhat, dxhat, c * TOKENS, g, gx));
+        .for_each(|(c, (g, gx))| gradient_sums(xhat, dxhat, c * TOKENS_PER_TASK, g, gx));
     let inv_d = 1.0 / xhat.rows.max(1) as f32;
     if n == 0 {
         return;
@@ -137,6 +132,35 @@ mod tests {
             let mean: f32 = col.iter().sum::<f32>() / d as f32;
             let var: f32 = col.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
             assert!(mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-3);
+        }
+    }
+
+    /// More tokens than one task takes, in a ragged last piece: the split gives the sequential sums bit for bit.
+    #[test]
+    fn split_statistics_equal_the_sequential_ones() {
+        let (d, n) = (5, 600);
+        let x = Mat::from_vec(d, n, (0..d * n).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.01).collect());
+        let g = Mat::from_vec(d, n, (0..d * n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 0.01).collect());
+        let (xhat, rstd) = forward(&x);
+        let mut dx = Mat::zeros(d, n);
+        backward_add(&xhat, &rstd, &g, &mut dx);
+        for j in 0..n {
+            let col: Vec<f32> = (0..d).map(|r| x.data[r * n + j]).collect();
+            let inv_d = 1.0 / d as f32;
+            let mean = col.iter().fold(0.0f32, |a, v| a + v) * inv_d;
+            let var = col.iter().fold(0.0f32, |a, v| a + (v - mean) * (v - mean));
+            let r = 1.0 / (var * inv_d + EPS).sqrt();
+            assert_eq!(rstd[j], r, "token {j}");
+            let (mut sg, mut sgx) = (0.0f32, 0.0f32);
+            for row in 0..d {
+                assert_eq!(xhat.data[row * n + j], (col[row] - mean) * r, "token {j} feature {row}");
+                sg += g.data[row * n + j];
+                sgx += g.data[row * n + j] * xhat.data[row * n + j];
+            }
+            for row in 0..d {
+                let (gv, xh) = (g.data[row * n + j], xhat.data[row * n + j]);
+                assert_eq!(dx.data[row * n + j], 0.0 + r * (gv - sg * inv_d - xh * sgx * inv_d), "gradient {j}, {row}");
+            }
         }
     }
 }
