@@ -160,26 +160,36 @@ fn banded<const H: usize>(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, band: Ba
     }
 }
 
+/// What a tile checks once before its loop reads without bounds checks: the last `A` element read is at
+/// (i0 + H − 1, k1 − 1), the last `B` row ends at (k1 − 1, j0 + NR) and the last `C` row at (i0 + H − 1, j0 +
+/// NR). `matmul_banded` only calls with i0 + H ≤ m, j0 + NR ≤ n and k1 ≤ k, so after `Dims::check` these always
+/// hold; they are asserted here too so the unchecked reads stay sound whatever the caller. An empty inner
+/// range leaves nothing to sum: the tile is zeroed and `false` returned.
+#[inline(always)]
+fn tile_ready<const H: usize>(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), (k0, k1): (usize, usize)) -> bool {
+    assert!((i0 + H - 1) * d.ldc + j0 + NR <= c.len(), "tile: C out of bounds");
+    if k1 <= k0 {
+        for r in 0..H {
+            let at = (i0 + r) * d.ldc + j0;
+            c[at..at + NR].fill(0.0);
+        }
+        return false;
+    }
+    assert!((i0 + H - 1) * d.a_row + (k1 - 1) * d.a_col < a.len(), "tile: A out of bounds");
+    assert!((k1 - 1) * d.ldb + j0 + NR <= b.len(), "tile: B out of bounds");
+    true
+}
+
 /// One `H` × 16 tile of `C` at `(i0, j0)`, summing over `k0..k1`.
 ///
 /// The loop reads without bounds checks: with them, the checks and their spilled limits outnumber the
 /// eight multiply-adds of an iteration several times over.
 #[inline(always)]
 fn tile<const H: usize>(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), (k0, k1): (usize, usize)) {
-    let mut acc = [[0.0f32; NR]; H];
-    // Bounds, once: the last `A` element read is at (i0 + H − 1, k1 − 1), the last `B` row ends at
-    // (k1 − 1, j0 + NR). `matmul_banded` only calls with i0 + H ≤ m, j0 + NR ≤ n and k1 ≤ k, so after
-    // `Dims::check` these always hold; they are asserted here too so the unchecked reads below stay sound
-    // whatever the caller.
-    if k1 <= k0 {
-        for r in 0..H {
-            let at = (i0 + r) * d.ldc + j0;
-            c[at..at + NR].fill(0.0);
-        }
+    if !tile_ready::<H>(c, a, b, d, (i0, j0), (k0, k1)) {
         return;
     }
-    assert!((i0 + H - 1) * d.a_row + (k1 - 1) * d.a_col < a.len(), "tile: A out of bounds");
-    assert!((k1 - 1) * d.ldb + j0 + NR <= b.len(), "tile: B out of bounds");
+    let mut acc = [[0.0f32; NR]; H];
     for k in k0..k1 {
         let base = i0 * d.a_row + k * d.a_col;
         // SAFETY: k < k1 and r < H, so every index is at most the ones asserted above.
@@ -206,18 +216,9 @@ fn tile<const H: usize>(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, (i0, j0): 
 fn tile_avx512(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), (k0, k1): (usize, usize)) {
     use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps};
     const H: usize = MR_WIDE;
-    let last = (i0 + H - 1) * d.ldc + j0 + NR;
-    assert!(last <= c.len(), "tile: C out of bounds");
-    if k1 <= k0 {
-        for r in 0..H {
-            let at = (i0 + r) * d.ldc + j0;
-            c[at..at + NR].fill(0.0);
-        }
+    if !tile_ready::<H>(c, a, b, d, (i0, j0), (k0, k1)) {
         return;
     }
-    // The same bounds as `tile`, once, so the unchecked reads below stay sound whatever the caller.
-    assert!((i0 + H - 1) * d.a_row + (k1 - 1) * d.a_col < a.len(), "tile: A out of bounds");
-    assert!((k1 - 1) * d.ldb + j0 + NR <= b.len(), "tile: B out of bounds");
     let mut acc = [_mm512_setzero_ps(); H];
     for k in k0..k1 {
         let base = i0 * d.a_row + k * d.a_col;
