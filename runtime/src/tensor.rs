@@ -32,6 +32,29 @@ pub unsafe fn written_once(len: usize, piece: usize, write: impl Fn(usize, &mut 
     v
 }
 
+/// [`written_once`] for a pass that also rewrites an existing slice of the same length in place: each piece of
+/// the new vector comes with the matching piece of `beside`.
+///
+/// # Safety
+/// As [`written_once`]: `write` must initialise every element of each piece of the new vector.
+pub unsafe fn written_once_beside(
+    beside: &mut [f32],
+    piece: usize,
+    write: impl Fn(&mut [MaybeUninit<f32>], &mut [f32]) + Sync + Send,
+) -> Vec<f32> {
+    use rayon::prelude::*;
+    let (len, piece) = (beside.len(), piece.max(1));
+    let mut v = Vec::with_capacity(len);
+    v.spare_capacity_mut()[..len]
+        .par_chunks_mut(piece)
+        .zip(beside.par_chunks_mut(piece))
+        .with_min_len(PIECE.div_ceil(piece))
+        .for_each(|(slots, beside)| write(slots, beside));
+    // SAFETY: the pieces cover the first `len` slots and the caller's `write` initialised every one.
+    unsafe { v.set_len(len) };
+    v
+}
+
 /// A dense row-major `rows × cols` matrix of `f32`.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Mat {

@@ -27,7 +27,7 @@ struct BlockActs {
     /// Normalised residual after attention (the MLP's input).
     a2: Mat,
     rstd2: Vec<f32>,
-    /// MLP pre-activation and activation.
+    /// GELU's slope at the MLP's pre-activation (all the backward pass needs of it), and the activation.
     u: Mat,
     g: Mat,
 }
@@ -170,8 +170,8 @@ impl Net for GptNet {
             }
             GptUnit::Up(b) => {
                 let block = self.block(b)?;
-                let u = unit.forward(&block.a2, works)?;
-                let g = Mat::from_vec(u.rows, u.cols, activation::forward(Activation::Gelu, &u.data));
+                let mut u = unit.forward(&block.a2, works)?;
+                let g = Mat::from_vec(u.rows, u.cols, activation::forward_keeping_slope(Activation::Gelu, &mut u.data));
                 works.push(Work::Elementwise { ops: 8 * u.data.len() as u64 });
                 (block.u, block.g) = (u, g);
             }
@@ -208,7 +208,7 @@ impl Net for GptNet {
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
                 let (grads, dg) = unit.backward(&block.g, &self.dx, true, works)?;
                 let mut du = dg.ok_or_else(missing_input_grad)?;
-                activation::backward(Activation::Gelu, &block.u.data, &mut du.data);
+                activation::scale_by_slope(&block.u.data, &mut du.data);
                 works.push(Work::Elementwise { ops: 10 * du.data.len() as u64 });
                 (block.u, block.g) = (Mat::default(), Mat::default());
                 self.pending = Some(du);
