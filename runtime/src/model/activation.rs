@@ -32,6 +32,15 @@ pub fn exp(x: f32) -> f32 {
     p * f32::from_bits((n_int.wrapping_add(127) << 23) as u32)
 }
 
+/// tanh-GELU's value and slope at `x`, from one `tanh`: the formulas every pass shares (a pass that needs only
+/// one of them lets the compiler drop the other's arithmetic).
+#[inline(always)]
+fn gelu(x: f32) -> (f32, f32) {
+    let t = tanh(SQRT_2_OVER_PI * (x + GELU_C * x * x * x));
+    let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x);
+    (0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du)
+}
+
 /// `tanh(x)` through [`exp`], for the same reason.
 #[inline(always)]
 pub fn tanh(x: f32) -> f32 {
@@ -84,12 +93,9 @@ fn forward_slope_slice(kind: Activation, z: &mut [f32], a: &mut [MaybeUninit<f32
         }
         Activation::Gelu => {
             for (o, z) in a.iter_mut().zip(z) {
-                let x = *z;
-                let u = SQRT_2_OVER_PI * (x + GELU_C * x * x * x);
-                let t = tanh(u);
-                o.write(0.5 * x * (1.0 + t));
-                let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x);
-                *z = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
+                let (value, slope) = gelu(*z);
+                o.write(value);
+                *z = slope;
             }
         }
     }
@@ -117,8 +123,7 @@ fn forward_slice(kind: Activation, z: &[f32], a: &mut [MaybeUninit<f32>]) {
         }
         Activation::Gelu => {
             for (o, &x) in a.iter_mut().zip(z) {
-                let u = SQRT_2_OVER_PI * (x + GELU_C * x * x * x);
-                o.write(0.5 * x * (1.0 + tanh(u)));
+                o.write(gelu(x).0);
             }
         }
     }
@@ -137,10 +142,7 @@ fn backward_slice(kind: Activation, z: &[f32], da: &mut [f32]) {
         }
         Activation::Gelu => {
             for (d, &x) in da.iter_mut().zip(z) {
-                let u = SQRT_2_OVER_PI * (x + GELU_C * x * x * x);
-                let t = tanh(u);
-                let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x);
-                *d *= 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
+                *d *= gelu(x).1;
             }
         }
     }
