@@ -121,27 +121,43 @@ pub fn matmul_banded(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, band: Band) {
 }
 
 /// [`matmul_banded`] with tiles of `H` rows, compiled into each of its versions.
+///
+/// Each block of `H` rows of `A` is first copied into a *panel*, the `H` values of one inner index side by
+/// side: the tile then reads them at fixed offsets from one pointer, whatever strides `A` has (in place, a
+/// feature-major operand puts its rows 8 KiB apart, and the tile spent more instructions on addresses than
+/// on sums).
 #[inline(always)]
 fn banded<const H: usize>(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, band: Band, avx512: bool) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = avx512;
+    let mut panel = vec![0.0f32; H * d.k];
     let mut i0 = 0;
     while i0 < d.m {
         let i1 = (i0 + H).min(d.m);
         let cols = d.cols(band, i1);
         let mut j0 = 0;
         if i1 - i0 == H {
-            while j0 + NR <= cols {
-                let ks = d.inner(band, (i0, i1), (j0, j0 + NR));
-                #[cfg(target_arch = "x86_64")]
-                if avx512 && H == MR_WIDE {
+            pack_panel::<H>(&mut panel, a, d, i0);
+            #[cfg(target_arch = "x86_64")]
+            if avx512 && H == MR_WIDE {
+                // Two registers of sums per row where 32 columns remain, one where 16 do.
+                while j0 + 2 * NR <= cols {
+                    let ks = d.inner(band, (i0, i1), (j0, j0 + 2 * NR));
                     // SAFETY: `avx512` is only true in the version compiled for (and dispatched to on) CPUs
                     // with AVX-512F.
-                    unsafe { tile_avx512(c, a, b, d, (i0, j0), ks) };
-                    j0 += NR;
-                    continue;
+                    unsafe { tile_avx512::<2>(c, &panel, b, d, (i0, j0), ks) };
+                    j0 += 2 * NR;
                 }
-                tile::<H>(c, a, b, d, (i0, j0), ks);
+                while j0 + NR <= cols {
+                    let ks = d.inner(band, (i0, i1), (j0, j0 + NR));
+                    // SAFETY: as above.
+                    unsafe { tile_avx512::<1>(c, &panel, b, d, (i0, j0), ks) };
+                    j0 += NR;
+                }
+            }
+            while j0 + NR <= cols {
+                let ks = d.inner(band, (i0, i1), (j0, j0 + NR));
+                tile::<H>(c, &panel, b, d, (i0, j0), ks);
                 j0 += NR;
             }
         }
@@ -160,41 +176,115 @@ fn banded<const H: usize>(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, band: Ba
     }
 }
 
-/// What a tile checks once before its loop reads without bounds checks: the last `A` element read is at
-/// (i0 + H − 1, k1 − 1), the last `B` row ends at (k1 − 1, j0 + NR) and the last `C` row at (i0 + H − 1, j0 +
-/// NR). `matmul_banded` only calls with i0 + H ≤ m, j0 + NR ≤ n and k1 ≤ k, so after `Dims::check` these always
-/// hold; they are asserted here too so the unchecked reads stay sound whatever the caller. An empty inner
-/// range leaves nothing to sum: the tile is zeroed and `false` returned.
+/// Copies rows `i0..i0 + H` of `A` into `panel`, inner index by inner index: `panel[k·H + r] = A[i0 + r][k]`.
 #[inline(always)]
-fn tile_ready<const H: usize>(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), (k0, k1): (usize, usize)) -> bool {
-    assert!((i0 + H - 1) * d.ldc + j0 + NR <= c.len(), "tile: C out of bounds");
+fn pack_panel<const H: usize>(panel: &mut [f32], a: &[f32], d: Dims, i0: usize) {
+    if d.a_row == 1 {
+        // The H values of one inner index are adjacent in `A` (a transpose read in place).
+        for (k, dst) in panel.chunks_exact_mut(H).enumerate() {
+            let at = i0 + k * d.a_col;
+            dst.copy_from_slice(&a[at..at + H]);
+        }
+    } else {
+        let mut k0 = 0;
+        #[cfg(target_arch = "x86_64")]
+        if H == 8 && d.a_col == 1 && std::arch::is_x86_feature_detected!("avx") {
+            // Row-major `A`: eight rows' next eight values, transposed in registers.
+            while k0 + 8 <= d.k {
+                let at = i0 * d.a_row + k0;
+                assert!(at + 7 * d.a_row + 8 <= a.len() && (k0 + 8) * H <= panel.len(), "pack_panel: out of bounds");
+                // SAFETY: AVX was detected; the eight rows of eight values and the 64 panel slots were just
+                // checked to lie inside `a` and `panel`.
+                unsafe { transpose8(panel.as_mut_ptr().add(k0 * H), H, a.as_ptr().add(at), d.a_row) };
+                k0 += 8;
+            }
+        }
+        for r in 0..H {
+            let row = (i0 + r) * d.a_row;
+            for (k, dst) in panel.chunks_exact_mut(H).enumerate().skip(k0) {
+                dst[r] = a[row + k * d.a_col];
+            }
+        }
+    }
+}
+
+/// Transposes the 8 × 8 block at `src` (rows `lds` apart) into `dst` (rows `ldd` apart) through eight AVX
+/// registers: the packing both attention operands need, at a few shuffles per row where a scalar copy takes
+/// a load and a store per value.
+///
+/// # Safety
+/// The CPU has AVX; `src` is valid for reads of 8 values at each of `src + r·lds` and `dst` for writes of 8
+/// values at each of `dst + r·ldd` (r < 8), and the two do not overlap.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose8(dst: *mut f32, ldd: usize, src: *const f32, lds: usize) {
+    use std::arch::x86_64::{_mm256_loadu_ps, _mm256_permute2f128_ps, _mm256_shuffle_ps, _mm256_storeu_ps, _mm256_unpackhi_ps, _mm256_unpacklo_ps};
+    // SAFETY: the caller's contract.
+    let r: [_; 8] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.add(i * lds)) });
+    let (t0, t1) = (_mm256_unpacklo_ps(r[0], r[1]), _mm256_unpackhi_ps(r[0], r[1]));
+    let (t2, t3) = (_mm256_unpacklo_ps(r[2], r[3]), _mm256_unpackhi_ps(r[2], r[3]));
+    let (t4, t5) = (_mm256_unpacklo_ps(r[4], r[5]), _mm256_unpackhi_ps(r[4], r[5]));
+    let (t6, t7) = (_mm256_unpacklo_ps(r[6], r[7]), _mm256_unpackhi_ps(r[6], r[7]));
+    let (u0, u1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
+    let (u2, u3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
+    let (u4, u5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
+    let (u6, u7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
+    let cols = [
+        _mm256_permute2f128_ps::<0x20>(u0, u4),
+        _mm256_permute2f128_ps::<0x20>(u1, u5),
+        _mm256_permute2f128_ps::<0x20>(u2, u6),
+        _mm256_permute2f128_ps::<0x20>(u3, u7),
+        _mm256_permute2f128_ps::<0x31>(u0, u4),
+        _mm256_permute2f128_ps::<0x31>(u1, u5),
+        _mm256_permute2f128_ps::<0x31>(u2, u6),
+        _mm256_permute2f128_ps::<0x31>(u3, u7),
+    ];
+    for (i, col) in cols.iter().enumerate() {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_storeu_ps(dst.add(i * ldd), *col) };
+    }
+}
+
+/// What a tile `W` columns wide checks once before its loop reads without bounds checks: the panel holds the
+/// inner range, the last `B` row ends at (k1 − 1, j0 + W) and the last `C` row at (i0 + H − 1, j0 + W).
+/// `banded` only calls with i0 + H ≤ m, j0 + W ≤ n and k1 ≤ k, so after `Dims::check` these always hold; they
+/// are asserted here too so the unchecked reads stay sound whatever the caller. An empty inner range leaves
+/// nothing to sum: the tile is zeroed and `false` returned.
+#[inline(always)]
+fn tile_ready<const H: usize, const W: usize>(
+    c: &mut [f32],
+    panel: &[f32],
+    b: &[f32],
+    d: Dims,
+    (i0, j0): (usize, usize),
+    (k0, k1): (usize, usize),
+) -> bool {
+    assert!((i0 + H - 1) * d.ldc + j0 + W <= c.len(), "tile: C out of bounds");
     if k1 <= k0 {
         for r in 0..H {
             let at = (i0 + r) * d.ldc + j0;
-            c[at..at + NR].fill(0.0);
+            c[at..at + W].fill(0.0);
         }
         return false;
     }
-    assert!((i0 + H - 1) * d.a_row + (k1 - 1) * d.a_col < a.len(), "tile: A out of bounds");
-    assert!((k1 - 1) * d.ldb + j0 + NR <= b.len(), "tile: B out of bounds");
+    assert!(k1 * H <= panel.len(), "tile: the panel is short");
+    assert!((k1 - 1) * d.ldb + j0 + W <= b.len(), "tile: B out of bounds");
     true
 }
 
-/// One `H` × 16 tile of `C` at `(i0, j0)`, summing over `k0..k1`.
+/// One `H` × 16 tile of `C` at `(i0, j0)`, summing over `k0..k1` from a packed panel of `A`.
 ///
 /// The loop reads without bounds checks: with them, the checks and their spilled limits outnumber the
 /// eight multiply-adds of an iteration several times over.
 #[inline(always)]
-fn tile<const H: usize>(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), (k0, k1): (usize, usize)) {
-    if !tile_ready::<H>(c, a, b, d, (i0, j0), (k0, k1)) {
+fn tile<const H: usize>(c: &mut [f32], panel: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), (k0, k1): (usize, usize)) {
+    if !tile_ready::<H, NR>(c, panel, b, d, (i0, j0), (k0, k1)) {
         return;
     }
     let mut acc = [[0.0f32; NR]; H];
     for k in k0..k1 {
-        let base = i0 * d.a_row + k * d.a_col;
-        // SAFETY: k < k1 and r < H, so every index is at most the ones asserted above.
-        let av: [f32; H] = std::array::from_fn(|r| unsafe { *a.get_unchecked(base + r * d.a_row) });
-        // SAFETY: as above, row k of B from j0 holds NR values inside `b`.
+        // SAFETY: k < k1, so the panel holds these H values and row k of B from j0 holds NR (asserted above).
+        let av: &[f32; H] = unsafe { &*(panel.as_ptr().add(k * H) as *const [f32; H]) };
         let bv: &[f32; NR] = unsafe { &*(b.as_ptr().add(k * d.ldb + j0) as *const [f32; NR]) };
         for r in 0..H {
             for j in 0..NR {
@@ -209,30 +299,36 @@ fn tile<const H: usize>(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, (i0, j0): 
     }
 }
 
-/// [`tile`] with `MR_WIDE` rows in AVX-512 registers, written with intrinsics: given eight rows, the
-/// vectoriser keeps the sums in memory instead of in eight registers.
+/// [`tile`] with `MR_WIDE` rows of `V` AVX-512 registers (16 columns each), written with intrinsics: given
+/// eight rows, the vectoriser keeps the sums in memory instead of in registers. Two registers a row give
+/// sixteen independent sums, twice what the multiply-adds' latency needs to keep both units busy.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn tile_avx512(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), (k0, k1): (usize, usize)) {
+fn tile_avx512<const V: usize>(c: &mut [f32], panel: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), ks: (usize, usize)) {
     use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps};
     const H: usize = MR_WIDE;
-    if !tile_ready::<H>(c, a, b, d, (i0, j0), (k0, k1)) {
+    if V == 1 && !tile_ready::<H, NR>(c, panel, b, d, (i0, j0), ks) || V == 2 && !tile_ready::<H, { 2 * NR }>(c, panel, b, d, (i0, j0), ks) {
         return;
     }
-    let mut acc = [_mm512_setzero_ps(); H];
-    for k in k0..k1 {
-        let base = i0 * d.a_row + k * d.a_col;
-        // SAFETY: row k of B from j0 holds NR = 16 values inside `b` (asserted above); unaligned load.
-        let bv = unsafe { _mm512_loadu_ps(b.as_ptr().add(k * d.ldb + j0)) };
-        for (r, sum) in acc.iter_mut().enumerate() {
-            // SAFETY: k < k1 and r < H, so the index is at most the one asserted above.
-            let av = _mm512_set1_ps(unsafe { *a.get_unchecked(base + r * d.a_row) });
-            *sum = _mm512_fmadd_ps(av, bv, *sum);
+    let mut acc = [[_mm512_setzero_ps(); V]; H];
+    for k in ks.0..ks.1 {
+        // SAFETY: row k of B from j0 holds V·16 values and the panel H values at k·H (asserted above);
+        // unaligned loads.
+        let bv: [_; V] = std::array::from_fn(|v| unsafe { _mm512_loadu_ps(b.as_ptr().add(k * d.ldb + j0 + v * NR)) });
+        let av = unsafe { panel.as_ptr().add(k * H) };
+        for (r, sums) in acc.iter_mut().enumerate() {
+            // SAFETY: r < H, inside the panel's H values for k.
+            let a = _mm512_set1_ps(unsafe { *av.add(r) });
+            for (sum, bv) in sums.iter_mut().zip(&bv) {
+                *sum = _mm512_fmadd_ps(a, *bv, *sum);
+            }
         }
     }
-    for (r, sum) in acc.iter().enumerate() {
-        // SAFETY: row i0 + r of C from j0 holds NR values (the last one asserted above); unaligned store.
-        unsafe { _mm512_storeu_ps(c.as_mut_ptr().add((i0 + r) * d.ldc + j0), *sum) };
+    for (r, sums) in acc.iter().enumerate() {
+        for (v, sum) in sums.iter().enumerate() {
+            // SAFETY: row i0 + r of C from j0 holds V·16 values (the last one asserted above); unaligned store.
+            unsafe { _mm512_storeu_ps(c.as_mut_ptr().add((i0 + r) * d.ldc + j0 + v * NR), *sum) };
+        }
     }
 }
 
@@ -259,6 +355,29 @@ pub fn matmul_banded_reference(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, ban
 /// `dst (cols × rows, leading dimension ldd) = srcᵀ` for `src` of `rows × cols` with leading dimension `lds`:
 /// the packing step between the feature-major activations and the token-major operands attention multiplies.
 pub fn transpose_into(dst: &mut [f32], ldd: usize, src: &[f32], lds: usize, rows: usize, cols: usize) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(cols <= lds && rows <= ldd, "transpose_into: leading dimensions");
+    assert!((rows - 1) * lds + cols <= src.len() && (cols - 1) * ldd + rows <= dst.len(), "transpose_into: out of bounds");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        let (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
+        for r0 in (0..r8).step_by(8) {
+            for c0 in (0..c8).step_by(8) {
+                // SAFETY: AVX was detected; rows r0..r0+8 of `src` hold columns c0..c0+8 and rows c0..c0+8 of
+                // `dst` hold columns r0..r0+8 (both inside the bounds asserted above); distinct slices.
+                unsafe { transpose8(dst.as_mut_ptr().add(c0 * ldd + r0), ldd, src.as_ptr().add(r0 * lds + c0), lds) };
+            }
+        }
+        for r in 0..rows {
+            let from = if r < r8 { c8 } else { 0 };
+            for c in from..cols {
+                dst[c * ldd + r] = src[r * lds + c];
+            }
+        }
+        return;
+    }
     const B: usize = 16;
     for r0 in (0..rows).step_by(B) {
         for c0 in (0..cols).step_by(B) {
@@ -359,12 +478,16 @@ mod tests {
 
     #[test]
     fn transpose_packs() {
-        let src = values(5 * 7, 3);
-        let mut dst = vec![0.0; 7 * 5];
-        transpose_into(&mut dst, 5, &src, 7, 5, 7);
-        for r in 0..5 {
-            for c in 0..7 {
-                assert_eq!(dst[c * 5 + r], src[r * 7 + c]);
+        // Smaller than one 8 × 8 block, and whole blocks with ragged edges inside larger leading dimensions.
+        for (rows, cols, lds, ldd) in [(5, 7, 7, 5), (37, 29, 40, 44), (16, 24, 24, 16)] {
+            let src = values(rows * lds, 3);
+            let mut dst = vec![-7.0; cols * ldd];
+            transpose_into(&mut dst, ldd, &src, lds, rows, cols);
+            for c in 0..cols {
+                for r in 0..ldd {
+                    let want = if r < rows { src[r * lds + c] } else { -7.0 };
+                    assert_eq!(dst[c * ldd + r], want, "{rows}x{cols} [{r},{c}]");
+                }
             }
         }
     }
