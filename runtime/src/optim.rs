@@ -84,7 +84,11 @@ pub fn update(
 
 /// [`update`] over one piece: `m` and `v` are the matching pieces of the optimizer's moments (empty when the
 /// optimizer keeps none).
+///
+/// Multiversioned like the model's element-wise passes (the release build targets plain x86-64): Adam's
+/// division and square root run sixteen lanes wide where the CPU allows, with the same result in every lane.
 #[allow(clippy::too_many_arguments)]
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 fn update_slice(
     opt: &OptimizerSpec,
     params: &mut [f32],

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::model::attention::{self, Geometry};
 use crate::model::{activation, norm, GptShape, GptUnit};
 use crate::protocol::WeightPayload;
+use crate::kernels::small;
 use crate::tensor::{Mat, PIECE};
 
 /// What one block keeps from its forward pass for its backward pass.
@@ -94,17 +95,45 @@ impl GptNet {
     }
 
     /// Looks up each token's and position's rows of the embedding (`(vocab + context) × width`, row-major).
+    ///
+    /// Each token's sum of two contiguous rows is written token-major first and then transposed into the
+    /// feature-major stream, both on all cores: written in place, every value went to a different row of the
+    /// stream, 8 KiB from the last, on one core at the start of every step.
     fn embed(&mut self, rows: &[f32]) -> Mat {
+        use rayon::prelude::*;
         let (d, n, v, t) = (self.g.width, self.tokens.len(), self.g.vocab, self.g.context);
+        let mut by_token = vec![0.0f32; n * d];
+        by_token.par_chunks_mut(d * TOKENS_PER_TASK).zip(self.tokens.par_chunks(TOKENS_PER_TASK)).enumerate().for_each(
+            |(c, (out, tokens))| {
+                for (i, (row, &tok)) in out.chunks_exact_mut(d).zip(tokens).enumerate() {
+                    let (te, pe) = (tok as usize * d, (v + (c * TOKENS_PER_TASK + i) % t) * d);
+                    for ((x, a), b) in row.iter_mut().zip(&rows[te..te + d]).zip(&rows[pe..pe + d]) {
+                        *x = a + b;
+                    }
+                }
+            },
+        );
         let mut x = Mat::zeros(d, n);
-        for (j, &tok) in self.tokens.iter().enumerate() {
-            let (te, pe) = (tok as usize * d, (v + j % t) * d);
-            for f in 0..d {
-                x.data[f * n + j] = rows[te + f] + rows[pe + f];
-            }
-        }
+        transpose_by_rows(&mut x.data, n, &by_token, d);
         x
     }
+}
+
+/// Tokens per parallel task of the embedding's passes.
+const TOKENS_PER_TASK: usize = 256;
+
+/// `dst (cols × rows) = srcᵀ` for a row-major `src` of `src.len() / cols` rows and `cols` columns, on all cores:
+/// each task transposes a band of `src`'s columns into its own rows of `dst`.
+fn transpose_by_rows(dst: &mut [f32], rows: usize, src: &[f32], cols: usize) {
+    use rayon::prelude::*;
+    const BAND: usize = 32;
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    dst.par_chunks_mut(BAND * rows).enumerate().for_each(|(b, out)| {
+        let c0 = b * BAND;
+        small::transpose_into(out, rows, &src[c0..], cols, rows, out.len() / rows);
+    });
 }
 
 /// The error for a unit whose input gradient the linear backward did not return (it always does when asked).
@@ -243,15 +272,15 @@ impl Net for GptNet {
             }
             GptUnit::Embed => {
                 // Only the rows that were looked up get a gradient; the stream carries no weights at all.
+                // The stream's gradient token-major first (on all cores), so each token adds two contiguous rows.
                 let (d, n, v, t) = (self.g.width, self.tokens.len(), self.g.vocab, self.g.context);
+                let mut by_token = vec![0.0f32; n * d];
+                transpose_by_rows(&mut by_token, d, &self.dx.data, n);
                 let mut grad = vec![0.0f32; (v + t) * d];
-                for (j, &tok) in self.tokens.iter().enumerate() {
+                for (j, (&tok, g)) in self.tokens.iter().zip(by_token.chunks_exact(d)).enumerate() {
                     let (te, pe) = (tok as usize * d, (v + j % t) * d);
-                    for f in 0..d {
-                        let g = self.dx.data[f * n + j];
-                        grad[te + f] += g;
-                        grad[pe + f] += g;
-                    }
+                    grad[te..te + d].iter_mut().zip(g).for_each(|(a, g)| *a += g);
+                    grad[pe..pe + d].iter_mut().zip(g).for_each(|(a, g)| *a += g);
                 }
                 works.push(Work::Elementwise { ops: 2 * (d * n) as u64 });
                 self.dx = Mat::default();

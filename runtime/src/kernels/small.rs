@@ -363,11 +363,19 @@ pub fn transpose_into(dst: &mut [f32], ldd: usize, src: &[f32], lds: usize, rows
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx") {
         let (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
-        for r0 in (0..r8).step_by(8) {
-            for c0 in (0..c8).step_by(8) {
-                // SAFETY: AVX was detected; rows r0..r0+8 of `src` hold columns c0..c0+8 and rows c0..c0+8 of
-                // `dst` hold columns r0..r0+8 (both inside the bounds asserted above); distinct slices.
-                unsafe { transpose8(dst.as_mut_ptr().add(c0 * ldd + r0), ldd, src.as_ptr().add(r0 * lds + c0), lds) };
+        // Blocks of 32 × 32, so the lines a block writes are still in L1 when the next 8 × 8 fills their rest.
+        const BLOCK: usize = 16;
+        const CBLOCK: usize = 128;
+        for rb in (0..r8).step_by(BLOCK) {
+            for cb in (0..c8).step_by(CBLOCK) {
+                for r0 in (rb..(rb + BLOCK).min(r8)).step_by(8) {
+                    for c0 in (cb..(cb + CBLOCK).min(c8)).step_by(8) {
+                        // SAFETY: AVX was detected; rows r0..r0+8 of `src` hold columns c0..c0+8 and rows
+                        // c0..c0+8 of `dst` hold columns r0..r0+8 (inside the bounds asserted above); the
+                        // slices are distinct.
+                        unsafe { transpose8(dst.as_mut_ptr().add(c0 * ldd + r0), ldd, src.as_ptr().add(r0 * lds + c0), lds) };
+                    }
+                }
             }
         }
         for r in 0..rows {
