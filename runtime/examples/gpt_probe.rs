@@ -62,9 +62,9 @@ fn main() {
     println!("sparse block matrices per step: {:.1} ms", sparse_total * 1e3);
     let geo = Geometry { width: d, heads, context: t };
     let qkv = m(3 * d, n);
-    let (o, probs) = attention::forward(geo, &qkv);
-    let af = time("attention fwd", 5, || attention::forward(geo, &qkv));
-    let ab = time("attention bwd", 5, || attention::backward(geo, &qkv, &probs, &o));
+    let (o, probs) = attention::forward(geo, &qkv, &mut Default::default());
+    let af = time("attention fwd", 5, || attention::forward(geo, &qkv, &mut Default::default()));
+    let ab = time("attention bwd", 5, || attention::backward(geo, &qkv, &probs, &o, &mut Default::default()));
     total += 4.0 * (af + ab);
     let gf = time("gelu fwd", 5, || activation::forward(crds::Activation::Gelu, &u.data));
     let mut du = u.clone();

@@ -55,6 +55,36 @@ pub unsafe fn written_once_beside(
     v
 }
 
+/// Activation buffers a pass has finished with, kept for the next pass that needs one of the same length: the
+/// outputs that go through `&mut [f32]` kernels (attention's) must start as initialised values, and zeroing
+/// fresh ones was a pass over 12 MiB per block and step. Host memory only, like the allocator's own free lists:
+/// what the simulated engine holds is counted where the activations live, not here.
+#[derive(Debug, Default)]
+pub struct Spare {
+    buffers: Vec<Vec<f32>>,
+}
+
+impl Spare {
+    /// At most this many buffers are kept; more are freed.
+    const KEEP: usize = 64;
+
+    /// A vector of `len` values whose contents are unspecified (zeros, or what a finished pass left): only for
+    /// an output every value of which its writer sets.
+    pub fn take(&mut self, len: usize) -> Vec<f32> {
+        match self.buffers.iter().position(|b| b.len() == len) {
+            Some(i) => self.buffers.swap_remove(i),
+            None => vec![0.0; len],
+        }
+    }
+
+    /// Keeps `buffer` for a later [`Spare::take`] of its length.
+    pub fn give(&mut self, buffer: Vec<f32>) {
+        if !buffer.is_empty() && self.buffers.len() < Self::KEEP {
+            self.buffers.push(buffer);
+        }
+    }
+}
+
 /// A dense row-major `rows × cols` matrix of `f32`.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Mat {

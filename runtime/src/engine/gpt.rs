@@ -12,7 +12,7 @@ use crate::model::attention::{self, Geometry};
 use crate::model::{activation, norm, GptShape, GptUnit};
 use crate::protocol::WeightPayload;
 use crate::kernels::small;
-use crate::tensor::{Mat, PIECE};
+use crate::tensor::{Mat, Spare, PIECE, TOKENS_PER_TASK};
 
 /// What one block keeps from its forward pass for its backward pass.
 #[derive(Default)]
@@ -54,6 +54,8 @@ pub(super) struct GptNet {
     dx: Mat,
     /// A gradient waiting for the next unit down: the logits' (head), the MLP pre-activation's (up) or QKV's.
     pending: Option<Mat>,
+    /// Attention's finished buffers, kept from step to step (see [`Spare`]).
+    spare: Spare,
 }
 
 impl GptNet {
@@ -67,6 +69,7 @@ impl GptNet {
             rstdf: Vec::new(),
             dx: Mat::default(),
             pending: None,
+            spare: Spare::default(),
         }
     }
 
@@ -75,7 +78,7 @@ impl GptNet {
     }
 
     fn block(&mut self, b: usize) -> Result<&mut BlockActs> {
-        self.blocks.get_mut(b).ok_or_else(|| Error::Protocol(format!("block {b} has no activations")))
+        block_in(&mut self.blocks, b)
     }
 
     fn pending(&mut self, what: &str) -> Result<Mat> {
@@ -113,27 +116,13 @@ impl GptNet {
                 }
             },
         );
-        let mut x = Mat::zeros(d, n);
-        transpose_by_rows(&mut x.data, n, &by_token, d);
-        x
+        Mat::from_vec(d, n, small::transpose(&by_token, n, d))
     }
 }
 
-/// Tokens per parallel task of the embedding's passes.
-const TOKENS_PER_TASK: usize = 256;
-
-/// `dst (cols × rows) = srcᵀ` for a row-major `src` of `src.len() / cols` rows and `cols` columns, on all cores:
-/// each task transposes a band of `src`'s columns into its own rows of `dst`.
-fn transpose_by_rows(dst: &mut [f32], rows: usize, src: &[f32], cols: usize) {
-    use rayon::prelude::*;
-    const BAND: usize = 32;
-    if rows == 0 || cols == 0 {
-        return;
-    }
-    dst.par_chunks_mut(BAND * rows).enumerate().for_each(|(b, out)| {
-        let c0 = b * BAND;
-        small::transpose_into(out, rows, &src[c0..], cols, rows, out.len() / rows);
-    });
+/// Block `b`'s activations, borrowed apart from the rest of the net.
+fn block_in(blocks: &mut [BlockActs], b: usize) -> Result<&mut BlockActs> {
+    blocks.get_mut(b).ok_or_else(|| Error::Protocol(format!("block {b} has no activations")))
 }
 
 /// The error for a unit whose input gradient the linear backward did not return (it always does when asked).
@@ -183,9 +172,9 @@ impl Net for GptNet {
             }
             GptUnit::Qkv(b) => {
                 let geometry = self.geometry();
-                let block = self.block(b)?;
+                let block = block_in(&mut self.blocks, b)?;
                 let qkv = unit.forward(&block.a1, works)?;
-                let (o, probs) = attention::forward(geometry, &qkv);
+                let (o, probs) = attention::forward(geometry, &qkv, &mut self.spare);
                 let (t, n, heads) = (geometry.context, qkv.cols, geometry.heads);
                 let gemm = Work::Gemm { m: t, n: n * heads, k: geometry.width / heads };
                 works.extend([gemm, gemm, Work::Elementwise { ops: 5 * (probs.len() as u64) / 2 }]);
@@ -255,11 +244,12 @@ impl Net for GptNet {
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
                 let (grads, d_o) = unit.backward(&block.o, &self.dx, true, works)?;
                 let d_o = d_o.ok_or_else(missing_input_grad)?;
-                let dqkv = attention::backward(geometry, &block.qkv, &block.probs, &d_o);
+                let dqkv = attention::backward(geometry, &block.qkv, &block.probs, &d_o, &mut self.spare);
                 let (t, n, heads) = (geometry.context, d_o.cols, geometry.heads);
                 let gemm = Work::Gemm { m: t, n: n * heads, k: geometry.width / heads };
                 works.extend([gemm, gemm, gemm, gemm, Work::Elementwise { ops: 4 * block.probs.len() as u64 }]);
-                (block.o, block.probs) = (Mat::default(), Vec::new());
+                self.spare.give(std::mem::take(&mut block.o).data);
+                self.spare.give(std::mem::take(&mut block.probs));
                 self.pending = Some(dqkv);
                 Ok(grads)
             }
@@ -268,14 +258,14 @@ impl Net for GptNet {
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
                 let grads = backward_through_norm(unit, (&block.a1, &block.rstd1), &dqkv, &mut self.dx, works)?;
                 self.blocks.truncate(b);
+                self.spare.give(dqkv.data);
                 Ok(grads)
             }
             GptUnit::Embed => {
                 // Only the rows that were looked up get a gradient; the stream carries no weights at all.
                 // The stream's gradient token-major first (on all cores), so each token adds two contiguous rows.
                 let (d, n, v, t) = (self.g.width, self.tokens.len(), self.g.vocab, self.g.context);
-                let mut by_token = vec![0.0f32; n * d];
-                transpose_by_rows(&mut by_token, d, &self.dx.data, n);
+                let by_token = small::transpose(&self.dx.data, d, n);
                 let mut grad = vec![0.0f32; (v + t) * d];
                 for (j, (&tok, g)) in self.tokens.iter().zip(by_token.chunks_exact(d)).enumerate() {
                     let (te, pe) = (tok as usize * d, (v + j % t) * d);
@@ -298,6 +288,7 @@ impl Net for GptNet {
     }
 
     fn clear(&mut self) {
-        *self = GptNet::new(self.g);
+        // The activations go; the spare buffers stay for the next step.
+        *self = GptNet { spare: std::mem::take(&mut self.spare), ..GptNet::new(self.g) };
     }
 }

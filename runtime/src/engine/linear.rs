@@ -53,7 +53,6 @@ impl<'s> StreamedLinear<'s> {
     /// when `need_dx` — the gradient of the input.
     pub fn backward(&self, x: &Mat, dy: &Mat, need_dx: bool, works: &mut Vec<Work<'s>>) -> Result<(Grads, Option<Mat>)> {
         let (shape, tokens) = (self.shape, x.cols);
-        // A dense layer's two gradients are independent products: they run side by side.
         // Both gradients at once: a dense layer's are independent products that run side by side; a sparse
         // layer's both read the output gradient, packed once for the two.
         if need_dx {

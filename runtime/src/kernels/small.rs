@@ -352,6 +352,24 @@ pub fn matmul_banded_reference(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, ban
     }
 }
 
+/// The transpose of a row-major `rows × cols` matrix, as a new row-major `cols × rows` one, on all cores: each
+/// task transposes a band of the source's columns into its own rows of the result. What turns a feature-major
+/// activation token-major (or back) where a pass needs the other layout.
+pub fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    assert_eq!(src.len(), rows * cols, "transpose: {} values for {rows}x{cols}", src.len());
+    const BAND: usize = 32;
+    let mut dst = vec![0.0f32; rows * cols];
+    if rows == 0 || cols == 0 {
+        return dst;
+    }
+    dst.par_chunks_mut(BAND * rows).enumerate().for_each(|(b, out)| {
+        let c0 = b * BAND;
+        transpose_into(out, rows, &src[c0..], cols, rows, out.len() / rows);
+    });
+    dst
+}
+
 /// `dst (cols × rows, leading dimension ldd) = srcᵀ` for `src` of `rows × cols` with leading dimension `lds`:
 /// the packing step between the feature-major activations and the token-major operands attention multiplies.
 pub fn transpose_into(dst: &mut [f32], ldd: usize, src: &[f32], lds: usize, rows: usize, cols: usize) {

@@ -11,7 +11,7 @@ use multiversion::multiversion;
 use crate::kernels::dense::{matmul, MatView};
 use crate::kernels::small::{self, Band, Dims};
 use crate::model::activation::exp;
-use crate::tensor::Mat;
+use crate::tensor::{Mat, Spare};
 
 /// The attention geometry of one shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,15 +76,21 @@ impl Geometry {
 /// the diagonal (in blocks of four queries) and `V·Pᵀ` sums only over the keys a query can see, so causal
 /// attention does about half the square's work, and nothing is packed but the probabilities' transpose.
 /// [`forward_reference`] is the same function through full GEMMs.
-pub fn forward(g: Geometry, qkv: &Mat) -> (Mat, Vec<f32>) {
+///
+/// The output and the probabilities come from `spare` (every value is written), so a step reuses the last
+/// step's buffers instead of zeroing new ones.
+pub fn forward(g: Geometry, qkv: &Mat, spare: &mut Spare) -> (Mat, Vec<f32>) {
     let (t, dh, n) = (g.context, g.head_dim(), qkv.cols);
     let seqs = n / t.max(1);
     let scale = 1.0 / (dh as f32).sqrt();
-    let mut probs = vec![0.0f32; seqs * g.heads * t * t];
-    let mut out = Mat::zeros(g.width, n);
+    let mut probs = spare.take(seqs * g.heads * t * t);
+    let mut out = Mat::from_vec(g.width, n, spare.take(g.width * n));
     if t == 0 || dh == 0 || seqs == 0 {
+        out.data.fill(0.0);
+        probs.fill(0.0);
         return (out, probs);
     }
+    zero_past_sequences(&mut out, seqs * t);
     let scores = Dims { m: t, n: t, k: dh, a_row: 1, a_col: n, ldb: t, ldc: t };
     let mix = Dims { m: dh, n: t, k: t, a_row: n, a_col: 1, ldb: t, ldc: n };
     out.data.par_chunks_mut(dh * n).zip(probs.par_chunks_mut(seqs * t * t)).enumerate().for_each(|(h, (out_h, probs_h))| {
@@ -135,6 +141,15 @@ fn lanes(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
     acc.iter().fold(tail, |a, &b| f(a, b))
 }
 
+/// Zeroes each row's columns from `covered` on: tokens past the last whole sequence, which no pair writes (a
+/// shard always holds whole sequences, so this is normally nothing).
+fn zero_past_sequences(m: &mut Mat, covered: usize) {
+    if covered < m.cols {
+        let cols = m.cols;
+        m.data.chunks_exact_mut(cols).for_each(|row| row[covered..].fill(0.0));
+    }
+}
+
 /// The softmax's backward pass on one pair, in place over `dp` (the gradient of the probabilities): row `i`
 /// becomes `p ⊙ (dp − p·dp) · scale` left of the diagonal and zero right of it. Multiversioned like
 /// [`softmax_causal`].
@@ -158,14 +173,18 @@ fn softmax_causal_backward(p: &[f32], dp: &mut [f32], t: usize, scale: f32) {
 /// [`forward`]: every product skips the triangle the causal mask zeroes, reads its operands in place and
 /// writes its head's rows of the result directly. [`backward_reference`] is the same function through full
 /// GEMMs.
-pub fn backward(g: Geometry, qkv: &Mat, probs: &[f32], d_out: &Mat) -> Mat {
+///
+/// The result comes from `spare` like [`forward`]'s outputs.
+pub fn backward(g: Geometry, qkv: &Mat, probs: &[f32], d_out: &Mat, spare: &mut Spare) -> Mat {
     let (t, dh, n) = (g.context, g.head_dim(), qkv.cols);
     let seqs = n / t.max(1);
     let scale = 1.0 / (dh as f32).sqrt();
-    let mut dqkv = Mat::zeros(3 * g.width, n);
+    let mut dqkv = Mat::from_vec(3 * g.width, n, spare.take(3 * g.width * n));
     if t == 0 || dh == 0 || seqs == 0 {
+        dqkv.data.fill(0.0);
         return dqkv;
     }
+    zero_past_sequences(&mut dqkv, seqs * t);
     // dV = dO·P and dK = Q·dS (P and dS upper triangular read as B); dQ = K·dSᵀ (lower triangular as B).
     let by_probs = Dims { m: dh, n: t, k: t, a_row: n, a_col: 1, ldb: t, ldc: n };
     // dP = dOᵀ·V, left of the diagonal only.
@@ -288,12 +307,19 @@ mod tests {
     #[test]
     fn banded_kernels_match_the_gemm_reference() {
         // Shapes with whole tiles (8 or 4 rows × 16 columns) and with ragged edges.
-        for (width, heads, context, seqs) in [(64, 2, 32, 2), (24, 3, 21, 3), (128, 2, 64, 1)] {
+        // The last shape has tokens past its last whole sequence, which attention leaves at zero.
+        for (width, heads, context, seqs, past) in [(64, 2, 32, 2, 0), (128, 2, 64, 1, 0), (24, 3, 21, 3, 5)] {
             let g = Geometry { width, heads, context };
-            let n = seqs * context;
+            let n = seqs * context + past;
+            // Buffers full of NaN stand in for a finished step's: every value the banded kernels leave
+            // unwritten would show.
+            let mut spare = Spare::default();
+            for len in [width * n, seqs * heads * context * context, 3 * width * n] {
+                spare.give(vec![f32::NAN; len]);
+            }
             let qkv = Mat::from_vec(3 * width, n, (0..3 * width * n).map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 4e-3).collect());
             let d_out = Mat::from_vec(width, n, (0..width * n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 2e-3).collect());
-            let (o, probs) = forward(g, &qkv);
+            let (o, probs) = forward(g, &qkv, &mut spare);
             let (o_ref, probs_ref) = forward_reference(g, &qkv);
             // The reference keeps the probabilities sequence-major, the banded kernels head-major.
             let tt = context * context;
@@ -307,7 +333,7 @@ mod tests {
             };
             close(&o.data, &o_ref.data, "output");
             close(&probs_seq_major, &probs_ref, "probabilities");
-            let d = backward(g, &qkv, &probs, &d_out);
+            let d = backward(g, &qkv, &probs, &d_out, &mut spare);
             let d_ref = backward_reference(g, &qkv, &probs_ref, &d_out);
             close(&d.data, &d_ref.data, "dqkv");
         }
@@ -319,16 +345,17 @@ mod tests {
         let n = 2 * g.context;
         let qkv = Mat::from_vec(3 * g.width, n, (0..3 * g.width * n).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.15).collect());
         let w = Mat::from_vec(g.width, n, (0..g.width * n).map(|i| ((i * 5 % 9) as f32 - 4.0) * 0.25).collect());
-        let (_, probs) = forward(g, &qkv);
-        let dqkv = backward(g, &qkv, &probs, &w);
-        assert_central_differences(&qkv, &dqkv, (1e-2, 2e-3), "qkv", |qkv| weighted_sum(&forward(g, qkv).0, &w));
+        let spare = &mut Spare::default();
+        let (_, probs) = forward(g, &qkv, spare);
+        let dqkv = backward(g, &qkv, &probs, &w, spare);
+        assert_central_differences(&qkv, &dqkv, (1e-2, 2e-3), "qkv", |qkv| weighted_sum(&forward(g, qkv, &mut Spare::default()).0, &w));
         // A token's output does not depend on later tokens: change the last token's K and V of sequence 0.
-        let (base, _) = forward(g, &qkv);
+        let (base, _) = forward(g, &qkv, spare);
         let mut later = qkv.clone();
         for r in g.width..3 * g.width {
             later.data[r * n + g.context - 1] += 1.0;
         }
-        let (moved, _) = forward(g, &later);
+        let (moved, _) = forward(g, &later, spare);
         for r in 0..g.width {
             for j in 0..g.context - 1 {
                 assert_eq!(base.data[r * n + j], moved.data[r * n + j], "token {j} saw the future");

@@ -95,9 +95,14 @@ pub fn weight_grad_sparse(by_column: &SparsePattern, x: &Mat, dy: &Mat) -> Vec<f
     g
 }
 
-/// Bias gradient: each output's delta summed over tokens.
+/// Bias gradient: each output's delta summed over tokens, rows on all cores (each row's sum is the same
+/// whichever core takes it).
 pub fn bias_grad(dy: &Mat) -> Vec<f32> {
-    (0..dy.rows).map(|r| row_sum(dy.row(r))).collect()
+    use rayon::prelude::*;
+    if dy.cols == 0 {
+        return vec![0.0; dy.rows];
+    }
+    dy.data.par_chunks(dy.cols).with_min_len(16).map(row_sum).collect()
 }
 
 /// The sum of a row over sixteen running partial sums: a plain `iter().sum()` must add in order, one value at a
