@@ -33,14 +33,14 @@ pub unsafe fn written_once(len: usize, piece: usize, write: impl Fn(usize, &mut 
 }
 
 /// [`written_once`] for a pass that also rewrites an existing slice of the same length in place: each piece of
-/// the new vector comes with the matching piece of `beside`.
+/// the new vector comes with the matching piece of `beside` and where both start.
 ///
 /// # Safety
 /// As [`written_once`]: `write` must initialise every element of each piece of the new vector.
 pub unsafe fn written_once_beside(
     beside: &mut [f32],
     piece: usize,
-    write: impl Fn(&mut [MaybeUninit<f32>], &mut [f32]) + Sync + Send,
+    write: impl Fn(usize, &mut [MaybeUninit<f32>], &mut [f32]) + Sync + Send,
 ) -> Vec<f32> {
     use rayon::prelude::*;
     let (len, piece) = (beside.len(), piece.max(1));
@@ -49,7 +49,8 @@ pub unsafe fn written_once_beside(
         .par_chunks_mut(piece)
         .zip(beside.par_chunks_mut(piece))
         .with_min_len(PIECE.div_ceil(piece))
-        .for_each(|(slots, beside)| write(slots, beside));
+        .enumerate()
+        .for_each(|(i, (slots, beside))| write(i * piece, slots, beside));
     // SAFETY: the pieces cover the first `len` slots and the caller's `write` initialised every one.
     unsafe { v.set_len(len) };
     v

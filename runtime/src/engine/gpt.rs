@@ -85,12 +85,18 @@ impl GptNet {
         self.pending.take().ok_or_else(|| Error::Protocol(format!("no gradient for {what}")))
     }
 
-    /// Adds `y` to the residual stream and normalises the result: the input of the next sub-block.
-    fn residual_norm(&mut self, y: &Mat, works: &mut Vec<Work<'_>>) -> (Mat, Vec<f32>) {
+    /// Adds `y` and its rows' `bias` (the unit's, left to this pass) to the residual stream and normalises the
+    /// result: the input of the next sub-block.
+    fn residual_norm(&mut self, y: &Mat, bias: &[f32], works: &mut Vec<Work<'_>>) -> (Mat, Vec<f32>) {
         use rayon::prelude::*;
-        self.x.data.par_chunks_mut(PIECE).zip(y.data.par_chunks(PIECE)).for_each(|(x, y)| {
-            for (x, v) in x.iter_mut().zip(y) {
-                *x += v;
+        let cols = y.cols.max(1);
+        let rows = (PIECE / cols).max(1);
+        self.x.data.par_chunks_mut(rows * cols).zip(y.data.par_chunks(rows * cols)).enumerate().for_each(|(i, (x, y))| {
+            for (r, (x, y)) in x.chunks_mut(cols).zip(y.chunks(cols)).enumerate() {
+                let b = bias.get(i * rows + r).copied().unwrap_or(0.0);
+                for (x, v) in x.iter_mut().zip(y) {
+                    *x += v + b;
+                }
             }
         });
         works.push(Work::Elementwise { ops: 9 * y.data.len() as u64 });
@@ -181,21 +187,21 @@ impl Net for GptNet {
                 (block.qkv, block.o, block.probs) = (qkv, o, probs);
             }
             GptUnit::Proj(b) => {
-                let y = unit.forward(&self.block(b)?.o, works)?;
-                let (a2, rstd2) = self.residual_norm(&y, works);
+                let (y, bias) = unit.forward_leaving_bias(&self.block(b)?.o, works)?;
+                let (a2, rstd2) = self.residual_norm(&y, bias, works);
                 let block = self.block(b)?;
                 (block.a2, block.rstd2) = (a2, rstd2);
             }
             GptUnit::Up(b) => {
                 let block = self.block(b)?;
-                let mut u = unit.forward(&block.a2, works)?;
-                let g = Mat::from_vec(u.rows, u.cols, activation::forward_keeping_slope(Activation::Gelu, &mut u.data));
+                let (mut u, bias) = unit.forward_leaving_bias(&block.a2, works)?;
+                let g = Mat::from_vec(u.rows, u.cols, activation::forward_keeping_slope(Activation::Gelu, &mut u.data, bias));
                 works.push(Work::Elementwise { ops: 8 * u.data.len() as u64 });
                 (block.u, block.g) = (u, g);
             }
             GptUnit::Down(b) => {
-                let y = unit.forward(&self.block(b)?.g, works)?;
-                let (a, rstd) = self.residual_norm(&y, works);
+                let (y, bias) = unit.forward_leaving_bias(&self.block(b)?.g, works)?;
+                let (a, rstd) = self.residual_norm(&y, bias, works);
                 if b + 1 < self.g.blocks {
                     self.blocks.push(BlockActs { a1: a, rstd1: rstd, ..BlockActs::default() });
                 } else {

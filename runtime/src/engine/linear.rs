@@ -48,6 +48,16 @@ impl<'s> StreamedLinear<'s> {
         Ok(y)
     }
 
+    /// [`StreamedLinear::forward`] without the bias, which is returned for the pass that reads the output
+    /// next to add (one value per output row): that pass adds it as it goes, where adding it here is one more
+    /// pass over the whole output.
+    pub fn forward_leaving_bias(&self, x: &Mat, works: &mut Vec<Work<'s>>) -> Result<(Mat, &'s [f32])> {
+        let y = linear::forward(self.weights()?, &[], x);
+        works.push(self.product(y.rows, x.cols, x.rows));
+        let stream: &'s LayerStream = self.stream;
+        Ok((y, &stream.bias))
+    }
+
     /// Backward through the unit whose input was `x`, given the gradient `dy` of its output: the weight
     /// gradient (only at the mask's positions when sparse), the bias gradient when the unit has a bias, and —
     /// when `need_dx` — the gradient of the input.

@@ -59,9 +59,18 @@ pub fn forward(kind: Activation, z: &[f32]) -> Vec<f32> {
 /// (the transformer's MLP), one pass computes each `tanh` once, and the backward pass is the multiply
 /// [`scale_by_slope`] instead of a second pass of transcendentals. Bit for bit what [`forward`] and
 /// [`backward`] give.
-pub fn forward_keeping_slope(kind: Activation, z: &mut [f32]) -> Vec<f32> {
+///
+/// With a `row_bias` (one value per row of `z`, which then holds `row_bias.len()` rows), each row's bias is
+/// added to its pre-activations first, in the same pass: the layer before leaves its bias to this pass
+/// rather than writing it over its whole output before the product and reading it back.
+pub fn forward_keeping_slope(kind: Activation, z: &mut [f32], row_bias: &[f32]) -> Vec<f32> {
+    let cols = if row_bias.is_empty() { 0 } else { z.len() / row_bias.len() };
+    assert!(row_bias.is_empty() || cols * row_bias.len() == z.len(), "activation: {} values are not rows for {} biases", z.len(), row_bias.len());
+    // Pieces of whole rows, so each knows its rows' biases.
+    let piece = if cols == 0 { PIECE } else { cols * (PIECE / cols).max(1) };
+    let bias_of = |start: usize, len: usize| if cols == 0 { &[][..] } else { &row_bias[start / cols..(start + len) / cols] };
     // SAFETY: `forward_slope_slice` writes every slot of the piece it is given (one per input; it checks).
-    unsafe { written_once_beside(z, PIECE, |out, z| forward_slope_slice(kind, z, out)) }
+    unsafe { written_once_beside(z, piece, |start, out, z| forward_slope_slice(kind, z, out, bias_of(start, z.len()))) }
 }
 
 /// `da *= slope` element-wise, large arrays on all cores: the backward pass through an activation whose slope
@@ -80,22 +89,38 @@ fn scale_slice(slope: &[f32], da: &mut [f32]) {
     }
 }
 
-/// `a = f(z)` and `z ← f'(z)` over one piece; the formulas are [`forward_slice`]'s and [`backward_slice`]'s.
+/// `a = f(z + b)` and `z ← f'(z + b)` over one piece, `b` each row's bias (none when `bias` is empty, else the
+/// piece is `bias.len()` whole rows); the formulas are [`forward_slice`]'s and [`backward_slice`]'s.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
-fn forward_slope_slice(kind: Activation, z: &mut [f32], a: &mut [MaybeUninit<f32>]) {
+fn forward_slope_slice(kind: Activation, z: &mut [f32], a: &mut [MaybeUninit<f32>], bias: &[f32]) {
     assert_eq!(a.len(), z.len(), "activation: one output per input");
+    if bias.is_empty() {
+        return forward_slope_row(kind, z, a, None);
+    }
+    let cols = z.len() / bias.len();
+    assert_eq!(cols * bias.len(), z.len(), "activation: a piece of whole rows");
+    for ((z, a), &b) in z.chunks_exact_mut(cols).zip(a.chunks_exact_mut(cols)).zip(bias) {
+        forward_slope_row(kind, z, a, Some(b));
+    }
+}
+
+/// [`forward_slope_slice`] over one row (or a whole piece without a bias).
+#[inline(always)]
+fn forward_slope_row(kind: Activation, z: &mut [f32], a: &mut [MaybeUninit<f32>], bias: Option<f32>) {
+    let (add, b) = (bias.is_some(), bias.unwrap_or(0.0));
     match kind {
         Activation::Relu => {
             for (o, x) in a.iter_mut().zip(z) {
-                o.write(x.max(0.0));
-                *x = if *x <= 0.0 { 0.0 } else { 1.0 };
+                let v = if add { *x + b } else { *x };
+                o.write(v.max(0.0));
+                *x = if v <= 0.0 { 0.0 } else { 1.0 };
             }
         }
         Activation::Gelu => {
-            for (o, z) in a.iter_mut().zip(z) {
-                let (value, slope) = gelu(*z);
+            for (o, x) in a.iter_mut().zip(z) {
+                let (value, slope) = gelu(if add { *x + b } else { *x });
                 o.write(value);
-                *z = slope;
+                *x = slope;
             }
         }
     }
@@ -189,12 +214,30 @@ mod tests {
         let da: Vec<f32> = (0..n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 0.01).collect();
         for kind in [Activation::Relu, Activation::Gelu] {
             let mut slope = z.clone();
-            let a = forward_keeping_slope(kind, &mut slope);
+            let a = forward_keeping_slope(kind, &mut slope, &[]);
             assert_eq!(a, forward(kind, &z), "{kind:?}: activation");
             let (mut want, mut got) = (da.clone(), da.clone());
             backward(kind, &z, &mut want);
             scale_by_slope(&slope, &mut got);
             assert!(want.iter().zip(&got).all(|(w, g)| w == g), "{kind:?}: gradient");
+        }
+    }
+
+    /// A row bias added in the activation's pass is the bias added before it, over rows that split into
+    /// several pieces and rows wider than one.
+    #[test]
+    fn a_row_bias_is_added_before_the_activation() {
+        for (rows, cols) in [(7, 3 * PIECE / 2 + 5), (3 * PIECE / 100 + 1, 100)] {
+            let z: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 2003) as f32 - 1001.0) * 0.004).collect();
+            let bias: Vec<f32> = (0..rows).map(|r| r as f32 * 0.37 - 1.0).collect();
+            let biased: Vec<f32> = z.iter().enumerate().map(|(i, v)| v + bias[i / cols]).collect();
+            for kind in [Activation::Relu, Activation::Gelu] {
+                let (mut got_slope, mut want_slope) = (z.clone(), biased.clone());
+                let got = forward_keeping_slope(kind, &mut got_slope, &bias);
+                let want = forward_keeping_slope(kind, &mut want_slope, &[]);
+                assert_eq!(got, want, "{kind:?} {rows}x{cols}: activation");
+                assert_eq!(got_slope, want_slope, "{kind:?} {rows}x{cols}: slope");
+            }
         }
     }
 }
