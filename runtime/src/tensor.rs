@@ -7,6 +7,12 @@ use std::mem::MaybeUninit;
 /// Values per task of an element-wise pass over an activation: large enough that a task pays for itself.
 pub const PIECE: usize = 1 << 15;
 
+/// Rows of `cols` values per task of an element-wise pass that needs to know each value's row (a per-row
+/// bias): whole rows, about [`PIECE`] values.
+pub fn rows_per_piece(cols: usize) -> usize {
+    (PIECE / cols.max(1)).max(1)
+}
+
 /// Tokens per task of a per-token statistic (layer norm, the softmax loss): each task sums its own tokens over
 /// every row, so the order of every sum, and the result bit for bit, does not depend on the split.
 pub const TOKENS_PER_TASK: usize = 256;
@@ -70,19 +76,32 @@ impl Spare {
     const KEEP: usize = 64;
 
     /// A vector of `len` values whose contents are unspecified (zeros, or what a finished pass left): only for
-    /// an output every value of which its writer sets.
+    /// an output every value of which its writer sets. The smallest kept buffer at least as long serves,
+    /// shortened.
     pub fn take(&mut self, len: usize) -> Vec<f32> {
-        match self.buffers.iter().position(|b| b.len() == len) {
-            Some(i) => self.buffers.swap_remove(i),
+        let fits = self.buffers.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.len());
+        match fits.map(|(i, _)| i) {
+            Some(i) => {
+                let mut buffer = self.buffers.swap_remove(i);
+                buffer.truncate(len);
+                buffer
+            }
             None => vec![0.0; len],
         }
     }
 
-    /// Keeps `buffer` for a later [`Spare::take`] of its length.
+    /// Keeps `buffer` for a later [`Spare::take`]; when full, the shortest kept buffer makes room (a shape
+    /// that changed leaves nothing behind for long).
     pub fn give(&mut self, buffer: Vec<f32>) {
-        if !buffer.is_empty() && self.buffers.len() < Self::KEEP {
-            self.buffers.push(buffer);
+        if buffer.is_empty() {
+            return;
         }
+        if self.buffers.len() >= Self::KEEP {
+            if let Some(i) = self.buffers.iter().enumerate().min_by_key(|(_, b)| b.len()).map(|(i, _)| i) {
+                self.buffers.swap_remove(i);
+            }
+        }
+        self.buffers.push(buffer);
     }
 }
 
@@ -127,5 +146,30 @@ impl Mat {
     /// A view of the whole matrix for the GEMM wrapper.
     pub fn view(&self) -> crate::kernels::dense::MatView<'_> {
         crate::kernels::dense::MatView::new(&self.data, self.rows, self.cols)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A taken buffer has the length asked for, reuses the shortest kept one that is long enough, and a full
+    /// pool makes room by dropping its shortest.
+    #[test]
+    fn spare_buffers_are_reused_and_bounded() {
+        let mut spare = Spare::default();
+        for len in [10, 30, 20] {
+            spare.give(vec![1.0; len]);
+        }
+        let b = spare.take(15);
+        assert_eq!((b.len(), b.capacity() >= 20), (15, true), "the 20-long buffer, shortened");
+        assert_eq!(spare.take(40), vec![0.0; 40], "nothing long enough: a new zeroed buffer");
+        assert_eq!(spare.take(0).len(), 0);
+        spare.buffers.clear();
+        for len in 1..=Spare::KEEP + 5 {
+            spare.give(vec![0.5; len]);
+        }
+        assert_eq!(spare.buffers.len(), Spare::KEEP);
+        assert!(spare.buffers.iter().all(|b| b.len() > 5), "the shortest went first");
     }
 }

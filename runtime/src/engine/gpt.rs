@@ -12,7 +12,7 @@ use crate::model::attention::{self, Geometry};
 use crate::model::{activation, norm, GptShape, GptUnit};
 use crate::protocol::WeightPayload;
 use crate::kernels::small;
-use crate::tensor::{Mat, Spare, PIECE, TOKENS_PER_TASK};
+use crate::tensor::{rows_per_piece, Mat, Spare, TOKENS_PER_TASK};
 
 /// What one block keeps from its forward pass for its backward pass.
 #[derive(Default)]
@@ -89,8 +89,9 @@ impl GptNet {
     /// result: the input of the next sub-block.
     fn residual_norm(&mut self, y: &Mat, bias: &[f32], works: &mut Vec<Work<'_>>) -> (Mat, Vec<f32>) {
         use rayon::prelude::*;
+        debug_assert!(bias.is_empty() || bias.len() == y.rows, "one bias per row of the output");
         let cols = y.cols.max(1);
-        let rows = (PIECE / cols).max(1);
+        let rows = rows_per_piece(cols);
         self.x.data.par_chunks_mut(rows * cols).zip(y.data.par_chunks(rows * cols)).enumerate().for_each(|(i, (x, y))| {
             for (r, (x, y)) in x.chunks_mut(cols).zip(y.chunks(cols)).enumerate() {
                 let b = bias.get(i * rows + r).copied().unwrap_or(0.0);
@@ -110,12 +111,15 @@ impl GptNet {
     /// stream, 8 KiB from the last, on one core at the start of every step.
     fn embed(&mut self, rows: &[f32]) -> Mat {
         use rayon::prelude::*;
-        let (d, n, v, t) = (self.g.width, self.tokens.len(), self.g.vocab, self.g.context);
+        let (d, n) = (self.g.width, self.tokens.len());
+        if d == 0 || n == 0 {
+            return Mat::zeros(d, n);
+        }
         let mut by_token = vec![0.0f32; n * d];
         by_token.par_chunks_mut(d * TOKENS_PER_TASK).zip(self.tokens.par_chunks(TOKENS_PER_TASK)).enumerate().for_each(
             |(c, (out, tokens))| {
                 for (i, (row, &tok)) in out.chunks_exact_mut(d).zip(tokens).enumerate() {
-                    let (te, pe) = (tok as usize * d, (v + (c * TOKENS_PER_TASK + i) % t) * d);
+                    let (te, pe) = self.g.embedding_rows(c * TOKENS_PER_TASK + i, tok);
                     for ((x, a), b) in row.iter_mut().zip(&rows[te..te + d]).zip(&rows[pe..pe + d]) {
                         *x = a + b;
                     }
@@ -273,8 +277,8 @@ impl Net for GptNet {
                 let (d, n, v, t) = (self.g.width, self.tokens.len(), self.g.vocab, self.g.context);
                 let by_token = small::transpose(&self.dx.data, d, n);
                 let mut grad = vec![0.0f32; (v + t) * d];
-                for (j, (&tok, g)) in self.tokens.iter().zip(by_token.chunks_exact(d)).enumerate() {
-                    let (te, pe) = (tok as usize * d, (v + j % t) * d);
+                for (j, (&tok, g)) in self.tokens.iter().zip(by_token.chunks_exact(d.max(1))).enumerate() {
+                    let (te, pe) = self.g.embedding_rows(j, tok);
                     grad[te..te + d].iter_mut().zip(g).for_each(|(a, g)| *a += g);
                     grad[pe..pe + d].iter_mut().zip(g).for_each(|(a, g)| *a += g);
                 }

@@ -4,15 +4,16 @@
 //! sums over the part of the inner dimension that can be non-zero, and (for the scores) only computes the
 //! columns left of the diagonal. A general GEMM call would pack the operands again and do the whole square.
 //!
-//! The kernel is a register tile of sums over row-major slices, 16 columns wide: 8 rows (eight AVX-512
-//! registers) where the CPU has AVX-512, else 4 rows (eight AVX registers). Per inner index it loads a row of
-//! `B`, broadcasts one value of `A` per row and does one fused multiply-add per register of sums; eight
-//! independent sums are what keeps both FMA units busy through their latency. [`matmul_banded_reference`] is
-//! the same product by the textbook loop; the tests hold the tile to it.
+//! The kernel is a register tile of sums: 8 rows × 32 columns (sixteen AVX-512 registers) where the CPU has
+//! AVX-512, else 4 rows × 16 columns (eight AVX registers). Each block of rows of `A` is first packed into a
+//! panel, the rows' values of one inner index side by side; per inner index the tile loads a row of `B`,
+//! broadcasts one panel value per row and does one fused multiply-add per register of sums. Sixteen
+//! independent sums keep both FMA units busy with room to spare for their latency.
+//! [`matmul_banded_reference`] is the same product by the textbook loop; the tests hold the tile to it.
 
 use multiversion::multiversion;
 
-/// Rows of `C` per register tile where the CPU has AVX-512 (one register of sums per row).
+/// Rows of `C` per register tile where the CPU has AVX-512 (two registers of sums per row).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MR_WIDE: usize = 8;
 /// Rows of `C` per register tile elsewhere (two AVX registers of sums per row).
@@ -29,9 +30,11 @@ pub enum Band {
     LowerA,
     /// `A` is upper triangular (`A[i][k] = 0` for `k < i`): row `i` sums over `k ≥ i` only.
     UpperA,
-    /// `B` is lower triangular (`B[k][j] = 0` for `k > j`): column `j` sums over `k ≤ j` only.
+    /// `B` is lower triangular (`B[k][j] = 0` for `k > j`): column `j` sums over `k ≤ j` only. A tile sums
+    /// whole rows of its columns, so the zeros must be stored, up to 31 columns past the diagonal.
     LowerB,
-    /// `B` is upper triangular (`B[k][j] = 0` for `k < j`): column `j` sums over `k ≥ j` only.
+    /// `B` is upper triangular (`B[k][j] = 0` for `k < j`): column `j` sums over `k ≥ j` only. As with
+    /// `LowerB`, the zeros must be stored.
     UpperB,
     /// Only the lower triangle of `C` is wanted (`j ≤ i`); columns right of the diagonal are left unspecified
     /// up to the next tile boundary and untouched beyond it. The caller masks them.
@@ -185,23 +188,13 @@ fn pack_panel<const H: usize>(panel: &mut [f32], a: &[f32], d: Dims, i0: usize) 
             let at = i0 + k * d.a_col;
             dst.copy_from_slice(&a[at..at + H]);
         }
+    } else if d.a_col == 1 {
+        // Row-major `A`: the panel is the transpose of its H rows.
+        transpose_into(panel, H, &a[i0 * d.a_row..], d.a_row, H, d.k);
     } else {
-        let mut k0 = 0;
-        #[cfg(target_arch = "x86_64")]
-        if H == 8 && d.a_col == 1 && std::arch::is_x86_feature_detected!("avx") {
-            // Row-major `A`: eight rows' next eight values, transposed in registers.
-            while k0 + 8 <= d.k {
-                let at = i0 * d.a_row + k0;
-                assert!(at + 7 * d.a_row + 8 <= a.len() && (k0 + 8) * H <= panel.len(), "pack_panel: out of bounds");
-                // SAFETY: AVX was detected; the eight rows of eight values and the 64 panel slots were just
-                // checked to lie inside `a` and `panel`.
-                unsafe { transpose8(panel.as_mut_ptr().add(k0 * H), H, a.as_ptr().add(at), d.a_row) };
-                k0 += 8;
-            }
-        }
         for r in 0..H {
             let row = (i0 + r) * d.a_row;
-            for (k, dst) in panel.chunks_exact_mut(H).enumerate().skip(k0) {
+            for (k, dst) in panel.chunks_exact_mut(H).enumerate() {
                 dst[r] = a[row + k * d.a_col];
             }
         }
@@ -245,30 +238,30 @@ unsafe fn transpose8(dst: *mut f32, ldd: usize, src: *const f32, lds: usize) {
     }
 }
 
-/// What a tile `W` columns wide checks once before its loop reads without bounds checks: the panel holds the
-/// inner range, the last `B` row ends at (k1 − 1, j0 + W) and the last `C` row at (i0 + H − 1, j0 + W).
-/// `banded` only calls with i0 + H ≤ m, j0 + W ≤ n and k1 ≤ k, so after `Dims::check` these always hold; they
+/// What a tile `w` columns wide checks once before its loop reads without bounds checks: the panel holds the
+/// inner range, the last `B` row ends at (k1 − 1, j0 + w) and the last `C` row at (i0 + H − 1, j0 + w).
+/// `banded` only calls with i0 + H ≤ m, j0 + w ≤ n and k1 ≤ k, so after `Dims::check` these always hold; they
 /// are asserted here too so the unchecked reads stay sound whatever the caller. An empty inner range leaves
 /// nothing to sum: the tile is zeroed and `false` returned.
 #[inline(always)]
-fn tile_ready<const H: usize, const W: usize>(
+fn tile_ready<const H: usize>(
     c: &mut [f32],
     panel: &[f32],
     b: &[f32],
     d: Dims,
-    (i0, j0): (usize, usize),
+    (i0, j0, w): (usize, usize, usize),
     (k0, k1): (usize, usize),
 ) -> bool {
-    assert!((i0 + H - 1) * d.ldc + j0 + W <= c.len(), "tile: C out of bounds");
+    assert!((i0 + H - 1) * d.ldc + j0 + w <= c.len(), "tile: C out of bounds");
     if k1 <= k0 {
         for r in 0..H {
             let at = (i0 + r) * d.ldc + j0;
-            c[at..at + W].fill(0.0);
+            c[at..at + w].fill(0.0);
         }
         return false;
     }
     assert!(k1 * H <= panel.len(), "tile: the panel is short");
-    assert!((k1 - 1) * d.ldb + j0 + W <= b.len(), "tile: B out of bounds");
+    assert!((k1 - 1) * d.ldb + j0 + w <= b.len(), "tile: B out of bounds");
     true
 }
 
@@ -278,7 +271,7 @@ fn tile_ready<const H: usize, const W: usize>(
 /// eight multiply-adds of an iteration several times over.
 #[inline(always)]
 fn tile<const H: usize>(c: &mut [f32], panel: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), (k0, k1): (usize, usize)) {
-    if !tile_ready::<H, NR>(c, panel, b, d, (i0, j0), (k0, k1)) {
+    if !tile_ready::<H>(c, panel, b, d, (i0, j0, NR), (k0, k1)) {
         return;
     }
     let mut acc = [[0.0f32; NR]; H];
@@ -307,7 +300,8 @@ fn tile<const H: usize>(c: &mut [f32], panel: &[f32], b: &[f32], d: Dims, (i0, j
 fn tile_avx512<const V: usize>(c: &mut [f32], panel: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), ks: (usize, usize)) {
     use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps};
     const H: usize = MR_WIDE;
-    if V == 1 && !tile_ready::<H, NR>(c, panel, b, d, (i0, j0), ks) || V == 2 && !tile_ready::<H, { 2 * NR }>(c, panel, b, d, (i0, j0), ks) {
+    const { assert!(V == 1 || V == 2, "one or two registers of sums a row") };
+    if !tile_ready::<H>(c, panel, b, d, (i0, j0, V * NR), ks) {
         return;
     }
     let mut acc = [[_mm512_setzero_ps(); V]; H];
@@ -357,7 +351,7 @@ pub fn matmul_banded_reference(c: &mut [f32], a: &[f32], b: &[f32], d: Dims, ban
 /// activation token-major (or back) where a pass needs the other layout.
 pub fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     use rayon::prelude::*;
-    assert_eq!(src.len(), rows * cols, "transpose: {} values for {rows}x{cols}", src.len());
+    assert!(rows.checked_mul(cols) == Some(src.len()), "transpose: {} values for {rows}x{cols}", src.len());
     const BAND: usize = 32;
     let mut dst = vec![0.0f32; rows * cols];
     if rows == 0 || cols == 0 {
@@ -377,17 +371,18 @@ pub fn transpose_into(dst: &mut [f32], ldd: usize, src: &[f32], lds: usize, rows
         return;
     }
     assert!(cols <= lds && rows <= ldd, "transpose_into: leading dimensions");
-    assert!((rows - 1) * lds + cols <= src.len() && (cols - 1) * ldd + rows <= dst.len(), "transpose_into: out of bounds");
+    // Arithmetic that cannot wrap: the 8 × 8 blocks below read and write unchecked on the strength of these.
+    let fits = |len: usize, lines: usize, ld: usize, width: usize| (lines - 1).checked_mul(ld).and_then(|x| x.checked_add(width)).is_some_and(|need| need <= len);
+    assert!(fits(src.len(), rows, lds, cols) && fits(dst.len(), cols, ldd, rows), "transpose_into: out of bounds");
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx") {
         let (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
         // Blocks of 32 × 32, so the lines a block writes are still in L1 when the next 8 × 8 fills their rest.
-        const BLOCK: usize = 16;
-        const CBLOCK: usize = 128;
+        const BLOCK: usize = 32;
         for rb in (0..r8).step_by(BLOCK) {
-            for cb in (0..c8).step_by(CBLOCK) {
+            for cb in (0..c8).step_by(BLOCK) {
                 for r0 in (rb..(rb + BLOCK).min(r8)).step_by(8) {
-                    for c0 in (cb..(cb + CBLOCK).min(c8)).step_by(8) {
+                    for c0 in (cb..(cb + BLOCK).min(c8)).step_by(8) {
                         // SAFETY: AVX was detected; rows r0..r0+8 of `src` hold columns c0..c0+8 and rows
                         // c0..c0+8 of `dst` hold columns r0..r0+8 (inside the bounds asserted above); the
                         // slices are distinct.

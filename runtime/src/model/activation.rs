@@ -5,7 +5,7 @@ use std::mem::MaybeUninit;
 
 use crds::Activation;
 
-use crate::tensor::{written_once, written_once_beside, PIECE};
+use crate::tensor::{rows_per_piece, written_once, written_once_beside, PIECE};
 use multiversion::multiversion;
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
@@ -67,7 +67,7 @@ pub fn forward_keeping_slope(kind: Activation, z: &mut [f32], row_bias: &[f32]) 
     let cols = if row_bias.is_empty() { 0 } else { z.len() / row_bias.len() };
     assert!(row_bias.is_empty() || cols * row_bias.len() == z.len(), "activation: {} values are not rows for {} biases", z.len(), row_bias.len());
     // Pieces of whole rows, so each knows its rows' biases.
-    let piece = if cols == 0 { PIECE } else { cols * (PIECE / cols).max(1) };
+    let piece = if cols == 0 { PIECE } else { cols * rows_per_piece(cols) };
     let bias_of = |start: usize, len: usize| if cols == 0 { &[][..] } else { &row_bias[start / cols..(start + len) / cols] };
     // SAFETY: `forward_slope_slice` writes every slot of the piece it is given (one per input; it checks).
     unsafe { written_once_beside(z, piece, |start, out, z| forward_slope_slice(kind, z, out, bias_of(start, z.len()))) }

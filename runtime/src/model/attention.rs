@@ -71,10 +71,11 @@ impl Geometry {
 /// probabilities kept for the backward pass: one `context × context` matrix per head and sequence (head-major:
 /// all of head 0's sequences first), row = query, zero right of the diagonal.
 ///
-/// Heads run in parallel, each writing its own rows of the output. Every product reads Q, K and V in place
-/// from the feature-major QKV matrix through [`small::matmul_banded`]: the scores are computed only left of
-/// the diagonal (in blocks of four queries) and `V·Pᵀ` sums only over the keys a query can see, so causal
-/// attention does about half the square's work, and nothing is packed but the probabilities' transpose.
+/// Heads run in parallel, each writing its own rows of the output. Every product goes through
+/// [`small::matmul_banded`]: the scores are computed only left of the diagonal (in blocks of eight queries)
+/// and `V·Pᵀ` sums only over the keys a query can see, so causal attention does about half the square's
+/// work. K (read a row per inner index) and the probabilities' transpose are packed per pair; the kernel
+/// packs its own panels of Q and V.
 /// [`forward_reference`] is the same function through full GEMMs.
 ///
 /// The output and the probabilities come from `spare` (every value is written), so a step reuses the last
@@ -91,6 +92,8 @@ pub fn forward(g: Geometry, qkv: &Mat, spare: &mut Spare) -> (Mat, Vec<f32>) {
         return (out, probs);
     }
     zero_past_sequences(&mut out, seqs * t);
+    // Rows no head owns (when the heads do not divide the width; validation prevents it) stay zero.
+    out.data[g.heads * dh * n..].fill(0.0);
     let scores = Dims { m: t, n: t, k: dh, a_row: 1, a_col: n, ldb: t, ldc: t };
     let mix = Dims { m: dh, n: t, k: t, a_row: n, a_col: 1, ldb: t, ldc: n };
     out.data.par_chunks_mut(dh * n).zip(probs.par_chunks_mut(seqs * t * t)).enumerate().for_each(|(h, (out_h, probs_h))| {
@@ -116,14 +119,31 @@ pub fn forward(g: Geometry, qkv: &Mat, spare: &mut Spare) -> (Mat, Vec<f32>) {
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 fn softmax_causal(p: &mut [f32], t: usize, scale: f32) {
     for (i, row) in p.chunks_exact_mut(t).enumerate() {
-        let (seen, future) = row.split_at_mut(i + 1);
-        let max = lanes(seen, f32::NEG_INFINITY, f32::max) * scale;
-        // Exponentials first, then their sum: a sum inside the same loop would keep it from vectorising.
-        seen.iter_mut().for_each(|x| *x = exp(*x * scale - max));
-        let inv = 1.0 / lanes(seen, 0.0, |a, b| a + b);
-        seen.iter_mut().for_each(|x| *x *= inv);
+        let seen = i + 1;
+        let max = lanes(&row[..seen], f32::NEG_INFINITY, f32::max) * scale;
+        // Whole groups of sixteen up to the first boundary past the diagonal, with the keys a query cannot see
+        // set to zero: no scalar remainder on rows a few dozen keys long. (The scores there are computed, see
+        // `Band::LowerC`, so they are finite.) Exponentials first, then their sum: a sum inside the same loop
+        // would keep it from vectorising.
+        let (head, future) = row.split_at_mut(padded(seen, t));
+        for (c, group) in head.chunks_mut(GROUP).enumerate() {
+            for (k, x) in group.iter_mut().enumerate() {
+                let e = exp(*x * scale - max);
+                *x = if c * GROUP + k < seen { e } else { 0.0 };
+            }
+        }
+        let inv = 1.0 / lanes(head, 0.0, |a, b| a + b);
+        head.iter_mut().for_each(|x| *x *= inv);
         future.fill(0.0);
     }
+}
+
+/// Keys per group of the softmax's passes (one AVX-512 register).
+const GROUP: usize = 16;
+
+/// Where a row that sees `seen` keys ends its groups: the next multiple of [`GROUP`], at most the row.
+fn padded(seen: usize, t: usize) -> usize {
+    seen.next_multiple_of(GROUP).min(t)
 }
 
 /// Folds `x` with `f` in eight independent lanes, then the lanes together: a reduction the compiler can keep
@@ -157,14 +177,17 @@ fn zero_past_sequences(m: &mut Mat, covered: usize) {
 fn softmax_causal_backward(p: &[f32], dp: &mut [f32], t: usize, scale: f32) {
     let mut prod = vec![0.0f32; t];
     for (i, (prow, drow)) in p.chunks_exact(t).zip(dp.chunks_exact_mut(t)).enumerate() {
-        for ((o, a), b) in prod.iter_mut().zip(&prow[..=i]).zip(&drow[..=i]) {
+        // Whole groups as in the forward pass: past the diagonal the probabilities are zero and `dp` is
+        // computed (finite), so those terms add nothing and come out zero.
+        let end = padded(i + 1, t);
+        for ((o, a), b) in prod.iter_mut().zip(&prow[..end]).zip(&drow[..end]) {
             *o = a * b;
         }
-        let dot = lanes(&prod[..=i], 0.0, |a, b| a + b);
-        for (d, &pv) in drow[..=i].iter_mut().zip(&prow[..=i]) {
+        let dot = lanes(&prod[..end], 0.0, |a, b| a + b);
+        for (d, &pv) in drow[..end].iter_mut().zip(&prow[..end]) {
             *d = pv * (*d - dot) * scale;
         }
-        drow[i + 1..].fill(0.0);
+        drow[end..].fill(0.0);
     }
 }
 
@@ -185,6 +208,9 @@ pub fn backward(g: Geometry, qkv: &Mat, probs: &[f32], d_out: &Mat, spare: &mut 
         return dqkv;
     }
     zero_past_sequences(&mut dqkv, seqs * t);
+    for part in dqkv.data.chunks_exact_mut(g.width * n) {
+        part[g.heads * dh * n..].fill(0.0);
+    }
     // dV = dO·P and dK = Q·dS (P and dS upper triangular read as B); dQ = K·dSᵀ (lower triangular as B).
     let by_probs = Dims { m: dh, n: t, k: t, a_row: n, a_col: 1, ldb: t, ldc: n };
     // dP = dOᵀ·V, left of the diagonal only.

@@ -132,6 +132,12 @@ impl GptShape {
         }
     }
 
+    /// Where the embedding rows of token `tok` at position `j` of the shard start (its token row, then its
+    /// position's row, which follow the vocabulary's), in a `(vocab + context) × width` row-major matrix.
+    pub fn embedding_rows(&self, j: usize, tok: u32) -> (usize, usize) {
+        (tok as usize * self.width, (self.vocab + j % self.context.max(1)) * self.width)
+    }
+
     /// Floats one token keeps resident on the engine from the forward pass until the backward pass has used
     /// them: the residual stream, per block the normalised inputs, Q/K/V, the attention probabilities, the
     /// attention output and the MLP's pre- and post-activation, the final norm, and the logits with their
