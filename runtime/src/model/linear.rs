@@ -37,12 +37,18 @@ pub fn forward(w: Weights<'_>, bias: &[f32], x: &Mat) -> Mat {
         }
         Weights::Sparse { pattern, values } => sparse::gather(pattern, values, x),
     };
-    for (r, &b) in bias.iter().enumerate() {
-        for v in y.row_mut(r) {
-            *v += b;
-        }
-    }
+    add_row_bias(&mut y, bias);
     y
+}
+
+/// Adds `bias[r]` to every value of row `r` of `y` (rows on all cores); an empty bias adds nothing.
+fn add_row_bias(y: &mut Mat, bias: &[f32]) {
+    use rayon::prelude::*;
+    if bias.is_empty() || y.cols == 0 {
+        return;
+    }
+    assert_eq!(bias.len(), y.rows, "linear: {} biases for {} outputs", bias.len(), y.rows);
+    y.data.par_chunks_mut(y.cols).zip(bias).with_min_len(16).for_each(|(row, &b)| row.iter_mut().for_each(|v| *v += b));
 }
 
 /// A `values.len() × cols` row-major matrix whose row `r` is `values[r]` throughout, written once and on all
