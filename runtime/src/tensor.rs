@@ -62,7 +62,7 @@ pub unsafe fn written_once_beside(
     v
 }
 
-/// Activation buffers a pass has finished with, kept for the next pass that needs one of the same length: the
+/// Activation buffers a pass has finished with, kept for the next pass that needs one at most as long: the
 /// outputs that go through `&mut [f32]` kernels (attention's) must start as initialised values, and zeroing
 /// fresh ones was a pass over 12 MiB per block and step. Host memory only, like the allocator's own free lists:
 /// what the simulated engine holds is counted where the activations live, not here.
@@ -96,10 +96,9 @@ impl Spare {
         if buffer.is_empty() {
             return;
         }
-        if self.buffers.len() >= Self::KEEP {
-            if let Some(i) = self.buffers.iter().enumerate().min_by_key(|(_, b)| b.len()).map(|(i, _)| i) {
-                self.buffers.swap_remove(i);
-            }
+        let shortest = self.buffers.iter().enumerate().min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
+        if let Some(i) = shortest.filter(|_| self.buffers.len() >= Self::KEEP) {
+            self.buffers.swap_remove(i);
         }
         self.buffers.push(buffer);
     }

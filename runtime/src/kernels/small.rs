@@ -374,8 +374,9 @@ pub fn transpose_into(dst: &mut [f32], ldd: usize, src: &[f32], lds: usize, rows
     // Arithmetic that cannot wrap: the 8 × 8 blocks below read and write unchecked on the strength of these.
     let fits = |len: usize, lines: usize, ld: usize, width: usize| (lines - 1).checked_mul(ld).and_then(|x| x.checked_add(width)).is_some_and(|need| need <= len);
     assert!(fits(src.len(), rows, lds, cols) && fits(dst.len(), cols, ldd, rows), "transpose_into: out of bounds");
+    // Whole 8 × 8 blocks through AVX where the CPU has it; the rest (everything elsewhere) value by value.
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx") {
+    let (r8, c8) = if std::arch::is_x86_feature_detected!("avx") {
         let (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
         // Blocks of 32 × 32, so the lines a block writes are still in L1 when the next 8 × 8 fills their rest.
         const BLOCK: usize = 32;
@@ -391,22 +392,16 @@ pub fn transpose_into(dst: &mut [f32], ldd: usize, src: &[f32], lds: usize, rows
                 }
             }
         }
-        for r in 0..rows {
-            let from = if r < r8 { c8 } else { 0 };
-            for c in from..cols {
-                dst[c * ldd + r] = src[r * lds + c];
-            }
-        }
-        return;
-    }
-    const B: usize = 16;
-    for r0 in (0..rows).step_by(B) {
-        for c0 in (0..cols).step_by(B) {
-            for r in r0..(r0 + B).min(rows) {
-                for c in c0..(c0 + B).min(cols) {
-                    dst[c * ldd + r] = src[r * lds + c];
-                }
-            }
+        (r8, c8)
+    } else {
+        (0, 0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let (r8, c8) = (0, 0);
+    for r in 0..rows {
+        let from = if r < r8 { c8 } else { 0 };
+        for c in from..cols {
+            dst[c * ldd + r] = src[r * lds + c];
         }
     }
 }

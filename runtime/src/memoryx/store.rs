@@ -80,6 +80,7 @@ impl std::fmt::Debug for MemoryX {
 /// exactly when the whole block is finite: a loop without early exits, which the compiler vectorises (the
 /// check runs over every gradient of every step). Multiversioned so the loop runs sixteen lanes wide where the
 /// CPU allows.
+#[allow(clippy::eq_op)] // `x - x` is the test itself.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 fn all_finite(values: &[f32]) -> bool {
     values.chunks(4096).all(|block| {

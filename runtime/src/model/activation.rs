@@ -64,11 +64,14 @@ pub fn forward(kind: Activation, z: &[f32]) -> Vec<f32> {
 /// added to its pre-activations first, in the same pass: the layer before leaves its bias to this pass
 /// rather than writing it over its whole output before the product and reading it back.
 pub fn forward_keeping_slope(kind: Activation, z: &mut [f32], row_bias: &[f32]) -> Vec<f32> {
-    let cols = if row_bias.is_empty() { 0 } else { z.len() / row_bias.len() };
+    let cols = z.len().checked_div(row_bias.len()).unwrap_or(0);
     assert!(row_bias.is_empty() || cols * row_bias.len() == z.len(), "activation: {} values are not rows for {} biases", z.len(), row_bias.len());
     // Pieces of whole rows, so each knows its rows' biases.
     let piece = if cols == 0 { PIECE } else { cols * rows_per_piece(cols) };
-    let bias_of = |start: usize, len: usize| if cols == 0 { &[][..] } else { &row_bias[start / cols..(start + len) / cols] };
+    let bias_of = |start: usize, len: usize| match (start.checked_div(cols), (start + len).checked_div(cols)) {
+        (Some(first), Some(end)) => &row_bias[first..end],
+        _ => &[][..],
+    };
     // SAFETY: `forward_slope_slice` writes every slot of the piece it is given (one per input; it checks).
     unsafe { written_once_beside(z, piece, |start, out, z| forward_slope_slice(kind, z, out, bias_of(start, z.len()))) }
 }

@@ -85,15 +85,11 @@ pub fn forward(g: Geometry, qkv: &Mat, spare: &mut Spare) -> (Mat, Vec<f32>) {
     let seqs = n / t.max(1);
     let scale = 1.0 / (dh as f32).sqrt();
     let mut probs = spare.take(seqs * g.heads * t * t);
-    let mut out = Mat::from_vec(g.width, n, spare.take(g.width * n));
+    let mut out = output(spare, g, 1, n, seqs * t);
     if t == 0 || dh == 0 || seqs == 0 {
-        out.data.fill(0.0);
         probs.fill(0.0);
         return (out, probs);
     }
-    zero_past_sequences(&mut out, seqs * t);
-    // Rows no head owns (when the heads do not divide the width; validation prevents it) stay zero.
-    out.data[g.heads * dh * n..].fill(0.0);
     let scores = Dims { m: t, n: t, k: dh, a_row: 1, a_col: n, ldb: t, ldc: t };
     let mix = Dims { m: dh, n: t, k: t, a_row: n, a_col: 1, ldb: t, ldc: n };
     out.data.par_chunks_mut(dh * n).zip(probs.par_chunks_mut(seqs * t * t)).enumerate().for_each(|(h, (out_h, probs_h))| {
@@ -161,13 +157,22 @@ fn lanes(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
     acc.iter().fold(tail, |a, &b| f(a, b))
 }
 
-/// Zeroes each row's columns from `covered` on: tokens past the last whole sequence, which no pair writes (a
-/// shard always holds whole sequences, so this is normally nothing).
-fn zero_past_sequences(m: &mut Mat, covered: usize) {
-    if covered < m.cols {
-        let cols = m.cols;
-        m.data.chunks_exact_mut(cols).for_each(|row| row[covered..].fill(0.0));
+/// An output of `parts` stacked `width × n` blocks (attention's output, or Q's, K's and V's gradients) from
+/// `spare`, with every value no (sequence, head) pair writes set to zero: the columns from `covered` on
+/// (tokens past the last whole sequence; a shard holds whole sequences, so normally none) and the rows no head
+/// owns (when the heads do not divide the width, which validation prevents). With nothing covered, all of it.
+fn output(spare: &mut Spare, g: Geometry, parts: usize, n: usize, covered: usize) -> Mat {
+    let mut m = Mat::from_vec(parts * g.width, n, spare.take(parts * g.width * n));
+    if n == 0 || g.width == 0 {
+        return m;
     }
+    let owned = if covered == 0 { 0 } else { g.heads * g.head_dim() };
+    for part in m.data.chunks_exact_mut(g.width * n) {
+        let (rows, rest) = part.split_at_mut(owned * n);
+        rest.fill(0.0);
+        rows.chunks_exact_mut(n).for_each(|row| row[covered..].fill(0.0));
+    }
+    m
 }
 
 /// The softmax's backward pass on one pair, in place over `dp` (the gradient of the probabilities): row `i`
@@ -202,14 +207,9 @@ pub fn backward(g: Geometry, qkv: &Mat, probs: &[f32], d_out: &Mat, spare: &mut 
     let (t, dh, n) = (g.context, g.head_dim(), qkv.cols);
     let seqs = n / t.max(1);
     let scale = 1.0 / (dh as f32).sqrt();
-    let mut dqkv = Mat::from_vec(3 * g.width, n, spare.take(3 * g.width * n));
+    let mut dqkv = output(spare, g, 3, n, seqs * t);
     if t == 0 || dh == 0 || seqs == 0 {
-        dqkv.data.fill(0.0);
         return dqkv;
-    }
-    zero_past_sequences(&mut dqkv, seqs * t);
-    for part in dqkv.data.chunks_exact_mut(g.width * n) {
-        part[g.heads * dh * n..].fill(0.0);
     }
     // dV = dO·P and dK = Q·dS (P and dS upper triangular read as B); dQ = K·dSᵀ (lower triangular as B).
     let by_probs = Dims { m: dh, n: t, k: t, a_row: n, a_col: 1, ldb: t, ldc: n };
