@@ -14,6 +14,9 @@ ETCD_PORT=12379
 ETCD_PEER_PORT=12380
 KUBELET_ROOT="/var/lib/kubelet"  # the device-plugin socket dir is <root>/device-plugins; plugins expect this one
 PV_ROOT="/tmp/weightstream-pv"   # the local volumes' directories (root-owned 0755; pods get them through fsGroup)
+# Free disk below which the kubelet evicts and admits no pod. An absolute size, not a percentage: a percentage of
+# a large disk whose blocks are mostly reserved for another user is more than the whole of what root may use.
+EVICTION_FREE="512Mi"
 PV_COUNT="${WS_CLUSTER_PV_COUNT:-48}"
 FWD_CHAIN="WS-CLUSTER-FWD"       # keeps pod traffic on the bridge (pods never reach other networks)
 CONTAINERD_SOCK="$RUN/containerd/containerd.sock"

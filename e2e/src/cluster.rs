@@ -120,6 +120,55 @@ pub fn install_chart(kubeconfig: &Path) -> Result<(), ClusterError> {
     run(&mut cmd).map(|_| ())
 }
 
+/// The cluster with the chart installed, as every whole-cluster test file starts: its kubeconfig, or one error
+/// that says why not. When Helm gives up waiting, the error also names what the nodes report (a pressure
+/// condition, a node not ready), since "context deadline exceeded" alone does not say that the kubelet
+/// refused the chart's pods.
+pub fn with_chart() -> Result<PathBuf, String> {
+    let kc = kubeconfig().map_err(|e| format!("no cluster for the e2e suite: {e}"))?;
+    match install_chart(&kc) {
+        Ok(()) => Ok(kc),
+        Err(e) => Err(format!("cannot install charts/weightstream: {e}\nthe nodes report: {}", node_trouble(&kc))),
+    }
+}
+
+/// What the cluster's nodes report that would keep pods off them: each node that is not Ready or has a
+/// `*Pressure` condition, with the kubelet's message; "nothing wrong" if none. Asked on a thread of its own
+/// (the callers are inside a test's runtime) and given 20 seconds.
+pub fn node_trouble(kubeconfig: &Path) -> String {
+    use k8s_openapi::api::core::v1::Node;
+    let kc = kubeconfig.to_path_buf();
+    let ask = std::thread::spawn(move || -> Result<String, String> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        rt.block_on(async move {
+            let list = tokio::time::timeout(Duration::from_secs(20), async {
+                let client = crate::client_for(&kc).await.map_err(|e| e.to_string())?;
+                let nodes: kube::Api<Node> = kube::Api::all(client);
+                nodes.list(&kube::api::ListParams::default()).await.map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|_| "the API server did not answer in 20 s".to_string())??;
+            let mut trouble = Vec::new();
+            for node in list {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                for c in node.status.and_then(|s| s.conditions).unwrap_or_default() {
+                    let bad = if c.type_ == "Ready" { c.status != "True" } else { c.status == "True" };
+                    if bad {
+                        let why = c.message.unwrap_or_default();
+                        trouble.push(format!("{name}: {}={} ({why})", c.type_, c.status));
+                    }
+                }
+            }
+            Ok(if trouble.is_empty() { "nothing wrong".into() } else { trouble.join("; ") })
+        })
+    });
+    match ask.join() {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => format!("(cannot ask them: {e})"),
+        Err(_) => "(cannot ask them: the asking thread panicked)".into(),
+    }
+}
+
 /// An example manifest from `examples/jobs/`, parsed as the operator parses it.
 pub fn example(file: &str) -> Result<TrainingJob, ClusterError> {
     let path = repo_root().join("examples/jobs").join(file);

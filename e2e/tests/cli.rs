@@ -37,11 +37,7 @@ fn ok<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> T {
 
 /// The cluster with the chart (once per test binary), its kubeconfig, a client, and a fresh namespace.
 async fn setup(prefix: &str) -> (PathBuf, Client, String) {
-    let kc = SETUP.get_or_init(|| {
-        let kc = cluster::kubeconfig().map_err(|e| format!("no cluster for the e2e suite: {e}"))?;
-        cluster::install_chart(&kc).map_err(|e| format!("cannot install charts/weightstream: {e}"))?;
-        Ok(kc)
-    });
+    let kc = SETUP.get_or_init(cluster::with_chart);
     let kc = match kc {
         Ok(kc) => kc.clone(),
         Err(e) => panic!("{e}"),

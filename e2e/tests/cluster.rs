@@ -31,11 +31,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The cluster with the chart installed (once per test binary), a client, and a fresh namespace.
 async fn setup(prefix: &str) -> (Client, String) {
-    let kc = SETUP.get_or_init(|| {
-        let kc = cluster::kubeconfig().map_err(|e| format!("no cluster for the e2e suite: {e}"))?;
-        cluster::install_chart(&kc).map_err(|e| format!("cannot install charts/weightstream: {e}"))?;
-        Ok(kc)
-    });
+    let kc = SETUP.get_or_init(cluster::with_chart);
     let kc = match kc {
         Ok(kc) => kc.clone(),
         Err(e) => panic!("{e}"),

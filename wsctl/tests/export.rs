@@ -12,7 +12,7 @@ use common::wsctl;
 
 use std::path::{Path, PathBuf};
 
-fn scratch(name: &str) -> PathBuf {
+fn scratch(name: &str) -> common::Scratch {
     common::scratch("export", name)
 }
 

@@ -7,7 +7,7 @@ use common::{repo, wsctl};
 
 use std::path::{Path, PathBuf};
 
-fn scratch(name: &str) -> PathBuf {
+fn scratch(name: &str) -> common::Scratch {
     common::scratch("formats", name)
 }
 

@@ -86,6 +86,7 @@ mod tests {
     fn a_valid_manifest_loads_without_server_fields() {
         let path = write("ok", crds::testing::MLP_YAML);
         let job = load(&path, Some("ml")).unwrap();
+        std::fs::remove_file(&path).ok();
         assert_eq!((job.name_any(), job.status.is_none()), ("small".to_string(), true));
     }
 
@@ -93,10 +94,12 @@ mod tests {
     fn an_invalid_manifest_is_one_error_naming_the_file() {
         let path = write("bad", &crds::testing::MLP_YAML.replace("batchSize: 64", "batchSize: 63"));
         let e = load(&path, None).unwrap_err().to_string();
+        std::fs::remove_file(&path).ok();
         assert!(e.starts_with(&path.display().to_string()) && e.contains("batchSize"), "{e}");
         assert!(e.ends_with("(nothing was sent to the cluster)"), "{e}");
         let path = write("ns", &crds::testing::MLP_YAML.replace("{name: small}", "{name: small, namespace: a}"));
         let e = load(&path, Some("b")).unwrap_err().to_string();
+        std::fs::remove_file(&path).ok();
         assert!(e.contains("metadata.namespace is a but --namespace says b"), "{e}");
     }
 }

@@ -14,12 +14,38 @@ pub fn wsctl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_wsctl")).args(args).current_dir(repo()).output().expect("wsctl starts")
 }
 
-/// An empty folder of its own for one test (`kind` keeps test files apart, `name` tests within one).
-pub fn scratch(kind: &str, name: &str) -> PathBuf {
+/// An empty folder of its own for one test (`kind` keeps test files apart, `name` tests within one), removed
+/// when the test passes and kept when it fails, for the reader.
+pub fn scratch(kind: &str, name: &str) -> Scratch {
     let dir = std::env::temp_dir().join(format!("wsctl-{kind}-{}-{name}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
     std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+    Scratch(dir)
+}
+
+/// A test's scratch folder (a path to it, by `Deref`): every run would otherwise leave its checkpoints and logs
+/// behind, and a machine that runs the suite often fills its disk.
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            std::fs::remove_dir_all(&self.0).ok();
+        }
+    }
 }
 
 /// The TLS identity of the job whose manifest is `job`: issued once into `identity/` beside it (all five
