@@ -6,7 +6,7 @@ use common::repo;
 use crds::contract::Handshake;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 
 fn scratch(name: &str) -> common::Scratch {

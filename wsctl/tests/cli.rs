@@ -4,7 +4,7 @@
 mod common;
 use common::{repo, wsctl};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 fn scratch(name: &str) -> common::Scratch {
     common::scratch("test", name)
@@ -142,7 +142,8 @@ fn bad_input_gets_one_clear_error() {
     for (name, path) in [("dev-zero", "/dev/zero"), ("folder", "/tmp")] {
         let text = gpt.replace("examples/data/moby-dick/moby-dick.txt.gz", path);
         refused(name, &text, "not a regular file");
-        let job = scratch(name).join("plan.yaml");
+        let dir = scratch(name);
+        let job = dir.join("plan.yaml");
         std::fs::write(&job, &text).unwrap();
         let o = wsctl(&["plan", job.to_str().unwrap()]);
         let stderr = String::from_utf8_lossy(&o.stderr);

@@ -49,8 +49,9 @@ spec:
   checkpoint: {intervalSteps: 10, keep: 1}
 "#;
 
-/// Runs `manifest` in one process; returns the job file, the run's folder and its summary.
-fn train(name: &str, manifest: &str) -> (PathBuf, PathBuf, serde_json::Value) {
+/// Runs `manifest` in one process; returns the scratch folder (kept while the caller holds it), the job file,
+/// the run's folder and its summary.
+fn train(name: &str, manifest: &str) -> (common::Scratch, PathBuf, PathBuf, serde_json::Value) {
     let dir = scratch(name);
     let job = dir.join("job.yaml");
     std::fs::write(&job, manifest).unwrap();
@@ -58,7 +59,7 @@ fn train(name: &str, manifest: &str) -> (PathBuf, PathBuf, serde_json::Value) {
     let o = wsctl(&["run", job.to_str().unwrap(), "--out", out.to_str().unwrap(), "--in-process"]);
     assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
     let summary = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
-    (job, out, summary)
+    (dir, job, out, summary)
 }
 
 /// The exported GPT, run by GPT-2's forward pass written out in `common/gpt2.rs` over the held-out windows the job evaluated, gives the loss
@@ -76,7 +77,7 @@ fn an_exported_gpt_with_its_own_head_computes_the_loss_the_job_reported() {
 }
 
 fn exported_loss_matches(name: &str, manifest: &str, tied: bool) {
-    let (job, out, summary) = train(name, manifest);
+    let (_dir, job, out, summary) = train(name, manifest);
     let reported = summary["eval"]["loss"].as_f64().unwrap();
     let steps = summary["steps"].as_u64().unwrap();
     let ckpt = out.join("checkpoints").join(format!("step-{steps:08}.safetensors"));
@@ -162,7 +163,7 @@ print(total / n)
 /// left in (or as) the output folder.
 #[test]
 fn an_mlp_exports_plainly_and_bad_exports_write_nothing() {
-    let (job, out, _) = train("mlp", MLP);
+    let (_dir, job, out, _) = train("mlp", MLP);
     let ckpt = out.join("checkpoints").join("step-00000010.safetensors");
     let dir = job.parent().unwrap().to_path_buf();
     let hf = dir.join("hf");

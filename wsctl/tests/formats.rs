@@ -5,7 +5,7 @@
 mod common;
 use common::{repo, wsctl};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 fn scratch(name: &str) -> common::Scratch {
     common::scratch("formats", name)
@@ -34,7 +34,8 @@ fn example(name: &str) -> String {
 
 #[test]
 fn the_mlp_arrays_example_reaches_95_percent() {
-    let out = scratch("mlp-arrays").join("out");
+    let dir = scratch("mlp-arrays");
+    let out = dir.join("out");
     let o = wsctl(&["run", "examples/jobs/mlp-arrays.yaml", "--out", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
@@ -95,7 +96,8 @@ fn plan_checks_the_new_kinds_paths() {
     }
     let folder = Path::new("/tmp").to_string_lossy().into_owned();
     let text = example("gpt-bpe.yaml").replace("examples/data/moby-dick/tokenizer.json", &folder);
-    let job = scratch("plan").join("job.yaml");
+    let dir = scratch("plan");
+    let job = dir.join("job.yaml");
     std::fs::write(&job, text).unwrap();
     let o = wsctl(&["plan", job.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&o.stderr);

@@ -17,6 +17,8 @@ pub fn wsctl(args: &[&str]) -> Output {
 /// An empty folder of its own for one test (`kind` keeps test files apart, `name` tests within one), removed
 /// when the test passes and kept when it fails, for the reader.
 pub fn scratch(kind: &str, name: &str) -> Scratch {
+    // One folder, not a tree: a name with slashes (an example's path) would leave its parents behind.
+    let name = name.replace('/', "_");
     let dir = std::env::temp_dir().join(format!("wsctl-{kind}-{}-{name}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
     std::fs::create_dir_all(&dir).expect("scratch dir");
