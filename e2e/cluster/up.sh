@@ -22,17 +22,6 @@ trap 'log "FAILED at line $LINENO: $BASH_COMMAND (logs in $RUN/logs)"' ERR
 
 [[ "$(id -u)" == 0 ]] || { log "must run as root (kubelet, containerd, iptables, mounts)"; exit 1; }
 mkdir -p "$RUN/pids" "$RUN/logs"
-# The kubelet refuses every pod while its disk is under the eviction threshold (DiskPressure), and Helm then only
-# says "context deadline exceeded": say it here, with what to free, before anything starts.
-MIN_FREE_MIB="${WS_CLUSTER_MIN_FREE_MIB:-2048}"
-for dir in "$RUN" "$(dirname "$KUBELET_ROOT")" "$(dirname "$PV_ROOT")"; do
-  free_mib="$(df -Pm "$dir" | awk 'NR == 2 {print $4}')"
-  if (( free_mib < MIN_FREE_MIB )); then
-    log "only ${free_mib} MiB free on the filesystem of $dir; the cluster needs ${MIN_FREE_MIB} MiB" \
-      "(the kubelet refuses pods below ${EVICTION_FREE}): free some (old target/ folders, /tmp) and run again"
-    exit 1
-  fi
-done
 exec 8>"$RUN/up.lock"
 flock 8
 
@@ -159,6 +148,18 @@ if alive etcd && alive kube-apiserver && alive kubelet && alive kube-router && a
   exit 0
 fi
 
+# The kubelet refuses every pod while its disk is under the eviction threshold (DiskPressure), and Helm then only
+# says "context deadline exceeded": say it here, with what to free, before anything starts. (Only on a cold start: a
+# running cluster keeps running until the kubelet's own threshold, and later test binaries reuse it.)
+MIN_FREE_MIB="${WS_CLUSTER_MIN_FREE_MIB:-2048}"
+for dir in "$RUN" "$(dirname "$KUBELET_ROOT")" "$(dirname "$PV_ROOT")"; do
+  free_mib="$(df -Pm "$dir" | awk 'NR == 2 {print $4}')"
+  if (( free_mib < MIN_FREE_MIB )); then
+    log "only ${free_mib} MiB free on the filesystem of $dir; the cluster needs ${MIN_FREE_MIB} MiB" \
+      "(the kubelet refuses pods below ${EVICTION_FREE}): free some (old target/ folders, /tmp) and run again"
+    exit 1
+  fi
+done
 T0=$(date +%s)
 # --- binaries ---
 if ! "$HERE/build.sh" >"$RUN/binaries"; then

@@ -132,15 +132,16 @@ pub fn with_chart() -> Result<PathBuf, String> {
     }
 }
 
-/// What the cluster's nodes report that would keep pods off them: each node that is not Ready or has a
-/// `*Pressure` condition, with the kubelet's message; "nothing wrong" if none. Asked on a thread of its own
+/// What the cluster's nodes report that would keep pods off them: each node that is not Ready, and any other
+/// condition of theirs that is True (a `*Pressure`, `NetworkUnavailable`), with the kubelet's message;
+/// "nothing wrong" if none. Asked on a thread of its own
 /// (the callers are inside a test's runtime) and given 20 seconds.
 pub fn node_trouble(kubeconfig: &Path) -> String {
     use k8s_openapi::api::core::v1::Node;
     let kc = kubeconfig.to_path_buf();
     let ask = std::thread::spawn(move || -> Result<String, String> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-        rt.block_on(async move {
+        let answer = rt.block_on(async move {
             let list = tokio::time::timeout(Duration::from_secs(20), async {
                 let client = crate::client_for(&kc).await.map_err(|e| e.to_string())?;
                 let nodes: kube::Api<Node> = kube::Api::all(client);
@@ -160,7 +161,10 @@ pub fn node_trouble(kubeconfig: &Path) -> String {
                 }
             }
             Ok(if trouble.is_empty() { "nothing wrong".into() } else { trouble.join("; ") })
-        })
+        });
+        // Not waiting on whatever the client left running (a name lookup that hangs, say): the answer is in.
+        rt.shutdown_timeout(Duration::from_secs(1));
+        answer
     });
     match ask.join() {
         Ok(Ok(s)) => s,

@@ -5,7 +5,6 @@
 mod common;
 use common::{repo, wsctl};
 
-
 fn scratch(name: &str) -> common::Scratch {
     common::scratch("gpt", name)
 }

@@ -15,7 +15,7 @@ pub fn wsctl(args: &[&str]) -> Output {
 }
 
 /// An empty folder of its own for one test (`kind` keeps test files apart, `name` tests within one), removed
-/// when the test passes and kept when it fails, for the reader.
+/// when its [`Scratch`] is dropped, unless that happens while the test panics (then it is kept for the reader).
 pub fn scratch(kind: &str, name: &str) -> Scratch {
     // One folder, not a tree: a name with slashes (an example's path) would leave its parents behind.
     let name = name.replace('/', "_");
