@@ -121,15 +121,20 @@ pub fn install_chart(kubeconfig: &Path) -> Result<(), ClusterError> {
 }
 
 /// The cluster with the chart installed, as every whole-cluster test file starts: its kubeconfig, or one error
-/// that says why not. When Helm gives up waiting, the error also names what the nodes report (a pressure
-/// condition, a node not ready), since "context deadline exceeded" alone does not say that the kubelet
-/// refused the chart's pods.
+/// that says why not; set up once per test binary, whose tests all share it. When Helm gives up waiting, the
+/// error also names what the nodes report (a pressure condition, a node not ready), since "context deadline
+/// exceeded" alone does not say that the kubelet refused the chart's pods.
 pub fn with_chart() -> Result<PathBuf, String> {
-    let kc = kubeconfig().map_err(|e| format!("no cluster for the e2e suite: {e}"))?;
-    match install_chart(&kc) {
-        Ok(()) => Ok(kc),
-        Err(e) => Err(format!("cannot install charts/weightstream: {e}\nthe nodes report: {}", node_trouble(&kc))),
-    }
+    static SETUP: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    SETUP
+        .get_or_init(|| {
+            let kc = kubeconfig().map_err(|e| format!("no cluster for the e2e suite: {e}"))?;
+            match install_chart(&kc) {
+                Ok(()) => Ok(kc),
+                Err(e) => Err(format!("cannot install charts/weightstream: {e}\nthe nodes report: {}", node_trouble(&kc))),
+            }
+        })
+        .clone()
 }
 
 /// What the cluster's nodes report that would keep pods off them: each node that is not Ready, and any other

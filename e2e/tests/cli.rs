@@ -15,7 +15,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use crds::{Phase, TrainingJob};
@@ -25,7 +24,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Po
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 
-static SETUP: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn ok<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> T {
@@ -37,11 +35,7 @@ fn ok<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> T {
 
 /// The cluster with the chart (once per test binary), its kubeconfig, a client, and a fresh namespace.
 async fn setup(prefix: &str) -> (PathBuf, Client, String) {
-    let kc = SETUP.get_or_init(cluster::with_chart);
-    let kc = match kc {
-        Ok(kc) => kc.clone(),
-        Err(e) => panic!("{e}"),
-    };
+    let kc = cluster::with_chart().unwrap_or_else(|e| panic!("{e}"));
     let client = ok(e2e::client_for(&kc).await, "client");
     let ns = ok(e2e::namespace(&client, prefix).await, "namespace");
     (kc, client, ns)

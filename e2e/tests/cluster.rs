@@ -8,8 +8,6 @@
 //! example with `steps` instead of `epochs`), enough for the bar on the examples' data.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use crds::{Phase, TrainingJob};
@@ -26,16 +24,11 @@ const ACCURACY_BAR: f64 = 0.93;
 /// Steps per job unless `WS_E2E_STEPS` says otherwise.
 const DEFAULT_STEPS: u64 = 500;
 
-static SETUP: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The cluster with the chart installed (once per test binary), a client, and a fresh namespace.
 async fn setup(prefix: &str) -> (Client, String) {
-    let kc = SETUP.get_or_init(cluster::with_chart);
-    let kc = match kc {
-        Ok(kc) => kc.clone(),
-        Err(e) => panic!("{e}"),
-    };
+    let kc = cluster::with_chart().unwrap_or_else(|e| panic!("{e}"));
     let client = match e2e::client_for(&kc).await {
         Ok(c) => c,
         Err(e) => panic!("cannot talk to the cluster in {}: {e}", kc.display()),
