@@ -15,7 +15,7 @@ use super::{EngineRole, EngineStats};
 use crate::input::Feed;
 use crate::error::{Error, Result};
 use crate::protocol::pb::stage_server::Stage;
-use crate::memoryx::{checkpoint, MemoryX, WeightStore};
+use crate::memoryx::{checkpoint, MemoryX};
 use crate::model::loss::LossSum;
 use crate::protocol::pb::{
     self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
@@ -198,8 +198,7 @@ pub fn apply_all(store: &MemoryX, grads: &[LayerGrad], step: u64) -> Result<()> 
     if store.step() != step {
         return Err(Error::Protocol(format!("gradients of step {step} reached a replica of step {}", store.step())));
     }
-    store.check_grads(grads)?;
-    grads.iter().try_for_each(|g| store.apply(g, step))
+    store.apply_step(grads, step)
 }
 
 #[tonic::async_trait]

@@ -4,6 +4,7 @@
 //! slices and handed to each server's optimizer. With one server in this process it is the whole MemoryX of
 //! earlier versions, lending its weights to a pipelined replica without copying them.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -93,6 +94,17 @@ fn all_finite(values: &[f32]) -> bool {
         }
         acc.iter().all(|&a| a == 0.0) && tail.iter().all(|x| x.is_finite())
     })
+}
+
+/// [`all_finite`] on all cores for a slice worth splitting: the check reads every gradient of every step, the
+/// size of the model, before any is applied.
+fn finite(values: &[f32]) -> bool {
+    use rayon::prelude::*;
+    const PIECE: usize = 1 << 16;
+    if values.len() < 2 * PIECE {
+        return all_finite(values);
+    }
+    values.par_chunks(PIECE).all(all_finite)
 }
 
 /// The mask of layer `l` of `layout` initialised from `seed` (stored by output row), or `None` for a dense
@@ -254,7 +266,7 @@ impl MemoryX {
                 bias
             )));
         }
-        if !all_finite(&grad.weights) || !all_finite(&grad.bias) {
+        if !finite(&grad.weights) || !finite(&grad.bias) {
             return Err(Error::Protocol(format!(
                 "gradient for layer {} holds NaN or infinity; lower the learning rate",
                 grad.layer
@@ -265,7 +277,7 @@ impl MemoryX {
 
     /// Checks a step's gradients against the model before any is applied, so a bad one cannot leave the
     /// state half-updated.
-    pub fn check_grads(&self, grads: &[LayerGrad]) -> Result<()> {
+    fn check_grads(&self, grads: &[LayerGrad]) -> Result<()> {
         grads.iter().try_for_each(|g| self.check_grad(g))
     }
 
@@ -370,19 +382,11 @@ impl WeightStore for MemoryX {
     }
 
     fn apply(&self, grad: &LayerGrad, step: u64) -> Result<()> {
-        let reordered = self.prepare(grad, step)?;
-        let n = self.servers.len() as u32;
-        on_each(&self.servers, |i, s| {
-            let w = &reordered[crate::plan::slice_range(reordered.len(), i as u32, n)];
-            let b = &grad.bias[crate::plan::slice_range(grad.bias.len(), i as u32, n)];
-            s.update(grad.layer, step, w, b)
-        })?;
-        self.updates[grad.layer].store(step + 1, Ordering::SeqCst);
-        Ok(())
+        self.update_with(grad, step, false)
     }
 
     fn stage(&self, grad: LayerGrad, step: u64) -> Result<()> {
-        let reordered = self.prepare(&grad, step)?;
+        let reordered = self.prepare(&grad, step, false)?;
         let n = self.servers.len() as u32;
         on_each(&self.servers, |i, s| {
             let w = &reordered[crate::plan::slice_range(reordered.len(), i as u32, n)];
@@ -391,6 +395,7 @@ impl WeightStore for MemoryX {
         })?;
         Ok(())
     }
+
 
     fn commit(&self, step: u64) -> Result<()> {
         on_each(&self.servers, |_, s| s.commit(step))?;
@@ -413,9 +418,32 @@ impl WeightStore for MemoryX {
 }
 
 impl MemoryX {
-    /// Checks layer `grad.layer`'s gradient of `step` and brings it into stored order (row order for a sparse
-    /// layer), joined with a tied layer's: what is cut into the servers' slices.
-    fn prepare(&self, grad: &LayerGrad, step: u64) -> Result<Vec<f32>> {
+    /// Applies a step's gradients, every layer's, checked first as a whole: a bad one (wrong lengths, NaN or
+    /// infinity) is refused before any layer is updated, so the state is never left half-updated. The engines'
+    /// replicas take their steps this way.
+    pub fn apply_step(&self, grads: &[LayerGrad], step: u64) -> Result<()> {
+        self.check_grads(grads)?;
+        grads.iter().try_for_each(|g| self.update_with(g, step, true))
+    }
+
+    /// [`WeightStore::apply`], the gradient's values checked unless `checked` says they were.
+    fn update_with(&self, grad: &LayerGrad, step: u64, checked: bool) -> Result<()> {
+        let reordered = self.prepare(grad, step, checked)?;
+        let n = self.servers.len() as u32;
+        on_each(&self.servers, |i, s| {
+            let w = &reordered[crate::plan::slice_range(reordered.len(), i as u32, n)];
+            let b = &grad.bias[crate::plan::slice_range(grad.bias.len(), i as u32, n)];
+            s.update(grad.layer, step, w, b)
+        })?;
+        self.updates[grad.layer].store(step + 1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Checks layer `grad.layer`'s gradient of `step` (its values only unless `checked` says they were) and
+    /// brings it into stored order (row order for a sparse layer), joined with a tied layer's: what is cut into
+    /// the servers' slices. A dense layer's gradient is already in stored order and is borrowed, not copied (a
+    /// step's gradients are the size of the model).
+    fn prepare<'g>(&self, grad: &'g LayerGrad, step: u64, checked: bool) -> Result<Cow<'g, [f32]>> {
         let shape = *self.layout.linears.get(grad.layer).ok_or_else(|| {
             Error::Protocol(format!("gradient for layer {} but the model has {} layers", grad.layer, self.lengths.len()))
         })?;
@@ -426,17 +454,19 @@ impl MemoryX {
                 grad.layer
             )));
         }
-        self.check_grad(grad)?;
+        if !checked {
+            self.check_grad(grad)?;
+        }
         let mut reordered = match self.masks.get(grad.layer).and_then(Option::as_ref) {
             Some(m) => {
                 let mut g = vec![0.0; grad.weights.len()];
                 for (kc, &kr) in m.col_to_row.iter().enumerate() {
                     g[kr as usize] = grad.weights[kc];
                 }
-                g
+                Cow::Owned(g)
             }
-            None if shape.tied_to.is_some() => Vec::new(),
-            None => grad.weights.clone(),
+            None if shape.tied_to.is_some() => Cow::Borrowed(&[][..]),
+            None => Cow::Borrowed(&grad.weights[..]),
         };
         // The shared weights are updated once, with the target layer, from the sum of both gradients.
         self.tied_grad.exchange(grad, shape.tied_to, step, &mut reordered)?;

@@ -3,6 +3,7 @@
 //! optimizer step. The two gradients of a step arrive as separate `apply` calls, the tied layer's first (the
 //! backward pass runs from the head down), so the tied one is held here until its target's arrives.
 
+use std::borrow::Cow;
 use std::sync::Mutex;
 
 use crate::error::{Error, Result};
@@ -27,9 +28,9 @@ pub(super) struct TiedGrad(Mutex<Option<Held>>);
 impl TiedGrad {
     /// Hands over `grad` of `step` and takes back what it waits for. When its layer is tied to `tied_to`, its
     /// weight gradient is held for that target; when a held gradient targets `grad`'s layer, it is added to
-    /// `weights` (the layer's own weight gradient, in stored order), refused if it is of another step or longer
-    /// than the layer.
-    pub(super) fn exchange(&self, grad: &LayerGrad, tied_to: Option<usize>, step: u64, weights: &mut [f32]) -> Result<()> {
+    /// `weights` (the layer's own weight gradient, in stored order; copied only then), refused if it is of another
+    /// step or longer than the layer.
+    pub(super) fn exchange(&self, grad: &LayerGrad, tied_to: Option<usize>, step: u64, weights: &mut Cow<'_, [f32]>) -> Result<()> {
         let mut held = self.0.lock().map_err(|_| Error::Protocol("tied gradient lock poisoned".into()))?;
         if let Some(target) = tied_to {
             *held = Some(Held { step, target, weights: grad.weights.clone() });
@@ -41,7 +42,7 @@ impl TiedGrad {
                     grad.layer
                 )));
             }
-            for (g, e) in weights.iter_mut().zip(&extra) {
+            for (g, e) in weights.to_mut().iter_mut().zip(&extra) {
                 *g += e;
             }
         }
