@@ -15,6 +15,7 @@ use super::{EngineRole, EngineStats};
 use crate::input::Feed;
 use crate::error::{Error, Result};
 use crate::protocol::pb::stage_server::Stage;
+use crate::kernels::on_workers;
 use crate::memoryx::{checkpoint, MemoryX};
 use crate::model::loss::LossSum;
 use crate::protocol::pb::{
@@ -126,7 +127,8 @@ impl EngineServer {
         let engine = self.engine.clone();
         let result = tokio::task::spawn_blocking(move || {
             let mut guard = engine.lock().map_err(|_| Error::Protocol("engine state poisoned".into()))?;
-            f(guard.as_mut())
+            let engine = guard.as_mut();
+            on_workers(|| f(engine))
         })
         .await
         .map_err(|e| Status::internal(format!("engine task failed: {e}")))?;
@@ -340,7 +342,7 @@ impl Stage for EngineServer {
             let guard = replica.lock().map_err(|_| Error::Protocol("replica poisoned".into()))?;
             let store = guard.as_ref().ok_or_else(no_replica)?;
             let started = Instant::now();
-            apply_all(store, &grads, step)?;
+            on_workers(|| apply_all(store, &grads, step))?;
             nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             Ok::<_, Error>(())
         })

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use crate::data::split_even;
 use crate::input::Feed;
 use crate::engine::server::{apply_all, resident_pass, ReplicaFactory};
+use crate::kernels::on_workers;
 use crate::engine::{EngineRole, EngineStats};
 use crate::memoryx::{checkpoint, MemoryX};
 use crate::protocol::wire::add_grads;
@@ -148,7 +149,8 @@ impl Swarm for LocalSwarm {
     fn forward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<LossSum> {
         for _ in 0..layers {
             let stream = next()?;
-            self.engines.iter_mut().try_for_each(|e| e.forward(&stream))?;
+            let engines = &mut self.engines;
+            on_workers(|| engines.iter_mut().try_for_each(|e| e.forward(&stream)))?;
         }
         let mut total = LossSum::default();
         for engine in &mut self.engines {
@@ -162,7 +164,7 @@ impl Swarm for LocalSwarm {
             let stream = next()?;
             let mut sum: Option<LayerGrad> = None;
             for engine in &mut self.engines {
-                let g = engine.backward(&stream)?;
+                let g = on_workers(|| engine.backward(&stream))?;
                 match &mut sum {
                     None => sum = Some(g),
                     Some(s) => s.add(&g).map_err(Error::Protocol)?,
@@ -207,14 +209,12 @@ impl Swarm for LocalSwarm {
                 return Err(Error::Protocol(format!("step {} asked of a replica of step {}", request.step, store.step())));
             }
             engine.begin_step(self.feed.shard(Split::Train, part)?, request.grad_scale, true)?;
-            let (l, grads) = resident_pass(engine.as_mut(), store, store.layout().linears.len())?;
+            let (l, grads) = on_workers(|| resident_pass(engine.as_mut(), store, store.layout().linears.len()))?;
             loss.add(&l);
             add_grads(&mut sum, grads)?;
         }
         let sum = sum.ok_or_else(|| Error::Protocol("no engines".into()))?;
-        for store in replicas.held.iter().flatten() {
-            apply_all(store, &sum, request.step)?;
-        }
+        on_workers(|| replicas.held.iter().flatten().try_for_each(|store| apply_all(store, &sum, request.step)))?;
         Ok(loss)
     }
 
