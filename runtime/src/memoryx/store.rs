@@ -396,7 +396,6 @@ impl WeightStore for MemoryX {
         Ok(())
     }
 
-
     fn commit(&self, step: u64) -> Result<()> {
         on_each(&self.servers, |_, s| s.commit(step))?;
         for u in &self.updates {
