@@ -36,7 +36,9 @@ struct Turn {
     done: usize,
 }
 
-/// Builds an empty replica of the job's model (the masks and shapes; the values come with `Prime`).
+/// Builds an empty replica of the job's model (the masks and shapes; the values come with `Prime`). A replica
+/// is one weight server in this process's memory: its steps run on [`on_workers`], which must not wait on other
+/// servers' threads or calls.
 /// Fallible, since an engine learns the run's length (the optimizer's schedule) from its input workers.
 pub type ReplicaFactory = Arc<dyn Fn() -> Result<MemoryX> + Send + Sync>;
 
@@ -118,7 +120,9 @@ impl EngineServer {
         }
     }
 
-    /// Runs `f` on the engine off the async threads, then lets the next operation go.
+    /// Runs `f` on the engine off the async threads, then lets the next operation go. `f` runs on a blocking
+    /// thread holding the engine's lock. It takes any lock other handlers take too (the replica's) there, and
+    /// only then hands its arithmetic to [`on_workers`] (see its rules).
     async fn compute<T: Send + 'static>(
         &self,
         turn: Turn,
@@ -127,8 +131,7 @@ impl EngineServer {
         let engine = self.engine.clone();
         let result = tokio::task::spawn_blocking(move || {
             let mut guard = engine.lock().map_err(|_| Error::Protocol("engine state poisoned".into()))?;
-            let engine = guard.as_mut();
-            on_workers(|| f(engine))
+            f(guard.as_mut())
         })
         .await
         .map_err(|e| Status::internal(format!("engine task failed: {e}")))?;
@@ -223,7 +226,7 @@ impl Stage for EngineServer {
             return Err(Status::invalid_argument(format!("forward call carried layer {} ({:?} pass)", stream.layer, stream.pass)));
         }
         let turn = self.wait_turn(step, stream.layer).await?;
-        self.compute(turn, move |e| e.forward(&stream)).await?;
+        self.compute(turn, move |e| on_workers(|| e.forward(&stream))).await?;
         Ok(Response::new(Ack {}))
     }
 
@@ -231,7 +234,7 @@ impl Stage for EngineServer {
         let r = request.into_inner();
         self.check_job(&r.job)?;
         let turn = self.wait_turn(r.step, self.layers).await?;
-        let sum = self.compute(turn, |e| e.loss()).await?;
+        let sum = self.compute(turn, |e| on_workers(|| e.loss())).await?;
         Ok(Response::new(pb::LossReply { loss: sum.loss, correct: sum.correct, samples: sum.samples }))
     }
 
@@ -244,7 +247,7 @@ impl Stage for EngineServer {
         }
         let op = self.layers + 1 + (self.layers - 1 - stream.layer);
         let turn = self.wait_turn(step, op).await?;
-        let grad = self.compute(turn, move |e| e.backward(&stream)).await?;
+        let grad = self.compute(turn, move |e| on_workers(|| e.backward(&stream))).await?;
         Ok(Response::new(Box::pin(tokio_stream::iter(encode_grad(&grad).into_iter().map(Ok)))))
     }
 
@@ -318,13 +321,13 @@ impl Stage for EngineServer {
                 if store.step() != step {
                     return Err(Error::Protocol(format!("step {step} asked of a replica of step {}", store.step())));
                 }
-                let (loss, grads) = resident_pass(e, store, layers)?;
+                let (loss, grads) = on_workers(|| resident_pass(e, store, layers))?;
                 if !reduce {
                     return Ok((loss, grads));
                 }
                 // Alone at the top of the tree: its own gradients are the sum.
                 let started = Instant::now();
-                apply_all(store, &grads, step)?;
+                on_workers(|| apply_all(store, &grads, step))?;
                 nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 Ok((loss, Vec::new()))
             })

@@ -17,6 +17,12 @@ pub(crate) const PARALLEL_MIN_FLOPS: usize = 1 << 18;
 /// until it is done: a wake-up and two context switches per stage, hundreds a gpt-small step. Forked from a
 /// worker, it is a join whose other half the second worker steals. (A 40-step gpt-small run: 31,900 context
 /// switches before, 9,200 after, and the step about 3% faster.)
+///
+/// Two rules for `f`, because a worker waiting at a join may run another caller's whole `f` meanwhile, and a
+/// worker that blocks is a core the pool cannot use. It must not wait for a lock, channel or thread that another
+/// thread can hold up (take such locks first, then call this; the locks of state only `f`'s caller can reach
+/// are fine). And it must not hold, across a parallel stage, anything another caller's `f` may want on the same
+/// thread (the sparse kernels' thread-local buffers are taken out for a call, not borrowed).
 pub fn on_workers<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     // `scope` runs its body on a worker of the global pool (the calling thread waits once, for all of it).
     rayon::scope(|_| f())

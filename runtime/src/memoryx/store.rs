@@ -275,8 +275,8 @@ impl MemoryX {
         Ok(())
     }
 
-    /// Checks a step's gradients against the model before any is applied, so a bad one cannot leave the
-    /// state half-updated.
+    /// Checks a step's gradients against the model (lengths, NaN, infinity) before any is applied, so a
+    /// malformed one is refused with the state untouched.
     fn check_grads(&self, grads: &[LayerGrad]) -> Result<()> {
         grads.iter().try_for_each(|g| self.check_grad(g))
     }
@@ -417,15 +417,15 @@ impl WeightStore for MemoryX {
 }
 
 impl MemoryX {
-    /// Applies a step's gradients, every layer's, checked first as a whole: a bad one (wrong lengths, NaN or
-    /// infinity) is refused before any layer is updated, so the state is never left half-updated. The engines'
-    /// replicas take their steps this way.
+    /// Applies a step's gradients, every layer's, checked first as a whole: a malformed one (wrong lengths, NaN
+    /// or infinity) is refused before any layer is updated, and each is checked once. The engines' replicas take
+    /// their steps this way.
     pub fn apply_step(&self, grads: &[LayerGrad], step: u64) -> Result<()> {
         self.check_grads(grads)?;
         grads.iter().try_for_each(|g| self.update_with(g, step, true))
     }
 
-    /// [`WeightStore::apply`], the gradient's values checked unless `checked` says they were.
+    /// [`WeightStore::apply`]; `checked` says [`MemoryX::check_grad`] has passed (lengths and values).
     fn update_with(&self, grad: &LayerGrad, step: u64, checked: bool) -> Result<()> {
         let reordered = self.prepare(grad, step, checked)?;
         let n = self.servers.len() as u32;
@@ -438,8 +438,8 @@ impl MemoryX {
         Ok(())
     }
 
-    /// Checks layer `grad.layer`'s gradient of `step` (its values only unless `checked` says they were) and
-    /// brings it into stored order (row order for a sparse layer), joined with a tied layer's: what is cut into
+    /// Checks layer `grad.layer`'s gradient of `step` (its step always; its lengths and values unless `checked`
+    /// says [`MemoryX::check_grad`] has passed) and brings it into stored order (row order for a sparse layer), joined with a tied layer's: what is cut into
     /// the servers' slices. A dense layer's gradient is already in stored order and is borrowed, not copied (a
     /// step's gradients are the size of the model).
     fn prepare<'g>(&self, grad: &'g LayerGrad, step: u64, checked: bool) -> Result<Cow<'g, [f32]>> {

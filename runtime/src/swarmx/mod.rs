@@ -154,7 +154,7 @@ impl Swarm for LocalSwarm {
         }
         let mut total = LossSum::default();
         for engine in &mut self.engines {
-            total.add(&engine.loss()?);
+            total.add(&on_workers(|| engine.loss())?);
         }
         Ok(total)
     }
