@@ -187,23 +187,29 @@ type StateStream = Pin<Box<dyn Stream<Item = Result<StateChunk, Status>> + Send>
 type StepChunkStream = Pin<Box<dyn Stream<Item = Result<StepChunk, Status>> + Send>>;
 
 /// One training step on a replica the engine holds: the streaming loop's order — forward, loss, backward in
-/// reverse — with every layer read from the engine's own memory instead of the fabric.
+/// reverse — with every layer read from the engine's own memory instead of the fabric. Runs on
+/// [`on_workers`]: the caller holds whatever locks guard the engine and the replica.
 pub fn resident_pass(engine: &mut dyn EngineRole, store: &MemoryX, layers: usize) -> Result<(LossSum, Vec<LayerGrad>)> {
-    for l in 0..layers {
-        store.with_stream(l, Pass::Forward, |s| engine.forward(s))?;
-    }
-    let loss = engine.loss()?;
-    let grads =
-        (0..layers).rev().map(|l| store.with_stream(l, Pass::Backward, |s| engine.backward(s))).collect::<Result<Vec<_>>>()?;
-    Ok((loss, grads))
+    on_workers(|| {
+        for l in 0..layers {
+            store.with_stream(l, Pass::Forward, |s| engine.forward(s))?;
+        }
+        let loss = engine.loss()?;
+        let grads = (0..layers)
+            .rev()
+            .map(|l| store.with_stream(l, Pass::Backward, |s| engine.backward(s)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((loss, grads))
+    })
 }
 
-/// Applies a step's summed gradients to a replica, in the order the streaming loop applies them.
+/// Applies a step's summed gradients to a replica, in the order the streaming loop applies them. Runs on
+/// [`on_workers`] like [`resident_pass`].
 pub fn apply_all(store: &MemoryX, grads: &[LayerGrad], step: u64) -> Result<()> {
     if store.step() != step {
         return Err(Error::Protocol(format!("gradients of step {step} reached a replica of step {}", store.step())));
     }
-    store.apply_step(grads, step)
+    on_workers(|| store.apply_step(grads, step))
 }
 
 #[tonic::async_trait]
@@ -321,13 +327,13 @@ impl Stage for EngineServer {
                 if store.step() != step {
                     return Err(Error::Protocol(format!("step {step} asked of a replica of step {}", store.step())));
                 }
-                let (loss, grads) = on_workers(|| resident_pass(e, store, layers))?;
+                let (loss, grads) = resident_pass(e, store, layers)?;
                 if !reduce {
                     return Ok((loss, grads));
                 }
                 // Alone at the top of the tree: its own gradients are the sum.
                 let started = Instant::now();
-                on_workers(|| apply_all(store, &grads, step))?;
+                apply_all(store, &grads, step)?;
                 nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 Ok((loss, Vec::new()))
             })
@@ -345,7 +351,7 @@ impl Stage for EngineServer {
             let guard = replica.lock().map_err(|_| Error::Protocol("replica poisoned".into()))?;
             let store = guard.as_ref().ok_or_else(no_replica)?;
             let started = Instant::now();
-            on_workers(|| apply_all(store, &grads, step))?;
+            apply_all(store, &grads, step)?;
             nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             Ok::<_, Error>(())
         })

@@ -387,13 +387,7 @@ impl WeightStore for MemoryX {
 
     fn stage(&self, grad: LayerGrad, step: u64) -> Result<()> {
         let reordered = self.prepare(&grad, step, false)?;
-        let n = self.servers.len() as u32;
-        on_each(&self.servers, |i, s| {
-            let w = &reordered[crate::plan::slice_range(reordered.len(), i as u32, n)];
-            let b = &grad.bias[crate::plan::slice_range(grad.bias.len(), i as u32, n)];
-            s.stage(grad.layer, step, w, b)
-        })?;
-        Ok(())
+        self.to_each_slice(&reordered, &grad.bias, |s, w, b| s.stage(grad.layer, step, w, b))
     }
 
     fn commit(&self, step: u64) -> Result<()> {
@@ -428,13 +422,25 @@ impl MemoryX {
     /// [`WeightStore::apply`]; `checked` says [`MemoryX::check_grad`] has passed (lengths and values).
     fn update_with(&self, grad: &LayerGrad, step: u64, checked: bool) -> Result<()> {
         let reordered = self.prepare(grad, step, checked)?;
+        self.to_each_slice(&reordered, &grad.bias, |s, w, b| s.update(grad.layer, step, w, b))?;
+        self.updates[grad.layer].store(step + 1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Hands each server its slice of a layer's prepared weight gradient and of its bias gradient: what staging
+    /// and applying a gradient share.
+    fn to_each_slice(
+        &self,
+        weights: &[f32],
+        bias: &[f32],
+        f: impl Fn(&dyn WeightServer, &[f32], &[f32]) -> Result<()> + Sync,
+    ) -> Result<()> {
         let n = self.servers.len() as u32;
         on_each(&self.servers, |i, s| {
-            let w = &reordered[crate::plan::slice_range(reordered.len(), i as u32, n)];
-            let b = &grad.bias[crate::plan::slice_range(grad.bias.len(), i as u32, n)];
-            s.update(grad.layer, step, w, b)
+            let w = &weights[crate::plan::slice_range(weights.len(), i as u32, n)];
+            let b = &bias[crate::plan::slice_range(bias.len(), i as u32, n)];
+            f(s, w, b)
         })?;
-        self.updates[grad.layer].store(step + 1, Ordering::SeqCst);
         Ok(())
     }
 

@@ -209,12 +209,14 @@ impl Swarm for LocalSwarm {
                 return Err(Error::Protocol(format!("step {} asked of a replica of step {}", request.step, store.step())));
             }
             engine.begin_step(self.feed.shard(Split::Train, part)?, request.grad_scale, true)?;
-            let (l, grads) = on_workers(|| resident_pass(engine.as_mut(), store, store.layout().linears.len()))?;
+            let (l, grads) = resident_pass(engine.as_mut(), store, store.layout().linears.len())?;
             loss.add(&l);
             add_grads(&mut sum, grads)?;
         }
         let sum = sum.ok_or_else(|| Error::Protocol("no engines".into()))?;
-        on_workers(|| replicas.held.iter().flatten().try_for_each(|store| apply_all(store, &sum, request.step)))?;
+        for store in replicas.held.iter().flatten() {
+            apply_all(store, &sum, request.step)?;
+        }
         Ok(loss)
     }
 
