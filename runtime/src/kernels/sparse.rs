@@ -599,7 +599,9 @@ unsafe fn sddmm_part_with<const FMA: bool>(part: &Part, a_tiles: &[Lane], b_tile
     for (ta, tb) in a_tiles.chunks_exact(a_rows).zip(b_tiles.chunks_exact(b_rows)) {
         let mut k = 0;
         for &(j, end) in &part.runs {
-            let line = &ta[part.lines[j as usize] as usize];
+            // A copy of the line's lane, so it stays in registers across the run: through a reference into the
+            // tile it was read again for every non-zero, the compiler unable to tell the sums' stores from it.
+            let line = &{ ta[part.lines[j as usize] as usize] };
             for (sum, &i) in sums[k..end as usize].iter_mut().zip(&part.idx[k..end as usize]) {
                 dot_lane_into::<FMA>(&mut sum.0, line, &tb[i as usize]);
             }
