@@ -355,9 +355,10 @@ pub fn backward(p: &SparsePattern, values: &[f32], x: &Mat, dy: &Mat) -> (Vec<f3
 /// The order in which the gather and SDDMM kernels visit a pattern's non-zeros, fixed when the pattern is built.
 ///
 /// The source is cut into tiles of [`TILE`] tokens. Within a tile, the source rows are taken a block at a time
-/// (a block fits in L1), and every line takes its non-zeros that fall in the block before the next block is
-/// touched. Walking the compressed lines in that order would jump between lines for every block, so the indices
-/// are stored once more, already in visiting order, and read straight through.
+/// (a block fits in L1), and a group of lines (see [`group_lines`]) takes its non-zeros that fall in the block,
+/// shortest run first, before the next block is touched; then the next group walks the blocks again. Walking
+/// the compressed lines in that order would jump between lines for every block, so the indices are stored once
+/// more, already in visiting order, and read straight through.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Schedule {
     parts: Vec<Part>,
@@ -377,6 +378,8 @@ struct Part {
 }
 
 impl Schedule {
+    /// One part per worker, the stored lines dealt round-robin from the heaviest down, so the parts carry
+    /// equal work.
     fn new(p: &SparsePattern, parts: usize) -> Self {
         let (block, group) = (block_rows(p), group_lines(p));
         Schedule { parts: (0..parts).map(|w| Part::new(p, (w..p.outer).step_by(parts).collect(), block, group)).collect() }
@@ -386,17 +389,17 @@ impl Schedule {
 impl Part {
     /// The visiting order of the stored lines `mine`: group by group of lines, block by block of source rows,
     /// and within a block the group's runs from the shortest to the longest.
-    fn new(p: &SparsePattern, mine: Vec<usize>, block: usize, group_lines: usize) -> Self {
+    fn new(p: &SparsePattern, mine: Vec<usize>, block: usize, group: usize) -> Self {
         let mut part = Part { lines: mine.iter().map(|&s| p.order[s]).collect(), ..Part::default() };
         part.idx.reserve(mine.iter().map(|&s| (p.ptr[s + 1] - p.ptr[s]) as usize).sum());
         part.at.reserve(part.idx.capacity());
         let mut next: Vec<usize> = mine.iter().map(|&s| p.ptr[s] as usize).collect();
-        let mut runs: Vec<(usize, usize, usize)> = Vec::with_capacity(group_lines);
-        for first in (0..mine.len()).step_by(group_lines) {
-            let group = first..(first + group_lines).min(mine.len());
+        let mut runs: Vec<(usize, usize, usize)> = Vec::with_capacity(group);
+        for first in (0..mine.len()).step_by(group) {
+            let lines = first..(first + group).min(mine.len());
             for b1 in (block..p.inner + block).step_by(block) {
                 runs.clear();
-                for j in group.clone() {
+                for j in lines.clone() {
                     let (start, end) = (next[j], p.ptr[mine[j] + 1] as usize);
                     // Indices increase along a line (see `from_lines`), so this block's non-zeros come next.
                     let stop = start + p.idx[start..end].partition_point(|&i| (i as usize) < b1);
@@ -409,7 +412,9 @@ impl Part {
                 // most of the time, which the branch predictor learns, where runs in line order (lengths at
                 // random around the mean) mispredicted nearly every exit. Each line still has one run per
                 // block, so its sums are built in the same order and the results keep their bits.
-                runs.sort_by_key(|&(_, start, stop)| stop - start);
+                // Ties keep line order (`j` is pushed increasing and unique), so the schedule is deterministic
+                // without a stable sort's scratch buffer.
+                runs.sort_unstable_by_key(|&(j, start, stop)| (stop - start, j));
                 for &(j, start, stop) in &runs {
                     part.idx.extend_from_slice(&p.idx[start..stop]);
                     part.at.extend(start as u32..stop as u32);
@@ -752,6 +757,54 @@ mod tests {
             assert_eq!(nested.0.data, alone.0.data, "density {density}: the forward product");
             assert_eq!((nested.1 .0, nested.1 .1.data), (alone.1 .0, alone.1 .1.data), "density {density}: the gradients");
         }
+    }
+
+    /// The schedule of a pattern wide enough for 256-line groups visits every non-zero once, each line's in
+    /// increasing index order (its sums built as the compressed form lists them, so they keep their bits), one
+    /// block at a time, and within a group's block the runs go shortest first.
+    #[test]
+    fn schedule_visits_every_line_in_order() {
+        let p = SparsePattern::random(700, 1100, 0.1, 9);
+        let (block, group) = (block_rows(&p), group_lines(&p));
+        assert_eq!(group, 256);
+        let mut stored = vec![0usize; p.outer];
+        for (s, &line) in p.order.iter().enumerate() {
+            stored[line as usize] = s;
+        }
+        let mut seen = vec![false; p.nnz()];
+        let mut reordered = false;
+        for part in &p.schedule.parts {
+            assert_eq!(part.at.len(), part.idx.len());
+            assert_eq!(part.runs.last().map_or(0, |&(_, end)| end as usize), part.idx.len(), "the runs cover idx");
+            let mut last = vec![None; part.lines.len()];
+            let (mut k, mut prev) = (0, None);
+            for &(j, end) in &part.runs {
+                let (j, end) = (j as usize, end as usize);
+                assert!(end > k, "an empty run");
+                let s = stored[part.lines[j] as usize];
+                let key = (j / group, part.idx[k] as usize / block);
+                if let Some((pj, plen, pkey)) = prev {
+                    assert!(pkey <= key, "groups, then blocks, in order");
+                    if pkey == key {
+                        assert!(plen <= end - k, "shortest runs first");
+                        reordered |= j < pj;
+                    }
+                }
+                for q in k..end {
+                    let at = part.at[q] as usize;
+                    assert!((p.ptr[s] as usize..p.ptr[s + 1] as usize).contains(&at), "a non-zero of another line");
+                    assert_eq!(part.idx[q], p.idx[at]);
+                    assert_eq!(part.idx[q] as usize / block, key.1, "a run stays in one block");
+                    assert!(last[j] < Some(at), "line {j}'s non-zeros out of order");
+                    last[j] = Some(at);
+                    assert!(!std::mem::replace(&mut seen[at], true), "non-zero {at} visited twice");
+                }
+                prev = Some((j, end - k, key));
+                k = end;
+            }
+        }
+        assert!(seen.iter().all(|&v| v), "a non-zero never visited");
+        assert!(reordered, "no block reordered its runs: the test misses the sort");
     }
 
     #[test]
