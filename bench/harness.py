@@ -588,7 +588,7 @@ def write_results(r, path):
              "non-zeros (2 · nnz · tokens): what the kernel would cost if skipping zeros were free, so the share says "
              "how close a sparse kernel comes to the dense machine. *Compulsory* bytes are what must cross from "
              "memory at least once (values and indices, X read, Y written); this share stays far below 1 — the sparse "
-             "kernels keep their 64-token tile of X in cache and are bound by the per-non-zero loads from cache and the "
+             "kernels keep their tile of X (a block of tokens) in cache and are bound by the per-non-zero loads from cache and the "
              "FMA issue rate, not by DRAM — so the FLOP/s share is the meaningful one for them as for GEMM. The peak "
              "is the `gemm` crate's best on a 2048³ product; PyTorch's BLAS can exceed it (a share above 100%).\n")
     L.append("| sparsity | ws dense GEMM / peak | ws sparse fwd / peak | ws sparse wgrad / peak | torch dense / peak | "
