@@ -56,7 +56,7 @@ fn main() {
         let b = time(&format!("{name} sparse dX"), 5, || {
             linear::backward_input(linear::Weights::Sparse { pattern: &pt, values: &tvalues }, ins, &dy)
         });
-        let g = time(&format!("{name} sparse dW"), 5, || linear::weight_grad_sparse(&pt, &xin, &dy));
+        let g = time(&format!("{name} sparse dW"), 5, || linear::weight_grad_sparse(&pt, (&xin).into(), (&dy).into()));
         sparse_total += 4.0 * (f + b + g);
     }
     println!("sparse block matrices per step: {:.1} ms", sparse_total * 1e3);

@@ -26,6 +26,7 @@ pub mod protocol;
 pub mod sample;
 pub mod swarmx;
 pub mod tensor;
+pub mod tiles;
 pub mod transport;
 pub mod train;
 pub mod units;

@@ -1,6 +1,7 @@
-//! The one tensor type the engine needs: a row-major matrix. Activations are stored feature-major (a row per
-//! feature, a column per token/sample), as the seeds lay them over the wafer, so that every AXPY of the sparse
-//! kernels runs over one contiguous row.
+//! The engine's tensor type: a row-major matrix. Activations are stored feature-major (a row per feature, a
+//! column per token/sample), as the seeds lay them over the wafer, so that every AXPY of the sparse kernels runs
+//! over one contiguous stretch of tokens. (The sparse kernels' own tiled layout, which an activation between two
+//! sparse layers keeps, is [`crate::tiles`].)
 
 use std::mem::MaybeUninit;
 
@@ -48,18 +49,31 @@ pub unsafe fn written_once_beside(
     piece: usize,
     write: impl Fn(usize, &mut [MaybeUninit<f32>], &mut [f32]) + Sync + Send,
 ) -> Vec<f32> {
-    use rayon::prelude::*;
-    let (len, piece) = (beside.len(), piece.max(1));
+    let len = beside.len();
     let mut v = Vec::with_capacity(len);
-    v.spare_capacity_mut()[..len]
-        .par_chunks_mut(piece)
+    fill_beside(&mut v.spare_capacity_mut()[..len], beside, piece, write);
+    // SAFETY: `fill_beside` gave `write` every slot of the first `len`, and the caller's `write` initialised
+    // every one.
+    unsafe { v.set_len(len) };
+    v
+}
+
+/// The pass of [`written_once_beside`] over an output the caller allocated (`out`, as long as `beside`): piece
+/// by piece on all cores, each piece of `out` with the matching piece of `beside` and where both start.
+pub fn fill_beside(
+    out: &mut [MaybeUninit<f32>],
+    beside: &mut [f32],
+    piece: usize,
+    write: impl Fn(usize, &mut [MaybeUninit<f32>], &mut [f32]) + Sync + Send,
+) {
+    use rayon::prelude::*;
+    assert_eq!(out.len(), beside.len(), "fill_beside: the output and the slice beside it differ in length");
+    let piece = piece.max(1);
+    out.par_chunks_mut(piece)
         .zip(beside.par_chunks_mut(piece))
         .with_min_len(PIECE.div_ceil(piece))
         .enumerate()
         .for_each(|(i, (slots, beside))| write(i * piece, slots, beside));
-    // SAFETY: the pieces cover the first `len` slots and the caller's `write` initialised every one.
-    unsafe { v.set_len(len) };
-    v
 }
 
 /// Activation buffers a pass has finished with, kept for the next pass that needs one at most as long: the

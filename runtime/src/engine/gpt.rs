@@ -13,6 +13,7 @@ use crate::model::{activation, norm, GptShape, GptUnit};
 use crate::protocol::WeightPayload;
 use crate::kernels::small;
 use crate::tensor::{rows_per_piece, Mat, Spare, TOKENS_PER_TASK};
+use crate::tiles::{Acts, ActsRef, Layout};
 
 /// What one block keeps from its forward pass for its backward pass.
 #[derive(Default)]
@@ -28,15 +29,17 @@ struct BlockActs {
     /// Normalised residual after attention (the MLP's input).
     a2: Mat,
     rstd2: Vec<f32>,
-    /// GELU's slope at the MLP's pre-activation (all the backward pass needs of it), and the activation.
-    u: Mat,
-    g: Mat,
+    /// GELU's slope at the MLP's pre-activation (all the backward pass needs of it), and the activation. Both
+    /// stay in the sparse kernels' tiles when the MLP's matrices are sparse: the hidden layer then goes from
+    /// MLP-up to MLP-down, forward and backward, without being copied out to rows or packed into tiles.
+    u: Acts,
+    g: Acts,
 }
 
 impl BlockActs {
     fn bytes(&self) -> u64 {
-        let mats = [&self.a1, &self.qkv, &self.o, &self.a2, &self.u, &self.g];
-        mats.iter().map(|m| m.bytes()).sum::<u64>() + 4 * (self.rstd1.len() + self.probs.len() + self.rstd2.len()) as u64
+        let mats = [&self.a1, &self.qkv, &self.o, &self.a2];
+        mats.iter().map(|m| m.bytes()).sum::<u64>() + self.u.bytes() + self.g.bytes() + 4 * (self.rstd1.len() + self.probs.len() + self.rstd2.len()) as u64
     }
 }
 
@@ -53,7 +56,7 @@ pub(super) struct GptNet {
     /// Gradient of the residual stream during the backward pass.
     dx: Mat,
     /// A gradient waiting for the next unit down: the logits' (head), the MLP pre-activation's (up) or QKV's.
-    pending: Option<Mat>,
+    pending: Option<Acts>,
     /// Attention's finished buffers, kept from step to step (see [`Spare`]).
     spare: Spare,
 }
@@ -81,7 +84,7 @@ impl GptNet {
         block_in(&mut self.blocks, b)
     }
 
-    fn pending(&mut self, what: &str) -> Result<Mat> {
+    fn pending(&mut self, what: &str) -> Result<Acts> {
         self.pending.take().ok_or_else(|| Error::Protocol(format!("no gradient for {what}")))
     }
 
@@ -147,12 +150,12 @@ fn missing_input_grad() -> Error {
 fn backward_through_norm<'s>(
     unit: StreamedLinear<'s>,
     (a, rstd): (&Mat, &[f32]),
-    dy: &Mat,
+    dy: ActsRef<'_>,
     dx: &mut Mat,
     works: &mut Vec<Work<'s>>,
 ) -> Result<Grads> {
-    let (grads, da) = unit.backward(a, dy, true, works)?;
-    let da = da.ok_or_else(missing_input_grad)?;
+    let (grads, da) = unit.backward_as(a.into(), dy, Some(Layout::Rows), works)?;
+    let da = da.ok_or_else(missing_input_grad)?.into_rows();
     norm::backward_add(a, rstd, &da, dx);
     works.push(Work::Elementwise { ops: 8 * da.data.len() as u64 });
     Ok(grads)
@@ -198,14 +201,14 @@ impl Net for GptNet {
             }
             GptUnit::Up(b) => {
                 let block = self.block(b)?;
-                let (mut u, bias) = unit.forward_leaving_bias(&block.a2, works)?;
-                let g = Mat::from_vec(u.rows, u.cols, activation::forward_keeping_slope(Activation::Gelu, &mut u.data, bias));
-                works.push(Work::Elementwise { ops: 8 * u.data.len() as u64 });
+                let (mut u, bias) = unit.forward_leaving_bias_as((&block.a2).into(), Layout::Tiles, works)?;
+                let g = activation::forward_keeping_slope_acts(Activation::Gelu, &mut u, bias);
+                works.push(Work::Elementwise { ops: 8 * (u.rows() * u.tokens()) as u64 });
                 (block.u, block.g) = (u, g);
             }
             GptUnit::Down(b) => {
-                let (y, bias) = unit.forward_leaving_bias(&self.block(b)?.g, works)?;
-                let (a, rstd) = self.residual_norm(&y, bias, works);
+                let (y, bias) = unit.forward_leaving_bias_as(self.block(b)?.g.view(), Layout::Rows, works)?;
+                let (a, rstd) = self.residual_norm(&y.into_rows(), bias, works);
                 if b + 1 < self.g.blocks {
                     self.blocks.push(BlockActs { a1: a, rstd1: rstd, ..BlockActs::default() });
                 } else {
@@ -219,7 +222,7 @@ impl Net for GptNet {
     }
 
     fn start_backward(&mut self, d_logits: Mat) {
-        self.pending = Some(d_logits);
+        self.pending = Some(Acts::Rows(d_logits));
     }
 
     fn backward<'s>(&mut self, unit: StreamedLinear<'s>, works: &mut Vec<Work<'s>>) -> Result<Grads> {
@@ -228,24 +231,26 @@ impl Net for GptNet {
                 let d_logits = self.pending("the logits")?;
                 // The residual stream's gradient starts here: the head reads the final norm of the stream.
                 self.dx = Mat::zeros(self.af.rows, self.af.cols);
-                let grads = backward_through_norm(unit, (&self.af, &self.rstdf), &d_logits, &mut self.dx, works)?;
+                let grads = backward_through_norm(unit, (&self.af, &self.rstdf), d_logits.view(), &mut self.dx, works)?;
                 (self.af, self.rstdf) = (Mat::default(), Vec::new());
                 Ok(grads)
             }
             GptUnit::Down(b) => {
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
-                let (grads, dg) = unit.backward(&block.g, &self.dx, true, works)?;
-                let mut du = dg.ok_or_else(missing_input_grad)?;
-                activation::scale_by_slope(&block.u.data, &mut du.data);
-                works.push(Work::Elementwise { ops: 10 * du.data.len() as u64 });
-                (block.u, block.g) = (Mat::default(), Mat::default());
+                // The input gradient in the slope's layout, so the two multiply element by element.
+                let layout = block.u.layout();
+                let (grads, dg) = unit.backward_as(block.g.view(), (&self.dx).into(), Some(layout), works)?;
+                let mut du = dg.ok_or_else(missing_input_grad)?.into_layout(layout);
+                activation::scale_by_slope(block.u.values(), du.values_mut());
+                works.push(Work::Elementwise { ops: 10 * (du.rows() * du.tokens()) as u64 });
+                (block.u, block.g) = (Acts::default(), Acts::default());
                 self.pending = Some(du);
                 Ok(grads)
             }
             GptUnit::Up(b) => {
                 let du = self.pending("the MLP")?;
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
-                let grads = backward_through_norm(unit, (&block.a2, &block.rstd2), &du, &mut self.dx, works)?;
+                let grads = backward_through_norm(unit, (&block.a2, &block.rstd2), du.view(), &mut self.dx, works)?;
                 (block.a2, block.rstd2) = (Mat::default(), Vec::new());
                 Ok(grads)
             }
@@ -260,13 +265,13 @@ impl Net for GptNet {
                 works.extend([gemm, gemm, gemm, gemm, Work::Elementwise { ops: 4 * block.probs.len() as u64 }]);
                 self.spare.give(std::mem::take(&mut block.o).data);
                 self.spare.give(std::mem::take(&mut block.probs));
-                self.pending = Some(dqkv);
+                self.pending = Some(Acts::Rows(dqkv));
                 Ok(grads)
             }
             GptUnit::Qkv(b) => {
-                let dqkv = self.pending("attention")?;
+                let dqkv = self.pending("attention")?.into_rows();
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
-                let grads = backward_through_norm(unit, (&block.a1, &block.rstd1), &dqkv, &mut self.dx, works)?;
+                let grads = backward_through_norm(unit, (&block.a1, &block.rstd1), (&dqkv).into(), &mut self.dx, works)?;
                 self.blocks.truncate(b);
                 self.spare.give(dqkv.data);
                 Ok(grads)
@@ -293,7 +298,7 @@ impl Net for GptNet {
         let mats = [&self.x, &self.af, &self.dx];
         mats.iter().map(|m| m.bytes()).sum::<u64>()
             + self.blocks.iter().map(BlockActs::bytes).sum::<u64>()
-            + self.pending.iter().map(Mat::bytes).sum::<u64>()
+            + self.pending.iter().map(Acts::bytes).sum::<u64>()
             + 4 * (self.tokens.len() + self.rstdf.len()) as u64
     }
 

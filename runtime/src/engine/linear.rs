@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::model::{linear, LinearShape};
 use crate::protocol::{LayerStream, WeightPayload};
 use crate::tensor::Mat;
+use crate::tiles::{Acts, ActsRef, Layout};
 
 /// A unit's weight and bias gradients, in the stream's weight order; the bias gradient is empty when the unit
 /// has no bias. Named so the model families and the engine agree on which half is which.
@@ -58,28 +59,46 @@ impl<'s> StreamedLinear<'s> {
         Ok((y, &stream.bias))
     }
 
+    /// [`StreamedLinear::forward_leaving_bias`] over an input in either layout, the output in `layout` when
+    /// the weights take the sparse kernel (rows otherwise, see [`Layout::Tiles`]).
+    pub fn forward_leaving_bias_as(&self, x: ActsRef<'_>, layout: Layout, works: &mut Vec<Work<'s>>) -> Result<(Acts, &'s [f32])> {
+        let y = linear::forward_as(self.weights()?, x, layout);
+        works.push(self.product(y.rows(), x.tokens(), x.rows()));
+        let stream: &'s LayerStream = self.stream;
+        Ok((y, &stream.bias))
+    }
+
     /// Backward through the unit whose input was `x`, given the gradient `dy` of its output: the weight
     /// gradient (only at the mask's positions when sparse), the bias gradient when the unit has a bias, and —
     /// when `need_dx` — the gradient of the input.
     pub fn backward(&self, x: &Mat, dy: &Mat, need_dx: bool, works: &mut Vec<Work<'s>>) -> Result<(Grads, Option<Mat>)> {
-        let (shape, tokens) = (self.shape, x.cols);
+        let (grads, dx) = self.backward_as(x.into(), dy.into(), need_dx.then_some(Layout::Rows), works)?;
+        Ok((grads, dx.map(Acts::into_rows)))
+    }
+
+    /// [`StreamedLinear::backward`] over operands in either layout; `dx`, when asked for, in its layout when
+    /// the weights take the sparse kernel (rows otherwise).
+    pub fn backward_as(&self, x: ActsRef<'_>, dy: ActsRef<'_>, dx: Option<Layout>, works: &mut Vec<Work<'s>>) -> Result<(Grads, Option<Acts>)> {
+        let (need_dx, layout) = (dx.is_some(), dx.unwrap_or(Layout::Rows));
+        let (shape, tokens) = (self.shape, x.tokens());
         // Both gradients at once: a dense layer's are independent products that run side by side; a sparse
         // layer's both read the output gradient, packed once for the two.
         if need_dx {
             let both = match self.stream.weights.weights() {
                 Some(linear::Weights::Dense(w)) => {
                     works.push(Work::Gemm { m: shape.outputs, n: shape.inputs, k: tokens });
-                    Some(linear::backward_dense(w, x, dy))
+                    let (dw, dx) = linear::backward_dense(w, &x.to_rows(), &dy.to_rows());
+                    Some((dw, Acts::Rows(dx)))
                 }
                 Some(linear::Weights::Sparse { pattern, values }) => {
                     works.push(Work::SparseDot { pattern, tokens });
-                    Some(linear::backward_sparse(pattern, values, x, dy))
+                    Some(linear::backward_sparse(pattern, values, x, dy, layout))
                 }
                 None => None,
             };
             if let Some((weights, dx)) = both {
                 works.push(self.product(shape.inputs, tokens, shape.outputs));
-                let bias = if shape.bias { linear::bias_grad(dy) } else { Vec::new() };
+                let bias = if shape.bias { linear::bias_grad_as(dy) } else { Vec::new() };
                 return Ok(((weights, bias), Some(dx)));
             }
         }
@@ -90,14 +109,14 @@ impl<'s> StreamedLinear<'s> {
             }
             None => {
                 works.push(Work::Gemm { m: shape.outputs, n: shape.inputs, k: tokens });
-                linear::weight_grad_dense(dy, x)
+                linear::weight_grad_dense(&dy.to_rows(), &x.to_rows())
             }
         };
-        let bias = if shape.bias { linear::bias_grad(dy) } else { Vec::new() };
+        let bias = if shape.bias { linear::bias_grad_as(dy) } else { Vec::new() };
         let dx = if need_dx {
             let w = self.weights()?;
             works.push(self.product(shape.inputs, tokens, shape.outputs));
-            Some(linear::backward_input(w, shape.inputs, dy))
+            Some(Acts::Rows(linear::backward_input(w, shape.inputs, &dy.to_rows())))
         } else {
             None
         };

@@ -15,15 +15,11 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 use crate::tensor::Mat;
+use crate::tiles::{Acts, ActsRef, Lane, Layout, Tiles, TILE};
 
 /// Above this density a mask is multiplied as a dense matrix: one AXPY per non-zero cannot beat a tuned GEMM
 /// when most weights exist, so the sparse path is never much slower than the dense one.
 pub const DENSE_ABOVE: f64 = 0.25;
-
-/// Tokens per tile: one line's sums over a tile fill eight AVX-512 registers, so each non-zero's AXPY is eight
-/// independent fused multiply-adds (enough to cover their latency, where four made every AXPY wait on the
-/// last), and every non-zero weight is read once per tile, so a wide tile spends little on reading the pattern.
-const TILE: usize = 128;
 
 /// A static sparsity mask in compressed form: for each stored line, the inner indices of its non-zeros.
 ///
@@ -245,17 +241,33 @@ fn with_buffer<R>(key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<f32
 }
 
 /// A pointer through which workers write disjoint parts of one buffer.
-#[derive(Clone, Copy)]
-struct Disjoint(*mut f32);
+struct Disjoint<T>(*mut T);
 // SAFETY: shared only between workers that write provably disjoint ranges (see the callers).
-unsafe impl Send for Disjoint {}
-unsafe impl Sync for Disjoint {}
+unsafe impl<T> Send for Disjoint<T> {}
+unsafe impl<T> Sync for Disjoint<T> {}
 
-impl Disjoint {
+impl<T> Clone for Disjoint<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Disjoint<T> {}
+
+impl<T> Disjoint<T> {
     /// The pointer, through a method so closures capture the whole (`Sync`) wrapper rather than its field.
-    fn ptr(&self) -> *mut f32 {
+    fn ptr(&self) -> *mut T {
         self.0
     }
+}
+
+/// Where the gather writes a part's sums.
+#[derive(Clone, Copy)]
+enum Out {
+    /// A `lines × tokens` row-major matrix: each tile's sums are built in a scratch and copied to the rows.
+    Rows(Disjoint<f32>),
+    /// Tiles of `lines` lanes each: each tile's sums are copied to their lanes whole, and the layers that read
+    /// them do not pack them.
+    Tiles(Disjoint<Lane>, usize),
 }
 
 fn workers(work: usize) -> usize {
@@ -278,49 +290,89 @@ fn for_each_part(schedule: &Schedule, work: usize, run: impl Fn(&Part) + Sync + 
 /// `src` has a row per inner index and the result a row per line; both have one column per token. The result
 /// is written once, not zeroed first.
 pub fn gather(p: &SparsePattern, values: &[f32], src: &Mat) -> Mat {
+    gather_as(p, values, src.into(), Layout::Rows).into_rows()
+}
+
+/// [`gather`] over a source in either layout, the output in `layout` (rows whatever is asked when the mask
+/// runs dense, see [`Layout::Tiles`]): a source in tiles is read as it is, and an output in tiles is built in
+/// place, where rows are packed into tiles first and the sums copied out to rows after.
+pub fn gather_as(p: &SparsePattern, values: &[f32], src: ActsRef<'_>, layout: Layout) -> Acts {
     assert_eq!(values.len(), p.nnz(), "gather: {} values for {} non-zeros", values.len(), p.nnz());
-    assert_eq!(src.rows, p.inner, "gather: source has {} rows, pattern needs {}", src.rows, p.inner);
-    let (rows, tokens) = (p.outer, src.cols);
+    assert_eq!(src.rows(), p.inner, "gather: source has {} rows, pattern needs {}", src.rows(), p.inner);
+    let (rows, tokens) = (p.outer, src.tokens());
     if p.full {
         let view = super::dense::MatView::new(values, p.outer, p.inner);
-        return Mat::from_vec(rows, tokens, super::dense::product(view, src.view()));
+        return Acts::Rows(Mat::from_vec(rows, tokens, super::dense::product(view, src.to_rows().view())));
     }
     if p.runs_dense() {
         return with_buffer(&SCRATCH, |w| {
             p.fill_dense(values, w);
             let view = super::dense::MatView::new(w, p.outer, p.inner);
-            Mat::from_vec(rows, tokens, super::dense::product(view, src.view()))
+            Acts::Rows(Mat::from_vec(rows, tokens, super::dense::product(view, src.to_rows().view())))
         });
     }
     if p.inner == 0 || tokens == 0 {
-        return Mat::zeros(rows, tokens);
+        let zeros = Mat::zeros(rows, tokens);
+        return match layout {
+            Layout::Rows => Acts::Rows(zeros),
+            Layout::Tiles => Acts::Tiles(Tiles::from_rows(&zeros)),
+        };
     }
     with_buffer(&PACKED, |scratch| {
-        let tiles = pack_tiles(&src.data, p.inner, tokens, scratch);
-        gather_tiles(p, values, tiles, tokens)
+        let tiles = lanes_of(src, scratch);
+        gather_tiles(p, values, tiles, tokens, layout)
     })
 }
 
-/// The gather over a source already packed into tiles (`tokens` columns, `p.inner` rows), as a new
-/// `p.outer × tokens` matrix.
-fn gather_tiles(p: &SparsePattern, values: &[f32], tiles: &[Lane], tokens: usize) -> Mat {
+/// The source's lanes: its own when it is in tiles, else packed into `scratch`.
+fn lanes_of<'s>(src: ActsRef<'s>, scratch: &'s mut Vec<f32>) -> &'s [Lane] {
+    match src {
+        ActsRef::Tiles(t) => t.lanes(),
+        ActsRef::Rows(m) => pack_tiles(&m.data, m.rows, m.cols, scratch),
+    }
+}
+
+/// The gather over a source in tiles (`tokens` columns, `p.inner` rows), as a new `p.outer × tokens`
+/// activation in `layout`.
+fn gather_tiles(p: &SparsePattern, values: &[f32], tiles: &[Lane], tokens: usize, layout: Layout) -> Acts {
     // The writes below trust this shape: every tile holds a lane per source row.
-    assert_eq!(tiles.len(), tokens.div_ceil(TILE) * p.inner, "gather: {} lanes for {tokens} tokens of {} rows", tiles.len(), p.inner);
-    let len = p.outer * tokens;
-    let mut data: Vec<f32> = Vec::with_capacity(len);
-    let out = Disjoint(data.as_mut_ptr());
-    let run = |part: &Part| {
-        // SAFETY: each part writes only the rows of its own lines; the parts deal the lines of `order`,
-        // a permutation (checked by every constructor), so no two parts touch the same row, and each row
-        // lies inside the `p.outer × tokens` allocation.
-        unsafe { gather_part(part, values, tiles, p.inner, tokens, out) }
-    };
-    for_each_part(&p.schedule, p.nnz() * tokens, run);
-    // SAFETY: `order` is a permutation of all `p.outer` lines and the parts deal all of it, and a part writes
-    // every token of each of its lines (tile by tile, the last one up to `tokens`), so all `len` values are
-    // written, through raw pointers, before the length is set.
-    unsafe { data.set_len(len) };
-    Mat::from_vec(p.outer, tokens, data)
+    assert_eq!(tiles.len(), Tiles::count(tokens) * p.inner, "gather: {} lanes for {tokens} tokens of {} rows", tiles.len(), p.inner);
+    let work = p.nnz() * tokens;
+    match layout {
+        Layout::Rows => {
+            let len = p.outer * tokens;
+            let mut data: Vec<f32> = Vec::with_capacity(len);
+            let out = Out::Rows(Disjoint(data.as_mut_ptr()));
+            let run = |part: &Part| {
+                // SAFETY: each part writes only the rows of its own lines; the parts deal the lines of `order`,
+                // a permutation (checked by every constructor), so no two parts touch the same row, and each row
+                // lies inside the `p.outer × tokens` allocation.
+                unsafe { gather_part(part, values, tiles, p.inner, tokens, out) }
+            };
+            for_each_part(&p.schedule, work, run);
+            // SAFETY: `order` is a permutation of all `p.outer` lines and the parts deal all of it, and a part
+            // writes every token of each of its lines (tile by tile, the last one up to `tokens`), so all `len`
+            // values are written, through raw pointers, before the length is set.
+            unsafe { data.set_len(len) };
+            Acts::Rows(Mat::from_vec(p.outer, tokens, data))
+        }
+        Layout::Tiles => {
+            let len = Tiles::count(tokens) * p.outer;
+            let mut lanes: Vec<Lane> = Vec::with_capacity(len);
+            let out = Out::Tiles(Disjoint(lanes.as_mut_ptr()), p.outer);
+            let run = |part: &Part| {
+                // SAFETY: as for rows: in every tile a part writes only the lanes of its own lines, and each
+                // lane (tile · outer + line) lies inside the allocation of `len` lanes.
+                unsafe { gather_part(part, values, tiles, p.inner, tokens, out) }
+            };
+            for_each_part(&p.schedule, work, run);
+            // SAFETY: the parts deal all `p.outer` lines and a part writes every lane of each of its lines in
+            // every tile, so all `len` lanes are written before the length is set.
+            unsafe { lanes.set_len(len) };
+            // The padding holds sums of the source's padding, zeros.
+            Acts::Tiles(Tiles::from_lanes(p.outer, tokens, lanes))
+        }
+    }
 }
 
 /// Both gradients of a sparse layer whose pattern is stored by input column (as the backward pass streams
@@ -330,22 +382,30 @@ fn gather_tiles(p: &SparsePattern, values: &[f32], tiles: &[Lane], tokens: usize
 ///
 /// Returns `(dw, dx)`: the weight gradient in the pattern's order, then the input gradient.
 pub fn backward(p: &SparsePattern, values: &[f32], x: &Mat, dy: &Mat) -> (Vec<f32>, Mat) {
+    let (dw, dx) = backward_as(p, values, x.into(), dy.into(), Layout::Rows);
+    (dw, dx.into_rows())
+}
+
+/// [`backward`] over operands in either layout (each read as it is when in tiles), `dx` in `layout` (see
+/// [`gather_as`]).
+pub fn backward_as(p: &SparsePattern, values: &[f32], x: ActsRef<'_>, dy: ActsRef<'_>, layout: Layout) -> (Vec<f32>, Acts) {
     assert_eq!(values.len(), p.nnz(), "backward: {} values for {} non-zeros", values.len(), p.nnz());
-    assert_eq!(dy.rows, p.inner, "backward: dy has {} rows, pattern needs {}", dy.rows, p.inner);
-    assert_eq!(x.rows, p.outer, "backward: x has {} rows, pattern has {} lines", x.rows, p.outer);
-    assert_eq!(x.cols, dy.cols, "backward: token counts differ");
+    assert_eq!(dy.rows(), p.inner, "backward: dy has {} rows, pattern needs {}", dy.rows(), p.inner);
+    assert_eq!(x.rows(), p.outer, "backward: x has {} rows, pattern has {} lines", x.rows(), p.outer);
+    assert_eq!(x.tokens(), dy.tokens(), "backward: token counts differ");
+    let tokens = dy.tokens();
     let mut dw = vec![0.0; p.nnz()];
-    if p.full || p.runs_dense() || p.inner == 0 || dy.cols == 0 {
-        let dx = gather(p, values, dy);
-        sddmm(p, x, dy, &mut dw);
+    if p.full || p.runs_dense() || p.inner == 0 || tokens == 0 {
+        let dx = gather_as(p, values, dy, layout);
+        sddmm_as(p, x, dy, &mut dw);
         return (dw, dx);
     }
     let dx = with_buffer(&PACKED, |packed_dy| {
         with_buffer(&SCRATCH, |packed_x| {
-            let dy_tiles = pack_tiles(&dy.data, p.inner, dy.cols, packed_dy);
-            let dx = gather_tiles(p, values, dy_tiles, dy.cols);
-            let x_tiles = pack_tiles(&x.data, p.outer, x.cols, packed_x);
-            sddmm_tiles(p, x_tiles, dy_tiles, x.cols, &mut dw);
+            let dy_tiles = lanes_of(dy, packed_dy);
+            let dx = gather_tiles(p, values, dy_tiles, tokens, layout);
+            let x_tiles = lanes_of(x, packed_x);
+            sddmm_tiles(p, x_tiles, dy_tiles, tokens, &mut dw);
             dx
         })
     });
@@ -443,11 +503,6 @@ fn block_rows(p: &SparsePattern) -> usize {
     l1_rows.max((p.inner * 8).div_ceil(per_line)).min(p.inner.max(1))
 }
 
-/// One row of a packed tile: the [`TILE`] tokens of one source row, aligned to a cache line.
-#[derive(Clone, Copy)]
-#[repr(align(64))]
-struct Lane([f32; TILE]);
-
 /// Lays the `rows × tokens` source out as tiles of [`TILE`] tokens, each tile `rows` contiguous lanes,
 /// zero-padded past the last token: the kernel always works on whole lanes, and rows of activations that are a
 /// power of two apart no longer fall onto the same few cache sets.
@@ -492,7 +547,7 @@ fn pack_tiles<'s>(src: &[f32], rows: usize, tokens: usize, scratch: &'s mut Vec<
 /// while this runs, except other parts writing other lines; `tiles` holds `tokens.div_ceil(TILE)` tiles of
 /// `rows` lanes.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
-unsafe fn gather_part(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, tokens: usize, out: Disjoint) {
+unsafe fn gather_part(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, tokens: usize, out: Out) {
     // Fused multiply-adds where the compiled version has them (one instruction, one rounding); elsewhere
     // `mul_add` would be a library call per element.
     if multiversion::target::target_cfg_f!(target_feature = "fma") {
@@ -507,9 +562,11 @@ unsafe fn gather_part(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, 
 /// # Safety
 /// As [`gather_part`].
 #[inline(always)]
-unsafe fn gather_part_with<const FMA: bool>(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, tokens: usize, out: Disjoint) {
+unsafe fn gather_part_with<const FMA: bool>(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, tokens: usize, out: Out) {
     // The part's values in visiting order, gathered once for all tiles.
     let vals: Vec<f32> = part.at.iter().map(|&k| values[k as usize]).collect();
+    // Each tile's sums are built in one compact scratch, reused from tile to tile, and then copied out, in rows or
+    // in tiles alike: building them straight in the output's own lanes was 4% slower a 90% sparse step.
     let mut acc = vec![Lane([0.0; TILE]); part.lines.len()];
     for (t, tile) in tiles.chunks_exact(rows).enumerate() {
         acc.fill(Lane([0.0; TILE]));
@@ -523,11 +580,22 @@ unsafe fn gather_part_with<const FMA: bool>(part: &Part, values: &[f32], tiles: 
             a.0 = sum;
             k = end as usize;
         }
-        let (t0, tl) = (t * TILE, TILE.min(tokens - t * TILE));
-        for (a, &line) in acc.iter().zip(&part.lines) {
-            // SAFETY: see `gather_tiles`: row `line` belongs to this part alone and lies inside the buffer, which
-            // may not be initialised yet, so it is written through a raw copy rather than a slice.
-            unsafe { std::ptr::copy_nonoverlapping(a.0.as_ptr(), out.ptr().add(line as usize * tokens + t0), tl) };
+        match out {
+            Out::Rows(dst) => {
+                let (t0, tl) = (t * TILE, TILE.min(tokens - t * TILE));
+                for (a, &line) in acc.iter().zip(&part.lines) {
+                    // SAFETY: see `gather_tiles`: row `line` belongs to this part alone and lies inside the buffer,
+                    // which may not be initialised yet, so it is written through a raw copy rather than a slice.
+                    unsafe { std::ptr::copy_nonoverlapping(a.0.as_ptr(), dst.ptr().add(line as usize * tokens + t0), tl) };
+                }
+            }
+            Out::Tiles(dst, lines) => {
+                for (a, &line) in acc.iter().zip(&part.lines) {
+                    // SAFETY: see `gather_tiles`: lane `line` of tile `t` (at `t · lines + line`) belongs to this
+                    // part alone and lies inside the buffer; it may not be initialised yet, so it is written.
+                    unsafe { dst.ptr().add(t * lines + line as usize).write(*a) };
+                }
+            }
         }
     }
 }
@@ -543,15 +611,22 @@ fn axpy<const FMA: bool>(sum: &mut [f32; TILE], v: f32, x: &Lane) {
 /// `out[k] = a[order[s], :] · b[idx[k], :]` for every non-zero `k` of line `s`: the sampled dense-dense product
 /// that gives a weight gradient only where the mask holds a weight.
 pub fn sddmm(p: &SparsePattern, a: &Mat, b: &Mat, out: &mut [f32]) {
+    sddmm_as(p, a.into(), b.into(), out)
+}
+
+/// [`sddmm`] over operands in either layout, each read as it is when in tiles.
+pub fn sddmm_as(p: &SparsePattern, a: ActsRef<'_>, b: ActsRef<'_>, out: &mut [f32]) {
     assert_eq!(out.len(), p.nnz(), "sddmm: {} outputs for {} non-zeros", out.len(), p.nnz());
-    assert_eq!(a.rows, p.outer, "sddmm: a has {} rows, pattern has {} lines", a.rows, p.outer);
-    assert_eq!(b.rows, p.inner, "sddmm: b has {} rows, pattern needs {}", b.rows, p.inner);
-    assert_eq!(a.cols, b.cols, "sddmm: token counts differ");
+    assert_eq!(a.rows(), p.outer, "sddmm: a has {} rows, pattern has {} lines", a.rows(), p.outer);
+    assert_eq!(b.rows(), p.inner, "sddmm: b has {} rows, pattern needs {}", b.rows(), p.inner);
+    assert_eq!(a.tokens(), b.tokens(), "sddmm: token counts differ");
     if p.full {
+        let (a, b) = (a.to_rows(), b.to_rows());
         super::dense::matmul(out, a.view(), b.view().t(), false);
         return;
     }
     if p.runs_dense() {
+        let (a, b) = (a.to_rows(), b.to_rows());
         with_buffer(&SCRATCH, |full| {
             full.clear();
             full.resize(p.outer * p.inner, 0.0);
@@ -565,15 +640,15 @@ pub fn sddmm(p: &SparsePattern, a: &Mat, b: &Mat, out: &mut [f32]) {
         });
         return;
     }
-    if a.cols == 0 {
+    if a.tokens() == 0 {
         out.fill(0.0);
         return;
     }
     with_buffer(&PACKED, |packed_b| {
         with_buffer(&SCRATCH, |packed_a| {
-            let a_tiles = pack_tiles(&a.data, p.outer, a.cols, packed_a);
-            let b_tiles = pack_tiles(&b.data, p.inner, b.cols, packed_b);
-            sddmm_tiles(p, a_tiles, b_tiles, a.cols, out);
+            let a_tiles = lanes_of(a, packed_a);
+            let b_tiles = lanes_of(b, packed_b);
+            sddmm_tiles(p, a_tiles, b_tiles, a.tokens(), out);
         })
     });
 }
@@ -581,6 +656,8 @@ pub fn sddmm(p: &SparsePattern, a: &Mat, b: &Mat, out: &mut [f32]) {
 /// The SDDMM over operands already packed into tiles (`p.outer` and `p.inner` rows, `tokens` columns), into
 /// `out`, one value per non-zero (length checked by the caller).
 fn sddmm_tiles(p: &SparsePattern, a_tiles: &[Lane], b_tiles: &[Lane], tokens: usize, out: &mut [f32]) {
+    let tiles = Tiles::count(tokens);
+    assert!(a_tiles.len() == tiles * p.outer && b_tiles.len() == tiles * p.inner, "sddmm: operands are not {tiles} tiles of {}/{} rows", p.outer, p.inner);
     let dst = Disjoint(out.as_mut_ptr());
     let run = |part: &Part| {
         // SAFETY: each part writes only `out[at]` for its own non-zeros; the parts deal the lines, so
@@ -599,7 +676,7 @@ fn sddmm_tiles(p: &SparsePattern, a_tiles: &[Lane], b_tiles: &[Lane], tokens: us
 /// reads or writes while this runs except other parts writing their own positions; the tiles hold `a_rows` and
 /// `b_rows` lanes each.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
-unsafe fn sddmm_part(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint) {
+unsafe fn sddmm_part(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint<f32>) {
     // Fused multiply-adds where the compiled version has them, as in `gather_part`.
     if multiversion::target::target_cfg_f!(target_feature = "fma") {
         unsafe { sddmm_part_with::<true>(part, a_tiles, b_tiles, a_rows, b_rows, out) }
@@ -613,7 +690,7 @@ unsafe fn sddmm_part(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: us
 /// # Safety
 /// As [`sddmm_part`]: `out` is the output's buffer and the part's non-zeros are its own.
 #[inline(always)]
-unsafe fn sddmm_part_with<const FMA: bool>(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint) {
+unsafe fn sddmm_part_with<const FMA: bool>(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint<f32>) {
     // One register-wide partial sum per non-zero, folded to a number once at the end: folding each tile's
     // product to a scalar cost more shuffles than the product had multiplies.
     let mut sums = vec![Partial([0.0; PARTIAL]); part.idx.len()];

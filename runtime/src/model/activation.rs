@@ -5,7 +5,8 @@ use std::mem::MaybeUninit;
 
 use crds::Activation;
 
-use crate::tensor::{rows_per_piece, written_once, written_once_beside, PIECE};
+use crate::tensor::{fill_beside, rows_per_piece, written_once, written_once_beside, Mat, PIECE};
+use crate::tiles::{Acts, Tiles, TILE};
 use multiversion::multiversion;
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
@@ -74,6 +75,36 @@ pub fn forward_keeping_slope(kind: Activation, z: &mut [f32], row_bias: &[f32]) 
     };
     // SAFETY: `forward_slope_slice` writes every slot of the piece it is given (one per input; it checks).
     unsafe { written_once_beside(z, piece, |start, out, z| forward_slope_slice(kind, z, out, bias_of(start, z.len()))) }
+}
+
+/// [`forward_keeping_slope`] over an activation in either layout, the output in the same layout: in tiles each
+/// lane is a row of [`TILE`] values with its feature's bias, and the padding is cleared after (`f(0 + b)` is not
+/// zero). Each value is computed exactly as in rows.
+pub fn forward_keeping_slope_acts(kind: Activation, z: &mut Acts, row_bias: &[f32]) -> Acts {
+    let t = match z {
+        Acts::Rows(m) => return Acts::Rows(Mat::from_vec(m.rows, m.cols, forward_keeping_slope(kind, &mut m.data, row_bias))),
+        Acts::Tiles(t) => t,
+    };
+    let (rows, tokens) = (t.rows(), t.tokens());
+    assert!(row_bias.is_empty() || row_bias.len() == rows, "activation: {} biases for {rows} rows", row_bias.len());
+    // A bias per lane, lane after lane as the tiles hold them: one value per feature per tile (a few KiB).
+    let lane_bias: Vec<f32> = if row_bias.is_empty() { Vec::new() } else { row_bias.repeat(Tiles::count(tokens)) };
+    let piece = TILE * rows_per_piece(TILE);
+    let lane_bias_of = |start: usize, len: usize| match lane_bias.is_empty() {
+        true => &[][..],
+        false => &lane_bias[start / TILE..(start + len) / TILE],
+    };
+    let z_values = t.values_mut();
+    // SAFETY: `forward_slope_slice` writes every slot of the piece it is given, and the pieces cover the whole
+    // output (`fill_beside` hands out all of it).
+    let mut a = unsafe {
+        Tiles::written_once(rows, tokens, |out| {
+            fill_beside(out, z_values, piece, |start, out, z| forward_slope_slice(kind, z, out, lane_bias_of(start, z.len())))
+        })
+    };
+    t.clear_padding();
+    a.clear_padding();
+    Acts::Tiles(a)
 }
 
 /// `da *= slope` element-wise, large arrays on all cores: the backward pass through an activation whose slope

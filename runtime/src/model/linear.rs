@@ -5,6 +5,7 @@ use std::mem::MaybeUninit;
 
 use crate::kernels::{dense, sparse, sparse::SparsePattern};
 use crate::tensor::{written_once, Mat};
+use crate::tiles::{Acts, ActsRef, Layout};
 
 /// The weights of one layer as the engine receives them.
 #[derive(Clone, Copy, Debug)]
@@ -39,6 +40,15 @@ pub fn forward(w: Weights<'_>, bias: &[f32], x: &Mat) -> Mat {
     };
     add_row_bias(&mut y, bias);
     y
+}
+
+/// Forward without a bias over an input in either layout, the output in `layout` when the sparse kernel
+/// takes it (see [`Layout::Tiles`]); dense weights read rows, unpacked from tiles if need be.
+pub fn forward_as(w: Weights<'_>, x: ActsRef<'_>, layout: Layout) -> Acts {
+    match w {
+        Weights::Dense(_) => Acts::Rows(forward(w, &[], &x.to_rows())),
+        Weights::Sparse { pattern, values } => sparse::gather_as(pattern, values, x, layout),
+    }
 }
 
 /// Adds `bias[r]` to every value of row `r` of `y` (rows on all cores); an empty bias adds nothing.
@@ -88,17 +98,26 @@ pub fn backward_dense(w: &[f32], x: &Mat, dy: &Mat) -> (Vec<f32>, Mat) {
 }
 
 /// Both gradients of a sparse layer whose input was `x`, with weights stored by input column: the weight
-/// gradient at the mask's positions and `dX = Wᵀ·dY` (see [`sparse::backward`]).
-pub fn backward_sparse(by_column: &SparsePattern, values: &[f32], x: &Mat, dy: &Mat) -> (Vec<f32>, Mat) {
-    sparse::backward(by_column, values, x, dy)
+/// gradient at the mask's positions and `dX = Wᵀ·dY` in `layout`, over operands in either layout (see
+/// [`sparse::backward_as`]).
+pub fn backward_sparse(by_column: &SparsePattern, values: &[f32], x: ActsRef<'_>, dy: ActsRef<'_>, layout: Layout) -> (Vec<f32>, Acts) {
+    sparse::backward_as(by_column, values, x, dy, layout)
 }
 
 /// Sparse weight gradient at the mask's positions only, for a pattern stored by input column: one dot
 /// product per existing weight, in the pattern's order.
-pub fn weight_grad_sparse(by_column: &SparsePattern, x: &Mat, dy: &Mat) -> Vec<f32> {
+pub fn weight_grad_sparse(by_column: &SparsePattern, x: ActsRef<'_>, dy: ActsRef<'_>) -> Vec<f32> {
     let mut g = vec![0.0; by_column.nnz()];
-    sparse::sddmm(by_column, x, dy, &mut g);
+    sparse::sddmm_as(by_column, x, dy, &mut g);
     g
+}
+
+/// [`bias_grad`] of a delta in either layout, the same sums bit for bit.
+pub fn bias_grad_as(dy: ActsRef<'_>) -> Vec<f32> {
+    match dy {
+        ActsRef::Rows(m) => bias_grad(m),
+        ActsRef::Tiles(t) => t.row_sums(),
+    }
 }
 
 /// Bias gradient: each output's delta summed over tokens, rows on all cores (each row's sum is the same
@@ -190,7 +209,7 @@ mod tests {
         for i in 0..x.data.len() {
             assert!((fd(&w, &b, &x, 2, i) - dxs.data[i] as f64).abs() < 1e-3, "sparse dX[{i}]");
         }
-        let gs = weight_grad_sparse(&by_col, &x, &g);
+        let gs = weight_grad_sparse(&by_col, (&x).into(), (&g).into());
         let dense_of_sparse = by_col.to_dense(&gs); // inputs × outputs
         for o in 0..outputs {
             for i in 0..inputs {
