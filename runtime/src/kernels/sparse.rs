@@ -816,6 +816,43 @@ mod tests {
         }
     }
 
+    /// Every kernel gives the same values bit for bit whichever layout its operands come in and its output is
+    /// asked in, padding and all: the transformer's MLP keeps its hidden layer in tiles, and its loss must not
+    /// move. A mask dense enough for the dense path gives rows whatever is asked.
+    #[test]
+    fn kernels_give_the_same_bits_in_either_layout() {
+        for &(rows, cols, tokens, density) in &[(40, 30, 128, 0.1), (130, 70, 150, 0.1), (300, 500, 200, 0.2), (20, 10, 7, 0.9)] {
+            let p = SparsePattern::random(rows, cols, density, 3);
+            let mut rng = ChaCha8Rng::seed_from_u64(5);
+            let values: Vec<f32> = (0..p.nnz()).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let (x, dy) = (random_mat(cols, tokens, 11), random_mat(rows, tokens, 13));
+            let (xt, dyt) = (Tiles::from_rows(&x), Tiles::from_rows(&dy));
+            let y = gather(&p, &values, &x);
+            for src in [ActsRef::Rows(&x), ActsRef::Tiles(&xt)] {
+                assert_eq!(gather_as(&p, &values, src, Layout::Rows), Acts::Rows(y.clone()), "{rows}x{cols}: forward to rows");
+                let tiled = gather_as(&p, &values, src, Layout::Tiles);
+                match &tiled {
+                    Acts::Tiles(t) => assert_eq!(t, &Tiles::from_rows(&y), "{rows}x{cols}: forward to tiles, zero padding"),
+                    Acts::Rows(m) => assert!(p.runs_dense() && m == &y, "only a dense-running mask writes rows"),
+                }
+            }
+            let (t, perm) = p.transpose();
+            let tvalues: Vec<f32> = perm.iter().map(|&k| values[k as usize]).collect();
+            let (dw, dx) = backward(&t, &tvalues, &x, &dy);
+            for (xs, dys) in [(ActsRef::Tiles(&xt), ActsRef::Rows(&dy)), (ActsRef::Rows(&x), ActsRef::Tiles(&dyt)), (ActsRef::Tiles(&xt), ActsRef::Tiles(&dyt))] {
+                for layout in [Layout::Rows, Layout::Tiles] {
+                    let (dw2, dx2) = backward_as(&t, &tvalues, xs, dys, layout);
+                    assert_eq!(dw2, dw, "{rows}x{cols}: dw");
+                    assert_eq!(dx2.layout() == Layout::Tiles, layout == Layout::Tiles && !t.runs_dense());
+                    assert_eq!(dx2.into_rows(), dx, "{rows}x{cols}: dx");
+                    let mut g = vec![0.0; t.nnz()];
+                    sddmm_as(&t, xs, dys, &mut g);
+                    assert_eq!(g, dw, "{rows}x{cols}: sddmm alone");
+                }
+            }
+        }
+    }
+
     /// A kernel called while its thread's buffers are out (as when a rayon worker, waiting at a join inside one
     /// engine's pass, runs another engine's) works in new ones and gives the same result, on the dense path
     /// (density 0.5) and the tiled one (0.1), forward and backward. Were `with_buffer` to hold a `RefCell` borrow

@@ -259,6 +259,27 @@ mod tests {
 
     /// A row bias added in the activation's pass is the bias added before it, over rows that split into
     /// several pieces and rows wider than one.
+    /// GELU over the MLP's hidden layer in tiles gives the rows' values bit for bit, slope included, with each
+    /// feature's bias, and leaves zeros in the padding (where `f(0 + b)` would not be zero).
+    #[test]
+    fn tiles_give_the_rows_values_and_zero_padding() {
+        use crate::tiles::{Acts, Tiles, TILE};
+        let (rows, tokens) = (6, TILE + 37);
+        let z: Vec<f32> = (0..rows * tokens).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.01).collect();
+        let bias: Vec<f32> = (0..rows).map(|r| 0.3 * r as f32 - 0.7).collect();
+        let mut in_rows = Acts::Rows(Mat::from_vec(rows, tokens, z));
+        let mut in_tiles = match &in_rows {
+            Acts::Rows(m) => Acts::Tiles(Tiles::from_rows(m)),
+            Acts::Tiles(_) => unreachable!(),
+        };
+        let a_rows = forward_keeping_slope_acts(Activation::Gelu, &mut in_rows, &bias);
+        let a_tiles = forward_keeping_slope_acts(Activation::Gelu, &mut in_tiles, &bias);
+        let Acts::Tiles(t) = &a_tiles else { panic!("tiles in, tiles out") };
+        assert!(t.lanes()[t.lanes().len() - rows..].iter().all(|l| l.0[37..].iter().all(|&v| v == 0.0)), "padding");
+        assert_eq!(a_tiles.into_rows(), a_rows.into_rows(), "values");
+        assert_eq!(in_tiles.into_rows(), in_rows.into_rows(), "slopes");
+    }
+
     #[test]
     fn a_row_bias_is_added_before_the_activation() {
         for (rows, cols) in [(7, 3 * PIECE / 2 + 5), (3 * PIECE / 100 + 1, 100)] {
