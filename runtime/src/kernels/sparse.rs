@@ -693,8 +693,33 @@ unsafe fn sddmm_part(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: us
 unsafe fn sddmm_part_with<const FMA: bool>(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint<f32>) {
     // One register-wide partial sum per non-zero, folded to a number once at the end: folding each tile's
     // product to a scalar cost more shuffles than the product had multiplies.
-    let mut sums = vec![Partial([0.0; PARTIAL]); part.idx.len()];
-    for (ta, tb) in a_tiles.chunks_exact(a_rows).zip(b_tiles.chunks_exact(b_rows)) {
+    let n = part.idx.len();
+    let mut sums: Vec<Partial> = Vec::with_capacity(n);
+    let mut pairs = a_tiles.chunks_exact(a_rows).zip(b_tiles.chunks_exact(b_rows));
+    match pairs.next() {
+        // The first tile's products are written as the sums' starting values, where zeroing the sums first was
+        // one more pass over 64 bytes a non-zero (megabytes a layer, out of cache) and the first tile read the
+        // zeros back. Each is the same dot product onto a zero as before, so the bits are the same.
+        Some((ta, tb)) => {
+            let slots = &mut sums.spare_capacity_mut()[..n];
+            let mut k = 0;
+            for &(j, end) in &part.runs {
+                let line = &{ ta[part.lines[j as usize] as usize] };
+                for (slot, &i) in slots[k..end as usize].iter_mut().zip(&part.idx[k..end as usize]) {
+                    let mut sum = [0.0; PARTIAL];
+                    dot_lane_into::<FMA>(&mut sum, line, &tb[i as usize]);
+                    slot.write(Partial(sum));
+                }
+                k = end as usize;
+            }
+            // The runs end where the next begins and the last at the end of `idx` (see `Part::new`).
+            assert_eq!(k, n, "sddmm: the runs cover {k} of {n} non-zeros");
+            // SAFETY: the runs cover `0..n` without gaps (checked just above), and each slot was written.
+            unsafe { sums.set_len(n) };
+        }
+        None => sums.resize(n, Partial([0.0; PARTIAL])),
+    }
+    for (ta, tb) in pairs {
         let mut k = 0;
         for &(j, end) in &part.runs {
             // A copy of the line's lane, so it stays in registers across the run: through a reference into the
