@@ -76,6 +76,28 @@ pub fn fill_beside(
         .for_each(|(i, (slots, beside))| write(i * piece, slots, beside));
 }
 
+/// A pointer through which workers write disjoint parts of one buffer: the sparse kernels' parts (each its own
+/// lines) and the packing of rows into tiles (each row its own lanes).
+pub(crate) struct Disjoint<T>(pub(crate) *mut T);
+// SAFETY: shared only between workers that write provably disjoint ranges (see the users), of values that may
+// be sent between threads.
+unsafe impl<T: Send> Send for Disjoint<T> {}
+unsafe impl<T: Send> Sync for Disjoint<T> {}
+
+impl<T> Clone for Disjoint<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Disjoint<T> {}
+
+impl<T> Disjoint<T> {
+    /// The pointer, through a method so closures capture the whole (`Sync`) wrapper rather than its field.
+    pub(crate) fn ptr(&self) -> *mut T {
+        self.0
+    }
+}
+
 /// Activation buffers a pass has finished with, kept for the next pass that needs one at most as long: the
 /// outputs that go through `&mut [f32]` kernels (attention's) must start as initialised values, and zeroing
 /// fresh ones was a pass over 12 MiB per block and step. Host memory only, like the allocator's own free lists:

@@ -7,17 +7,49 @@
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
 
-use crate::tensor::Mat;
+use crate::tensor::{Disjoint, Mat};
 
 /// Tokens per tile: one line's sums over a tile fill eight AVX-512 registers, so each non-zero's AXPY is eight
 /// independent fused multiply-adds (enough to cover their latency, where four made every AXPY wait on the
 /// last), and every non-zero weight is read once per tile, so a wide tile spends little on reading the pattern.
 pub const TILE: usize = 128;
 
-/// One feature's [`TILE`] tokens of one tile, aligned to a cache line.
+/// One feature's [`TILE`] tokens of one tile, aligned to a cache line. `repr(C)`: the kernels and the
+/// element-wise passes view a run of lanes as a run of `f32`, which needs the floats at offset 0 and no padding
+/// (checked below).
 #[derive(Clone, Copy, Debug, PartialEq)]
-#[repr(align(64))]
+#[repr(C, align(64))]
 pub struct Lane(pub [f32; TILE]);
+
+const _: () = assert!(std::mem::size_of::<Lane>() == TILE * std::mem::size_of::<f32>() && std::mem::align_of::<Lane>() == 64);
+
+/// Lays the `rows × tokens` row-major `src` out in `out` as tiles (lane after lane, tile after tile, `out` as
+/// long as `Tiles::count(tokens) · rows` lanes), zero-padded past the last token. Rows on all cores when large.
+pub(crate) fn pack(src: &[f32], rows: usize, tokens: usize, out: &mut [f32]) {
+    use rayon::prelude::*;
+    let tiles = Tiles::count(tokens);
+    assert!(src.len() == rows * tokens && out.len() == tiles * rows * TILE, "pack: {rows}x{tokens} into {} floats", out.len());
+    // Each source row is read once, front to back, and dealt out to its lane in every tile: reading every row a
+    // lane at a time instead (tile after tile) strides 8 KiB between reads, which the prefetchers do not follow.
+    let dst = Disjoint(out.as_mut_ptr());
+    let fill = |r: usize| {
+        let row = &src[r * tokens..(r + 1) * tokens];
+        for t in 0..tiles {
+            let (t0, tl) = (t * TILE, TILE.min(tokens - t * TILE));
+            // SAFETY: lane (t, r) is the TILE floats at (t·rows + r)·TILE inside `out` (its length is checked
+            // above); every (t, r) pair is written by exactly one call (r's), so calls on different threads never
+            // touch the same lane, and `out` is borrowed mutably for all of them.
+            let lane = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add((t * rows + r) * TILE), TILE) };
+            lane[..tl].copy_from_slice(&row[t0..t0 + tl]);
+            lane[tl..].fill(0.0);
+        }
+    };
+    if out.len() >= 1 << 16 {
+        (0..rows).into_par_iter().with_min_len(8).for_each(fill);
+    } else {
+        (0..rows).for_each(fill);
+    }
+}
 
 /// A `rows × tokens` activation as tiles of [`TILE`] tokens: lane `(t, r)` holds tokens `t·TILE..` of feature
 /// `r`, and a tile's lanes are contiguous. Tokens past `tokens` in the last tile are padding and hold zeros, so
@@ -36,11 +68,12 @@ impl Tiles {
     }
 
     /// Tiles whose lanes `fill` writes, every one of them, as a flat slice of `f32` (lane after lane, tile after
-    /// tile): an output about to be overwritten is not zeroed first.
+    /// tile): an output about to be overwritten is not zeroed first. The padding is cleared after, whatever
+    /// `fill` left there.
     ///
     /// # Safety
     /// `fill` must initialise every element of the slice it is given, the padding included.
-    pub unsafe fn written_once(rows: usize, tokens: usize, fill: impl FnOnce(&mut [MaybeUninit<f32>])) -> Self {
+    pub(crate) unsafe fn written_once(rows: usize, tokens: usize, fill: impl FnOnce(&mut [MaybeUninit<f32>])) -> Self {
         let n = Self::count(tokens) * rows;
         let mut lanes: Vec<Lane> = Vec::with_capacity(n);
         let slots = lanes.spare_capacity_mut();
@@ -50,7 +83,9 @@ impl Tiles {
         fill(floats);
         // SAFETY: the caller's `fill` initialised all `n · TILE` floats, so the first `n` lanes.
         unsafe { lanes.set_len(n) };
-        Tiles { rows, tokens, lanes }
+        let mut tiles = Tiles { rows, tokens, lanes };
+        tiles.clear_padding();
+        tiles
     }
 
     /// Tiles from lanes a kernel wrote: `lanes` holds `Tiles::count(tokens) · rows` of them with zero padding.
@@ -61,18 +96,9 @@ impl Tiles {
 
     /// The matrix in tiles, on all cores (for a kernel that takes this layout and a caller that has rows).
     pub fn from_rows(m: &Mat) -> Self {
-        use rayon::prelude::*;
-        let (rows, tokens) = (m.rows, m.cols);
-        let mut lanes = vec![Lane([0.0; TILE]); Self::count(tokens) * rows];
-        if rows > 0 {
-            lanes.par_chunks_mut(rows).enumerate().for_each(|(t, tile)| {
-                let (t0, tl) = (t * TILE, TILE.min(tokens - t * TILE));
-                for (r, lane) in tile.iter_mut().enumerate() {
-                    lane.0[..tl].copy_from_slice(&m.row(r)[t0..t0 + tl]);
-                }
-            });
-        }
-        Tiles { rows, tokens, lanes }
+        let mut tiles = Tiles { rows: m.rows, tokens: m.cols, lanes: vec![Lane([0.0; TILE]); Self::count(m.cols) * m.rows] };
+        pack(&m.data, m.rows, m.cols, tiles.values_mut());
+        tiles
     }
 
     /// The same values as a row-major matrix (for a dense kernel given tiles).
@@ -127,38 +153,6 @@ impl Tiles {
         for lane in &mut self.lanes[last..] {
             lane.0[used..].fill(0.0);
         }
-    }
-
-    /// Each row's sum over its real tokens, rows on all cores, adding exactly as [`crate::model::linear`]'s
-    /// bias gradient adds a row of a [`Mat`] (sixteen running sums over consecutive tokens, then the tail), so
-    /// the result is the same bit for bit in either layout.
-    pub fn row_sums(&self) -> Vec<f32> {
-        use rayon::prelude::*;
-        const LANES: usize = 16;
-        let (rows, tokens) = (self.rows, self.tokens);
-        (0..rows)
-            .into_par_iter()
-            .with_min_len(16)
-            .map(|r| {
-                let mut acc = [0.0f32; LANES];
-                // The tokens past the last whole sixteen lie in one lane, as a tile is whole sixteens.
-                let whole = tokens / LANES * LANES;
-                let lane = |t: usize| &self.lanes[t * rows + r].0;
-                for t in 0..whole.div_ceil(TILE) {
-                    let full = (whole - t * TILE).min(TILE);
-                    for c in lane(t)[..full].chunks_exact(LANES) {
-                        for (a, v) in acc.iter_mut().zip(c) {
-                            *a += v;
-                        }
-                    }
-                }
-                let tail: f32 = match tokens - whole {
-                    0 => [0.0f32; 0].iter().sum(),
-                    _ => lane(whole / TILE)[whole % TILE..(tokens - 1) % TILE + 1].iter().sum(),
-                };
-                acc.iter().sum::<f32>() + tail
-            })
-            .collect()
     }
 
     /// The bytes of the activation on the engine: its real values (the padding is the CPU kernels' artefact,
@@ -320,17 +314,19 @@ mod tests {
     }
 
     /// Rows to tiles and back is the identity, the padding is zero, and each row's sum over the tiles is the
-    /// bias gradient's sum over the row, bit for bit, for token counts below, at and past a tile.
+    /// bias gradient's sum over the row, bit for bit, for token counts of none, below, at and past a tile (a
+    /// last tile with and without a partial run of sixteen).
     #[test]
     fn tiles_round_trip_and_sum_like_rows() {
-        for tokens in [1, 17, TILE, TILE + 5, 3 * TILE, 2 * TILE + 100] {
+        for tokens in [0, 1, 17, TILE, TILE + 5, TILE + 16, 3 * TILE, 2 * TILE + 100] {
             let m = mat(5, tokens);
             let t = Tiles::from_rows(&m);
             assert_eq!(t.lanes().len(), Tiles::count(tokens) * 5);
             assert_eq!(t.to_rows(), m, "{tokens} tokens");
-            assert!(t.lanes()[t.lanes().len() - 5..].iter().all(|l| l.0[(tokens - 1) % TILE + 1..].iter().all(|&v| v == 0.0)));
+            let used = (tokens + TILE - 1) % TILE + 1;
+            assert!(t.lanes().iter().rev().take(5).all(|l| l.0[used..].iter().all(|&v| v == 0.0)), "zero padding");
             let expected = crate::model::linear::bias_grad(&m);
-            assert_eq!(t.row_sums(), expected, "{tokens} tokens");
+            assert_eq!(crate::model::linear::bias_grad_as(ActsRef::Tiles(&t)), expected, "{tokens} tokens");
         }
     }
 

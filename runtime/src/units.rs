@@ -56,7 +56,8 @@ fn status_kib(key: &str) -> u64 {
 /// allocations come from each thread's cache.
 pub fn keep_allocator_warm() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets allocator parameters; it is called at start, before the working set exists.
+    // SAFETY: mallopt only sets allocator parameters (thread-safe); its callers make it their first call, before
+    // the working set or any thread exists.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);

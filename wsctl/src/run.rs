@@ -148,6 +148,11 @@ pub fn parse_volume(s: &str) -> std::result::Result<(String, PathBuf), String> {
 
 /// `wsctl run`.
 pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
+    if opts.in_process {
+        // The engines' activations are this process's working set, the same every step. Set before anything
+        // else allocates, so every thread (the data loading's too) shares the arena it keeps.
+        runtime::units::keep_allocator_warm();
+    }
     let job = load_job(path, opts.cs2)?;
     let spec = &job.spec;
     let plan = Plan::new(spec, sim_wse::preset::sram_bytes(&spec.engine), opts.fanout)?;
@@ -272,8 +277,6 @@ fn run_in_process(
     outputs: Outputs,
     mut show: impl FnMut(&ProgressReport),
 ) -> Result<Summary> {
-    // The engines' activations are this process's working set, the same every step.
-    runtime::units::keep_allocator_warm();
     let spec = &job.spec;
     let layout = job.layout();
     let engines: Vec<Box<dyn EngineRole>> = (0..spec.cs2)

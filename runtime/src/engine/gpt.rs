@@ -241,6 +241,9 @@ impl Net for GptNet {
                 let layout = block.u.layout();
                 let (grads, dg) = unit.backward_as(block.g.view(), (&self.dx).into(), Some(layout), works)?;
                 let mut du = dg.ok_or_else(missing_input_grad)?.into_layout(layout);
+                // Same layout, so value `i` of one is value `i` of the other (their lengths agree in both layouts
+                // whenever the tokens fill whole tiles, so a length check alone would not see a mix-up).
+                assert_eq!(du.layout(), block.u.layout(), "the MLP's gradient and slope in one layout");
                 activation::scale_by_slope(block.u.values(), du.values_mut());
                 works.push(Work::Elementwise { ops: 10 * (du.rows() * du.tokens()) as u64 });
                 (block.u, block.g) = (Acts::default(), Acts::default());

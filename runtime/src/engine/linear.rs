@@ -53,10 +53,8 @@ impl<'s> StreamedLinear<'s> {
     /// next to add (one value per output row): that pass adds it as it goes, where adding it here is one more
     /// pass over the whole output.
     pub fn forward_leaving_bias(&self, x: &Mat, works: &mut Vec<Work<'s>>) -> Result<(Mat, &'s [f32])> {
-        let y = linear::forward(self.weights()?, &[], x);
-        works.push(self.product(y.rows, x.cols, x.rows));
-        let stream: &'s LayerStream = self.stream;
-        Ok((y, &stream.bias))
+        let (y, bias) = self.forward_leaving_bias_as(x.into(), Layout::Rows, works)?;
+        Ok((y.into_rows(), bias))
     }
 
     /// [`StreamedLinear::forward_leaving_bias`] over an input in either layout, the output in `layout` when

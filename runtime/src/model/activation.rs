@@ -97,13 +97,13 @@ pub fn forward_keeping_slope_acts(kind: Activation, z: &mut Acts, row_bias: &[f3
     let z_values = t.values_mut();
     // SAFETY: `forward_slope_slice` writes every slot of the piece it is given, and the pieces cover the whole
     // output (`fill_beside` hands out all of it).
-    let mut a = unsafe {
+    let a = unsafe {
         Tiles::written_once(rows, tokens, |out| {
             fill_beside(out, z_values, piece, |start, out, z| forward_slope_slice(kind, z, out, lane_bias_of(start, z.len())))
         })
     };
+    // The output's padding is cleared by `written_once`; the slopes' here.
     t.clear_padding();
-    a.clear_padding();
     Acts::Tiles(a)
 }
 
@@ -257,16 +257,15 @@ mod tests {
         }
     }
 
-    /// A row bias added in the activation's pass is the bias added before it, over rows that split into
-    /// several pieces and rows wider than one.
     /// GELU over the MLP's hidden layer in tiles gives the rows' values bit for bit, slope included, with each
-    /// feature's bias, and leaves zeros in the padding (where `f(0 + b)` would not be zero).
+    /// feature's bias (over enough lanes for several pieces), and leaves zeros in the padding (where `f(0 + b)`
+    /// would not be zero).
     #[test]
     fn tiles_give_the_rows_values_and_zero_padding() {
         use crate::tiles::{Acts, Tiles, TILE};
-        let (rows, tokens) = (6, TILE + 37);
+        let (rows, tokens) = (300, TILE + 37);
         let z: Vec<f32> = (0..rows * tokens).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.01).collect();
-        let bias: Vec<f32> = (0..rows).map(|r| 0.3 * r as f32 - 0.7).collect();
+        let bias: Vec<f32> = (0..rows).map(|r| 0.01 * r as f32 - 0.7).collect();
         let mut in_rows = Acts::Rows(Mat::from_vec(rows, tokens, z));
         let mut in_tiles = match &in_rows {
             Acts::Rows(m) => Acts::Tiles(Tiles::from_rows(m)),
@@ -280,6 +279,8 @@ mod tests {
         assert_eq!(in_tiles.into_rows(), in_rows.into_rows(), "slopes");
     }
 
+    /// A row bias added in the activation's pass is the bias added before it, over rows that split into
+    /// several pieces and rows wider than one.
     #[test]
     fn a_row_bias_is_added_before_the_activation() {
         for (rows, cols) in [(7, 3 * PIECE / 2 + 5), (3 * PIECE / 100 + 1, 100)] {

@@ -5,7 +5,7 @@ use std::mem::MaybeUninit;
 
 use crate::kernels::{dense, sparse, sparse::SparsePattern};
 use crate::tensor::{written_once, Mat};
-use crate::tiles::{Acts, ActsRef, Layout};
+use crate::tiles::{Acts, ActsRef, Layout, Tiles, TILE};
 
 /// The weights of one layer as the engine receives them.
 #[derive(Clone, Copy, Debug)]
@@ -116,8 +116,40 @@ pub fn weight_grad_sparse(by_column: &SparsePattern, x: ActsRef<'_>, dy: ActsRef
 pub fn bias_grad_as(dy: ActsRef<'_>) -> Vec<f32> {
     match dy {
         ActsRef::Rows(m) => bias_grad(m),
-        ActsRef::Tiles(t) => t.row_sums(),
+        ActsRef::Tiles(t) => tiles_row_sums(t),
     }
+}
+
+/// Each row's sum over its real tokens, from tiles, rows on all cores: the additions of [`row_sum`] over the
+/// same row in the same order (a tile is whole runs of [`SUM_LANES`] tokens), so the bias gradient is the same
+/// bit for bit in either layout.
+fn tiles_row_sums(t: &Tiles) -> Vec<f32> {
+    use rayon::prelude::*;
+    let (rows, tokens) = (t.rows(), t.tokens());
+    let whole = tokens / SUM_LANES * SUM_LANES;
+    let lane = |tile: usize, r: usize| &t.lanes()[tile * rows + r].0;
+    (0..rows)
+        .into_par_iter()
+        .with_min_len(16)
+        .map(|r| {
+            let mut acc = [0.0f32; SUM_LANES];
+            for tile in 0..whole.div_ceil(TILE) {
+                let full = (whole - tile * TILE).min(TILE);
+                for c in lane(tile, r)[..full].chunks_exact(SUM_LANES) {
+                    for (a, v) in acc.iter_mut().zip(c) {
+                        *a += v;
+                    }
+                }
+            }
+            // The tokens past the last whole run lie in one lane; an empty tail is summed as `row_sum` sums its
+            // empty remainder (`Sum` of no floats), so even its zero's sign agrees.
+            let tail: f32 = match tokens - whole {
+                0 => [0.0f32; 0].iter().sum(),
+                _ => lane(whole / TILE, r)[whole % TILE..(tokens - 1) % TILE + 1].iter().sum(),
+            };
+            acc.iter().sum::<f32>() + tail
+        })
+        .collect()
 }
 
 /// Bias gradient: each output's delta summed over tokens, rows on all cores (each row's sum is the same
@@ -130,12 +162,14 @@ pub fn bias_grad(dy: &Mat) -> Vec<f32> {
     dy.data.par_chunks(dy.cols).with_min_len(16).map(row_sum).collect()
 }
 
+/// Running partial sums of a bias gradient's row (see [`row_sum`]).
+const SUM_LANES: usize = 16;
+
 /// The sum of a row over sixteen running partial sums: a plain `iter().sum()` must add in order, one value at a
 /// time, which at a transformer's widths made the bias gradients cost more than some of their GEMMs.
 fn row_sum(row: &[f32]) -> f32 {
-    const LANES: usize = 16;
-    let mut acc = [0.0f32; LANES];
-    let chunks = row.chunks_exact(LANES);
+    let mut acc = [0.0f32; SUM_LANES];
+    let chunks = row.chunks_exact(SUM_LANES);
     let tail: f32 = chunks.remainder().iter().sum();
     for c in chunks {
         for (a, v) in acc.iter_mut().zip(c) {
