@@ -72,7 +72,7 @@ fn main() {
     let (xh, rstd) = norm::forward(&x);
     let nf = time("norm fwd", 5, || norm::forward(&x));
     let mut dx = Mat::zeros(d, n);
-    let nb = time("norm bwd", 5, || norm::backward_add(&xh, &rstd, &x, &mut dx));
+    let nb = time("norm bwd", 5, || norm::backward_add((&xh).into(), &rstd, &x, &mut dx));
     total += 4.0 * (gf + gb + 2.0 * (nf + nb));
     let _ = (w_qkv, w_up, dy_qkv);
     let _ = time("matmul 2048^3-ish check 512", 3, || {

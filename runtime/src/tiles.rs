@@ -296,6 +296,18 @@ impl<'a> ActsRef<'a> {
         }
     }
 
+    /// Feature `r` over tokens `j0..j0 + w`, which must lie in one tile when the values are in tiles (a pass
+    /// over tokens that works a tile's worth at a time reads either layout through this).
+    pub fn row_segment(&self, r: usize, j0: usize, w: usize) -> &'a [f32] {
+        match *self {
+            ActsRef::Rows(m) => &m.row(r)[j0..j0 + w],
+            ActsRef::Tiles(t) => {
+                assert!(w == 0 || j0 / TILE == (j0 + w - 1) / TILE, "tokens {j0}..{} cross a tile", j0 + w);
+                &t.lanes[j0 / TILE * t.rows + r].0[j0 % TILE..j0 % TILE + w]
+            }
+        }
+    }
+
     /// The values as rows: borrowed when they are rows, unpacked from tiles otherwise.
     pub fn to_rows(&self) -> Cow<'a, Mat> {
         match *self {

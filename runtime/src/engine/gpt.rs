@@ -9,7 +9,8 @@ use super::linear::{Grads, StreamedLinear};
 use super::wse::Net;
 use crate::error::{Error, Result};
 use crate::model::attention::{self, Geometry};
-use crate::model::{activation, norm, GptShape, GptUnit};
+use crate::kernels::sparse;
+use crate::model::{activation, norm, GptShape, GptUnit, ModelLayout};
 use crate::protocol::WeightPayload;
 use crate::kernels::small;
 use crate::tensor::{rows_per_piece, Mat, Spare, TOKENS_PER_TASK};
@@ -18,8 +19,9 @@ use crate::tiles::{Acts, ActsRef, Layout};
 /// What one block keeps from its forward pass for its backward pass.
 #[derive(Default)]
 struct BlockActs {
-    /// Normalised block input (the QKV projection's input) and its reciprocal standard deviations.
-    a1: Mat,
+    /// Normalised block input (the QKV projection's input) and its reciprocal standard deviations. In the
+    /// sparse kernels' tiles when the block's matrices take them, like `a2`.
+    a1: Acts,
     rstd1: Vec<f32>,
     qkv: Mat,
     /// Attention probabilities, one `context × context` matrix per sequence and head.
@@ -27,7 +29,7 @@ struct BlockActs {
     /// Attention output (the output projection's input).
     o: Mat,
     /// Normalised residual after attention (the MLP's input).
-    a2: Mat,
+    a2: Acts,
     rstd2: Vec<f32>,
     /// GELU's slope at the MLP's pre-activation (all the backward pass needs of it), and the activation. Both
     /// stay in the sparse kernels' tiles when the MLP's matrices are sparse: the hidden layer then goes from
@@ -38,14 +40,17 @@ struct BlockActs {
 
 impl BlockActs {
     fn bytes(&self) -> u64 {
-        let mats = [&self.a1, &self.qkv, &self.o, &self.a2];
-        mats.iter().map(|m| m.bytes()).sum::<u64>() + self.u.bytes() + self.g.bytes() + 4 * (self.rstd1.len() + self.probs.len() + self.rstd2.len()) as u64
+        let acts = [&self.a1, &self.a2, &self.u, &self.g];
+        self.qkv.bytes() + self.o.bytes() + acts.iter().map(|a| a.bytes()).sum::<u64>() + 4 * (self.rstd1.len() + self.probs.len() + self.rstd2.len()) as u64
     }
 }
 
 /// A GPT's resident state for one shard.
 pub(super) struct GptNet {
     g: GptShape,
+    /// The layout of the layer norms that QKV and MLP-up read: tiles when the blocks' matrices take the sparse
+    /// kernels (see [`GptNet::new`]).
+    norms: Layout,
     tokens: Vec<u32>,
     /// The residual stream during the forward pass.
     x: Mat,
@@ -62,9 +67,20 @@ pub(super) struct GptNet {
 }
 
 impl GptNet {
-    pub(super) fn new(g: GptShape) -> Self {
+    /// The net for `layout` (a GPT of shape `g`). Its block matrices take the sparse kernels when they are
+    /// sparse enough not to run dense ([`sparse::DENSE_ABOVE`]); the layer norms they read are then kept in
+    /// tiles. (A mask whose own density lands above the line runs dense all the same, reading the tiles back
+    /// into rows: slower, never wrong.)
+    pub(super) fn new(g: GptShape, layout: &ModelLayout) -> Self {
+        let sparse = layout.linears.get(1).is_some_and(|qkv| qkv.sparse) && 1.0 - layout.sparsity <= sparse::DENSE_ABOVE;
+        Self::empty(g, if sparse { Layout::Tiles } else { Layout::Rows })
+    }
+
+    /// A net holding no activations yet.
+    fn empty(g: GptShape, norms: Layout) -> Self {
         GptNet {
             g,
+            norms,
             tokens: Vec::new(),
             x: Mat::default(),
             blocks: Vec::new(),
@@ -90,7 +106,7 @@ impl GptNet {
 
     /// Adds `y` and its rows' `bias` (the unit's, left to this pass) to the residual stream and normalises the
     /// result: the input of the next sub-block.
-    fn residual_norm(&mut self, y: &Mat, bias: &[f32], works: &mut Vec<Work<'_>>) -> (Mat, Vec<f32>) {
+    fn residual_norm(&mut self, y: &Mat, bias: &[f32], layout: Layout, works: &mut Vec<Work<'_>>) -> (Acts, Vec<f32>) {
         use rayon::prelude::*;
         debug_assert!(bias.is_empty() || bias.len() == y.rows, "one bias per row of the output");
         let cols = y.cols.max(1);
@@ -104,7 +120,7 @@ impl GptNet {
             }
         });
         works.push(Work::Elementwise { ops: 9 * y.data.len() as u64 });
-        norm::forward(&self.x)
+        norm::forward_as(&self.x, layout)
     }
 
     /// Looks up each token's and position's rows of the embedding (`(vocab + context) × width`, row-major).
@@ -149,12 +165,12 @@ fn missing_input_grad() -> Error {
 /// read a normalised stream, so they share this step.
 fn backward_through_norm<'s>(
     unit: StreamedLinear<'s>,
-    (a, rstd): (&Mat, &[f32]),
+    (a, rstd): (ActsRef<'_>, &[f32]),
     dy: ActsRef<'_>,
     dx: &mut Mat,
     works: &mut Vec<Work<'s>>,
 ) -> Result<Grads> {
-    let (grads, da) = unit.backward_as(a.into(), dy, Some(Layout::Rows), works)?;
+    let (grads, da) = unit.backward_as(a, dy, Some(Layout::Rows), works)?;
     let da = da.ok_or_else(missing_input_grad)?.into_rows();
     norm::backward_add(a, rstd, &da, dx);
     works.push(Work::Elementwise { ops: 8 * da.data.len() as u64 });
@@ -179,14 +195,14 @@ impl Net for GptNet {
                     return Err(Error::Protocol("the embedding must stream dense".into()));
                 };
                 self.x = self.embed(rows);
-                let (a1, rstd1) = norm::forward(&self.x);
+                let (a1, rstd1) = norm::forward_as(&self.x, self.norms);
                 works.push(Work::Elementwise { ops: 9 * self.x.data.len() as u64 });
                 self.blocks.push(BlockActs { a1, rstd1, ..BlockActs::default() });
             }
             GptUnit::Qkv(b) => {
                 let geometry = self.geometry();
                 let block = block_in(&mut self.blocks, b)?;
-                let qkv = unit.forward(&block.a1, works)?;
+                let qkv = unit.forward_as(block.a1.view(), works)?;
                 let (o, probs) = attention::forward(geometry, &qkv, &mut self.spare);
                 let (t, n, heads) = (geometry.context, qkv.cols, geometry.heads);
                 let gemm = Work::Gemm { m: t, n: n * heads, k: geometry.width / heads };
@@ -195,24 +211,26 @@ impl Net for GptNet {
             }
             GptUnit::Proj(b) => {
                 let (y, bias) = unit.forward_leaving_bias(&self.block(b)?.o, works)?;
-                let (a2, rstd2) = self.residual_norm(&y, bias, works);
+                let (a2, rstd2) = self.residual_norm(&y, bias, self.norms, works);
                 let block = self.block(b)?;
                 (block.a2, block.rstd2) = (a2, rstd2);
             }
             GptUnit::Up(b) => {
                 let block = self.block(b)?;
-                let (mut u, bias) = unit.forward_leaving_bias_as((&block.a2).into(), Layout::Tiles, works)?;
+                let (mut u, bias) = unit.forward_leaving_bias_as(block.a2.view(), Layout::Tiles, works)?;
                 let g = activation::forward_keeping_slope_acts(Activation::Gelu, &mut u, bias);
                 works.push(Work::Elementwise { ops: 8 * (u.rows() * u.tokens()) as u64 });
                 (block.u, block.g) = (u, g);
             }
             GptUnit::Down(b) => {
                 let (y, bias) = unit.forward_leaving_bias_as(self.block(b)?.g.view(), Layout::Rows, works)?;
-                let (a, rstd) = self.residual_norm(&y.into_rows(), bias, works);
-                if b + 1 < self.g.blocks {
+                // The last norm feeds the head, a dense matrix: rows.
+                let last = b + 1 == self.g.blocks;
+                let (a, rstd) = self.residual_norm(&y.into_rows(), bias, if last { Layout::Rows } else { self.norms }, works);
+                if !last {
                     self.blocks.push(BlockActs { a1: a, rstd1: rstd, ..BlockActs::default() });
                 } else {
-                    (self.af, self.rstdf) = (a, rstd);
+                    (self.af, self.rstdf) = (a.into_rows(), rstd);
                     self.x = Mat::default();
                 }
             }
@@ -231,7 +249,7 @@ impl Net for GptNet {
                 let d_logits = self.pending("the logits")?;
                 // The residual stream's gradient starts here: the head reads the final norm of the stream.
                 self.dx = Mat::zeros(self.af.rows, self.af.cols);
-                let grads = backward_through_norm(unit, (&self.af, &self.rstdf), d_logits.view(), &mut self.dx, works)?;
+                let grads = backward_through_norm(unit, ((&self.af).into(), &self.rstdf), d_logits.view(), &mut self.dx, works)?;
                 (self.af, self.rstdf) = (Mat::default(), Vec::new());
                 Ok(grads)
             }
@@ -253,8 +271,8 @@ impl Net for GptNet {
             GptUnit::Up(b) => {
                 let du = self.pending("the MLP")?;
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
-                let grads = backward_through_norm(unit, (&block.a2, &block.rstd2), du.view(), &mut self.dx, works)?;
-                (block.a2, block.rstd2) = (Mat::default(), Vec::new());
+                let grads = backward_through_norm(unit, (block.a2.view(), &block.rstd2), du.view(), &mut self.dx, works)?;
+                (block.a2, block.rstd2) = (Acts::default(), Vec::new());
                 Ok(grads)
             }
             GptUnit::Proj(b) => {
@@ -274,7 +292,7 @@ impl Net for GptNet {
             GptUnit::Qkv(b) => {
                 let dqkv = self.pending("attention")?.into_rows();
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
-                let grads = backward_through_norm(unit, (&block.a1, &block.rstd1), (&dqkv).into(), &mut self.dx, works)?;
+                let grads = backward_through_norm(unit, (block.a1.view(), &block.rstd1), (&dqkv).into(), &mut self.dx, works)?;
                 self.blocks.truncate(b);
                 self.spare.give(dqkv.data);
                 Ok(grads)
@@ -307,6 +325,6 @@ impl Net for GptNet {
 
     fn clear(&mut self) {
         // The activations go; the spare buffers stay for the next step.
-        *self = GptNet { spare: std::mem::take(&mut self.spare), ..GptNet::new(self.g) };
+        *self = GptNet { spare: std::mem::take(&mut self.spare), ..GptNet::empty(self.g, self.norms) };
     }
 }

@@ -44,8 +44,13 @@ impl<'s> StreamedLinear<'s> {
 
     /// Forward through the unit over input `x`, noting the kernel it took.
     pub fn forward(&self, x: &Mat, works: &mut Vec<Work<'s>>) -> Result<Mat> {
-        let y = linear::forward(self.weights()?, &self.stream.bias, x);
-        works.push(self.product(y.rows, x.cols, x.rows));
+        self.forward_as(x.into(), works)
+    }
+
+    /// [`StreamedLinear::forward`] over an input in either layout, the output in rows.
+    pub fn forward_as(&self, x: ActsRef<'_>, works: &mut Vec<Work<'s>>) -> Result<Mat> {
+        let y = linear::forward_from(self.weights()?, &self.stream.bias, x);
+        works.push(self.product(y.rows, x.tokens(), x.rows()));
         Ok(y)
     }
 

@@ -65,7 +65,7 @@ impl<H: EngineHw> Wse<H> {
     pub fn new(name: impl Into<String>, layout: ModelLayout, hw: H) -> Self {
         let net: Box<dyn Net> = match layout.arch {
             Arch::Mlp => Box::new(mlp::MlpNet::new(&layout)),
-            Arch::Gpt(g) => Box::new(gpt::GptNet::new(g)),
+            Arch::Gpt(g) => Box::new(gpt::GptNet::new(g, &layout)),
         };
         Wse {
             name: name.into(),

@@ -42,6 +42,20 @@ pub fn forward(w: Weights<'_>, bias: &[f32], x: &Mat) -> Mat {
     y
 }
 
+/// [`forward`] over an input in either layout, the output in rows: the sparse kernel reads tiles as they are,
+/// dense weights read rows (unpacked from tiles if need be).
+pub fn forward_from(w: Weights<'_>, bias: &[f32], x: ActsRef<'_>) -> Mat {
+    match (w, x) {
+        (Weights::Sparse { pattern, values }, ActsRef::Tiles(_)) => {
+            // As `forward` does on rows: the gather, then the bias.
+            let mut y = sparse::gather_as(pattern, values, x, Layout::Rows).into_rows();
+            add_row_bias(&mut y, bias);
+            y
+        }
+        _ => forward(w, bias, &x.to_rows()),
+    }
+}
+
 /// Forward without a bias over an input in either layout, the output in `layout` when the sparse kernel
 /// takes it (see [`Layout::Tiles`]); dense weights read rows, unpacked from tiles if need be.
 pub fn forward_as(w: Weights<'_>, x: ActsRef<'_>, layout: Layout) -> Acts {

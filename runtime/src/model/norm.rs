@@ -7,7 +7,11 @@ use std::mem::MaybeUninit;
 
 use multiversion::multiversion;
 
-use crate::tensor::{written_once, Mat, TOKENS_PER_TASK};
+use crate::tensor::{written_once, Disjoint, Mat, TOKENS_PER_TASK};
+use crate::tiles::{Acts, ActsRef, Layout, Tiles, TILE};
+
+// `backward_add` splits a task's tokens at tile boundaries, which needs a task to be whole tiles.
+const _: () = assert!(TOKENS_PER_TASK % TILE == 0);
 
 /// Added to the variance so a constant token does not divide by zero.
 pub const EPS: f32 = 1e-5;
@@ -16,6 +20,13 @@ pub const EPS: f32 = 1e-5;
 /// normalised matrix and each token's reciprocal standard deviation, which is all the backward pass needs.
 /// The statistics split over the cores by tokens and the normalisation by rows; the output is written once.
 pub fn forward(x: &Mat) -> (Mat, Vec<f32>) {
+    let (out, rstd) = forward_as(x, Layout::Rows);
+    (out.into_rows(), rstd)
+}
+
+/// [`forward`] with the normalised matrix in `layout`: in the sparse kernels' tiles when a sparse layer reads
+/// it next (QKV and MLP-up, forward and backward), which then need not pack it. The values are the same.
+pub fn forward_as(x: &Mat, layout: Layout) -> (Acts, Vec<f32>) {
     use rayon::prelude::*;
     let (d, n) = (x.rows, x.cols);
     assert_eq!(x.data.len(), d * n, "norm: a {d}x{n} matrix holds {} values", x.data.len());
@@ -24,10 +35,32 @@ pub fn forward(x: &Mat) -> (Mat, Vec<f32>) {
         .zip(rstd.par_chunks_mut(TOKENS_PER_TASK))
         .enumerate()
         .for_each(|(c, (mean, rstd))| statistics(x, c * TOKENS_PER_TASK, mean, rstd));
-    // SAFETY: every piece is one whole row of `n` values and `normalise_row` writes each of them (it checks the
-    // lengths against the row of `x` it reads).
-    let out = unsafe { written_once(d * n, n, |start, dst| normalise_row(&x.data[start..start + n], &mean, &rstd, dst)) };
-    (Mat::from_vec(d, n, out), rstd)
+    let out = match layout {
+        // SAFETY: every piece is one whole row of `n` values and `normalise_row` writes each of them (it checks
+        // the lengths against the row of `x` it reads).
+        Layout::Rows => Acts::Rows(Mat::from_vec(d, n, unsafe {
+            written_once(d * n, n, |start, dst| normalise_row(&x.data[start..start + n], &mean, &rstd, dst))
+        })),
+        Layout::Tiles => {
+            // Row by row, each read front to back and dealt out to its lanes, as `tiles::pack` does.
+            let fill = |out: &mut [MaybeUninit<f32>]| {
+                let dst = Disjoint(out.as_mut_ptr());
+                (0..d).into_par_iter().with_min_len(8).for_each(|r| {
+                    for t in 0..Tiles::count(n) {
+                        let (t0, tl) = (t * TILE, TILE.min(n - t * TILE));
+                        // SAFETY: lane (t, r) is the TILE slots at (t·d + r)·TILE of `out` (`Tiles::written_once`
+                        // hands over all of them), and only row r's call writes it.
+                        let lane = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add((t * d + r) * TILE), TILE) };
+                        normalise_row(&x.row(r)[t0..t0 + tl], &mean[t0..t0 + tl], &rstd[t0..t0 + tl], &mut lane[..tl]);
+                        lane[tl..].fill(MaybeUninit::new(0.0));
+                    }
+                });
+            };
+            // SAFETY: every row writes its lane of every tile, padding included.
+            Acts::Tiles(unsafe { Tiles::written_once(d, n, fill) })
+        }
+    };
+    (out, rstd)
 }
 
 /// Mean and reciprocal standard deviation of the tokens `j0..j0 + mean.len()`, summing over rows in order.
@@ -64,41 +97,47 @@ fn normalise_row(src: &[f32], mean: &[f32], rstd: &[f32], dst: &mut [MaybeUninit
 /// Adds to `dx` the gradient with respect to the input, given the normalised output `xhat`, the reciprocal
 /// standard deviations and the gradient `dxhat` of the output: `rstd · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂))`
 /// per token. Split over the cores like [`forward`], with the same sums in the same order.
-pub fn backward_add(xhat: &Mat, rstd: &[f32], dxhat: &Mat, dx: &mut Mat) {
+pub fn backward_add(xhat: ActsRef<'_>, rstd: &[f32], dxhat: &Mat, dx: &mut Mat) {
     use rayon::prelude::*;
-    let (d, n) = (xhat.rows, xhat.cols);
+    let (d, n) = (xhat.rows(), xhat.tokens());
     let shape = |m: &Mat| (m.rows, m.cols, m.data.len());
     assert!(
-        shape(dxhat) == (d, n, d * n) && shape(dx) == (d, n, d * n) && xhat.data.len() == d * n && rstd.len() == n,
+        shape(dxhat) == (d, n, d * n) && shape(dx) == (d, n, d * n) && rstd.len() == n,
         "norm backward: x̂, its gradient and the input gradient must all be {d}x{n}, with {n} statistics"
     );
+    // Each token's sums over the features, in row order, a tile's worth of tokens at a time (x̂ may be in
+    // tiles): a task's tokens split at tile boundaries (a multiple of which a task is) sum exactly as whole.
     let (mut mean_g, mut mean_gx) = (vec![0.0f32; n], vec![0.0f32; n]);
-    mean_g
-        .par_chunks_mut(TOKENS_PER_TASK)
-        .zip(mean_gx.par_chunks_mut(TOKENS_PER_TASK))
-        .enumerate()
-        .for_each(|(c, (g, gx))| gradient_sums(xhat, dxhat, c * TOKENS_PER_TASK, g, gx));
-    let inv_d = 1.0 / xhat.rows.max(1) as f32;
+    mean_g.par_chunks_mut(TOKENS_PER_TASK).zip(mean_gx.par_chunks_mut(TOKENS_PER_TASK)).enumerate().for_each(|(c, (g, gx))| {
+        for (s, (g, gx)) in g.chunks_mut(TILE).zip(gx.chunks_mut(TILE)).enumerate() {
+            let (j0, w) = (c * TOKENS_PER_TASK + s * TILE, g.len());
+            for r in 0..d {
+                gradient_sums(xhat.row_segment(r, j0, w), &dxhat.row(r)[j0..j0 + w], g, gx);
+            }
+        }
+    });
+    let inv_d = 1.0 / d.max(1) as f32;
     if n == 0 {
         return;
     }
-    dx.data
-        .par_chunks_exact_mut(n)
-        .zip(dxhat.data.par_chunks_exact(n).zip(xhat.data.par_chunks_exact(n)))
-        .for_each(|(out, (g, xh))| backward_row(out, g, xh, (rstd, &mean_g, &mean_gx), inv_d));
+    dx.data.par_chunks_exact_mut(n).zip(dxhat.data.par_chunks_exact(n)).enumerate().for_each(|(r, (out, g))| {
+        for (t, (out, g)) in out.chunks_mut(TILE).zip(g.chunks(TILE)).enumerate() {
+            let (j0, w) = (t * TILE, out.len());
+            let stats = (&rstd[j0..j0 + w], &mean_g[j0..j0 + w], &mean_gx[j0..j0 + w]);
+            backward_row(out, g, xhat.row_segment(r, j0, w), stats, inv_d);
+        }
+    });
 }
 
-/// Per token, the sums of `dx̂` and of `dx̂ ⊙ x̂` over the features, for tokens `j0..j0 + g.len()`.
-/// Multiversioned like [`statistics`].
+/// Adds one feature's `dx̂` and `dx̂ ⊙ x̂` to each token's sums over the features (the caller goes through the
+/// features in order). Multiversioned like [`statistics`].
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
-fn gradient_sums(xhat: &Mat, dxhat: &Mat, j0: usize, sum_g: &mut [f32], sum_gx: &mut [f32]) {
+fn gradient_sums(xh: &[f32], g: &[f32], sum_g: &mut [f32], sum_gx: &mut [f32]) {
     let w = sum_g.len();
-    for r in 0..xhat.rows {
-        let (g, xh) = (&dxhat.row(r)[j0..j0 + w], &xhat.row(r)[j0..j0 + w]);
-        for j in 0..w {
-            sum_g[j] += g[j];
-            sum_gx[j] += g[j] * xh[j];
-        }
+    let (g, xh, sum_gx) = (&g[..w], &xh[..w], &mut sum_gx[..w]);
+    for j in 0..w {
+        sum_g[j] += g[j];
+        sum_gx[j] += g[j] * xh[j];
     }
 }
 
@@ -124,7 +163,7 @@ mod tests {
         let g = Mat::from_vec(d, n, (0..d * n).map(|i| ((i * 5 % 7) as f32 - 3.0) * 0.2).collect());
         let (xhat, rstd) = forward(&x);
         let mut dx = Mat::zeros(d, n);
-        backward_add(&xhat, &rstd, &g, &mut dx);
+        backward_add((&xhat).into(), &rstd, &g, &mut dx);
         assert_central_differences(&x, &dx, (1e-2, 2e-3), "x", |x| weighted_sum(&forward(x).0, &g));
         // Each column is normalised.
         for j in 0..n {
@@ -135,6 +174,24 @@ mod tests {
         }
     }
 
+    /// The normalised matrix in tiles, and the input gradient from it, are the rows' bit for bit, over a ragged
+    /// last tile and a ragged last task.
+    #[test]
+    fn tiles_give_the_rows_values() {
+        let (d, n) = (7, 2 * TOKENS_PER_TASK + TILE + 9);
+        let x = Mat::from_vec(d, n, (0..d * n).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.01).collect());
+        let g = Mat::from_vec(d, n, (0..d * n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 0.01).collect());
+        let (rows, rstd) = forward_as(&x, Layout::Rows);
+        let (tiles, rstd_t) = forward_as(&x, Layout::Tiles);
+        assert_eq!(rstd_t, rstd);
+        let Acts::Rows(xhat) = &rows else { panic!("rows asked for") };
+        assert_eq!(tiles, Acts::Tiles(Tiles::from_rows(xhat)), "values and zero padding");
+        let (mut dx, mut dx_t) = (Mat::zeros(d, n), Mat::zeros(d, n));
+        backward_add(rows.view(), &rstd, &g, &mut dx);
+        backward_add(tiles.view(), &rstd, &g, &mut dx_t);
+        assert_eq!(dx_t, dx);
+    }
+
     /// More tokens than one task takes, in a ragged last piece: the split gives the sequential sums bit for bit.
     #[test]
     fn split_statistics_equal_the_sequential_ones() {
@@ -143,7 +200,7 @@ mod tests {
         let g = Mat::from_vec(d, n, (0..d * n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 0.01).collect());
         let (xhat, rstd) = forward(&x);
         let mut dx = Mat::zeros(d, n);
-        backward_add(&xhat, &rstd, &g, &mut dx);
+        backward_add((&xhat).into(), &rstd, &g, &mut dx);
         for j in 0..n {
             let col: Vec<f32> = (0..d).map(|r| x.data[r * n + j]).collect();
             let inv_d = 1.0 / d as f32;
