@@ -2,7 +2,8 @@
 //! feature. The kernels read their sources and build their sums lane by lane; an activation that goes from one
 //! sparse layer to the next through element-wise passes only (the MLP's hidden layer: up, GELU, down) stays in
 //! this layout, so it is neither copied out to feature rows by the layer that makes it nor packed back into
-//! tiles by the layers that read it, forward and backward. Every other activation is a row-major [`Mat`].
+//! tiles by the layers that read it, forward and backward; the layer norms that sparse layers read are written
+//! in it too. Every other activation is a row-major [`Mat`].
 
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
@@ -302,6 +303,7 @@ impl<'a> ActsRef<'a> {
         match *self {
             ActsRef::Rows(m) => &m.row(r)[j0..j0 + w],
             ActsRef::Tiles(t) => {
+                assert!(r < t.rows && j0 + w <= t.tokens, "feature {r}, tokens {j0}..{} of a {}x{}", j0 + w, t.rows, t.tokens);
                 assert!(w == 0 || j0 / TILE == (j0 + w - 1) / TILE, "tokens {j0}..{} cross a tile", j0 + w);
                 &t.lanes[j0 / TILE * t.rows + r].0[j0 % TILE..j0 % TILE + w]
             }

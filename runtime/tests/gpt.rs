@@ -59,9 +59,10 @@ fn mean_loss(store: &MemoryX, layout: &ModelLayout, data: &Dataset, samples: &[u
 #[test]
 fn every_gpt_parameter_gets_the_gradient_of_finite_differences() {
     // At 50% the masks run dense (see `sparse::DENSE_ABOVE`); at 85% they take the sparse kernels, and the MLP's
-    // hidden layer goes through them in tiles, with a tile's padding past the step's 8 tokens.
-    for (sparsity, tied) in [(0.5, true), (0.85, true), (0.0, false)] {
-        let layout = gpt(8, 2, 1, 4, sparsity, tied);
+    // hidden layer and the layer norms QKV and MLP-up read go through them in tiles, with a tile's padding past
+    // the step's 8 tokens; two blocks, so a norm in tiles also comes from the residual stream.
+    for (sparsity, tied, blocks) in [(0.5, true, 1), (0.85, true, 2), (0.0, false, 1)] {
+        let layout = gpt(8, 2, blocks, 4, sparsity, tied);
         let data = text(4);
         let samples = vec![0u32, 3];
         // SGD with rate 1 and no decay: one step moves every stored weight by exactly its gradient.

@@ -72,8 +72,8 @@ impl GptNet {
     /// tiles. (A mask whose own density lands above the line runs dense all the same, reading the tiles back
     /// into rows: slower, never wrong.)
     pub(super) fn new(g: GptShape, layout: &ModelLayout) -> Self {
-        let sparse = layout.linears.get(1).is_some_and(|qkv| qkv.sparse) && 1.0 - layout.sparsity <= sparse::DENSE_ABOVE;
-        Self::empty(g, if sparse { Layout::Tiles } else { Layout::Rows })
+        let takes_sparse = layout.linears.get(1).is_some_and(|qkv| qkv.sparse) && 1.0 - layout.sparsity <= sparse::DENSE_ABOVE;
+        Self::empty(g, if takes_sparse { Layout::Tiles } else { Layout::Rows })
     }
 
     /// A net holding no activations yet.

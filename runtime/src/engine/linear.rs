@@ -85,7 +85,7 @@ impl<'s> StreamedLinear<'s> {
         let (need_dx, layout) = (dx.is_some(), dx.unwrap_or(Layout::Rows));
         let (shape, tokens) = (self.shape, x.tokens());
         // Both gradients at once: a dense layer's are independent products that run side by side; a sparse
-        // layer's both read the output gradient, packed once for the two.
+        // layer's both read the output gradient, in one pass over the mask.
         if need_dx {
             let both = match self.stream.weights.weights() {
                 Some(linear::Weights::Dense(w)) => {

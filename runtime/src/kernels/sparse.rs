@@ -8,6 +8,9 @@
 //! - [`gather`]: `out[line] = Σ values[k] · src[idx[k]]` — forward `Y = W·X` on the row pattern, and backward
 //!   `dX = Wᵀ·dY` on the column pattern.
 //! - [`sddmm`]: `out[k] = a[line] · b[idx[k]]` — the weight gradient, computed only where the mask has a weight.
+//!
+//! [`backward`] runs the two backward products in one pass, bit for bit what each gives alone. The kernels work
+//! on tiles of tokens ([`crate::tiles`]), taking operands in rows (packed first) or already in tiles.
 
 use multiversion::multiversion;
 use rand::{Rng, SeedableRng};
@@ -240,7 +243,7 @@ fn with_buffer<R>(key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<f32
     result
 }
 
-/// Where the gather writes a part's sums.
+/// Where the gather (or the backward pass's `dX`) writes a part's sums.
 #[derive(Clone, Copy)]
 enum Out {
     /// A `lines × tokens` row-major matrix: each tile's sums are built in a scratch and copied to the rows.
@@ -256,7 +259,7 @@ fn workers(work: usize) -> usize {
 
 /// Runs `run` on every part of `schedule`: on the thread pool when `work` (the kernel's multiply-adds) is
 /// enough to pay for it, in turn otherwise. The parts write disjoint outputs, so the order cannot change a
-/// result; both the gather and the SDDMM kernel dispatch through here.
+/// result; the gather, the SDDMM and the fused backward dispatch through here.
 fn for_each_part(schedule: &Schedule, work: usize, run: impl Fn(&Part) + Sync + Send) {
     if workers(work) > 1 {
         schedule.parts.par_iter().for_each(run);
@@ -317,13 +320,16 @@ fn lanes_of<'s>(src: ActsRef<'s>, scratch: &'s mut Vec<f32>) -> &'s [Lane] {
 fn gather_tiles(p: &SparsePattern, values: &[f32], tiles: &[Lane], tokens: usize, layout: Layout) -> Acts {
     // The writes below trust this shape: every tile holds a lane per source row.
     assert_eq!(tiles.len(), Tiles::count(tokens) * p.inner, "gather: {} lanes for {tokens} tokens of {} rows", tiles.len(), p.inner);
+    let run = |out: Out| {
+        for_each_part(&p.schedule, p.nnz() * tokens, |part| {
+            // SAFETY: `out` holds every line of the pattern (`written_by_parts`), each part writes only its own,
+            // and `tiles` holds `Tiles::count(tokens)` tiles of `p.inner` lanes (asserted above).
+            unsafe { gather_part(part, values, tiles, p.inner, tokens, out) }
+        })
+    };
     // SAFETY: `gather_part` writes every token of each of its part's lines to `out` (tile by tile), and only
     // those; the parts deal all the lines.
-    unsafe {
-        written_by_parts(p.outer, tokens, layout, |out| {
-            for_each_part(&p.schedule, p.nnz() * tokens, |part| gather_part(part, values, tiles, p.inner, tokens, out))
-        })
-    }
+    unsafe { written_by_parts(p.outer, tokens, layout, run) }
 }
 
 /// A new `lines × tokens` activation in `layout`, written through `run` by the parts of a schedule.
@@ -557,14 +563,14 @@ unsafe fn copy_out(acc: &[Lane], lines: &[u32], t: usize, tokens: usize, out: Ou
         Out::Rows(dst) => {
             let (t0, tl) = (t * TILE, TILE.min(tokens - t * TILE));
             for (a, &line) in acc.iter().zip(lines) {
-                // SAFETY: see `gather_tiles`: row `line` belongs to this part alone and lies inside the buffer,
+                // SAFETY: see `written_by_parts`: row `line` belongs to this part alone and lies inside the buffer,
                 // which may not be initialised yet, so it is written through a raw copy rather than a slice.
                 unsafe { std::ptr::copy_nonoverlapping(a.0.as_ptr(), dst.ptr().add(line as usize * tokens + t0), tl) };
             }
         }
         Out::Tiles(dst, count) => {
             for (a, &line) in acc.iter().zip(lines) {
-                // SAFETY: see `gather_tiles`: lane `line` of tile `t` (at `t · count + line`) belongs to this
+                // SAFETY: see `written_by_parts`: lane `line` of tile `t` (at `t · count + line`) belongs to this
                 // part alone and lies inside the buffer; it may not be initialised yet, so it is written.
                 unsafe { dst.ptr().add(t * count + line as usize).write(*a) };
             }
@@ -581,22 +587,24 @@ fn backward_tiles(p: &SparsePattern, values: &[f32], x_tiles: &[Lane], dy_tiles:
     assert!(x_tiles.len() == tiles * p.outer && dy_tiles.len() == tiles * p.inner, "backward: operands are not {tiles} tiles of {}/{} rows", p.outer, p.inner);
     assert_eq!(dw.len(), p.nnz(), "backward: {} weight gradients for {} non-zeros", dw.len(), p.nnz());
     let dst = Disjoint(dw.as_mut_ptr());
+    let run = |out: Out| {
+        for_each_part(&p.schedule, 2 * p.nnz() * tokens, |part| {
+            // SAFETY: `out` holds every line of the pattern (`written_by_parts`) and `dw` every non-zero, each
+            // part writes only its own, and both operands hold `tiles` tiles (asserted above).
+            unsafe { backward_part(part, values, (x_tiles, p.outer), (dy_tiles, p.inner), tokens, out, dst) }
+        })
+    };
     // SAFETY: `backward_part` writes every token of each of its part's lines to `out`, as `gather_part` does,
     // and `dw` only at its own non-zeros' positions (each inside `dw`, whose length is checked above).
-    unsafe {
-        written_by_parts(p.outer, tokens, layout, |out| {
-            for_each_part(&p.schedule, 2 * p.nnz() * tokens, |part| {
-                backward_part(part, values, (x_tiles, p.outer), (dy_tiles, p.inner), tokens, out, dst)
-            })
-        })
-    }
+    unsafe { written_by_parts(p.outer, tokens, layout, run) }
 }
 
 /// One part of [`backward_tiles`]: tile by tile, each run keeps its line's `dX` sums and its lane of `x` in
 /// registers while its non-zeros' lanes of `dY` are read once each, for the AXPY and the dot product.
 ///
 /// # Safety
-/// As [`gather_part`] for `out`, and as [`sddmm_part`] for `dw`.
+/// As [`gather_part`] for `out`, and as [`sddmm_part`] for `dw`; `x` and `dy` hold exactly
+/// `Tiles::count(tokens)` tiles each (of `x.1` and `dy.1` lanes), or some lines' lanes would go unwritten.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
 unsafe fn backward_part(part: &Part, values: &[f32], x: (&[Lane], usize), dy: (&[Lane], usize), tokens: usize, out: Out, dw: Disjoint<f32>) {
     // Fused multiply-adds where the compiled version has them, as in `gather_part`.
@@ -635,7 +643,7 @@ unsafe fn backward_part_with<const FMA: bool>(part: &Part, values: &[f32], (x_ti
         unsafe { copy_out(&acc, &part.lines, t, tokens, out) };
     }
     for (sum, &at) in sums.iter().zip(&part.at) {
-        // SAFETY: see `sddmm`: position `at` belongs to this part alone and lies inside `dw`.
+        // SAFETY: see `backward_tiles`: position `at` belongs to this part alone and lies inside `dw`.
         unsafe { *dw.ptr().add(at as usize) = fold(sum) };
     }
 }
@@ -803,7 +811,7 @@ unsafe fn sddmm_part_with<const FMA: bool>(part: &Part, a_tiles: &[Lane], b_tile
         }
     }
     for (sum, &at) in sums.iter().zip(&part.at) {
-        // SAFETY: see `sddmm`: position `at` belongs to this part alone and lies inside `out`.
+        // SAFETY: see `sddmm_tiles`: position `at` belongs to this part alone and lies inside `out`.
         unsafe { *out.0.add(at as usize) = fold(sum) };
     }
 }
@@ -905,7 +913,7 @@ mod tests {
             };
             close(&back, &g);
 
-            // Both backward kernels with the output gradient packed once give what each gives alone.
+            // The fused backward pass gives, bit for bit, what the gather and the SDDMM give alone.
             let (gt_both, dx_both) = backward(&t, &tvalues, &x, &dy);
             assert_eq!(dx_both.data, dx.data, "{rows}x{cols}: dx");
             assert_eq!(gt_both, gt, "{rows}x{cols}: dw");

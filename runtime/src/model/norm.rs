@@ -107,10 +107,16 @@ pub fn backward_add(xhat: ActsRef<'_>, rstd: &[f32], dxhat: &Mat, dx: &mut Mat) 
     );
     // Each token's sums over the features, in row order, a tile's worth of tokens at a time (x̂ may be in
     // tiles): a task's tokens split at tile boundaries (a multiple of which a task is) sum exactly as whole.
+    // Rows are read a task's (or a row's) worth at a time, as before tiles existed.
+    let segment = match xhat {
+        ActsRef::Tiles(_) => TILE,
+        ActsRef::Rows(_) => n.max(1),
+    };
     let (mut mean_g, mut mean_gx) = (vec![0.0f32; n], vec![0.0f32; n]);
     mean_g.par_chunks_mut(TOKENS_PER_TASK).zip(mean_gx.par_chunks_mut(TOKENS_PER_TASK)).enumerate().for_each(|(c, (g, gx))| {
-        for (s, (g, gx)) in g.chunks_mut(TILE).zip(gx.chunks_mut(TILE)).enumerate() {
-            let (j0, w) = (c * TOKENS_PER_TASK + s * TILE, g.len());
+        let part = segment.min(TOKENS_PER_TASK);
+        for (s, (g, gx)) in g.chunks_mut(part).zip(gx.chunks_mut(part)).enumerate() {
+            let (j0, w) = (c * TOKENS_PER_TASK + s * part, g.len());
             for r in 0..d {
                 gradient_sums(xhat.row_segment(r, j0, w), &dxhat.row(r)[j0..j0 + w], g, gx);
             }
@@ -121,8 +127,8 @@ pub fn backward_add(xhat: ActsRef<'_>, rstd: &[f32], dxhat: &Mat, dx: &mut Mat) 
         return;
     }
     dx.data.par_chunks_exact_mut(n).zip(dxhat.data.par_chunks_exact(n)).enumerate().for_each(|(r, (out, g))| {
-        for (t, (out, g)) in out.chunks_mut(TILE).zip(g.chunks(TILE)).enumerate() {
-            let (j0, w) = (t * TILE, out.len());
+        for (t, (out, g)) in out.chunks_mut(segment).zip(g.chunks(segment)).enumerate() {
+            let (j0, w) = (t * segment, out.len());
             let stats = (&rstd[j0..j0 + w], &mean_g[j0..j0 + w], &mean_gx[j0..j0 + w]);
             backward_row(out, g, xhat.row_segment(r, j0, w), stats, inv_d);
         }
