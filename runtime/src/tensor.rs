@@ -77,7 +77,7 @@ pub fn fill_beside(
 }
 
 /// A pointer through which workers write disjoint parts of one buffer: the sparse kernels' parts (each its own
-/// lines), and the writing of rows into tiles (`tiles::pack`, `norm::forward_as`: each row its own lanes).
+/// lines), and the writing of rows into tiles (`tiles::deal_rows`: each row its own lanes).
 pub(crate) struct Disjoint<T>(pub(crate) *mut T);
 // SAFETY: shared only between workers that write provably disjoint ranges (see the users), of values that may
 // be sent between threads.

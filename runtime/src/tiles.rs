@@ -25,24 +25,37 @@ pub struct Lane(pub [f32; TILE]);
 const _: () = assert!(std::mem::size_of::<Lane>() == TILE * std::mem::size_of::<f32>() && std::mem::align_of::<Lane>() == 64);
 
 /// Lays the `rows × tokens` row-major `src` out in `out` as tiles (lane after lane, tile after tile, `out` as
-/// long as `Tiles::count(tokens) · rows` lanes), zero-padded past the last token. Rows on all cores when large.
+/// long as `Tiles::count(tokens) · rows` lanes), zero-padded past the last token.
 pub(crate) fn pack(src: &[f32], rows: usize, tokens: usize, out: &mut [f32]) {
+    assert_eq!(src.len(), rows * tokens, "pack: {rows}x{tokens} from {} floats", src.len());
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, and `deal_rows` only writes initialised values.
+    let out = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut MaybeUninit<f32>, out.len()) };
+    deal_rows(rows, tokens, out, |r, t0, lane| {
+        for (o, &v) in lane.iter_mut().zip(&src[r * tokens + t0..]) {
+            o.write(v);
+        }
+    });
+}
+
+/// Fills `out` (`Tiles::count(tokens) · rows` lanes, lane after lane, tile after tile) row by row, rows on all
+/// cores when large: `write(r, t0, lane)` writes row `r`'s tokens `t0..t0 + lane.len()`, and the padding past the
+/// last token is zeroed here. Each row is produced once, front to back, and dealt out to its lane in every tile:
+/// reading every row a lane at a time instead (tile after tile) strides 8 KiB between reads, which the
+/// prefetchers do not follow. Packing rows and the layer norm's output both go through here.
+pub(crate) fn deal_rows(rows: usize, tokens: usize, out: &mut [MaybeUninit<f32>], write: impl Fn(usize, usize, &mut [MaybeUninit<f32>]) + Sync) {
     use rayon::prelude::*;
     let tiles = Tiles::count(tokens);
-    assert!(src.len() == rows * tokens && out.len() == tiles * rows * TILE, "pack: {rows}x{tokens} into {} floats", out.len());
-    // Each source row is read once, front to back, and dealt out to its lane in every tile: reading every row a
-    // lane at a time instead (tile after tile) strides 8 KiB between reads, which the prefetchers do not follow.
+    assert_eq!(out.len(), tiles * rows * TILE, "tiles: {rows}x{tokens} into {} floats", out.len());
     let dst = Disjoint(out.as_mut_ptr());
     let fill = |r: usize| {
-        let row = &src[r * tokens..(r + 1) * tokens];
         for t in 0..tiles {
             let (t0, tl) = (t * TILE, TILE.min(tokens - t * TILE));
-            // SAFETY: lane (t, r) is the TILE floats at (t·rows + r)·TILE inside `out` (its length is checked
+            // SAFETY: lane (t, r) is the TILE slots at (t·rows + r)·TILE inside `out` (its length is checked
             // above); every (t, r) pair is written by exactly one call (r's), so calls on different threads never
             // touch the same lane, and `out` is borrowed mutably for all of them.
             let lane = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add((t * rows + r) * TILE), TILE) };
-            lane[..tl].copy_from_slice(&row[t0..t0 + tl]);
-            lane[tl..].fill(0.0);
+            write(r, t0, &mut lane[..tl]);
+            lane[tl..].fill(MaybeUninit::new(0.0));
         }
     };
     if out.len() >= 1 << 16 {
@@ -97,9 +110,14 @@ impl Tiles {
 
     /// The matrix in tiles, on all cores (for a kernel that takes this layout and a caller that has rows).
     pub fn from_rows(m: &Mat) -> Self {
-        let mut tiles = Tiles { rows: m.rows, tokens: m.cols, lanes: vec![Lane([0.0; TILE]); Self::count(m.cols) * m.rows] };
-        pack(&m.data, m.rows, m.cols, tiles.values_mut());
-        tiles
+        let (rows, tokens) = (m.rows, m.cols);
+        let copy = |r: usize, t0: usize, lane: &mut [MaybeUninit<f32>]| {
+            for (o, &v) in lane.iter_mut().zip(&m.row(r)[t0..]) {
+                o.write(v);
+            }
+        };
+        // SAFETY: `deal_rows` writes every slot, padding included.
+        unsafe { Self::written_once(rows, tokens, |out| deal_rows(rows, tokens, out, copy)) }
     }
 
     /// The same values as a row-major matrix (for a dense kernel given tiles).

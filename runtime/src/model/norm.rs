@@ -7,8 +7,8 @@ use std::mem::MaybeUninit;
 
 use multiversion::multiversion;
 
-use crate::tensor::{written_once, Disjoint, Mat, TOKENS_PER_TASK};
-use crate::tiles::{Acts, ActsRef, Layout, Tiles, TILE};
+use crate::tensor::{written_once, Mat, TOKENS_PER_TASK};
+use crate::tiles::{self, Acts, ActsRef, Layout, Tiles, TILE};
 
 // `backward_add` splits a task's tokens at tile boundaries, which needs a task to be whole tiles.
 const _: () = assert!(TOKENS_PER_TASK % TILE == 0);
@@ -42,22 +42,12 @@ pub fn forward_as(x: &Mat, layout: Layout) -> (Acts, Vec<f32>) {
             written_once(d * n, n, |start, dst| normalise_row(&x.data[start..start + n], &mean, &rstd, dst))
         })),
         Layout::Tiles => {
-            // Row by row, each read front to back and dealt out to its lanes, as `tiles::pack` does.
-            let fill = |out: &mut [MaybeUninit<f32>]| {
-                let dst = Disjoint(out.as_mut_ptr());
-                (0..d).into_par_iter().with_min_len(8).for_each(|r| {
-                    for t in 0..Tiles::count(n) {
-                        let (t0, tl) = (t * TILE, TILE.min(n - t * TILE));
-                        // SAFETY: lane (t, r) is the TILE slots at (t·d + r)·TILE of `out` (`Tiles::written_once`
-                        // hands over all of them), and only row r's call writes it.
-                        let lane = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add((t * d + r) * TILE), TILE) };
-                        normalise_row(&x.row(r)[t0..t0 + tl], &mean[t0..t0 + tl], &rstd[t0..t0 + tl], &mut lane[..tl]);
-                        lane[tl..].fill(MaybeUninit::new(0.0));
-                    }
-                });
+            let write = |r: usize, t0: usize, lane: &mut [MaybeUninit<f32>]| {
+                let t1 = t0 + lane.len();
+                normalise_row(&x.row(r)[t0..t1], &mean[t0..t1], &rstd[t0..t1], lane);
             };
-            // SAFETY: every row writes its lane of every tile, padding included.
-            Acts::Tiles(unsafe { Tiles::written_once(d, n, fill) })
+            // SAFETY: `deal_rows` writes every slot, padding included.
+            Acts::Tiles(unsafe { Tiles::written_once(d, n, |out| tiles::deal_rows(d, n, out, write)) })
         }
     };
     (out, rstd)
