@@ -431,6 +431,13 @@ impl Schedule {
 }
 
 impl Part {
+    /// The runs in visiting order as (local line, end in `idx`, local line of the run after it): the kernels
+    /// prefetch that next line's lanes while a run computes (see [`prefetch_lane`]).
+    fn runs_ahead(&self) -> impl Iterator<Item = (u32, u32, Option<u32>)> + '_ {
+        let next = self.runs.iter().skip(1).map(|&(j, _)| Some(j)).chain([None]);
+        self.runs.iter().zip(next).map(|(&(j, end), next)| (j, end, next))
+    }
+
     /// The visiting order of the stored lines `mine`: group by group of lines, block by block of source rows,
     /// and within a block the group's runs from the shortest to the longest.
     fn new(p: &SparsePattern, mine: Vec<usize>, block: usize, group: usize) -> Self {
@@ -539,8 +546,8 @@ unsafe fn gather_part_with<const FMA: bool>(part: &Part, values: &[f32], tiles: 
     for (t, tile) in tiles.chunks_exact(rows).enumerate() {
         acc.fill(Lane([0.0; TILE]));
         let mut k = 0;
-        for (r, &(j, end)) in part.runs.iter().enumerate() {
-            if let Some(&(next, _)) = part.runs.get(r + 1) {
+        for (j, end, next) in part.runs_ahead() {
+            if let Some(next) = next {
                 prefetch_lane(acc.as_ptr().wrapping_add(next as usize));
             }
             let a = &mut acc[j as usize];
@@ -661,8 +668,8 @@ unsafe fn backward_part_with<const FMA: bool>(part: &Part, values: &[f32], (x_ti
 #[inline(always)]
 unsafe fn backward_tile<const FMA: bool, const FIRST: bool>(part: &Part, vals: &[f32], tx: &[Lane], tdy: &[Lane], acc: &mut [Lane], sums: *mut Partial) {
     let mut k = 0;
-    for (r, &(j, end)) in part.runs.iter().enumerate() {
-        if let Some(&(next, _)) = part.runs.get(r + 1) {
+    for (j, end, next) in part.runs_ahead() {
+        if let Some(next) = next {
             prefetch_lane(acc.as_ptr().wrapping_add(next as usize));
             prefetch_lane(tx.as_ptr().wrapping_add(part.lines[next as usize] as usize));
         }
@@ -824,8 +831,8 @@ unsafe fn sddmm_part_with<const FMA: bool>(part: &Part, a_tiles: &[Lane], b_tile
     }
     for (ta, tb) in pairs {
         let mut k = 0;
-        for (r, &(j, end)) in part.runs.iter().enumerate() {
-            if let Some(&(next, _)) = part.runs.get(r + 1) {
+        for (j, end, next) in part.runs_ahead() {
+            if let Some(next) = next {
                 prefetch_lane(ta.as_ptr().wrapping_add(part.lines[next as usize] as usize));
             }
             // A copy of the line's lane, so it stays in registers across the run: through a reference into the
@@ -858,14 +865,13 @@ fn dot_lane_into<const FMA: bool>(sum: &mut [f32; PARTIAL], a: &Lane, b: &Lane) 
     for j in 0..PARTIAL {
         // Two chains, the even pieces onto the running sum and the odd ones onto the first odd product, joined
         // at the end: half the latency of one chain of eight.
-        let (mut even, mut odd) = (sum[j], a.0[PARTIAL + j] * b.0[PARTIAL + j]);
-        for q in 0..TILE / PARTIAL / 2 {
-            let (x, y) = (a.0[2 * q * PARTIAL + j], b.0[2 * q * PARTIAL + j]);
-            even = if FMA { x.mul_add(y, even) } else { even + x * y };
-            if q > 0 {
-                let (x, y) = (a.0[(2 * q + 1) * PARTIAL + j], b.0[(2 * q + 1) * PARTIAL + j]);
-                odd = if FMA { x.mul_add(y, odd) } else { odd + x * y };
-            }
+        let piece = |q: usize| (a.0[q * PARTIAL + j], b.0[q * PARTIAL + j]);
+        let madd = |(x, y): (f32, f32), s: f32| if FMA { x.mul_add(y, s) } else { s + x * y };
+        let (x, y) = piece(1);
+        let (mut even, mut odd) = (madd(piece(0), sum[j]), x * y);
+        for q in 1..TILE / PARTIAL / 2 {
+            even = madd(piece(2 * q), even);
+            odd = madd(piece(2 * q + 1), odd);
         }
         sum[j] = even + odd;
     }
