@@ -222,7 +222,7 @@ async fn a_job_is_assembled_runs_survives_a_failed_engine_completes_and_is_clean
 
     // The right plan in the status, and in the ConfigMap only what the data plane reads: the job.
     let spec = created.spec.clone();
-    let want = ok(runtime::plan::Plan::new(&spec, 64 << 20, 2), "plan");
+    let want = ok(plan::appliance::Plan::new(&spec, 64 << 20, 2), "plan");
     let data = cm.data.clone().unwrap_or_default();
     assert_eq!(data.keys().collect::<Vec<_>>(), vec!["job.yaml"], "the ConfigMap holds the job alone");
     assert_eq!(ok(crds::parse_training_job(&data["job.yaml"]), "job.yaml").spec, spec);

@@ -6,13 +6,10 @@ use std::collections::BTreeMap;
 
 use std::net::SocketAddr;
 
-use crds::contract::{
-    input_workers_of, CommonArgs, EngineArgs, InputArgs, MemoryxArgs, Role, RoleArgs, SwarmxArgs, SwarmxChild, SwarmxNode,
-    DATA_MOUNT, HTTP_PORT,
-    METRICS_SCRAPER_LABEL,
-};
+use crds::contract::{CommonArgs, MemoryxArgs, Role, RoleArgs, DATA_MOUNT, HTTP_PORT, METRICS_SCRAPER_LABEL};
 use crds::{PlanStatus, PullPolicy, SwarmxTreeStatus, TrainingJob};
-use runtime::plan::Plan;
+use plan::appliance::Plan;
+use plan::wiring::{Component, Site, Wiring};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec};
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -126,7 +123,7 @@ pub mod names {
     }
     /// SwarmX node `index` at `level` of the tree (level 0 is the root).
     pub fn swarmx(job: &str, level: usize, index: usize) -> String {
-        format!("{job}-swarmx-{level}-{index}")
+        format!("{job}-{}", plan::wiring::Component::Swarmx { level, index }.name())
     }
     /// The Secret with the job's TLS identity.
     pub fn identity(job: &str) -> String {
@@ -138,7 +135,7 @@ pub mod names {
     }
     /// Engine `index`: one per CS-2.
     pub fn engine(job: &str, index: u32) -> String {
-        format!("{job}-engine-{index}")
+        format!("{job}-{}", plan::wiring::Component::Engine(index).name())
     }
     /// The headless Service of the input workers.
     pub fn input_service(job: &str) -> String {
@@ -146,7 +143,7 @@ pub mod names {
     }
     /// Input worker `index`: `spec.data.workers` per CS-2, engine `e`'s in a contiguous block.
     pub fn input(job: &str, index: u32) -> String {
-        format!("{job}-input-{index}")
+        format!("{job}-{}", plan::wiring::Component::Input(index).name())
     }
     /// The job's NetworkPolicy.
     pub fn network_policy(job: &str) -> String {
@@ -179,11 +176,43 @@ pub fn weight_server_address(job: &str, namespace: &str, index: u32) -> String {
     format!("https://{set}-{index}.{set}.{namespace}.svc:{}", grpc_port(Role::Memoryx))
 }
 
-/// The URL of a SwarmX node's child.
-fn child_address(job: &str, namespace: &str, child: SwarmxChild) -> String {
-    match child {
-        SwarmxChild::Engine(e) => engine_address(job, namespace, e),
-        SwarmxChild::Swarmx { level, index } => swarmx_address(job, namespace, level, index),
+/// The cluster as the wiring's [`Site`]: a job's components reach each other by their pods' DNS names on the
+/// roles' fixed ports, read the job and identity where the pod mounts them, and the input workers find the
+/// data volume at [`DATA_MOUNT`].
+pub struct ClusterSite {
+    job: String,
+    namespace: String,
+    data_volume: bool,
+}
+
+impl ClusterSite {
+    /// The site of `job`'s pods.
+    pub fn of(job: &TrainingJob) -> ClusterSite {
+        ClusterSite { job: job.name_any(), namespace: job.namespace().unwrap_or_default(), data_volume: job.spec.data.volume.is_some() }
+    }
+}
+
+impl Site for ClusterSite {
+    fn common(&self) -> CommonArgs {
+        common_args()
+    }
+
+    fn listen(&self, role: Role) -> SocketAddr {
+        listen(role)
+    }
+
+    fn address(&self, to: Component) -> String {
+        let (job, ns) = (self.job.as_str(), self.namespace.as_str());
+        match to {
+            Component::Input(i) => input_address(job, ns, i),
+            Component::Engine(i) => engine_address(job, ns, i),
+            Component::Swarmx { level, index } => swarmx_address(job, ns, level, index),
+            Component::WeightServer(i) => weight_server_address(job, ns, i),
+        }
+    }
+
+    fn data_root(&self) -> Option<std::path::PathBuf> {
+        self.data_volume.then(|| DATA_MOUNT.into())
     }
 }
 
@@ -208,9 +237,9 @@ pub fn identity_names(job: &str, namespace: &str) -> Vec<String> {
     ]
 }
 
-/// The job's identity Secret from freshly issued material (see [`runtime::identity`]): every file, the
+/// The job's identity Secret from freshly issued material (see [`wire::identity`]): every file, the
 /// operator's client certificate among them; the pods mount only the roles' three files.
-pub fn identity_secret(job: &TrainingJob, issued: &runtime::identity::Issued) -> Result<Secret, Error> {
+pub fn identity_secret(job: &TrainingJob, issued: &wire::identity::Issued) -> Result<Secret, Error> {
     let mut m = meta(job, names::identity(&job.name_any()), None)?;
     let uid = job.uid().ok_or(Error::MissingField("metadata.uid"))?;
     m.annotations = Some(BTreeMap::from([(IDENTITY_UID_ANNOTATION.to_string(), uid)]));
@@ -233,17 +262,11 @@ fn grpc_port(role: Role) -> u16 {
     role.grpc_port().map_or(0, |(_, p)| p)
 }
 
-/// The SRAM of each engine: the spec's override, else the preset's, from the one table of engine figures
-/// (`sim_wse::preset`), so the operator plans with the same numbers the engines enforce.
-pub fn sram_bytes(job: &TrainingJob) -> u64 {
-    sim_wse::preset::sram_bytes(&job.spec.engine)
-}
-
 /// Refuses a checkpoint volume that cannot hold what one weight server keeps on it: its disk tier (the part of
 /// its slice beyond its memory budget) plus the checkpoints of its slice the job keeps and the one being
 /// written. Every server has a volume of this size (the StatefulSet's claim template), so the busiest server's
 /// needs decide; such a job would otherwise fail at its first full disk, hours in, instead of now.
-fn check_volume(c: &crds::CheckpointSpec, m: &runtime::plan::MemoryxPlan) -> Result<(), Error> {
+fn check_volume(c: &crds::CheckpointSpec, m: &plan::memoryx::MemoryxPlan) -> Result<(), Error> {
     let volume = crds::quantity_bytes(&c.volume_size)
         .ok_or_else(|| Error::Plan(format!("spec.checkpoint.volumeSize '{}' is not a quantity", c.volume_size)))?;
     let checkpoints = m.server_bytes.saturating_mul(u64::from(c.keep) + 1);
@@ -269,9 +292,9 @@ fn check_volume(c: &crds::CheckpointSpec, m: &runtime::plan::MemoryxPlan) -> Res
 pub fn plan(job: &TrainingJob, cs2: u32, fan_out: u32) -> Result<(Plan, PlanStatus), Error> {
     let mut spec = job.spec.clone();
     spec.cs2 = cs2;
-    let plan = Plan::new(&spec, sram_bytes(job), fan_out).map_err(|e| match e {
+    let plan = Plan::for_spec(&spec, fan_out).map_err(|e| match e {
         // The plan's own refusal says what to change; its "plan:" prefix would only repeat ours.
-        runtime::Error::Plan(why) => Error::Plan(why),
+        plan::error::Error::Plan(why) => Error::Plan(why),
         other => Error::Plan(other.to_string()),
     })?;
     check_volume(&spec.checkpoint, &plan.memoryx)?;
@@ -616,7 +639,7 @@ fn restricted_pod(containers: Vec<Container>, volumes: Vec<Volume>) -> PodSpec {
 /// What every role's pod mounts: the job manifest and the roles' part of the job's identity (readable by the
 /// runtime's group only; the operator's key is not among the items).
 fn role_volumes(job: &TrainingJob) -> Vec<Volume> {
-    let items = runtime::identity::MOUNTED
+    let items = wire::identity::MOUNTED
         .iter()
         .map(|f| KeyToPath { key: f.to_string(), path: f.to_string(), ..Default::default() })
         .collect();
@@ -644,20 +667,17 @@ pub const SERVER_INDEX_ENV: &str = "WS_SERVER_INDEX";
 /// The label the StatefulSet controller puts on each of its pods with the pod's ordinal (Kubernetes 1.28+).
 pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
 
-/// The arguments of every weight server of a job of `servers` servers: the root of the job's SwarmX tree, the
-/// checkpoint volume, the weight-server port, the other servers' addresses (read by server 0, the coordinator,
-/// only) and `--linger` so the coordinator keeps answering `/status` after the job ends (an exit would be
-/// restarted by the StatefulSet and counted as a failure) and the operator reads Succeeded or Failed. Every pod
-/// of the StatefulSet has the same template, so the index is not here: each learns it from its pod's
-/// [`POD_INDEX_LABEL`] through [`SERVER_INDEX_ENV`].
-pub fn memoryx_args(job: &TrainingJob, servers: u32) -> MemoryxArgs {
-    let (name, ns) = (job.name_any(), job.namespace().unwrap_or_default());
+/// MemoryX's arguments in a pod, as the plan wires it: the coordinator drives the SwarmX root, and
+/// every weight server is told the others' addresses; the checkpoints go to the pod's volume and MemoryX
+/// lingers after the job so the operator reads Succeeded or Failed. Every pod of the StatefulSet has the same
+/// template, so the index is not here: each learns it from its pod's [`POD_INDEX_LABEL`] through
+/// [`SERVER_INDEX_ENV`].
+pub fn memoryx_args(job: &TrainingJob, plan: &Plan) -> MemoryxArgs {
+    let (site, wiring) = (ClusterSite::of(job), Wiring::of(plan));
     MemoryxArgs {
         checkpoint_dir: Some(CHECKPOINT_DIR.into()),
         linger: true,
-        weight_servers: (1..servers).map(|i| weight_server_address(&name, &ns, i)).collect(),
-        listen: listen(Role::Memoryx),
-        ..MemoryxArgs::new(common_args(), swarmx_address(&name, &ns, 0, 0), input_address(&name, &ns, 0))
+        ..wiring.memoryx(&site, wiring.weight_server_addresses(&site))
     }
 }
 
@@ -673,7 +693,7 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash:
     let mut c = container(
         job,
         settings,
-        &memoryx_args(job, servers),
+        &memoryx_args(job, plan),
         job.spec.resources.memoryx.clone().or_else(|| memory_request(plan.memoryx.memory_bytes)),
         vec![VolumeMount { name: "checkpoints".into(), mount_path: CHECKPOINT_DIR.into(), ..Default::default() }],
     );
@@ -755,13 +775,6 @@ fn pod(job: &TrainingJob, name: String, role: Role, service: String, spec: PodSp
     Ok(Pod { metadata: m, spec: Some(spec), ..Default::default() })
 }
 
-/// A SwarmX node's arguments in a pod: its children's addresses, in engine order.
-pub fn swarmx_args(job: &TrainingJob, node: &SwarmxNode) -> SwarmxArgs {
-    let (name, ns) = (job.name_any(), job.namespace().unwrap_or_default());
-    let children = node.children.iter().map(|&c| child_address(&name, &ns, c)).collect();
-    SwarmxArgs::new(common_args(), listen(Role::Swarmx), children)
-}
-
 /// The SwarmX tree's pods, root first, as the plan lays the tree out: each broadcasts what its parent sends to
 /// its children and sums what they return.
 fn swarmx_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str) -> Result<Vec<Pod>, Error> {
@@ -769,30 +782,18 @@ fn swarmx_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str
     plan.swarmx
         .nodes()
         .map(|node| {
-            let c = container(job, settings, &swarmx_args(job, node), job.spec.resources.swarmx.clone(), vec![]);
+            let c = container(job, settings, &Wiring::of(plan).swarmx(&ClusterSite::of(job), node), job.spec.resources.swarmx.clone(), vec![]);
             let spec = restricted_pod(vec![c], role_volumes(job));
             pod(job, names::swarmx(&name, node.level, node.index), Role::Swarmx, names::swarmx_service(&name), spec, config)
         })
         .collect()
 }
 
-/// Engine `index`'s arguments in a pod: fed by its block of the job's input workers.
-pub fn engine_args(job: &TrainingJob, index: u32) -> EngineArgs {
-    let (name, ns) = (job.name_any(), job.namespace().unwrap_or_default());
-    let inputs = input_workers_of(index, job.spec.data.workers).map(|w| input_address(&name, &ns, w)).collect();
-    EngineArgs::new(common_args(), listen(Role::Engine), index, inputs)
-}
-
-/// Input worker `index`'s arguments in a pod: the data volume, when the job names one, is at [`DATA_MOUNT`].
-pub fn input_args(job: &TrainingJob, index: u32) -> InputArgs {
-    InputArgs::new(common_args(), listen(Role::Input), index, job.spec.data.volume.as_ref().map(|_| DATA_MOUNT.into()))
-}
-
 /// The input workers, `spec.data.workers` per CS-2: the only pods that mount the data volume (read-only), so
 /// a job's data is read by the role that prepares it and by no other.
 fn input_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str) -> Result<Vec<Pod>, Error> {
     let name = job.name_any();
-    (0..plan.cs2 * job.spec.data.workers.max(1))
+    (0..plan.input_workers)
         .map(|i| {
             let mut volumes = role_volumes(job);
             let mut mounts = Vec::new();
@@ -807,7 +808,7 @@ fn input_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str)
                 });
                 mounts.push(VolumeMount { name: "data".into(), mount_path: DATA_MOUNT.into(), read_only: Some(true), ..Default::default() });
             }
-            let c = container(job, settings, &input_args(job, i), job.spec.resources.input.clone(), mounts);
+            let c = container(job, settings, &Wiring::of(plan).input(&ClusterSite::of(job), i), job.spec.resources.input.clone(), mounts);
             let spec = restricted_pod(vec![c], volumes);
             pod(job, names::input(&name, i), Role::Input, names::input_service(&name), spec, config)
         })
@@ -831,7 +832,7 @@ fn engine_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str
                 resources.requests.get_or_insert_with(BTreeMap::new).insert(CS2_RESOURCE.into(), one);
             }
             let resources = (resources != ResourceRequirements::default()).then_some(resources);
-            let c = container(job, settings, &engine_args(job, i), resources, vec![]);
+            let c = container(job, settings, &Wiring::of(plan).engine(&ClusterSite::of(job), i), resources, vec![]);
             let spec = restricted_pod(vec![c], role_volumes(job));
             pod(job, names::engine(&name, i), Role::Engine, names::engine_service(&name), spec, config)
         })
@@ -857,6 +858,7 @@ fn fnv(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crds::contract::{EngineArgs, InputArgs, SwarmxArgs};
 
     fn job(cs2: u32) -> TrainingJob {
         let mut j = crds::testing::mlp_job("mnist", "ml", cs2);
@@ -879,6 +881,26 @@ mod tests {
     fn containers(d: &Desired) -> Vec<Container> {
         let sts = d.memoryx.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers.clone();
         sts.into_iter().chain(d.pods.iter().flat_map(|p| p.spec.as_ref().unwrap().containers.clone())).collect()
+    }
+
+    /// The plan of `j` as the operator makes it (its CS-2s, a fan-out of 2).
+    fn plan_of(j: &TrainingJob) -> Plan {
+        plan(j, j.spec.cs2, 2).expect("a plan").0
+    }
+
+    /// MemoryX's arguments as the operator wires `j` (with its `spec.memoryx.servers`, which `_servers` names).
+    fn memoryx_args(j: &TrainingJob, _servers: u32) -> MemoryxArgs {
+        super::memoryx_args(j, &plan_of(j))
+    }
+
+    /// Engine `index`'s arguments as the operator wires `j`.
+    fn engine_args(j: &TrainingJob, index: u32) -> EngineArgs {
+        Wiring::of(&plan_of(j)).engine(&ClusterSite::of(j), index)
+    }
+
+    /// Input worker `index`'s arguments as the operator wires `j`.
+    fn input_args(j: &TrainingJob, index: u32) -> InputArgs {
+        Wiring::of(&plan_of(j)).input(&ClusterSite::of(j), index)
     }
 
     /// Parses a container's argv with the parser of the program it runs.

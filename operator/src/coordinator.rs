@@ -30,7 +30,7 @@ enum Identities {
     /// The job's Secret (the operator's own client certificate, issued with the job's identity).
     Secrets(kube::Client),
     /// One identity for every job: tests, and an operator pointed at a single local appliance.
-    Fixed(runtime::identity::Identity),
+    Fixed(wire::identity::Identity),
 }
 
 /// The real thing: HTTPS to MemoryX's Service, `https://<job>-memoryx.<namespace>.svc:8080`, presenting the
@@ -49,7 +49,7 @@ impl HttpCoordinator {
     }
 
     /// A coordinator presenting `identity` to every job's MemoryX.
-    pub fn with_identity(identity: runtime::identity::Identity) -> HttpCoordinator {
+    pub fn with_identity(identity: wire::identity::Identity) -> HttpCoordinator {
         HttpCoordinator { identities: Identities::Fixed(identity), clients: Mutex::default(), template: None }
     }
 
@@ -94,8 +94,8 @@ impl HttpCoordinator {
                     let bytes = secret.data.as_ref().and_then(|d| d.get(f)).map(|b| b.0.clone()).unwrap_or_default();
                     String::from_utf8(bytes).map_err(|_| unreachable(url, format!("{name}: {f} is not PEM text")))
                 };
-                use runtime::identity::{CA_CERT, OPERATOR_CERT, OPERATOR_KEY};
-                runtime::identity::Identity::from_pem(&file(CA_CERT)?, &file(OPERATOR_CERT)?, &file(OPERATOR_KEY)?)
+                use wire::identity::{CA_CERT, OPERATOR_CERT, OPERATOR_KEY};
+                wire::identity::Identity::from_pem(&file(CA_CERT)?, &file(OPERATOR_CERT)?, &file(OPERATOR_KEY)?)
             }
         };
         let tls = identity.client_config().map_err(|e| unreachable(url, e))?;
@@ -252,11 +252,11 @@ mod tests {
                 }),
             );
         // A MemoryX stand-in that serves the routes as MemoryX does: over TLS, to the job's certificates only.
-        let issued = runtime::identity::issue("j", &[]).unwrap();
+        let issued = wire::identity::issue("j", &[]).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = issued.job_identity();
-        tokio::spawn(async move { runtime::https::serve(listener, &server, axum::Router::new(), app).await });
+        tokio::spawn(async move { wire::https::serve(listener, &server, axum::Router::new(), app).await });
         let template = format!("https://{addr}/{{job}}/{{namespace}}/");
         let c = HttpCoordinator::with_identity(issued.operator_identity()).with_url_template(template.clone());
         let mut job = crds::TrainingJob::new("j", serde_json::from_value(serde_json::json!({
@@ -276,7 +276,7 @@ mod tests {
         assert!(err.contains("/missing/ns/status"), "{err}");
         // Another job's operator certificate (another CA) gets nothing, not even a checkpoint.
         job.metadata.name = Some("j".into());
-        let other = runtime::identity::issue("other", &[]).unwrap();
+        let other = wire::identity::issue("other", &[]).unwrap();
         let stranger = HttpCoordinator::with_identity(other.operator_identity()).with_url_template(template);
         assert!(stranger.status(&job).await.is_err());
         assert!(stranger.checkpoint(&job).await.is_err());

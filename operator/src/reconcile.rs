@@ -713,7 +713,7 @@ async fn ensure_identity(client: &Client, job: &TrainingJob, ns: &str) -> Result
         tracing::info!(job = %job.name_any(), "replacing the identity of an earlier job of the same name");
         delete_ignoring_absent(&secrets, &name).await?;
     }
-    let issued = runtime::identity::issue(&job.name_any(), &children::identity_names(&job.name_any(), ns))
+    let issued = wire::identity::issue(&job.name_any(), &children::identity_names(&job.name_any(), ns))
         .map_err(|e| Error::Config(format!("cannot issue the job's identity: {e}")))?;
     match secrets.create(&kube::api::PostParams::default(), &children::identity_secret(job, &issued)?).await {
         Ok(_) => Ok(()),

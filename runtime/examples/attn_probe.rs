@@ -1,8 +1,8 @@
 use std::time::Instant;
 use runtime::model::attention::{self, Geometry};
-use runtime::tensor::{Mat, Spare};
+use kernels::tensor::{Mat, Spare};
 fn main() {
-    runtime::units::keep_allocator_warm();
+    runtime::process::keep_allocator_warm();
     let d: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(256);
     let (n, t, heads) = (2048usize, 128usize, d / 64);
     let m = |rows: usize, cols: usize| Mat::from_vec(rows, cols, (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect());

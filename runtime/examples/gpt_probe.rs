@@ -3,10 +3,10 @@
 
 use std::time::Instant;
 
-use runtime::kernels::dense::{matmul, MatView};
+use kernels::dense::{matmul, MatView};
 use runtime::model::attention::{self, Geometry};
 use runtime::model::{activation, linear, norm};
-use runtime::tensor::Mat;
+use kernels::tensor::Mat;
 
 fn time<T>(what: &str, reps: usize, mut f: impl FnMut() -> T) -> f64 {
     f();
@@ -21,7 +21,7 @@ fn time<T>(what: &str, reps: usize, mut f: impl FnMut() -> T) -> f64 {
 
 fn main() {
     if std::env::var_os("PROBE_COLD_ALLOCATOR").is_none() {
-        runtime::units::keep_allocator_warm();
+        runtime::process::keep_allocator_warm();
     }
     let d: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(256);
     let (n, t, heads) = (2048usize, 128usize, 4usize);
@@ -46,7 +46,7 @@ fn main() {
     }
     let mut sparse_total = 0.0;
     for (name, outs, ins) in [("qkv", 3 * d, d), ("proj", d, d), ("up", r, d), ("down", d, r)] {
-        let p = runtime::kernels::sparse::SparsePattern::random(outs, ins, 0.1, 3);
+        let p = kernels::sparse::SparsePattern::random(outs, ins, 0.1, 3);
         let values: Vec<f32> = (0..p.nnz()).map(|i| ((i * 31 % 17) as f32 - 8.0) * 1e-2).collect();
         let (pt, perm) = p.transpose();
         let tvalues: Vec<f32> = perm.iter().map(|&k| values[k as usize]).collect();

@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use multiversion::multiversion;
-use runtime::kernels::sparse::{self, SparsePattern};
-use runtime::tensor::Mat;
+use kernels::sparse::{self, SparsePattern};
+use kernels::tensor::Mat;
 
 /// Tokens per lane, as the kernels' tiles hold them.
 const TILE: usize = 128;
@@ -47,7 +47,7 @@ fn axpy_runs(lanes: &[Lane], idx: &[u32], vals: &[f32]) -> f32 {
 }
 
 fn main() {
-    runtime::units::keep_allocator_warm();
+    runtime::process::keep_allocator_warm();
     let d: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(256);
     let n = 2048;
     let m = |rows: usize, cols: usize| Mat::from_vec(rows, cols, (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect());

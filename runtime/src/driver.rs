@@ -13,10 +13,10 @@ use crds::contract::{MemoryxPhase, MemoryxStatus, ProgressReport};
 use crds::{CheckpointRef, TrainingJobSpec};
 
 use crate::input::DataInfo;
-use crate::error::{Error, Result};
+use wire::error::{Error, Result};
 use crate::memoryx::{checkpoint, manifest, MemoryX};
 use crate::train::MemoryxUsage;
-use crate::model::ModelLayout;
+use plan::layout::ModelLayout;
 use crate::swarmx::Swarm;
 use crate::train::{self, RetryPolicy, Summary};
 
@@ -56,9 +56,14 @@ impl Job {
         MemoryX::new(self.layout(), t.optimizer.clone(), t.schedule.clone(), self.total_steps, t.seed)
     }
 
+    /// How this job's state is trained: its optimizer, schedule, run length and seed.
+    pub fn recipe(&self) -> crate::optim::Recipe {
+        crate::optim::Recipe::of(&self.spec.training, self.total_steps)
+    }
+
     /// How this job's MemoryX is spread over weight servers, memory and disk.
-    pub fn memoryx_plan(&self) -> Result<crate::plan::MemoryxPlan> {
-        crate::plan::MemoryxPlan::for_spec(&self.spec)
+    pub fn memoryx_plan(&self) -> Result<plan::memoryx::MemoryxPlan> {
+        Ok(plan::memoryx::MemoryxPlan::for_spec(&self.spec)?)
     }
 
     /// Where weight server `index` keeps its checkpoint slices under the job's checkpoint directory `base`:
@@ -85,12 +90,12 @@ impl Job {
     }
 
     /// Weight server `slice` of this job, built in this process and stored as [`Job::storage`] says.
-    pub fn shard(&self, outputs: &Outputs, slice: crate::memoryx::SliceId) -> Result<crate::memoryx::Shard> {
+    pub fn local_slice(&self, outputs: &Outputs, slice: crate::memoryx::SliceId) -> Result<crate::memoryx::LocalSlice> {
         let t = &self.spec.training;
         let layout = self.layout();
         let lengths = crate::memoryx::server::layer_lengths(&layout, &t.optimizer, t.seed);
         let storage = self.storage(outputs, slice);
-        crate::memoryx::Shard::new(&layout, &lengths, t.optimizer.clone(), t.schedule.clone(), self.total_steps, t.seed, slice, storage)
+        crate::memoryx::LocalSlice::new(&layout, &lengths, self.recipe(), slice, storage)
     }
 
     /// The job's MemoryX with every weight server in this process, as the plan spreads it: one in memory
@@ -100,14 +105,11 @@ impl Job {
         if plan.servers == 1 && plan.disk_bytes == 0 {
             return Ok(self.memoryx());
         }
-        let t = &self.spec.training;
-        MemoryX::sharded(self.layout(), t.optimizer.clone(), t.schedule.clone(), self.total_steps, t.seed, plan.servers, &|slice| {
-            self.storage(outputs, slice)
-        })
+        MemoryX::sharded(self.layout(), &self.recipe(), plan.servers, &|slice| self.storage(outputs, slice))
     }
 
     /// Builds replicas of this job's MemoryX for engines that hold the model (pipelined execution).
-    pub fn replica_factory(&self) -> crate::engine::server::ReplicaFactory {
+    pub fn replica_factory(&self) -> crate::engine::replica::ReplicaFactory {
         let (layout, t, total) = (self.layout(), self.spec.training.clone(), self.total_steps);
         Arc::new(move || Ok(MemoryX::new(layout.clone(), t.optimizer.clone(), t.schedule.clone(), total, t.seed)))
     }
@@ -270,7 +272,7 @@ impl Driver {
         let (job, spec) = (&self.job, &self.job.spec);
         let Some(dir) = &self.outputs.checkpoint_dir else { return Ok(0) };
         let found = if store.servers() == 1 {
-            let max_bytes = crate::plan::Limits::for_spec(spec).state_bytes();
+            let max_bytes = plan::limits::Limits::for_spec(spec).state_bytes();
             match checkpoint::latest_for(dir, job.uid.as_deref(), max_bytes)? {
                 Some((step, tensors, path)) => {
                     store.restore(step, &tensors)?;

@@ -21,14 +21,27 @@ impl OptState {
             OptimizerKind::Adam | OptimizerKind::Adamw => OptState { m: vec![0.0; n], v: vec![0.0; n] },
         }
     }
+}
 
-    /// Values per parameter this state adds to MemoryX (0, 1 or 2).
-    pub fn values_per_parameter(kind: OptimizerKind) -> u64 {
-        match kind {
-            OptimizerKind::Sgd => 0,
-            OptimizerKind::Momentum => 1,
-            OptimizerKind::Adam | OptimizerKind::Adamw => 2,
-        }
+/// How a model's state is trained: the optimizer, its learning-rate schedule over the run's `total_steps`, and
+/// the seed its initial weights and masks are drawn from. What travels together to every store of that state
+/// (MemoryX, each weight server's slice, each pipelined engine's replica).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recipe {
+    /// The optimizer and its hyper-parameters.
+    pub optimizer: OptimizerSpec,
+    /// The learning-rate schedule.
+    pub schedule: ScheduleSpec,
+    /// Steps in the whole run: where the schedule ends.
+    pub total_steps: u64,
+    /// Seed of the initial weights and the masks.
+    pub seed: u64,
+}
+
+impl Recipe {
+    /// The recipe of a job's `training` spec for a run of `total_steps`.
+    pub fn of(training: &crds::TrainingSpec, total_steps: u64) -> Recipe {
+        Recipe { optimizer: training.optimizer.clone(), schedule: training.schedule.clone(), total_steps, seed: training.seed }
     }
 }
 

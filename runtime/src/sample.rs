@@ -5,11 +5,12 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::engine::{CountingHw, EngineRole, Shard, Wse};
-use crate::error::{Error, Result};
+use crate::data::shard::Shard;
+use crate::engine::{CountingHw, EngineRole, Wse};
+use wire::error::{Error, Result};
 use crate::memoryx::WeightStore;
-use crate::model::{Arch, ModelLayout};
-use crate::tensor::Mat;
+use plan::layout::{Arch, ModelLayout};
+use kernels::tensor::Mat;
 
 /// Longest line decoded.
 pub const MAX_LINE: usize = 160;

@@ -16,11 +16,12 @@ use serde::{Deserialize, Serialize};
 use crate::data::Sampler;
 use crate::input::DataInfo;
 use crate::engine::EngineStats;
-use crate::error::{Error, Result};
+use wire::error::{Error, Result};
 use crate::memoryx::WeightStore;
 use crate::model::loss::LossSum;
 use crate::protocol::LayerStream;
-use crate::swarmx::{Split, StepRequest, Swarm};
+use crate::data::shard::Split;
+use crate::swarmx::{StepRequest, Swarm};
 
 /// Held-out results.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -96,7 +97,7 @@ pub struct MemoryxUsage {
 impl MemoryxUsage {
     /// The usage of `store`'s servers (those that answer) and of this process now.
     pub fn of(store: &crate::memoryx::MemoryX) -> MemoryxUsage {
-        MemoryxUsage { servers: store.usage().into_iter().flatten().collect(), peak_rss_bytes: crate::units::peak_rss_bytes() }
+        MemoryxUsage { servers: store.usage().into_iter().flatten().collect(), peak_rss_bytes: crate::process::peak_rss_bytes() }
     }
 }
 
@@ -329,7 +330,7 @@ pub fn run(
     let Steps { spec, job, store, data, retry, sync_at, .. } = *steps;
     let (start, total) = (steps.range.start, steps.range.end);
     // The tree's shape does not bear on the mode; the mode is all the loop takes from the plan.
-    let plan = crate::plan::Plan::new(spec, swarm.sram_bytes(), crds::contract::DEFAULT_FAN_OUT)?;
+    let plan = plan::appliance::Plan::new(spec, swarm.sram_bytes(), crds::contract::DEFAULT_FAN_OUT)?;
     let mode = if plan.execution_mode == crds::ExecutionMode::Pipelined && swarm.holds_replicas() {
         Mode::Resident
     } else {
@@ -338,12 +339,12 @@ pub fn run(
     tracing::info!(?mode, "execution");
     let train_samples = data.train_samples;
     let test_samples = &data.eval_samples;
-    let batch = spec.training.batch_size as usize;
+    let batch = plan.batch;
     let sampler = Sampler::new(train_samples, batch, spec.training.seed);
-    let layout = crate::model::ModelLayout::from_spec(&spec.model);
+    let layout = plan::layout::ModelLayout::from_spec(&spec.model);
     let layers = layout.linears.len();
     let per_sample = layout.tokens_per_sample();
-    let dense_step = crate::plan::step_bytes(&layout, true);
+    let dense_step = plan::appliance::step_bytes(&layout, true);
     let started = Instant::now();
     let (mut bytes, mut final_loss) = (0u64, f64::NAN);
     // Steps already reported: a rerun after a lost replica does not report them twice.

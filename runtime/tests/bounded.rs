@@ -27,10 +27,11 @@ use runtime::data::{mnist, Dataset};
 use runtime::engine::server::EngineServer;
 use runtime::engine::{CountingHw, Wse};
 use runtime::memoryx::{checkpoint, WeightStore};
-use runtime::plan::Limits;
+use plan::limits::Limits;
 use runtime::protocol::pb::{self, stage_client::StageClient};
-use runtime::protocol::wire::{encode_layer, encode_state};
-use runtime::swarmx::relay::{connect, Dial, Relay};
+use runtime::protocol::codec::{encode_layer, encode_state};
+use runtime::swarmx::relay::{connect, Relay};
+use wire::grpc::Dial;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
@@ -63,7 +64,7 @@ struct Appliance {
 async fn serve<S: pb::stage_server::Stage>(stage: S) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("https://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { runtime::transport::serve_stage(Arc::new(stage), listener, identity()).await });
+    tokio::spawn(async move { runtime::protocol::serve_stage(Arc::new(stage), listener, identity()).await });
     url
 }
 
@@ -328,7 +329,7 @@ fn no_message_or_file_makes_a_role_allocate_beyond_the_plan() {
     std::fs::write(&absurd, bytes).expect("write");
     let (read, growth) = peak_growth(|| checkpoint::read(&huge, state_limit));
     match read {
-        Err(runtime::Error::OverLimit { what, value, limit }) => {
+        Err(wire::error::Error::OverLimit { what, value, limit }) => {
             assert!(what.contains("step-00000030.safetensors (bytes on disk)"), "{what}");
             assert_eq!((value, limit), (64 << 30, state_limit));
         }
@@ -443,7 +444,7 @@ fn a_peer_that_accepts_but_never_handshakes_is_given_up() {
     let got = rt.block_on(connect(&url, JOB, Dial::new(identity(), Duration::from_secs(2))));
     let err = got.err().expect("nobody answered, so nothing connected");
     let took = started.elapsed();
-    assert!(took < Duration::from_secs(2) + runtime::swarmx::relay::HANDSHAKE_TIMEOUT + Duration::from_secs(5), "took {took:?}");
+    assert!(took < Duration::from_secs(2) + wire::grpc::HANDSHAKE_TIMEOUT + Duration::from_secs(5), "took {took:?}");
     assert!(err.to_string().contains(&url), "{err}");
     drop(listener);
 }

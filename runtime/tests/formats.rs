@@ -8,7 +8,7 @@ use runtime::data::{self, Sampler};
 use runtime::engine::{CountingHw, EngineRole, Wse};
 use runtime::input::LocalFeed;
 use runtime::memoryx::MemoryX;
-use runtime::model::ModelLayout;
+use plan::layout::ModelLayout;
 use runtime::swarmx::LocalSwarm;
 use runtime::train;
 

@@ -11,7 +11,7 @@ use runtime::data::text::{TextWindows, Tokens};
 use runtime::data::{Dataset, Sampler};
 use runtime::engine::{CountingHw, EngineRole, Wse};
 use runtime::memoryx::{MemoryX, Tensors, WeightStore};
-use runtime::model::ModelLayout;
+use plan::layout::ModelLayout;
 use runtime::swarmx::LocalSwarm;
 use runtime::train;
 

@@ -12,15 +12,16 @@ use runtime::data::{mnist, Dataset, Sampler};
 use runtime::engine::server::EngineServer;
 use runtime::engine::{CountingHw, EngineRole, Wse};
 use runtime::memoryx::{checkpoint, Tensors, WeightStore};
-use runtime::plan::Limits;
+use plan::limits::Limits;
 use runtime::protocol::pb::{self, stage_client::StageClient};
-use runtime::protocol::wire::{encode_grads, encode_state};
+use runtime::protocol::codec::{encode_grads, encode_state};
 use runtime::protocol::{LayerGrad, WeightPayload};
-use runtime::swarmx::relay::Dial;
+use wire::grpc::Dial;
 use runtime::swarmx::remote::RemoteSwarm;
-use runtime::swarmx::{LocalSwarm, Split, StepRequest, Swarm};
+use runtime::data::shard::Split;
+use runtime::swarmx::{LocalSwarm, StepRequest, Swarm};
 use runtime::train;
-use runtime::Error;
+use wire::error::Error;
 
 const JOB: &str = "replica-test";
 
@@ -45,7 +46,7 @@ fn serve(rt: &tokio::runtime::Runtime, data: &Arc<Dataset>) -> (String, StageCli
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("https://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(async move { runtime::transport::serve_stage(Arc::new(server), listener, identity()).await });
+        tokio::spawn(async move { runtime::protocol::serve_stage(Arc::new(server), listener, identity()).await });
         let child = runtime::swarmx::relay::connect(&url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect");
         (url, child.client)
     })

@@ -7,13 +7,14 @@ use crds::{Activation, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
 use runtime::input::LocalFeed;
 use runtime::data::{mnist, Dataset, Sampler};
 use runtime::engine::{CountingHw, EngineRole, Wse};
-use runtime::kernels::sparse::SparsePattern;
+use kernels::sparse::SparsePattern;
 use runtime::memoryx::{MemoryX, WeightStore};
-use runtime::model::ModelLayout;
+use plan::layout::ModelLayout;
 use runtime::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
 use runtime::swarmx::LocalSwarm;
-use runtime::tensor::Mat;
-use runtime::{train, Error};
+use kernels::tensor::Mat;
+use runtime::train;
+use wire::error::Error;
 
 fn layout(widths: &[u32], sparsity: f64, activation: Activation) -> ModelLayout {
     ModelLayout::from_spec(&ModelSpec::mlp(widths.to_vec(), activation, sparsity))
@@ -93,11 +94,11 @@ fn more_engines_give_the_same_curve() {
 fn sparse_streams_carry_a_fifth_of_the_dense_bytes() {
     let l = layout(&[784, 512, 512, 10], 0.9, Activation::Relu);
     let (_, bytes) = curve(&l, 1, 2, 1);
-    let dense = runtime::plan::step_bytes(&l, true);
+    let dense = plan::appliance::step_bytes(&l, true);
     for b in bytes {
         assert!((b as f64) <= 0.2 * dense as f64, "{b} bytes streamed per step vs {dense} dense");
     }
-    let plan_estimate = runtime::plan::step_bytes(&l, false) as f64;
+    let plan_estimate = plan::appliance::step_bytes(&l, false) as f64;
     assert!((plan_estimate - dense as f64 * 0.1).abs() < dense as f64 * 0.1, "the plan's estimate is in range");
 }
 
@@ -120,7 +121,7 @@ fn engine_gradients_match_finite_differences() {
 
     let run = |values: &[Vec<f32>], train: bool| -> (f64, Vec<LayerGrad>) {
         let mut e = Wse::new("fd", l.clone(), CountingHw::new(1 << 20));
-        e.begin_step(runtime::engine::Shard { inputs: inputs.clone(), labels: labels.clone() }, 1.0, train).unwrap();
+        e.begin_step(runtime::data::shard::Shard { inputs: inputs.clone(), labels: labels.clone() }, 1.0, train).unwrap();
         for (i, p) in patterns.iter().enumerate() {
             let s = LayerStream {
                 layer: i,

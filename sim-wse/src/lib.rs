@@ -5,13 +5,11 @@
 
 pub mod cost;
 pub mod node;
-pub mod preset;
 pub mod report;
 
 use runtime::engine::{EngineCounters, EngineHw, Wse, Work};
-use runtime::model::ModelLayout;
-
-pub use preset::EngineModel;
+use plan::layout::ModelLayout;
+use plan::preset::{self, EngineModel};
 
 /// Time charged since the last layer boundary: streaming and computing overlap (the next layer is prefetched
 /// while this one computes), so a layer costs the longest of the three, not their sum.

@@ -4,5 +4,5 @@
 use crds::contract::{EngineArgs, RoleArgs};
 
 fn main() -> std::process::ExitCode {
-    runtime::transport::exit(sim_wse::node::main(EngineArgs::parse()))
+    wire::program::exit(sim_wse::node::main(EngineArgs::parse()))
 }

@@ -2,7 +2,7 @@
 //! the seeds' input servers feed each engine directly; it never opens a data file), it runs the runtime's
 //! engine program on a [`crate::SimWse`], and serves the `Stage` service to its SwarmX node.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use std::sync::atomic::AtomicU64;
 
@@ -10,12 +10,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use runtime::engine::server::EngineServer;
 use runtime::memoryx::MemoryX;
-use runtime::model::ModelLayout;
+use plan::layout::ModelLayout;
 use crds::contract::{EngineArgs, Role};
-use runtime::transport::{announce_ready, bind, load_identity, load_job, serve_http, serve_stage, start};
 use runtime::input::remote::RemoteFeed;
 use runtime::input::{Feed, ShardBound};
-use runtime::{Error, Result};
+use wire::error::Result;
+use wire::program::Program;
 
 /// Seconds an engine waits for its input workers to answer when it first needs data: they may still be loading
 /// (tokenizing a corpus takes a while).
@@ -23,54 +23,47 @@ const INPUT_CONNECT_SECONDS: u64 = 600;
 
 /// Runs one engine until it is stopped.
 pub fn main(args: EngineArgs) -> Result<()> {
-    runtime::units::keep_allocator_warm();
-    start(&args.common);
-    let (job, job_id) = load_job(&args.common)?;
-    let identity = load_identity(&args.common)?;
-    let spec = job.spec;
-    let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
+    runtime::process::keep_allocator_warm();
+    let program = Program::start(Role::Engine, &args.common)?;
+    let spec = &program.job.spec;
     let layout = ModelLayout::from_spec(&spec.model);
     let engine = crate::engine(format!("engine-{}", args.index), layout.clone(), &spec.engine);
-    // What the plan lets a message make this engine hold: its shard of the batch (training steps and
-    // evaluation batches alike never hand it more), each layer's shape, the model's state.
-    let limits = runtime::plan::Limits::for_spec(&spec);
-    let dial = runtime::transport::dial(&args.common, &identity, INPUT_CONNECT_SECONDS, &limits);
-    let feed: Arc<dyn Feed> =
-        Arc::new(RemoteFeed::new(rt.handle().clone(), &args.inputs, &job_id, dial, ShardBound::for_spec(&spec))?);
-    let (optimizer, schedule, seed) = (spec.training.optimizer.clone(), spec.training.schedule.clone(), spec.training.seed);
+    // What the plan lets a message make this engine hold (`program.limits`): its shard of the batch (training
+    // steps and evaluation batches alike never hand it more), each layer's shape, the model's state.
+    let dial = program.dial(INPUT_CONNECT_SECONDS);
+    let feed: Arc<dyn Feed> = Arc::new(RemoteFeed::new(
+        program.runtime.handle().clone(),
+        &args.inputs,
+        &program.job_id,
+        dial,
+        ShardBound::for_spec(spec),
+    )?);
     let (described, training) = (feed.clone(), spec.training.clone());
     // A replica's optimizer schedule spans the run, whose length the data decides: asked of the input workers
     // when the first replica is made (they are up by then: MemoryX has already asked one).
     let replica = move || {
         let total = runtime::train::total_steps(&training, described.describe()?.train_samples)?;
-        Ok(MemoryX::new(layout.clone(), optimizer.clone(), schedule.clone(), total, seed))
+        let t = &training;
+        Ok(MemoryX::new(layout.clone(), t.optimizer.clone(), t.schedule.clone(), total, t.seed))
     };
-    let server = EngineServer::new(job_id, limits, Box::new(engine), feed).with_replicas(Arc::new(replica));
-    rt.block_on(async move {
-        let grpc = bind(args.listen, Role::Engine, "grpc").await?;
-        let http = bind(args.common.http, Role::Engine, "http").await?;
-        announce_ready(Role::Engine, Some(&grpc), &http)?;
-        let server = Arc::new(server);
-        let mut registry = Registry::default();
-        let gauges = EngineGauges::register(&mut registry);
-        {
-            let identity = identity.clone();
-            tokio::spawn(async move {
-                serve_http(http, Arc::new(Mutex::new(registry)), &identity, axum::Router::new()).await
-            });
-        }
-        let (watched, started) = (server.clone(), std::time::Instant::now());
-        tokio::spawn(async move {
-            loop {
-                if let Some(s) = watched.stats() {
-                    gauges.update(&s, started.elapsed().as_secs_f64());
-                }
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let server = EngineServer::new(program.job_id.clone(), program.limits.clone(), Box::new(engine), feed)
+        .with_replicas(Arc::new(replica));
+    let (grpc, http) = program.listen(args.listen)?;
+    let server = Arc::new(server);
+    let mut registry = Registry::default();
+    let gauges = EngineGauges::register(&mut registry);
+    program.serve_http(http, registry, axum::Router::new());
+    let (watched, started) = (server.clone(), std::time::Instant::now());
+    program.runtime.spawn(async move {
+        loop {
+            if let Some(s) = watched.stats() {
+                gauges.update(&s, started.elapsed().as_secs_f64());
             }
-        });
-        tracing::info!(index = args.index, "engine ready");
-        serve_stage(server, grpc, &identity).await
-    })
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+    });
+    tracing::info!(index = args.index, "engine ready");
+    program.runtime.block_on(runtime::protocol::serve_stage(server, grpc, &program.identity))
 }
 
 /// The engine's counters as Prometheus gauges, refreshed every second.

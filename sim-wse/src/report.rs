@@ -15,7 +15,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use crate::cost::{Cluster, LayerWork, Workload};
-use crate::preset::EngineModel;
+use plan::preset::EngineModel;
 
 /// Tokens per sample in every reported model.
 pub const SEQ_LEN: usize = 2048;
@@ -277,7 +277,7 @@ impl Report {
         let engines: Vec<u32> = (1..=192).collect();
         Report {
             engine: *engine,
-            memoryx_bandwidth: crate::preset::MEMORYX_BANDWIDTH,
+            memoryx_bandwidth: plan::preset::MEMORYX_BANDWIDTH,
             sparsity: sparsity_report(engine, &sparsity_models(), &sparsities, &[1, 16]),
             scaling: scaling_report(engine, &scaling_models(), 0.9, &engines),
         }
@@ -474,7 +474,7 @@ fn draw_scaling(r: &ScalingReport, engine: &str, path: &Path) -> Result<(), Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::preset::WSE2;
+    use plan::preset::WSE2;
 
     fn at(curve: &SparsityCurve, sparsity: f64) -> &[f64] {
         curve
@@ -550,7 +550,7 @@ mod tests {
     fn plots_and_tables_are_written() {
         let r = Report {
             engine: WSE2,
-            memoryx_bandwidth: crate::preset::MEMORYX_BANDWIDTH,
+            memoryx_bandwidth: plan::preset::MEMORYX_BANDWIDTH,
             sparsity: sparsity_report(&WSE2, &sparsity_models()[..1], &[0.0, 0.5, 0.9], &[1, 16]),
             scaling: scaling_report(&WSE2, &scaling_models()[..1], 0.9, &[1, 2, 4]),
         };

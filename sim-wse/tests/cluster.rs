@@ -1,12 +1,13 @@
 //! The cluster model against the rest of the appliance: the bytes it streams are the plan's, its estimate of a
 //! job agrees with what a simulated engine charges for a real step, and more engines or more sparsity help.
 
-use runtime::engine::{EngineRole, Shard};
+use runtime::data::shard::Shard;
+use runtime::engine::EngineRole;
 use runtime::memoryx::{MemoryX, WeightStore};
-use runtime::model::ModelLayout;
-use runtime::tensor::Mat;
+use plan::layout::ModelLayout;
+use kernels::tensor::Mat;
 use sim_wse::cost::{estimate, Cluster, Workload};
-use sim_wse::preset::WSE2;
+use plan::preset::WSE2;
 
 fn spec(layers: &[u32], sparsity: f64, batch: u32, cs2: u32) -> crds::TrainingJobSpec {
     serde_json::from_value(serde_json::json!({
@@ -25,7 +26,7 @@ fn streamed_bytes_are_the_plans() {
         let work = Workload::from_spec(&s);
         let ours: u64 = work.layers.iter().map(|l| l.forward_bytes() + l.backward_bytes() + l.gradient_bytes()).sum();
         let layout = ModelLayout::from_spec(&s.model);
-        assert_eq!(ours, runtime::plan::step_bytes(&layout, false), "sparsity {sparsity}");
+        assert_eq!(ours, plan::appliance::step_bytes(&layout, false), "sparsity {sparsity}");
     }
 }
 
@@ -53,7 +54,7 @@ fn streaming_bounds_the_step_when_compute_is_short() {
     let s = spec(&[16384, 16384, 10], 0.0, 16, 16);
     let e = estimate(&s);
     assert!(e.stream_wait_s > 0.0 && e.streaming_share > 0.5, "{e:?}");
-    let stream_in = 4.0 * (16384.0 * 16384.0 + 16384.0) / sim_wse::preset::MEMORYX_BANDWIDTH;
+    let stream_in = 4.0 * (16384.0 * 16384.0 + 16384.0) / plan::preset::MEMORYX_BANDWIDTH;
     assert!(e.step_s > stream_in, "the forward stream alone takes {stream_in}s");
     // And a cluster whose MemoryX is twice as fast finishes sooner.
     let mut fast = Cluster::new(WSE2, 16);

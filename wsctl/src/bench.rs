@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Subcommand;
-use runtime::kernels::{dense, sparse};
-use runtime::tensor::Mat;
+use kernels::{dense, sparse};
+use kernels::tensor::Mat;
 use serde::Serialize;
 
 /// What to measure.

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use runtime::identity::{Identity, SERVER_NAME};
+use wire::identity::{Identity, SERVER_NAME};
 use runtime::memoryx::checkpoint;
 pub use runtime::memoryx::serve::Entry;
 
@@ -129,7 +129,7 @@ pub async fn list(base: &str, identity: &Identity) -> Result<Vec<Entry>> {
 
 /// The most bytes a checkpoint of the job `spec` can take: its plan's state size.
 pub fn planned_bytes(spec: &crds::TrainingJobSpec) -> u64 {
-    runtime::plan::Limits::for_spec(spec).state_bytes()
+    plan::limits::Limits::for_spec(spec).state_bytes()
 }
 
 /// Fetches the checkpoint of `step` (the newest without one) from MemoryX at `base` into `out_dir` and returns
@@ -206,7 +206,7 @@ pub fn list_command(url: &str, identity_dir: &Path) -> Result<()> {
         println!("no checkpoints yet");
     }
     for e in entries {
-        println!("{:>10}  {:>12}  {}", e.step, runtime::units::bytes(e.bytes), e.file);
+        println!("{:>10}  {:>12}  {}", e.step, plan::units::bytes(e.bytes), e.file);
     }
     Ok(())
 }

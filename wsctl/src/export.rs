@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use crds::{ModelKind, ModelSpec};
 use runtime::memoryx::checkpoint::{self, Tensors};
-use runtime::model::{Arch, GptShape, GptUnit, ModelLayout};
+use plan::layout::{Arch, GptShape, GptUnit, ModelLayout};
 use safetensors::tensor::{Dtype, TensorView};
 
 /// GPT-2's layer-norm ε, which is also ours ([`runtime::model::norm::EPS`]).
@@ -276,7 +276,7 @@ pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>, token
     check_model(&model).map_err(|why| anyhow!("{}: the model it records is not valid: {why}", path.display()))?;
     let layout = ModelLayout::from_spec(&model);
     // The whole state with Adam's two moments beside every weight: the most a checkpoint of this model holds.
-    let max_bytes = runtime::plan::Limits::new(&layout, 1, 2).state_bytes();
+    let max_bytes = plan::limits::Limits::new(&layout, 1, 2).state_bytes();
     let (info, tensors) = checkpoint::read_with_info(path, max_bytes)?;
     let (tensors_out, mut config) = match (format, layout.arch) {
         (Format::Huggingface, Arch::Gpt(g)) => gpt2(&layout, g, &tensors, seed)?,

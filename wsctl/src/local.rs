@@ -15,11 +15,12 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::collections::HashMap;
+
 use anyhow::{anyhow, bail, Context, Result};
-use crds::contract::{
-    input_workers_of, CommonArgs, EngineArgs, Handshake, InputArgs, MemoryxArgs, ProgressReport, Role, RoleArgs, SwarmxArgs, SwarmxChild, SwarmxNode,
-    SwarmxTree,
-};
+use crds::contract::{CommonArgs, Handshake, MemoryxArgs, ProgressReport, Role, RoleArgs};
+use plan::appliance::Plan;
+use plan::wiring::{Args, Component, Site, Wiring};
 
 /// Runs one role in this process: `wsctl node ROLE ARGS…`, parsed by the role program's own parser.
 pub fn node(role: &str, args: Vec<String>) -> Result<()> {
@@ -36,45 +37,82 @@ pub fn node(role: &str, args: Vec<String>) -> Result<()> {
     Ok(())
 }
 
-/// What every local process of one run is told.
-struct RunFiles<'a> {
-    /// The run's copy of the job.
-    job: &'a Path,
-    /// Its wire identity.
-    job_id: &'a str,
-    /// The run's ephemeral TLS identity.
-    identity: &'a Path,
+/// This machine as the wiring's [`Site`]: every component a process on 127.0.0.1 with an ephemeral port,
+/// reading the run's copy of the job and its ephemeral identity, reached at the address it announced when it
+/// came up (components start callees first, so every address asked for is known).
+struct LocalSite {
+    /// What every process is told: the run's files, an ephemeral HTTP port, and exit when `wsctl` goes away.
+    common: CommonArgs,
+    /// The folder standing in for the data volume, when the job names one.
+    data_root: Option<PathBuf>,
+    /// The gRPC address of every component started so far.
+    addresses: HashMap<Component, String>,
 }
 
-/// The arguments every local process shares: the run's files, an ephemeral HTTP port, and exit when `wsctl`
-/// goes away.
-fn common(run: &RunFiles) -> CommonArgs {
-    CommonArgs { job_id: Some(run.job_id.to_string()), exit_with_stdin: true, ..CommonArgs::new(run.job, run.identity) }
+impl LocalSite {
+    /// The site of the run whose job copy is at `job`, known on the wire as `job_id`, with the identity at
+    /// `identity`.
+    fn new(job: &Path, job_id: &str, identity: &Path, data_root: Option<PathBuf>) -> LocalSite {
+        let common = CommonArgs { job_id: Some(job_id.to_string()), exit_with_stdin: true, ..CommonArgs::new(job, identity) };
+        LocalSite { common, data_root, addresses: HashMap::new() }
+    }
 }
 
-/// An ephemeral port on the loopback interface.
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 0))
+impl Site for LocalSite {
+    fn common(&self) -> CommonArgs {
+        self.common.clone()
+    }
+
+    fn listen(&self, _: Role) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    }
+
+    fn address(&self, to: Component) -> String {
+        self.addresses.get(&to).cloned().unwrap_or_default()
+    }
+
+    fn data_root(&self) -> Option<PathBuf> {
+        self.data_root.clone()
+    }
 }
 
-/// Engine `index`'s arguments, fed by the input workers at `inputs`.
-fn engine_args(run: &RunFiles, index: u32, inputs: Vec<String>) -> EngineArgs {
-    EngineArgs::new(common(run), loopback(), index, inputs)
+/// What MemoryX's processes write where, in a local run: the same for every weight server, except that only
+/// the coordinator reports progress, writes the summary and decodes samples.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryxOutputs {
+    /// Where the summary, metrics and samples go.
+    pub out: Option<PathBuf>,
+    /// Lines to decode from a trained language model.
+    pub sample: usize,
+    /// Where checkpoints go.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// The weight servers' disk tiers.
+    pub tier_dir: Option<PathBuf>,
 }
 
-/// Input worker `index`'s arguments, reading the data volume (if the job names one) from `data_root`.
-fn input_args(run: &RunFiles, index: u32, data_root: Option<PathBuf>) -> InputArgs {
-    InputArgs::new(common(run), loopback(), index, data_root)
+impl MemoryxOutputs {
+    /// `args` (weight server `args.server_index`'s) with these outputs.
+    fn apply(&self, args: MemoryxArgs) -> MemoryxArgs {
+        let coordinator = args.server_index == 0;
+        MemoryxArgs {
+            progress: coordinator,
+            out: if coordinator { self.out.clone() } else { None },
+            sample: if coordinator { self.sample } else { 0 },
+            checkpoint_dir: self.checkpoint_dir.clone(),
+            tier_dir: self.tier_dir.clone(),
+            ..args
+        }
+    }
 }
 
-/// A SwarmX node's arguments, given where its children listen.
-fn swarmx_args(run: &RunFiles, children: Vec<String>) -> SwarmxArgs {
-    SwarmxArgs::new(common(run), loopback(), children)
-}
-
-/// The local name of SwarmX node `node`: the operator's pod name without the job.
-fn swarmx_name(node: &SwarmxNode) -> String {
-    format!("swarmx-{}-{}", node.level, node.index)
+/// Every component's arguments for a local run of `plan` at `site`, given the weight servers' addresses (known
+/// only once they run): what [`Appliance::start`] starts, and what the tests compare with the operator's pods.
+fn local_args(wiring: &Wiring, site: &LocalSite, component: Component, outputs: &MemoryxOutputs, servers: &[String]) -> Args {
+    let weight_servers = if component == Component::WeightServer(0) { servers.to_vec() } else { Vec::new() };
+    match wiring.args(site, component, weight_servers) {
+        Args::Memoryx(m) => Args::Memoryx(outputs.apply(m)),
+        other => other,
+    }
 }
 
 /// A line a child printed on standard output.
@@ -121,7 +159,7 @@ fn ephemeral_identity(job_id: &str) -> Result<PathBuf> {
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
     builder.create(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    runtime::identity::issue(job_id, &[])?.write_roles_files(&dir)?;
+    wire::identity::issue(job_id, &[])?.write_roles_files(&dir)?;
     Ok(dir)
 }
 
@@ -146,13 +184,13 @@ impl Appliance {
     }
 
     /// Starts `wsctl node ROLE ARGS…` as `name`.
-    fn spawn<A: RoleArgs>(&mut self, name: &str, args: &A) -> Result<usize> {
+    fn spawn(&mut self, name: &str, args: &Args) -> Result<usize> {
         let exe = std::env::current_exe().context("cannot find the wsctl executable")?;
         let log = self.logs.join(format!("{name}.log"));
         let err = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
         let mut child = Command::new(exe)
             .arg("node")
-            .arg(A::ROLE.as_str())
+            .arg(args.role().as_str())
             .args(args.argv())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -196,7 +234,7 @@ impl Appliance {
     }
 
     /// Starts a role and waits for its [`Handshake::Ready`]; returns the URL of its gRPC service.
-    fn start<A: RoleArgs>(&mut self, name: &str, args: &A) -> Result<String> {
+    fn start_one(&mut self, name: &str, args: &Args) -> Result<String> {
         let id = self.spawn(name, args)?;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -214,65 +252,31 @@ impl Appliance {
         }
     }
 
-    /// Starts `per_cs2` input workers for each of `engines` engines, reading the data volume from `data_root`;
-    /// returns their addresses, worker by worker.
-    pub fn start_inputs(&mut self, engines: u32, per_cs2: u32, data_root: Option<PathBuf>) -> Result<Vec<String>> {
-        let (job, job_id, identity) = (self.job.clone(), self.job_id.clone(), self.identity.clone());
-        let run = RunFiles { job: &job, job_id: &job_id, identity: &identity };
-        (0..engines * per_cs2.max(1))
-            .map(|i| self.start(&format!("input-{i}"), &input_args(&run, i, data_root.clone())))
-            .collect()
-    }
-
-    /// Starts the plan's engines, each fed by its block of `inputs` (per [`input_workers_of`]), and its SwarmX
-    /// tree above them, leaves first; returns the root's address.
-    pub fn start_fabric(&mut self, engines: u32, tree: &SwarmxTree, inputs: &[String]) -> Result<String> {
-        let (job, job_id, identity) = (self.job.clone(), self.job_id.clone(), self.identity.clone());
-        let run = RunFiles { job: &job, job_id: &job_id, identity: &identity };
-        let per_cs2 = (inputs.len() as u32 / engines.max(1)).max(1);
-        let engine_urls = (0..engines)
-            .map(|i| {
-                let mine = input_workers_of(i, per_cs2).filter_map(|w| inputs.get(w as usize).cloned()).collect();
-                self.start(&format!("engine-{i}"), &engine_args(&run, i, mine))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mut node_urls: Vec<Vec<String>> = tree.levels.iter().map(|l| vec![String::new(); l.len()]).collect();
-        for node in tree.nodes_bottom_up() {
-            let children = node
-                .children
-                .iter()
-                .map(|c| match *c {
-                    SwarmxChild::Engine(e) => engine_urls[e as usize].clone(),
-                    SwarmxChild::Swarmx { level, index } => node_urls[level][index].clone(),
-                })
-                .collect();
-            node_urls[node.level][node.index] = self.start(&swarmx_name(node), &swarmx_args(&run, children))?;
+    /// Starts every component of `plan` but the coordinator, callees first (input workers, engines, the SwarmX
+    /// tree from the leaves up, weight servers `1..`), reading the data volume from `data_root`; returns the
+    /// coordinator's arguments, for [`Appliance::run_memoryx`].
+    pub fn start(&mut self, plan: &Plan, data_root: Option<PathBuf>, outputs: &MemoryxOutputs) -> Result<MemoryxArgs> {
+        let wiring = Wiring::of(plan);
+        let mut site = LocalSite::new(&self.job, &self.job_id, &self.identity, data_root);
+        let mut servers = Vec::new();
+        for component in wiring.components() {
+            match local_args(&wiring, &site, component, outputs, &servers) {
+                Args::Memoryx(coordinator) if component == Component::WeightServer(0) => return Ok(coordinator),
+                args => {
+                    let url = self.start_one(&component.name(), &args)?;
+                    if let Component::WeightServer(_) = component {
+                        servers.push(url.clone());
+                    }
+                    site.addresses.insert(component, url);
+                }
+            }
         }
-        Ok(node_urls[0][0].clone())
-    }
-
-    /// The arguments MemoryX gets in this appliance, driving the tree at `root` and asking the input worker at
-    /// `input` what the data holds.
-    pub fn memoryx_args(&self, root: String, input: String) -> MemoryxArgs {
-        let run = RunFiles { job: &self.job, job_id: &self.job_id, identity: &self.identity };
-        MemoryxArgs { progress: true, ..MemoryxArgs::new(common(&run), root, input) }
-    }
-
-    /// Starts MemoryX's weight servers 1..`servers` (server 0 is the coordinator, started by
-    /// [`Appliance::run_memoryx`]), each as `coordinator`'s arguments say but for its index, so its checkpoint
-    /// slices go beside the coordinator's; returns their addresses, in server order.
-    pub fn start_weight_servers(&mut self, servers: u32, coordinator: &MemoryxArgs) -> Result<Vec<String>> {
-        (1..servers)
-            .map(|index| {
-                let args = MemoryxArgs { server_index: index, progress: false, out: None, sample: 0, ..coordinator.clone() };
-                self.start(&format!("memoryx-{index}"), &args)
-            })
-            .collect()
+        bail!("the plan has no coordinator")
     }
 
     /// Starts MemoryX and follows its progress until it finishes, calling `on_progress` with each step's report.
     pub fn run_memoryx(&mut self, args: &MemoryxArgs, mut on_progress: impl FnMut(&ProgressReport)) -> Result<()> {
-        let id = self.spawn(Role::Memoryx.as_str(), args)?;
+        let id = self.spawn(Role::Memoryx.as_str(), &Args::Memoryx(args.clone()))?;
         loop {
             if let Ok(Line { child, text }) = self.lines.recv_timeout(Duration::from_millis(100)) {
                 if let (true, Some(Handshake::Progress(p))) = (child == id, Handshake::from_line(&text)) {
@@ -298,27 +302,22 @@ mod tests {
             let argv = std::iter::once(A::ROLE.binary().to_string()).chain(args.argv());
             assert_eq!(&A::try_parse_from(argv).expect("parses"), args);
         }
-        let job = Path::new("/tmp/run/job.yaml");
-        let run = RunFiles { job, job_id: "j-1", identity: Path::new("/tmp/run/identity") };
-        let tree = SwarmxTree::new(20, 4);
-        for i in 0..20 {
-            check(&engine_args(&run, i, vec![format!("https://127.0.0.1:{}", 40_000 + i)]));
-            check(&input_args(&run, i, Some("/data".into())));
-            check(&input_args(&run, i, None));
+        let mut job = crds::testing::mlp_job("j", "ml", 20);
+        job.spec.memoryx.servers = Some(2);
+        let plan = Plan::new(&job.spec, 1 << 40, 4).expect("a plan");
+        let wiring = Wiring::of(&plan);
+        for root in [Some(PathBuf::from("/data")), None] {
+            let mut site = LocalSite::new(Path::new("/tmp/run/job.yaml"), "j-1", Path::new("/tmp/run/identity"), root);
+            let outputs = MemoryxOutputs { checkpoint_dir: Some("/tmp/c".into()), sample: 2, ..Default::default() };
+            for (port, component) in (40_000..).zip(wiring.components()) {
+                match local_args(&wiring, &site, component, &outputs, &["https://127.0.0.1:9".into()]) {
+                    Args::Input(a) => check(&a),
+                    Args::Engine(a) => check(&a),
+                    Args::Swarmx(a) => check(&a),
+                    Args::Memoryx(a) => check(&a),
+                }
+                site.addresses.insert(component, format!("https://127.0.0.1:{port}"));
+            }
         }
-        for node in tree.nodes() {
-            let port = |c: &SwarmxChild| match *c {
-                SwarmxChild::Engine(e) => 20_000 + e as usize,
-                SwarmxChild::Swarmx { level, index } => 30_000 + 100 * level + index,
-            };
-            let children = node.children.iter().map(|c| format!("https://127.0.0.1:{}", port(c))).collect();
-            check(&swarmx_args(&run, children));
-        }
-        let appliance = Appliance::new(job.into(), "j-1".into(), std::env::temp_dir().join("ws-local-test-logs")).unwrap();
-        let mut m = appliance.memoryx_args("https://127.0.0.1:9".into(), "https://127.0.0.1:10".into());
-        check(&m);
-        m.checkpoint_dir = Some("/tmp/c".into());
-        m.sample = 2;
-        check(&m);
     }
 }

@@ -4,15 +4,15 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use crds::contract::{MemoryxArgs, ProgressReport};
+use crds::contract::ProgressReport;
 use indicatif::{ProgressBar, ProgressStyle};
 use runtime::driver::{Driver, Job, Outputs};
 use runtime::engine::EngineRole;
 use runtime::input::{Feed, LocalFeed};
-use runtime::plan::Plan;
+use plan::appliance::Plan;
 use runtime::swarmx::LocalSwarm;
 use runtime::train::Summary;
-use runtime::units;
+use plan::units;
 
 /// Reads and validates a manifest, applying a `--cs2` override.
 fn load_job(path: &Path, cs2: Option<u32>) -> Result<crds::TrainingJob> {
@@ -29,7 +29,7 @@ fn load_job(path: &Path, cs2: Option<u32>) -> Result<crds::TrainingJob> {
 /// `wsctl plan`.
 pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     let job = load_job(path, cs2)?;
-    let plan = Plan::new(&job.spec, sim_wse::preset::sram_bytes(&job.spec.engine), crds::contract::DEFAULT_FAN_OUT)?;
+    let plan = Plan::for_spec(&job.spec, crds::contract::DEFAULT_FAN_OUT)?;
     runtime::data::check_path(&job.spec)?;
     let simulated = sim_wse::cost::estimate(&job.spec);
     if json {
@@ -58,8 +58,8 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     );
     println!(
         "  input       {} worker(s), {} per CS-2: read, tokenize and shard {} for the engines{}",
-        plan.cs2 * job.spec.data.workers.max(1),
-        job.spec.data.workers.max(1),
+        plan.input_workers,
+        plan.input_workers_per_cs2,
         job.spec.data.path,
         job.spec.data.volume.as_ref().map(|v| format!(" (inside volume {v}, read-only)")).unwrap_or_default()
     );
@@ -151,11 +151,11 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     if opts.in_process {
         // The engines' activations are this process's working set, the same every step. Set before anything
         // else allocates, so every thread (the data loading's too) shares the arena it keeps.
-        runtime::units::keep_allocator_warm();
+        runtime::process::keep_allocator_warm();
     }
     let job = load_job(path, opts.cs2)?;
     let spec = &job.spec;
-    let plan = Plan::new(spec, sim_wse::preset::sram_bytes(&spec.engine), opts.fanout)?;
+    let plan = Plan::for_spec(spec, opts.fanout)?;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
     let out = opts.out.clone().unwrap_or_else(|| Path::new("runs").join(&name));
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
@@ -172,8 +172,8 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     eprintln!(
         "{name}: {} steps of {} samples on {} CS-2{}, {how}",
         total,
-        spec.training.batch_size,
-        spec.cs2,
+        plan.batch,
+        plan.cs2,
         if opts.in_process { " in one process" } else { "" }
     );
     let bar = ProgressBar::new(total);
@@ -251,16 +251,13 @@ fn run_local(
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
     let job_id = format!("{name}-{}", std::process::id());
     let mut appliance = crate::local::Appliance::new(job_file, job_id, out.join("logs"))?;
-    let inputs = appliance.start_inputs(plan.cs2, job.spec.data.workers, data_root)?;
-    let root = appliance.start_fabric(plan.cs2, &plan.swarmx, &inputs)?;
-    let mut args = MemoryxArgs {
+    let outputs = crate::local::MemoryxOutputs {
         out: Some(out.to_path_buf()),
         sample,
         checkpoint_dir,
         tier_dir: Some(std::fs::canonicalize(out)?.join("tier")),
-        ..appliance.memoryx_args(root, inputs[0].clone())
     };
-    args.weight_servers = appliance.start_weight_servers(plan.memoryx.servers, &args)?;
+    let args = appliance.start(plan, data_root, &outputs)?;
     appliance.run_memoryx(&args, show)?;
     drop(appliance);
     let path = out.join("summary.json");

@@ -10,7 +10,7 @@ use crds::EnginePreset;
 
 /// Prints both tables (or the JSON) and writes `sparsity.svg` and `scaling.svg` into `out`.
 pub fn simulate(preset: EnginePreset, json: bool, out: PathBuf) -> Result<()> {
-    let engine = sim_wse::preset::model(preset);
+    let engine = plan::preset::model(preset);
     let report = sim_wse::report::Report::new(&engine);
     let written = report.write_svgs(&out).with_context(|| format!("writing plots to {}", out.display()))?;
     let mut text = if json { serde_json::to_string_pretty(&report)? + "\n" } else { report.tables() };

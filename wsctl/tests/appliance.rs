@@ -514,7 +514,7 @@ fn every_server_has_health_and_metrics() {
 /// and scrapers. The job, meanwhile, trains to the end.
 #[test]
 fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
-    use runtime::identity::{Identity, CERT, KEY, OPERATOR_CERT, OPERATOR_KEY};
+    use wire::identity::{Identity, CERT, KEY, OPERATOR_CERT, OPERATOR_KEY};
     let dir = scratch("identity");
     let job = dir.join("job.yaml");
     std::fs::write(&job, JOB.replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 300")).unwrap();
@@ -529,10 +529,10 @@ fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
     let ids = common::identity(&job);
     let file = |name: &str| std::fs::read_to_string(ids.join(name)).unwrap();
     let own = Identity::load(&ids).unwrap();
-    let other = runtime::identity::issue("other", &[]).unwrap();
+    let other = wire::identity::issue("other", &[]).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let connect = |addr: &str, id: &Identity| {
-        let dial = runtime::swarmx::relay::Dial::new(id, std::time::Duration::from_secs(3));
+        let dial = wire::grpc::Dial::new(id, std::time::Duration::from_secs(3));
         rt.block_on(runtime::swarmx::relay::connect(&format!("https://{addr}"), "plane", dial))
     };
     for (what, addr) in [("engine", &e0.addr), ("swarmx", &sx.addr)] {
@@ -549,8 +549,8 @@ fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
     // The input worker answers only the job's own identity too.
     let describe = |id: &Identity| {
         rt.block_on(async {
-            let dial = runtime::swarmx::relay::Dial::new(id, std::time::Duration::from_secs(3));
-            let channel = runtime::swarmx::relay::channel(&input.url(), dial).ok()?;
+            let dial = wire::grpc::Dial::new(id, std::time::Duration::from_secs(3));
+            let channel = wire::grpc::channel(&input.url(), dial).ok()?;
             let mut client = runtime::protocol::pb::input_client::InputClient::new(channel);
             client.describe(runtime::protocol::pb::DescribeRequest { job: "plane".into() }).await.ok()
         })
@@ -606,7 +606,7 @@ fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
 /// name but a listed checkpoint's is served (traversal, temporary files, other files: `404`).
 #[test]
 fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
-    use runtime::identity::{CERT, KEY};
+    use wire::identity::{CERT, KEY};
     let dir = scratch("pull");
     let job = dir.join("job.yaml");
     std::fs::write(&job, JOB.replace("steps: 24", "steps: 20")).unwrap();
@@ -682,7 +682,7 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
 
     // Another job's identity: the handshake fails, nothing is written.
     let other = dir.join("other-identity");
-    runtime::identity::issue("other", &[]).unwrap().write_roles_files(&other).unwrap();
+    wire::identity::issue("other", &[]).unwrap().write_roles_files(&other).unwrap();
     std::fs::remove_dir_all(&pulled).unwrap();
     let o = pull(&[], &other);
     assert!(!o.status.success(), "another job's identity pulled a checkpoint");

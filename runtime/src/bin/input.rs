@@ -4,5 +4,5 @@
 use crds::contract::{InputArgs, RoleArgs};
 
 fn main() -> std::process::ExitCode {
-    runtime::transport::exit(runtime::input::node::main(InputArgs::parse()))
+    wire::program::exit(runtime::input::node::main(InputArgs::parse()))
 }

@@ -4,5 +4,5 @@
 use crds::contract::{MemoryxArgs, RoleArgs};
 
 fn main() -> std::process::ExitCode {
-    runtime::transport::exit(runtime::memoryx::node::main(MemoryxArgs::parse()))
+    wire::program::exit(runtime::memoryx::node::main(MemoryxArgs::parse()))
 }

@@ -4,5 +4,5 @@
 use crds::contract::{SwarmxArgs, RoleArgs};
 
 fn main() -> std::process::ExitCode {
-    runtime::transport::exit(runtime::swarmx::node::main(SwarmxArgs::parse()))
+    wire::program::exit(runtime::swarmx::node::main(SwarmxArgs::parse()))
 }

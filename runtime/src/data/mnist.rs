@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::Images;
-use crate::error::{Error, Result};
+use wire::error::{Error, Result};
 
 /// The two halves of the data set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,10 +1,12 @@
 //! Training data: readers for the data sets a job can name, and the seeded order in which samples are dealt
 //! into batches and the batches into per-engine shards.
 
+pub mod array;
 pub mod arrays;
 pub mod jsonl;
 pub mod mnist;
 pub mod npy;
+pub mod shard;
 pub mod text;
 pub mod tokenizer;
 pub mod tokens;
@@ -15,9 +17,9 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::engine::Shard;
-use crate::error::{Error, Result};
-use crate::tensor::Mat;
+use wire::error::{Error, Result};
+use kernels::tensor::Mat;
+use shard::Shard;
 
 /// One split of a job's data, as the engines read their shards from it.
 #[derive(Clone, Debug, PartialEq)]
@@ -350,6 +352,7 @@ pub fn split_even(indices: &[u32], parts: usize) -> Vec<&[u32]> {
     }
     out
 }
+
 
 #[cfg(test)]
 pub(crate) mod tests {

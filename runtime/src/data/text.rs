@@ -6,9 +6,9 @@
 
 use std::path::Path;
 
-use crate::engine::Shard;
-use crate::error::{Error, Result};
-use crate::tensor::Mat;
+use crate::data::shard::Shard;
+use wire::error::{Error, Result};
+use kernels::tensor::Mat;
 
 /// Share of the text held out for evaluation, taken from its end.
 pub const HELD_OUT: f64 = 0.05;

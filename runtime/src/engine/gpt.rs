@@ -6,15 +6,16 @@ use crds::Activation;
 
 use super::hw::Work;
 use super::linear::{Grads, StreamedLinear};
-use super::wse::Net;
-use crate::error::{Error, Result};
+use super::net::Net;
+use wire::error::{Error, Result};
 use crate::model::attention::{self, Geometry};
-use crate::kernels::sparse;
-use crate::model::{activation, norm, GptShape, GptUnit, ModelLayout};
+use kernels::sparse;
+use crate::model::{activation, norm};
+use plan::layout::{GptShape, GptUnit, ModelLayout};
 use crate::protocol::WeightPayload;
-use crate::kernels::small;
-use crate::tensor::{rows_per_piece, Mat, Spare, TOKENS_PER_TASK};
-use crate::tiles::{Acts, ActsRef, Layout};
+use kernels::small;
+use kernels::tensor::{rows_per_piece, Mat, Spare, TOKENS_PER_TASK};
+use kernels::tiles::{Acts, ActsRef, Layout};
 
 /// What one block keeps from its forward pass for its backward pass.
 #[derive(Default)]

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::kernels::sparse::SparsePattern;
+use kernels::sparse::SparsePattern;
 
 /// A piece of work the engine did, reported to the hardware model.
 #[derive(Clone, Copy, Debug)]

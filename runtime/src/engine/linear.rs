@@ -3,11 +3,12 @@
 //! noting the work it took for the hardware model happen once, here.
 
 use super::hw::Work;
-use crate::error::{Error, Result};
-use crate::model::{linear, LinearShape};
+use wire::error::{Error, Result};
+use crate::model::linear;
+use plan::layout::LinearShape;
 use crate::protocol::{LayerStream, WeightPayload};
-use crate::tensor::Mat;
-use crate::tiles::{Acts, ActsRef, Layout};
+use kernels::tensor::Mat;
+use kernels::tiles::{Acts, ActsRef, Layout};
 
 /// A unit's weight and bias gradients, in the stream's weight order; the bias gradient is empty when the unit
 /// has no bias. Named so the model families and the engine agree on which half is which.

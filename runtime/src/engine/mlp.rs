@@ -4,10 +4,11 @@ use crds::Activation;
 
 use super::hw::Work;
 use super::linear::{Grads, StreamedLinear};
-use super::wse::Net;
-use crate::error::{Error, Result};
-use crate::model::{activation, ModelLayout};
-use crate::tensor::Mat;
+use super::net::Net;
+use wire::error::{Error, Result};
+use crate::model::activation;
+use plan::layout::ModelLayout;
+use kernels::tensor::Mat;
 
 /// An MLP's resident activations.
 pub(super) struct MlpNet {

@@ -7,7 +7,8 @@
 //! [`CountingHw`]. [`server`] puts an engine on the network.
 //!
 //! - `hw`: the work an engine reports and the hardware trait that counts it.
-//! - `role`: [`EngineRole`], what SwarmX drives, with the [`Shard`] it sends and the [`EngineStats`] it reads.
+//! - `role`: [`EngineRole`], what SwarmX drives (with a [`crate::data::shard::Shard`] of the batch), and the
+//!   [`EngineStats`] it reads.
 //! - `wse`: [`Wse`], the engine program every model family shares.
 //! - `linear`: a weight layer over its streamed weights, the one place a kernel is chosen.
 //! - `mlp`, `gpt`: the model families' layers.
@@ -16,10 +17,12 @@ mod gpt;
 mod hw;
 mod linear;
 mod mlp;
+mod net;
+pub mod replica;
 mod role;
 pub mod server;
 mod wse;
 
 pub use hw::{CountingHw, EngineCounters, EngineHw, Work};
-pub use role::{EngineRole, EngineStats, Shard};
+pub use role::{EngineRole, EngineStats};
 pub use wse::Wse;

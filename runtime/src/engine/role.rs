@@ -1,23 +1,16 @@
 //! The contract between SwarmX and an engine. SwarmX drives a step through [`EngineRole`] without knowing
-//! whether the engine is in this process ([`super::Wse`]) or behind gRPC, so the data types it exchanges with
-//! an engine — a [`Shard`] in, [`EngineStats`] out — live here, apart from any one implementation.
+//! whether the engine is in this process ([`super::Wse`]) or behind gRPC, so the data type it reads back from
+//! an engine — [`EngineStats`] — lives here, apart from any one implementation; the batch shard it hands one
+//! ([`crate::data::shard::Shard`]) is data's.
 
 use serde::Serialize;
 
+use crate::data::shard::Shard;
+
 use super::hw::EngineCounters;
-use crate::error::Result;
+use wire::error::Result;
 use crate::model::loss::LossSum;
 use crate::protocol::{LayerGrad, LayerStream};
-use crate::tensor::Mat;
-
-/// One engine's share of a step: its samples, features first.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Shard {
-    /// `inputs × samples` activations of the input layer.
-    pub inputs: Mat,
-    /// The class of each sample (the next token of each position, for a language model).
-    pub labels: Vec<u32>,
-}
 
 /// An engine's report of itself, for summaries and metrics.
 #[derive(Clone, Copy, Debug, Default, Serialize, serde::Deserialize)]

@@ -11,21 +11,23 @@ use futures::Stream;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::replica::{apply_all, resident_pass, ReplicaFactory};
 use super::{EngineRole, EngineStats};
 use crate::input::Feed;
-use crate::error::{Error, Result};
+use wire::error::{Error, Result};
 use crate::protocol::pb::stage_server::Stage;
-use crate::kernels::on_workers;
+use kernels::on_workers;
 use crate::memoryx::{checkpoint, MemoryX};
-use crate::model::loss::LossSum;
 use crate::protocol::pb::{
     self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
     StateChunk, StepChunk,
 };
-use crate::plan::Limits;
-use crate::protocol::wire::{decode_grads, encode_grad, encode_state, encode_step, LayerAssembler, StateMeter};
-use crate::protocol::{LayerGrad, Pass};
-use crate::transport::{receive_grads, to_status};
+use plan::limits::Limits;
+use crate::protocol::codec::{decode_grads, encode_grad, encode_state, encode_step, LayerAssembler, StateMeter};
+use crate::protocol::Pass;
+use crate::protocol::codec::receive_grads;
+use wire::grpc::JobGuard;
+use wire::status::to_status;
 
 /// Where the engine is in its step: which step (and which attempt at it), and how many of its operations
 /// (forward layers, loss, backward layers) are done.
@@ -36,15 +38,10 @@ struct Turn {
     done: usize,
 }
 
-/// Builds an empty replica of the job's model (the masks and shapes; the values come with `Prime`). A replica
-/// is one weight server in this process's memory: its steps run on [`on_workers`], which must not wait on other
-/// servers' threads or calls.
-/// Fallible, since an engine learns the run's length (the optimizer's schedule) from its input workers.
-pub type ReplicaFactory = Arc<dyn Fn() -> Result<MemoryX> + Send + Sync>;
 
 /// The `Stage` service of one engine.
 pub struct EngineServer {
-    job: String,
+    job: JobGuard,
     layers: usize,
     engine: Arc<Mutex<Box<dyn EngineRole>>>,
     /// Where the samples of a step come from: the engine's input workers.
@@ -66,7 +63,7 @@ impl EngineServer {
     /// job's `limits` (whose layers are the model the engine runs).
     pub fn new(job: String, limits: Limits, engine: Box<dyn EngineRole>, feed: Arc<dyn Feed>) -> Self {
         EngineServer {
-            job,
+            job: JobGuard::new(job, "an engine"),
             layers: limits.layers.len(),
             engine: Arc::new(Mutex::new(engine)),
             feed,
@@ -89,16 +86,6 @@ impl EngineServer {
         let mut s = self.engine.lock().ok().map(|e| e.stats())?;
         s.compute_s += self.update_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         Some(s)
-    }
-
-    fn check_job(&self, job: &str) -> Result<(), Status> {
-        if job != self.job {
-            return Err(Status::failed_precondition(format!(
-                "request for job '{job}' reached an engine of job '{}'",
-                self.job
-            )));
-        }
-        Ok(())
     }
 
     /// Waits until operation `op` of `step` is next, so concurrently received layers compute in order.
@@ -147,13 +134,13 @@ impl EngineServer {
 
     /// Starts step `r.step` on this engine's share of the batch.
     async fn begin(&self, r: BeginStepRequest) -> Result<(), Status> {
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         let split = match pb::Split::try_from(r.split) {
-            Ok(pb::Split::Train) => crate::swarmx::Split::Train,
-            Ok(pb::Split::Test) => crate::swarmx::Split::Test,
+            Ok(pb::Split::Train) => crate::data::shard::Split::Train,
+            Ok(pb::Split::Test) => crate::data::shard::Split::Test,
             Err(_) => return Err(Status::invalid_argument(format!("unknown split {}", r.split))),
         };
-        let train = split == crate::swarmx::Split::Train;
+        let train = split == crate::data::shard::Split::Train;
         Error::check_limit(
             || "the samples of a BeginStep (an engine's shard of the batch)".into(),
             r.samples.len() as u64,
@@ -176,7 +163,7 @@ impl EngineServer {
     async fn receive(&self, mut stream: Streaming<LayerChunk>) -> Result<(u64, crate::protocol::LayerStream), Status> {
         let mut asm = LayerAssembler::default();
         while let Some(chunk) = stream.message().await? {
-            asm.push(chunk, &self.job, &self.limits).map_err(to_status)?;
+            asm.push(chunk, self.job.job(), &self.limits).map_err(to_status)?;
         }
         asm.finish().map_err(to_status)
     }
@@ -186,38 +173,12 @@ type GradStream = Pin<Box<dyn Stream<Item = Result<GradChunk, Status>> + Send>>;
 type StateStream = Pin<Box<dyn Stream<Item = Result<StateChunk, Status>> + Send>>;
 type StepChunkStream = Pin<Box<dyn Stream<Item = Result<StepChunk, Status>> + Send>>;
 
-/// One training step on a replica the engine holds: the streaming loop's order — forward, loss, backward in
-/// reverse — with every layer read from the engine's own memory instead of the fabric. Runs on
-/// [`on_workers`]: the caller holds whatever locks guard the engine and the replica.
-pub fn resident_pass(engine: &mut dyn EngineRole, store: &MemoryX, layers: usize) -> Result<(LossSum, Vec<LayerGrad>)> {
-    on_workers(|| {
-        for l in 0..layers {
-            store.with_stream(l, Pass::Forward, |s| engine.forward(s))?;
-        }
-        let loss = engine.loss()?;
-        let grads = (0..layers)
-            .rev()
-            .map(|l| store.with_stream(l, Pass::Backward, |s| engine.backward(s)))
-            .collect::<Result<Vec<_>>>()?;
-        Ok((loss, grads))
-    })
-}
-
-/// Applies a step's summed gradients to a replica, in the order the streaming loop applies them. Runs on
-/// [`on_workers`] like [`resident_pass`].
-pub fn apply_all(store: &MemoryX, grads: &[LayerGrad], step: u64) -> Result<()> {
-    if store.step() != step {
-        return Err(Error::Protocol(format!("gradients of step {step} reached a replica of step {}", store.step())));
-    }
-    on_workers(|| store.apply_step(grads, step))
-}
-
 #[tonic::async_trait]
 impl Stage for EngineServer {
     async fn info(&self, request: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
-        self.check_job(&request.get_ref().job)?;
+        self.job.check(&request.get_ref().job)?;
         let sram_bytes = self.stats().map_or(0, |s| s.sram_bytes);
-        Ok(Response::new(InfoReply { job: self.job.clone(), engines: 1, sram_bytes }))
+        Ok(Response::new(InfoReply { job: self.job.job().to_string(), engines: 1, sram_bytes }))
     }
 
     async fn begin_step(&self, request: Request<BeginStepRequest>) -> Result<Response<Ack>, Status> {
@@ -238,7 +199,7 @@ impl Stage for EngineServer {
 
     async fn loss(&self, request: Request<pb::LossRequest>) -> Result<Response<pb::LossReply>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         let turn = self.wait_turn(r.step, self.layers).await?;
         let sum = self.compute(turn, |e| on_workers(|| e.loss())).await?;
         Ok(Response::new(pb::LossReply { loss: sum.loss, correct: sum.correct, samples: sum.samples }))
@@ -258,7 +219,7 @@ impl Stage for EngineServer {
     }
 
     async fn stats(&self, request: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
-        self.check_job(&request.get_ref().job)?;
+        self.job.check(&request.get_ref().job)?;
         let s = self.stats().ok_or_else(|| Status::internal("engine state poisoned"))?;
         Ok(Response::new(pb::StatsReply { engines: vec![stats_to_pb(&s)] }))
     }
@@ -271,7 +232,7 @@ impl Stage for EngineServer {
         let mut meter = StateMeter::new(&self.limits);
         let mut bytes = Vec::new();
         while let Some(c) = stream.message().await? {
-            meter.check(&c, &self.job).map_err(to_status)?;
+            meter.check(&c, self.job.job()).map_err(to_status)?;
             bytes.extend_from_slice(&c.data);
         }
         if !meter.done() {
@@ -295,8 +256,8 @@ impl Stage for EngineServer {
     type SnapshotStream = StateStream;
 
     async fn snapshot(&self, request: Request<SnapshotRequest>) -> Result<Response<StateStream>, Status> {
-        self.check_job(&request.get_ref().job)?;
-        let (replica, job) = (self.replica.clone(), self.job.clone());
+        self.job.check(&request.get_ref().job)?;
+        let (replica, job) = (self.replica.clone(), self.job.job().to_string());
         let chunks = tokio::task::spawn_blocking(move || {
             let guard = replica.lock().map_err(|_| Error::Protocol("replica poisoned".into()))?;
             let store = guard.as_ref().ok_or_else(|| Error::Protocol("this engine holds no replica".into()))?;
@@ -313,7 +274,7 @@ impl Stage for EngineServer {
 
     async fn step(&self, request: Request<ResidentStepRequest>) -> Result<Response<StepChunkStream>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         if let Some(begin) = r.begin.clone() {
             self.begin(begin).await?;
         }
@@ -343,7 +304,7 @@ impl Stage for EngineServer {
     }
 
     async fn apply(&self, request: Request<Streaming<GradChunk>>) -> Result<Response<Ack>, Status> {
-        let chunks = receive_grads(request.into_inner(), &self.job, &self.limits).await?;
+        let chunks = receive_grads(request.into_inner(), self.job.job(), &self.limits).await?;
         let step = chunks.first().map_or(0, |c| c.step);
         let grads = decode_grads(chunks, &self.limits).map_err(to_status)?;
         let (replica, nanos) = (self.replica.clone(), self.update_nanos.clone());

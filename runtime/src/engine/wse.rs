@@ -5,32 +5,16 @@
 use std::time::{Duration, Instant};
 
 use super::hw::{EngineHw, Work};
-use super::linear::{Grads, StreamedLinear};
-use super::role::{EngineRole, EngineStats, Shard};
+use super::linear::StreamedLinear;
+use super::role::{EngineRole, EngineStats};
+use crate::data::shard::Shard;
+use super::net::Net;
 use super::{gpt, mlp};
-use crate::error::{Error, Result};
+use wire::error::{Error, Result};
 use crate::model::loss::{softmax_cross_entropy, LossSum};
-use crate::model::{Arch, ModelLayout};
+use plan::layout::{Arch, ModelLayout};
 use crate::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
-use crate::tensor::Mat;
-
-/// The model-specific half of the engine program: the math of each stream unit over the activations the
-/// engine keeps. [`Wse`] does everything the model families share — step order, shape checks, the SRAM
-/// budget, the loss and the counters — so a family is only its layers.
-pub(super) trait Net: Send {
-    /// Takes a new shard's input matrix, dropping whatever the previous step left.
-    fn begin(&mut self, inputs: Mat) -> Result<()>;
-    /// Runs `unit` forward and notes the work done; returns the logits when it is the model's last unit.
-    fn forward<'s>(&mut self, unit: StreamedLinear<'s>, works: &mut Vec<Work<'s>>) -> Result<Option<Mat>>;
-    /// Starts the backward pass from the gradient of the loss with respect to the logits.
-    fn start_backward(&mut self, d_logits: Mat);
-    /// Runs `unit` backward and returns its weight and bias gradients (in the stream's weight order).
-    fn backward<'s>(&mut self, unit: StreamedLinear<'s>, works: &mut Vec<Work<'s>>) -> Result<Grads>;
-    /// Bytes of activations held right now.
-    fn resident_bytes(&self) -> u64;
-    /// Drops everything held.
-    fn clear(&mut self);
-}
+use kernels::tensor::Mat;
 
 /// Where the engine is within a step.
 struct StepState {

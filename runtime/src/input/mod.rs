@@ -16,10 +16,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::data::{split_even, Dataset};
-use crate::engine::Shard;
-use crate::error::{Error, Result};
-use crate::swarmx::{check_samples, Split};
-use crate::tensor::Mat;
+use crate::data::shard::Shard;
+use wire::error::{Error, Result};
+use crate::data::shard::{check_samples, Split};
+use kernels::tensor::Mat;
 
 /// What a job's data holds, as MemoryX needs to know it: the number of steps an epoch has, which held-out
 /// samples an evaluation reads, and the bar a language model must clear.
@@ -112,9 +112,9 @@ pub struct ShardBound {
 impl ShardBound {
     /// The bound of the job `spec` describes.
     pub fn for_spec(spec: &crds::TrainingJobSpec) -> ShardBound {
-        let layout = crate::model::ModelLayout::from_spec(&spec.model);
+        let layout = plan::layout::ModelLayout::from_spec(&spec.model);
         ShardBound {
-            samples: crate::plan::shard_of(spec).max(1),
+            samples: plan::appliance::shard_of(spec).max(1),
             rows: layout.inputs(),
             tokens_per_sample: layout.tokens_per_sample(),
         }

@@ -9,14 +9,14 @@ use futures::future::try_join_all;
 use tonic::transport::Channel;
 
 use super::{join_shards, per_worker, DataInfo, Feed, ShardBound};
-use crate::engine::Shard;
-use crate::error::{Error, Result};
+use crate::data::shard::Shard;
+use wire::error::{Error, Result};
 use crate::protocol::pb::input_client::InputClient;
 use crate::protocol::pb::{self, DescribeRequest, ShardRequest};
-use crate::swarmx::relay::{channel, Dial};
-use crate::swarmx::Split;
-use crate::tensor::Mat;
-use crate::transport::from_status;
+use wire::grpc::{channel, Dial};
+use crate::data::shard::Split;
+use kernels::tensor::Mat;
+use wire::status::from_status;
 
 /// One engine's input workers, dialled over mutual TLS.
 pub struct RemoteFeed {

@@ -7,16 +7,17 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{DataInfo, Feed, LocalFeed};
-use crate::error::Error;
-use crate::plan::Limits;
+use wire::error::Error;
+use plan::limits::Limits;
 use crate::protocol::pb::input_server::Input;
 use crate::protocol::pb::{self, DescribeReply, DescribeRequest, ShardReply, ShardRequest};
-use crate::swarmx::Split;
-use crate::transport::to_status;
+use crate::data::shard::Split;
+use wire::grpc::JobGuard;
+use wire::status::to_status;
 
 /// The service of one input worker.
 pub struct InputServer {
-    job: String,
+    job: JobGuard,
     /// The data, or why it could not be loaded: a worker whose data is unusable keeps serving that error, so
     /// MemoryX fails the job with the reason (a missing file, a corrupt tokenizer) instead of waiting on a
     /// worker that keeps crashing.
@@ -26,22 +27,12 @@ pub struct InputServer {
 
 impl InputServer {
     /// Serves `feed` (or the error loading it gave) for `job`, refusing requests beyond the job's `limits`.
-    pub fn new(job: String, feed: crate::Result<LocalFeed>, limits: Limits) -> InputServer {
-        InputServer { job, feed: feed.map(Arc::new).map_err(to_status), limits: Arc::new(limits) }
+    pub fn new(job: String, feed: wire::error::Result<LocalFeed>, limits: Limits) -> InputServer {
+        InputServer { job: JobGuard::new(job, "an input worker"), feed: feed.map(Arc::new).map_err(to_status), limits: Arc::new(limits) }
     }
 
     fn feed(&self) -> Result<&Arc<LocalFeed>, Status> {
         self.feed.as_ref().map_err(Clone::clone)
-    }
-
-    fn check_job(&self, job: &str) -> Result<(), Status> {
-        if job != self.job {
-            return Err(Status::failed_precondition(format!(
-                "request for job '{job}' reached an input worker of job '{}'",
-                self.job
-            )));
-        }
-        Ok(())
     }
 }
 
@@ -58,13 +49,13 @@ pub fn info_to_reply(info: DataInfo) -> DescribeReply {
 #[tonic::async_trait]
 impl Input for InputServer {
     async fn describe(&self, request: Request<DescribeRequest>) -> Result<Response<DescribeReply>, Status> {
-        self.check_job(&request.get_ref().job)?;
+        self.job.check(&request.get_ref().job)?;
         Ok(Response::new(info_to_reply(self.feed()?.describe().map_err(to_status)?)))
     }
 
     async fn shard(&self, request: Request<ShardRequest>) -> Result<Response<ShardReply>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         self.feed()?;
         let split = match pb::Split::try_from(r.split) {
             Ok(pb::Split::Train) => Split::Train,
@@ -89,4 +80,12 @@ impl Input for InputServer {
             labels: shard.labels,
         }))
     }
+}
+
+/// The `Input` service of `server` for the network: its replies bounded by `reply_bytes`, the plan's largest
+/// shard.
+pub fn input_service(server: Arc<InputServer>, reply_bytes: usize) -> crate::protocol::pb::input_server::InputServer<InputServer> {
+    crate::protocol::pb::input_server::InputServer::from_arc(server)
+        .max_decoding_message_size(8 << 20)
+        .max_encoding_message_size(reply_bytes)
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
-use crate::error::{Error, Result};
+use wire::error::{Error, Result};
 
 /// MemoryX's whole state as named tensors, for checkpoints.
 pub type Tensors = Vec<(String, Vec<f32>)>;
@@ -213,7 +213,7 @@ pub(crate) fn list_steps(dir: &Path, suffix: &str) -> Result<Vec<(u64, PathBuf)>
     Ok(found)
 }
 
-/// Reads one checkpoint of at most `max_bytes` (the plan's [`crate::plan::Limits::state_bytes`]), verifying its
+/// Reads one checkpoint of at most `max_bytes` (the plan's [`plan::limits::Limits::state_bytes`]), verifying its
 /// checksum. A larger file is refused by its size on disk, before any of it is read.
 pub fn read(path: &Path, max_bytes: u64) -> Result<(u64, Tensors)> {
     let bytes = read_bounded(path, max_bytes)?;

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::checkpoint::{self, Tensors};
-use super::server::SliceId;
-use crate::error::{Error, Result};
+use super::slice::SliceId;
+use wire::error::{Error, Result};
 
 /// What a complete checkpoint of a sliced state holds: the step, the servers, and each slice's checksum.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

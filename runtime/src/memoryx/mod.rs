@@ -4,7 +4,8 @@
 //! slice of every layer and keeping what does not fit its memory on disk.
 //!
 //! - `store`: [`MemoryX`], the coordinator's view, and the [`WeightStore`] trait the training loop drives.
-//! - [`server`]: a weight server ([`WeightServer`]) and the one in this process ([`Shard`]).
+//! - [`server`]: a weight server ([`WeightServer`]) and the one in this process ([`LocalSlice`]).
+//! - [`slice`]: which part of every layer a server owns ([`SliceId`]), and the tensors it keeps of it.
 //! - [`tier`]: a server's disk tier, read ahead in stream order.
 //! - [`remote`] and [`service`]: a weight server on the network, and the gRPC service it answers with.
 //! - `tied`: a tied layer's gradient, held until its target layer's arrives.
@@ -20,10 +21,12 @@ pub mod remote;
 pub mod serve;
 pub mod server;
 pub mod service;
+pub mod slice;
 mod store;
 mod tied;
 pub mod tier;
 
 pub use checkpoint::Tensors;
-pub use server::{Shard, SliceId, WeightServer};
+pub use server::{LocalSlice, WeightServer};
+pub use slice::SliceId;
 pub use store::{mask, MemoryX, WeightStore};

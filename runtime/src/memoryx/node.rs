@@ -17,12 +17,12 @@ use prometheus_client::registry::Registry;
 use crate::driver::{Driver, Job, Outputs};
 use crate::memoryx::remote::RemoteServer;
 use crate::memoryx::server::layer_lengths;
-use crate::memoryx::service::WeightsService;
-use crate::memoryx::{MemoryX, Shard, SliceId, WeightServer};
-use crate::error::{Error, Result};
+use crate::memoryx::service::{weights_service, WeightsService};
+use crate::memoryx::{MemoryX, LocalSlice, SliceId, WeightServer};
+use wire::error::{Error, Result};
 use crate::swarmx::remote::RemoteSwarm;
 use crate::train::RetryPolicy;
-use crate::transport::{announce_ready, bind, dial, load_identity, load_job, serve_http, serve_weights, start};
+use wire::program::Program;
 
 struct Metrics {
     step: Gauge<i64>,
@@ -71,11 +71,11 @@ impl Usage {
     }
 
     /// Keeps the gauges current, once a second, for as long as the process runs.
-    fn follow(self, shard: Arc<Shard>) {
+    fn follow(self, shard: Arc<LocalSlice>) {
         std::thread::spawn(move || loop {
             let (memory, disk) = shard.bytes();
             let (read, written) = shard.tier_traffic();
-            self.peak_rss.set(crate::units::peak_rss_bytes() as i64);
+            self.peak_rss.set(crate::process::peak_rss_bytes() as i64);
             self.memory.set(memory as i64);
             self.disk.set(disk as i64);
             self.tier_read.set(read as i64);
@@ -88,14 +88,12 @@ impl Usage {
 /// Runs MemoryX and the job to the end (or failure): the coordinator (weight server 0), or, with a
 /// `--server-index` above 0, a weight server serving its slice to the coordinator.
 pub fn main(args: MemoryxArgs) -> Result<()> {
-    crate::units::tighten_allocator();
+    crate::process::tighten_allocator();
     if args.server_index > 0 {
         return serve_slice(args);
     }
-    start(&args.common);
-    let (manifest, job_id) = load_job(&args.common)?;
-    let identity = load_identity(&args.common)?;
-    let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
+    let program = Program::start(Role::Memoryx, &args.common)?;
+    let (manifest, job_id, rt) = (program.job.clone(), program.job_id.clone(), &program.runtime);
     let outputs = Outputs {
         checkpoint_dir: args.checkpoint_dir.clone(),
         out: args.out.clone(),
@@ -110,8 +108,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let usage = Usage::register(&mut registry);
-    let http = rt.block_on(bind(args.common.http, Role::Memoryx, "http"))?;
-    announce_ready(Role::Memoryx, None, &http)?;
+    let http = program.listen_http()?;
     let routes = {
         let (status, want) = (status.clone(), want_checkpoint.clone());
         Router::new()
@@ -125,17 +122,13 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
             }))
             .merge(super::serve::routes(args.checkpoint_dir.clone()))
     };
-    let http_task = {
-        let identity = identity.clone();
-        rt.spawn(async move { serve_http(http, Arc::new(Mutex::new(registry)), &identity, routes).await })
-    };
+    let http_task = program.serve_http(http, registry, routes);
 
     let uid = manifest.metadata.uid.clone();
     let described = {
         // The data stays with the input workers: one of them says what it holds.
-        let limits = crate::plan::Limits::for_spec(&manifest.spec);
         let bound = crate::input::ShardBound::for_spec(&manifest.spec);
-        let dial = dial(&args.common, &identity, args.connect_timeout, &limits);
+        let dial = program.dial(args.connect_timeout);
         crate::input::remote::RemoteFeed::new(rt.handle().clone(), std::slice::from_ref(&args.input), &job_id, dial, bound)
             .and_then(|feed| crate::input::Feed::describe(&feed))
     };
@@ -144,7 +137,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         let store = if args.weight_servers.is_empty() {
             job.store(&outputs)?
         } else {
-            remote_store(&job, &args, &outputs, &identity, rt.handle())?
+            remote_store(&job, &args, &outputs, &program)?
         };
         if let Some(local) = store.local() {
             usage.clone().follow(local.clone());
@@ -152,13 +145,12 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         let mut driver = Driver::new(job, outputs);
         driver.with_store(store);
         driver.share(status.clone(), want_checkpoint.clone());
-        let limits = crate::plan::Limits::for_spec(&driver.job().spec);
         let mut swarm = RemoteSwarm::connect(
             rt.handle().clone(),
             &args.swarmx,
             &driver.job().id,
-            dial(&args.common, &identity, args.connect_timeout, &limits),
-            limits,
+            program.dial(args.connect_timeout),
+            program.limits.clone(),
         )?;
         let mut steps_done = 0;
         driver.run(&mut swarm, &mut |m| {
@@ -192,13 +184,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
 
 /// The coordinator's store over its weight servers: slice 0 here, slice `i` at `--weight-servers`' `i`-th
 /// address. The plan's server count and the addresses given must agree.
-fn remote_store(
-    job: &Job,
-    args: &MemoryxArgs,
-    outputs: &Outputs,
-    identity: &crate::identity::Identity,
-    handle: &tokio::runtime::Handle,
-) -> Result<MemoryX> {
+fn remote_store(job: &Job, args: &MemoryxArgs, outputs: &Outputs, program: &Program) -> Result<MemoryX> {
     let n = job.memoryx_plan()?.servers;
     if n as usize != args.weight_servers.len() + 1 {
         return Err(Error::Plan(format!(
@@ -209,13 +195,12 @@ fn remote_store(
     let t = &job.spec.training;
     let layout = job.layout();
     let lengths = layer_lengths(&layout, &t.optimizer, t.seed);
-    let local = Arc::new(job.shard(outputs, SliceId { index: 0, count: n })?);
-    let limits = crate::plan::Limits::for_spec(&job.spec);
+    let local = Arc::new(job.local_slice(outputs, SliceId { index: 0, count: n })?);
     let mut servers: Vec<Arc<dyn WeightServer>> = vec![local.clone()];
     for (i, url) in args.weight_servers.iter().enumerate() {
         let slice = SliceId { index: i as u32 + 1, count: n };
-        let d = dial(&args.common, identity, args.connect_timeout, &limits);
-        servers.push(Arc::new(RemoteServer::new(handle.clone(), url, &job.id, slice, &lengths, d)?));
+        let d = program.dial(args.connect_timeout);
+        servers.push(Arc::new(RemoteServer::new(program.runtime.handle().clone(), url, &job.id, slice, &lengths, d)?));
     }
     Ok(MemoryX::over(layout, t.seed, lengths, servers, Some(local)))
 }
@@ -223,30 +208,18 @@ fn remote_store(
 /// A weight server other than the coordinator: it asks an input worker how long the run is (the learning-rate
 /// schedule needs it), builds its slice, and serves it on `--listen` until stopped.
 fn serve_slice(args: MemoryxArgs) -> Result<()> {
-    start(&args.common);
-    let (manifest, job_id) = load_job(&args.common)?;
-    let identity = load_identity(&args.common)?;
-    let rt = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
-    let (grpc, http) = rt.block_on(async {
-        let grpc = bind(args.listen, Role::Memoryx, "grpc").await?;
-        let http = bind(args.common.http, Role::Memoryx, "http").await?;
-        Ok::<_, Error>((grpc, http))
-    })?;
-    announce_ready(Role::Memoryx, Some(&grpc), &http)?;
+    let program = Program::start(Role::Memoryx, &args.common)?;
+    let (grpc, http) = program.listen(args.listen)?;
     let mut registry = Registry::default();
     let usage = Usage::register(&mut registry);
-    {
-        let identity = identity.clone();
-        let registry = Arc::new(Mutex::new(registry));
-        rt.spawn(async move { serve_http(http, registry, &identity, Router::new()).await });
-    }
-    let limits = crate::plan::Limits::for_spec(&manifest.spec);
+    program.serve_http(http, registry, Router::new());
+    let (manifest, job_id) = (program.job.clone(), program.job_id.clone());
     let bound = crate::input::ShardBound::for_spec(&manifest.spec);
     let feed = crate::input::remote::RemoteFeed::new(
-        rt.handle().clone(),
+        program.runtime.handle().clone(),
         std::slice::from_ref(&args.input),
         &job_id,
-        dial(&args.common, &identity, args.connect_timeout, &limits),
+        program.dial(args.connect_timeout),
         bound,
     )?;
     let data = crate::input::Feed::describe(&feed)?;
@@ -259,11 +232,11 @@ fn serve_slice(args: MemoryxArgs) -> Result<()> {
     let outputs = Outputs { checkpoint_dir: args.checkpoint_dir.clone(), tier_dir: args.tier_dir.clone(), ..Outputs::default() };
     let t = &job.spec.training;
     let lengths = layer_lengths(&job.layout(), &t.optimizer, t.seed);
-    let shard = Arc::new(job.shard(&outputs, slice)?);
+    let shard = Arc::new(job.local_slice(&outputs, slice)?);
     let (memory, disk) = shard.bytes();
     tracing::info!(%slice, memory, disk, "serving its slice");
     usage.follow(shard.clone());
     let sliced = lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect();
     let service = Arc::new(WeightsService::new(job_id, shard, sliced));
-    rt.block_on(serve_weights(service, grpc, &identity))
+    program.serve_grpc(weights_service(service), grpc)
 }

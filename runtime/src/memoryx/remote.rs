@@ -4,13 +4,14 @@
 
 use tonic::transport::Channel;
 
-use super::server::{LayerLengths, LayerTensors, ServerUsage, SliceId, WeightServer};
+use super::server::{ServerUsage, WeightServer};
+use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::service::{chunks, Assembler};
-use crate::error::{Error, Result};
+use wire::error::{Error, Result};
 use crate::protocol::pb::weights_client::WeightsClient;
 use crate::protocol::pb::{RetainRequest, TensorChunk, WeightsRequest};
-use crate::swarmx::relay::{channel, Dial};
-use crate::transport::from_status;
+use wire::grpc::{channel, Dial};
+use wire::status::from_status;
 
 /// Weight server `slice` at `url`.
 pub struct RemoteServer {

@@ -40,7 +40,7 @@ pub struct Entry {
 
 /// The complete checkpoint files in `dir`, newest first: regular files only (not a symbolic link placed under a
 /// checkpoint's name), each with its size. A missing directory (no checkpoint written yet) lists nothing.
-pub fn entries(dir: &Path) -> crate::Result<Vec<(Entry, PathBuf)>> {
+pub fn entries(dir: &Path) -> wire::error::Result<Vec<(Entry, PathBuf)>> {
     Ok(checkpoint::list(dir)?
         .into_iter()
         .filter_map(|(step, path)| {

@@ -1,10 +1,10 @@
 //! A weight server: the part of MemoryX that owns one slice of every layer — its weights, its bias and the
 //! optimizer's moments of both — streams that slice, and runs the optimizer on the matching slice of the summed
-//! gradient. The coordinator ([`super::MemoryX`]) cuts every tensor the same way ([`crate::plan::slice_range`])
+//! gradient. The coordinator ([`super::MemoryX`]) cuts every tensor the same way ([`plan::memoryx::slice_range`])
 //! and never holds more than the layer in flight; the update is elementwise, so N servers train exactly the
 //! same model as one.
 //!
-//! [`WeightServer`] is what the coordinator drives; [`Shard`] is a server in this process (server 0, a
+//! [`WeightServer`] is what the coordinator drives; [`LocalSlice`] is a server in this process (server 0, a
 //! pipelined engine's replica, every server in an in-process run), and [`super::remote::RemoteServer`] one on
 //! the network.
 
@@ -16,43 +16,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::checkpoint;
+use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::tier::{Tier, TierLayout};
-use crate::error::{Error, Result};
-use crate::model::ModelLayout;
-use crate::optim::{self, OptState};
-use crate::plan::slice_range;
-
-/// Which slice of every layer a server owns: `index` of `count` equal contiguous ranges.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SliceId {
-    /// This server's place, 0-based; 0 is the coordinator.
-    pub index: u32,
-    /// How many servers share the state.
-    pub count: u32,
-}
-
-impl SliceId {
-    /// The whole state: what a single MemoryX holds.
-    pub const WHOLE: SliceId = SliceId { index: 0, count: 1 };
-
-    /// This slice of a tensor of `len` values.
-    pub fn range(self, len: usize) -> std::ops::Range<usize> {
-        slice_range(len, self.index, self.count)
-    }
-}
-
-impl std::fmt::Display for SliceId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "weight server {} of {}", self.index, self.count)
-    }
-}
-
-/// One layer's slice as a server holds it, in [`checkpoint::KINDS`] order: weights, bias, and the optimizer's
-/// two moments of each (empty when the optimizer keeps none).
-pub type LayerTensors = [Vec<f32>; 6];
-
-/// Lengths of a layer's whole tensors, in [`checkpoint::KINDS`] order: what the coordinator cuts.
-pub type LayerLengths = [usize; 6];
+use wire::error::{Error, Result};
+use plan::layout::ModelLayout;
+use crate::optim::{self, OptState, Recipe};
 
 /// What a weight server holds and has moved, and its process's memory: how its budget is judged.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -120,7 +88,7 @@ struct Staged {
     layers: Vec<(usize, Option<(Vec<f32>, Vec<f32>)>)>,
 }
 
-/// A layer as a [`Shard`] holds it: its slice of each tensor and the updates applied.
+/// A layer as a [`LocalSlice`] holds it: its slice of each tensor and the updates applied.
 #[derive(Debug)]
 struct Slot {
     /// `None` while the layer lives in the disk tier.
@@ -129,7 +97,7 @@ struct Slot {
 }
 
 /// A weight server in this process.
-pub struct Shard {
+pub struct LocalSlice {
     slice: SliceId,
     optimizer: OptimizerSpec,
     schedule: ScheduleSpec,
@@ -151,13 +119,13 @@ pub struct Shard {
     baseline_rss: u64,
 }
 
-impl std::fmt::Debug for Shard {
+impl std::fmt::Debug for LocalSlice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shard").field("slice", &self.slice).field("layers", &self.layers.len()).finish()
+        f.debug_struct("LocalSlice").field("slice", &self.slice).field("layers", &self.layers.len()).finish()
     }
 }
 
-/// Where a [`Shard`] keeps what does not fit its memory budget, and where it checkpoints.
+/// Where a [`LocalSlice`] keeps what does not fit its memory budget, and where it checkpoints.
 #[derive(Clone, Debug, Default)]
 pub struct Storage {
     /// Bytes of state it may keep in memory; `None`: everything.
@@ -178,7 +146,7 @@ pub(super) fn layer_seed(seed: u64, l: usize, salt: u64) -> u64 {
 /// The stored lengths of every layer of `layout` drawn from `seed`, whole: weights (non-zeros of a sparse
 /// layer, none of a tied one), bias, and the optimizer's moments of each.
 pub fn layer_lengths(layout: &ModelLayout, optimizer: &OptimizerSpec, seed: u64) -> Vec<LayerLengths> {
-    let moments = optim::OptState::values_per_parameter(optimizer.kind) as usize;
+    let moments = plan::memoryx::optimizer_values(optimizer.kind) as usize;
     (0..layout.linears.len())
         .map(|l| {
             let shape = layout.linears[l];
@@ -219,21 +187,12 @@ fn initial(layout: &ModelLayout, lengths: &[LayerLengths], seed: u64, slice: Sli
     [weights, vec![0.0; s[1]], vec![0.0; s[2]], vec![0.0; s[3]], vec![0.0; s[4]], vec![0.0; s[5]]]
 }
 
-impl Shard {
+impl LocalSlice {
     /// Slice `slice` of a model `layout` initialised from `seed` ([`initial`]), keeping what does not fit
     /// `storage.memory_bytes` in the disk tier. `lengths` are the whole layers' (from [`layer_lengths`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        layout: &ModelLayout,
-        lengths: &[LayerLengths],
-        optimizer: OptimizerSpec,
-        schedule: ScheduleSpec,
-        total_steps: u64,
-        seed: u64,
-        slice: SliceId,
-        storage: Storage,
-    ) -> Result<Shard> {
-        let baseline_rss = crate::units::rss_bytes();
+    pub fn new(layout: &ModelLayout, lengths: &[LayerLengths], recipe: Recipe, slice: SliceId, storage: Storage) -> Result<LocalSlice> {
+        let Recipe { optimizer, schedule, total_steps, seed } = recipe;
+        let baseline_rss = crate::process::rss_bytes();
         let sliced: Vec<LayerLengths> = lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect();
         let tier = match storage.memory_bytes {
             Some(budget) => {
@@ -263,7 +222,7 @@ impl Shard {
             };
             layers.push(Mutex::new(slot));
         }
-        Ok(Shard {
+        Ok(LocalSlice {
             slice,
             optimizer,
             schedule,
@@ -281,20 +240,13 @@ impl Shard {
 
     /// Slice `slice` of the model, all in memory, with no checkpoint directory: a pipelined engine's replica,
     /// the in-process MemoryX of tests and local runs.
-    pub fn in_memory(
-        layout: &ModelLayout,
-        lengths: &[LayerLengths],
-        optimizer: OptimizerSpec,
-        schedule: ScheduleSpec,
-        total_steps: u64,
-        seed: u64,
-        slice: SliceId,
-    ) -> Shard {
-        let baseline_rss = crate::units::rss_bytes();
+    pub fn in_memory(layout: &ModelLayout, lengths: &[LayerLengths], recipe: Recipe, slice: SliceId) -> LocalSlice {
+        let Recipe { optimizer, schedule, total_steps, seed } = recipe;
+        let baseline_rss = crate::process::rss_bytes();
         let layers = (0..lengths.len())
             .map(|l| Mutex::new(Slot { tensors: Some(initial(layout, lengths, seed, slice, l)), updates: 0 }))
             .collect();
-        Shard {
+        LocalSlice {
             slice,
             optimizer,
             schedule,
@@ -351,7 +303,7 @@ impl Shard {
         self.with_layer_parts(layer, write, true, f)
     }
 
-    /// [`Shard::with_layer`], reading only the weights and bias from the disk tier unless `all` (they are all
+    /// [`LocalSlice::with_layer`], reading only the weights and bias from the disk tier unless `all` (they are all
     /// a stream needs; the moments stay on disk).
     fn with_layer_parts<T>(
         &self,
@@ -416,7 +368,7 @@ impl Shard {
     }
 }
 
-impl WeightServer for Shard {
+impl WeightServer for LocalSlice {
     fn slice(&self) -> SliceId {
         self.slice
     }
@@ -586,7 +538,7 @@ impl WeightServer for Shard {
             tier_read_bytes,
             tier_written_bytes,
             baseline_rss_bytes: self.baseline_rss,
-            peak_rss_bytes: crate::units::peak_rss_bytes(),
+            peak_rss_bytes: crate::process::peak_rss_bytes(),
         })
     }
 }

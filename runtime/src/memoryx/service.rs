@@ -1,4 +1,4 @@
-//! The `Weights` gRPC service of a weight server other than the coordinator: its [`Shard`] behind mutual TLS.
+//! The `Weights` gRPC service of a weight server other than the coordinator: its [`LocalSlice`] behind mutual TLS.
 //! Every request must name the server's job; every tensor that arrives is metered against the slice's lengths
 //! (which the server derives from the job it loaded, never from the sender) before it is kept.
 
@@ -8,12 +8,14 @@ use std::sync::Arc;
 use futures::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::server::{LayerLengths, LayerTensors, Shard, WeightServer};
-use crate::error::{Error, Result};
+use super::server::{LocalSlice, WeightServer};
+use super::slice::{LayerLengths, LayerTensors};
+use wire::error::{Error, Result};
 use crate::protocol::pb::weights_server::Weights;
 use crate::protocol::pb::{Ack, RetainRequest, SaveReply, TensorChunk, WeightsInfo, WeightsRequest};
-use crate::protocol::wire::CHUNK_BYTES;
-use crate::transport::to_status;
+use crate::protocol::codec::CHUNK_BYTES;
+use wire::grpc::JobGuard;
+use wire::status::to_status;
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<TensorChunk, Status>> + Send>>;
 
@@ -112,26 +114,19 @@ impl<'a> Assembler<'a> {
 
 /// The `Weights` service of one weight server.
 pub struct WeightsService {
-    job: String,
-    shard: Arc<Shard>,
+    job: JobGuard,
+    shard: Arc<LocalSlice>,
     lengths: Vec<LayerLengths>,
 }
 
 impl WeightsService {
     /// Serves `shard` (whose slice lengths are `lengths`) for `job`.
-    pub fn new(job: String, shard: Arc<Shard>, lengths: Vec<LayerLengths>) -> WeightsService {
-        WeightsService { job, shard, lengths }
-    }
-
-    fn check_job(&self, job: &str) -> Result<(), Status> {
-        if job != self.job {
-            return Err(Status::failed_precondition(format!("request for job '{job}' reached a weight server of job '{}'", self.job)));
-        }
-        Ok(())
+    pub fn new(job: String, shard: Arc<LocalSlice>, lengths: Vec<LayerLengths>) -> WeightsService {
+        WeightsService { job: JobGuard::new(job, "a weight server"), shard, lengths }
     }
 
     /// Runs blocking work (the optimizer, the disk tier, a checkpoint) off the async threads.
-    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Shard) -> Result<T> + Send + 'static) -> Result<T, Status> {
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&LocalSlice) -> Result<T> + Send + 'static) -> Result<T, Status> {
         let shard = self.shard.clone();
         tokio::task::spawn_blocking(move || f(&shard))
             .await
@@ -140,7 +135,7 @@ impl WeightsService {
     }
 
     async fn receive(&self, mut stream: Streaming<TensorChunk>, count: usize) -> Result<(usize, u64, LayerTensors), Status> {
-        let mut a = Assembler::new(&self.job, count, &self.lengths);
+        let mut a = Assembler::new(self.job.job(), count, &self.lengths);
         while let Some(c) = stream.message().await? {
             a.push(c).map_err(to_status)?;
         }
@@ -148,7 +143,7 @@ impl WeightsService {
     }
 
     fn send(&self, layer: usize, step: u64, tensors: &[Vec<f32>]) -> Response<ChunkStream> {
-        let items: Vec<Result<TensorChunk, Status>> = chunks(&self.job, layer, step, tensors).into_iter().map(Ok).collect();
+        let items: Vec<Result<TensorChunk, Status>> = chunks(self.job.job(), layer, step, tensors).into_iter().map(Ok).collect();
         Response::new(Box::pin(futures::stream::iter(items)))
     }
 }
@@ -160,7 +155,7 @@ fn layer_of(r: &WeightsRequest) -> usize {
 #[tonic::async_trait]
 impl Weights for WeightsService {
     async fn hello(&self, request: Request<WeightsRequest>) -> Result<Response<WeightsInfo>, Status> {
-        self.check_job(&request.get_ref().job)?;
+        self.job.check(&request.get_ref().job)?;
         let slice = self.shard.slice();
         let step = self.shard.step().map_err(to_status)?;
         let usage = self.shard.usage().map_err(to_status)?;
@@ -172,7 +167,7 @@ impl Weights for WeightsService {
 
     async fn fetch(&self, request: Request<WeightsRequest>) -> Result<Response<ChunkStream>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         let (layer, step) = (layer_of(&r), r.step);
         let (w, b) = self.blocking(move |s| s.fetch(layer, step)).await?;
         Ok(self.send(layer, step, &[w, b]))
@@ -194,7 +189,7 @@ impl Weights for WeightsService {
 
     async fn commit(&self, request: Request<WeightsRequest>) -> Result<Response<Ack>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         self.blocking(move |s| s.commit(r.step)).await?;
         Ok(Response::new(Ack {}))
     }
@@ -203,7 +198,7 @@ impl Weights for WeightsService {
 
     async fn tensors(&self, request: Request<WeightsRequest>) -> Result<Response<ChunkStream>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         let layer = layer_of(&r);
         let (step, t) = self.blocking(move |s| s.tensors(layer)).await?;
         Ok(self.send(layer, step, &t))
@@ -217,25 +212,32 @@ impl Weights for WeightsService {
 
     async fn save(&self, request: Request<WeightsRequest>) -> Result<Response<SaveReply>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         let crc32 = self.blocking(move |s| s.save(r.step)).await?;
         Ok(Response::new(SaveReply { crc32 }))
     }
 
     async fn load(&self, request: Request<WeightsRequest>) -> Result<Response<Ack>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         self.blocking(move |s| s.load(r.step, r.crc32)).await?;
         Ok(Response::new(Ack {}))
     }
 
     async fn retain(&self, request: Request<RetainRequest>) -> Result<Response<Ack>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         if r.keep.len() > 1000 {
             return Err(Status::invalid_argument("more than 1000 checkpoints to keep"));
         }
         self.blocking(move |s| s.retain(&r.keep)).await?;
         Ok(Response::new(Ack {}))
     }
+}
+
+/// The `Weights` service of `service` for the network: each message is a chunk of at most 1 MiB.
+pub fn weights_service(service: Arc<WeightsService>) -> crate::protocol::pb::weights_server::WeightsServer<WeightsService> {
+    crate::protocol::pb::weights_server::WeightsServer::from_arc(service)
+        .max_decoding_message_size(8 << 20)
+        .max_encoding_message_size(8 << 20)
 }

@@ -11,11 +11,13 @@ use std::sync::Arc;
 use crds::{OptimizerSpec, ScheduleSpec};
 
 use super::checkpoint::{self, Tensors};
-use super::server::{layer_lengths, layer_seed, LayerLengths, LayerTensors, Shard, SliceId, WeightServer};
+use super::server::{layer_lengths, layer_seed, LocalSlice, WeightServer};
+use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::tied::TiedGrad;
-use crate::error::{Error, Result};
-use crate::kernels::sparse::SparsePattern;
-use crate::model::ModelLayout;
+use wire::error::{Error, Result};
+use kernels::sparse::SparsePattern;
+use plan::layout::ModelLayout;
+use crate::optim::Recipe;
 use crate::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
 
 /// What the training loop needs from MemoryX; a gRPC client implements it the same way as [`MemoryX`].
@@ -62,7 +64,7 @@ pub struct MemoryX {
     /// Slice `i` of every layer lives on `servers[i]`.
     servers: Vec<Arc<dyn WeightServer>>,
     /// Server 0 when it is in this process: it can lend its weights and report its tier.
-    local: Option<Arc<Shard>>,
+    local: Option<Arc<LocalSlice>>,
     /// Updates applied to each layer, as the coordinator counts them: every fetch names it, so a server that
     /// restarted is refused rather than trusted.
     updates: Vec<AtomicU64>,
@@ -156,28 +158,26 @@ impl MemoryX {
         seed: u64,
     ) -> Self {
         let lengths = layer_lengths(&layout, &optimizer, seed);
-        let shard = Arc::new(Shard::in_memory(&layout, &lengths, optimizer, schedule, total_steps, seed, SliceId::WHOLE));
+        let recipe = Recipe { optimizer, schedule, total_steps, seed };
+        let shard = Arc::new(LocalSlice::in_memory(&layout, &lengths, recipe, SliceId::WHOLE));
         Self::over(layout, seed, lengths, vec![shard.clone()], Some(shard))
     }
 
     /// The model over `count` weight servers all in this process, each keeping its slice as `storage` says
     /// (its memory budget and disk tier, its checkpoint directory): an in-process run of a job with
     /// `spec.memoryx.servers`, and the way tests compare any number of servers with one.
-    #[allow(clippy::too_many_arguments)]
     pub fn sharded(
         layout: ModelLayout,
-        optimizer: OptimizerSpec,
-        schedule: ScheduleSpec,
-        total_steps: u64,
-        seed: u64,
+        recipe: &Recipe,
         count: u32,
         storage: &dyn Fn(SliceId) -> super::server::Storage,
     ) -> Result<Self> {
-        let lengths = layer_lengths(&layout, &optimizer, seed);
+        let seed = recipe.seed;
+        let lengths = layer_lengths(&layout, &recipe.optimizer, seed);
         let shards = (0..count.max(1))
             .map(|index| {
                 let slice = SliceId { index, count: count.max(1) };
-                Shard::new(&layout, &lengths, optimizer.clone(), schedule.clone(), total_steps, seed, slice, storage(slice)).map(Arc::new)
+                LocalSlice::new(&layout, &lengths, recipe.clone(), slice, storage(slice)).map(Arc::new)
             })
             .collect::<Result<Vec<_>>>()?;
         let local = shards.first().cloned();
@@ -192,7 +192,7 @@ impl MemoryX {
         seed: u64,
         lengths: Vec<LayerLengths>,
         servers: Vec<Arc<dyn WeightServer>>,
-        local: Option<Arc<Shard>>,
+        local: Option<Arc<LocalSlice>>,
     ) -> Self {
         let masks = (0..layout.linears.len())
             .map(|l| {
@@ -212,7 +212,7 @@ impl MemoryX {
     }
 
     /// Server 0, when it runs in this process.
-    pub fn local(&self) -> Option<&Arc<Shard>> {
+    pub fn local(&self) -> Option<&Arc<LocalSlice>> {
         self.local.as_ref()
     }
 
@@ -300,7 +300,7 @@ impl MemoryX {
         let shape = *self.layout.linears.get(layer).ok_or_else(|| Error::Protocol(format!("no layer {layer}")))?;
         let masks = self.masks.get(layer).and_then(Option::as_ref);
         let lendable = shape.tied_to.is_none() && (pass == Pass::Forward || (layer > 0 && masks.is_none()));
-        let resident = |local: &Shard| local.resident(layer);
+        let resident = |local: &LocalSlice| local.resident(layer);
         if let (true, [_], Some(local)) = (lendable, self.servers.as_slice(), self.local.as_ref().filter(|l| resident(l))) {
             let lent = local.lend(layer, |w, b| {
                 let values = std::mem::take(w);
@@ -437,8 +437,8 @@ impl MemoryX {
     ) -> Result<()> {
         let n = self.servers.len() as u32;
         on_each(&self.servers, |i, s| {
-            let w = &weights[crate::plan::slice_range(weights.len(), i as u32, n)];
-            let b = &bias[crate::plan::slice_range(bias.len(), i as u32, n)];
+            let w = &weights[plan::memoryx::slice_range(weights.len(), i as u32, n)];
+            let b = &bias[plan::memoryx::slice_range(bias.len(), i as u32, n)];
             f(s, w, b)
         })?;
         Ok(())
@@ -533,7 +533,7 @@ impl MemoryX {
         let n = self.servers.len() as u32;
         for (l, parts) in staged.into_iter().enumerate() {
             on_each(&self.servers, |i, s| {
-                let slice: LayerTensors = parts.map(|t| t[crate::plan::slice_range(t.len(), i as u32, n)].to_vec());
+                let slice: LayerTensors = parts.map(|t| t[plan::memoryx::slice_range(t.len(), i as u32, n)].to_vec());
                 s.put(l, step, slice)
             })?;
             self.updates[l].store(step, Ordering::SeqCst);

@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use super::server::{LayerLengths, LayerTensors};
-use crate::error::{Error, Result};
+use super::slice::{LayerLengths, LayerTensors};
+use wire::error::{Error, Result};
 
 /// Which layers of a slice live on disk under a memory budget.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,8 +41,8 @@ impl TierLayout {
                 "a weight server's memory budget ({}) is too small for one layer: its slice of the largest layer ({}) \
                  must fit twice, one being updated while the next is read ahead; raise spec.memoryx.memoryBytes to {} \
                  or more, or add weight servers",
-                crate::units::bytes(budget),
-                crate::units::bytes(largest),
+                plan::units::bytes(budget),
+                plan::units::bytes(largest),
                 window
             )));
         }

@@ -5,8 +5,8 @@ use std::mem::MaybeUninit;
 
 use crds::Activation;
 
-use crate::tensor::{fill_beside, rows_per_piece, written_once, written_once_beside, Mat, PIECE};
-use crate::tiles::{Acts, Tiles, TILE};
+use kernels::tensor::{fill_beside, rows_per_piece, written_once, written_once_beside, Mat, PIECE};
+use kernels::tiles::{Acts, Tiles, TILE};
 use multiversion::multiversion;
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
@@ -262,7 +262,7 @@ mod tests {
     /// would not be zero).
     #[test]
     fn tiles_give_the_rows_values_and_zero_padding() {
-        use crate::tiles::{Acts, Tiles, TILE};
+        use kernels::tiles::{Acts, Tiles, TILE};
         let (rows, tokens) = (300, TILE + 37);
         let z: Vec<f32> = (0..rows * tokens).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.01).collect();
         let bias: Vec<f32> = (0..rows).map(|r| 0.01 * r as f32 - 0.7).collect();

@@ -8,10 +8,10 @@ use rayon::prelude::*;
 use multiversion::multiversion;
 
 #[cfg(test)]
-use crate::kernels::dense::{matmul, MatView};
-use crate::kernels::small::{self, Band, Dims};
+use kernels::dense::{matmul, MatView};
+use kernels::small::{self, Band, Dims};
 use crate::model::activation::exp;
-use crate::tensor::{Mat, Spare};
+use kernels::tensor::{Mat, Spare};
 
 /// The attention geometry of one shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

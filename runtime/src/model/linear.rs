@@ -3,9 +3,9 @@
 
 use std::mem::MaybeUninit;
 
-use crate::kernels::{dense, small, sparse, sparse::SparsePattern};
-use crate::tensor::{written_once, Mat};
-use crate::tiles::{Acts, ActsRef, Layout, Tiles, TILE};
+use kernels::{dense, small, sparse, sparse::SparsePattern};
+use kernels::tensor::{written_once, Mat};
+use kernels::tiles::{Acts, ActsRef, Layout, Tiles, TILE};
 
 /// The weights of one layer as the engine receives them.
 #[derive(Clone, Copy, Debug)]

@@ -5,7 +5,7 @@ use std::mem::MaybeUninit;
 use multiversion::multiversion;
 
 use crate::model::activation::exp;
-use crate::tensor::{written_once, Mat, TOKENS_PER_TASK};
+use kernels::tensor::{written_once, Mat, TOKENS_PER_TASK};
 
 /// What one shard contributes to a step's loss report.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

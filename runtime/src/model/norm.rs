@@ -7,8 +7,8 @@ use std::mem::MaybeUninit;
 
 use multiversion::multiversion;
 
-use crate::tensor::{written_once, Mat, TOKENS_PER_TASK};
-use crate::tiles::{self, Acts, ActsRef, Layout, Tiles, TILE};
+use kernels::tensor::{written_once, Mat, TOKENS_PER_TASK};
+use kernels::tiles::{self, Acts, ActsRef, Layout, Tiles, TILE};
 
 // `backward_add` splits a task's tokens at tile boundaries, which needs a task to be whole tiles.
 const _: () = assert!(TOKENS_PER_TASK % TILE == 0);

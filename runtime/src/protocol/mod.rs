@@ -1,16 +1,13 @@
 //! The messages that cross role boundaries: what MemoryX streams, what engines send back. In one process they
-//! are passed by reference; over the network [`wire`] cuts exactly these into chunks of the gRPC protocol in
-//! `proto/weightstream/v1alpha1/stage.proto`, so both count the same bytes.
+//! are passed by reference; over the network [`codec`] cuts exactly these into chunks of the gRPC protocol in
+//! `proto/weightstream/v1alpha1/stage.proto`, so both count the same bytes. (How a message travels — TLS,
+//! deadlines, errors as statuses — is the `wire` crate's.)
 //!
-//! - `reduce`: summing engines' gradients, the reduction SwarmX performs.
-//! - [`status`]: runtime errors as gRPC statuses and back, keeping their kind across every hop.
-//! - [`wire`]: the chunked codecs of every message.
+//! - [`reduce`]: summing engines' gradients, the reduction SwarmX performs.
+//! - [`codec`]: the chunked codecs of every message.
 
-mod reduce;
-pub mod status;
-pub mod wire;
-
-pub use reduce::add_grads;
+pub mod codec;
+pub mod reduce;
 
 /// The generated gRPC messages and `Stage` service.
 #[allow(missing_docs, clippy::all)]
@@ -18,9 +15,22 @@ pub mod pb {
     tonic::include_proto!("weightstream.v1alpha1");
 }
 
+/// Serves a `Stage` service (an engine, a SwarmX node) on an already bound listener until the process ends, over
+/// the job's mutual TLS ([`wire::grpc::serve`]); each message is a chunk of at most 1 MiB.
+pub async fn serve_stage<S: pb::stage_server::Stage>(
+    service: Arc<S>,
+    listener: tokio::net::TcpListener,
+    identity: &wire::identity::Identity,
+) -> wire::error::Result<()> {
+    let svc = pb::stage_server::StageServer::from_arc(service)
+        .max_decoding_message_size(8 << 20)
+        .max_encoding_message_size(8 << 20);
+    wire::grpc::serve(svc, listener, identity).await
+}
+
 use std::sync::Arc;
 
-use crate::kernels::sparse::SparsePattern;
+use kernels::sparse::SparsePattern;
 use crate::model::linear::Weights;
 
 /// Which pass a stream feeds.

@@ -3,7 +3,7 @@
 //! came over the wire or from an engine in this process.
 
 use super::LayerGrad;
-use crate::error::{Error, Result};
+use wire::error::{Error, Result};
 
 impl LayerGrad {
     /// Adds another engine's gradients: the reduction SwarmX performs.

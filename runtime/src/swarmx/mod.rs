@@ -12,24 +12,16 @@ pub mod remote;
 use std::sync::Arc;
 
 use crate::data::split_even;
+use crate::data::shard::Split;
 use crate::input::Feed;
-use crate::engine::server::{apply_all, resident_pass, ReplicaFactory};
-use crate::kernels::on_workers;
+use crate::engine::replica::{apply_all, resident_pass, ReplicaFactory};
+use kernels::on_workers;
 use crate::engine::{EngineRole, EngineStats};
 use crate::memoryx::{checkpoint, MemoryX};
-use crate::protocol::wire::add_grads;
-use crate::error::{Error, Result};
+use crate::protocol::reduce::add_grads;
+use wire::error::{Error, Result};
 use crate::model::loss::LossSum;
 use crate::protocol::{LayerGrad, LayerStream};
-
-/// Which data set a step draws its samples from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Split {
-    /// The training examples: a training step.
-    Train,
-    /// The held-out examples: an evaluation step (forward only).
-    Test,
-}
 
 /// What a step asks of the engines: which samples (by index into the split) and how to scale gradients.
 /// Input workers feed each engine directly, as the seeds' input servers do, so only sample indices travel
@@ -225,13 +217,5 @@ impl Swarm for LocalSwarm {
         let store = replicas.held.first().and_then(Option::as_ref).ok_or_else(|| Error::Protocol("no engine holds a replica".into()))?;
         let (step, tensors) = store.snapshot()?;
         checkpoint::to_bytes(step, &tensors, &replicas.job)
-    }
-}
-
-/// Refuses sample indices outside the data set, so a bad request cannot reach the engines' data.
-pub fn check_samples(samples: &[u32], len: usize) -> Result<()> {
-    match samples.iter().find(|&&i| i as usize >= len) {
-        Some(bad) => Err(Error::Protocol(format!("sample {bad} requested but the data set has {len}"))),
-        None => Ok(()),
     }
 }

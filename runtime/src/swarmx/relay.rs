@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 
 use futures::future::try_join_all;
 use futures::Stream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::data::split_even;
-use crate::error::{Error, Result};
-use crate::identity::Identity;
+use wire::error::{Error, Result};
+use wire::grpc::{channel, Dial};
+use crate::protocol::reduce::add_grads;
 use crate::model::loss::LossSum;
 use crate::protocol::pb::stage_client::StageClient;
 use crate::protocol::pb::stage_server::Stage;
@@ -21,12 +22,14 @@ use crate::protocol::pb::{
     self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
     StateChunk, StepChunk,
 };
-use crate::plan::Limits;
-use crate::protocol::wire::{
-    add_grads, decode_grad, decode_grads, encode_grad, encode_grads, encode_step, GradMeter, LayerMeter, StateMeter,
+use plan::limits::Limits;
+use crate::protocol::codec::{
+    decode_grad, decode_grads, encode_grad, encode_grads, encode_step, GradMeter, LayerMeter, StateMeter,
 };
 use crate::protocol::LayerGrad;
-use crate::transport::{from_status, receive_grads, to_status};
+use crate::protocol::codec::receive_grads;
+use wire::grpc::JobGuard;
+use wire::status::{from_status, to_status};
 
 /// One child of a SwarmX node.
 #[derive(Clone)]
@@ -40,38 +43,6 @@ pub struct Child {
     /// The smallest SRAM among them.
     pub sram_bytes: u64,
 }
-
-/// How a role dials its stages: over mutual TLS with the job's identity, waiting up to `connect` for a stage
-/// to come up, and giving each call at most `call`. Keepalives find a peer that stops answering altogether
-/// (a frozen process, a silent partition) within [`crate::transport::KEEPALIVE_TIMEOUT`]; the call deadline is
-/// the backstop for a peer whose transport still answers pings while its calls never finish.
-#[derive(Clone, Copy, Debug)]
-pub struct Dial<'a> {
-    /// The job's identity.
-    pub identity: &'a Identity,
-    /// How long a stage may take to come up.
-    pub connect: Duration,
-    /// How long one call may take, its streams included.
-    pub call: Duration,
-}
-
-impl<'a> Dial<'a> {
-    /// Dials with `identity`, waiting up to `connect` for a stage, and [`DEFAULT_CALL_TIMEOUT`] per call.
-    pub fn new(identity: &'a Identity, connect: Duration) -> Dial<'a> {
-        Dial { identity, connect, call: DEFAULT_CALL_TIMEOUT }
-    }
-
-    /// The same, with `call` per call.
-    pub fn with_call_timeout(self, call: Duration) -> Dial<'a> {
-        Dial { call, ..self }
-    }
-}
-
-/// How long connecting to a stage may take, TCP and TLS handshake together.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The per-call deadline when neither the plan nor the command line gives one.
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Connects to a stage at `url` for `job` as `dial` says, and learns its engines. Only `https://` addresses are
 /// dialled: a plaintext one would carry the job's weights to whoever listens.
@@ -98,41 +69,10 @@ pub async fn connect(url: &str, job: &str, dial: Dial<'_>) -> Result<Child> {
     }
 }
 
-/// A lazily connecting channel to the role at `url`, over mutual TLS with `dial`'s identity and deadlines: what
-/// every client of a role (a stage, an input worker) is built on. Only `https://` addresses are dialled.
-pub fn channel(url: &str, dial: Dial<'_>) -> Result<Channel> {
-    let identity = dial.identity;
-    if !url.starts_with("https://") {
-        return Err(Error::Protocol(format!("stage address '{url}' is not https://: stages speak only mutual TLS")));
-    }
-    let endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|e| Error::Protocol(format!("bad stage address '{url}': {e}")))?
-        .tls_config(identity.grpc_client())
-        .map_err(|e| Error::Identity(format!("the TLS configuration for {url}: {e}")))?
-        // Covers the TCP connect and the TLS handshake together (see below): a frozen peer's kernel still
-        // accepts the connection, and only the handshake would hang.
-        .connect_timeout(HANDSHAKE_TIMEOUT)
-        .timeout(dial.call)
-        // A peer that stops answering (a frozen process, a silent partition) is found by its unanswered pings
-        // and its calls fail as unavailable, so the step is rerun instead of waiting for ever.
-        .http2_keep_alive_interval(crate::transport::KEEPALIVE_INTERVAL)
-        .keep_alive_timeout(crate::transport::KEEPALIVE_TIMEOUT)
-        .keep_alive_while_idle(true)
-        .tcp_nodelay(true)
-        .initial_stream_window_size(crate::transport::WINDOW)
-        .initial_connection_window_size(4 * crate::transport::WINDOW)
-        .max_frame_size(crate::transport::FRAME);
-    // tonic's own connector bounds only the TCP connect; through a connector of ours the connect timeout
-    // wraps the whole connection set-up, TLS included.
-    let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
-    tcp.enforce_http(false);
-    tcp.set_nodelay(true);
-    Ok(endpoint.connect_with_connector_lazy(tcp))
-}
 
 /// The `Stage` service of a SwarmX node.
 pub struct Relay {
-    job: String,
+    job: JobGuard,
     children: Vec<Child>,
     /// What the plan lets one message make this node hold: the batch of the engines below it, each layer's
     /// shape, the model's state. Everything a node receives — from its parent or back from its children — is
@@ -146,7 +86,7 @@ impl Relay {
     pub fn new(job: String, children: Vec<Child>, limits: Limits) -> Self {
         let buckets = prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 16);
         Relay {
-            job,
+            job: JobGuard::new(job, "a SwarmX node"),
             children,
             limits: Arc::new(limits),
             reduce_seconds: prometheus_client::metrics::histogram::Histogram::new(buckets),
@@ -161,13 +101,6 @@ impl Relay {
     /// Engines below this node.
     pub fn engines(&self) -> u32 {
         self.children.iter().map(|c| c.engines).sum()
-    }
-
-    fn check_job(&self, job: &str) -> Result<(), Status> {
-        if job != self.job {
-            return Err(Status::failed_precondition(format!("request for job '{job}' reached a SwarmX node of job '{}'", self.job)));
-        }
-        Ok(())
     }
 
     /// Each child's part of a step's batch. The batch is split as if over all engines below, and each child
@@ -226,8 +159,8 @@ impl Relay {
         let mut meter = LayerMeter::default();
         let mut chunks = Vec::new();
         while let Some(c) = stream.message().await? {
-            self.check_job(&c.job)?;
-            meter.check(&c, &self.job, &self.limits).map_err(to_status)?;
+            self.job.check(&c.job)?;
+            meter.check(&c, self.job.job(), &self.limits).map_err(to_status)?;
             chunks.push(c);
         }
         Ok(chunks)
@@ -260,14 +193,14 @@ type GradStream = Pin<Box<dyn Stream<Item = Result<GradChunk, Status>> + Send>>;
 #[tonic::async_trait]
 impl Stage for Relay {
     async fn info(&self, request: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
-        self.check_job(&request.get_ref().job)?;
+        self.job.check(&request.get_ref().job)?;
         let sram_bytes = self.children.iter().map(|c| c.sram_bytes).min().unwrap_or(0);
-        Ok(Response::new(InfoReply { job: self.job.clone(), engines: self.engines(), sram_bytes }))
+        Ok(Response::new(InfoReply { job: self.job.job().to_string(), engines: self.engines(), sram_bytes }))
     }
 
     async fn begin_step(&self, request: Request<BeginStepRequest>) -> Result<Response<Ack>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         let calls = self.children.iter().zip(self.split(&r)?).map(|(child, req)| {
             let mut client = child.client.clone();
             async move { client.begin_step(req).await.map_err(|s| Self::child_error(child, s)) }
@@ -284,7 +217,7 @@ impl Stage for Relay {
 
     async fn loss(&self, request: Request<pb::LossRequest>) -> Result<Response<pb::LossReply>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         let calls = self.children.iter().map(|child| {
             let mut client = child.client.clone();
             let r = r.clone();
@@ -327,7 +260,7 @@ impl Stage for Relay {
 
     async fn stats(&self, request: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         let calls = self.children.iter().map(|child| {
             let mut client = child.client.clone();
             let r = r.clone();
@@ -342,8 +275,8 @@ impl Stage for Relay {
         let mut meter = StateMeter::new(&self.limits);
         let mut chunks = Vec::new();
         while let Some(c) = stream.message().await? {
-            self.check_job(&c.job)?;
-            meter.check(&c, &self.job).map_err(to_status)?;
+            self.job.check(&c.job)?;
+            meter.check(&c, self.job.job()).map_err(to_status)?;
             chunks.push(c);
         }
         self.broadcast(chunks, |mut c, ch| async move { c.prime(tokio_stream::iter(ch)).await }).await?;
@@ -354,7 +287,7 @@ impl Stage for Relay {
 
     async fn snapshot(&self, request: Request<SnapshotRequest>) -> Result<Response<StateStream>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         // Any replica will do: they are equal. A child that has none (a replacement engine) is passed over.
         let mut last = Status::failed_precondition("SwarmX node has no children");
         for child in &self.children {
@@ -364,7 +297,7 @@ impl Stage for Relay {
                 let mut meter = StateMeter::new(&self.limits);
                 let mut chunks = Vec::new();
                 while let Some(c) = stream.message().await? {
-                    meter.check(&c, &self.job).map_err(to_status)?;
+                    meter.check(&c, self.job.job()).map_err(to_status)?;
                     chunks.push(c);
                 }
                 Ok::<_, Status>(chunks)
@@ -382,7 +315,7 @@ impl Stage for Relay {
 
     async fn step(&self, request: Request<ResidentStepRequest>) -> Result<Response<StepChunkStream>, Status> {
         let r = request.into_inner();
-        self.check_job(&r.job)?;
+        self.job.check(&r.job)?;
         if let [child] = self.children.as_slice() {
             // One child's sum is the whole sum: it can reduce (and apply) itself, and nothing needs to pass here.
             let mut client = child.client.clone();
@@ -393,7 +326,7 @@ impl Stage for Relay {
         }
         let begins: Vec<Option<BeginStepRequest>> = match &r.begin {
             Some(b) => {
-                self.check_job(&b.job)?;
+                self.job.check(&b.job)?;
                 self.split(b)?.into_iter().map(Some).collect()
             }
             None => vec![None; self.children.len()],
@@ -436,7 +369,7 @@ impl Stage for Relay {
     }
 
     async fn apply(&self, request: Request<Streaming<GradChunk>>) -> Result<Response<Ack>, Status> {
-        let chunks = receive_grads(request.into_inner(), &self.job, &self.limits).await?;
+        let chunks = receive_grads(request.into_inner(), self.job.job(), &self.limits).await?;
         self.broadcast(chunks, |mut c, ch| async move { c.apply(tokio_stream::iter(ch)).await }).await?;
         Ok(Response::new(Ack {}))
     }

@@ -8,17 +8,18 @@ use std::sync::Arc;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
-use super::relay::{connect, Child, Dial};
+use super::relay::{connect, Child};
+use wire::grpc::Dial;
 use super::{Split, StepRequest, StreamSource, Swarm};
 use crate::engine::server::stats_from_pb;
 use crate::engine::EngineStats;
-use crate::error::{Error, Result};
+use wire::error::{Error, Result};
 use crate::model::loss::LossSum;
 use crate::protocol::pb::{self, BeginStepRequest};
-use crate::plan::Limits;
-use crate::protocol::wire::{decode_grad, decode_state, encode_layer, encode_state, GradMeter, StateMeter};
+use plan::limits::Limits;
+use crate::protocol::codec::{decode_grad, decode_state, encode_layer, encode_state, GradMeter, StateMeter};
 use crate::protocol::LayerGrad;
-use crate::transport::from_status;
+use wire::status::from_status;
 
 /// Layers sent ahead of the one the engines are computing.
 const PREFETCH: usize = 1;

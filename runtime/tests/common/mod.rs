@@ -3,7 +3,7 @@
 
 use crds::{Activation, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
 use runtime::memoryx::MemoryX;
-use runtime::model::ModelLayout;
+use plan::layout::ModelLayout;
 
 /// Steps the test MemoryX plans for.
 pub const STEPS: u64 = 10;
@@ -34,7 +34,7 @@ pub fn store() -> MemoryX {
 }
 
 /// The test job's TLS identity, issued once per test binary.
-pub fn identity() -> &'static runtime::identity::Identity {
-    static ID: std::sync::OnceLock<runtime::identity::Identity> = std::sync::OnceLock::new();
-    ID.get_or_init(|| runtime::identity::issue("runtime-test", &[]).expect("an identity").job_identity())
+pub fn identity() -> &'static wire::identity::Identity {
+    static ID: std::sync::OnceLock<wire::identity::Identity> = std::sync::OnceLock::new();
+    ID.get_or_init(|| wire::identity::issue("runtime-test", &[]).expect("an identity").job_identity())
 }

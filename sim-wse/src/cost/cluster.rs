@@ -14,12 +14,12 @@
 //!   MemoryX shards), attention's activation-by-activation products, and whether the batch fits the SRAM (the
 //!   plan checks that for real jobs).
 
-use runtime::kernels::sparse::SparsePattern;
-use runtime::model::ModelLayout;
+use kernels::sparse::SparsePattern;
+use plan::layout::ModelLayout;
 use serde::Serialize;
 
 use super::{dense_gemm, elementwise_cycles, sample, sort_heaviest_first, sparse_gemm_sorted, GemmCycles};
-use crate::preset::{self, EngineModel};
+use plan::preset::{self, EngineModel};
 
 /// One weight layer as the cost model needs it: its shape and, when masked, how its non-zeros spread over
 /// the features each of its products deals to the mesh rows.

@@ -20,10 +20,10 @@ pub mod cluster;
 pub mod sample;
 
 use runtime::engine::Work;
-use runtime::kernels::sparse::SparsePattern;
+use kernels::sparse::SparsePattern;
 use serde::Serialize;
 
-use crate::preset::EngineModel;
+use plan::preset::EngineModel;
 
 pub use cluster::{estimate, Cluster, Estimate, LayerWork, Workload};
 

@@ -10,7 +10,7 @@ use rand_chacha::ChaCha8Rng;
 const EXACT_BELOW: f64 = 50.0;
 
 /// Non-zeros in each of `lines` lines of length `len` when every entry is kept with probability `density`:
-/// the same distribution as [`runtime::kernels::sparse::SparsePattern::random`]'s line counts.
+/// the same distribution as [`kernels::sparse::SparsePattern::random`]'s line counts.
 pub fn line_counts(lines: usize, len: usize, density: f64, seed: u64) -> Vec<u32> {
     let p = density.clamp(0.0, 1.0);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);

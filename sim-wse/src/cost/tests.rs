@@ -1,10 +1,10 @@
 //! Analytic cases of the cost model: each checks a figure derived by hand from the seeds' description.
 
 use runtime::engine::{EngineHw, Work};
-use runtime::kernels::sparse::SparsePattern;
+use kernels::sparse::SparsePattern;
 
 use super::*;
-use crate::preset::{TINY, WSE2};
+use plan::preset::{TINY, WSE2};
 use crate::SimWse;
 
 /// FLOPs / (cores × FLOPs per core per cycle), the dense figure the seeds' peak implies.
@@ -131,7 +131,7 @@ fn streaming_overlaps_compute_layer_by_layer() {
     let big = 40_000_000_000u64;
     hw.record(&Work::Received { bytes: big });
     hw.record(&Work::Gemm { m: 1000, n: 8000, k: 8500 });
-    let stream = big as f64 / crate::preset::MEMORYX_BANDWIDTH;
+    let stream = big as f64 / plan::preset::MEMORYX_BANDWIDTH;
     assert!(stream > compute);
     assert!((hw.counters().simulated_s - stream).abs() < 1e-12);
     // The next layer's small stream hides behind its computation.

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
-use runtime::kernels::dense;
+use kernels::dense;
 use serde::Serialize;
 
 /// Sizes and repetitions of one `bench machine` run.
@@ -242,7 +242,7 @@ pub fn machine(args: MachineArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
     }
-    println!("GEMM {n}x{n}x{n} f32 (gemm crate via runtime::kernels::dense); triad over 3 x {elements} f64; {repeats} repeats");
+    println!("GEMM {n}x{n}x{n} f32 (gemm crate via kernels::dense); triad over 3 x {elements} f64; {repeats} repeats");
     println!("threads  GEMM best      GEMM median    triad best    triad median");
     for (g, t) in report.gemm_flops_per_s.iter().zip(&report.triad_bytes_per_s) {
         println!(

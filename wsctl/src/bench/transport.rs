@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use runtime::protocol::pb::stage_server::Stage;
 use runtime::protocol::pb::{self, Ack, BeginStepRequest, InfoReply, InfoRequest, LayerChunk};
-use runtime::plan::Limits;
-use runtime::protocol::wire::{encode_layer, LayerAssembler};
+use plan::limits::Limits;
+use runtime::protocol::codec::{encode_layer, LayerAssembler};
 use runtime::protocol::{LayerStream, Pass, WeightPayload};
 use serde::Serialize;
 use tonic::{Request, Response, Status, Streaming};
@@ -79,7 +79,7 @@ struct Sink {
 /// Limits of a model whose only layer is a dense one of `values` weights (one output), as the benchmark streams:
 /// the roles assemble against their plan's limits, so the benchmark measures the same checks.
 fn bench_limits(values: usize) -> Limits {
-    Limits { shard: 1, layers: vec![runtime::model::LinearShape::new(values, 1, false)], optimizer_values: 0 }
+    Limits { shard: 1, layers: vec![plan::layout::LinearShape::new(values, 1, false)], optimizer_values: 0 }
 }
 
 #[tonic::async_trait]
@@ -96,9 +96,9 @@ impl Stage for Sink {
         let mut stream = request.into_inner();
         let mut asm = LayerAssembler::default();
         while let Some(chunk) = stream.message().await? {
-            asm.push(chunk, &self.job, &self.limits).map_err(runtime::transport::to_status)?;
+            asm.push(chunk, &self.job, &self.limits).map_err(wire::status::to_status)?;
         }
-        let (_, layer) = asm.finish().map_err(runtime::transport::to_status)?;
+        let (_, layer) = asm.finish().map_err(wire::status::to_status)?;
         self.received.store(layer.weights.wire_bytes(), Ordering::SeqCst);
         Ok(Response::new(Ack {}))
     }
@@ -150,13 +150,13 @@ fn grpc(layer: &LayerStream, repeats: usize) -> Result<PathReport> {
     let (seconds, messages) = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind a loopback port")?;
         // Over mutual TLS, as the roles talk: the figure includes the encryption a job pays.
-        let identity = runtime::identity::issue(JOB, &[])?.job_identity();
+        let identity = wire::identity::issue(JOB, &[])?.job_identity();
         let url = format!("https://{}", listener.local_addr()?);
         let server = {
             let (sink, identity) = (sink.clone(), identity.clone());
-            tokio::spawn(async move { runtime::transport::serve_stage(sink, listener, &identity).await })
+            tokio::spawn(async move { runtime::protocol::serve_stage(sink, listener, &identity).await })
         };
-        let child = runtime::swarmx::relay::connect(&url, JOB, runtime::swarmx::relay::Dial::new(&identity, Duration::from_secs(10))).await?;
+        let child = runtime::swarmx::relay::connect(&url, JOB, wire::grpc::Dial::new(&identity, Duration::from_secs(10))).await?;
         let mut times = Vec::new();
         let mut messages = 0;
         for step in 0..=repeats as u64 {

@@ -12,7 +12,7 @@ use crds::contract::{HTTP_PORT, Role};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use runtime::identity::{CA_CERT, CERT, Identity, KEY};
+use wire::identity::{CA_CERT, CERT, Identity, KEY};
 use runtime::memoryx::serve::Entry;
 
 use super::portforward::Forward;
@@ -116,7 +116,7 @@ pub fn table(entries: &[Entry]) -> String {
     if entries.is_empty() {
         return "no checkpoints yet\n".into();
     }
-    entries.iter().map(|e| format!("{:>10}  {:>12}  {}\n", e.step, runtime::units::bytes(e.bytes), e.file)).collect()
+    entries.iter().map(|e| format!("{:>10}  {:>12}  {}\n", e.step, plan::units::bytes(e.bytes), e.file)).collect()
 }
 
 /// The job, a local forward to its running MemoryX pod's HTTP port, the base URL to call through it

@@ -54,8 +54,8 @@ impl Drop for Scratch {
 /// files, the operator's too), so every process a test starts for that job shares it.
 pub fn identity(job: &Path) -> PathBuf {
     let dir = job.parent().expect("a job file in a folder").join("identity");
-    if !dir.join(runtime::identity::CA_CERT).exists() {
-        let issued = runtime::identity::issue("test", &[]).expect("an identity");
+    if !dir.join(wire::identity::CA_CERT).exists() {
+        let issued = wire::identity::issue("test", &[]).expect("an identity");
         issued.write_roles_files(&dir).expect("identity files");
         for (name, text) in issued.files() {
             std::fs::write(dir.join(name), text).expect("identity file");
@@ -66,7 +66,7 @@ pub fn identity(job: &Path) -> PathBuf {
 
 /// The CA certificate of `job`'s identity.
 pub fn ca(job: &Path) -> String {
-    std::fs::read_to_string(identity(job).join(runtime::identity::CA_CERT)).expect("ca.crt")
+    std::fs::read_to_string(identity(job).join(wire::identity::CA_CERT)).expect("ca.crt")
 }
 
 /// One HTTP/1.1 request over TLS to `addr`, trusting `ca` and presenting `client` (certificate and key PEM)
@@ -92,7 +92,7 @@ pub fn https(method: &str, addr: &str, path: &str, ca: &str, client: Option<(&st
             .expect("client identity"),
         None => builder.with_no_client_auth(),
     };
-    let name = rustls_pki_types::ServerName::try_from(runtime::identity::SERVER_NAME).expect("name");
+    let name = rustls_pki_types::ServerName::try_from(wire::identity::SERVER_NAME).expect("name");
     let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).map_err(|e| e.to_string())?;
     let tcp = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
     tcp.set_read_timeout(Some(std::time::Duration::from_secs(10))).map_err(|e| e.to_string())?;

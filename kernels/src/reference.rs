@@ -1,7 +1,7 @@
 //! Plain, obviously-correct versions of every kernel: triple loops in `f64` over dense matrices. They are
 //! slow on purpose; the tests hold the fast kernels to them.
 
-use crate::kernels::sparse::SparsePattern;
+use crate::sparse::SparsePattern;
 use crate::tensor::Mat;
 
 /// `a · b` by the textbook triple loop.

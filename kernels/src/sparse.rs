@@ -254,7 +254,7 @@ enum Out {
 }
 
 fn workers(work: usize) -> usize {
-    if work < super::PARALLEL_MIN_FLOPS { 1 } else { rayon::current_num_threads().max(1) }
+    if work < crate::PARALLEL_MIN_FLOPS { 1 } else { rayon::current_num_threads().max(1) }
 }
 
 /// Runs `run` on every part of `schedule`: on the thread pool when `work` (the kernel's multiply-adds) is
@@ -894,7 +894,7 @@ fn fold(sum: &Partial) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::reference;
+    use crate::reference;
 
     fn random_mat(rows: usize, cols: usize, seed: u64) -> Mat {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);

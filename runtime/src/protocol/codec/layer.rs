@@ -6,9 +6,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::chunk::{extend_words, CHUNK_BYTES, MAX_RESERVE};
-use crate::error::{Error, Result};
-use crate::plan::Limits;
-use crate::kernels::sparse::SparsePattern;
+use wire::error::{Error, Result};
+use plan::limits::Limits;
+use kernels::sparse::SparsePattern;
 use crate::protocol::pb::{Encoding, LayerChunk, Pass as PbPass};
 use crate::protocol::{LayerStream, Pass, WeightPayload};
 
@@ -255,7 +255,7 @@ mod tests {
 
     /// Limits of a model whose layer 2 is the 700×900 layer of [`sparse_stream`].
     fn limits() -> Limits {
-        let shape = crate::model::LinearShape::new(900, 700, true);
+        let shape = plan::layout::LinearShape::new(900, 700, true);
         Limits { shard: 1, layers: vec![shape; 3], optimizer_values: 0 }
     }
 

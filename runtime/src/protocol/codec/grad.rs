@@ -4,8 +4,8 @@
 use bytes::Bytes;
 
 use super::chunk::{extend_words, pieces, Words, MAX_RESERVE};
-use crate::error::{Error, Result};
-use crate::plan::Limits;
+use wire::error::{Error, Result};
+use plan::limits::Limits;
 use crate::protocol::pb::GradChunk;
 use crate::protocol::LayerGrad;
 
@@ -143,13 +143,33 @@ pub fn decode_grads(chunks: impl IntoIterator<Item = GradChunk>, limits: &Limits
     layers.into_iter().map(|chunks| decode_grad(chunks, limits)).collect()
 }
 
+/// Receives an `Apply` stream: the step's summed gradients, whose first chunk names the job and the step. A
+/// stream of another job is refused before anything is applied, and every chunk is metered against the plan's
+/// `limits` before it is kept, so an `Apply` can never make a stage hold more than the model's gradients.
+pub async fn receive_grads(
+    mut stream: tonic::Streaming<GradChunk>,
+    job: &str,
+    limits: &Limits,
+) -> Result<Vec<GradChunk>, tonic::Status> {
+    let mut meter = GradMeter::new(limits);
+    let mut chunks = Vec::new();
+    while let Some(c) = stream.message().await? {
+        if chunks.is_empty() && c.job != job {
+            return Err(tonic::Status::failed_precondition(format!("gradients of job '{}' reached a stage of job '{job}'", c.job)));
+        }
+        meter.check(&c, limits).map_err(wire::status::to_status)?;
+        chunks.push(c);
+    }
+    Ok(chunks)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Two layers of 600,000 weights and 5 outputs.
     fn limits() -> Limits {
-        Limits { shard: 1, layers: vec![crate::model::LinearShape::new(120_000, 5, false); 2], optimizer_values: 0 }
+        Limits { shard: 1, layers: vec![plan::layout::LinearShape::new(120_000, 5, false); 2], optimizer_values: 0 }
     }
 
     #[test]

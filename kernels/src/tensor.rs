@@ -179,8 +179,8 @@ impl Mat {
     }
 
     /// A view of the whole matrix for the GEMM wrapper.
-    pub fn view(&self) -> crate::kernels::dense::MatView<'_> {
-        crate::kernels::dense::MatView::new(&self.data, self.rows, self.cols)
+    pub fn view(&self) -> crate::dense::MatView<'_> {
+        crate::dense::MatView::new(&self.data, self.rows, self.cols)
     }
 }
 

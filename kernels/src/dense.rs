@@ -115,7 +115,7 @@ const UNINIT_MIN: usize = 16;
 
 /// Threads for an `m × k · k × n` product: all of them when the work pays for the fork.
 fn parallelism(m: usize, n: usize, k: usize) -> Parallelism {
-    if m * n * k >= super::PARALLEL_MIN_FLOPS { Parallelism::Rayon(0) } else { Parallelism::None }
+    if m * n * k >= crate::PARALLEL_MIN_FLOPS { Parallelism::Rayon(0) } else { Parallelism::None }
 }
 
 /// `dst = a · b`, or `dst += a · b` when `accumulate`; `dst` is row-major `a.rows × b.cols`.
@@ -143,7 +143,7 @@ pub fn matmul(dst: &mut [f32], a: MatView<'_>, b: MatView<'_>, accumulate: bool)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::reference;
+    use crate::reference;
     use crate::tensor::Mat;
 
     fn mat(rows: usize, cols: usize, seed: usize) -> Mat {

@@ -1,4 +1,5 @@
-//! The runtime's one error type: every failure a job can meet, each worded so the user knows what to change.
+//! The data plane's one error type: every failure a job can meet in a role, each worded so the user knows what
+//! to change, and its kind kept across the gRPC boundary ([`crate::status`]).
 
 /// Why a job could not run or continue.
 #[derive(Debug, thiserror::Error)]
@@ -13,7 +14,7 @@ pub enum Error {
     #[error(
         "{engine}: SRAM budget exceeded: {what} needs {} but the engine has {}; lower spec.training.batchSize, \
          raise spec.cs2 to split the batch over more engines, or raise spec.engine.sramBytes",
-        crate::units::bytes(*needed), crate::units::bytes(*available)
+        plan::units::bytes(*needed), plan::units::bytes(*available)
     )]
     OutOfSram {
         /// Which engine.
@@ -61,7 +62,7 @@ pub enum Error {
     },
 }
 
-/// Shorthand used across the runtime.
+/// Shorthand used across the data plane.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
@@ -77,5 +78,17 @@ impl Error {
     /// An I/O error with the path or action it happened on.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { context: context.into(), source }
+    }
+}
+
+impl From<plan::error::Error> for Error {
+    /// A plan's refusal keeps its kind (and so its words) in the data plane's error.
+    fn from(e: plan::error::Error) -> Self {
+        match e {
+            plan::error::Error::Spec(e) => Error::Spec(e),
+            plan::error::Error::OutOfSram { engine, what, needed, available } => Error::OutOfSram { engine, what, needed, available },
+            plan::error::Error::Plan(why) => Error::Plan(why),
+            plan::error::Error::Protocol(why) => Error::Protocol(why),
+        }
     }
 }

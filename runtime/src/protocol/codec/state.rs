@@ -4,8 +4,8 @@
 use bytes::Bytes;
 
 use super::chunk::pieces;
-use crate::error::{Error, Result};
-use crate::plan::Limits;
+use wire::error::{Error, Result};
+use plan::limits::Limits;
 use crate::protocol::pb::StateChunk;
 
 /// A replica's state (the bytes of a checkpoint file) cut into chunks for `job`, sharing its buffer.

@@ -1,7 +1,7 @@
 //! Layer streams and gradients on the wire: cut into chunks of at most 1 MiB and put back together with every
 //! length and index checked, so a truncated stream, a wrong shape or a bad index is refused before it reaches a
 //! kernel or MemoryX's state. Every kind has a meter (`LayerMeter`, `GradMeter`, `StateMeter`) that checks each
-//! chunk against the plan's [`crate::plan::Limits`] before the chunk is kept, used by the decoders and by every
+//! chunk against the plan's [`plan::limits::Limits`] before the chunk is kept, used by the decoders and by every
 //! stage that only relays chunks, so no stream can make a stage hold more than the job's model.
 //!
 //! One codec per message kind — `layer` (what MemoryX streams), `grad` (what engines send back), `state` (a
@@ -14,9 +14,8 @@ mod layer;
 mod state;
 mod step;
 
-pub use super::reduce::add_grads;
 pub use chunk::CHUNK_BYTES;
-pub use grad::{decode_grad, decode_grads, encode_grad, encode_grad_owned, encode_grads, GradMeter};
+pub use grad::{decode_grad, decode_grads, encode_grad, encode_grad_owned, encode_grads, receive_grads, GradMeter};
 pub use layer::{encode_layer, LayerAssembler, LayerMeter};
 pub use state::{decode_state, encode_state, StateMeter};
 pub use step::encode_step;

@@ -1,0 +1,25 @@
+//! What a model family is to the engine: the math of each stream unit over the activations it keeps.
+
+use super::hw::Work;
+use super::linear::{Grads, StreamedLinear};
+use kernels::tensor::Mat;
+use wire::error::Result;
+
+/// The model-specific half of the engine program: the math of each stream unit over the activations the
+/// engine keeps. [`super::Wse`] does everything the model families share — step order, shape checks, the SRAM
+/// budget, the loss and the counters — so a family is only its layers.
+pub(super) trait Net: Send {
+    /// Takes a new shard's input matrix, dropping whatever the previous step left.
+    fn begin(&mut self, inputs: Mat) -> Result<()>;
+    /// Runs `unit` forward and notes the work done; returns the logits when it is the model's last unit.
+    fn forward<'s>(&mut self, unit: StreamedLinear<'s>, works: &mut Vec<Work<'s>>) -> Result<Option<Mat>>;
+    /// Starts the backward pass from the gradient of the loss with respect to the logits.
+    fn start_backward(&mut self, d_logits: Mat);
+    /// Runs `unit` backward and returns its weight and bias gradients (in the stream's weight order).
+    fn backward<'s>(&mut self, unit: StreamedLinear<'s>, works: &mut Vec<Work<'s>>) -> Result<Grads>;
+    /// Bytes of activations held right now.
+    fn resident_bytes(&self) -> u64;
+    /// Drops everything held.
+    fn clear(&mut self);
+}
+

@@ -1,0 +1,195 @@
+//! One role program's life, written once for the four programs (MemoryX, SwarmX, the engine, input workers):
+//! start (logging, signals, the watchdog on standard input), load the job and its identity, derive the plan's
+//! limits, bind and announce the listeners, serve HTTP (health, metrics and the job's protected routes) and a
+//! gRPC service. A program says only what is its own: which service, which routes, which metrics.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::routing::get;
+use axum::Router;
+use crds::contract::{CommonArgs, Handshake, Role};
+use plan::limits::Limits;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+use crate::error::{Error, Result};
+use crate::grpc::Dial;
+use crate::identity::Identity;
+
+/// A started role program: its job, identity, limits and async runtime.
+pub struct Program {
+    /// The role this program plays.
+    pub role: Role,
+    /// The arguments every role takes.
+    pub common: CommonArgs,
+    /// The job manifest it loaded.
+    pub job: crds::TrainingJob,
+    /// The job's wire identity: the name every request must carry.
+    pub job_id: String,
+    /// The job's TLS identity, served and presented on every connection.
+    pub identity: Identity,
+    /// What the plan lets any message make this program allocate.
+    pub limits: Limits,
+    /// The async runtime its services and clients run on.
+    pub runtime: tokio::runtime::Runtime,
+}
+
+impl Program {
+    /// Starts `role`'s program with `common`: logging, termination on a signal, the standard-input watchdog,
+    /// then the job, its identity, its limits and an async runtime.
+    pub fn start(role: Role, common: &CommonArgs) -> Result<Program> {
+        start(common);
+        let (job, job_id) = load_job(common)?;
+        let identity = load_identity(common)?;
+        let limits = Limits::for_spec(&job.spec);
+        let runtime = tokio::runtime::Runtime::new().map_err(|e| Error::io("starting the async runtime", e))?;
+        Ok(Program { role, common: common.clone(), job, job_id, identity, limits, runtime })
+    }
+
+    /// Binds the gRPC listener at `grpc` and the HTTP one, then announces both with [`Handshake::Ready`] for a
+    /// local supervisor; returns them in that order.
+    pub fn listen(&self, grpc: SocketAddr) -> Result<(TcpListener, TcpListener)> {
+        self.runtime.block_on(async {
+            let grpc = bind(grpc, self.role, "grpc").await?;
+            let http = bind(self.common.http, self.role, "http").await?;
+            announce_ready(self.role, Some(&grpc), &http)?;
+            Ok((grpc, http))
+        })
+    }
+
+    /// Binds the HTTP listener alone and announces it: a program without a gRPC service of its own.
+    pub fn listen_http(&self) -> Result<TcpListener> {
+        self.runtime.block_on(async {
+            let http = bind(self.common.http, self.role, "http").await?;
+            announce_ready(self.role, None, &http)?;
+            Ok(http)
+        })
+    }
+
+    /// Serves HTTP on `http` in the background: `/healthz` and `/metrics` (from `registry`) to anyone,
+    /// `protected` to the job's holders only.
+    pub fn serve_http(&self, http: TcpListener, registry: Registry, protected: Router) -> tokio::task::JoinHandle<Result<()>> {
+        let identity = self.identity.clone();
+        self.runtime.spawn(async move { serve_http(http, Arc::new(Mutex::new(registry)), &identity, protected).await })
+    }
+
+    /// How this program dials other roles: its identity, `connect_seconds` for a peer to come up, and the
+    /// per-call deadline from the command line or else from the plan's limits.
+    pub fn dial(&self, connect_seconds: u64) -> Dial<'_> {
+        let call = self.common.call_timeout_seconds.map_or_else(|| self.limits.call_timeout(), std::time::Duration::from_secs);
+        Dial::new(&self.identity, std::time::Duration::from_secs(connect_seconds)).with_call_timeout(call)
+    }
+
+    /// Serves the gRPC service `svc` (its message limits set) on `grpc` until the process ends.
+    pub fn serve_grpc<S>(&self, svc: S, grpc: TcpListener) -> Result<()>
+    where
+        S: tonic::codegen::Service<tonic::codegen::http::Request<tonic::body::Body>, Error = std::convert::Infallible>
+            + tonic::server::NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        self.runtime.block_on(crate::grpc::serve(svc, grpc, &self.identity))
+    }
+}
+
+/// Serves `/healthz` and `/metrics` (Prometheus text from `registry`) to anyone who reaches the port, and
+/// `protected` (MemoryX's `/status` and `/checkpoint`) only to holders of the job's certificate, over TLS with
+/// the job's `identity`, on `listener` until the process ends (see [`crate::https`]).
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Mutex<Registry>>,
+    identity: &Identity,
+    protected: Router,
+) -> Result<()> {
+    let metrics = move || {
+        let registry = registry.clone();
+        async move {
+            let mut text = String::new();
+            if let Ok(r) = registry.lock() {
+                // Encoding into a String cannot fail for well-formed metrics.
+                let _ = encode(&mut text, &r);
+            }
+            ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
+        }
+    };
+    let open = Router::new().route("/healthz", get(|| async { "ok" })).route("/metrics", get(metrics));
+    crate::https::serve(listener, identity, open, protected).await
+}
+
+/// Logs through tracing-subscriber: human-readable by default, one JSON object per line with `json`.
+pub fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json { builder.json().try_init() } else { builder.try_init() };
+}
+
+/// Reads the job manifest named by a role's arguments, and its wire identity (the job's name unless given).
+pub fn load_job(args: &CommonArgs) -> Result<(crds::TrainingJob, String)> {
+    let text =
+        std::fs::read_to_string(&args.job).map_err(|e| Error::io(format!("reading {}", args.job.display()), e))?;
+    let job = crds::parse_training_job(&text)?;
+    let id = args.job_id.clone().unwrap_or_else(|| job.metadata.name.clone().unwrap_or_else(|| "job".into()));
+    Ok((job, id))
+}
+
+/// Reads the job's TLS identity named by a role's arguments: without it a role can neither serve nor call.
+pub fn load_identity(args: &CommonArgs) -> Result<Identity> {
+    Identity::load(&args.identity)
+}
+
+/// Starts logging and, when asked, the standard-input watchdog: what every role program does first.
+pub fn start(args: &CommonArgs) {
+    init_logging(args.json_logs);
+    // As a container's first process, a program ignores SIGTERM unless it handles it, and Kubernetes would
+    // wait out the grace period while it kept working. Stop at once instead: MemoryX's checkpoints are
+    // written atomically, so nothing is left half-written, and an interrupted step is rerun on restart.
+    let _ = ctrlc::set_handler(|| {
+        tracing::info!("stopping on a termination signal");
+        std::process::exit(143);
+    });
+    if args.exit_with_stdin {
+        std::thread::spawn(|| {
+            let mut sink = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+            std::process::exit(0);
+        });
+    }
+}
+
+/// A role program's exit: success, or the error on standard error and a failure status. Every program (and
+/// `wsctl node`) ends through here, so they report alike.
+pub fn exit(result: Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Binds `addr` for `role`'s `what` endpoint. The caller announces the bound addresses with
+/// [`Handshake::Ready`] once all its listeners are up.
+pub async fn bind(addr: SocketAddr, role: Role, what: &str) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::io(format!("{role}: binding {what} on {addr}"), e))
+}
+
+/// Announces that `role` serves `grpc` (if it has a service) and `http`, for a local supervisor.
+pub fn announce_ready(
+    role: Role,
+    grpc: Option<&tokio::net::TcpListener>,
+    http: &tokio::net::TcpListener,
+) -> Result<()> {
+    let addr = |l: &tokio::net::TcpListener| l.local_addr().map_err(|e| Error::io("reading the bound address", e));
+    let grpc = grpc.map(addr).transpose()?;
+    Handshake::Ready { role, grpc, http: addr(http)? }.announce();
+    Ok(())
+}
+
