@@ -485,7 +485,7 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
 
     // The held-out windows the job evaluated, read from the same files by the runtime's own loader.
     let local = cluster::repo_root().join("examples/data");
-    let (_, test) = ok(runtime::data::load(&j.spec, Some(&local)), "the corpus, locally");
+    let (_, test) = ok(data::load(&j.spec, Some(&local)), "the corpus, locally");
     let (mut sum, mut tokens) = (0.0, 0usize);
     for w in test.eval_samples() {
         let shard = test.shard(&[w]);

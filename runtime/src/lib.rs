@@ -1,8 +1,10 @@
 //! The math and the roles of weight streaming. Below it: `crds` (the API), `plan` (the appliance a job gets),
+//! `data` (what a job trains on),
 //! `wire` (identity, gRPC, errors, the program scaffold) and `kernels` (the arithmetic).
 //!
 //! - [`model`]: the layers (linear, activations, norms, attention, loss) over the kernels.
-//! - [`optim`]: the optimizers and the learning-rate schedule; [`data`]: data sets, the sampler, batch shards.
+//! - [`optim`]: the optimizers and the learning-rate schedule (the data, its sampler and batch shards are the
+//!   `data` crate's).
 //! - [`protocol`]: the messages between roles and one codec per message kind.
 //! - The roles, each a room of its own with its service, client and program: [`input`] (input workers),
 //!   [`engine`] (what an engine does with streamed layers, against a small hardware trait), [`swarmx`] (the
@@ -13,7 +15,6 @@
 //!   memory and allocator.
 #![warn(missing_docs)]
 
-pub mod data;
 pub mod driver;
 pub mod engine;
 pub mod input;

@@ -5,7 +5,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::data::shard::Shard;
+use data::shard::Shard;
 use crate::engine::{CountingHw, EngineRole, Wse};
 use wire::error::{Error, Result};
 use crate::memoryx::WeightStore;

@@ -13,14 +13,14 @@ use std::time::Instant;
 use crds::contract::ProgressReport;
 use serde::{Deserialize, Serialize};
 
-use crate::data::Sampler;
+use data::Sampler;
 use crate::input::DataInfo;
 use crate::engine::EngineStats;
 use wire::error::{Error, Result};
 use crate::memoryx::WeightStore;
 use crate::model::loss::LossSum;
 use crate::protocol::LayerStream;
-use crate::data::shard::Split;
+use data::shard::Split;
 use crate::swarmx::{StepRequest, Swarm};
 
 /// Held-out results.

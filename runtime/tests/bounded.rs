@@ -23,7 +23,7 @@ mod common;
 // The client holds the job's own identity: the limits, not the credentials, must refuse.
 use common::{identity, layout, store};
 use runtime::input::LocalFeed;
-use runtime::data::{mnist, Dataset};
+use data::{mnist, Dataset};
 use runtime::engine::server::EngineServer;
 use runtime::engine::{CountingHw, Wse};
 use runtime::memoryx::{checkpoint, WeightStore};

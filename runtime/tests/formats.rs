@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use runtime::data::{self, Sampler};
+use data::{self, Sampler};
 use runtime::engine::{CountingHw, EngineRole, Wse};
 use runtime::input::LocalFeed;
 use runtime::memoryx::MemoryX;

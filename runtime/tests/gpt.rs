@@ -7,8 +7,8 @@ use crds::{Decay, ModelKind, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSp
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use runtime::input::LocalFeed;
-use runtime::data::text::{TextWindows, Tokens};
-use runtime::data::{Dataset, Sampler};
+use data::text::{TextWindows, Tokens};
+use data::{Dataset, Sampler};
 use runtime::engine::{CountingHw, EngineRole, Wse};
 use runtime::memoryx::{MemoryX, Tensors, WeightStore};
 use plan::layout::ModelLayout;

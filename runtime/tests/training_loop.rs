@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crds::{Activation, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
 use runtime::input::LocalFeed;
-use runtime::data::{mnist, Dataset, Sampler};
+use data::{mnist, Dataset, Sampler};
 use runtime::engine::{CountingHw, EngineRole, Wse};
 use kernels::sparse::SparsePattern;
 use runtime::memoryx::{MemoryX, WeightStore};
@@ -121,7 +121,7 @@ fn engine_gradients_match_finite_differences() {
 
     let run = |values: &[Vec<f32>], train: bool| -> (f64, Vec<LayerGrad>) {
         let mut e = Wse::new("fd", l.clone(), CountingHw::new(1 << 20));
-        e.begin_step(runtime::data::shard::Shard { inputs: inputs.clone(), labels: labels.clone() }, 1.0, train).unwrap();
+        e.begin_step(data::shard::Shard { inputs: inputs.clone(), labels: labels.clone() }, 1.0, train).unwrap();
         for (i, p) in patterns.iter().enumerate() {
             let s = LayerStream {
                 layer: i,

@@ -1,7 +1,7 @@
 //! The cluster model against the rest of the appliance: the bytes it streams are the plan's, its estimate of a
 //! job agrees with what a simulated engine charges for a real step, and more engines or more sparsity help.
 
-use runtime::data::shard::Shard;
+use data::shard::Shard;
 use runtime::engine::EngineRole;
 use runtime::memoryx::{MemoryX, WeightStore};
 use plan::layout::ModelLayout;

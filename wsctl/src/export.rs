@@ -260,7 +260,7 @@ pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>, token
     let tokenizer = match tokenizer {
         Some(t) if model.kind != ModelKind::Gpt => bail!("--tokenizer {}: only a GPT reads tokens; leave it out for an MLP", t.display()),
         Some(t) => {
-            runtime::data::tokenizer::TextTokenizer::load(t, model.vocab_size as usize)?;
+            data::tokenizer::TextTokenizer::load(t, model.vocab_size as usize)?;
             Some(std::fs::read(t).with_context(|| format!("cannot read {}", t.display()))?)
         }
         None => None,

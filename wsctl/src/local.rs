@@ -302,7 +302,7 @@ mod tests {
             let argv = std::iter::once(A::ROLE.binary().to_string()).chain(args.argv());
             assert_eq!(&A::try_parse_from(argv).expect("parses"), args);
         }
-        let mut job = crds::testing::mlp_job("j", "ml", 20);
+        let mut job = crds::testing::mlp_job("j", "ml", 16);
         job.spec.memoryx.servers = Some(2);
         let plan = Plan::new(&job.spec, 1 << 40, 4).expect("a plan");
         let wiring = Wiring::of(&plan);
@@ -317,6 +317,94 @@ mod tests {
                     Args::Memoryx(a) => check(&a),
                 }
                 site.addresses.insert(component, format!("https://127.0.0.1:{port}"));
+            }
+        }
+    }
+
+    /// The operator's pods and the local runner's processes for the same job carry the same arguments for
+    /// every role: the same components, each dialling the same components (addresses mapped back to what they
+    /// name), with the same role flags. Only what a site decides may differ: where the job and identity files
+    /// are, the ports, the log format, checkpoint and output folders, and that the cluster's weight servers share
+    /// one pod template (so each is told the others' addresses and learns its index from its pod).
+    #[test]
+    fn the_operator_and_the_local_runner_wire_every_role_alike() {
+        use k8s_openapi::api::core::v1::Container;
+        use kube::ResourceExt;
+        use operator::children::{desired, ClusterSite, OperatorPeer, Settings};
+
+        fn parse<A: RoleArgs>(c: &Container) -> A {
+            let argv = c.command.iter().flatten().take(1).cloned().chain(c.args.clone().unwrap_or_default());
+            A::try_parse_from(argv).expect("the operator's argv parses")
+        }
+        for (cs2, workers, servers, volume) in [(1, 1, 1, false), (4, 2, 3, true), (16, 1, 2, false)] {
+            let mut job = crds::testing::mlp_job("j", "ml", cs2);
+            job.metadata.uid = Some("u-1".into());
+            job.spec.data.workers = workers;
+            job.spec.memoryx.servers = Some(servers);
+            if volume {
+                job.spec.data.volume = Some("claim".into());
+            }
+            let settings = Settings { default_image: "i".into(), fan_out: 2, request_cs2: false, operator: OperatorPeer::default() };
+            let d = desired(&job, &settings, cs2).expect("the operator's objects");
+            let plan = Plan::for_spec(&job.spec, 2).expect("a plan");
+            let wiring = Wiring::of(&plan);
+            // Every component the local runner starts, at made-up loopback addresses, and the same in the cluster.
+            let cluster = ClusterSite::of(&job);
+            let mut local = LocalSite::new(Path::new("/run/job.yaml"), "j-1", Path::new("/run/identity"), volume.then(|| "/data".into()));
+            let mut named: HashMap<String, Component> = HashMap::new();
+            for (port, c) in (40_000..).zip(wiring.components()) {
+                let url = format!("https://127.0.0.1:{port}");
+                local.addresses.insert(c, url.clone());
+                named.insert(url, c);
+                named.insert(cluster.address(c), c);
+            }
+            let to = |urls: &[String]| -> Vec<Component> { urls.iter().map(|u| named[u]).collect() };
+            let outputs = MemoryxOutputs::default();
+            let servers_urls: Vec<String> = (1..servers).map(|i| local.address(Component::WeightServer(i))).collect();
+            // The cluster's pods by component: the pods' names are the components' names after the job's.
+            let mut pods: HashMap<Component, Args> = HashMap::new();
+            for pod in &d.pods {
+                let c = wiring.components().into_iter().find(|c| pod.name_any() == format!("j-{}", c.name())).expect("a pod per component");
+                let container = &pod.spec.as_ref().expect("a pod spec").containers[0];
+                let args = match c.role() {
+                    Role::Input => Args::Input(parse(container)),
+                    Role::Engine => Args::Engine(parse(container)),
+                    Role::Swarmx => Args::Swarmx(parse(container)),
+                    Role::Memoryx => unreachable!("MemoryX is a StatefulSet"),
+                };
+                pods.insert(c, args);
+            }
+            let template = &d.memoryx.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("a pod template").containers[0];
+            let memoryx: MemoryxArgs = parse(template);
+            assert_eq!(pods.len() + 1, wiring.components().len() - (servers as usize - 1), "one pod per component, MemoryX aside");
+            for c in wiring.components() {
+                match (c, local_args(&wiring, &local, c, &outputs, &servers_urls)) {
+                    (Component::Input(_), Args::Input(l)) => {
+                        let Some(Args::Input(k)) = pods.get(&c) else { panic!("{c:?} has no pod") };
+                        assert_eq!((l.index, l.data_root.is_some()), (k.index, k.data_root.is_some()), "{c:?}");
+                    }
+                    (Component::Engine(_), Args::Engine(l)) => {
+                        let Some(Args::Engine(k)) = pods.get(&c) else { panic!("{c:?} has no pod") };
+                        assert_eq!((l.index, to(&l.inputs)), (k.index, to(&k.inputs)), "{c:?}");
+                    }
+                    (Component::Swarmx { .. }, Args::Swarmx(l)) => {
+                        let Some(Args::Swarmx(k)) = pods.get(&c) else { panic!("{c:?} has no pod") };
+                        assert_eq!((to(&l.children), l.connect_timeout), (to(&k.children), k.connect_timeout), "{c:?}");
+                    }
+                    (Component::WeightServer(i), Args::Memoryx(l)) => {
+                        let k = &memoryx;
+                        assert_eq!(
+                            (named[&l.swarmx], named[&l.input], l.connect_timeout, l.retry_seconds, l.hold_seconds, l.crash_after_steps),
+                            (named[&k.swarmx], named[&k.input], k.connect_timeout, k.retry_seconds, k.hold_seconds, k.crash_after_steps),
+                            "{c:?}"
+                        );
+                        assert_eq!(l.server_index, i);
+                        if i == 0 {
+                            assert_eq!(to(&l.weight_servers), to(&k.weight_servers), "the coordinator reaches every other weight server");
+                        }
+                    }
+                    (c, args) => panic!("{c:?} rendered as {:?}", args.role()),
+                }
             }
         }
     }

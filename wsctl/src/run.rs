@@ -30,7 +30,7 @@ fn load_job(path: &Path, cs2: Option<u32>) -> Result<crds::TrainingJob> {
 pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     let job = load_job(path, cs2)?;
     let plan = Plan::for_spec(&job.spec, crds::contract::DEFAULT_FAN_OUT)?;
-    runtime::data::check_path(&job.spec)?;
+    data::check_path(&job.spec)?;
     let simulated = sim_wse::cost::estimate(&job.spec);
     if json {
         let mut value = serde_json::to_value(&plan)?;

@@ -99,7 +99,7 @@ fn exported_loss_matches(name: &str, manifest: &str, tied: bool) {
     // The held-out windows the job evaluated: the same split, the same evenly spread windows.
     let mut spec = crds::parse_training_job(manifest).unwrap().spec;
     spec.data.path = common::repo().join(&spec.data.path).to_string_lossy().to_string();
-    let (_, test) = runtime::data::load(&spec, None).unwrap();
+    let (_, test) = data::load(&spec, None).unwrap();
     let (mut sum, mut tokens) = (0.0, 0usize);
     let windows = test.eval_samples();
     for &w in &windows {
@@ -121,7 +121,7 @@ fn exported_loss_matches(name: &str, manifest: &str, tied: bool) {
 }
 
 /// With `transformers` and `torch` installed, `GPT2LMHeadModel.from_pretrained` gives the same loss too.
-fn transformers_check(hf: &Path, test: &runtime::data::Dataset, windows: &[u32], reported: f64) {
+fn transformers_check(hf: &Path, test: &data::Dataset, windows: &[u32], reported: f64) {
     let probe = std::process::Command::new("python3").args(["-c", "import transformers, torch"]).output();
     match probe {
         Ok(o) if o.status.success() => {}

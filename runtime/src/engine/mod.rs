@@ -7,7 +7,7 @@
 //! [`CountingHw`]. [`server`] puts an engine on the network.
 //!
 //! - `hw`: the work an engine reports and the hardware trait that counts it.
-//! - `role`: [`EngineRole`], what SwarmX drives (with a [`crate::data::shard::Shard`] of the batch), and the
+//! - `role`: [`EngineRole`], what SwarmX drives (with a [`data::shard::Shard`] of the batch), and the
 //!   [`EngineStats`] it reads.
 //! - `wse`: [`Wse`], the engine program every model family shares.
 //! - `linear`: a weight layer over its streamed weights, the one place a kernel is chosen.

@@ -1,11 +1,11 @@
 //! The contract between SwarmX and an engine. SwarmX drives a step through [`EngineRole`] without knowing
 //! whether the engine is in this process ([`super::Wse`]) or behind gRPC, so the data type it reads back from
 //! an engine — [`EngineStats`] — lives here, apart from any one implementation; the batch shard it hands one
-//! ([`crate::data::shard::Shard`]) is data's.
+//! ([`data::shard::Shard`]) is data's.
 
 use serde::Serialize;
 
-use crate::data::shard::Shard;
+use data::shard::Shard;
 
 use super::hw::EngineCounters;
 use wire::error::Result;

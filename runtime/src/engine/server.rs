@@ -136,11 +136,11 @@ impl EngineServer {
     async fn begin(&self, r: BeginStepRequest) -> Result<(), Status> {
         self.job.check(&r.job)?;
         let split = match pb::Split::try_from(r.split) {
-            Ok(pb::Split::Train) => crate::data::shard::Split::Train,
-            Ok(pb::Split::Test) => crate::data::shard::Split::Test,
+            Ok(pb::Split::Train) => data::shard::Split::Train,
+            Ok(pb::Split::Test) => data::shard::Split::Test,
             Err(_) => return Err(Status::invalid_argument(format!("unknown split {}", r.split))),
         };
-        let train = split == crate::data::shard::Split::Train;
+        let train = split == data::shard::Split::Train;
         Error::check_limit(
             || "the samples of a BeginStep (an engine's shard of the batch)".into(),
             r.samples.len() as u64,

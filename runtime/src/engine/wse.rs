@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::hw::{EngineHw, Work};
 use super::linear::StreamedLinear;
 use super::role::{EngineRole, EngineStats};
-use crate::data::shard::Shard;
+use data::shard::Shard;
 use super::net::Net;
 use super::{gpt, mlp};
 use wire::error::{Error, Result};

@@ -15,10 +15,10 @@ pub mod server;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::data::{split_even, Dataset};
-use crate::data::shard::Shard;
+use data::{split_even, Dataset};
+use data::shard::Shard;
 use wire::error::{Error, Result};
-use crate::data::shard::{check_samples, Split};
+use data::shard::{check_samples, Split};
 use kernels::tensor::Mat;
 
 /// What a job's data holds, as MemoryX needs to know it: the number of steps an epoch has, which held-out
@@ -72,7 +72,7 @@ impl LocalFeed {
 
     /// Loads the job's data, its paths taken inside `root` when the job names a volume.
     pub fn load(spec: &crds::TrainingJobSpec, root: Option<&Path>) -> Result<LocalFeed> {
-        let (train, test) = crate::data::load(spec, root)?;
+        let (train, test) = data::load(spec, root)?;
         Ok(LocalFeed::new(Arc::new(train), Arc::new(test)))
     }
 
@@ -165,7 +165,7 @@ pub fn per_worker(samples: &[u32], workers: usize) -> Vec<&[u32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::text::{TextWindows, Tokens};
+    use data::text::{TextWindows, Tokens};
 
     fn feed() -> LocalFeed {
         let bytes: Vec<u8> = (0..4000u32).map(|i| (i * 7 % 251) as u8).collect();

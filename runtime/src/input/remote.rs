@@ -9,12 +9,12 @@ use futures::future::try_join_all;
 use tonic::transport::Channel;
 
 use super::{join_shards, per_worker, DataInfo, Feed, ShardBound};
-use crate::data::shard::Shard;
+use data::shard::Shard;
 use wire::error::{Error, Result};
 use crate::protocol::pb::input_client::InputClient;
 use crate::protocol::pb::{self, DescribeRequest, ShardRequest};
 use wire::grpc::{channel, Dial};
-use crate::data::shard::Split;
+use data::shard::Split;
 use kernels::tensor::Mat;
 use wire::status::from_status;
 

@@ -11,7 +11,7 @@ use wire::error::Error;
 use plan::limits::Limits;
 use crate::protocol::pb::input_server::Input;
 use crate::protocol::pb::{self, DescribeReply, DescribeRequest, ShardReply, ShardRequest};
-use crate::data::shard::Split;
+use data::shard::Split;
 use wire::grpc::JobGuard;
 use wire::status::to_status;
 

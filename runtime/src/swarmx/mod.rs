@@ -11,8 +11,8 @@ pub mod remote;
 
 use std::sync::Arc;
 
-use crate::data::split_even;
-use crate::data::shard::Split;
+use data::split_even;
+use data::shard::Split;
 use crate::input::Feed;
 use crate::engine::replica::{apply_all, resident_pass, ReplicaFactory};
 use kernels::on_workers;

@@ -11,7 +11,7 @@ use futures::Stream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::data::split_even;
+use data::split_even;
 use wire::error::{Error, Result};
 use wire::grpc::{channel, Dial};
 use crate::protocol::reduce::add_grads;

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use super::array::{Array, ArrayRef, Dtype};
-use crate::data::shard::Shard;
+use crate::shard::Shard;
 use wire::error::{Error, Result};
 use kernels::tensor::Mat;
 
@@ -246,10 +246,10 @@ fn to_labels(a: &ArrayRef, classes: usize) -> std::result::Result<Vec<u32>, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::npy::tests::write_npy;
+    use crate::npy::tests::write_npy;
 
     fn spec(path: &Path, layers: Vec<u32>) -> crds::TrainingJobSpec {
-        let mut s = crate::data::tests::example("fc-mnist.yaml");
+        let mut s = crate::tests::example("fc-mnist.yaml");
         s.model.layers = layers;
         s.data = crds::DataSpec::local(crds::DataKind::Arrays, path.to_string_lossy());
         s

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use crate::data::shard::Shard;
+use crate::shard::Shard;
 use wire::error::{Error, Result};
 use kernels::tensor::Mat;
 

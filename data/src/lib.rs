@@ -1,5 +1,7 @@
 //! Training data: readers for the data sets a job can name, and the seeded order in which samples are dealt
-//! into batches and the batches into per-engine shards.
+//! into batches and the batches into per-engine shards ([`shard::Shard`]). Input workers load it; engines and
+//! MemoryX never open a data file.
+#![warn(missing_docs)]
 
 pub mod array;
 pub mod arrays;
@@ -448,7 +450,7 @@ pub(crate) mod tests {
     #[test]
     fn text_jsonl_and_tokens_round_trip_with_a_held_out_file() {
         let dir = temp("kinds");
-        let words = crate::data::tokenizer::tests::word_level_json();
+        let words = crate::tokenizer::tests::word_level_json();
         std::fs::write(dir.join("tokenizer.json"), &words).unwrap();
         std::fs::write(dir.join("train.txt"), "call me ishmael .\n".repeat(50)).unwrap();
         std::fs::write(dir.join("val.txt"), "whale whale .\n".repeat(5)).unwrap();
@@ -509,8 +511,8 @@ pub(crate) mod tests {
         let dir = temp("arrays");
         let (x, y): (Vec<f32>, Vec<u8>) = ((0..80).map(|i| i as f32).collect(), (0..40).map(|i| i % 4).collect());
         let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-        crate::data::npy::tests::write_npy(&dir.join("inputs.npy"), "<f4", false, &[40, 2], &xb);
-        crate::data::npy::tests::write_npy(&dir.join("labels.npy"), "|u1", false, &[40], &y);
+        crate::npy::tests::write_npy(&dir.join("inputs.npy"), "<f4", false, &[40, 2], &xb);
+        crate::npy::tests::write_npy(&dir.join("labels.npy"), "|u1", false, &[40], &y);
         let mut spec = example("fc-mnist.yaml");
         spec.model.layers = vec![2, 16, 4];
         spec.data = crds::DataSpec::local(crds::DataKind::Arrays, dir.to_string_lossy());
