@@ -3,11 +3,13 @@
 //! and validate jobs through exactly this code.
 
 pub mod contract;
+mod execution;
 mod spec;
 mod status;
 pub mod testing;
 mod validate;
 
+pub use execution::ExecutionMode;
 pub use spec::*;
 pub use status::*;
 pub use validate::{escapes, is_dns_label, is_dns_subdomain, is_quantity, parse_training_job, quantity_bytes, ApiError};
