@@ -2,6 +2,9 @@
 //! appliance reports. It depends on no other crate of ours, so the operator, the runtime and `wsctl` all parse
 //! and validate jobs through exactly this code.
 
+#![warn(missing_docs)]
+
+pub mod conditions;
 pub mod contract;
 mod execution;
 mod spec;
