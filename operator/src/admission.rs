@@ -83,9 +83,10 @@ impl Claim {
         let terminal = status.phase.is_some_and(Phase::is_terminal);
         let deleting = job.metadata.deletion_timestamp.is_some();
         let wants = if holds == 0 && !terminal && !deleting && !job.spec.suspend { job.spec.cs2 } else { 0 };
+        let namespace = job.namespace().unwrap_or_default();
         Claim {
-            key: format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any()),
-            namespace: job.namespace().unwrap_or_default(),
+            key: crate::job_key(&namespace, &job.name_any()),
+            namespace,
             class: classes.value_of(job.spec.priority_class_name.as_deref()),
             class_name: job.spec.priority_class_name.clone(),
             priority: job.spec.priority,

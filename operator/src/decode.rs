@@ -35,7 +35,7 @@ pub struct Undecodable {
 impl Undecodable {
     /// `namespace/name`, as admission keys jobs.
     pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        crate::job_key(&self.namespace, &self.name)
     }
 
     /// What it weighs in admission: the CS-2s its status says it holds stay taken (its pods may still run

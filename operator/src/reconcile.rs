@@ -34,7 +34,7 @@ use crate::children::{self, Desired, JOB_LABEL, ROLE_LABEL, SPEC_HASH_ANNOTATION
 use crate::coordinator::Coordinator;
 use crate::decode::{self, Stored};
 use crate::status::{self, Children, Observed, Refusal};
-use crate::{Config, Error, FINALIZER, MANAGER, Shared};
+use crate::{Config, Error, FINALIZER, MANAGER, Shared, job_key};
 
 /// What every reconcile pass needs.
 pub struct Context {
@@ -398,7 +398,7 @@ async fn memoryx_refusal(job: &TrainingJob, existing: &[Pod], servers: u32, ctx:
     if present >= servers as usize {
         return None;
     }
-    let key = format!("{ns}/{}", job.name_any());
+    let key = job_key(&ns, &job.name_any());
     let sts = match Api::<StatefulSet>::namespaced(ctx.client.clone(), &ns).get_opt(&name).await {
         Ok(Some(sts)) => sts,
         Ok(None) => return None,
@@ -423,7 +423,7 @@ async fn memoryx_refusal(job: &TrainingJob, existing: &[Pod], servers: u32, ctx:
 fn decide(job: &TrainingJob, all: &[Stored], r: &Reading, ctx: &Context, now: Timestamp) -> (status::Decision, PodCensus) {
     let mut claims = decode::claims(all, &r.classes);
     let (pool_size, _) = r.pool.unwrap_or((0, false));
-    let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
+    let key = job_key(&job.namespace().unwrap_or_default(), &job.name_any());
     // This pass knows afresh whether the job's data claim exists; other jobs' claims say what their last pass saw.
     if let Some(own) = claims.iter_mut().find(|c| c.key == key) {
         own.blocked = r.missing_data.is_some();
@@ -536,7 +536,7 @@ async fn write_status(ctx: &Context, job: &TrainingJob, status: &TrainingJobStat
 /// (MemoryX, the children) waits on it: different jobs reconcile concurrently. The rest of the status, the
 /// phase above all, follows once the children are applied.
 async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
-    let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
+    let key = job_key(&job.namespace().unwrap_or_default(), &job.name_any());
     let Some((mut job, mut all)) = fresh(job, &ctx).await? else { return Ok(Action::await_change()) };
     if job.metadata.deletion_timestamp.is_some() {
         return Ok(Action::requeue(Duration::from_millis(100)));
@@ -649,7 +649,7 @@ async fn refused(ctx: &Context, job: &TrainingJob, next: &TrainingJobStatus, e: 
     }
     let reason = status::refusal_reason(s.code);
     let message = format!("the API server refused the job's children: {}", s.message);
-    let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
+    let key = job_key(&job.namespace().unwrap_or_default(), &job.name_any());
     tracing::warn!(job = %key, reason, "{message}");
     let status = status::children_refused(next, reason, message.clone(), job.metadata.generation, Timestamp::now());
     if let Err(e) = write_status(ctx, job, &status).await {
