@@ -10,6 +10,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crds::conditions::{ConditionType, Reason};
 use crds::contract::{MemoryxStatus, Role};
 use crds::{Phase, TrainingJob, TrainingJobStatus};
 use futures::StreamExt;
@@ -111,7 +112,7 @@ pub async fn run(
                 for job in store.state() {
                     let phase = match &job.0 {
                         Ok(job) => job.status.as_ref().and_then(|s| s.phase).map_or("Pending", Phase::as_str),
-                        Err(_) => decode::INVALID_SPEC,
+                        Err(_) => Reason::InvalidSpec.as_str(),
                     }
                     .to_string();
                     match counts.iter_mut().find(|(p, _)| *p == phase) {
@@ -431,11 +432,11 @@ fn decide(job: &TrainingJob, all: &[Stored], r: &Reading, ctx: &Context, now: Ti
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
     let admission = (holds == 0).then(|| match (&r.missing_data, r.pool) {
         (Some(message), _) if job.spec.cs2 > 0 && !job.spec.suspend => {
-            Verdict::Wait { reason: admission::DATA_VOLUME_NOT_FOUND, message: message.clone() }
+            Verdict::Wait { reason: Reason::DataVolumeNotFound, message: message.clone() }
         }
         (_, Some(_)) => admission::decide(pool_size, &claims, &key),
         (_, None) => Verdict::Wait {
-            reason: "NoPool",
+            reason: Reason::NoPool,
             message: "no node advertises weightstream.dev/cs2 and no pool size is configured (WS_CS2_POOL)".into(),
         },
     });
@@ -501,7 +502,7 @@ async fn undecodable(obj: &Watched, ctx: &Context) -> Result<Action, Error> {
     if news {
         let event = Event {
             type_: EventType::Warning,
-            reason: decode::INVALID_SPEC.into(),
+            reason: Reason::InvalidSpec.as_str().into(),
             note: Some(format!("the operator cannot read this TrainingJob: {}", u.error)),
             action: "Decode".into(),
             secondary: None,
@@ -575,7 +576,7 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
     }
     let refusal_is_news = refusal.is_some_and(|r| {
         let conditions = job.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
-        !conditions.iter().any(|c| c.type_ == status::READY && c.reason == r.reason && c.message == r.message)
+        !conditions.iter().any(|c| ConditionType::Ready.of(c) && r.reason.of(c) && c.message == r.message)
     });
 
     match decision.children {
@@ -607,10 +608,10 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
         write_status(&ctx, &job, &decision.status).await?;
     }
     if let Some(r) = refusal.filter(|_| refusal_is_news) {
-        tracing::warn!(job = %key, reason = r.reason, "{}", r.message);
+        tracing::warn!(job = %key, reason = r.reason.as_str(), "{}", r.message);
         let event = Event {
             type_: EventType::Warning,
-            reason: r.reason.into(),
+            reason: r.reason.as_str().into(),
             note: Some(r.message.clone()),
             action: "Assemble".into(),
             secondary: None,
@@ -623,7 +624,7 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
         tracing::info!(job = %key, phase = %t.phase, reason = %t.reason, message = %t.message, "phase changed");
         let event = Event {
             type_: if t.warning { EventType::Warning } else { EventType::Normal },
-            reason: t.reason.clone(),
+            reason: t.reason.as_str().into(),
             note: Some(format!("{}: {}", t.phase, t.message)),
             action: t.phase.as_str().into(),
             secondary: None,
@@ -650,12 +651,12 @@ async fn refused(ctx: &Context, job: &TrainingJob, next: &TrainingJobStatus, e: 
     let reason = status::refusal_reason(s.code);
     let message = format!("the API server refused the job's children: {}", s.message);
     let key = job_key(&job.namespace().unwrap_or_default(), &job.name_any());
-    tracing::warn!(job = %key, reason, "{message}");
+    tracing::warn!(job = %key, reason = reason.as_str(), "{message}");
     let status = status::children_refused(next, reason, message.clone(), job.metadata.generation, Timestamp::now());
     if let Err(e) = write_status(ctx, job, &status).await {
         tracing::warn!(job = %key, error = %e, "cannot record the refusal in the status");
     }
-    let event = Event { type_: EventType::Warning, reason: reason.into(), note: Some(message), action: "Assemble".into(), secondary: None };
+    let event = Event { type_: EventType::Warning, reason: reason.as_str().into(), note: Some(message), action: "Assemble".into(), secondary: None };
     if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
         tracing::warn!(job = %key, error = %e, "cannot record event");
     }
