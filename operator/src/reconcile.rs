@@ -15,7 +15,9 @@ use crds::contract::{MemoryxStatus, Role};
 use crds::{Phase, TrainingJob, TrainingJobStatus};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Node, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event as CoreEvent, Node, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -489,27 +491,13 @@ async fn undecodable(obj: &Watched, ctx: &Context) -> Result<Action, Error> {
     let next = decode::invalid_spec_status(&u, Timestamp::now());
     let news = next.is_none() || next != u.status;
     if let Some(status) = next.filter(|s| Some(s) != u.status.as_ref()) {
-        let patch = serde_json::json!({
-            "apiVersion": format!("{}/{}", crds::GROUP, crds::VERSION),
-            "kind": "TrainingJob",
-            "metadata": { "name": u.name, "resourceVersion": u.resource_version },
-            "status": status,
-        });
-        if let Err(e) = api.patch_status(&u.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await {
+        if let Err(e) = patch_status(&api, &u.name, u.resource_version.clone(), &status).await {
             tracing::warn!(job = %key, error = %e, "cannot record InvalidSpec in the status");
         }
     }
     if news {
-        let event = Event {
-            type_: EventType::Warning,
-            reason: Reason::InvalidSpec.as_str().into(),
-            note: Some(format!("the operator cannot read this TrainingJob: {}", u.error)),
-            action: "Decode".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::warn!(job = %key, error = %e, "cannot record event");
-        }
+        let note = format!("the operator cannot read this TrainingJob: {}", u.error);
+        publish(ctx, &obj.object_ref(&()), &key, EventType::Warning, Reason::InvalidSpec, EventAction::Decode, note).await;
     }
     Ok(Action::await_change())
 }
@@ -520,13 +508,67 @@ async fn undecodable(obj: &Watched, ctx: &Context) -> Result<Action, Error> {
 async fn write_status(ctx: &Context, job: &TrainingJob, status: &TrainingJobStatus) -> Result<TrainingJob, Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
-    let patch = serde_json::json!({
-        "apiVersion": format!("{}/{}", crds::GROUP, crds::VERSION),
-        "kind": "TrainingJob",
-        "metadata": { "name": job.name_any(), "resourceVersion": job.resource_version() },
+    patch_status(&api, &job.name_any(), job.resource_version(), status).await
+}
+
+/// The one way the operator writes a job's status: a server-side apply of `status` alone as the operator's
+/// field manager, with `resource_version` in the patch so the API server refuses it (409) when the job
+/// changed since it was read. Through `api` of decoded jobs, or of stored ones for a job that does not decode.
+async fn patch_status<K>(api: &Api<K>, name: &str, resource_version: Option<String>, status: &TrainingJobStatus) -> Result<K, Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let patch = status_patch(name, resource_version, status);
+    Ok(api.patch_status(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?)
+}
+
+/// The body of [`patch_status`]: the job's type, its name and the resourceVersion to compare, and the status.
+fn status_patch(name: &str, resource_version: Option<String>, status: &TrainingJobStatus) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": TrainingJob::api_version(&()),
+        "kind": TrainingJob::kind(&()),
+        "metadata": { "name": name, "resourceVersion": resource_version },
         "status": status,
-    });
-    Ok(api.patch_status(&job.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?)
+    })
+}
+
+/// What the operator was doing when it recorded an Event (the Event's `action`).
+#[derive(Clone, Copy, Debug)]
+enum EventAction {
+    /// Creating or updating the job's children.
+    Assemble,
+    /// Reading the stored job.
+    Decode,
+    /// Moving the job to this phase.
+    Phase(Phase),
+}
+
+impl EventAction {
+    fn as_str(self) -> &'static str {
+        match self {
+            EventAction::Assemble => "Assemble",
+            EventAction::Decode => "Decode",
+            EventAction::Phase(p) => p.as_str(),
+        }
+    }
+}
+
+/// Records an Event about the job `regarding` refers to (`key` for the log). Best effort: a refused Event is
+/// logged and the pass goes on, since Events tell people what happened and nothing the operator decides
+/// depends on them.
+async fn publish(
+    ctx: &Context,
+    regarding: &ObjectReference,
+    key: &str,
+    type_: EventType,
+    reason: Reason,
+    action: EventAction,
+    note: String,
+) {
+    let event = Event { type_, reason: reason.as_str().into(), note: Some(note), action: action.as_str().into(), secondary: None };
+    if let Err(e) = ctx.recorder.publish(&event, regarding).await {
+        tracing::warn!(job = %key, error = %e, "cannot record event");
+    }
 }
 
 /// One pass as a pipeline: read → decide (pure) → (claim) → apply the children built once → status → event.
@@ -609,29 +651,13 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
     }
     if let Some(r) = refusal.filter(|_| refusal_is_news) {
         tracing::warn!(job = %key, reason = r.reason.as_str(), "{}", r.message);
-        let event = Event {
-            type_: EventType::Warning,
-            reason: r.reason.as_str().into(),
-            note: Some(r.message.clone()),
-            action: "Assemble".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
-            tracing::warn!(job = %key, error = %e, "cannot record event");
-        }
+        publish(&ctx, &job.object_ref(&()), &key, EventType::Warning, r.reason, EventAction::Assemble, r.message.clone()).await;
     }
     if let Some(t) = &decision.transition {
         tracing::info!(job = %key, phase = %t.phase, reason = %t.reason, message = %t.message, "phase changed");
-        let event = Event {
-            type_: if t.warning { EventType::Warning } else { EventType::Normal },
-            reason: t.reason.as_str().into(),
-            note: Some(format!("{}: {}", t.phase, t.message)),
-            action: t.phase.as_str().into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
-            tracing::warn!(job = %key, error = %e, "cannot record event");
-        }
+        let type_ = if t.warning { EventType::Warning } else { EventType::Normal };
+        let note = format!("{}: {}", t.phase, t.message);
+        publish(&ctx, &job.object_ref(&()), &key, type_, t.reason, EventAction::Phase(t.phase), note).await;
     }
     Ok(match decision.status.phase {
         Some(Phase::Succeeded | Phase::Failed | Phase::Suspended) => Action::requeue(Duration::from_secs(300)),
@@ -656,10 +682,7 @@ async fn refused(ctx: &Context, job: &TrainingJob, next: &TrainingJobStatus, e: 
     if let Err(e) = write_status(ctx, job, &status).await {
         tracing::warn!(job = %key, error = %e, "cannot record the refusal in the status");
     }
-    let event = Event { type_: EventType::Warning, reason: reason.as_str().into(), note: Some(message), action: "Assemble".into(), secondary: None };
-    if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
-        tracing::warn!(job = %key, error = %e, "cannot record event");
-    }
+    publish(ctx, &job.object_ref(&()), &key, EventType::Warning, reason, EventAction::Assemble, message).await;
 }
 
 /// Applies every child of `desired`. Outdated, failed and surplus pods are deleted first; their replacements
@@ -799,6 +822,19 @@ mod tests {
         let j = crds::testing::mlp_job("j", "ns", 2);
         let s = Settings { default_image: "i".into(), fan_out: 2, request_cs2: false, operator: Default::default() };
         children::desired(&j, &s, n).unwrap().pods
+    }
+
+    #[test]
+    fn the_status_patch_names_the_job_and_the_version_it_read() {
+        let status = TrainingJobStatus { phase: Some(Phase::Running), ..Default::default() };
+        let patch = status_patch("j", Some("42".into()), &status);
+        let want = serde_json::json!({
+            "apiVersion": "weightstream.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": { "name": "j", "resourceVersion": "42" },
+            "status": { "phase": "Running" },
+        });
+        assert_eq!(patch, want);
     }
 
     #[test]
