@@ -4,7 +4,7 @@
 //! checkpoint, rescale between steps) is decided here and unit-tested without a cluster.
 
 use crds::conditions::{ConditionStatus, ConditionType, Reason};
-use crds::{Phase, PlanStatus, TrainingJob, TrainingJobStatus};
+use crds::{Phase, PlanStatus, TrainingJob, TrainingJobSpec, TrainingJobStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
@@ -183,207 +183,40 @@ pub fn memoryx_refusal(sts: &k8s_openapi::api::apps::v1::StatefulSet, events: &[
     (newest.reason.as_deref() == Some("FailedCreate")).then(|| classify(newest.message.as_deref().unwrap_or("FailedCreate")))
 }
 
-/// Decides the next status of `job` and what to do with its children.
+/// Decides the next status of `job` and what to do with its children: the common bookkeeping here, each phase
+/// (or group of phases) in a function of its own, tried in the order the lifecycle gives them precedence.
 pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
     let spec = &job.spec;
     let prev = job.status.clone().unwrap_or_default();
     let generation = job.metadata.generation;
     let mut d = Pass { s: prev.clone(), generation, now: obs.now, reason: None, message: String::new() };
     d.s.observed_generation = generation;
-    // Only a job that waits in the queue has a place in it; the Wait branch below sets it.
+    // Only a job that waits in the queue has a place in it; `without_cs2` sets it.
     d.s.queue_position = None;
     let holds = prev.allocated_cs2.unwrap_or(0);
     if let Some(Ok(c)) = &obs.coordinator {
         d.progress(c, spec.training.batch_size);
     }
 
-    let (children, request_checkpoint) = 'decided: {
-        if prev.phase.is_some_and(Phase::is_terminal) {
-            d.s.allocated_cs2 = None;
-            break 'decided (Children::Release, false);
-        }
-        if let Err(why) = &obs.plan {
-            d.fail(Reason::PlanRejected, why.clone());
-            break 'decided (Children::Release, false);
-        }
-        if holds == 0 {
-            if spec.suspend {
-                d.phase(Phase::Suspended, Reason::Suspended, "suspended on request; set spec.suspend to false to resume");
-                d.cond(ConditionType::Suspended, true);
-                d.cond_with(ConditionType::Admitted, false, Reason::Suspended, "a suspended job holds no CS-2s");
-                break 'decided (Children::Release, false);
-            }
-            match &obs.admission {
-                Some(Verdict::Admit) => {
-                    d.s.allocated_cs2 = Some(spec.cs2);
-                    d.s.start_time.get_or_insert(Time(obs.now));
-                    let resumed = prev.conditions.iter().any(|c| ConditionType::Suspended.of(c) && ConditionStatus::True.of(c));
-                    let (reason, msg) = if resumed {
-                        (Reason::Resumed, format!("resumed on {} CS-2s from the last checkpoint", spec.cs2))
-                    } else {
-                        (Reason::Admitted, format!("all {} CS-2s are free; assembling the appliance", spec.cs2))
-                    };
-                    d.phase(Phase::Starting, reason, msg);
-                    d.cond(ConditionType::Admitted, true);
-                    if prev.conditions.iter().any(|c| ConditionType::Suspended.of(c)) {
-                        d.cond_with(ConditionType::Suspended, false, Reason::Resumed, "resumed");
-                    }
-                    d.cond_with(ConditionType::Ready, false, Reason::Assembling, "the appliance is being assembled");
-                    d.s.plan = obs.plan.clone().ok();
-                    break 'decided (Children::Assemble(spec.cs2), false);
-                }
-                Some(Verdict::Wait { reason, message }) => {
-                    d.phase(Phase::Queued, *reason, message.clone());
-                    d.cond(ConditionType::Admitted, false);
-                    d.s.queue_position = obs.queue_position;
-                    break 'decided (Children::Nothing, false);
-                }
-                None => {
-                    d.phase(Phase::Queued, Reason::AwaitingAdmission, "waiting for admission");
-                    d.cond(ConditionType::Admitted, false);
-                    break 'decided (Children::Nothing, false);
-                }
-            }
-        }
-
-        // The job holds its CS-2s from here on.
-        if let Some(Ok(c)) = &obs.coordinator {
-            match c.phase {
-                MemoryxPhase::Succeeded => {
-                    d.s.allocated_cs2 = None;
-                    d.s.completion_time.get_or_insert(Time(obs.now));
-                    d.phase(Phase::Succeeded, Reason::TrainingComplete, format!("trained {} steps", c.step()));
-                    d.cond(ConditionType::Complete, true);
-                    d.cond_with(ConditionType::Ready, false, Reason::Finished, "the job is over and its CS-2s are free");
-                    d.cond_with(ConditionType::Admitted, false, Reason::Released, "the job is over and its CS-2s are free");
-                    break 'decided (Children::Release, false);
-                }
-                MemoryxPhase::Failed => {
-                    let why = c.message.clone().unwrap_or_else(|| "MemoryX reported a failure".into());
-                    d.fail(Reason::DataPlaneFailed, why);
-                    break 'decided (Children::Release, false);
-                }
-                MemoryxPhase::Starting | MemoryxPhase::Running | MemoryxPhase::Checkpointing => {}
-            }
-        }
-        let mut restarts = prev.restarts + obs.failed_pods.len() as u32;
-        if let Some(rc) = obs.memoryx_restarts {
-            restarts += rc.saturating_sub(prev.memoryx_restarts_seen);
-            d.s.memoryx_restarts_seen = rc;
-        }
-        d.s.restarts = restarts;
-        let ran = prev.start_time.as_ref().map_or(0, |t| obs.now.duration_since(t.0).as_secs().max(0) as u64);
-        if let Some(limit) = spec.active_deadline_seconds.filter(|&limit| ran > limit) {
-            d.fail(
-                Reason::DeadlineExceeded,
-                format!("ran {ran} s since it was admitted, past spec.activeDeadlineSeconds = {limit}; CS-2s released"),
-            );
-            break 'decided (Children::Release, false);
-        }
-        if restarts > spec.restart_limit {
-            d.fail(
-                Reason::RestartLimitExceeded,
-                format!("{restarts} failures of MemoryX or engines exceed spec.restartLimit = {}", spec.restart_limit),
-            );
-            break 'decided (Children::Release, false);
-        }
-
-        let resize = spec.cs2 != holds;
-        let grow_blocked = resize && spec.cs2 > holds && !obs.may_grow;
-        if spec.suspend || (resize && !grow_blocked) {
-            let (why, doing) = if spec.suspend {
-                (Reason::Suspending, "checkpointing before giving back the CS-2s".to_string())
-            } else {
-                (Reason::Rescaling, format!("checkpointing before rescaling from {holds} to {} CS-2s", spec.cs2))
-            };
-            let reachable = match &obs.coordinator {
-                Some(Ok(c)) => Some(c),
-                _ => None,
-            };
-            let saved = |c: &MemoryxStatus| c.progress.last_checkpoint.as_ref().map_or(0, |k| k.step);
-            let waited = prev.checkpoint_requested_at.as_ref().map_or(0, |t| obs.now.duration_since(t.0).as_secs().max(0) as u64);
-            let mut late = false;
-            match (reachable, prev.checkpoint_requested_at_step) {
-                (Some(c), None) if c.step() > saved(c) => {
-                    d.s.checkpoint_requested_at_step = Some(c.step());
-                    d.s.checkpoint_requested_at = Some(Time(obs.now));
-                    d.phase(Phase::Checkpointing, why, doing);
-                    break 'decided (Children::Assemble(holds), true);
-                }
-                (Some(c), Some(at)) if saved(c) < at && waited <= CHECKPOINT_WAIT_SECONDS => {
-                    d.phase(Phase::Checkpointing, why, doing);
-                    break 'decided (Children::Assemble(holds), false);
-                }
-                (Some(c), Some(at)) if saved(c) < at => late = true,
-                _ => {}
-            }
-            // A checkpoint of the latest step exists (or there is no MemoryX to ask, or it did not write one in
-            // time): act now, from the newest checkpoint there is.
-            d.s.checkpoint_requested_at_step = None;
-            d.s.checkpoint_requested_at = None;
-            let mut at = d.s.progress.last_checkpoint.as_ref().map_or("no checkpoint yet".to_string(), |k| format!("step {}", k.step));
-            if late {
-                at = format!("{at} (MemoryX wrote no newer one within {CHECKPOINT_WAIT_SECONDS} s of being asked)");
-            }
-            if spec.suspend {
-                d.s.allocated_cs2 = None;
-                d.phase(Phase::Suspended, Reason::Suspended, format!("suspended with its checkpoint at {at}; CS-2s released"));
-                d.cond(ConditionType::Suspended, true);
-                d.cond_with(ConditionType::Admitted, false, Reason::Suspended, "a suspended job holds no CS-2s");
-                d.cond_with(ConditionType::Ready, false, Reason::Suspended, "suspended");
-                break 'decided (Children::Release, false);
-            }
-            d.s.allocated_cs2 = Some(spec.cs2);
-            d.s.plan = obs.plan.clone().ok();
-            d.phase(Phase::Starting, Reason::Rescaled, format!("rescaled from {holds} to {} CS-2s, continuing from {at}", spec.cs2));
-            d.cond_with(ConditionType::Admitted, true, Reason::Rescaled, format!("holds {} CS-2s", spec.cs2));
-            d.cond_with(ConditionType::Ready, false, Reason::Assembling, "the appliance is being reassembled");
-            break 'decided (Children::Assemble(spec.cs2), false);
-        }
-
-        d.s.checkpoint_requested_at_step = None;
-        d.s.checkpoint_requested_at = None;
-        if grow_blocked {
-            d.cond_with(
-                ConditionType::Admitted,
-                true,
-                Reason::RescaleWaitingForCapacity,
-                format!("holds {holds} CS-2s; growing to {} waits for free CS-2s", spec.cs2),
-            );
+    let (children, request_checkpoint) = if prev.phase.is_some_and(Phase::is_terminal) {
+        finished(&mut d)
+    } else if let Err(why) = &obs.plan {
+        d.fail(Reason::PlanRejected, why.clone());
+        (Children::Release, false)
+    } else if holds == 0 {
+        without_cs2(&mut d, spec, &prev, obs)
+    } else if let Some(over) = ended_by_memoryx(&mut d, obs) {
+        over
+    } else if let Some(failed) = past_limits(&mut d, spec, &prev, obs) {
+        failed
+    } else {
+        // The job holds its CS-2s and goes on: it moves (suspend, or a resize it may make now) or it runs.
+        let grow_blocked = spec.cs2 > holds && !obs.may_grow;
+        if spec.suspend || (spec.cs2 != holds && !grow_blocked) {
+            checkpoint_then_move(&mut d, spec, &prev, obs, holds)
         } else {
-            d.cond_with(ConditionType::Admitted, true, Reason::Admitted, format!("holds {holds} CS-2s"));
+            holding(&mut d, spec, obs, holds, grow_blocked)
         }
-        match (&obs.coordinator, obs.pods_ready) {
-            (Some(Ok(c)), true) if c.phase == MemoryxPhase::Starting => {
-                let msg = "MemoryX is starting (loading data, restoring its checkpoint, reaching its engines)";
-                d.phase(Phase::Starting, Reason::CoordinatorStarting, msg);
-                d.cond_with(ConditionType::Ready, false, Reason::CoordinatorStarting, msg);
-            }
-            (Some(Ok(c)), true) => {
-                let phase = if c.phase == MemoryxPhase::Checkpointing { Phase::Checkpointing } else { Phase::Running };
-                d.phase(phase, Reason::Training, format!("step {} of {}", c.step(), c.progress.total_steps.map_or("?".into(), |t| t.to_string())));
-                d.cond_with(ConditionType::Ready, true, Reason::Training, "every child is ready and MemoryX reports progress");
-            }
-            (_, false) => {
-                let msg = if obs.failed_pods.is_empty() {
-                    "waiting for engine and SwarmX pods to be ready".to_string()
-                } else {
-                    format!("replacing failed pods: {}", obs.failed_pods.join(", "))
-                };
-                let reason = if obs.failed_pods.is_empty() { Reason::PodsNotReady } else { Reason::ReplacingFailedPods };
-                d.phase(Phase::Starting, reason, msg.clone());
-                d.cond_with(ConditionType::Ready, false, reason, msg);
-            }
-            (other, true) => {
-                let msg = match other {
-                    Some(Err(e)) => format!("MemoryX does not answer yet: {e}"),
-                    _ => "MemoryX has not been asked yet".into(),
-                };
-                d.phase(Phase::Starting, Reason::CoordinatorUnreachable, msg.clone());
-                d.cond_with(ConditionType::Ready, false, Reason::CoordinatorUnreachable, msg);
-            }
-        }
-        (Children::Assemble(holds), false)
     };
 
     // A reason that needs someone to act is announced when it first appears, even if the phase stays.
@@ -398,6 +231,206 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
         warning: d.s.phase == Some(Phase::Failed) || needs_action,
     });
     Decision { status: d.s, children, request_checkpoint, transition }
+}
+
+/// `Succeeded` or `Failed` already: final, so the job holds nothing and stays as it is.
+fn finished(d: &mut Pass) -> (Children, bool) {
+    d.s.allocated_cs2 = None;
+    (Children::Release, false)
+}
+
+/// A job holding no CS-2s: `Suspended` on request, else `Queued` until admission lets it start (`Starting`, or
+/// resumed from its checkpoint after a suspend).
+fn without_cs2(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, obs: &Observed) -> (Children, bool) {
+    if spec.suspend {
+        d.phase(Phase::Suspended, Reason::Suspended, "suspended on request; set spec.suspend to false to resume");
+        d.cond(ConditionType::Suspended, true);
+        d.cond_with(ConditionType::Admitted, false, Reason::Suspended, "a suspended job holds no CS-2s");
+        return (Children::Release, false);
+    }
+    match &obs.admission {
+        Some(Verdict::Admit) => {
+            d.s.allocated_cs2 = Some(spec.cs2);
+            d.s.start_time.get_or_insert(Time(obs.now));
+            let resumed = prev.conditions.iter().any(|c| ConditionType::Suspended.of(c) && ConditionStatus::True.of(c));
+            let (reason, msg) = if resumed {
+                (Reason::Resumed, format!("resumed on {} CS-2s from the last checkpoint", spec.cs2))
+            } else {
+                (Reason::Admitted, format!("all {} CS-2s are free; assembling the appliance", spec.cs2))
+            };
+            d.phase(Phase::Starting, reason, msg);
+            d.cond(ConditionType::Admitted, true);
+            if prev.conditions.iter().any(|c| ConditionType::Suspended.of(c)) {
+                d.cond_with(ConditionType::Suspended, false, Reason::Resumed, "resumed");
+            }
+            d.cond_with(ConditionType::Ready, false, Reason::Assembling, "the appliance is being assembled");
+            d.s.plan = obs.plan.clone().ok();
+            (Children::Assemble(spec.cs2), false)
+        }
+        Some(Verdict::Wait { reason, message }) => {
+            d.phase(Phase::Queued, *reason, message.clone());
+            d.cond(ConditionType::Admitted, false);
+            d.s.queue_position = obs.queue_position;
+            (Children::Nothing, false)
+        }
+        None => {
+            d.phase(Phase::Queued, Reason::AwaitingAdmission, "waiting for admission");
+            d.cond(ConditionType::Admitted, false);
+            (Children::Nothing, false)
+        }
+    }
+}
+
+/// `Succeeded` or `Failed` as MemoryX reports it; `None` while MemoryX trains (or cannot be asked).
+fn ended_by_memoryx(d: &mut Pass, obs: &Observed) -> Option<(Children, bool)> {
+    let Some(Ok(c)) = &obs.coordinator else { return None };
+    match c.phase {
+        MemoryxPhase::Succeeded => {
+            d.s.allocated_cs2 = None;
+            d.s.completion_time.get_or_insert(Time(obs.now));
+            d.phase(Phase::Succeeded, Reason::TrainingComplete, format!("trained {} steps", c.step()));
+            d.cond(ConditionType::Complete, true);
+            d.cond_with(ConditionType::Ready, false, Reason::Finished, "the job is over and its CS-2s are free");
+            d.cond_with(ConditionType::Admitted, false, Reason::Released, "the job is over and its CS-2s are free");
+            Some((Children::Release, false))
+        }
+        MemoryxPhase::Failed => {
+            let why = c.message.clone().unwrap_or_else(|| "MemoryX reported a failure".into());
+            d.fail(Reason::DataPlaneFailed, why);
+            Some((Children::Release, false))
+        }
+        MemoryxPhase::Starting | MemoryxPhase::Running | MemoryxPhase::Checkpointing => None,
+    }
+}
+
+/// Counts this pass's failures (failed pods, MemoryX restarts not yet counted) into `restarts`, then `Failed`
+/// when the job ran past `spec.activeDeadlineSeconds` or failed more often than `spec.restartLimit`.
+fn past_limits(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, obs: &Observed) -> Option<(Children, bool)> {
+    let mut restarts = prev.restarts + obs.failed_pods.len() as u32;
+    if let Some(rc) = obs.memoryx_restarts {
+        restarts += rc.saturating_sub(prev.memoryx_restarts_seen);
+        d.s.memoryx_restarts_seen = rc;
+    }
+    d.s.restarts = restarts;
+    let ran = prev.start_time.as_ref().map_or(0, |t| obs.now.duration_since(t.0).as_secs().max(0) as u64);
+    if let Some(limit) = spec.active_deadline_seconds.filter(|&limit| ran > limit) {
+        d.fail(
+            Reason::DeadlineExceeded,
+            format!("ran {ran} s since it was admitted, past spec.activeDeadlineSeconds = {limit}; CS-2s released"),
+        );
+        return Some((Children::Release, false));
+    }
+    if restarts > spec.restart_limit {
+        d.fail(
+            Reason::RestartLimitExceeded,
+            format!("{restarts} failures of MemoryX or engines exceed spec.restartLimit = {}", spec.restart_limit),
+        );
+        return Some((Children::Release, false));
+    }
+    None
+}
+
+/// A suspend or a resize of a job holding `holds` CS-2s: `Checkpointing` until a checkpoint of the latest step
+/// exists (or MemoryX could not write one in time), then `Suspended` with the CS-2s released, or `Starting`
+/// again at the new size.
+fn checkpoint_then_move(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, obs: &Observed, holds: u32) -> (Children, bool) {
+    let (why, doing) = if spec.suspend {
+        (Reason::Suspending, "checkpointing before giving back the CS-2s".to_string())
+    } else {
+        (Reason::Rescaling, format!("checkpointing before rescaling from {holds} to {} CS-2s", spec.cs2))
+    };
+    let reachable = match &obs.coordinator {
+        Some(Ok(c)) => Some(c),
+        _ => None,
+    };
+    let saved = |c: &MemoryxStatus| c.progress.last_checkpoint.as_ref().map_or(0, |k| k.step);
+    let waited = prev.checkpoint_requested_at.as_ref().map_or(0, |t| obs.now.duration_since(t.0).as_secs().max(0) as u64);
+    let mut late = false;
+    match (reachable, prev.checkpoint_requested_at_step) {
+        (Some(c), None) if c.step() > saved(c) => {
+            d.s.checkpoint_requested_at_step = Some(c.step());
+            d.s.checkpoint_requested_at = Some(Time(obs.now));
+            d.phase(Phase::Checkpointing, why, doing);
+            return (Children::Assemble(holds), true);
+        }
+        (Some(c), Some(at)) if saved(c) < at && waited <= CHECKPOINT_WAIT_SECONDS => {
+            d.phase(Phase::Checkpointing, why, doing);
+            return (Children::Assemble(holds), false);
+        }
+        (Some(c), Some(at)) if saved(c) < at => late = true,
+        _ => {}
+    }
+    // A checkpoint of the latest step exists (or there is no MemoryX to ask, or it did not write one in
+    // time): act now, from the newest checkpoint there is.
+    d.s.checkpoint_requested_at_step = None;
+    d.s.checkpoint_requested_at = None;
+    let mut at = d.s.progress.last_checkpoint.as_ref().map_or("no checkpoint yet".to_string(), |k| format!("step {}", k.step));
+    if late {
+        at = format!("{at} (MemoryX wrote no newer one within {CHECKPOINT_WAIT_SECONDS} s of being asked)");
+    }
+    if spec.suspend {
+        d.s.allocated_cs2 = None;
+        d.phase(Phase::Suspended, Reason::Suspended, format!("suspended with its checkpoint at {at}; CS-2s released"));
+        d.cond(ConditionType::Suspended, true);
+        d.cond_with(ConditionType::Admitted, false, Reason::Suspended, "a suspended job holds no CS-2s");
+        d.cond_with(ConditionType::Ready, false, Reason::Suspended, "suspended");
+        return (Children::Release, false);
+    }
+    d.s.allocated_cs2 = Some(spec.cs2);
+    d.s.plan = obs.plan.clone().ok();
+    d.phase(Phase::Starting, Reason::Rescaled, format!("rescaled from {holds} to {} CS-2s, continuing from {at}", spec.cs2));
+    d.cond_with(ConditionType::Admitted, true, Reason::Rescaled, format!("holds {} CS-2s", spec.cs2));
+    d.cond_with(ConditionType::Ready, false, Reason::Assembling, "the appliance is being reassembled");
+    (Children::Assemble(spec.cs2), false)
+}
+
+/// A job that holds its `holds` CS-2s and keeps them: `Starting` until its pods are ready and MemoryX trains,
+/// then `Running` (or `Checkpointing` while MemoryX writes a periodic checkpoint). `grow_blocked`: its spec
+/// wants more CS-2s than are free to grow by.
+fn holding(d: &mut Pass, spec: &TrainingJobSpec, obs: &Observed, holds: u32, grow_blocked: bool) -> (Children, bool) {
+    d.s.checkpoint_requested_at_step = None;
+    d.s.checkpoint_requested_at = None;
+    if grow_blocked {
+        d.cond_with(
+            ConditionType::Admitted,
+            true,
+            Reason::RescaleWaitingForCapacity,
+            format!("holds {holds} CS-2s; growing to {} waits for free CS-2s", spec.cs2),
+        );
+    } else {
+        d.cond_with(ConditionType::Admitted, true, Reason::Admitted, format!("holds {holds} CS-2s"));
+    }
+    match (&obs.coordinator, obs.pods_ready) {
+        (Some(Ok(c)), true) if c.phase == MemoryxPhase::Starting => {
+            let msg = "MemoryX is starting (loading data, restoring its checkpoint, reaching its engines)";
+            d.phase(Phase::Starting, Reason::CoordinatorStarting, msg);
+            d.cond_with(ConditionType::Ready, false, Reason::CoordinatorStarting, msg);
+        }
+        (Some(Ok(c)), true) => {
+            let phase = if c.phase == MemoryxPhase::Checkpointing { Phase::Checkpointing } else { Phase::Running };
+            d.phase(phase, Reason::Training, format!("step {} of {}", c.step(), c.progress.total_steps.map_or("?".into(), |t| t.to_string())));
+            d.cond_with(ConditionType::Ready, true, Reason::Training, "every child is ready and MemoryX reports progress");
+        }
+        (_, false) => {
+            let msg = if obs.failed_pods.is_empty() {
+                "waiting for engine and SwarmX pods to be ready".to_string()
+            } else {
+                format!("replacing failed pods: {}", obs.failed_pods.join(", "))
+            };
+            let reason = if obs.failed_pods.is_empty() { Reason::PodsNotReady } else { Reason::ReplacingFailedPods };
+            d.phase(Phase::Starting, reason, msg.clone());
+            d.cond_with(ConditionType::Ready, false, reason, msg);
+        }
+        (other, true) => {
+            let msg = match other {
+                Some(Err(e)) => format!("MemoryX does not answer yet: {e}"),
+                _ => "MemoryX has not been asked yet".into(),
+            };
+            d.phase(Phase::Starting, Reason::CoordinatorUnreachable, msg.clone());
+            d.cond_with(ConditionType::Ready, false, Reason::CoordinatorUnreachable, msg);
+        }
+    }
+    (Children::Assemble(holds), false)
 }
 
 /// The status being built, with the reason and message of the phase it was last set to.
