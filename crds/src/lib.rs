@@ -2,12 +2,17 @@
 //! appliance reports. It depends on no other crate of ours, so the operator, the runtime and `wsctl` all parse
 //! and validate jobs through exactly this code.
 
+#![warn(missing_docs)]
+
+pub mod conditions;
 pub mod contract;
+mod execution;
 mod spec;
 mod status;
 pub mod testing;
 mod validate;
 
+pub use execution::ExecutionMode;
 pub use spec::*;
 pub use status::*;
 pub use validate::{escapes, is_dns_label, is_dns_subdomain, is_quantity, parse_training_job, quantity_bytes, ApiError};

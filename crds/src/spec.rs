@@ -6,6 +6,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::execution::ExecutionMode;
 use crate::status::TrainingJobStatus;
 
 /// A training job for the appliance: a model, its data, how to train it, and how many CS-2 systems to use.
@@ -676,17 +677,4 @@ pub enum EnginePreset {
     Wse3,
     /// A scaled-down engine for tests.
     Tiny,
-}
-
-/// How weights reach the engine.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum ExecutionMode {
-    /// Pipelined when all weights fit the engine's SRAM beside the activations, weight streaming otherwise.
-    #[default]
-    Auto,
-    /// All weights resident on the engine.
-    Pipelined,
-    /// Weights streamed from MemoryX one layer at a time.
-    WeightStreaming,
 }

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::spec::ExecutionMode;
+use crate::execution::ExecutionMode;
 
 /// Observed state of a [`crate::TrainingJob`].
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -11,6 +11,7 @@
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
+use crds::conditions::{ConditionType, Reason};
 use crds::{Phase, TrainingJob};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::ResourceExt;
@@ -72,9 +73,6 @@ pub struct Claim {
     pub blocked: bool,
 }
 
-/// The `Admitted` reason of a job whose `spec.data.volume` names a claim that does not exist.
-pub const DATA_VOLUME_NOT_FOUND: &str = "DataVolumeNotFound";
-
 impl Claim {
     /// The claim of a job as it stands in the API server, with the cluster's PriorityClasses.
     pub fn of(job: &TrainingJob, classes: &PriorityClasses) -> Claim {
@@ -83,16 +81,17 @@ impl Claim {
         let terminal = status.phase.is_some_and(Phase::is_terminal);
         let deleting = job.metadata.deletion_timestamp.is_some();
         let wants = if holds == 0 && !terminal && !deleting && !job.spec.suspend { job.spec.cs2 } else { 0 };
+        let namespace = job.namespace().unwrap_or_default();
         Claim {
-            key: format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any()),
-            namespace: job.namespace().unwrap_or_default(),
+            key: crate::job_key(&namespace, &job.name_any()),
+            namespace,
             class: classes.value_of(job.spec.priority_class_name.as_deref()),
             class_name: job.spec.priority_class_name.clone(),
             priority: job.spec.priority,
             created: job.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second()),
             holds,
             wants,
-            blocked: status.conditions.iter().any(|c| c.type_ == "Admitted" && c.reason == DATA_VOLUME_NOT_FOUND),
+            blocked: status.conditions.iter().any(|c| ConditionType::Admitted.of(c) && Reason::DataVolumeNotFound.of(c)),
         }
     }
 
@@ -133,8 +132,8 @@ pub enum Verdict {
     Admit,
     /// It waits; `reason` is a condition reason and `message` says for what.
     Wait {
-        /// A CamelCase reason for the `Admitted` condition.
-        reason: &'static str,
+        /// The reason for the `Admitted` condition.
+        reason: Reason,
         /// A sentence for people.
         message: String,
     },
@@ -150,7 +149,7 @@ pub fn decide(pool: u32, claims: &[Claim], key: &str) -> Verdict {
     let mut free = pool.saturating_sub(used);
     if let Some(c) = claims.iter().find(|c| c.key == key && c.wants > 0 && c.class.is_none()) {
         return Verdict::Wait {
-            reason: "PriorityClassNotFound",
+            reason: Reason::PriorityClassNotFound,
             message: format!(
                 "spec.priorityClassName names PriorityClass '{}', which does not exist: ask a cluster admin for it, \
                  or name another",
@@ -163,7 +162,7 @@ pub fn decide(pool: u32, claims: &[Claim], key: &str) -> Verdict {
         if c.wants > pool {
             if c.key == key {
                 return Verdict::Wait {
-                    reason: "ExceedsPool",
+                    reason: Reason::ExceedsPool,
                     message: format!("needs {} CS-2s but the whole pool has {pool}", c.wants),
                 };
             }
@@ -172,12 +171,12 @@ pub fn decide(pool: u32, claims: &[Claim], key: &str) -> Verdict {
         if c.wants > free {
             if c.key == key {
                 return Verdict::Wait {
-                    reason: "InsufficientCapacity",
+                    reason: Reason::InsufficientCapacity,
                     message: format!("needs {} CS-2s, {free} of {pool} free", c.wants),
                 };
             }
             return Verdict::Wait {
-                reason: "WaitingForEarlierJobs",
+                reason: Reason::WaitingForEarlierJobs,
                 message: format!("{} job(s) ahead in the queue wait for CS-2s first ({free} of {pool} free)", ahead + 1),
             };
         }
@@ -187,7 +186,7 @@ pub fn decide(pool: u32, claims: &[Claim], key: &str) -> Verdict {
         free -= c.wants;
         ahead += 1;
     }
-    Verdict::Wait { reason: "NotWaiting", message: "the job does not wait for CS-2s".into() }
+    Verdict::Wait { reason: Reason::NotWaiting, message: "the job does not wait for CS-2s".into() }
 }
 
 /// Whether a running job may grow by `extra` CS-2s now: only from what is free after every waiting job that
@@ -243,7 +242,7 @@ mod tests {
         let claims = [t("a", "first", Some(0), 0, 1, 2), t("b", "pushy", Some(0), 1000, 2, 2)];
         assert_eq!(order(&claims), ["a/first", "b/pushy"]);
         assert_eq!(decide(2, &claims, "a/first"), Verdict::Admit);
-        assert!(matches!(decide(2, &claims, "b/pushy"), Verdict::Wait { reason: "InsufficientCapacity", .. }));
+        assert!(matches!(decide(2, &claims, "b/pushy"), Verdict::Wait { reason: Reason::InsufficientCapacity, .. }));
         // Within b, its priority reorders its own jobs among the places they hold.
         let claims = [
             t("b", "old", Some(0), 0, 1, 1),
@@ -302,13 +301,13 @@ mod tests {
         assert_eq!(Claim::of(&j, &defaults).class, Some(20));
         let broken = Claim::undecodable("ns/x".into(), "ns".into(), 3);
         assert_eq!((broken.holds, broken.wants), (3, 0));
-        assert!(matches!(decide(4, &[broken, Claim::of(&j, &defaults)], "ns/j"), Verdict::Wait { reason: "InsufficientCapacity", .. }), "what a broken job holds stays taken");
+        assert!(matches!(decide(4, &[broken, Claim::of(&j, &defaults)], "ns/j"), Verdict::Wait { reason: Reason::InsufficientCapacity, .. }), "what a broken job holds stays taken");
     }
 
     #[test]
     fn admits_only_whole_gangs() {
         let claims = [c("a", 0, 1, 3, 0), c("b", 0, 2, 0, 2)];
-        assert!(matches!(decide(4, &claims, "b"), Verdict::Wait { reason: "InsufficientCapacity", .. }));
+        assert!(matches!(decide(4, &claims, "b"), Verdict::Wait { reason: Reason::InsufficientCapacity, .. }));
         assert_eq!(decide(5, &claims, "b"), Verdict::Admit);
     }
 
@@ -316,8 +315,8 @@ mod tests {
     fn first_come_first_served_and_no_overtaking() {
         let claims = [c("big", 0, 1, 0, 4), c("small", 0, 2, 0, 1), c("running", 0, 0, 2, 0)];
         // 2 free: the big job waits, and the small one behind it must not jump ahead.
-        assert!(matches!(decide(4, &claims, "big"), Verdict::Wait { reason: "InsufficientCapacity", .. }));
-        assert!(matches!(decide(4, &claims, "small"), Verdict::Wait { reason: "WaitingForEarlierJobs", .. }));
+        assert!(matches!(decide(4, &claims, "big"), Verdict::Wait { reason: Reason::InsufficientCapacity, .. }));
+        assert!(matches!(decide(4, &claims, "small"), Verdict::Wait { reason: Reason::WaitingForEarlierJobs, .. }));
         // When the running job is gone, the big one starts first.
         let freed = [c("big", 0, 1, 0, 4), c("small", 0, 2, 0, 1)];
         assert_eq!(decide(4, &freed, "big"), Verdict::Admit);
@@ -335,7 +334,7 @@ mod tests {
     #[test]
     fn a_job_larger_than_the_pool_blocks_no_one() {
         let claims = [c("huge", 0, 1, 0, 9), c("small", 0, 2, 0, 1)];
-        assert!(matches!(decide(4, &claims, "huge"), Verdict::Wait { reason: "ExceedsPool", .. }));
+        assert!(matches!(decide(4, &claims, "huge"), Verdict::Wait { reason: Reason::ExceedsPool, .. }));
         assert_eq!(decide(4, &claims, "small"), Verdict::Admit);
     }
 

@@ -186,7 +186,7 @@ impl ScriptedCoordinator {
     }
 
     fn key(job: &TrainingJob) -> String {
-        format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any())
+        crate::job_key(&job.namespace().unwrap_or_default(), &job.name_any())
     }
 }
 

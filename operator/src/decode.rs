@@ -3,6 +3,7 @@
 //! whoever can loosen it) is reported on that object alone — and never fails the list or the watch that every
 //! other job's reconcile depends on.
 
+use crds::conditions::{ConditionType, Reason};
 use crds::{TrainingJob, TrainingJobStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -10,9 +11,6 @@ use kube::api::DynamicObject;
 
 use crate::admission::{Claim, PriorityClasses};
 use crate::status;
-
-/// The condition reason of a job the operator cannot decode.
-pub const INVALID_SPEC: &str = "InvalidSpec";
 
 /// A stored TrainingJob that does not decode: what the operator can still say and do about it.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,7 +33,7 @@ pub struct Undecodable {
 impl Undecodable {
     /// `namespace/name`, as admission keys jobs.
     pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        crate::job_key(&self.namespace, &self.name)
     }
 
     /// What it weighs in admission: the CS-2s its status says it holds stay taken (its pods may still run
@@ -97,7 +95,7 @@ pub fn invalid_spec_status(u: &Undecodable, now: Timestamp) -> Option<TrainingJo
          stored a value the TrainingJob type does not allow; fix the field or recreate the job)",
         u.error
     );
-    status::set_condition(&mut s.conditions, status::READY, false, INVALID_SPEC, message, u.generation, now);
+    status::set_condition(&mut s.conditions, ConditionType::Ready, false, Reason::InvalidSpec, message, u.generation, now);
     Some(s)
 }
 
@@ -148,7 +146,7 @@ mod tests {
         assert!(all[0].is_ok() && all[1].is_err());
         let claims = claims(&all, &PriorityClasses::default());
         assert_eq!(admission::decide(3, &claims, "ns/good"), Verdict::Admit);
-        assert!(matches!(admission::decide(2, &claims, "ns/good"), Verdict::Wait { reason: "InsufficientCapacity", .. }), "its CS-2 stays taken");
+        assert!(matches!(admission::decide(2, &claims, "ns/good"), Verdict::Wait { reason: Reason::InsufficientCapacity, .. }), "its CS-2 stays taken");
     }
 
     #[test]
@@ -157,8 +155,8 @@ mod tests {
         let u = decode(&broken("bad", Some(1))).unwrap_err();
         let s = invalid_spec_status(&u, now).expect("its status decodes");
         assert_eq!((s.phase, s.allocated_cs2), (Some(crds::Phase::Running), Some(1)));
-        let c = s.conditions.iter().find(|c| c.type_ == status::READY).unwrap();
-        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", INVALID_SPEC));
+        let c = s.conditions.iter().find(|c| ConditionType::Ready.of(c)).unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", Reason::InvalidSpec.as_str()));
         assert!(c.message.contains("spec.training.batchSize") && c.message.contains("4294967296"), "{}", c.message);
         // The same error again changes nothing, so nothing is written and no Event repeats.
         let again = Undecodable { status: Some(s.clone()), ..u.clone() };

@@ -43,6 +43,12 @@ pub const DEFAULT_NAMESPACE: &str = "weightstream-system";
 /// The default data-plane image.
 pub const DEFAULT_RUNTIME_IMAGE: &str = "weightstream/runtime:0.1.0";
 
+/// `namespace/name`, the key that names a job in admission's claims, the logs and the scripted coordinator:
+/// spelled in one place, so a claim looked up by key is the job a log line names.
+pub fn job_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
 /// Why an operator step failed. One enum for the whole crate: reconcile's error policy and the binary's exit
 /// both see every failure through it.
 #[derive(Debug, thiserror::Error)]

@@ -10,11 +10,14 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crds::conditions::{ConditionType, Reason};
 use crds::contract::{MemoryxStatus, Role};
 use crds::{Phase, TrainingJob, TrainingJobStatus};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Node, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event as CoreEvent, Node, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -34,7 +37,7 @@ use crate::children::{self, Desired, JOB_LABEL, ROLE_LABEL, SPEC_HASH_ANNOTATION
 use crate::coordinator::Coordinator;
 use crate::decode::{self, Stored};
 use crate::status::{self, Children, Observed, Refusal};
-use crate::{Config, Error, FINALIZER, MANAGER, Shared};
+use crate::{Config, Error, FINALIZER, MANAGER, Shared, job_key};
 
 /// What every reconcile pass needs.
 pub struct Context {
@@ -111,7 +114,7 @@ pub async fn run(
                 for job in store.state() {
                     let phase = match &job.0 {
                         Ok(job) => job.status.as_ref().and_then(|s| s.phase).map_or("Pending", Phase::as_str),
-                        Err(_) => decode::INVALID_SPEC,
+                        Err(_) => Reason::InvalidSpec.as_str(),
                     }
                     .to_string();
                     match counts.iter_mut().find(|(p, _)| *p == phase) {
@@ -398,7 +401,7 @@ async fn memoryx_refusal(job: &TrainingJob, existing: &[Pod], servers: u32, ctx:
     if present >= servers as usize {
         return None;
     }
-    let key = format!("{ns}/{}", job.name_any());
+    let key = job_key(&ns, &job.name_any());
     let sts = match Api::<StatefulSet>::namespaced(ctx.client.clone(), &ns).get_opt(&name).await {
         Ok(Some(sts)) => sts,
         Ok(None) => return None,
@@ -423,7 +426,7 @@ async fn memoryx_refusal(job: &TrainingJob, existing: &[Pod], servers: u32, ctx:
 fn decide(job: &TrainingJob, all: &[Stored], r: &Reading, ctx: &Context, now: Timestamp) -> (status::Decision, PodCensus) {
     let mut claims = decode::claims(all, &r.classes);
     let (pool_size, _) = r.pool.unwrap_or((0, false));
-    let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
+    let key = job_key(&job.namespace().unwrap_or_default(), &job.name_any());
     // This pass knows afresh whether the job's data claim exists; other jobs' claims say what their last pass saw.
     if let Some(own) = claims.iter_mut().find(|c| c.key == key) {
         own.blocked = r.missing_data.is_some();
@@ -431,11 +434,11 @@ fn decide(job: &TrainingJob, all: &[Stored], r: &Reading, ctx: &Context, now: Ti
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
     let admission = (holds == 0).then(|| match (&r.missing_data, r.pool) {
         (Some(message), _) if job.spec.cs2 > 0 && !job.spec.suspend => {
-            Verdict::Wait { reason: admission::DATA_VOLUME_NOT_FOUND, message: message.clone() }
+            Verdict::Wait { reason: Reason::DataVolumeNotFound, message: message.clone() }
         }
         (_, Some(_)) => admission::decide(pool_size, &claims, &key),
         (_, None) => Verdict::Wait {
-            reason: "NoPool",
+            reason: Reason::NoPool,
             message: "no node advertises weightstream.dev/cs2 and no pool size is configured (WS_CS2_POOL)".into(),
         },
     });
@@ -488,27 +491,13 @@ async fn undecodable(obj: &Watched, ctx: &Context) -> Result<Action, Error> {
     let next = decode::invalid_spec_status(&u, Timestamp::now());
     let news = next.is_none() || next != u.status;
     if let Some(status) = next.filter(|s| Some(s) != u.status.as_ref()) {
-        let patch = serde_json::json!({
-            "apiVersion": format!("{}/{}", crds::GROUP, crds::VERSION),
-            "kind": "TrainingJob",
-            "metadata": { "name": u.name, "resourceVersion": u.resource_version },
-            "status": status,
-        });
-        if let Err(e) = api.patch_status(&u.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await {
+        if let Err(e) = patch_status(&api, &u.name, u.resource_version.clone(), &status).await {
             tracing::warn!(job = %key, error = %e, "cannot record InvalidSpec in the status");
         }
     }
     if news {
-        let event = Event {
-            type_: EventType::Warning,
-            reason: decode::INVALID_SPEC.into(),
-            note: Some(format!("the operator cannot read this TrainingJob: {}", u.error)),
-            action: "Decode".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::warn!(job = %key, error = %e, "cannot record event");
-        }
+        let note = format!("the operator cannot read this TrainingJob: {}", u.error);
+        publish(ctx, &obj.object_ref(&()), &key, EventType::Warning, Reason::InvalidSpec, EventAction::Decode, note).await;
     }
     Ok(Action::await_change())
 }
@@ -519,13 +508,67 @@ async fn undecodable(obj: &Watched, ctx: &Context) -> Result<Action, Error> {
 async fn write_status(ctx: &Context, job: &TrainingJob, status: &TrainingJobStatus) -> Result<TrainingJob, Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &ns);
-    let patch = serde_json::json!({
-        "apiVersion": format!("{}/{}", crds::GROUP, crds::VERSION),
-        "kind": "TrainingJob",
-        "metadata": { "name": job.name_any(), "resourceVersion": job.resource_version() },
+    patch_status(&api, &job.name_any(), job.resource_version(), status).await
+}
+
+/// The one way the operator writes a job's status: a server-side apply of `status` alone as the operator's
+/// field manager, with `resource_version` in the patch so the API server refuses it (409) when the job
+/// changed since it was read. Through `api` of decoded jobs, or of stored ones for a job that does not decode.
+async fn patch_status<K>(api: &Api<K>, name: &str, resource_version: Option<String>, status: &TrainingJobStatus) -> Result<K, Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let patch = status_patch(name, resource_version, status);
+    Ok(api.patch_status(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?)
+}
+
+/// The body of [`patch_status`]: the job's type, its name and the resourceVersion to compare, and the status.
+fn status_patch(name: &str, resource_version: Option<String>, status: &TrainingJobStatus) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": TrainingJob::api_version(&()),
+        "kind": TrainingJob::kind(&()),
+        "metadata": { "name": name, "resourceVersion": resource_version },
         "status": status,
-    });
-    Ok(api.patch_status(&job.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch)).await?)
+    })
+}
+
+/// What the operator was doing when it recorded an Event (the Event's `action`).
+#[derive(Clone, Copy, Debug)]
+enum EventAction {
+    /// Creating or updating the job's children.
+    Assemble,
+    /// Reading the stored job.
+    Decode,
+    /// Moving the job to this phase.
+    Phase(Phase),
+}
+
+impl EventAction {
+    fn as_str(self) -> &'static str {
+        match self {
+            EventAction::Assemble => "Assemble",
+            EventAction::Decode => "Decode",
+            EventAction::Phase(p) => p.as_str(),
+        }
+    }
+}
+
+/// Records an Event about the job `regarding` refers to (`key` for the log). Best effort: a refused Event is
+/// logged and the pass goes on, since Events tell people what happened and nothing the operator decides
+/// depends on them.
+async fn publish(
+    ctx: &Context,
+    regarding: &ObjectReference,
+    key: &str,
+    type_: EventType,
+    reason: Reason,
+    action: EventAction,
+    note: String,
+) {
+    let event = Event { type_, reason: reason.as_str().into(), note: Some(note), action: action.as_str().into(), secondary: None };
+    if let Err(e) = ctx.recorder.publish(&event, regarding).await {
+        tracing::warn!(job = %key, error = %e, "cannot record event");
+    }
 }
 
 /// One pass as a pipeline: read → decide (pure) → (claim) → apply the children built once → status → event.
@@ -536,7 +579,7 @@ async fn write_status(ctx: &Context, job: &TrainingJob, status: &TrainingJobStat
 /// (MemoryX, the children) waits on it: different jobs reconcile concurrently. The rest of the status, the
 /// phase above all, follows once the children are applied.
 async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
-    let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
+    let key = job_key(&job.namespace().unwrap_or_default(), &job.name_any());
     let Some((mut job, mut all)) = fresh(job, &ctx).await? else { return Ok(Action::await_change()) };
     if job.metadata.deletion_timestamp.is_some() {
         return Ok(Action::requeue(Duration::from_millis(100)));
@@ -575,7 +618,7 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
     }
     let refusal_is_news = refusal.is_some_and(|r| {
         let conditions = job.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
-        !conditions.iter().any(|c| c.type_ == status::READY && c.reason == r.reason && c.message == r.message)
+        !conditions.iter().any(|c| ConditionType::Ready.of(c) && r.reason.of(c) && c.message == r.message)
     });
 
     match decision.children {
@@ -607,30 +650,14 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
         write_status(&ctx, &job, &decision.status).await?;
     }
     if let Some(r) = refusal.filter(|_| refusal_is_news) {
-        tracing::warn!(job = %key, reason = r.reason, "{}", r.message);
-        let event = Event {
-            type_: EventType::Warning,
-            reason: r.reason.into(),
-            note: Some(r.message.clone()),
-            action: "Assemble".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
-            tracing::warn!(job = %key, error = %e, "cannot record event");
-        }
+        tracing::warn!(job = %key, reason = r.reason.as_str(), "{}", r.message);
+        publish(&ctx, &job.object_ref(&()), &key, EventType::Warning, r.reason, EventAction::Assemble, r.message.clone()).await;
     }
     if let Some(t) = &decision.transition {
         tracing::info!(job = %key, phase = %t.phase, reason = %t.reason, message = %t.message, "phase changed");
-        let event = Event {
-            type_: if t.warning { EventType::Warning } else { EventType::Normal },
-            reason: t.reason.clone(),
-            note: Some(format!("{}: {}", t.phase, t.message)),
-            action: t.phase.as_str().into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
-            tracing::warn!(job = %key, error = %e, "cannot record event");
-        }
+        let type_ = if t.warning { EventType::Warning } else { EventType::Normal };
+        let note = format!("{}: {}", t.phase, t.message);
+        publish(&ctx, &job.object_ref(&()), &key, type_, t.reason, EventAction::Phase(t.phase), note).await;
     }
     Ok(match decision.status.phase {
         Some(Phase::Succeeded | Phase::Failed | Phase::Suspended) => Action::requeue(Duration::from_secs(300)),
@@ -649,16 +676,13 @@ async fn refused(ctx: &Context, job: &TrainingJob, next: &TrainingJobStatus, e: 
     }
     let reason = status::refusal_reason(s.code);
     let message = format!("the API server refused the job's children: {}", s.message);
-    let key = format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any());
-    tracing::warn!(job = %key, reason, "{message}");
+    let key = job_key(&job.namespace().unwrap_or_default(), &job.name_any());
+    tracing::warn!(job = %key, reason = reason.as_str(), "{message}");
     let status = status::children_refused(next, reason, message.clone(), job.metadata.generation, Timestamp::now());
     if let Err(e) = write_status(ctx, job, &status).await {
         tracing::warn!(job = %key, error = %e, "cannot record the refusal in the status");
     }
-    let event = Event { type_: EventType::Warning, reason: reason.into(), note: Some(message), action: "Assemble".into(), secondary: None };
-    if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
-        tracing::warn!(job = %key, error = %e, "cannot record event");
-    }
+    publish(ctx, &job.object_ref(&()), &key, EventType::Warning, reason, EventAction::Assemble, message).await;
 }
 
 /// Applies every child of `desired`. Outdated, failed and surplus pods are deleted first; their replacements
@@ -798,6 +822,19 @@ mod tests {
         let j = crds::testing::mlp_job("j", "ns", 2);
         let s = Settings { default_image: "i".into(), fan_out: 2, request_cs2: false, operator: Default::default() };
         children::desired(&j, &s, n).unwrap().pods
+    }
+
+    #[test]
+    fn the_status_patch_names_the_job_and_the_version_it_read() {
+        let status = TrainingJobStatus { phase: Some(Phase::Running), ..Default::default() };
+        let patch = status_patch("j", Some("42".into()), &status);
+        let want = serde_json::json!({
+            "apiVersion": "weightstream.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": { "name": "j", "resourceVersion": "42" },
+            "status": { "phase": "Running" },
+        });
+        assert_eq!(patch, want);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! lifecycle promises (gang admission, replacement of failed engines, the restart limit, suspend through a
 //! checkpoint, rescale between steps) is decided here and unit-tested without a cluster.
 
-use crds::{Phase, PlanStatus, TrainingJob, TrainingJobStatus};
+use crds::conditions::{ConditionStatus, ConditionType, Reason};
+use crds::{Phase, PlanStatus, TrainingJob, TrainingJobSpec, TrainingJobStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
@@ -13,17 +14,6 @@ use crds::contract::{MemoryxPhase, MemoryxStatus};
 /// How long a suspend or a rescale waits for the checkpoint it asked MemoryX for before it goes ahead from the
 /// newest checkpoint there is: a MemoryX that cannot write one must not keep the CS-2s for good.
 pub const CHECKPOINT_WAIT_SECONDS: u64 = 300;
-
-/// Condition type: whether the job holds its CS-2s.
-pub const ADMITTED: &str = "Admitted";
-/// Condition type: whether every child is up and MemoryX reports progress.
-pub const READY: &str = "Ready";
-/// Condition type: whether the job is suspended on request.
-pub const SUSPENDED: &str = "Suspended";
-/// Condition type: whether the job trained to the end.
-pub const COMPLETE: &str = "Complete";
-/// Condition type: whether the job stopped for good on an error.
-pub const FAILED: &str = "Failed";
 
 /// What the operator saw this pass, beyond the job itself.
 #[derive(Clone, Debug)]
@@ -64,8 +54,8 @@ pub enum Children {
 pub struct Transition {
     /// The phase reached.
     pub phase: Phase,
-    /// Why, as a CamelCase reason.
-    pub reason: String,
+    /// Why, as the Event's reason.
+    pub reason: Reason,
     /// A sentence for people.
     pub message: String,
     /// Whether it is bad news (a Warning event).
@@ -89,29 +79,29 @@ pub struct Decision {
 /// pass that changes nothing writes nothing.
 pub fn set_condition(
     conditions: &mut Vec<Condition>,
-    type_: &str,
+    type_: ConditionType,
     status: bool,
-    reason: &str,
+    reason: Reason,
     message: impl Into<String>,
     generation: Option<i64>,
     now: Timestamp,
 ) {
-    let status = if status { "True" } else { "False" }.to_string();
+    let status = ConditionStatus::from(status).as_str().to_string();
     let message = message.into();
-    if let Some(c) = conditions.iter_mut().find(|c| c.type_ == type_) {
+    if let Some(c) = conditions.iter_mut().find(|c| type_.of(c)) {
         if c.status != status {
             c.last_transition_time = Time(now);
         }
         c.status = status;
-        c.reason = reason.into();
+        c.reason = reason.as_str().into();
         c.message = message;
         c.observed_generation = generation;
         return;
     }
     conditions.push(Condition {
-        type_: type_.into(),
+        type_: type_.as_str().into(),
         status,
-        reason: reason.into(),
+        reason: reason.as_str().into(),
         message,
         observed_generation: generation,
         last_transition_time: Time(now),
@@ -121,24 +111,24 @@ pub fn set_condition(
 /// The status of a job whose children the API server refused to create (Pod Security, a quota, an admission
 /// webhook): its phase stays, and `Ready` says which object was refused and the server's own words, so the
 /// owner sees why the job cannot progress without reading controller logs.
-pub fn children_refused(status: &TrainingJobStatus, reason: &str, message: String, generation: Option<i64>, now: Timestamp) -> TrainingJobStatus {
+pub fn children_refused(status: &TrainingJobStatus, reason: Reason, message: String, generation: Option<i64>, now: Timestamp) -> TrainingJobStatus {
     let mut s = status.clone();
-    set_condition(&mut s.conditions, READY, false, reason, message, generation, now);
+    set_condition(&mut s.conditions, ConditionType::Ready, false, reason, message, generation, now);
     s
 }
 
 /// The condition reason for an API refusal of a child: `PodsForbidden` for 403s (Pod Security, RBAC,
 /// quotas), `ChildInvalid` for 422s.
-pub fn refusal_reason(code: u16) -> &'static str {
+pub fn refusal_reason(code: u16) -> Reason {
     match code {
-        403 => "PodsForbidden",
-        _ => "ChildInvalid",
+        403 => Reason::PodsForbidden,
+        _ => Reason::ChildInvalid,
     }
 }
 
 /// Reasons that keep a job from progressing until someone acts (a cluster admin, the job's owner): each is a
 /// Warning Event when it first appears, not only a condition.
-pub const WARNING_REASONS: &[&str] = &["PriorityClassNotFound"];
+pub const WARNING_REASONS: &[Reason] = &[Reason::PriorityClassNotFound];
 
 /// Why MemoryX's pod does not exist although its StatefulSet wants it: the API server refused it (Pod
 /// Security, a quota, a webhook) and the StatefulSet controller said so only on the StatefulSet, as a
@@ -146,7 +136,7 @@ pub const WARNING_REASONS: &[&str] = &["PriorityClassNotFound"];
 #[derive(Clone, Debug, PartialEq)]
 pub struct Refusal {
     /// `PodsForbidden` (403: Pod Security, RBAC, a quota), `ChildInvalid` (422) or `PodCreateFailed`.
-    pub reason: &'static str,
+    pub reason: Reason,
     /// The API server's words, as the StatefulSet controller passed them on.
     pub message: String,
 }
@@ -161,11 +151,11 @@ pub fn memoryx_refusal(sts: &k8s_openapi::api::apps::v1::StatefulSet, events: &[
     }
     let classify = |message: &str| {
         let reason = if message.contains("forbidden") {
-            "PodsForbidden"
+            Reason::PodsForbidden
         } else if message.contains("is invalid") {
-            "ChildInvalid"
+            Reason::ChildInvalid
         } else {
-            "PodCreateFailed"
+            Reason::PodCreateFailed
         };
         Refusal { reason, message: format!("the API server refused MemoryX's pod: {message}") }
     };
@@ -193,219 +183,254 @@ pub fn memoryx_refusal(sts: &k8s_openapi::api::apps::v1::StatefulSet, events: &[
     (newest.reason.as_deref() == Some("FailedCreate")).then(|| classify(newest.message.as_deref().unwrap_or("FailedCreate")))
 }
 
-/// Decides the next status of `job` and what to do with its children.
+/// Decides the next status of `job` and what to do with its children: the common bookkeeping here, each phase
+/// (or group of phases) in a function of its own, tried in the order the lifecycle gives them precedence.
 pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
     let spec = &job.spec;
     let prev = job.status.clone().unwrap_or_default();
     let generation = job.metadata.generation;
-    let mut d = Pass { s: prev.clone(), generation, now: obs.now, reason: String::new(), message: String::new() };
+    let mut d = Pass { s: prev.clone(), generation, now: obs.now, reason: None, message: String::new() };
     d.s.observed_generation = generation;
-    // Only a job that waits in the queue has a place in it; the Wait branch below sets it.
+    // Only a job that waits in the queue has a place in it; `without_cs2` sets it.
     d.s.queue_position = None;
     let holds = prev.allocated_cs2.unwrap_or(0);
     if let Some(Ok(c)) = &obs.coordinator {
         d.progress(c, spec.training.batch_size);
     }
 
-    let (children, request_checkpoint) = 'decided: {
-        if prev.phase.is_some_and(Phase::is_terminal) {
-            d.s.allocated_cs2 = None;
-            break 'decided (Children::Release, false);
-        }
-        if let Err(why) = &obs.plan {
-            d.fail("PlanRejected", why.clone());
-            break 'decided (Children::Release, false);
-        }
-        if holds == 0 {
-            if spec.suspend {
-                d.phase(Phase::Suspended, "Suspended", "suspended on request; set spec.suspend to false to resume");
-                d.cond(SUSPENDED, true);
-                d.cond_with(ADMITTED, false, "Suspended", "a suspended job holds no CS-2s");
-                break 'decided (Children::Release, false);
-            }
-            match &obs.admission {
-                Some(Verdict::Admit) => {
-                    d.s.allocated_cs2 = Some(spec.cs2);
-                    d.s.start_time.get_or_insert(Time(obs.now));
-                    let resumed = prev.conditions.iter().any(|c| c.type_ == SUSPENDED && c.status == "True");
-                    let (reason, msg) = if resumed {
-                        ("Resumed", format!("resumed on {} CS-2s from the last checkpoint", spec.cs2))
-                    } else {
-                        ("Admitted", format!("all {} CS-2s are free; assembling the appliance", spec.cs2))
-                    };
-                    d.phase(Phase::Starting, reason, msg);
-                    d.cond(ADMITTED, true);
-                    if prev.conditions.iter().any(|c| c.type_ == SUSPENDED) {
-                        d.cond_with(SUSPENDED, false, "Resumed", "resumed");
-                    }
-                    d.cond_with(READY, false, "Assembling", "the appliance is being assembled");
-                    d.s.plan = obs.plan.clone().ok();
-                    break 'decided (Children::Assemble(spec.cs2), false);
-                }
-                Some(Verdict::Wait { reason, message }) => {
-                    d.phase(Phase::Queued, reason, message.clone());
-                    d.cond(ADMITTED, false);
-                    d.s.queue_position = obs.queue_position;
-                    break 'decided (Children::Nothing, false);
-                }
-                None => {
-                    d.phase(Phase::Queued, "AwaitingAdmission", "waiting for admission");
-                    d.cond(ADMITTED, false);
-                    break 'decided (Children::Nothing, false);
-                }
-            }
-        }
-
-        // The job holds its CS-2s from here on.
-        if let Some(Ok(c)) = &obs.coordinator {
-            match c.phase {
-                MemoryxPhase::Succeeded => {
-                    d.s.allocated_cs2 = None;
-                    d.s.completion_time.get_or_insert(Time(obs.now));
-                    d.phase(Phase::Succeeded, "TrainingComplete", format!("trained {} steps", c.step()));
-                    d.cond(COMPLETE, true);
-                    d.cond_with(READY, false, "Finished", "the job is over and its CS-2s are free");
-                    d.cond_with(ADMITTED, false, "Released", "the job is over and its CS-2s are free");
-                    break 'decided (Children::Release, false);
-                }
-                MemoryxPhase::Failed => {
-                    let why = c.message.clone().unwrap_or_else(|| "MemoryX reported a failure".into());
-                    d.fail("DataPlaneFailed", why);
-                    break 'decided (Children::Release, false);
-                }
-                MemoryxPhase::Starting | MemoryxPhase::Running | MemoryxPhase::Checkpointing => {}
-            }
-        }
-        let mut restarts = prev.restarts + obs.failed_pods.len() as u32;
-        if let Some(rc) = obs.memoryx_restarts {
-            restarts += rc.saturating_sub(prev.memoryx_restarts_seen);
-            d.s.memoryx_restarts_seen = rc;
-        }
-        d.s.restarts = restarts;
-        let ran = prev.start_time.as_ref().map_or(0, |t| obs.now.duration_since(t.0).as_secs().max(0) as u64);
-        if let Some(limit) = spec.active_deadline_seconds.filter(|&limit| ran > limit) {
-            d.fail(
-                "DeadlineExceeded",
-                format!("ran {ran} s since it was admitted, past spec.activeDeadlineSeconds = {limit}; CS-2s released"),
-            );
-            break 'decided (Children::Release, false);
-        }
-        if restarts > spec.restart_limit {
-            d.fail(
-                "RestartLimitExceeded",
-                format!("{restarts} failures of MemoryX or engines exceed spec.restartLimit = {}", spec.restart_limit),
-            );
-            break 'decided (Children::Release, false);
-        }
-
-        let resize = spec.cs2 != holds;
-        let grow_blocked = resize && spec.cs2 > holds && !obs.may_grow;
-        if spec.suspend || (resize && !grow_blocked) {
-            let (why, doing) = if spec.suspend {
-                ("Suspending", "checkpointing before giving back the CS-2s".to_string())
-            } else {
-                ("Rescaling", format!("checkpointing before rescaling from {holds} to {} CS-2s", spec.cs2))
-            };
-            let reachable = match &obs.coordinator {
-                Some(Ok(c)) => Some(c),
-                _ => None,
-            };
-            let saved = |c: &MemoryxStatus| c.progress.last_checkpoint.as_ref().map_or(0, |k| k.step);
-            let waited = prev.checkpoint_requested_at.as_ref().map_or(0, |t| obs.now.duration_since(t.0).as_secs().max(0) as u64);
-            let mut late = false;
-            match (reachable, prev.checkpoint_requested_at_step) {
-                (Some(c), None) if c.step() > saved(c) => {
-                    d.s.checkpoint_requested_at_step = Some(c.step());
-                    d.s.checkpoint_requested_at = Some(Time(obs.now));
-                    d.phase(Phase::Checkpointing, why, doing);
-                    break 'decided (Children::Assemble(holds), true);
-                }
-                (Some(c), Some(at)) if saved(c) < at && waited <= CHECKPOINT_WAIT_SECONDS => {
-                    d.phase(Phase::Checkpointing, why, doing);
-                    break 'decided (Children::Assemble(holds), false);
-                }
-                (Some(c), Some(at)) if saved(c) < at => late = true,
-                _ => {}
-            }
-            // A checkpoint of the latest step exists (or there is no MemoryX to ask, or it did not write one in
-            // time): act now, from the newest checkpoint there is.
-            d.s.checkpoint_requested_at_step = None;
-            d.s.checkpoint_requested_at = None;
-            let mut at = d.s.progress.last_checkpoint.as_ref().map_or("no checkpoint yet".to_string(), |k| format!("step {}", k.step));
-            if late {
-                at = format!("{at} (MemoryX wrote no newer one within {CHECKPOINT_WAIT_SECONDS} s of being asked)");
-            }
-            if spec.suspend {
-                d.s.allocated_cs2 = None;
-                d.phase(Phase::Suspended, "Suspended", format!("suspended with its checkpoint at {at}; CS-2s released"));
-                d.cond(SUSPENDED, true);
-                d.cond_with(ADMITTED, false, "Suspended", "a suspended job holds no CS-2s");
-                d.cond_with(READY, false, "Suspended", "suspended");
-                break 'decided (Children::Release, false);
-            }
-            d.s.allocated_cs2 = Some(spec.cs2);
-            d.s.plan = obs.plan.clone().ok();
-            d.phase(Phase::Starting, "Rescaled", format!("rescaled from {holds} to {} CS-2s, continuing from {at}", spec.cs2));
-            d.cond_with(ADMITTED, true, "Rescaled", format!("holds {} CS-2s", spec.cs2));
-            d.cond_with(READY, false, "Assembling", "the appliance is being reassembled");
-            break 'decided (Children::Assemble(spec.cs2), false);
-        }
-
-        d.s.checkpoint_requested_at_step = None;
-        d.s.checkpoint_requested_at = None;
-        if grow_blocked {
-            d.cond_with(
-                ADMITTED,
-                true,
-                "RescaleWaitingForCapacity",
-                format!("holds {holds} CS-2s; growing to {} waits for free CS-2s", spec.cs2),
-            );
+    let (children, request_checkpoint) = if prev.phase.is_some_and(Phase::is_terminal) {
+        finished(&mut d)
+    } else if let Err(why) = &obs.plan {
+        d.fail(Reason::PlanRejected, why.clone());
+        (Children::Release, false)
+    } else if holds == 0 {
+        without_cs2(&mut d, spec, &prev, obs)
+    } else if let Some(over) = ended_by_memoryx(&mut d, obs) {
+        over
+    } else if let Some(failed) = past_limits(&mut d, spec, &prev, obs) {
+        failed
+    } else {
+        // The job holds its CS-2s and goes on: it moves (suspend, or a resize it may make now) or it runs.
+        let grow_blocked = spec.cs2 > holds && !obs.may_grow;
+        if spec.suspend || (spec.cs2 != holds && !grow_blocked) {
+            checkpoint_then_move(&mut d, spec, &prev, obs, holds)
         } else {
-            d.cond_with(ADMITTED, true, "Admitted", format!("holds {holds} CS-2s"));
+            holding(&mut d, spec, obs, holds, grow_blocked)
         }
-        match (&obs.coordinator, obs.pods_ready) {
-            (Some(Ok(c)), true) if c.phase == MemoryxPhase::Starting => {
-                let msg = "MemoryX is starting (loading data, restoring its checkpoint, reaching its engines)";
-                d.phase(Phase::Starting, "CoordinatorStarting", msg);
-                d.cond_with(READY, false, "CoordinatorStarting", msg);
-            }
-            (Some(Ok(c)), true) => {
-                let phase = if c.phase == MemoryxPhase::Checkpointing { Phase::Checkpointing } else { Phase::Running };
-                d.phase(phase, "Training", format!("step {} of {}", c.step(), c.progress.total_steps.map_or("?".into(), |t| t.to_string())));
-                d.cond_with(READY, true, "Training", "every child is ready and MemoryX reports progress");
-            }
-            (_, false) => {
-                let msg = if obs.failed_pods.is_empty() {
-                    "waiting for engine and SwarmX pods to be ready".to_string()
-                } else {
-                    format!("replacing failed pods: {}", obs.failed_pods.join(", "))
-                };
-                let reason = if obs.failed_pods.is_empty() { "PodsNotReady" } else { "ReplacingFailedPods" };
-                d.phase(Phase::Starting, reason, msg.clone());
-                d.cond_with(READY, false, reason, msg);
-            }
-            (other, true) => {
-                let msg = match other {
-                    Some(Err(e)) => format!("MemoryX does not answer yet: {e}"),
-                    _ => "MemoryX has not been asked yet".into(),
-                };
-                d.phase(Phase::Starting, "CoordinatorUnreachable", msg.clone());
-                d.cond_with(READY, false, "CoordinatorUnreachable", msg);
-            }
-        }
-        (Children::Assemble(holds), false)
     };
 
     // A reason that needs someone to act is announced when it first appears, even if the phase stays.
-    let needs_action = WARNING_REASONS.contains(&d.reason.as_str());
-    let new_reason = needs_action && !prev.conditions.iter().any(|c| c.reason == d.reason && c.message == d.message);
-    let transition = (d.s.phase != prev.phase || new_reason).then(|| Transition {
+    let needs_action = d.reason.is_some_and(|r| WARNING_REASONS.contains(&r));
+    let new_reason =
+        needs_action && !prev.conditions.iter().any(|c| d.reason.is_some_and(|r| r.of(c)) && c.message == d.message);
+    let changed = d.s.phase != prev.phase || new_reason;
+    let transition = d.reason.filter(|_| changed).map(|reason| Transition {
         phase: d.s.phase.unwrap_or(Phase::Queued),
-        reason: d.reason.clone(),
+        reason,
         message: d.message.clone(),
         warning: d.s.phase == Some(Phase::Failed) || needs_action,
     });
     Decision { status: d.s, children, request_checkpoint, transition }
+}
+
+/// `Succeeded` or `Failed` already: final, so the job holds nothing and stays as it is.
+fn finished(d: &mut Pass) -> (Children, bool) {
+    d.s.allocated_cs2 = None;
+    (Children::Release, false)
+}
+
+/// A job holding no CS-2s: `Suspended` on request, else `Queued` until admission lets it start (`Starting`, or
+/// resumed from its checkpoint after a suspend).
+fn without_cs2(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, obs: &Observed) -> (Children, bool) {
+    if spec.suspend {
+        d.phase(Phase::Suspended, Reason::Suspended, "suspended on request; set spec.suspend to false to resume");
+        d.cond(ConditionType::Suspended, true);
+        d.cond_with(ConditionType::Admitted, false, Reason::Suspended, "a suspended job holds no CS-2s");
+        return (Children::Release, false);
+    }
+    match &obs.admission {
+        Some(Verdict::Admit) => {
+            d.s.allocated_cs2 = Some(spec.cs2);
+            d.s.start_time.get_or_insert(Time(obs.now));
+            let resumed = prev.conditions.iter().any(|c| ConditionType::Suspended.of(c) && ConditionStatus::True.of(c));
+            let (reason, msg) = if resumed {
+                (Reason::Resumed, format!("resumed on {} CS-2s from the last checkpoint", spec.cs2))
+            } else {
+                (Reason::Admitted, format!("all {} CS-2s are free; assembling the appliance", spec.cs2))
+            };
+            d.phase(Phase::Starting, reason, msg);
+            d.cond(ConditionType::Admitted, true);
+            if prev.conditions.iter().any(|c| ConditionType::Suspended.of(c)) {
+                d.cond_with(ConditionType::Suspended, false, Reason::Resumed, "resumed");
+            }
+            d.cond_with(ConditionType::Ready, false, Reason::Assembling, "the appliance is being assembled");
+            d.s.plan = obs.plan.clone().ok();
+            (Children::Assemble(spec.cs2), false)
+        }
+        Some(Verdict::Wait { reason, message }) => {
+            d.phase(Phase::Queued, *reason, message.clone());
+            d.cond(ConditionType::Admitted, false);
+            d.s.queue_position = obs.queue_position;
+            (Children::Nothing, false)
+        }
+        None => {
+            d.phase(Phase::Queued, Reason::AwaitingAdmission, "waiting for admission");
+            d.cond(ConditionType::Admitted, false);
+            (Children::Nothing, false)
+        }
+    }
+}
+
+/// `Succeeded` or `Failed` as MemoryX reports it; `None` while MemoryX trains (or cannot be asked).
+fn ended_by_memoryx(d: &mut Pass, obs: &Observed) -> Option<(Children, bool)> {
+    let Some(Ok(c)) = &obs.coordinator else { return None };
+    match c.phase {
+        MemoryxPhase::Succeeded => {
+            d.s.allocated_cs2 = None;
+            d.s.completion_time.get_or_insert(Time(obs.now));
+            d.phase(Phase::Succeeded, Reason::TrainingComplete, format!("trained {} steps", c.step()));
+            d.cond(ConditionType::Complete, true);
+            d.cond_with(ConditionType::Ready, false, Reason::Finished, "the job is over and its CS-2s are free");
+            d.cond_with(ConditionType::Admitted, false, Reason::Released, "the job is over and its CS-2s are free");
+            Some((Children::Release, false))
+        }
+        MemoryxPhase::Failed => {
+            let why = c.message.clone().unwrap_or_else(|| "MemoryX reported a failure".into());
+            d.fail(Reason::DataPlaneFailed, why);
+            Some((Children::Release, false))
+        }
+        MemoryxPhase::Starting | MemoryxPhase::Running | MemoryxPhase::Checkpointing => None,
+    }
+}
+
+/// Counts this pass's failures (failed pods, MemoryX restarts not yet counted) into `restarts`, then `Failed`
+/// when the job ran past `spec.activeDeadlineSeconds` or failed more often than `spec.restartLimit`.
+fn past_limits(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, obs: &Observed) -> Option<(Children, bool)> {
+    let mut restarts = prev.restarts + obs.failed_pods.len() as u32;
+    if let Some(rc) = obs.memoryx_restarts {
+        restarts += rc.saturating_sub(prev.memoryx_restarts_seen);
+        d.s.memoryx_restarts_seen = rc;
+    }
+    d.s.restarts = restarts;
+    let ran = prev.start_time.as_ref().map_or(0, |t| obs.now.duration_since(t.0).as_secs().max(0) as u64);
+    if let Some(limit) = spec.active_deadline_seconds.filter(|&limit| ran > limit) {
+        d.fail(
+            Reason::DeadlineExceeded,
+            format!("ran {ran} s since it was admitted, past spec.activeDeadlineSeconds = {limit}; CS-2s released"),
+        );
+        return Some((Children::Release, false));
+    }
+    if restarts > spec.restart_limit {
+        d.fail(
+            Reason::RestartLimitExceeded,
+            format!("{restarts} failures of MemoryX or engines exceed spec.restartLimit = {}", spec.restart_limit),
+        );
+        return Some((Children::Release, false));
+    }
+    None
+}
+
+/// A suspend or a resize of a job holding `holds` CS-2s: `Checkpointing` until a checkpoint of the latest step
+/// exists (or MemoryX could not write one in time), then `Suspended` with the CS-2s released, or `Starting`
+/// again at the new size.
+fn checkpoint_then_move(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, obs: &Observed, holds: u32) -> (Children, bool) {
+    let (why, doing) = if spec.suspend {
+        (Reason::Suspending, "checkpointing before giving back the CS-2s".to_string())
+    } else {
+        (Reason::Rescaling, format!("checkpointing before rescaling from {holds} to {} CS-2s", spec.cs2))
+    };
+    let reachable = match &obs.coordinator {
+        Some(Ok(c)) => Some(c),
+        _ => None,
+    };
+    let saved = |c: &MemoryxStatus| c.progress.last_checkpoint.as_ref().map_or(0, |k| k.step);
+    let waited = prev.checkpoint_requested_at.as_ref().map_or(0, |t| obs.now.duration_since(t.0).as_secs().max(0) as u64);
+    let mut late = false;
+    match (reachable, prev.checkpoint_requested_at_step) {
+        (Some(c), None) if c.step() > saved(c) => {
+            d.s.checkpoint_requested_at_step = Some(c.step());
+            d.s.checkpoint_requested_at = Some(Time(obs.now));
+            d.phase(Phase::Checkpointing, why, doing);
+            return (Children::Assemble(holds), true);
+        }
+        (Some(c), Some(at)) if saved(c) < at && waited <= CHECKPOINT_WAIT_SECONDS => {
+            d.phase(Phase::Checkpointing, why, doing);
+            return (Children::Assemble(holds), false);
+        }
+        (Some(c), Some(at)) if saved(c) < at => late = true,
+        _ => {}
+    }
+    // A checkpoint of the latest step exists (or there is no MemoryX to ask, or it did not write one in
+    // time): act now, from the newest checkpoint there is.
+    d.s.checkpoint_requested_at_step = None;
+    d.s.checkpoint_requested_at = None;
+    let mut at = d.s.progress.last_checkpoint.as_ref().map_or("no checkpoint yet".to_string(), |k| format!("step {}", k.step));
+    if late {
+        at = format!("{at} (MemoryX wrote no newer one within {CHECKPOINT_WAIT_SECONDS} s of being asked)");
+    }
+    if spec.suspend {
+        d.s.allocated_cs2 = None;
+        d.phase(Phase::Suspended, Reason::Suspended, format!("suspended with its checkpoint at {at}; CS-2s released"));
+        d.cond(ConditionType::Suspended, true);
+        d.cond_with(ConditionType::Admitted, false, Reason::Suspended, "a suspended job holds no CS-2s");
+        d.cond_with(ConditionType::Ready, false, Reason::Suspended, "suspended");
+        return (Children::Release, false);
+    }
+    d.s.allocated_cs2 = Some(spec.cs2);
+    d.s.plan = obs.plan.clone().ok();
+    d.phase(Phase::Starting, Reason::Rescaled, format!("rescaled from {holds} to {} CS-2s, continuing from {at}", spec.cs2));
+    d.cond_with(ConditionType::Admitted, true, Reason::Rescaled, format!("holds {} CS-2s", spec.cs2));
+    d.cond_with(ConditionType::Ready, false, Reason::Assembling, "the appliance is being reassembled");
+    (Children::Assemble(spec.cs2), false)
+}
+
+/// A job that holds its `holds` CS-2s and keeps them: `Starting` until its pods are ready and MemoryX trains,
+/// then `Running` (or `Checkpointing` while MemoryX writes a periodic checkpoint). `grow_blocked`: its spec
+/// wants more CS-2s than are free to grow by.
+fn holding(d: &mut Pass, spec: &TrainingJobSpec, obs: &Observed, holds: u32, grow_blocked: bool) -> (Children, bool) {
+    d.s.checkpoint_requested_at_step = None;
+    d.s.checkpoint_requested_at = None;
+    if grow_blocked {
+        d.cond_with(
+            ConditionType::Admitted,
+            true,
+            Reason::RescaleWaitingForCapacity,
+            format!("holds {holds} CS-2s; growing to {} waits for free CS-2s", spec.cs2),
+        );
+    } else {
+        d.cond_with(ConditionType::Admitted, true, Reason::Admitted, format!("holds {holds} CS-2s"));
+    }
+    match (&obs.coordinator, obs.pods_ready) {
+        (Some(Ok(c)), true) if c.phase == MemoryxPhase::Starting => {
+            let msg = "MemoryX is starting (loading data, restoring its checkpoint, reaching its engines)";
+            d.phase(Phase::Starting, Reason::CoordinatorStarting, msg);
+            d.cond_with(ConditionType::Ready, false, Reason::CoordinatorStarting, msg);
+        }
+        (Some(Ok(c)), true) => {
+            let phase = if c.phase == MemoryxPhase::Checkpointing { Phase::Checkpointing } else { Phase::Running };
+            d.phase(phase, Reason::Training, format!("step {} of {}", c.step(), c.progress.total_steps.map_or("?".into(), |t| t.to_string())));
+            d.cond_with(ConditionType::Ready, true, Reason::Training, "every child is ready and MemoryX reports progress");
+        }
+        (_, false) => {
+            let msg = if obs.failed_pods.is_empty() {
+                "waiting for engine and SwarmX pods to be ready".to_string()
+            } else {
+                format!("replacing failed pods: {}", obs.failed_pods.join(", "))
+            };
+            let reason = if obs.failed_pods.is_empty() { Reason::PodsNotReady } else { Reason::ReplacingFailedPods };
+            d.phase(Phase::Starting, reason, msg.clone());
+            d.cond_with(ConditionType::Ready, false, reason, msg);
+        }
+        (other, true) => {
+            let msg = match other {
+                Some(Err(e)) => format!("MemoryX does not answer yet: {e}"),
+                _ => "MemoryX has not been asked yet".into(),
+            };
+            d.phase(Phase::Starting, Reason::CoordinatorUnreachable, msg.clone());
+            d.cond_with(ConditionType::Ready, false, Reason::CoordinatorUnreachable, msg);
+        }
+    }
+    (Children::Assemble(holds), false)
 }
 
 /// The status being built, with the reason and message of the phase it was last set to.
@@ -413,36 +438,39 @@ struct Pass {
     s: TrainingJobStatus,
     generation: Option<i64>,
     now: Timestamp,
-    reason: String,
+    /// `None` until a phase is set this pass (a finished job keeps its phase and sets none).
+    reason: Option<Reason>,
     message: String,
 }
 
 impl Pass {
-    fn phase(&mut self, phase: Phase, reason: &str, message: impl Into<String>) {
+    fn phase(&mut self, phase: Phase, reason: Reason, message: impl Into<String>) {
         self.s.phase = Some(phase);
-        self.reason = reason.into();
+        self.reason = Some(reason);
         self.message = message.into();
     }
 
-    /// Sets a condition with the phase's reason and message.
-    fn cond(&mut self, type_: &str, status: bool) {
-        let (r, m) = (self.reason.clone(), self.message.clone());
-        self.cond_with(type_, status, &r, m);
+    /// Sets a condition with the phase's reason and message (called only after [`Pass::phase`]).
+    fn cond(&mut self, type_: ConditionType, status: bool) {
+        if let Some(r) = self.reason {
+            let m = self.message.clone();
+            self.cond_with(type_, status, r, m);
+        }
     }
 
-    fn cond_with(&mut self, type_: &str, status: bool, reason: &str, message: impl Into<String>) {
+    fn cond_with(&mut self, type_: ConditionType, status: bool, reason: Reason, message: impl Into<String>) {
         set_condition(&mut self.s.conditions, type_, status, reason, message, self.generation, self.now);
     }
 
-    fn fail(&mut self, reason: &str, message: String) {
+    fn fail(&mut self, reason: Reason, message: String) {
         self.s.allocated_cs2 = None;
         self.s.checkpoint_requested_at_step = None;
         self.s.checkpoint_requested_at = None;
         self.s.completion_time.get_or_insert(Time(self.now));
         self.phase(Phase::Failed, reason, message);
-        self.cond(FAILED, true);
-        self.cond_with(READY, false, reason, "the job failed and its CS-2s are free");
-        self.cond_with(ADMITTED, false, "Released", "the job failed and its CS-2s are free");
+        self.cond(ConditionType::Failed, true);
+        self.cond_with(ConditionType::Ready, false, reason, "the job failed and its CS-2s are free");
+        self.cond_with(ConditionType::Admitted, false, Reason::Released, "the job failed and its CS-2s are free");
     }
 
     fn progress(&mut self, c: &MemoryxStatus, batch: u32) {
@@ -504,20 +532,20 @@ mod tests {
         d
     }
 
-    fn cond<'a>(j: &'a TrainingJob, t: &str) -> &'a Condition {
-        j.status.as_ref().unwrap().conditions.iter().find(|c| c.type_ == t).unwrap()
+    fn cond<'a>(j: &'a TrainingJob, t: ConditionType) -> &'a Condition {
+        j.status.as_ref().unwrap().conditions.iter().find(|c| t.of(c)).unwrap()
     }
 
     #[test]
     fn queued_until_admitted_then_starting_then_running() {
         let mut j = job(2);
         let mut o = obs();
-        o.admission = Some(Verdict::Wait { reason: "InsufficientCapacity", message: "needs 2".into() });
+        o.admission = Some(Verdict::Wait { reason: Reason::InsufficientCapacity, message: "needs 2".into() });
         o.queue_position = Some(1);
         let d = step(&mut j, &o);
         assert_eq!(d.status.phase, Some(Phase::Queued));
         assert_eq!(d.children, Children::Nothing);
-        assert_eq!(cond(&j, ADMITTED).reason, "InsufficientCapacity");
+        assert_eq!(cond(&j, ConditionType::Admitted).reason, "InsufficientCapacity");
         assert_eq!(d.status.queue_position, Some(1), "a queued job shows its place");
         assert_eq!(d.transition.unwrap().phase, Phase::Queued);
 
@@ -532,18 +560,18 @@ mod tests {
         o.coordinator = running(0, None);
         let d = step(&mut j, &o);
         assert_eq!(d.status.phase, Some(Phase::Starting), "pods are not ready yet");
-        assert_eq!(cond(&j, READY).reason, "PodsNotReady");
+        assert_eq!(cond(&j, ConditionType::Ready).reason, "PodsNotReady");
 
         o.pods_ready = true;
         o.coordinator = Some(Ok(MemoryxStatus { phase: MemoryxPhase::Starting, ..Default::default() }));
         assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Starting));
-        assert_eq!(cond(&j, READY).reason, "CoordinatorStarting");
+        assert_eq!(cond(&j, ConditionType::Ready).reason, "CoordinatorStarting");
         o.coordinator = running(7, None);
         let d = step(&mut j, &o);
         assert_eq!(d.status.phase, Some(Phase::Running));
         assert_eq!((d.status.progress.step, d.status.progress.loss), (Some(7), Some(0.5)));
         assert_eq!(d.status.progress_percentage, Some(7), "7 of 100 steps");
-        assert_eq!(cond(&j, READY).status, "True");
+        assert_eq!(cond(&j, ConditionType::Ready).status, "True");
 
         // MemoryX writing a periodic checkpoint shows as Checkpointing, then Running again.
         o.coordinator = Some(Ok(MemoryxStatus { phase: MemoryxPhase::Checkpointing, ..running(10, None).unwrap().unwrap() }));
@@ -581,7 +609,7 @@ mod tests {
         o.coordinator = Some(Err("connection refused".into()));
         let d = step(&mut j, &o);
         assert_eq!(d.status.phase, Some(Phase::Starting));
-        assert!(cond(&j, READY).message.contains("connection refused"));
+        assert!(cond(&j, ConditionType::Ready).message.contains("connection refused"));
     }
 
     #[test]
@@ -596,7 +624,7 @@ mod tests {
         );
         j.status = Some(s.clone());
         assert_eq!(s.phase, Some(Phase::Starting));
-        let c = cond(&j, READY);
+        let c = cond(&j, ConditionType::Ready);
         assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "PodsForbidden"));
         assert!(c.message.contains("violates PodSecurity"));
         assert_eq!(refusal_reason(422), "ChildInvalid");
@@ -648,8 +676,8 @@ mod tests {
         let mut j = job(2);
         let s = children_refused(&TrainingJobStatus { phase: Some(Phase::Starting), ..Default::default() }, r.reason, r.message.clone(), Some(1), obs().now);
         j.status = Some(s);
-        assert_eq!((cond(&j, READY).status.as_str(), cond(&j, READY).reason.as_str()), ("False", "PodsForbidden"));
-        assert!(cond(&j, READY).message.contains("allowPrivilegeEscalation"));
+        assert_eq!((cond(&j, ConditionType::Ready).status.as_str(), cond(&j, ConditionType::Ready).reason.as_str()), ("False", "PodsForbidden"));
+        assert!(cond(&j, ConditionType::Ready).message.contains("allowPrivilegeEscalation"));
         // A condition that no longer holds, or a set scaled to zero, is no refusal.
         let over = StatefulSetCondition { status: "False".into(), ..failure.clone() };
         assert_eq!(memoryx_refusal(&memoryx_set(1, vec![over]), &[]), None);
@@ -682,13 +710,13 @@ mod tests {
     fn a_missing_priority_class_queues_the_job_with_a_warning_once() {
         let mut j = job(2);
         let mut o = obs();
-        let missing = Verdict::Wait { reason: "PriorityClassNotFound", message: "spec.priorityClassName names PriorityClass 'gold', which does not exist".into() };
-        o.admission = Some(Verdict::Wait { reason: "InsufficientCapacity", message: "needs 2".into() });
+        let missing = Verdict::Wait { reason: Reason::PriorityClassNotFound, message: "spec.priorityClassName names PriorityClass 'gold', which does not exist".into() };
+        o.admission = Some(Verdict::Wait { reason: Reason::InsufficientCapacity, message: "needs 2".into() });
         assert!(!step(&mut j, &o).transition.unwrap().warning);
         o.admission = Some(missing);
         let d = step(&mut j, &o);
         assert_eq!((d.status.phase, d.children.clone()), (Some(Phase::Queued), Children::Nothing));
-        assert_eq!((cond(&j, ADMITTED).status.as_str(), cond(&j, ADMITTED).reason.as_str()), ("False", "PriorityClassNotFound"));
+        assert_eq!((cond(&j, ConditionType::Admitted).status.as_str(), cond(&j, ConditionType::Admitted).reason.as_str()), ("False", "PriorityClassNotFound"));
         let t = d.transition.expect("an Event although the phase stays Queued");
         assert!(t.warning && t.reason == "PriorityClassNotFound" && t.message.contains("'gold'"), "{t:?}");
         assert!(step(&mut j, &o).transition.is_none(), "announced once");
@@ -707,7 +735,7 @@ mod tests {
         let d = step(&mut j, &o);
         assert_eq!((d.status.phase, d.status.restarts), (Some(Phase::Starting), 1));
         assert_eq!(d.children, Children::Assemble(2));
-        assert_eq!(cond(&j, READY).reason, "ReplacingFailedPods");
+        assert_eq!(cond(&j, ConditionType::Ready).reason, "ReplacingFailedPods");
         // MemoryX restarting twice counts too, once each.
         o.failed_pods = vec![];
         o.memoryx_restarts = Some(1);
@@ -720,7 +748,7 @@ mod tests {
         assert_eq!(d.status.phase, Some(Phase::Failed));
         assert_eq!(d.children, Children::Release);
         assert_eq!(d.status.allocated_cs2, None);
-        assert_eq!(cond(&j, FAILED).reason, "RestartLimitExceeded");
+        assert_eq!(cond(&j, ConditionType::Failed).reason, "RestartLimitExceeded");
         assert!(d.transition.unwrap().warning);
         // Failed is final.
         o.memoryx_restarts = Some(0);
@@ -744,7 +772,7 @@ mod tests {
         o.now = o.now + std::time::Duration::from_secs(2);
         let d = step(&mut j, &o);
         assert_eq!((d.status.phase, d.status.allocated_cs2, d.children), (Some(Phase::Suspended), None, Children::Release));
-        assert!(cond(&j, SUSPENDED).message.contains("step 30") && cond(&j, SUSPENDED).message.contains("within 300 s"), "{:?}", cond(&j, SUSPENDED));
+        assert!(cond(&j, ConditionType::Suspended).message.contains("step 30") && cond(&j, ConditionType::Suspended).message.contains("within 300 s"), "{:?}", cond(&j, ConditionType::Suspended));
         assert_eq!(d.status.checkpoint_requested_at, None);
     }
 
@@ -761,7 +789,7 @@ mod tests {
         o.now = o.now + std::time::Duration::from_secs(1);
         let d = step(&mut j, &o);
         assert_eq!((d.status.phase, d.status.allocated_cs2, d.children), (Some(Phase::Failed), None, Children::Release));
-        assert_eq!(cond(&j, FAILED).reason, "DeadlineExceeded");
+        assert_eq!(cond(&j, ConditionType::Failed).reason, "DeadlineExceeded");
     }
 
     #[test]
@@ -789,17 +817,17 @@ mod tests {
         assert_eq!((d.status.phase, d.status.allocated_cs2), (Some(Phase::Suspended), None));
         assert_eq!(d.children, Children::Release);
         assert_eq!(d.status.progress.last_checkpoint.as_ref().unwrap().step, 41);
-        assert_eq!(cond(&j, SUSPENDED).status, "True");
+        assert_eq!(cond(&j, ConditionType::Suspended).status, "True");
         // Resume: through admission again.
         j.spec.suspend = false;
         o.coordinator = None;
-        o.admission = Some(Verdict::Wait { reason: "InsufficientCapacity", message: "busy".into() });
+        o.admission = Some(Verdict::Wait { reason: Reason::InsufficientCapacity, message: "busy".into() });
         assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Queued));
         o.admission = Some(Verdict::Admit);
         let d = step(&mut j, &o);
         assert_eq!((d.status.phase, d.children.clone()), (Some(Phase::Starting), Children::Assemble(2)));
         assert_eq!(d.transition.unwrap().reason, "Resumed");
-        assert_eq!(cond(&j, SUSPENDED).status, "False");
+        assert_eq!(cond(&j, ConditionType::Suspended).status, "False");
     }
 
     #[test]
@@ -816,7 +844,7 @@ mod tests {
         o.may_grow = false;
         let d = step(&mut j, &o);
         assert_eq!((d.status.phase, d.children.clone()), (Some(Phase::Running), Children::Assemble(2)));
-        assert_eq!(cond(&j, ADMITTED).reason, "RescaleWaitingForCapacity");
+        assert_eq!(cond(&j, ConditionType::Admitted).reason, "RescaleWaitingForCapacity");
         o.may_grow = true;
         let d = step(&mut j, &o);
         assert!(d.request_checkpoint);
@@ -845,7 +873,7 @@ mod tests {
         assert_eq!((d.status.phase, d.status.allocated_cs2), (Some(Phase::Succeeded), None));
         assert!(d.status.completion_time.is_some());
         assert_eq!(d.children, Children::Release);
-        assert_eq!(cond(&j, COMPLETE).status, "True");
+        assert_eq!(cond(&j, ConditionType::Complete).status, "True");
     }
 
     #[test]
@@ -856,7 +884,7 @@ mod tests {
         o.admission = Some(Verdict::Admit);
         let d = step(&mut j, &o);
         assert_eq!(d.status.phase, Some(Phase::Failed));
-        assert!(cond(&j, FAILED).message.contains("SRAM"));
+        assert!(cond(&j, ConditionType::Failed).message.contains("SRAM"));
     }
 
     #[test]

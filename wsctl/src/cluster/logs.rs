@@ -5,6 +5,7 @@ use std::cmp::Ordering;
 use std::io::Write;
 use std::time::Duration;
 
+use crds::Phase;
 use crds::contract::Role;
 use futures::{AsyncBufReadExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -86,7 +87,9 @@ pub async fn logs(cluster: &Cluster, job_name: &str, o: Options) -> Result<(), E
         }
         if !o.follow {
             let phase = progress::phase(&job);
-            let hint = if matches!(phase.as_str(), "Succeeded" | "Failed" | "Suspended") {
+            let released =
+                matches!(job.status.as_ref().and_then(|s| s.phase), Some(Phase::Succeeded | Phase::Failed | Phase::Suspended));
+            let hint = if released {
                 "a job's pods exist only while it holds CS-2s; follow them with -f while it runs"
             } else {
                 "it may still be starting: -f waits for its pods"
@@ -136,7 +139,10 @@ pub async fn logs(cluster: &Cluster, job_name: &str, o: Options) -> Result<(), E
                 }
             },
             _ = check.tick(), if over_at.is_none() => {
-                let over = cluster.job(job_name).await.is_ok_and(|j| matches!(progress::phase(&j).as_str(), "Succeeded" | "Failed"));
+                let over = cluster
+                    .job(job_name)
+                    .await
+                    .is_ok_and(|j| j.status.as_ref().and_then(|s| s.phase).is_some_and(Phase::is_terminal));
                 if over {
                     over_at = Some(tokio::time::Instant::now() + Duration::from_secs(2));
                 }

@@ -3,6 +3,7 @@
 
 use std::io::{IsTerminal, Write};
 
+use crds::conditions::{ConditionStatus, ConditionType};
 use crds::{ModelKind, Phase, TrainingJob};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -63,7 +64,7 @@ pub fn waiting_for(job: &TrainingJob) -> Option<String> {
     if s.phase != Some(Phase::Queued) {
         return None;
     }
-    s.conditions.iter().find(|c| c.type_ == "Admitted" && c.status != "True").map(|c| c.reason.clone())
+    s.conditions.iter().find(|c| ConditionType::Admitted.of(c) && !ConditionStatus::True.of(c)).map(|c| c.reason.clone())
 }
 
 /// Why the job failed: the `Failed` condition's message (else any failing condition's), for the user.
@@ -71,8 +72,8 @@ pub fn failure(job: &TrainingJob) -> String {
     let conditions = job.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     conditions
         .iter()
-        .find(|c| c.type_ == "Failed" && c.status == "True")
-        .or_else(|| conditions.iter().find(|c| c.status == "False" && !c.message.is_empty()))
+        .find(|c| ConditionType::Failed.of(c) && ConditionStatus::True.of(c))
+        .or_else(|| conditions.iter().find(|c| ConditionStatus::False.of(c) && !c.message.is_empty()))
         .map_or_else(|| "no reason given in its status".into(), |c| format!("{}: {}", c.reason, c.message))
 }
 
@@ -163,6 +164,7 @@ impl Reporter {
 mod tests {
     use super::*;
     use crate::cluster::testing::{queued, running, succeeded};
+    use crds::conditions::Reason;
 
     #[test]
     fn durations_read_like_a_clock() {
@@ -200,7 +202,12 @@ mod tests {
         let mut failed = succeeded();
         let s = failed.status.get_or_insert_with(Default::default);
         s.phase = Some(Phase::Failed);
-        s.conditions = vec![crate::cluster::testing::condition("Failed", "True", "RestartLimitExceeded", "4 restarts")];
+        s.conditions = vec![crate::cluster::testing::condition(
+            ConditionType::Failed,
+            ConditionStatus::True,
+            Reason::RestartLimitExceeded,
+            "4 restarts",
+        )];
         assert_eq!(failure(&failed), "RestartLimitExceeded: 4 restarts");
     }
 }

@@ -1,16 +1,17 @@
 //! Test fixtures for the cluster client: the shared test job ([`crds::testing::mlp_job`]) in the states the
 //! client shows (queued, running, succeeded), written once so every unit test reads the same statuses.
 
+use crds::conditions::{ConditionStatus, ConditionType, Reason};
 use crds::{Phase, Progress, TrainingJob, TrainingJobStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 /// A status condition as the operator writes it.
-pub fn condition(type_: &str, status: &str, reason: &str, message: &str) -> Condition {
+pub fn condition(type_: ConditionType, status: ConditionStatus, reason: Reason, message: &str) -> Condition {
     Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
+        type_: type_.as_str().into(),
+        status: status.as_str().into(),
+        reason: reason.as_str().into(),
         message: message.into(),
         last_transition_time: Time(Timestamp::UNIX_EPOCH),
         observed_generation: None,
@@ -39,7 +40,7 @@ pub fn running() -> TrainingJob {
             },
             progress_percentage: Some(20),
             estimated_remaining_seconds: Some(65),
-            conditions: vec![condition("Admitted", "True", "Admitted", "2 CS-2s allocated")],
+            conditions: vec![condition(ConditionType::Admitted, ConditionStatus::True, Reason::Admitted, "2 CS-2s allocated")],
             ..TrainingJobStatus::default()
         },
     )
@@ -52,7 +53,12 @@ pub fn queued() -> TrainingJob {
         TrainingJobStatus {
             phase: Some(Phase::Queued),
             queue_position: Some(2),
-            conditions: vec![condition("Admitted", "False", "InsufficientCapacity", "needs 2 CS-2s, 0 free")],
+            conditions: vec![condition(
+                ConditionType::Admitted,
+                ConditionStatus::False,
+                Reason::InsufficientCapacity,
+                "needs 2 CS-2s, 0 free",
+            )],
             ..TrainingJobStatus::default()
         },
     )
