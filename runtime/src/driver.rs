@@ -14,7 +14,8 @@ use crds::{CheckpointRef, TrainingJobSpec};
 
 use crate::input::DataInfo;
 use wire::error::{Error, Result};
-use crate::memoryx::{checkpoint, manifest, MemoryX};
+use crate::memoryx::{checkpoint, manifest};
+use crate::memoryx::store::MemoryX;
 use crate::train::MemoryxUsage;
 use plan::layout::ModelLayout;
 use crate::swarmx::Swarm;
@@ -75,7 +76,7 @@ impl Job {
     /// How weight server `slice` of this job stores its slice: the memory budget, a disk tier under
     /// `outputs.tier_dir` (or the checkpoint directory's `tier`, or a scratch directory), its checkpoint
     /// directory.
-    pub fn storage(&self, outputs: &Outputs, slice: crate::memoryx::SliceId) -> crate::memoryx::server::Storage {
+    pub fn storage(&self, outputs: &Outputs, slice: crate::memoryx::slice::SliceId) -> crate::memoryx::server::Storage {
         let tier_base = outputs
             .tier_dir
             .clone()
@@ -90,12 +91,12 @@ impl Job {
     }
 
     /// Weight server `slice` of this job, built in this process and stored as [`Job::storage`] says.
-    pub fn local_slice(&self, outputs: &Outputs, slice: crate::memoryx::SliceId) -> Result<crate::memoryx::LocalSlice> {
+    pub fn local_slice(&self, outputs: &Outputs, slice: crate::memoryx::slice::SliceId) -> Result<crate::memoryx::server::LocalSlice> {
         let t = &self.spec.training;
         let layout = self.layout();
         let lengths = crate::memoryx::server::layer_lengths(&layout, &t.optimizer, t.seed);
         let storage = self.storage(outputs, slice);
-        crate::memoryx::LocalSlice::new(&layout, &lengths, self.recipe(), slice, storage)
+        crate::memoryx::server::LocalSlice::new(&layout, &lengths, self.recipe(), slice, storage)
     }
 
     /// The job's MemoryX with every weight server in this process, as the plan spreads it: one in memory

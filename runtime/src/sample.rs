@@ -6,9 +6,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use data::shard::Shard;
-use crate::engine::{CountingHw, EngineRole, Wse};
+use crate::engine::hw::CountingHw;
+use crate::engine::role::EngineRole;
+use crate::engine::wse::Wse;
 use wire::error::{Error, Result};
-use crate::memoryx::WeightStore;
+use crate::memoryx::store::WeightStore;
 use plan::layout::{Arch, ModelLayout};
 use kernels::tensor::Mat;
 

@@ -15,9 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use data::Sampler;
 use crate::input::DataInfo;
-use crate::engine::EngineStats;
+use crate::engine::role::EngineStats;
 use wire::error::{Error, Result};
-use crate::memoryx::WeightStore;
+use crate::memoryx::store::WeightStore;
 use crate::model::loss::LossSum;
 use crate::protocol::LayerStream;
 use data::shard::Split;
@@ -96,7 +96,7 @@ pub struct MemoryxUsage {
 
 impl MemoryxUsage {
     /// The usage of `store`'s servers (those that answer) and of this process now.
-    pub fn of(store: &crate::memoryx::MemoryX) -> MemoryxUsage {
+    pub fn of(store: &crate::memoryx::store::MemoryX) -> MemoryxUsage {
         MemoryxUsage { servers: store.usage().into_iter().flatten().collect(), peak_rss_bytes: crate::process::peak_rss_bytes() }
     }
 }

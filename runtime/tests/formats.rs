@@ -5,9 +5,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use data::{self, Sampler};
-use runtime::engine::{CountingHw, EngineRole, Wse};
+use runtime::engine::hw::CountingHw;
+use runtime::engine::role::EngineRole;
+use runtime::engine::wse::Wse;
 use runtime::input::LocalFeed;
-use runtime::memoryx::MemoryX;
+use runtime::memoryx::store::MemoryX;
 use plan::layout::ModelLayout;
 use runtime::swarmx::LocalSwarm;
 use runtime::train;

@@ -7,7 +7,8 @@ pub mod cost;
 pub mod node;
 pub mod report;
 
-use runtime::engine::{EngineCounters, EngineHw, Wse, Work};
+use runtime::engine::hw::{EngineCounters, EngineHw, Work};
+use runtime::engine::wse::Wse;
 use plan::layout::ModelLayout;
 use plan::preset::{self, EngineModel};
 

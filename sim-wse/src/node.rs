@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicU64;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use runtime::engine::server::EngineServer;
-use runtime::memoryx::MemoryX;
+use runtime::memoryx::store::MemoryX;
 use plan::layout::ModelLayout;
 use crds::contract::{EngineArgs, Role};
 use runtime::input::remote::RemoteFeed;
@@ -98,7 +98,7 @@ impl EngineGauges {
         g
     }
 
-    fn update(&self, s: &runtime::engine::EngineStats, uptime_s: f64) {
+    fn update(&self, s: &runtime::engine::role::EngineStats, uptime_s: f64) {
         self.busy.set(s.compute_s / uptime_s.max(1e-9));
         self.compute.set(s.compute_s);
         self.simulated.set(s.counters.simulated_s);

@@ -2,8 +2,8 @@
 //! job agrees with what a simulated engine charges for a real step, and more engines or more sparsity help.
 
 use data::shard::Shard;
-use runtime::engine::EngineRole;
-use runtime::memoryx::{MemoryX, WeightStore};
+use runtime::engine::role::EngineRole;
+use runtime::memoryx::store::{MemoryX, WeightStore};
 use plan::layout::ModelLayout;
 use kernels::tensor::Mat;
 use sim_wse::cost::{estimate, Cluster, Workload};

@@ -87,7 +87,7 @@ fn dense_weights(layout: &ModelLayout, tensors: &Tensors, seed: Option<u64>, l: 
     let want = shape.dense_weights();
     if layout.linears[l].sparse {
         let seed = seed.ok_or_else(|| anyhow!("the checkpoint of a sparse model records no seed to draw its masks from; give --job JOB.yaml"))?;
-        let mask = runtime::memoryx::mask(layout, seed, l).ok_or_else(|| anyhow!("layer {l} has no mask"))?;
+        let mask = runtime::memoryx::server::mask(layout, seed, l).ok_or_else(|| anyhow!("layer {l} has no mask"))?;
         if mask.nnz() != values.len() {
             bail!("{name} has {} values but its mask {}: the checkpoint is not of this model and seed", values.len(), mask.nnz());
         }

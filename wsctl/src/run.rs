@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use crds::contract::ProgressReport;
 use indicatif::{ProgressBar, ProgressStyle};
 use runtime::driver::{Driver, Job, Outputs};
-use runtime::engine::EngineRole;
+use runtime::engine::role::EngineRole;
 use runtime::input::{Feed, LocalFeed};
 use plan::appliance::Plan;
 use runtime::swarmx::LocalSwarm;

@@ -2,27 +2,24 @@
 //! activations resident from the forward pass to the backward pass, holds one layer's weights at a time (plus
 //! room for the next, prefetched), and sends back weight gradients.
 //!
-//! The hardware it runs on is a small trait, [`EngineHw`]: an SRAM budget and a hook that sees every piece of
+//! The hardware it runs on is a small trait, [`hw::EngineHw`]: an SRAM budget and a hook that sees every piece of
 //! work, so a simulator can count bytes and FLOPs and charge time. `sim-wse` implements it; the tests here use
-//! [`CountingHw`]. [`server`] puts an engine on the network.
+//! [`hw::CountingHw`]. [`server`] puts an engine on the network.
 //!
 //! - `hw`: the work an engine reports and the hardware trait that counts it.
-//! - `role`: [`EngineRole`], what SwarmX drives (with a [`data::shard::Shard`] of the batch), and the
-//!   [`EngineStats`] it reads.
-//! - `wse`: [`Wse`], the engine program every model family shares.
+//! - `role`: [`role::EngineRole`], what SwarmX drives (with a [`data::shard::Shard`] of the batch), and the
+//!   [`role::EngineStats`] it reads.
+//! - `wse`: [`wse::Wse`], the engine program every model family shares.
 //! - `linear`: a weight layer over its streamed weights, the one place a kernel is chosen.
 //! - `mlp`, `gpt`: the model families' layers.
 
 mod gpt;
-mod hw;
+pub mod hw;
 mod linear;
 mod mlp;
 mod net;
 pub mod replica;
-mod role;
+pub mod role;
 pub mod server;
-mod wse;
+pub mod wse;
 
-pub use hw::{CountingHw, EngineCounters, EngineHw, Work};
-pub use role::{EngineRole, EngineStats};
-pub use wse::Wse;

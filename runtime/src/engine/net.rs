@@ -6,7 +6,7 @@ use kernels::tensor::Mat;
 use wire::error::Result;
 
 /// The model-specific half of the engine program: the math of each stream unit over the activations the
-/// engine keeps. [`super::Wse`] does everything the model families share — step order, shape checks, the SRAM
+/// engine keeps. [`super::wse::Wse`] does everything the model families share — step order, shape checks, the SRAM
 /// budget, the loss and the counters — so a family is only its layers.
 pub(super) trait Net: Send {
     /// Takes a new shard's input matrix, dropping whatever the previous step left.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use kernels::on_workers;
 use wire::error::{Error, Result};
 
-use super::EngineRole;
-use crate::memoryx::MemoryX;
+use super::role::EngineRole;
+use crate::memoryx::store::MemoryX;
 use crate::model::loss::LossSum;
 use crate::protocol::{LayerGrad, Pass};
 

@@ -1,5 +1,5 @@
 //! The contract between SwarmX and an engine. SwarmX drives a step through [`EngineRole`] without knowing
-//! whether the engine is in this process ([`super::Wse`]) or behind gRPC, so the data type it reads back from
+//! whether the engine is in this process ([`super::wse::Wse`]) or behind gRPC, so the data type it reads back from
 //! an engine — [`EngineStats`] — lives here, apart from any one implementation; the batch shard it hands one
 //! ([`data::shard::Shard`]) is data's.
 

@@ -12,20 +12,24 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::replica::{apply_all, resident_pass, ReplicaFactory};
-use super::{EngineRole, EngineStats};
+use super::role::{EngineRole, EngineStats};
 use crate::input::Feed;
 use wire::error::{Error, Result};
 use crate::protocol::pb::stage_server::Stage;
 use kernels::on_workers;
-use crate::memoryx::{checkpoint, MemoryX};
+use crate::memoryx::checkpoint;
+use crate::memoryx::store::MemoryX;
 use crate::protocol::pb::{
     self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
     StateChunk, StepChunk,
 };
 use plan::limits::Limits;
-use crate::protocol::codec::{decode_grads, encode_grad, encode_state, encode_step, LayerAssembler, StateMeter};
+use crate::protocol::codec::grad::{decode_grads, encode_grad};
+use crate::protocol::codec::layer::LayerAssembler;
+use crate::protocol::codec::state::{encode_state, StateMeter};
+use crate::protocol::codec::step::encode_step;
 use crate::protocol::Pass;
-use crate::protocol::codec::receive_grads;
+use crate::protocol::codec::grad::receive_grads;
 use wire::grpc::JobGuard;
 use wire::status::to_status;
 
@@ -348,7 +352,7 @@ pub fn stats_to_pb(s: &EngineStats) -> pb::EngineStats {
 /// Engine counters as they arrive.
 pub fn stats_from_pb(s: &pb::EngineStats) -> EngineStats {
     EngineStats {
-        counters: super::EngineCounters {
+        counters: super::hw::EngineCounters {
             bytes_received: s.bytes_received,
             bytes_sent: s.bytes_sent,
             dense_equivalent_flops: s.dense_equivalent_flops,

@@ -3,9 +3,9 @@
 //! the model; MemoryX never computes activations. The state can be spread over weight servers, each owning a
 //! slice of every layer and keeping what does not fit its memory on disk.
 //!
-//! - `store`: [`MemoryX`], the coordinator's view, and the [`WeightStore`] trait the training loop drives.
-//! - [`server`]: a weight server ([`WeightServer`]) and the one in this process ([`LocalSlice`]).
-//! - [`slice`]: which part of every layer a server owns ([`SliceId`]), and the tensors it keeps of it.
+//! - [`store`]: [`store::MemoryX`], the coordinator's view, and the [`store::WeightStore`] trait the training loop drives.
+//! - [`server`]: a weight server ([`server::WeightServer`]) and the one in this process ([`server::LocalSlice`]).
+//! - [`slice`]: which part of every layer a server owns ([`slice::SliceId`]), and the tensors it keeps of it.
 //! - [`tier`]: a server's disk tier, read ahead in stream order.
 //! - [`remote`] and [`service`]: a weight server on the network, and the gRPC service it answers with.
 //! - `tied`: a tied layer's gradient, held until its target layer's arrives.
@@ -22,11 +22,7 @@ pub mod serve;
 pub mod server;
 pub mod service;
 pub mod slice;
-mod store;
+pub mod store;
 mod tied;
 pub mod tier;
 
-pub use checkpoint::Tensors;
-pub use server::{LocalSlice, WeightServer};
-pub use slice::SliceId;
-pub use store::{mask, MemoryX, WeightStore};

@@ -1,6 +1,6 @@
 //! A weight server: the part of MemoryX that owns one slice of every layer — its weights, its bias and the
 //! optimizer's moments of both — streams that slice, and runs the optimizer on the matching slice of the summed
-//! gradient. The coordinator ([`super::MemoryX`]) cuts every tensor the same way ([`plan::memoryx::slice_range`])
+//! gradient. The coordinator ([`super::store::MemoryX`]) cuts every tensor the same way ([`plan::memoryx::slice_range`])
 //! and never holds more than the layer in flight; the update is elementwise, so N servers train exactly the
 //! same model as one.
 //!
@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use crds::{OptimizerSpec, ScheduleSpec};
 use rand::{Rng, SeedableRng};
+use kernels::sparse::SparsePattern;
 use rand_chacha::ChaCha8Rng;
 
 use super::checkpoint;
@@ -150,7 +151,7 @@ pub fn layer_lengths(layout: &ModelLayout, optimizer: &OptimizerSpec, seed: u64)
     (0..layout.linears.len())
         .map(|l| {
             let shape = layout.linears[l];
-            let n = match (shape.tied_to, super::mask(layout, seed, l)) {
+            let n = match (shape.tied_to, mask(layout, seed, l)) {
                 (Some(_), _) => 0,
                 (None, Some(m)) => m.nnz(),
                 (None, None) => shape.dense_weights(),
@@ -185,6 +186,15 @@ fn initial(layout: &ModelLayout, lengths: &[LayerLengths], seed: u64, slice: Sli
     let weights: Vec<f32> = range.map(|_| rng.random_range(-limit..limit)).collect();
     let s = whole.map(|len| slice.range(len).len());
     [weights, vec![0.0; s[1]], vec![0.0; s[2]], vec![0.0; s[3]], vec![0.0; s[4]], vec![0.0; s[5]]]
+}
+
+/// The mask of layer `l` of `layout` initialised from `seed` (stored by output row), or `None` for a dense
+/// layer. Public because a checkpoint stores only a sparse layer's non-zeros, in this mask's order: an export
+/// draws the same mask again to put them back in place.
+pub fn mask(layout: &ModelLayout, seed: u64, l: usize) -> Option<SparsePattern> {
+    let shape = layout.linears.get(l)?;
+    let density = 1.0 - if shape.sparse { layout.sparsity } else { 0.0 };
+    shape.sparse.then(|| SparsePattern::random(shape.outputs, shape.inputs, density, layer_seed(seed, l, 0x3a5c)))
 }
 
 impl LocalSlice {

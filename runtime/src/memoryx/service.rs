@@ -13,7 +13,7 @@ use super::slice::{LayerLengths, LayerTensors};
 use wire::error::{Error, Result};
 use crate::protocol::pb::weights_server::Weights;
 use crate::protocol::pb::{Ack, RetainRequest, SaveReply, TensorChunk, WeightsInfo, WeightsRequest};
-use crate::protocol::codec::CHUNK_BYTES;
+use crate::protocol::codec::chunk::CHUNK_BYTES;
 use wire::grpc::JobGuard;
 use wire::status::to_status;
 

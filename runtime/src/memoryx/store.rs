@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crds::{OptimizerSpec, ScheduleSpec};
 
 use super::checkpoint::{self, Tensors};
-use super::server::{layer_lengths, layer_seed, LocalSlice, WeightServer};
+use super::server::{layer_lengths, mask, LocalSlice, WeightServer};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::tied::TiedGrad;
 use wire::error::{Error, Result};
@@ -107,15 +107,6 @@ fn finite(values: &[f32]) -> bool {
         return all_finite(values);
     }
     values.par_chunks(PIECE).all(all_finite)
-}
-
-/// The mask of layer `l` of `layout` initialised from `seed` (stored by output row), or `None` for a dense
-/// layer. Public because a checkpoint stores only a sparse layer's non-zeros, in this mask's order: an export
-/// draws the same mask again to put them back in place.
-pub fn mask(layout: &ModelLayout, seed: u64, l: usize) -> Option<SparsePattern> {
-    let shape = layout.linears.get(l)?;
-    let density = 1.0 - if shape.sparse { layout.sparsity } else { 0.0 };
-    shape.sparse.then(|| SparsePattern::random(shape.outputs, shape.inputs, density, layer_seed(seed, l, 0x3a5c)))
 }
 
 /// Runs `f` on every server, all at once when there are several (each may be a network round trip or a disk

@@ -23,11 +23,12 @@ use crate::protocol::pb::{
     StateChunk, StepChunk,
 };
 use plan::limits::Limits;
-use crate::protocol::codec::{
-    decode_grad, decode_grads, encode_grad, encode_grads, encode_step, GradMeter, LayerMeter, StateMeter,
-};
+use crate::protocol::codec::grad::{decode_grad, decode_grads, encode_grad, encode_grads, GradMeter};
+use crate::protocol::codec::layer::LayerMeter;
+use crate::protocol::codec::state::StateMeter;
+use crate::protocol::codec::step::encode_step;
 use crate::protocol::LayerGrad;
-use crate::protocol::codec::receive_grads;
+use crate::protocol::codec::grad::receive_grads;
 use wire::grpc::JobGuard;
 use wire::status::{from_status, to_status};
 

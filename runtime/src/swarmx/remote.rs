@@ -12,12 +12,14 @@ use super::relay::{connect, Child};
 use wire::grpc::Dial;
 use super::{Split, StepRequest, StreamSource, Swarm};
 use crate::engine::server::stats_from_pb;
-use crate::engine::EngineStats;
+use crate::engine::role::EngineStats;
 use wire::error::{Error, Result};
 use crate::model::loss::LossSum;
 use crate::protocol::pb::{self, BeginStepRequest};
 use plan::limits::Limits;
-use crate::protocol::codec::{decode_grad, decode_state, encode_layer, encode_state, GradMeter, StateMeter};
+use crate::protocol::codec::grad::{decode_grad, GradMeter};
+use crate::protocol::codec::layer::encode_layer;
+use crate::protocol::codec::state::{decode_state, encode_state, StateMeter};
 use crate::protocol::LayerGrad;
 use wire::status::from_status;
 

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use crds::{Activation, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
-use runtime::memoryx::MemoryX;
+use runtime::memoryx::store::MemoryX;
 use plan::layout::ModelLayout;
 
 /// Steps the test MemoryX plans for.

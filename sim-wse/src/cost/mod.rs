@@ -19,7 +19,7 @@
 pub mod cluster;
 pub mod sample;
 
-use runtime::engine::Work;
+use runtime::engine::hw::Work;
 use kernels::sparse::SparsePattern;
 use serde::Serialize;
 

@@ -1,6 +1,6 @@
 //! Analytic cases of the cost model: each checks a figure derived by hand from the seeds' description.
 
-use runtime::engine::{EngineHw, Work};
+use runtime::engine::hw::{EngineHw, Work};
 use kernels::sparse::SparsePattern;
 
 use super::*;

@@ -15,7 +15,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use runtime::protocol::pb::stage_server::Stage;
 use runtime::protocol::pb::{self, Ack, BeginStepRequest, InfoReply, InfoRequest, LayerChunk};
 use plan::limits::Limits;
-use runtime::protocol::codec::{encode_layer, LayerAssembler};
+use runtime::protocol::codec::layer::{encode_layer, LayerAssembler};
 use runtime::protocol::{LayerStream, Pass, WeightPayload};
 use serde::Serialize;
 use tonic::{Request, Response, Status, Streaming};

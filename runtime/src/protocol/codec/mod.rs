@@ -8,14 +8,9 @@
 //! pipelined replica), `step` (a pipelined step's reply) — over the chunking helpers of `chunk`, which they all
 //! share.
 
-mod chunk;
-mod grad;
-mod layer;
-mod state;
-mod step;
+pub mod chunk;
+pub mod grad;
+pub mod layer;
+pub mod state;
+pub mod step;
 
-pub use chunk::CHUNK_BYTES;
-pub use grad::{decode_grad, decode_grads, encode_grad, encode_grad_owned, encode_grads, receive_grads, GradMeter};
-pub use layer::{encode_layer, LayerAssembler, LayerMeter};
-pub use state::{decode_state, encode_state, StateMeter};
-pub use step::encode_step;

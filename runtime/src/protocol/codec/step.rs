@@ -1,7 +1,7 @@
 //! The pipelined step's reply: an engine that holds the whole model runs a step in one call and answers with
 //! its loss and, unless it applied them itself, its gradients, in one stream.
 
-use super::encode_grads;
+use super::grad::encode_grads;
 use crate::protocol::pb::{LossReply, StepChunk};
 use crate::protocol::LayerGrad;
 
