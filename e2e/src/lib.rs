@@ -2,6 +2,8 @@
 //! `KUBECONFIG`'s, so the same tests run on kind), the CRD, a namespace per test, an operator per test, and
 //! the kubelet's part played by hand (there is none: tests set pod status themselves).
 
+#![warn(missing_docs)]
+
 pub mod cluster;
 
 use std::future::Future;

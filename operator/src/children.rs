@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use std::net::SocketAddr;
 
-use crds::contract::{CommonArgs, MemoryxArgs, Role, RoleArgs, DATA_MOUNT, HTTP_PORT, METRICS_SCRAPER_LABEL};
+use crds::contract::{CommonArgs, MemoryxArgs, Role, RoleArgs, DATA_MOUNT, HTTP_PORT, JOB_LABEL, METRICS_SCRAPER_LABEL, ROLE_LABEL};
 use crds::{PlanStatus, PullPolicy, SwarmxTreeStatus, TrainingJob};
 use plan::appliance::Plan;
 use plan::wiring::{Component, Site, Wiring};
@@ -28,9 +28,6 @@ use kube::{Resource, ResourceExt};
 
 use crate::Error;
 
-/// The labels every child carries (its job, its role), from the contract the CLI reads them by too; the
-/// operator finds (and cleans up) a job's children by them even where owner references are not honoured.
-pub use crds::contract::{JOB_LABEL, ROLE_LABEL};
 /// Annotation holding a hash of a pod's desired spec and of the configuration it reads at start: pods are
 /// immutable, so a pod whose hash differs from the desired one (a rescaled tree, a new image, a new CS-2 count
 /// in `job.yaml`) is replaced rather than patched.

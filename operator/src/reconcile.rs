@@ -33,7 +33,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::admission::{self, PriorityClasses, Verdict};
-use crate::children::{self, Desired, JOB_LABEL, ROLE_LABEL, SPEC_HASH_ANNOTATION, Settings};
+use crate::children::{self, Desired, SPEC_HASH_ANNOTATION, Settings};
+use crds::contract::{JOB_LABEL, ROLE_LABEL};
 use crate::coordinator::Coordinator;
 use crate::decode::{self, Stored};
 use crate::status::{self, Children, Observed, Refusal};

@@ -3,6 +3,8 @@
 //! done against the dense equivalent, so sparsity's savings are measured, not assumed), and a cost model
 //! ([`cost`]) that charges the time a real wafer would take, so a run reports it beside the CPU's.
 
+#![warn(missing_docs)]
+
 pub mod cost;
 pub mod node;
 pub mod report;

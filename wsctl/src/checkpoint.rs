@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use wire::identity::{Identity, SERVER_NAME};
 use runtime::memoryx::checkpoint;
-pub use runtime::memoryx::serve::Entry;
+use runtime::memoryx::serve::Entry;
 
 /// Most bytes of a `GET /checkpoints` answer read: a listing of thousands of checkpoints is a few hundred KiB,
 /// so more is not a listing.

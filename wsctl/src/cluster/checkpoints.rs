@@ -16,7 +16,8 @@ use wire::identity::{CA_CERT, CERT, Identity, KEY};
 use runtime::memoryx::serve::Entry;
 
 use super::portforward::Forward;
-use super::{Cluster, Error, JOB_LABEL, Namespace, ROLE_LABEL, progress};
+use super::{Cluster, Error, Namespace, progress};
+use crds::contract::{JOB_LABEL, ROLE_LABEL};
 
 /// `wsctl checkpoint …`: of a cluster job by name, or of any MemoryX by `--url` and `--identity`.
 #[derive(clap::Subcommand)]

@@ -12,7 +12,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, LogParams};
 
-use super::{Cluster, Error, JOB_LABEL, ROLE_LABEL, progress};
+use super::{Cluster, Error, progress};
+use crds::contract::{JOB_LABEL, ROLE_LABEL};
 
 /// What `wsctl logs` was asked for.
 pub struct Options {

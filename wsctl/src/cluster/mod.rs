@@ -30,8 +30,6 @@ use kube::api::Api;
 
 pub use error::Error;
 
-/// The labels the operator puts on a job's pods (its job, its role), from the contract both compile against.
-pub use crds::contract::{JOB_LABEL, ROLE_LABEL};
 
 /// Waits longer than this are an error unless `--timeout` says otherwise: long enough for a small job, short
 /// enough that a stuck script notices.
