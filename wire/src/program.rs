@@ -81,27 +81,12 @@ impl Program {
         let call = self.common.call_timeout_seconds.map_or_else(|| self.limits.call_timeout(), std::time::Duration::from_secs);
         Dial::new(&self.identity, std::time::Duration::from_secs(connect_seconds)).with_call_timeout(call)
     }
-
-    /// Serves the gRPC service `svc` (its message limits set) on `grpc` until the process ends.
-    pub fn serve_grpc<S>(&self, svc: S, grpc: TcpListener) -> Result<()>
-    where
-        S: tonic::codegen::Service<tonic::codegen::http::Request<tonic::body::Body>, Error = std::convert::Infallible>
-            + tonic::server::NamedService
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Response: axum::response::IntoResponse,
-        S::Future: Send + 'static,
-    {
-        self.runtime.block_on(crate::grpc::serve(svc, grpc, &self.identity))
-    }
 }
 
 /// Serves `/healthz` and `/metrics` (Prometheus text from `registry`) to anyone who reaches the port, and
 /// `protected` (MemoryX's `/status` and `/checkpoint`) only to holders of the job's certificate, over TLS with
 /// the job's `identity`, on `listener` until the process ends (see [`crate::https`]).
-pub async fn serve_http(
+async fn serve_http(
     listener: tokio::net::TcpListener,
     registry: Arc<Mutex<Registry>>,
     identity: &Identity,
@@ -123,7 +108,7 @@ pub async fn serve_http(
 }
 
 /// Logs through tracing-subscriber: human-readable by default, one JSON object per line with `json`.
-pub fn init_logging(json: bool) {
+fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
@@ -131,7 +116,7 @@ pub fn init_logging(json: bool) {
 }
 
 /// Reads the job manifest named by a role's arguments, and its wire identity (the job's name unless given).
-pub fn load_job(args: &CommonArgs) -> Result<(crds::TrainingJob, String)> {
+fn load_job(args: &CommonArgs) -> Result<(crds::TrainingJob, String)> {
     let text =
         std::fs::read_to_string(&args.job).map_err(|e| Error::io(format!("reading {}", args.job.display()), e))?;
     let job = crds::parse_training_job(&text)?;
@@ -140,12 +125,12 @@ pub fn load_job(args: &CommonArgs) -> Result<(crds::TrainingJob, String)> {
 }
 
 /// Reads the job's TLS identity named by a role's arguments: without it a role can neither serve nor call.
-pub fn load_identity(args: &CommonArgs) -> Result<Identity> {
+fn load_identity(args: &CommonArgs) -> Result<Identity> {
     Identity::load(&args.identity)
 }
 
 /// Starts logging and, when asked, the standard-input watchdog: what every role program does first.
-pub fn start(args: &CommonArgs) {
+fn start(args: &CommonArgs) {
     init_logging(args.json_logs);
     // As a container's first process, a program ignores SIGTERM unless it handles it, and Kubernetes would
     // wait out the grace period while it kept working. Stop at once instead: MemoryX's checkpoints are
@@ -177,12 +162,12 @@ pub fn exit(result: Result<()>) -> std::process::ExitCode {
 
 /// Binds `addr` for `role`'s `what` endpoint. The caller announces the bound addresses with
 /// [`Handshake::Ready`] once all its listeners are up.
-pub async fn bind(addr: SocketAddr, role: Role, what: &str) -> Result<tokio::net::TcpListener> {
+async fn bind(addr: SocketAddr, role: Role, what: &str) -> Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::io(format!("{role}: binding {what} on {addr}"), e))
 }
 
 /// Announces that `role` serves `grpc` (if it has a service) and `http`, for a local supervisor.
-pub fn announce_ready(
+fn announce_ready(
     role: Role,
     grpc: Option<&tokio::net::TcpListener>,
     http: &tokio::net::TcpListener,

@@ -41,5 +41,5 @@ pub fn main(args: InputArgs) -> Result<()> {
     let server = Arc::new(InputServer::new(program.job_id.clone(), feed, program.limits.clone()));
     let (grpc, http) = program.listen(args.listen)?;
     program.serve_http(http, registry, axum::Router::new());
-    program.serve_grpc(input_service(server, bound.reply_bytes()), grpc)
+    program.runtime.block_on(wire::grpc::serve(input_service(server, bound.reply_bytes()), grpc, &program.identity))
 }

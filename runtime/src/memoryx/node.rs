@@ -240,5 +240,5 @@ fn serve_slice(args: MemoryxArgs) -> Result<()> {
     usage.follow(shard.clone());
     let sliced = lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect();
     let service = Arc::new(WeightsService::new(job_id, shard, sliced));
-    program.serve_grpc(weights_service(service), grpc)
+    program.runtime.block_on(wire::grpc::serve(weights_service(service), grpc, &program.identity))
 }

@@ -19,39 +19,38 @@ use super::portforward::Forward;
 use super::{Cluster, Error, Namespace, progress};
 use crds::contract::{JOB_LABEL, ROLE_LABEL};
 
+/// Whose checkpoints: a cluster job's by name (through the API server), or any MemoryX's by its address and the
+/// job's identity. Both commands take it alike.
+#[derive(clap::Args)]
+pub struct Source {
+    /// The job on the cluster (reached through the API server); or give --url and --identity.
+    #[arg(value_name = "JOB", required_unless_present = "url")]
+    name: Option<String>,
+    #[command(flatten)]
+    ns: Namespace,
+    /// MemoryX's HTTPS address, https://HOST:PORT (its `http` address; a port-forward to it).
+    #[arg(long, requires = "identity", conflicts_with = "name")]
+    url: Option<String>,
+    /// A folder with the job's identity: ca.crt, tls.crt, tls.key (with --url).
+    #[arg(long, requires = "url")]
+    identity: Option<PathBuf>,
+}
+
 /// `wsctl checkpoint …`: of a cluster job by name, or of any MemoryX by `--url` and `--identity`.
 #[derive(clap::Subcommand)]
 pub enum Command {
     /// List the checkpoints MemoryX holds, newest first.
     List {
-        /// The job on the cluster (reached through the API server); or give --url and --identity.
-        #[arg(value_name = "JOB", required_unless_present = "url")]
-        name: Option<String>,
         #[command(flatten)]
-        ns: Namespace,
-        /// MemoryX's HTTPS address, https://HOST:PORT (its `http` address; a port-forward to it).
-        #[arg(long, requires = "identity", conflicts_with = "name")]
-        url: Option<String>,
-        /// A folder with the job's identity: ca.crt, tls.crt, tls.key (with --url).
-        #[arg(long, requires = "url")]
-        identity: Option<PathBuf>,
+        from: Source,
         /// Seconds the whole command may take (for a cluster job).
         #[arg(long, default_value = "120")]
         timeout: u64,
     },
     /// Fetch one checkpoint (the newest unless --step), verified before it is kept.
     Pull {
-        /// The job on the cluster (reached through the API server); or give --url and --identity.
-        #[arg(value_name = "JOB", required_unless_present = "url")]
-        name: Option<String>,
         #[command(flatten)]
-        ns: Namespace,
-        /// MemoryX's HTTPS address, https://HOST:PORT.
-        #[arg(long, requires = "identity", conflicts_with = "name")]
-        url: Option<String>,
-        /// A folder with the job's identity: ca.crt, tls.crt, tls.key (with --url).
-        #[arg(long, requires = "url")]
-        identity: Option<PathBuf>,
+        from: Source,
         /// The step of the checkpoint to fetch (default: the newest).
         #[arg(long)]
         step: Option<u64>,
@@ -71,8 +70,8 @@ pub enum Command {
 /// cluster form.
 pub fn direct(command: &Command) -> Option<anyhow::Result<()>> {
     match command {
-        Command::List { url: Some(url), identity: Some(id), .. } => Some(crate::checkpoint::list_command(url, id)),
-        Command::Pull { url: Some(url), identity: Some(id), step, out, job, .. } => {
+        Command::List { from: Source { url: Some(url), identity: Some(id), .. }, .. } => Some(crate::checkpoint::list_command(url, id)),
+        Command::Pull { from: Source { url: Some(url), identity: Some(id), .. }, step, out, job, .. } => {
             Some(crate::checkpoint::pull_command(url, id, *step, out, job.as_deref()))
         }
         _ => None,
@@ -82,8 +81,8 @@ pub fn direct(command: &Command) -> Option<anyhow::Result<()>> {
 /// Runs the cluster form within its deadline.
 pub async fn run(command: Command) -> Result<(), Error> {
     let (name, ns, timeout) = match &command {
-        Command::List { name, ns, timeout, .. } | Command::Pull { name, ns, timeout, .. } => {
-            (name.clone().unwrap_or_default(), ns.clone(), Duration::from_secs(*timeout))
+        Command::List { from, timeout } | Command::Pull { from, timeout, .. } => {
+            (from.name.clone().unwrap_or_default(), from.ns.clone(), Duration::from_secs(*timeout))
         }
     };
     let cluster = Cluster::connect(ns).await?;
