@@ -9,13 +9,13 @@
 //! - The roles, each a room of its own with its service, client and program: [`input`] (input workers),
 //!   [`engine`] (what an engine does with streamed layers, against a small hardware trait), [`swarmx`] (the
 //!   fabric that broadcasts layers and sums gradients) and [`memoryx`] (the store that streams layers and
-//!   applies gradients, over weight servers).
-//! - [`train`]: the step loop; [`driver`]: one job from checkpoint to summary, for MemoryX's program and
-//!   in-process runs alike; [`sample`]: text decoded from a trained language model; [`process`]: the process's
-//!   memory and allocator.
+//!   applies gradients, over weight servers; its program is the coordinator's, below).
+//! - [`coordinator`]: MemoryX's server 0, which drives the job: the step loop, the one job driver (for
+//!   MemoryX's program and in-process runs alike), decoding samples, and the MemoryX program; [`process`]: the
+//!   process's memory and allocator.
 #![warn(missing_docs)]
 
-pub mod driver;
+pub mod coordinator;
 pub mod engine;
 pub mod input;
 pub mod memoryx;
@@ -23,7 +23,5 @@ pub mod model;
 pub mod optim;
 pub mod process;
 pub mod protocol;
-pub mod sample;
 pub mod swarmx;
-pub mod train;
 

@@ -12,7 +12,7 @@ use runtime::input::LocalFeed;
 use runtime::memoryx::store::MemoryX;
 use plan::layout::ModelLayout;
 use runtime::swarmx::LocalSwarm;
-use runtime::train;
+use runtime::coordinator::train;
 
 fn example(name: &str) -> crds::TrainingJobSpec {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

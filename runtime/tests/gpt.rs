@@ -16,7 +16,7 @@ use runtime::memoryx::checkpoint::Tensors;
 use runtime::memoryx::store::{MemoryX, WeightStore};
 use plan::layout::ModelLayout;
 use runtime::swarmx::LocalSwarm;
-use runtime::train;
+use runtime::coordinator::train;
 
 fn gpt(width: u32, heads: u32, blocks: u32, context: u32, sparsity: f64, tied: bool) -> ModelLayout {
     let mut spec = ModelSpec::mlp(Vec::new(), crds::Activation::Gelu, sparsity);

@@ -25,7 +25,7 @@ use wire::grpc::Dial;
 use runtime::swarmx::remote::RemoteSwarm;
 use data::shard::Split;
 use runtime::swarmx::{LocalSwarm, StepRequest, Swarm};
-use runtime::train;
+use runtime::coordinator::train;
 use wire::error::Error;
 
 const JOB: &str = "replica-test";

@@ -15,7 +15,7 @@ use plan::layout::ModelLayout;
 use runtime::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
 use runtime::swarmx::LocalSwarm;
 use kernels::tensor::Mat;
-use runtime::train;
+use runtime::coordinator::train;
 use wire::error::Error;
 
 fn layout(widths: &[u32], sparsity: f64, activation: Activation) -> ModelLayout {

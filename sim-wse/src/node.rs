@@ -42,7 +42,7 @@ pub fn main(args: EngineArgs) -> Result<()> {
     // A replica's optimizer schedule spans the run, whose length the data decides: asked of the input workers
     // when the first replica is made (they are up by then: MemoryX has already asked one).
     let replica = move || {
-        let total = runtime::train::total_steps(&training, described.describe()?.train_samples)?;
+        let total = runtime::coordinator::train::total_steps(&training, described.describe()?.train_samples)?;
         let t = &training;
         Ok(MemoryX::new(layout.clone(), t.optimizer.clone(), t.schedule.clone(), total, t.seed))
     };

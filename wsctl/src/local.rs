@@ -28,7 +28,7 @@ pub fn node(role: &str, args: Vec<String>) -> Result<()> {
         A::try_parse_from(std::iter::once(A::ROLE.binary().to_string()).chain(args)).unwrap_or_else(|e| e.exit())
     }
     match Role::from_name(role) {
-        Some(Role::Memoryx) => runtime::memoryx::node::main(parse(args))?,
+        Some(Role::Memoryx) => runtime::coordinator::program::main(parse(args))?,
         Some(Role::Swarmx) => runtime::swarmx::node::main(parse(args))?,
         Some(Role::Engine) => sim_wse::node::main(parse(args))?,
         Some(Role::Input) => runtime::input::node::main(parse(args))?,

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use crds::contract::ProgressReport;
 use indicatif::{ProgressBar, ProgressStyle};
-use runtime::driver::{Driver, Job, Outputs};
+use runtime::coordinator::driver::{Driver, Job, Outputs};
 use runtime::engine::role::EngineRole;
 use runtime::input::{Feed, LocalFeed};
 use plan::appliance::Plan;
 use runtime::swarmx::LocalSwarm;
-use runtime::train::Summary;
+use runtime::coordinator::train::Summary;
 use plan::units;
 
 /// Reads and validates a manifest, applying a `--cs2` override.

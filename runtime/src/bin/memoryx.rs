@@ -4,5 +4,5 @@
 use crds::contract::{MemoryxArgs, RoleArgs};
 
 fn main() -> std::process::ExitCode {
-    wire::program::exit(runtime::memoryx::node::main(MemoryxArgs::parse()))
+    wire::program::exit(runtime::coordinator::program::main(MemoryxArgs::parse()))
 }

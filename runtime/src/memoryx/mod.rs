@@ -11,12 +11,11 @@
 //! - `tied`: a tied layer's gradient, held until its target layer's arrives.
 //! - [`checkpoint`]: the tensors' names and the checkpoint files they are written to; [`manifest`]: the
 //!   checkpoints of a state spread over several servers, a slice each and a manifest written last.
-//! - [`node`]: the MemoryX program, which also coordinates the job.
+//! - The MemoryX program (weight servers and the coordinator, server 0) is [`crate::coordinator::program`].
 //! - [`serve`]: its checkpoints over HTTPS, for the user to take home.
 
 pub mod checkpoint;
 pub mod manifest;
-pub mod node;
 pub mod remote;
 pub mod serve;
 pub mod server;

@@ -1,7 +1,7 @@
-//! The MemoryX program. It is also the job's coordinator: it runs the [`crate::driver`] against the SwarmX
+//! The MemoryX program. It is also the job's coordinator: it runs the [`crate::coordinator::driver`] against the SwarmX
 //! tree, and reports progress on `GET /status` (what the operator reads, [`crds::contract::MemoryxStatus`]) and
 //! `/metrics`. `POST /checkpoint` asks for a checkpoint at the next step boundary; `GET /checkpoints` and
-//! `GET /checkpoints/{file}` hand the checkpoints back ([`super::serve`]).
+//! `GET /checkpoints/{file}` hand the checkpoints back ([`crate::memoryx::serve`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,7 +14,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::driver::{Driver, Job, Outputs};
+use crate::coordinator::driver::{Driver, Job, Outputs};
 use crate::memoryx::remote::RemoteServer;
 use crate::memoryx::server::layer_lengths;
 use crate::memoryx::service::{weights_service, WeightsService};
@@ -23,7 +23,7 @@ use crate::memoryx::slice::SliceId;
 use crate::memoryx::store::MemoryX;
 use wire::error::{Error, Result};
 use crate::swarmx::remote::RemoteSwarm;
-use crate::train::RetryPolicy;
+use crate::coordinator::train::RetryPolicy;
 use wire::program::Program;
 
 struct Metrics {
@@ -122,7 +122,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
                 want.store(true, Ordering::SeqCst);
                 async { (axum::http::StatusCode::ACCEPTED, "checkpoint requested\n") }
             }))
-            .merge(super::serve::routes(args.checkpoint_dir.clone()))
+            .merge(crate::memoryx::serve::routes(args.checkpoint_dir.clone()))
     };
     let http_task = program.serve_http(http, registry, routes);
 

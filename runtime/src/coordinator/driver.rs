@@ -16,10 +16,10 @@ use crate::input::DataInfo;
 use wire::error::{Error, Result};
 use crate::memoryx::{checkpoint, manifest};
 use crate::memoryx::store::MemoryX;
-use crate::train::MemoryxUsage;
+use crate::coordinator::train::MemoryxUsage;
 use plan::layout::ModelLayout;
 use crate::swarmx::Swarm;
-use crate::train::{self, RetryPolicy, Summary};
+use crate::coordinator::train::{self, RetryPolicy, Summary};
 
 /// A job ready to train: its spec, its identity on the wire and what its data holds (the data itself stays
 /// with the input workers).
@@ -386,7 +386,7 @@ impl Driver {
             self.write_checkpoint(store, total)?;
         }
         self.update(|s| s.progress.simulated_step_seconds = Some(summary.simulated_step_s));
-        summary.samples = crate::sample::lines(store, &job.layout(), self.outputs.sample, spec.training.seed)?;
+        summary.samples = crate::coordinator::sample::lines(store, &job.layout(), self.outputs.sample, spec.training.seed)?;
         summary.memoryx = MemoryxUsage::of(store);
         if let Some(out) = &self.outputs.out {
             write_json_atomic(&out.join("summary.json"), &summary)?;

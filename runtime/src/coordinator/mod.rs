@@ -1,0 +1,14 @@
+//! The coordinator: MemoryX's weight server 0, which drives the job. It sits above every role it drives, so
+//! the roles' rooms never import it.
+//!
+//! - [`driver`]: ONE job driver — resume, train, checkpoint, evaluate, sample, summary — run by the MemoryX
+//!   program and by `wsctl run --in-process` alike.
+//! - [`train`]: the step loop over a [`crate::swarmx::Swarm`] (streaming or pipelined, one retry policy).
+//! - [`sample`]: text decoded from a trained language model.
+//! - [`program`]: the MemoryX program: the coordinator, or (with `--server-index` above 0) a weight server
+//!   serving its slice.
+
+pub mod driver;
+pub mod program;
+pub mod sample;
+pub mod train;
