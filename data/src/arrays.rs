@@ -86,7 +86,7 @@ pub fn load(path: &Path, spec: &crds::TrainingJobSpec) -> Result<Arrays> {
         let (inputs, labels) = (npy_in(path, inputs_name)?, npy_in(path, labels_name)?);
         return checked(inputs.view(), labels.view());
     }
-    let bytes = super::read_data_file(path)?;
+    let bytes = crate::file::read_data_file(path)?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
         Error::Data(format!(
             "{shown} is not a safetensors file ({e}); write one with safetensors' save_file, or point \

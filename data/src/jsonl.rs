@@ -8,7 +8,7 @@ use wire::error::{Error, Result};
 
 /// Reads a `.jsonl` file (gzip when it ends in `.gz`) and returns its documents' texts joined by `\n`.
 pub fn read(path: &Path, field: &str) -> Result<Vec<u8>> {
-    let bytes = super::read_data_file(path)?;
+    let bytes = crate::file::read_data_file(path)?;
     join(&bytes, field).map_err(|e| Error::Data(format!("{}: {e}", path.display())))
 }
 

@@ -4,6 +4,8 @@
 #![warn(missing_docs)]
 
 pub mod array;
+pub mod file;
+pub mod images;
 pub mod arrays;
 pub mod jsonl;
 pub mod mnist;
@@ -20,7 +22,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use wire::error::{Error, Result};
-use kernels::tensor::Mat;
+use images::Images;
 use shard::Shard;
 
 /// One split of a job's data, as the engines read their shards from it.
@@ -84,52 +86,6 @@ impl Dataset {
             _ => None,
         }
     }
-}
-
-/// The most bytes a data file may hold, compressed or not: data sets live in memory, so more is refused before
-/// it is read rather than found out by the kernel's OOM killer (or never, for `/dev/zero`).
-pub const MAX_DATA_BYTES: u64 = 2 << 30;
-
-/// Reads a data file whole: a regular file (not a device, a FIFO or a folder) of at most [`MAX_DATA_BYTES`],
-/// gunzipped when its name ends in `.gz` (and the gunzipped bytes bounded alike, so a gzip bomb stops early).
-pub fn read_data_file(path: &Path) -> Result<Vec<u8>> {
-    use std::io::Read;
-    let meta = std::fs::metadata(path).map_err(|e| {
-        Error::Data(format!("cannot open {} ({e}); check spec.data.path", path.display()))
-    })?;
-    if !meta.is_file() {
-        return Err(Error::Data(format!(
-            "{} is not a regular file; point spec.data.path at a data file (or, for mnist, a folder of them)",
-            path.display()
-        )));
-    }
-    let too_big = || {
-        Error::Data(format!(
-            "{} holds more than {} bytes, the most a data file may hold; split or subsample it",
-            path.display(),
-            MAX_DATA_BYTES
-        ))
-    };
-    if meta.len() > MAX_DATA_BYTES {
-        return Err(too_big());
-    }
-    let file = std::fs::File::open(path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-    let mut bytes = Vec::new();
-    if path.extension().is_some_and(|e| e == "gz") {
-        flate2::read::GzDecoder::new(file)
-            .take(MAX_DATA_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| Error::Data(format!("{} is not a complete gzip file ({e}); copy it again", path.display())))?;
-    } else {
-        std::io::BufReader::new(file)
-            .take(MAX_DATA_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    }
-    if bytes.len() as u64 > MAX_DATA_BYTES {
-        return Err(too_big());
-    }
-    Ok(bytes)
 }
 
 /// What can be said of a job's data paths without reading them: a path that exists must be what the data kind
@@ -268,48 +224,6 @@ fn load_text(
     }
 }
 
-/// Labelled examples with their features as bytes, turned into engine activations on demand.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Images {
-    /// Features per sample.
-    pub features: usize,
-    /// Sample-major feature bytes (`samples × features`).
-    pub pixels: Vec<u8>,
-    /// One class per sample.
-    pub labels: Vec<u8>,
-}
-
-impl Images {
-    /// Number of samples.
-    pub fn len(&self) -> usize {
-        self.labels.len()
-    }
-
-    /// True when there are no samples.
-    pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
-    }
-
-    /// The shard of `indices` as the engine holds it: features first, scaled to MNIST's usual zero mean and
-    /// unit variance.
-    pub fn shard(&self, indices: &[u32]) -> Shard {
-        const MEAN: f32 = 0.1307;
-        const STD: f32 = 0.3081;
-        let n = indices.len();
-        let normalised: [f32; 256] = std::array::from_fn(|p| (p as f32 / 255.0 - MEAN) / STD);
-        let images: Vec<&[u8]> =
-            indices.iter().map(|&i| &self.pixels[i as usize * self.features..(i as usize + 1) * self.features]).collect();
-        let mut inputs = Mat::zeros(self.features, n);
-        // Feature by feature, so the writes run along a row of the features × samples matrix.
-        for (f, row) in inputs.data.chunks_exact_mut(n.max(1)).enumerate() {
-            for (x, image) in row.iter_mut().zip(&images) {
-                *x = normalised[image[f] as usize];
-            }
-        }
-        Shard { inputs, labels: indices.iter().map(|&i| u32::from(self.labels[i as usize])).collect() }
-    }
-}
-
 /// Deals samples into batches: a fresh seeded permutation every epoch, full batches only.
 #[derive(Clone, Debug)]
 pub struct Sampler {
@@ -359,6 +273,7 @@ pub fn split_even(indices: &[u32], parts: usize) -> Vec<&[u32]> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::file::read_data_file;
 
     fn repo() -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::Images;
+use crate::images::Images;
 use wire::error::{Error, Result};
 
 /// The two halves of the data set.
@@ -58,10 +58,10 @@ fn read_file(dir: &Path, name: &str) -> Result<(PathBuf, Vec<u8>)> {
     let raw = dir.join(name);
     let gz = dir.join(format!("{name}.gz"));
     if raw.is_file() {
-        return Ok((raw.clone(), super::read_data_file(&raw)?));
+        return Ok((raw.clone(), crate::file::read_data_file(&raw)?));
     }
     if gz.is_file() {
-        return Ok((gz.clone(), super::read_data_file(&gz)?));
+        return Ok((gz.clone(), crate::file::read_data_file(&gz)?));
     }
     Err(Error::Data(format!(
         "{} not found (nor {}.gz); point spec.data.path at a folder holding the MNIST IDX files, \

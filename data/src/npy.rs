@@ -13,7 +13,7 @@ use wire::error::{Error, Result};
 const MAX_HEADER: usize = 64 << 10;
 
 /// Reads a `.npy` file: the header first, then, once its shape times its element size is checked against the
-/// file's size (and [`super::MAX_DATA_BYTES`]), the data.
+/// file's size (and [`crate::file::MAX_DATA_BYTES`]), the data.
 pub fn read(path: &Path) -> Result<Array> {
     let shown = path.display();
     let bad = |what: String| {
@@ -53,10 +53,10 @@ pub fn read(path: &Path) -> Result<Array> {
     let offset = 8 + if major == 1 { 2 } else { 4 } + header_len as u64;
     let elements = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64));
     let want = elements.and_then(|n| n.checked_mul(dtype.width() as u64));
-    let Some(want) = want.filter(|&w| w <= super::MAX_DATA_BYTES) else {
+    let Some(want) = want.filter(|&w| w <= crate::file::MAX_DATA_BYTES) else {
         return Err(Error::Data(format!(
             "{shown}: the shape {shape:?} holds more than {} bytes, the most a data file may hold; subsample it",
-            super::MAX_DATA_BYTES
+            crate::file::MAX_DATA_BYTES
         )));
     };
     if meta.len() != offset + want {

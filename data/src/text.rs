@@ -130,7 +130,7 @@ impl TextWindows {
 
 /// Reads a text file (gzip when it ends in `.gz`) whole, as bytes.
 pub fn read(path: &Path) -> Result<Vec<u8>> {
-    super::read_data_file(path).map_err(|e| match e {
+    crate::file::read_data_file(path).map_err(|e| match e {
         Error::Data(m) if m.starts_with("cannot open") => Error::Data(format!(
             "{m}; point spec.data.path at a text file, e.g. examples/data/moby-dick/moby-dick.txt.gz"
         )),

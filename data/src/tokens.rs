@@ -9,7 +9,7 @@ use wire::error::{Error, Result};
 /// Reads a token file (gzip when it ends in `.gz`, bounded like any data file) and checks every id is below
 /// `vocab` (`spec.model.vocabSize`): an id past the embedding would otherwise fail deep inside a training step.
 pub fn read(path: &Path, token_type: crds::TokenType, vocab: usize) -> Result<Vec<u16>> {
-    let bytes = super::read_data_file(path)?;
+    let bytes = crate::file::read_data_file(path)?;
     decode(&bytes, token_type, vocab).map_err(|e| Error::Data(format!("{}: {e}", path.display())))
 }
 

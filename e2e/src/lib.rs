@@ -18,7 +18,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, CustomResourceExt, ResourceExt};
-use operator::{Config, ScriptedCoordinator, Shared};
+use operator::coordinator::ScriptedCoordinator;
+use operator::config::Config;
+use operator::metrics::Shared;
 
 /// Why the test environment could not be set up: every variant ends the test with a loud failure, never a
 /// silent skip.
@@ -203,7 +205,7 @@ impl RunningOperator {
         let coordinator = ScriptedCoordinator::default();
         let shared = Shared::default();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(operator::run(
+        let task = tokio::spawn(operator::reconcile::run(
             client.clone(),
             config,
             Arc::new(coordinator.clone()),

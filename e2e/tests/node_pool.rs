@@ -10,7 +10,9 @@ use crds::{Phase, TrainingJob};
 use e2e::{install_crd, job, namespace, wait_for};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use operator::{Config, ScriptedCoordinator, Shared};
+use operator::coordinator::ScriptedCoordinator;
+use operator::config::Config;
+use operator::metrics::Shared;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -55,7 +57,7 @@ async fn the_pool_is_what_the_nodes_advertise() {
 
     let config = Config { namespace: Some(ns.clone()), pool: None, poll: Duration::from_millis(300), ..Config::default() };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(operator::run(
+    let task = tokio::spawn(operator::reconcile::run(
         client.clone(),
         config,
         Arc::new(ScriptedCoordinator::default()),

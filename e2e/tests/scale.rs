@@ -31,7 +31,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
-use operator::Config;
+use operator::config::Config;
 
 /// Fake hosts, and CS-2s on each: the 192-CS-2 pool of the issue.
 const NODES: u32 = 48;

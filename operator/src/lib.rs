@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod children;
+pub mod config;
 pub mod coordinator;
 pub mod decode;
 pub mod deviceplugin;
@@ -14,11 +15,7 @@ pub mod metrics;
 pub mod reconcile;
 pub mod status;
 
-use std::sync::Arc;
-use std::time::Duration;
 
-pub use coordinator::{Coordinator, HttpCoordinator, ScriptedCoordinator};
-pub use reconcile::{Context, run};
 
 /// JSON logs at `info` (or `RUST_LOG`), the same for the operator and the device plugin: both run as pods
 /// whose logs a cluster's collector parses.
@@ -89,50 +86,5 @@ impl Error {
     /// once rather than backed off.
     pub fn is_conflict(&self) -> bool {
         matches!(self, Error::Kube(kube::Error::Api(s)) if s.code == 409)
-    }
-}
-
-/// How the operator runs; flags and environment of the binary, or set directly by tests.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Watch only this namespace (and count only its jobs against the pool); all namespaces when unset.
-    pub namespace: Option<String>,
-    /// CS-2s in the pool when no node advertises `weightstream.dev/cs2`.
-    pub pool: Option<u32>,
-    /// The data-plane image when a job names none.
-    pub default_image: String,
-    /// Children per SwarmX node.
-    pub fan_out: u32,
-    /// How often a live job is reconciled (and MemoryX polled) without any change to trigger it.
-    pub poll: Duration,
-    /// The operator's own pods (namespace and labels), admitted by every job's NetworkPolicy.
-    pub operator: children::OperatorPeer,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            namespace: None,
-            pool: None,
-            default_image: DEFAULT_RUNTIME_IMAGE.into(),
-            fan_out: crds::contract::DEFAULT_FAN_OUT,
-            poll: Duration::from_secs(3),
-            operator: children::OperatorPeer::default(),
-        }
-    }
-}
-
-/// The state an operator process shares between its controller and its HTTP endpoints.
-#[derive(Clone)]
-pub struct Shared {
-    /// Prometheus metrics.
-    pub metrics: Arc<metrics::Metrics>,
-    /// What `/readyz` reports: the process reached the API server and runs (or stands by to run) the controller.
-    pub ready: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Default for Shared {
-    fn default() -> Self {
-        Shared { metrics: Arc::new(metrics::Metrics::new()), ready: Arc::new(std::sync::atomic::AtomicBool::new(false)) }
     }
 }

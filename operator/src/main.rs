@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use operator::leader::Election;
-use operator::{Config, Error, HttpCoordinator, Shared};
+use operator::coordinator::HttpCoordinator;
+use operator::config::Config;
+use operator::metrics::Shared;
+use operator::Error;
 
 /// Runs the weightstream operator.
 #[derive(Parser, Debug)]
@@ -110,7 +113,7 @@ async fn run(args: Args) -> Result<(), Error> {
         }
     };
     if args.no_leader_election {
-        return operator::run(client, config, coordinator, shared, shutdown).await;
+        return operator::reconcile::run(client, config, coordinator, shared, shutdown).await;
     }
     let identity = match args.identity {
         Some(i) => i,
@@ -133,7 +136,7 @@ async fn run(args: Args) -> Result<(), Error> {
         })
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let controller = tokio::spawn(operator::run(client, config, coordinator, shared, async move {
+    let controller = tokio::spawn(operator::reconcile::run(client, config, coordinator, shared, async move {
         tokio::select! {
             _ = shutdown => {}
             _ = stop_rx => {}

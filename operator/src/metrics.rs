@@ -2,7 +2,7 @@
 //! the CS-2 pool, served with `/healthz` and `/readyz` by a small axum server.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -17,7 +17,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::Shared;
 
 /// Labels of per-result counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -108,6 +107,21 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+/// The state an operator process shares between its controller and its HTTP endpoints.
+#[derive(Clone)]
+pub struct Shared {
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// What `/readyz` reports: the process reached the API server and runs (or stands by to run) the controller.
+    pub ready: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared { metrics: Arc::new(Metrics::new()), ready: Arc::new(std::sync::atomic::AtomicBool::new(false)) }
     }
 }
 

@@ -38,7 +38,9 @@ use crds::contract::{JOB_LABEL, ROLE_LABEL};
 use crate::coordinator::Coordinator;
 use crate::decode::{self, Stored};
 use crate::status::{self, Children, Observed, Refusal};
-use crate::{Config, Error, FINALIZER, MANAGER, Shared, job_key};
+use crate::config::Config;
+use crate::metrics::Shared;
+use crate::{Error, FINALIZER, MANAGER, job_key};
 
 /// What every reconcile pass needs.
 pub struct Context {
