@@ -18,11 +18,6 @@ pub use status::*;
 pub use validate::{escapes, is_dns_label, is_dns_subdomain, is_quantity, parse_training_job, quantity_bytes, ApiError};
 pub use validate::{MAX_BATCH, MAX_EPOCHS, MAX_KEEP, MAX_SEED, MAX_SRAM_BYTES, MAX_STEPS, MAX_WIDTH};
 
-/// The API group, for code that builds references to jobs by hand.
-pub const GROUP: &str = "weightstream.dev";
-/// The API version of the types in this crate.
-pub const VERSION: &str = "v1alpha1";
-
 /// The CustomResourceDefinition as YAML, generated from the types so the checked-in copy can be compared with it.
 pub fn crd_yaml() -> Result<String, ApiError> {
     use kube::CustomResourceExt;

@@ -9,6 +9,11 @@ use serde::{Deserialize, Serialize};
 use crate::execution::ExecutionMode;
 use crate::status::TrainingJobStatus;
 
+/// The API group, for code that builds references to jobs by hand.
+pub const GROUP: &str = "weightstream.dev";
+/// The API version of the types in this crate.
+pub const VERSION: &str = "v1alpha1";
+
 /// A training job for the appliance: a model, its data, how to train it, and how many CS-2 systems to use.
 ///
 /// The user never says how the model is distributed: the appliance assembles MemoryX, the SwarmX tree and one

@@ -7,20 +7,7 @@ use crate::TrainingJob;
 
 /// A small valid job as YAML: 2 CS-2s training a 784-32-10 MLP at 50% sparsity on the shipped MNIST digits
 /// (`examples/data/mnist`, relative to the repository), 64 samples a step for 30 Adam steps.
-pub const MLP_YAML: &str = r#"
-apiVersion: weightstream.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: small}
-spec:
-  cs2: 2
-  model: {kind: mlp, layers: [784, 32, 10], sparsity: 0.5}
-  data: {kind: mnist, path: examples/data/mnist}
-  training:
-    batchSize: 64
-    steps: 30
-    seed: 3
-    optimizer: {kind: adam, learningRate: 0.002}
-"#;
+pub const MLP_YAML: &str = include_str!("../fixtures/mlp-job.yaml");
 
 /// [`MLP_YAML`] parsed, named `name` in `namespace` (with a uid, as the API server would give it, so owner
 /// references can be built) and sized to `cs2` CS-2s (a divisor of 64), on the scaled-down `tiny` engine so a

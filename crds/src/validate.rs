@@ -60,7 +60,7 @@ pub fn parse_training_job(text: &str) -> Result<TrainingJob, ApiError> {
         }
     };
     let types: Types = serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(syntax)?;
-    let want = format!("{}/{}", crate::GROUP, crate::VERSION);
+    let want = format!("{}/{}", crate::spec::GROUP, crate::spec::VERSION);
     if types.api_version != want || types.kind != "TrainingJob" {
         return Err(invalid(
             "apiVersion/kind",
@@ -426,7 +426,9 @@ impl TrainingJobSpec {
 mod tests {
     use super::*;
 
-    const GOOD: &str = crate::testing::MLP_YAML;
+    /// The shared test job (the testing module's `MLP_YAML`), read from its file so this module imports nothing
+    /// above it.
+    const GOOD: &str = include_str!("../fixtures/mlp-job.yaml");
 
     fn err(text: &str) -> String {
         parse_training_job(text).expect_err("should be rejected").to_string()
@@ -538,7 +540,7 @@ spec:
         assert!(!job.spec.suspend);
         assert_eq!((job.spec.restart_limit, job.spec.priority), (3, 0));
         assert_eq!(job.spec.checkpoint.volume_size, "1Gi");
-        assert_eq!(job.spec.images, crate::ImagesSpec::default());
+        assert_eq!(job.spec.images, crate::spec::ImagesSpec::default());
         let with = parse_training_job(&GOOD.replace(
             "cs2: 2",
             "cs2: 2\n  suspend: true\n  priority: -3\n  images: {runtime: 'r:1', pullPolicy: Never}\n  resources: {engine: {limits: {cpu: '2'}}}",
