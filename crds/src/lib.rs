@@ -7,6 +7,7 @@
 pub mod conditions;
 pub mod contract;
 mod execution;
+pub mod pretrained;
 mod spec;
 mod status;
 pub mod testing;
@@ -15,7 +16,7 @@ mod validate;
 pub use execution::ExecutionMode;
 pub use spec::*;
 pub use status::*;
-pub use validate::{escapes, is_dns_label, is_dns_subdomain, is_quantity, parse_training_job, quantity_bytes, ApiError};
+pub use validate::{escapes, is_dns_label, is_dns_subdomain, is_quantity, parse_training_job, parse_training_job_with, quantity_bytes, ApiError};
 pub use validate::{MAX_BATCH, MAX_EPOCHS, MAX_KEEP, MAX_SEED, MAX_SRAM_BYTES, MAX_STEPS, MAX_WIDTH};
 
 /// The CustomResourceDefinition as YAML, generated from the types so the checked-in copy can be compared with it.

@@ -273,6 +273,30 @@ pub struct ModelSpec {
     /// small language models.
     #[serde(default = "default_true", skip_serializing_if = "is_true")]
     pub tied_embeddings: bool,
+    /// Key/value heads of a `llama` (grouped-query attention): every `heads / kvHeads` query heads share one.
+    /// Unset: as many as `heads` (plain multi-head attention).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub kv_heads: Option<u32>,
+    /// Hidden features of a `llama` block's SwiGLU MLP (its gate and up projections each have this many).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65536))]
+    pub intermediate_size: Option<u32>,
+    /// Base of a `llama`'s rotary position embedding (Hugging Face's `rope_theta`). Unset: 10,000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1.0, max = 1.0e9))]
+    pub rope_theta: Option<f64>,
+    /// Added to the mean square in a `llama`'s RMSNorm (Hugging Face's `rms_norm_eps`). Unset: 1e-5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub norm_eps: Option<f64>,
+    /// A pretrained Hugging Face model folder (`config.json` and `model.safetensors`, or a sharded
+    /// `model.safetensors.index.json`) the job starts from instead of random weights. A local path for
+    /// `wsctl run`; inside the cluster a path in `spec.data.volume`. Its `config.json` shapes the model: fields
+    /// the job also sets must agree with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub from: Option<String>,
 }
 
 fn default_vocab() -> u32 {
@@ -281,7 +305,7 @@ fn default_vocab() -> u32 {
 fn is_default_vocab(v: &u32) -> bool {
     *v == 256
 }
-fn default_mlp_ratio() -> u32 {
+pub(crate) fn default_mlp_ratio() -> u32 {
     4
 }
 fn is_default_mlp_ratio(v: &u32) -> bool {
@@ -310,6 +334,11 @@ impl ModelSpec {
             blocks: None,
             mlp_ratio: default_mlp_ratio(),
             tied_embeddings: true,
+            kv_heads: None,
+            intermediate_size: None,
+            rope_theta: None,
+            norm_eps: None,
+            from: None,
         }
     }
 }
@@ -323,6 +352,18 @@ pub enum ModelKind {
     /// A decoder-only transformer language model over bytes: token and position embedding, pre-norm blocks of
     /// causal multi-head attention and a GELU MLP, a final norm and an LM head.
     Gpt,
+    /// A Llama-architecture decoder (Llama 3, SmolLM2, Qwen2 without biases, Mistral): token embedding,
+    /// pre-norm blocks of RMSNorm (with a learned gain), grouped-query attention with rotary positions and a
+    /// SwiGLU MLP, a final RMSNorm and an LM head, no biases anywhere.
+    Llama,
+}
+
+impl ModelKind {
+    /// Whether the family is a language model: it reads token ids (text, tokens or jsonl data) and predicts the
+    /// next token.
+    pub fn is_language_model(self) -> bool {
+        matches!(self, ModelKind::Gpt | ModelKind::Llama)
+    }
 }
 
 /// Element-wise non-linearities.

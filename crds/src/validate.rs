@@ -38,6 +38,16 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> ApiError {
 
 /// Reads a `TrainingJob` manifest and validates it, so every entry point rejects the same things the same way.
 pub fn parse_training_job(text: &str) -> Result<TrainingJob, ApiError> {
+    parse_training_job_with(text, &|_| Ok(None))
+}
+
+/// [`parse_training_job`] for a program that can read the job's pretrained model (`spec.model.from`):
+/// `pretrained` returns the shape its config gives (or `None` where the folder is not at hand, e.g. inside a
+/// volume the caller cannot see), which fills in the job's model before it is validated.
+pub fn parse_training_job_with(
+    text: &str,
+    pretrained: &dyn Fn(&str) -> Result<Option<(crate::pretrained::PretrainedShape, String)>, ApiError>,
+) -> Result<TrainingJob, ApiError> {
     if text.trim().is_empty() {
         return Err(ApiError::Syntax {
             path: "the document".into(),
@@ -80,6 +90,17 @@ pub fn parse_training_job(text: &str) -> Result<TrainingJob, ApiError> {
                      starting with a letter (e.g. fc-mnist)"
                 ),
             ));
+        }
+    }
+    let mut job = job;
+    if let Some(from) = job.spec.model.from.clone() {
+        if let Some((shape, source)) = pretrained(&from)? {
+            job.spec.model.adopt(&shape, &source)?;
+        }
+        // Text is read with the pretrained model's own tokenizer unless the job names another.
+        let d = &mut job.spec.data;
+        if d.tokenizer.is_none() && matches!(d.kind, DataKind::Text | DataKind::Jsonl) {
+            d.tokenizer = Some(format!("{}/{}", from.trim_end_matches('/'), crate::pretrained::TOKENIZER_FILE));
         }
     }
     job.spec.validate()?;
@@ -263,14 +284,22 @@ impl TrainingJobSpec {
                     ));
                 }
             }
-            ModelKind::Gpt => self.validate_gpt()?,
+            ModelKind::Gpt | ModelKind::Llama => self.validate_decoder()?,
         }
         let language = matches!(self.data.kind, DataKind::Text | DataKind::Tokens | DataKind::Jsonl);
-        if language != (m.kind == ModelKind::Gpt) {
+        if language != m.kind.is_language_model() {
             return Err(invalid(
                 "spec.data.kind",
-                "a gpt trains on text, tokens or jsonl, and an mlp on mnist or arrays",
+                "a gpt or llama trains on text, tokens or jsonl, and an mlp on mnist or arrays",
             ));
+        }
+        if m.kind == ModelKind::Mlp && m.from.is_some() {
+            return Err(invalid("spec.model.from", "pretrained weights are read for a gpt or llama; an mlp starts from random weights"));
+        }
+        if let (Some(from), Some(_)) = (&m.from, &self.data.volume) {
+            if escapes(from) {
+                return Err(invalid("spec.model.from", "must be relative to spec.data.volume and stay inside it (no leading '/', no '..')"));
+            }
         }
         match self.data.kind {
             DataKind::Mnist => {
@@ -318,10 +347,21 @@ impl TrainingJobSpec {
         Ok(())
     }
 
-    fn validate_gpt(&self) -> Result<(), ApiError> {
+    /// The rules of a decoder-only language model, `gpt` or `llama`: its shape, and what applies to one
+    /// family only.
+    fn validate_decoder(&self) -> Result<(), ApiError> {
         let m = &self.model;
+        let family = if m.kind == ModelKind::Llama { "llama" } else { "gpt" };
         let need = |name: &str, v: Option<u32>, min: u32, max: u32, example: &str| match v {
-            None => Err(invalid(format!("spec.model.{name}"), format!("a gpt needs it, e.g. {name}: {example}"))),
+            None if m.from.is_some() => Err(invalid(
+                format!("spec.model.{name}"),
+                format!(
+                    "is taken from the config.json of spec.model.from ({}), which was not read here: run where the \
+                     folder is (wsctl run), or set the model's shape in the job",
+                    m.from.as_deref().unwrap_or_default()
+                ),
+            )),
+            None => Err(invalid(format!("spec.model.{name}"), format!("a {family} needs it, e.g. {name}: {example}"))),
             Some(v) if !(min..=max).contains(&v) => {
                 Err(invalid(format!("spec.model.{name}"), format!("{v} is out of range: use {min} to {max}")))
             }
@@ -356,7 +396,42 @@ impl TrainingJobSpec {
             return Err(invalid("spec.model.mlpRatio", format!("{} is out of range: use 1 to 16 (4 is usual)", m.mlp_ratio)));
         }
         if !m.layers.is_empty() {
-            return Err(invalid("spec.model.layers", "is for an mlp; a gpt is shaped by width, heads and blocks"));
+            return Err(invalid("spec.model.layers", format!("is for an mlp; a {family} is shaped by width, heads and blocks")));
+        }
+        if m.kind == ModelKind::Gpt {
+            let llama_only = [
+                ("kvHeads", m.kv_heads.is_some()),
+                ("intermediateSize", m.intermediate_size.is_some()),
+                ("ropeTheta", m.rope_theta.is_some()),
+                ("normEps", m.norm_eps.is_some()),
+            ];
+            if let Some((name, _)) = llama_only.iter().find(|(_, set)| *set) {
+                return Err(invalid(format!("spec.model.{name}"), "is for a llama; leave it out of a gpt (or use kind: llama)"));
+            }
+            return Ok(());
+        }
+        let kv = m.kv_heads.unwrap_or(heads);
+        if kv == 0 || heads % kv != 0 {
+            return Err(invalid(
+                "spec.model.kvHeads",
+                format!("{heads} heads are not divisible by {kv} key/value heads: each key/value head serves an equal group"),
+            ));
+        }
+        need("intermediateSize", m.intermediate_size, 1, 65_536, "1536")?;
+        if (width / heads) % 2 != 0 {
+            return Err(invalid(
+                "spec.model.heads",
+                format!("each head has {} features, an odd number: rotary positions rotate features in pairs", width / heads),
+            ));
+        }
+        if let Some(theta) = m.rope_theta.filter(|t| !(t.is_finite() && *t > 1.0)) {
+            return Err(invalid("spec.model.ropeTheta", format!("{theta} is not a rotary base: use a number above 1, e.g. 10000")));
+        }
+        if let Some(eps) = m.norm_eps.filter(|e| !(e.is_finite() && *e > 0.0 && *e < 1.0)) {
+            return Err(invalid("spec.model.normEps", format!("{eps} is out of range: use a small positive number, e.g. 1e-5")));
+        }
+        if m.mlp_ratio != crate::spec::default_mlp_ratio() {
+            return Err(invalid("spec.model.mlpRatio", "is for a gpt; a llama's MLP is sized by intermediateSize"));
         }
         Ok(())
     }

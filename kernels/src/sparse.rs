@@ -202,6 +202,18 @@ impl SparsePattern {
         m
     }
 
+    /// The values at the mask's positions of the dense `outer × inner` matrix `dense`, in the stored order:
+    /// what [`SparsePattern::to_dense`] takes back (a pretrained matrix pruned to the mask).
+    pub fn values_of(&self, dense: &[f32]) -> Vec<f32> {
+        assert_eq!(dense.len(), self.outer * self.inner, "values_of: a {}x{} matrix", self.outer, self.inner);
+        let mut values = Vec::with_capacity(self.idx.len());
+        for (s, &line) in self.order.iter().enumerate() {
+            let row = &dense[line as usize * self.inner..][..self.inner];
+            values.extend((self.ptr[s] as usize..self.ptr[s + 1] as usize).map(|k| row[self.idx[k] as usize]));
+        }
+        values
+    }
+
     /// Writes the dense matrix into `out` (`outer × inner`, row-major), rows in parallel.
     fn fill_dense(&self, values: &[f32], out: &mut Vec<f32>) {
         out.clear();

@@ -96,7 +96,7 @@ impl Plan {
                     inputs: s.inputs,
                     outputs: s.outputs,
                     weights: layout.expected_weights(l),
-                    dense_bytes: 4 * (s.dense_weights() + s.bias_len()) as u64,
+                    dense_bytes: 4 * (s.dense_weights() + s.vector_len()) as u64,
                     stream_bytes: layout.forward_stream_bytes(l),
                 }
             })
@@ -132,7 +132,7 @@ impl Plan {
         let stored: u64 = (0..n)
             .map(|l| {
                 let s = layout.linears[l];
-                (if s.tied_to.is_some() { 0 } else { layers[l].weights } + s.bias_len()) as u64
+                (if s.tied_to.is_some() { 0 } else { layers[l].weights } + s.vector_len()) as u64
             })
             .sum();
         let opt = optimizer_values(spec.training.optimizer.kind);
@@ -172,7 +172,7 @@ pub fn step_bytes(layout: &ModelLayout, dense: bool) -> u64 {
         let values = 4 * nnz;
         let out = s.outputs as u64;
         let inp = s.inputs as u64;
-        let bias = s.bias_len() as u64;
+        let bias = s.vector_len() as u64;
         let (fwd_index, bwd_index) =
             if sparse { (4 * nnz + 4 * (2 * out + 1), 4 * nnz + 4 * (2 * inp + 1)) } else { (0, 0) };
         total += values + fwd_index + 4 * bias;

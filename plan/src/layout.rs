@@ -4,7 +4,13 @@
 
 use crds::{Activation, ModelKind, ModelSpec};
 
-/// One weight layer: `outputs × inputs` weights plus a bias, dense or masked.
+/// A Llama's rotary base when the job does not set one (`transformers`' default).
+pub const DEFAULT_ROPE_THETA: f64 = 10_000.0;
+/// A Llama's RMSNorm epsilon when the job does not set one.
+pub const DEFAULT_NORM_EPS: f64 = 1e-5;
+
+/// One weight layer: `outputs × inputs` weights plus one vector (a bias, or the gain of the norm its input passes
+/// through), dense or masked.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinearShape {
     /// Input features.
@@ -15,6 +21,10 @@ pub struct LinearShape {
     pub sparse: bool,
     /// Whether the layer adds a bias (embeddings and LM heads do not).
     pub bias: bool,
+    /// Whether the unit carries the learned gain of the RMSNorm its input passes through (`inputs` values,
+    /// starting at 1): a Llama's norms stream with the matrix that reads them, in the slot a bias takes, so a
+    /// stream unit stays one matrix and one vector. Never together with `bias`.
+    pub gain: bool,
     /// The layer whose weights this one reuses instead of storing its own: a tied LM head reads the first
     /// `outputs × inputs` weights of the embedding, and its gradient adds to the embedding's.
     pub tied_to: Option<usize>,
@@ -25,7 +35,7 @@ pub struct LinearShape {
 impl LinearShape {
     /// A plain layer with a bias and He initialisation, as an MLP is made of.
     pub fn new(inputs: usize, outputs: usize, sparse: bool) -> Self {
-        LinearShape { inputs, outputs, sparse, bias: true, tied_to: None, init_std: None }
+        LinearShape { inputs, outputs, sparse, bias: true, gain: false, tied_to: None, init_std: None }
     }
 
     /// Weights of the dense matrix, the unit every "dense-equivalent" figure is counted in.
@@ -33,9 +43,16 @@ impl LinearShape {
         self.inputs * self.outputs
     }
 
-    /// Bias values the layer stores and streams.
-    pub fn bias_len(&self) -> usize {
-        if self.bias { self.outputs } else { 0 }
+    /// Values of the unit's vector, which it stores and streams beside the weights: its bias (`outputs`), or
+    /// its input norm's gain (`inputs`), or none.
+    pub fn vector_len(&self) -> usize {
+        if self.bias {
+            self.outputs
+        } else if self.gain {
+            self.inputs
+        } else {
+            0
+        }
     }
 }
 
@@ -56,21 +73,41 @@ pub struct GptShape {
     pub hidden: usize,
 }
 
-/// What a GPT stream unit is, by its index: the embedding, then four units per block, then the head.
+/// What a decoder's (GPT's or Llama's) stream unit is, by its index: the embedding, then four units per block,
+/// then the head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GptUnit {
+pub enum DecoderUnit {
     /// Token and position embedding rows.
     Embed,
     /// The block's query, key and value projection.
     Qkv(usize),
     /// The block's attention output projection.
     Proj(usize),
-    /// The block's MLP up-projection.
+    /// The block's MLP up-projection (a Llama's gate and up projections, stacked).
     Up(usize),
     /// The block's MLP down-projection.
     Down(usize),
     /// The LM head.
     Head,
+}
+
+impl DecoderUnit {
+    /// Unit `l` of a decoder of `blocks` blocks.
+    pub fn of(blocks: usize, l: usize) -> DecoderUnit {
+        match l {
+            0 => DecoderUnit::Embed,
+            l if l == 4 * blocks + 1 => DecoderUnit::Head,
+            l => {
+                let b = (l - 1) / 4;
+                match (l - 1) % 4 {
+                    0 => DecoderUnit::Qkv(b),
+                    1 => DecoderUnit::Proj(b),
+                    2 => DecoderUnit::Up(b),
+                    _ => DecoderUnit::Down(b),
+                }
+            }
+        }
+    }
 }
 
 impl GptShape {
@@ -80,20 +117,8 @@ impl GptShape {
     }
 
     /// The unit at index `l`.
-    pub fn unit(&self, l: usize) -> GptUnit {
-        match l {
-            0 => GptUnit::Embed,
-            l if l + 1 == self.units() => GptUnit::Head,
-            l => {
-                let b = (l - 1) / 4;
-                match (l - 1) % 4 {
-                    0 => GptUnit::Qkv(b),
-                    1 => GptUnit::Proj(b),
-                    2 => GptUnit::Up(b),
-                    _ => GptUnit::Down(b),
-                }
-            }
-        }
+    pub fn unit(&self, l: usize) -> DecoderUnit {
+        DecoderUnit::of(self.blocks, l)
     }
 
     /// Where the embedding rows of token `tok` at position `j` of the shard start (its token row, then its
@@ -113,6 +138,57 @@ impl GptShape {
     }
 }
 
+/// The shape of a Llama-architecture decoder, what the engine needs beyond the list of stream units.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LlamaShape {
+    /// Tokens of the vocabulary.
+    pub vocab: usize,
+    /// Tokens per sequence (rotary positions run from 0 to `context - 1` in each).
+    pub context: usize,
+    /// Residual-stream features.
+    pub width: usize,
+    /// Query heads; each attends over `width / heads` features.
+    pub heads: usize,
+    /// Key/value heads: query head `h` reads key/value head `h / (heads / kv_heads)`.
+    pub kv_heads: usize,
+    /// Transformer blocks.
+    pub blocks: usize,
+    /// Hidden features of each block's SwiGLU MLP.
+    pub intermediate: usize,
+    /// Base of the rotary position embedding.
+    pub rope_theta: f64,
+    /// Added to the mean square in every RMSNorm.
+    pub norm_eps: f64,
+}
+
+impl LlamaShape {
+    /// Features of one head.
+    pub fn head_dim(&self) -> usize {
+        self.width / self.heads.max(1)
+    }
+
+    /// Rows of the QKV unit's output: the queries of every head, then the keys and the values of every
+    /// key/value head.
+    pub fn qkv_rows(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim()
+    }
+
+    /// The unit at index `l`.
+    pub fn unit(&self, l: usize) -> DecoderUnit {
+        DecoderUnit::of(self.blocks, l)
+    }
+
+    /// Floats one token keeps resident on the engine from the forward pass until the backward pass has used
+    /// them: the residual stream; per block the normalised inputs and their gained copies, Q/K/V, the attention
+    /// probabilities and output, the MLP's gate and up outputs and their product; the final norm, the logits
+    /// with their gradient, and the backward pass's scratch.
+    pub fn resident_floats_per_token(&self) -> usize {
+        let (d, r) = (self.width, self.intermediate);
+        let block = 5 * d + self.qkv_rows() + self.heads * self.context + 3 * r + 2;
+        1 + d + self.blocks * block + 2 * d + 1 + 2 * self.vocab + 2 * d + 2 * r
+    }
+}
+
 /// The model family, with what the engine needs to run it beyond the weight layers.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Arch {
@@ -120,6 +196,8 @@ pub enum Arch {
     Mlp,
     /// A decoder-only transformer over bytes.
     Gpt(GptShape),
+    /// A Llama-architecture decoder.
+    Llama(LlamaShape),
 }
 
 /// The model as a sequence of stream units, shared by MemoryX (what to store and send), the engine (what to
@@ -150,7 +228,48 @@ impl ModelLayout {
                 ModelLayout { linears, arch: Arch::Mlp, activation: spec.activation, sparsity: spec.sparsity }
             }
             ModelKind::Gpt => Self::gpt(spec),
+            ModelKind::Llama => Self::llama(spec),
         }
+    }
+
+    /// A Llama's stream units: the token embedding; per block QKV (queries, keys and values stacked, with the
+    /// attention norm's gain), attention output, gate and up stacked (with the MLP norm's gain) and down (the
+    /// four masked when sparse); the head (with the final norm's gain), which reuses the embedding when tied.
+    /// No biases. Weights start as `transformers` starts them (σ = 0.02), widened by 1/√density for masked
+    /// layers; gains at 1.
+    fn llama(spec: &ModelSpec) -> Self {
+        let heads = spec.heads.unwrap_or(1).max(1) as usize;
+        let g = LlamaShape {
+            vocab: spec.vocab_size as usize,
+            context: spec.context_length.unwrap_or(0) as usize,
+            width: spec.width.unwrap_or(0) as usize,
+            heads,
+            kv_heads: spec.kv_heads.map_or(heads, |k| k.max(1) as usize),
+            blocks: spec.blocks.unwrap_or(0) as usize,
+            intermediate: spec.intermediate_size.unwrap_or(0) as usize,
+            rope_theta: spec.rope_theta.unwrap_or(DEFAULT_ROPE_THETA),
+            norm_eps: spec.norm_eps.unwrap_or(DEFAULT_NORM_EPS),
+        };
+        let sparse = spec.sparsity > 0.0;
+        let std = 0.02 / ((1.0 - spec.sparsity) as f32).sqrt();
+        let unit = |inputs, outputs, sparse, gain, init: f32| LinearShape {
+            inputs,
+            outputs,
+            sparse,
+            bias: false,
+            gain,
+            tied_to: None,
+            init_std: Some(init),
+        };
+        let mut linears = vec![unit(g.width, g.vocab, false, false, 0.02)];
+        for _ in 0..g.blocks {
+            linears.push(unit(g.width, g.qkv_rows(), sparse, true, std));
+            linears.push(unit(g.heads * g.head_dim(), g.width, sparse, false, std));
+            linears.push(unit(g.width, 2 * g.intermediate, sparse, true, std));
+            linears.push(unit(g.intermediate, g.width, sparse, false, std));
+        }
+        linears.push(LinearShape { tied_to: spec.tied_embeddings.then_some(0), ..unit(g.width, g.vocab, false, true, 0.02) });
+        ModelLayout { linears, arch: Arch::Llama(g), activation: Activation::Gelu, sparsity: spec.sparsity }
     }
 
     /// A GPT's stream units. Norms carry no parameters, so every weight sits in one of these matrices:
@@ -175,6 +294,7 @@ impl ModelLayout {
             outputs,
             sparse,
             bias: true,
+            gain: false,
             tied_to: None,
             init_std: Some(init),
         };
@@ -200,14 +320,23 @@ impl ModelLayout {
     pub fn unit_name(&self, l: usize) -> String {
         match self.arch {
             Arch::Mlp => format!("fc{}", l + 1),
+            Arch::Llama(g) => match g.unit(l) {
+                DecoderUnit::Embed => "embedding".into(),
+                DecoderUnit::Qkv(b) => format!("block{b}.norm+qkv"),
+                DecoderUnit::Proj(b) => format!("block{b}.attn_out"),
+                DecoderUnit::Up(b) => format!("block{b}.norm+gate_up"),
+                DecoderUnit::Down(b) => format!("block{b}.mlp_down"),
+                DecoderUnit::Head if self.linears[l].tied_to.is_some() => "norm+head (tied)".into(),
+                DecoderUnit::Head => "norm+head".into(),
+            },
             Arch::Gpt(g) => match g.unit(l) {
-                GptUnit::Embed => "embedding".into(),
-                GptUnit::Qkv(b) => format!("block{b}.qkv"),
-                GptUnit::Proj(b) => format!("block{b}.attn_out"),
-                GptUnit::Up(b) => format!("block{b}.mlp_up"),
-                GptUnit::Down(b) => format!("block{b}.mlp_down"),
-                GptUnit::Head if self.linears[l].tied_to.is_some() => "head (tied)".into(),
-                GptUnit::Head => "head".into(),
+                DecoderUnit::Embed => "embedding".into(),
+                DecoderUnit::Qkv(b) => format!("block{b}.qkv"),
+                DecoderUnit::Proj(b) => format!("block{b}.attn_out"),
+                DecoderUnit::Up(b) => format!("block{b}.mlp_up"),
+                DecoderUnit::Down(b) => format!("block{b}.mlp_down"),
+                DecoderUnit::Head if self.linears[l].tied_to.is_some() => "head (tied)".into(),
+                DecoderUnit::Head => "head".into(),
             },
         }
     }
@@ -218,6 +347,7 @@ impl ModelLayout {
         match self.arch {
             Arch::Mlp => 1,
             Arch::Gpt(g) => g.context,
+            Arch::Llama(g) => g.context,
         }
     }
 
@@ -226,13 +356,13 @@ impl ModelLayout {
     pub fn inputs(&self) -> usize {
         match self.arch {
             Arch::Mlp => self.linears.first().map_or(0, |l| l.inputs),
-            Arch::Gpt(_) => 1,
+            Arch::Gpt(_) | Arch::Llama(_) => 1,
         }
     }
 
-    /// Whether the model reads token ids (a GPT) rather than features.
+    /// Whether the model reads token ids (a GPT or a Llama) rather than features.
     pub fn is_language_model(&self) -> bool {
-        matches!(self.arch, Arch::Gpt(_))
+        matches!(self.arch, Arch::Gpt(_) | Arch::Llama(_))
     }
 
     /// Output features (classes) of the last layer.
@@ -244,7 +374,7 @@ impl ModelLayout {
     pub fn dense_parameters(&self) -> usize {
         self.linears
             .iter()
-            .map(|l| if l.tied_to.is_some() { 0 } else { l.dense_weights() } + l.bias_len())
+            .map(|l| if l.tied_to.is_some() { 0 } else { l.dense_weights() } + l.vector_len())
             .sum()
     }
 
@@ -255,6 +385,7 @@ impl ModelLayout {
         let per_token: usize = match self.arch {
             Arch::Mlp => self.inputs() + self.linears.iter().map(|l| 2 * l.outputs).sum::<usize>(),
             Arch::Gpt(g) => g.resident_floats_per_token(),
+            Arch::Llama(g) => g.resident_floats_per_token(),
         };
         4 * (per_token * shard * self.tokens_per_sample()) as u64
     }
@@ -283,6 +414,6 @@ impl ModelLayout {
         let shape = self.linears[l];
         let nnz = self.expected_weights(l) as u64;
         let index = if shape.sparse { 4 * nnz + 4 * (2 * shape.outputs as u64 + 1) } else { 0 };
-        4 * nnz + index + 4 * shape.bias_len() as u64
+        4 * nnz + index + 4 * shape.vector_len() as u64
     }
 }

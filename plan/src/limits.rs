@@ -78,7 +78,7 @@ impl Limits {
         let values: u64 = self
             .layers
             .iter()
-            .map(|s| if s.tied_to.is_some() { 0 } else { Self::weight_values(s) }.saturating_add(s.bias_len() as u64))
+            .map(|s| if s.tied_to.is_some() { 0 } else { Self::weight_values(s) }.saturating_add(s.vector_len() as u64))
             .fold(0u64, u64::saturating_add);
         let tensors = 6 * self.layers.len() as u64;
         values

@@ -57,7 +57,7 @@ impl MemoryxPlan {
         let layer_values: Vec<u64> = (0..layout.linears.len())
             .map(|l| {
                 let s = layout.linears[l];
-                (if s.tied_to.is_some() { 0 } else { layout.expected_weights(l) } + s.bias_len()) as u64
+                (if s.tied_to.is_some() { 0 } else { layout.expected_weights(l) } + s.vector_len()) as u64
             })
             .collect();
         MemoryxPlan::new(&spec.memoryx, &layer_values, optimizer_values(spec.training.optimizer.kind))

@@ -36,12 +36,22 @@ pub struct Recipe {
     pub total_steps: u64,
     /// Seed of the initial weights and the masks.
     pub seed: u64,
+    /// The pretrained Hugging Face folder the initial weights are read from instead of drawn (`spec.model.from`).
+    pub from: Option<std::path::PathBuf>,
 }
 
 impl Recipe {
-    /// The recipe of a job's `training` spec for a run of `total_steps`.
-    pub fn of(training: &crds::TrainingSpec, total_steps: u64) -> Recipe {
-        Recipe { optimizer: training.optimizer.clone(), schedule: training.schedule.clone(), total_steps, seed: training.seed }
+    /// The recipe of a job for a run of `total_steps`: its `training` spec, and the pretrained model it starts
+    /// from, if any.
+    pub fn of(spec: &crds::TrainingJobSpec, total_steps: u64) -> Recipe {
+        let training = &spec.training;
+        Recipe {
+            optimizer: training.optimizer.clone(),
+            schedule: training.schedule.clone(),
+            total_steps,
+            seed: training.seed,
+            from: spec.model.from.as_ref().map(std::path::PathBuf::from),
+        }
     }
 }
 

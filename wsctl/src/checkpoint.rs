@@ -217,7 +217,7 @@ pub fn pull_command(url: &str, identity_dir: &Path, step: Option<u64>, out_dir: 
     let max_bytes = match job {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-            let job = crds::parse_training_job(&text).with_context(|| path.display().to_string())?;
+            let job = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve).with_context(|| path.display().to_string())?;
             Some(planned_bytes(&job.spec))
         }
         None => None,

@@ -1,5 +1,8 @@
 //! `wsctl export CHECKPOINT --format huggingface|safetensors -o DIR`: a checkpoint in formats other tools load.
 //!
+//! - `huggingface` (Llamas): `config.json` and `model.safetensors` as `LlamaForCausalLM`, under the names
+//!   `runtime::memoryx::huggingface` reads a pretrained folder with, so a model imported and exported without a
+//!   training step comes back value for value. The tokenizer of the folder it came from travels with it.
 //! - `huggingface` (GPTs): `config.json` and `model.safetensors` that Hugging Face `transformers` loads as
 //!   `GPT2LMHeadModel` and that compute exactly our model's function. Our GPT is GPT-2's architecture (token
 //!   plus position embedding, pre-norm blocks of causal attention scaled by 1/√head_dim and a `gelu_new` MLP,
@@ -21,7 +24,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use crds::{ModelKind, ModelSpec};
 use runtime::memoryx::checkpoint::{self, Tensors};
-use plan::layout::{Arch, GptShape, GptUnit, ModelLayout};
+use plan::layout::{Arch, DecoderUnit, GptShape, LlamaShape, ModelLayout};
+use runtime::memoryx::huggingface;
 use safetensors::tensor::{Dtype, TensorView};
 
 /// GPT-2's layer-norm ε, which is also ours ([`runtime::model::norm::EPS`]).
@@ -54,7 +58,7 @@ fn model_of(path: &Path, job: Option<&Path>) -> Result<(ModelSpec, Option<u64>)>
         );
     };
     let text = std::fs::read_to_string(job).with_context(|| format!("cannot read {}", job.display()))?;
-    let job = crds::parse_training_job(&text).with_context(|| job.display().to_string())?;
+    let job = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve).with_context(|| job.display().to_string())?;
     Ok((job.spec.model, Some(job.spec.training.seed)))
 }
 
@@ -97,6 +101,71 @@ fn dense_weights(layout: &ModelLayout, tensors: &Tensors, seed: Option<u64>, l: 
         bail!("{name} has {} values; the model's layer needs {want}: the checkpoint is not of the model it records", values.len());
     }
     Ok(values[..want].to_vec())
+}
+
+/// Layer `l`'s vector (a bias, or a norm's gain), of the length the layout gives it.
+fn vector(layout: &ModelLayout, tensors: &Tensors, l: usize) -> Result<Vec<f32>> {
+    let want = layout.linears[l].vector_len();
+    let name = checkpoint::tensor_name(l, "bias");
+    match tensors.iter().find(|(n, _)| *n == name) {
+        Some((_, v)) if v.len() == want => Ok(v.clone()),
+        Some((_, v)) => bail!("{name} has {} values; the layer has {want}", v.len()),
+        None => bail!("the checkpoint has no {name}"),
+    }
+}
+
+/// The Llama as `LlamaForCausalLM`'s tensors, and its `config.json` (the token ids and other fields the
+/// tokenizer needs taken from the folder it was imported from, when that is at hand).
+fn llama(layout: &ModelLayout, g: LlamaShape, model: &ModelSpec, tensors: &Tensors, seed: Option<u64>) -> Result<(Out, serde_json::Value)> {
+    let mut out = Out::default();
+    for l in 0..layout.linears.len() {
+        let unit = huggingface::unit_tensors(layout, l).ok_or_else(|| anyhow!("layer {l} is not a llama's"))?;
+        let cols = layout.linears[l].inputs;
+        if !unit.weights.is_empty() {
+            let weights = dense_weights(layout, tensors, seed, l)?;
+            let mut rows_done = 0;
+            for (name, rows) in unit.weights.iter().zip(huggingface::unit_rows(layout, l)) {
+                out.put(name.clone(), &[rows, cols], weights[rows_done * cols..(rows_done + rows) * cols].to_vec());
+                rows_done += rows;
+            }
+        }
+        if let Some(name) = &unit.vector {
+            out.put(name.clone(), &[layout.linears[l].vector_len()], vector(layout, tensors, l)?);
+        }
+    }
+    let source = model.from.as_deref().and_then(|f| std::fs::read(Path::new(f).join(huggingface::CONFIG_FILE)).ok());
+    let mut config: serde_json::Value = source.and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_else(|| serde_json::json!({}));
+    if !config.is_object() {
+        config = serde_json::json!({});
+    }
+    let tied = layout.linears.last().is_some_and(|h| h.tied_to.is_some());
+    let fields = serde_json::json!({
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": g.vocab,
+        "hidden_size": g.width,
+        "intermediate_size": g.intermediate,
+        "num_hidden_layers": g.blocks,
+        "num_attention_heads": g.heads,
+        "num_key_value_heads": g.kv_heads,
+        "head_dim": g.head_dim(),
+        "max_position_embeddings": config["max_position_embeddings"].as_u64().unwrap_or(g.context as u64).max(g.context as u64),
+        "rms_norm_eps": g.norm_eps,
+        "rope_theta": g.rope_theta,
+        "rope_parameters": { "rope_theta": g.rope_theta, "rope_type": "default" },
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "mlp_bias": false,
+        "tie_word_embeddings": tied,
+        "torch_dtype": "float32",
+    });
+    for (k, v) in fields.as_object().into_iter().flatten() {
+        config[k] = v.clone();
+    }
+    for stale in ["quantization_config", "dtype", "_name_or_path", "_model_name_or_path"] {
+        config.as_object_mut().map(|c| c.remove(stale));
+    }
+    Ok((out, config))
 }
 
 /// Layer `l`'s bias (zeros when the layer has none).
@@ -158,23 +227,23 @@ fn gpt2(layout: &ModelLayout, g: GptShape, tensors: &Tensors, seed: Option<u64>)
         let shape = layout.linears[l];
         let (rows, cols) = (shape.outputs, shape.inputs);
         let (name, b) = match g.unit(l) {
-            GptUnit::Qkv(b) => ("attn.c_attn", b),
-            GptUnit::Proj(b) => ("attn.c_proj", b),
-            GptUnit::Up(b) => ("mlp.c_fc", b),
-            GptUnit::Down(b) => ("mlp.c_proj", b),
-            GptUnit::Head => {
+            DecoderUnit::Qkv(b) => ("attn.c_attn", b),
+            DecoderUnit::Proj(b) => ("attn.c_proj", b),
+            DecoderUnit::Up(b) => ("mlp.c_fc", b),
+            DecoderUnit::Down(b) => ("mlp.c_proj", b),
+            DecoderUnit::Head => {
                 if shape.tied_to.is_none() {
                     out.put("lm_head.weight", &[rows, cols], dense_weights(layout, tensors, seed, l)?);
                 }
                 continue;
             }
-            GptUnit::Embed => continue,
+            DecoderUnit::Embed => continue,
         };
-        if matches!(g.unit(l), GptUnit::Qkv(_)) {
+        if matches!(g.unit(l), DecoderUnit::Qkv(_)) {
             out.put(format!("transformer.h.{b}.ln_1.weight"), &[w], ones.clone());
             out.put(format!("transformer.h.{b}.ln_1.bias"), &[w], zeros.clone());
         }
-        if matches!(g.unit(l), GptUnit::Up(_)) {
+        if matches!(g.unit(l), DecoderUnit::Up(_)) {
             out.put(format!("transformer.h.{b}.ln_2.weight"), &[w], ones.clone());
             out.put(format!("transformer.h.{b}.ln_2.bias"), &[w], zeros.clone());
         }
@@ -246,6 +315,13 @@ fn check_model(m: &ModelSpec) -> std::result::Result<(), String> {
             }
             Ok(())
         }
+        ModelKind::Llama => {
+            let (w, h, kv) = (m.width.unwrap_or(0), m.heads.unwrap_or(0), m.kv_heads.or(m.heads).unwrap_or(0));
+            if w == 0 || h == 0 || kv == 0 || w % h != 0 || h % kv != 0 || m.blocks.unwrap_or(0) == 0 || m.intermediate_size.unwrap_or(0) == 0 {
+                return Err(format!("llama width {w}, heads {h}, kvHeads {kv}, blocks {:?}, intermediateSize {:?}", m.blocks, m.intermediate_size));
+            }
+            Ok(())
+        }
         _ if !(0.0..1.0).contains(&m.sparsity) => Err(format!("sparsity {}", m.sparsity)),
         _ => Ok(()),
     }
@@ -257,18 +333,20 @@ pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>, token
     let (model, seed) = model_of(path, job)?;
     // The tokenizer travels with the model, so `AutoTokenizer.from_pretrained` finds it beside the weights; it is
     // read as the input workers read it, and must fit the model's vocabulary.
-    let tokenizer = match tokenizer {
-        Some(t) if model.kind != ModelKind::Gpt => bail!("--tokenizer {}: only a GPT reads tokens; leave it out for an MLP", t.display()),
+    // A model imported from a Hugging Face folder takes that folder's tokenizer when none is named.
+    let from_tokenizer = model.from.as_deref().map(|f| Path::new(f).join(crds::pretrained::TOKENIZER_FILE)).filter(|t| t.is_file());
+    let tokenizer = match tokenizer.or(from_tokenizer.as_deref()) {
+        Some(t) if !model.kind.is_language_model() => bail!("--tokenizer {}: only a language model reads tokens; leave it out for an MLP", t.display()),
         Some(t) => {
             data::tokenizer::TextTokenizer::load(t, model.vocab_size as usize)?;
             Some(std::fs::read(t).with_context(|| format!("cannot read {}", t.display()))?)
         }
         None => None,
     };
-    if format == Format::Huggingface && model.kind != ModelKind::Gpt {
+    if format == Format::Huggingface && !model.kind.is_language_model() {
         bail!(
-            "{} holds an MLP (layers {:?}), not a GPT: --format huggingface writes GPT-2 language models only; \
-             export it with --format safetensors",
+            "{} holds an MLP (layers {:?}), not a language model: --format huggingface writes GPT-2 and Llama models \
+             only; export it with --format safetensors",
             path.display(),
             model.layers
         );
@@ -280,6 +358,7 @@ pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>, token
     let (info, tensors) = checkpoint::read_with_info(path, max_bytes)?;
     let (tensors_out, mut config) = match (format, layout.arch) {
         (Format::Huggingface, Arch::Gpt(g)) => gpt2(&layout, g, &tensors, seed)?,
+        (Format::Huggingface, Arch::Llama(g)) => llama(&layout, g, &model, &tensors, seed)?,
         (Format::Huggingface, Arch::Mlp) => bail!("an MLP cannot be exported as a Hugging Face GPT-2"),
         (Format::Safetensors, _) => plain(&layout, &model, &tensors, seed)?,
     };

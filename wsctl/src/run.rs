@@ -17,7 +17,7 @@ use plan::units;
 /// Reads and validates a manifest, applying a `--cs2` override.
 fn load_job(path: &Path, cs2: Option<u32>) -> Result<crds::TrainingJob> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut job = crds::parse_training_job(&text).with_context(|| path.display().to_string())?;
+    let mut job = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve).with_context(|| path.display().to_string())?;
     if let Some(n) = cs2 {
         job.spec.cs2 = n;
         job.spec.validate().with_context(|| format!("{} with --cs2 {n}", path.display()))?;

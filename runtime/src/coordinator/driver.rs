@@ -59,7 +59,7 @@ impl Job {
 
     /// How this job's state is trained: its optimizer, schedule, run length and seed.
     pub fn recipe(&self) -> crate::optim::Recipe {
-        crate::optim::Recipe::of(&self.spec.training, self.total_steps)
+        crate::optim::Recipe::of(&self.spec, self.total_steps)
     }
 
     /// How this job's MemoryX is spread over weight servers, memory and disk.
@@ -103,7 +103,7 @@ impl Job {
     /// (the store of earlier versions), or several, each with its budget and disk tier.
     pub fn store(&self, outputs: &Outputs) -> Result<MemoryX> {
         let plan = self.memoryx_plan()?;
-        if plan.servers == 1 && plan.disk_bytes == 0 {
+        if plan.servers == 1 && plan.disk_bytes == 0 && self.spec.model.from.is_none() {
             return Ok(self.memoryx());
         }
         MemoryX::sharded(self.layout(), &self.recipe(), plan.servers, &|slice| self.storage(outputs, slice))

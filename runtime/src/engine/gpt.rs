@@ -11,7 +11,7 @@ use wire::error::{Error, Result};
 use crate::model::attention::{self, Geometry};
 use kernels::sparse;
 use crate::model::{activation, norm};
-use plan::layout::{GptShape, GptUnit, ModelLayout};
+use plan::layout::{GptShape, DecoderUnit, ModelLayout};
 use crate::protocol::WeightPayload;
 use kernels::small;
 use kernels::tensor::{rows_per_piece, Mat, Spare, TOKENS_PER_TASK};
@@ -94,7 +94,7 @@ impl GptNet {
     }
 
     fn geometry(&self) -> Geometry {
-        Geometry { width: self.g.width, heads: self.g.heads, context: self.g.context }
+        Geometry { width: self.g.width, heads: self.g.heads, kv_heads: self.g.heads, context: self.g.context }
     }
 
     fn block(&mut self, b: usize) -> Result<&mut BlockActs> {
@@ -191,7 +191,7 @@ impl Net for GptNet {
 
     fn forward<'s>(&mut self, unit: StreamedLinear<'s>, works: &mut Vec<Work<'s>>) -> Result<Option<Mat>> {
         match self.g.unit(unit.layer) {
-            GptUnit::Embed => {
+            DecoderUnit::Embed => {
                 let WeightPayload::Dense(rows) = &unit.stream.weights else {
                     return Err(Error::Protocol("the embedding must stream dense".into()));
                 };
@@ -200,7 +200,7 @@ impl Net for GptNet {
                 works.push(Work::Elementwise { ops: 9 * self.x.data.len() as u64 });
                 self.blocks.push(BlockActs { a1, rstd1, ..BlockActs::default() });
             }
-            GptUnit::Qkv(b) => {
+            DecoderUnit::Qkv(b) => {
                 let geometry = self.geometry();
                 let block = block_in(&mut self.blocks, b)?;
                 let qkv = unit.forward_as(block.a1.view(), works)?;
@@ -210,20 +210,20 @@ impl Net for GptNet {
                 works.extend([gemm, gemm, Work::Elementwise { ops: 5 * (probs.len() as u64) / 2 }]);
                 (block.qkv, block.o, block.probs) = (qkv, o, probs);
             }
-            GptUnit::Proj(b) => {
+            DecoderUnit::Proj(b) => {
                 let (y, bias) = unit.forward_leaving_bias(&self.block(b)?.o, works)?;
                 let (a2, rstd2) = self.residual_norm(&y, bias, self.norms, works);
                 let block = self.block(b)?;
                 (block.a2, block.rstd2) = (a2, rstd2);
             }
-            GptUnit::Up(b) => {
+            DecoderUnit::Up(b) => {
                 let block = self.block(b)?;
                 let (mut u, bias) = unit.forward_leaving_bias_as(block.a2.view(), Layout::Tiles, works)?;
                 let g = activation::forward_keeping_slope_acts(Activation::Gelu, &mut u, bias);
                 works.push(Work::Elementwise { ops: 8 * (u.rows() * u.tokens()) as u64 });
                 (block.u, block.g) = (u, g);
             }
-            GptUnit::Down(b) => {
+            DecoderUnit::Down(b) => {
                 let (y, bias) = unit.forward_leaving_bias_as(self.block(b)?.g.view(), Layout::Rows, works)?;
                 // The last norm feeds the head, a dense matrix: rows.
                 let last = b + 1 == self.g.blocks;
@@ -235,7 +235,7 @@ impl Net for GptNet {
                     self.x = Mat::default();
                 }
             }
-            GptUnit::Head => return Ok(Some(unit.forward(&self.af, works)?)),
+            DecoderUnit::Head => return Ok(Some(unit.forward(&self.af, works)?)),
         }
         Ok(None)
     }
@@ -246,7 +246,7 @@ impl Net for GptNet {
 
     fn backward<'s>(&mut self, unit: StreamedLinear<'s>, works: &mut Vec<Work<'s>>) -> Result<Grads> {
         match self.g.unit(unit.layer) {
-            GptUnit::Head => {
+            DecoderUnit::Head => {
                 let d_logits = self.pending("the logits")?;
                 // The residual stream's gradient starts here: the head reads the final norm of the stream.
                 self.dx = Mat::zeros(self.af.rows, self.af.cols);
@@ -254,7 +254,7 @@ impl Net for GptNet {
                 (self.af, self.rstdf) = (Mat::default(), Vec::new());
                 Ok(grads)
             }
-            GptUnit::Down(b) => {
+            DecoderUnit::Down(b) => {
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
                 // The input gradient in the slope's layout, so the two multiply element by element.
                 let layout = block.u.layout();
@@ -269,14 +269,14 @@ impl Net for GptNet {
                 self.pending = Some(du);
                 Ok(grads)
             }
-            GptUnit::Up(b) => {
+            DecoderUnit::Up(b) => {
                 let du = self.pending("the MLP")?;
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
                 let grads = backward_through_norm(unit, (block.a2.view(), &block.rstd2), du.view(), &mut self.dx, works)?;
                 (block.a2, block.rstd2) = (Acts::default(), Vec::new());
                 Ok(grads)
             }
-            GptUnit::Proj(b) => {
+            DecoderUnit::Proj(b) => {
                 let geometry = self.geometry();
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
                 let (grads, d_o) = unit.backward(&block.o, &self.dx, true, works)?;
@@ -290,7 +290,7 @@ impl Net for GptNet {
                 self.pending = Some(Acts::Rows(dqkv));
                 Ok(grads)
             }
-            GptUnit::Qkv(b) => {
+            DecoderUnit::Qkv(b) => {
                 let dqkv = self.pending("attention")?.into_rows();
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
                 let grads = backward_through_norm(unit, (block.a1.view(), &block.rstd1), (&dqkv).into(), &mut self.dx, works)?;
@@ -298,7 +298,7 @@ impl Net for GptNet {
                 self.spare.give(dqkv.data);
                 Ok(grads)
             }
-            GptUnit::Embed => {
+            DecoderUnit::Embed => {
                 // Only the rows that were looked up get a gradient; the stream carries no weights at all.
                 // The stream's gradient token-major first (on all cores), so each token adds two contiguous rows.
                 let (d, n, v, t) = (self.g.width, self.tokens.len(), self.g.vocab, self.g.context);

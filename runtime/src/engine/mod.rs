@@ -16,6 +16,7 @@
 mod gpt;
 pub mod hw;
 mod linear;
+mod llama;
 mod mlp;
 mod net;
 pub mod replica;

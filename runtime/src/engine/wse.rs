@@ -9,7 +9,7 @@ use super::linear::StreamedLinear;
 use super::role::{EngineRole, EngineStats};
 use data::shard::Shard;
 use super::net::Net;
-use super::{gpt, mlp};
+use super::{gpt, llama, mlp};
 use wire::error::{Error, Result};
 use crate::model::loss::{softmax_cross_entropy, LossSum};
 use plan::layout::{Arch, ModelLayout};
@@ -50,6 +50,7 @@ impl<H: EngineHw> Wse<H> {
         let net: Box<dyn Net> = match layout.arch {
             Arch::Mlp => Box::new(mlp::MlpNet::new(&layout)),
             Arch::Gpt(g) => Box::new(gpt::GptNet::new(g, &layout)),
+            Arch::Llama(g) => Box::new(llama::LlamaNet::new(g)),
         };
         Wse {
             name: name.into(),
@@ -137,8 +138,8 @@ impl<H: EngineHw> Wse<H> {
         if need_values && stream.weights.weights().is_none() {
             return fail("weight values are missing".into());
         }
-        if stream.pass == Pass::Forward && stream.bias.len() != shape.bias_len() {
-            return fail(format!("{} bias values, {} expected", stream.bias.len(), shape.bias_len()));
+        if stream.pass == Pass::Forward && stream.bias.len() != shape.vector_len() {
+            return fail(format!("{} bias values, {} expected", stream.bias.len(), shape.vector_len()));
         }
         Ok(())
     }

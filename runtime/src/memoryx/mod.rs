@@ -15,6 +15,7 @@
 //! - [`serve`]: its checkpoints over HTTPS, for the user to take home.
 
 pub mod checkpoint;
+pub mod huggingface;
 pub mod manifest;
 pub mod remote;
 pub mod serve;

@@ -17,6 +17,7 @@ use kernels::sparse::SparsePattern;
 use rand_chacha::ChaCha8Rng;
 
 use super::checkpoint;
+use super::huggingface::Folder;
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::tier::{Tier, TierLayout};
 use wire::error::{Error, Result};
@@ -156,7 +157,7 @@ pub fn layer_lengths(layout: &ModelLayout, optimizer: &OptimizerSpec, seed: u64)
                 (None, Some(m)) => m.nnz(),
                 (None, None) => shape.dense_weights(),
             };
-            let b = shape.bias_len();
+            let b = shape.vector_len();
             let (m1, m2) = (if moments >= 1 { n } else { 0 }, if moments >= 2 { n } else { 0 });
             let (b1, b2) = (if moments >= 1 { b } else { 0 }, if moments >= 2 { b } else { 0 });
             [n, b, m1, m2, b1, b2]
@@ -164,10 +165,30 @@ pub fn layer_lengths(layout: &ModelLayout, optimizer: &OptimizerSpec, seed: u64)
         .collect()
 }
 
+/// Slice `slice` of layer `l`'s initial tensors read from a pretrained folder: the unit's matrices (pruned to
+/// its mask when sparse) and its vector, the moments at zero. Only this layer is read, so the whole model
+/// never sits in one process.
+fn pretrained(folder: &Folder, layout: &ModelLayout, lengths: &[LayerLengths], seed: u64, slice: SliceId, l: usize) -> Result<LayerTensors> {
+    let shape = layout.linears[l];
+    let (dense, vector) = folder.unit(layout, l)?;
+    let weights = match (shape.tied_to, mask(layout, seed, l)) {
+        (Some(_), _) => Vec::new(),
+        (None, Some(m)) => m.values_of(&dense),
+        (None, None) => dense,
+    };
+    let whole = lengths[l];
+    if weights.len() != whole[0] || vector.len() != whole[1] {
+        return Err(Error::Protocol(format!("layer {l}: {} weights and {} vector values read, {} and {} stored", weights.len(), vector.len(), whole[0], whole[1])));
+    }
+    let s = whole.map(|len| slice.range(len).len());
+    let (w, v) = (weights[slice.range(whole[0])].to_vec(), vector[slice.range(whole[1])].to_vec());
+    Ok([w, v, vec![0.0; s[2]], vec![0.0; s[3]], vec![0.0; s[4]], vec![0.0; s[5]]])
+}
+
 /// Slice `slice` of layer `l`'s initial tensors, exactly as the whole model's would be: the layer's values are
 /// drawn in full, in order, and the slice keeps its range, so any number of servers starts from the same
 /// weights. Weights uniform with the layer's standard deviation (He-scaled over each output's actual fan-in
-/// unless the layout sets one), biases and moments at zero.
+/// unless the layout sets one), biases and moments at zero, gains at one.
 fn initial(layout: &ModelLayout, lengths: &[LayerLengths], seed: u64, slice: SliceId, l: usize) -> LayerTensors {
     let shape = layout.linears[l];
     let whole = lengths[l];
@@ -185,7 +206,9 @@ fn initial(layout: &ModelLayout, lengths: &[LayerLengths], seed: u64, slice: Sli
     }
     let weights: Vec<f32> = range.map(|_| rng.random_range(-limit..limit)).collect();
     let s = whole.map(|len| slice.range(len).len());
-    [weights, vec![0.0; s[1]], vec![0.0; s[2]], vec![0.0; s[3]], vec![0.0; s[4]], vec![0.0; s[5]]]
+    // A norm's gain starts at 1 (the identity), a bias at 0.
+    let vector = if shape.gain { 1.0 } else { 0.0 };
+    [weights, vec![vector; s[1]], vec![0.0; s[2]], vec![0.0; s[3]], vec![0.0; s[4]], vec![0.0; s[5]]]
 }
 
 /// The mask of layer `l` of `layout` initialised from `seed` (stored by output row), or `None` for a dense
@@ -201,7 +224,15 @@ impl LocalSlice {
     /// Slice `slice` of a model `layout` initialised from `seed` ([`initial`]), keeping what does not fit
     /// `storage.memory_bytes` in the disk tier. `lengths` are the whole layers' (from [`layer_lengths`]).
     pub fn new(layout: &ModelLayout, lengths: &[LayerLengths], recipe: Recipe, slice: SliceId, storage: Storage) -> Result<LocalSlice> {
-        let Recipe { optimizer, schedule, total_steps, seed } = recipe;
+        let Recipe { optimizer, schedule, total_steps, seed, from } = recipe;
+        let folder = match &from {
+            Some(dir) => {
+                let folder = Folder::open(dir)?;
+                folder.check(layout)?;
+                Some(folder)
+            }
+            None => None,
+        };
         let baseline_rss = crate::process::rss_bytes();
         let sliced: Vec<LayerLengths> = lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect();
         let tier = match storage.memory_bytes {
@@ -222,7 +253,10 @@ impl LocalSlice {
         };
         let mut layers = Vec::with_capacity(lengths.len());
         for l in 0..lengths.len() {
-            let tensors = initial(layout, lengths, seed, slice, l);
+            let tensors = match &folder {
+                Some(folder) => pretrained(folder, layout, lengths, seed, slice, l)?,
+                None => initial(layout, lengths, seed, slice, l),
+            };
             let slot = match &tier {
                 Some(t) if t.on_disk(l) => {
                     t.write(l, &tensors)?;
@@ -251,7 +285,9 @@ impl LocalSlice {
     /// Slice `slice` of the model, all in memory, with no checkpoint directory: a pipelined engine's replica,
     /// the in-process MemoryX of tests and local runs.
     pub fn in_memory(layout: &ModelLayout, lengths: &[LayerLengths], recipe: Recipe, slice: SliceId) -> LocalSlice {
-        let Recipe { optimizer, schedule, total_steps, seed } = recipe;
+        // Random values whatever the recipe's `from`: a replica's values come from MemoryX, and a pretrained
+        // start goes through [`LocalSlice::new`], which can fail.
+        let Recipe { optimizer, schedule, total_steps, seed, from: _ } = recipe;
         let baseline_rss = crate::process::rss_bytes();
         let layers = (0..lengths.len())
             .map(|l| Mutex::new(Slot { tensors: Some(initial(layout, lengths, seed, slice, l)), updates: 0 }))

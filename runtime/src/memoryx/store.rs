@@ -149,7 +149,7 @@ impl MemoryX {
         seed: u64,
     ) -> Self {
         let lengths = layer_lengths(&layout, &optimizer, seed);
-        let recipe = Recipe { optimizer, schedule, total_steps, seed };
+        let recipe = Recipe { optimizer, schedule, total_steps, seed, from: None };
         let shard = Arc::new(LocalSlice::in_memory(&layout, &lengths, recipe, SliceId::WHOLE));
         Self::over(layout, seed, lengths, vec![shard.clone()], Some(shard))
     }

@@ -16,10 +16,14 @@ use kernels::tensor::{Mat, Spare};
 /// The attention geometry of one shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
-    /// Model width: Q, K and V each take `width` rows of the QKV matrix.
+    /// Model width: the queries take `width` rows of the QKV matrix, the keys and the values `kv_heads` heads'
+    /// rows each.
     pub width: usize,
-    /// Heads; each attends over `width / heads` features.
+    /// Query heads; each attends over `width / heads` features.
     pub heads: usize,
+    /// Key/value heads (grouped-query attention): query head `h` reads key/value head `h / (heads / kv_heads)`.
+    /// As many as `heads` for plain multi-head attention, where the QKV matrix is `3·width` rows.
+    pub kv_heads: usize,
     /// Tokens per sequence: sequences are consecutive runs of this many columns.
     pub context: usize,
 }
@@ -29,11 +33,24 @@ impl Geometry {
         self.width / self.heads
     }
 
-    /// Where (Q, K, V) of head `h` of sequence `s` start in a feature-major QKV matrix of `n` tokens: each
-    /// is `head_dim` rows of `context` values, `n` apart.
+    /// Query heads per key/value head.
+    fn group(&self) -> usize {
+        (self.heads / self.kv_heads.max(1)).max(1)
+    }
+
+    /// Rows of the QKV matrix: the queries, then the keys and values of every key/value head.
+    pub fn qkv_rows(&self) -> usize {
+        self.width + 2 * self.kv_heads * self.head_dim()
+    }
+
+    /// Where (Q, K, V) of query head `h` of sequence `s` start in a feature-major QKV matrix of `n` tokens:
+    /// each is `head_dim` rows of `context` values, `n` apart. K and V are those of the head's key/value head.
     fn offsets(&self, n: usize, s: usize, h: usize) -> [usize; 3] {
         let (dh, t) = (self.head_dim(), self.context);
-        [0, 1, 2].map(|part| (part * self.width + h * dh) * n + s * t)
+        let kv = h / self.group();
+        let keys = self.width;
+        let values = keys + self.kv_heads * dh;
+        [h * dh, keys + kv * dh, values + kv * dh].map(|row| row * n + s * t)
     }
 
     /// Copies `head_dim` rows of `context` values, `n` apart from `src` on, into `dst` as one contiguous
@@ -49,11 +66,7 @@ impl Geometry {
     #[cfg(test)]
     fn qkv<'a>(&self, qkv: &'a Mat, s: usize, h: usize) -> [MatView<'a>; 3] {
         let (dh, t, n) = (self.head_dim(), self.context, qkv.cols);
-        let at = |part: usize| {
-            let start = (part * self.width + h * dh) * n + s * t;
-            MatView::strided(&qkv.data[start..], dh, t, n)
-        };
-        [at(0), at(1), at(2)]
+        self.offsets(n, s, h).map(|start| MatView::strided(&qkv.data[start..], dh, t, n))
     }
 
     /// Writes a `head_dim × context` block back into the rows of head `h` and the columns of sequence `s`.
@@ -202,8 +215,35 @@ fn softmax_causal_backward(p: &[f32], dp: &mut [f32], t: usize, scale: f32) {
 /// writes its head's rows of the result directly. [`backward_reference`] is the same function through full
 /// GEMMs.
 ///
-/// The result comes from `spare` like [`forward`]'s outputs.
+/// The result comes from `spare` like [`forward`]'s outputs. With grouped-query attention each query head's
+/// key and value gradients are computed apart, then summed over its group into the shared key/value head's rows
+/// (in head order).
 pub fn backward(g: Geometry, qkv: &Mat, probs: &[f32], d_out: &Mat, spare: &mut Spare) -> Mat {
+    let per_head = backward_per_head(g, qkv, probs, d_out, spare);
+    if g.group() == 1 {
+        return per_head;
+    }
+    let (n, dh, width) = (qkv.cols, g.head_dim(), g.width);
+    let mut folded = Mat::from_vec(g.qkv_rows(), n, spare.take(g.qkv_rows() * n));
+    folded.data[..width * n].copy_from_slice(&per_head.data[..width * n]);
+    for part in 1..3 {
+        let src = &per_head.data[part * width * n..(part + 1) * width * n];
+        let dst_start = (width + (part - 1) * g.kv_heads * dh) * n;
+        let dst = &mut folded.data[dst_start..dst_start + g.kv_heads * dh * n];
+        dst.par_chunks_mut(dh * n).enumerate().for_each(|(kv, out)| {
+            let heads = &src[kv * g.group() * dh * n..(kv + 1) * g.group() * dh * n];
+            out.copy_from_slice(&heads[..dh * n]);
+            for h in heads.chunks_exact(dh * n).skip(1) {
+                out.iter_mut().zip(h).for_each(|(o, v)| *o += v);
+            }
+        });
+    }
+    spare.give(per_head.data);
+    folded
+}
+
+/// [`backward`] with every query head's key and value gradients in rows of their own (`3·width` rows).
+fn backward_per_head(g: Geometry, qkv: &Mat, probs: &[f32], d_out: &Mat, spare: &mut Spare) -> Mat {
     let (t, dh, n) = (g.context, g.head_dim(), qkv.cols);
     let seqs = n / t.max(1);
     let scale = 1.0 / (dh as f32).sqrt();
@@ -335,7 +375,7 @@ mod tests {
         // Shapes with whole tiles (8 or 4 rows × 16 columns) and with ragged edges.
         // The last shape has tokens past its last whole sequence, which attention leaves at zero.
         for (width, heads, context, seqs, past) in [(64, 2, 32, 2, 0), (128, 2, 64, 1, 0), (24, 3, 21, 3, 5)] {
-            let g = Geometry { width, heads, context };
+            let g = Geometry { width, heads, kv_heads: heads, context };
             let n = seqs * context + past;
             // Buffers full of NaN stand in for a finished step's: every value the banded kernels leave
             // unwritten would show.
@@ -367,7 +407,7 @@ mod tests {
 
     #[test]
     fn backward_matches_central_differences_and_attention_is_causal() {
-        let g = Geometry { width: 4, heads: 2, context: 3 };
+        let g = Geometry { width: 4, heads: 2, kv_heads: 2, context: 3 };
         let n = 2 * g.context;
         let qkv = Mat::from_vec(3 * g.width, n, (0..3 * g.width * n).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.15).collect());
         let w = Mat::from_vec(g.width, n, (0..g.width * n).map(|i| ((i * 5 % 9) as f32 - 4.0) * 0.25).collect());
@@ -387,5 +427,47 @@ mod tests {
                 assert_eq!(base.data[r * n + j], moved.data[r * n + j], "token {j} saw the future");
             }
         }
+    }
+
+    /// Grouped-query attention is multi-head attention over keys and values repeated for every query head of a
+    /// group: the same output, and key/value gradients that are the group's sums.
+    #[test]
+    fn grouped_query_attention_is_repeated_keys_and_values() {
+        let (width, heads, kv_heads, context, seqs) = (24, 6, 2, 7, 2);
+        let (dh, n) = (width / heads, context * seqs);
+        let gqa = Geometry { width, heads, kv_heads, context };
+        let mha = Geometry { kv_heads: heads, ..gqa };
+        let qkv = Mat::from_vec(gqa.qkv_rows(), n, (0..gqa.qkv_rows() * n).map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 4e-3).collect());
+        // The same keys and values, each repeated for the query heads of its group.
+        let mut repeated = Mat::zeros(3 * width, n);
+        repeated.data[..width * n].copy_from_slice(&qkv.data[..width * n]);
+        for part in 1..3 {
+            for h in 0..heads {
+                let src = (width + (part - 1) * kv_heads * dh + (h / (heads / kv_heads)) * dh) * n;
+                let dst = (part * width + h * dh) * n;
+                repeated.data[dst..dst + dh * n].copy_from_slice(&qkv.data[src..src + dh * n]);
+            }
+        }
+        let d_out = Mat::from_vec(width, n, (0..width * n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 2e-3).collect());
+        let spare = &mut Spare::default();
+        let (o, probs) = forward(gqa, &qkv, spare);
+        let (o_mha, probs_mha) = forward(mha, &repeated, spare);
+        assert_eq!(o.data, o_mha.data);
+        assert_eq!(probs, probs_mha);
+        let d = backward(gqa, &qkv, &probs, &d_out, spare);
+        let d_mha = backward(mha, &repeated, &probs_mha, &d_out, spare);
+        assert_eq!(d.rows, gqa.qkv_rows());
+        assert_eq!(d.data[..width * n], d_mha.data[..width * n], "query gradients");
+        for part in 1..3 {
+            for kv in 0..kv_heads {
+                for i in 0..dh * n {
+                    let sum: f32 = (0..heads / kv_heads)
+                        .map(|k| d_mha.data[(part * width + (kv * heads / kv_heads + k) * dh) * n + i])
+                        .fold(0.0, |a, b| a + b);
+                    assert_eq!(d.data[(width + (part - 1) * kv_heads * dh + kv * dh) * n + i], sum);
+                }
+            }
+        }
+        assert_central_differences(&qkv, &d, (1e-2, 2e-3), "gqa", |qkv| weighted_sum(&forward(gqa, qkv, &mut Spare::default()).0, &d_out));
     }
 }

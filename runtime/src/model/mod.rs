@@ -6,6 +6,9 @@ pub mod attention;
 pub mod linear;
 pub mod loss;
 pub mod norm;
+pub mod rmsnorm;
+pub mod rope;
+pub mod swiglu;
 
 #[cfg(test)]
 pub(crate) mod gradcheck {

@@ -59,7 +59,7 @@ impl GradMeter {
                 let shape = limits.layer(u64::from(c.layer))?;
                 let l = c.layer;
                 Error::check_limit(|| format!("layer {l} gradient's weights_len"), c.weights_len, Limits::weight_values(&shape))?;
-                Error::check_limit(|| format!("layer {l} gradient's bias_len"), c.bias_len, shape.bias_len() as u64)?;
+                Error::check_limit(|| format!("layer {l} gradient's bias_len"), c.bias_len, shape.vector_len() as u64)?;
                 if self.seen.get_mut(l as usize).is_some_and(|seen| std::mem::replace(seen, true)) {
                     return Err(Error::Protocol(format!("layer {l}'s gradient arrived twice in one stream")));
                 }

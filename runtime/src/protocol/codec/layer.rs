@@ -135,7 +135,7 @@ impl LayerMeter {
     fn announced(h: &LayerChunk, limits: &Limits) -> Result<Announced> {
         let shape = limits.layer(u64::from(h.layer))?;
         let l = h.layer;
-        let (lines, weights, bias) = (Limits::mask_lines(&shape), Limits::weight_values(&shape), shape.bias_len() as u64);
+        let (lines, weights, bias) = (Limits::mask_lines(&shape), Limits::weight_values(&shape), shape.vector_len() as u64);
         Error::check_limit(|| format!("layer {l} stream's outer (mask lines)"), u64::from(h.outer), lines)?;
         Error::check_limit(|| format!("layer {l} stream's inner (mask line length)"), u64::from(h.inner), lines)?;
         Error::check_limit(|| format!("layer {l} stream's indices_len"), h.indices_len, weights)?;
