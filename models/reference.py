@@ -1,0 +1,91 @@
+"""What `transformers` computes for a Hugging Face model folder, for the tests that hold weightstream to it.
+
+    python models/reference.py create-llama OUT_DIR    # a small random LlamaForCausalLM (GQA, untied head)
+    python models/reference.py run < request.json      # losses, printed as JSON
+
+A run request names the folder, windows to evaluate (each `inputs` and `labels`, token ids) and the batches
+of training steps (AdamW, the same settings as the weightstream job: decoupled weight decay on matrices only,
+never on norm gains). It prints the mean loss per token of the evaluation windows before training and the
+loss of every training step before its update, in float64 summed as float32 per window.
+"""
+
+import json
+import pathlib
+import shutil
+import sys
+
+import torch
+import transformers
+
+
+def create_llama(out: pathlib.Path) -> None:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        # Gains away from 1, so a gain read in the wrong place shows.
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def mean_loss(model, windows) -> torch.Tensor:
+    total, count = 0.0, 0
+    for w in windows:
+        logits = model(torch.tensor([w["inputs"]])).logits[0]
+        total = total + torch.nn.functional.cross_entropy(logits, torch.tensor(w["labels"]), reduction="sum")
+        count += len(w["labels"])
+    return total / count
+
+
+def run(request: dict) -> dict:
+    torch.set_num_threads(2)
+    model = transformers.AutoModelForCausalLM.from_pretrained(request["model"], dtype=torch.float32, attn_implementation="eager")
+    model.train()
+    with torch.no_grad():
+        eval_loss = mean_loss(model, request["eval"]).item()
+    opt = request.get("optimizer", {})
+    decay = [p for n, p in model.named_parameters() if not n.endswith("norm.weight")]
+    gains = [p for n, p in model.named_parameters() if n.endswith("norm.weight")]
+    adamw = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": opt.get("weight_decay", 0.0)}, {"params": gains, "weight_decay": 0.0}],
+        lr=opt.get("learning_rate", 1e-3),
+        betas=(opt.get("beta1", 0.9), opt.get("beta2", 0.999)),
+        eps=opt.get("epsilon", 1e-8),
+    )
+    losses = []
+    for batch in request.get("steps", []):
+        adamw.zero_grad()
+        loss = mean_loss(model, batch)
+        loss.backward()
+        adamw.step()
+        losses.append(loss.item())
+    return {"eval_loss": eval_loss, "step_losses": losses}
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "create-llama":
+        create_llama(pathlib.Path(sys.argv[2]))
+    elif sys.argv[1] == "run":
+        print(json.dumps(run(json.load(sys.stdin))))
+    else:
+        sys.exit(f"unknown command {sys.argv[1]}")
