@@ -29,6 +29,9 @@ pub struct PretrainedShape {
     pub norm_eps: f64,
     /// Whether the head reuses the embedding (`tie_word_embeddings`).
     pub tied_embeddings: bool,
+    /// Whether the folder holds its tokenizer ([`TOKENIZER_FILE`]), which a job reading text then uses unless
+    /// it names another.
+    pub has_tokenizer: bool,
     /// The longest sequence the model was trained for (`max_position_embeddings`): the job's context may not
     /// exceed it.
     pub max_context: u32,
@@ -117,6 +120,7 @@ mod tests {
             norm_eps: 1e-5,
             tied_embeddings: true,
             max_context: 8192,
+            has_tokenizer: true,
         }
     }
 

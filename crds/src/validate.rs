@@ -96,11 +96,11 @@ pub fn parse_training_job_with(
     if let Some(from) = job.spec.model.from.clone() {
         if let Some((shape, source)) = pretrained(&from)? {
             job.spec.model.adopt(&shape, &source)?;
-        }
-        // Text is read with the pretrained model's own tokenizer unless the job names another.
-        let d = &mut job.spec.data;
-        if d.tokenizer.is_none() && matches!(d.kind, DataKind::Text | DataKind::Jsonl) {
-            d.tokenizer = Some(format!("{}/{}", from.trim_end_matches('/'), crate::pretrained::TOKENIZER_FILE));
+            // Text is read with the pretrained model's own tokenizer unless the job names another.
+            let d = &mut job.spec.data;
+            if d.tokenizer.is_none() && shape.has_tokenizer && matches!(d.kind, DataKind::Text | DataKind::Jsonl) {
+                d.tokenizer = Some(format!("{}/{}", from.trim_end_matches('/'), crate::pretrained::TOKENIZER_FILE));
+            }
         }
     }
     job.spec.validate()?;

@@ -98,6 +98,7 @@ pub fn shape_of(dir: &Path) -> Result<PretrainedShape> {
         norm_eps: c["rms_norm_eps"].as_f64().unwrap_or(plan::layout::DEFAULT_NORM_EPS),
         tied_embeddings: c["tie_word_embeddings"].as_bool().unwrap_or(false),
         max_context: int("max_position_embeddings")?,
+        has_tokenizer: dir.join(crds::pretrained::TOKENIZER_FILE).is_file(),
     })
 }
 

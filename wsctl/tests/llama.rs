@@ -1,0 +1,193 @@
+//! A Llama in and out of the appliance through `wsctl`: a Hugging Face `LlamaForCausalLM` folder (one file or
+//! sharded, tied or untied head) read into MemoryX and exported again gives back every tensor bit for bit; a job
+//! starting from a folder trains; and each way a folder or a job can be wrong is one clear error, with nothing
+//! written.
+
+mod common;
+use common::wsctl;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use runtime::memoryx::checkpoint::{self, Owner};
+use runtime::memoryx::server::Storage;
+use runtime::memoryx::store::MemoryX;
+use runtime::optim::Recipe;
+use safetensors::tensor::{Dtype, TensorView};
+
+/// The synthetic model's shape: width 32, 4 query heads over 2 key/value heads, 2 blocks, SwiGLU of 48.
+const CONFIG: &str = r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 32,
+ "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+ "max_position_embeddings": 64, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": TIED}"#;
+
+/// Every tensor of the synthetic model with its shape, in `LlamaForCausalLM`'s names.
+fn tensors(tied: bool) -> Vec<(String, Vec<usize>)> {
+    let (w, dh, i, v) = (32, 8, 48, 256);
+    let mut t = vec![("model.embed_tokens.weight".to_string(), vec![v, w])];
+    for b in 0..2 {
+        let l = |n: &str| format!("model.layers.{b}.{n}.weight");
+        t.extend([
+            (l("input_layernorm"), vec![w]),
+            (l("self_attn.q_proj"), vec![4 * dh, w]),
+            (l("self_attn.k_proj"), vec![2 * dh, w]),
+            (l("self_attn.v_proj"), vec![2 * dh, w]),
+            (l("self_attn.o_proj"), vec![w, 4 * dh]),
+            (l("post_attention_layernorm"), vec![w]),
+            (l("mlp.gate_proj"), vec![i, w]),
+            (l("mlp.up_proj"), vec![i, w]),
+            (l("mlp.down_proj"), vec![w, i]),
+        ]);
+    }
+    t.push(("model.norm.weight".into(), vec![w]));
+    if !tied {
+        t.push(("lm_head.weight".into(), vec![v, w]));
+    }
+    t
+}
+
+/// Distinct values for every tensor, so a tensor read into the wrong place shows.
+fn values(k: usize, n: usize) -> Vec<f32> {
+    (0..n).map(|j| (((j * 7919 + k * 104_729) % 2003) as f32 - 1001.0) / 4000.0).collect()
+}
+
+fn serialize(named: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
+    let bytes: Vec<Vec<u8>> = named.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let views: Vec<(String, TensorView<'_>)> =
+        named.iter().zip(&bytes).map(|((n, s, _), b)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap())).collect();
+    safetensors::tensor::serialize(views, None).unwrap()
+}
+
+/// Writes the synthetic folder: `config.json` and the weights in one file, or in two shards with an index.
+fn write_folder(dir: &Path, tied: bool, sharded: bool) -> HashMap<String, Vec<f32>> {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("config.json"), CONFIG.replace("TIED", if tied { "true" } else { "false" })).unwrap();
+    let named: Vec<(String, Vec<usize>, Vec<f32>)> =
+        tensors(tied).into_iter().enumerate().map(|(k, (n, s))| { let len = s.iter().product(); (n, s, values(k, len)) }).collect();
+    if sharded {
+        let (a, b) = named.split_at(named.len() / 2);
+        let mut map = serde_json::Map::new();
+        for (file, part) in [("model-00001-of-00002.safetensors", a), ("model-00002-of-00002.safetensors", b)] {
+            std::fs::write(dir.join(file), serialize(part)).unwrap();
+            part.iter().for_each(|(n, _, _)| { map.insert(n.clone(), file.into()); });
+        }
+        std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
+    } else {
+        std::fs::write(dir.join("model.safetensors"), serialize(&named)).unwrap();
+    }
+    named.into_iter().map(|(n, _, v)| (n, v)).collect()
+}
+
+fn read_safetensors(path: &Path) -> HashMap<String, Vec<f32>> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors().into_iter().map(|(n, v)| (n, v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())).collect()
+}
+
+fn job(name: &str, from: &Path, model_extra: &str) -> String {
+    format!(
+        "apiVersion: weightstream.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: {name}}}\nspec:\n  cs2: 1\n  model: {{kind: llama, from: {}, contextLength: 16{model_extra}}}\n  data: {{kind: text, path: examples/data/moby-dick/moby-dick.txt.gz}}\n  training:\n    batchSize: 4\n    steps: 4\n    seed: 3\n    optimizer: {{kind: adamw, learningRate: 0.001}}\n",
+        from.display()
+    )
+}
+
+#[test]
+fn a_folder_read_into_memoryx_exports_bit_for_bit() {
+    for (tied, sharded) in [(false, false), (true, true)] {
+        let dir = common::scratch("llama", &format!("roundtrip-{tied}-{sharded}"));
+        let folder = dir.join("hf");
+        let want = write_folder(&folder, tied, sharded);
+        let text = job("roundtrip", &folder, "");
+        // The job as `wsctl run` reads it: the shape from the folder's config.json.
+        let spec = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve).unwrap().spec;
+        assert_eq!((spec.model.width, spec.model.kv_heads, spec.model.tied_embeddings), (Some(32), Some(2), tied));
+        let layout = plan::layout::ModelLayout::from_spec(&spec.model);
+        let recipe = Recipe::of(&spec, 4);
+        // Three weight servers: each reads its slice of every unit from the folder.
+        let store = MemoryX::sharded(layout, &recipe, 3, &|_| Storage::default()).unwrap();
+        let (step, state) = store.snapshot().unwrap();
+        let owner = Owner { job: "roundtrip", uid: None, model: Some((&spec.model, spec.training.seed)) };
+        let ckpt = checkpoint::write_owned(&dir.join("ckpt"), step, &state, &owner, 1).unwrap();
+        let out = dir.join("export");
+        let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let got = read_safetensors(&out.join("model.safetensors"));
+        assert_eq!(got.len(), want.len(), "the same tensors: {:?}", got.keys().collect::<Vec<_>>());
+        for (name, values) in &want {
+            assert_eq!(got.get(name), Some(values), "{name} (tied {tied}, sharded {sharded})");
+        }
+        let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        assert_eq!((config["architectures"][0].as_str(), config["num_key_value_heads"].as_u64()), (Some("LlamaForCausalLM"), Some(2)));
+        assert_eq!(config["tie_word_embeddings"].as_bool(), Some(tied));
+    }
+}
+
+/// Runs `wsctl run` on `text`, expecting a failure whose message holds every one of `says`.
+fn refused(dir: &Path, text: &str, says: &[&str]) {
+    let path = dir.join("job.yaml");
+    std::fs::write(&path, text).unwrap();
+    let out = dir.join("out");
+    let o = wsctl(&["run", path.to_str().unwrap(), "--in-process", "--out", out.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "accepted: {text}");
+    for s in says {
+        assert!(err.contains(s), "the error should say {s:?}: {err}");
+    }
+    assert_eq!(err.lines().filter(|l| l.starts_with("error")).count(), 1, "one error: {err}");
+    assert!(!out.join("checkpoints").exists() && !out.join("summary.json").exists(), "nothing written: {err}");
+}
+
+#[test]
+fn a_bad_folder_or_job_is_one_clear_error() {
+    let dir = common::scratch("llama", "bad");
+    let good = dir.join("good");
+    write_folder(&good, false, false);
+    // No config.json.
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    refused(&dir, &job("bad", &empty, ""), &["spec.model.from", "config.json"]);
+    // No weights.
+    let no_weights = dir.join("no-weights");
+    std::fs::create_dir_all(&no_weights).unwrap();
+    std::fs::copy(good.join("config.json"), no_weights.join("config.json")).unwrap();
+    refused(&dir, &job("bad", &no_weights, ""), &["model.safetensors", "save_pretrained"]);
+    // An architecture the appliance cannot run, named.
+    let gpt2 = dir.join("gpt2");
+    std::fs::create_dir_all(&gpt2).unwrap();
+    std::fs::write(gpt2.join("config.json"), r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}"#).unwrap();
+    refused(&dir, &job("bad", &gpt2, ""), &["Qwen2ForCausalLM", "LlamaForCausalLM"]);
+    // Shapes that disagree with the config: the config says 3 blocks, the weights hold 2... and a wider MLP.
+    let wrong = dir.join("wrong");
+    write_folder(&wrong, false, false);
+    std::fs::write(wrong.join("config.json"), CONFIG.replace("TIED", "false").replace("\"intermediate_size\": 48", "\"intermediate_size\": 40")).unwrap();
+    refused(&dir, &job("bad", &wrong, ""), &["mlp.gate_proj", "[48, 32]", "[40, 32]"]);
+    // A sharded index naming a missing shard.
+    let shards = dir.join("shards");
+    write_folder(&shards, false, true);
+    std::fs::remove_file(shards.join("model-00002-of-00002.safetensors")).unwrap();
+    refused(&dir, &job("bad", &shards, ""), &["model-00002-of-00002.safetensors", "missing"]);
+    // A job field contradicting the config: both values named.
+    refused(&dir, &job("bad", &good, ", width: 64"), &["spec.model.width", "64", "32", "config.json"]);
+    // A context longer than the model allows.
+    refused(&dir, &job("bad", &good, "").replace("contextLength: 16", "contextLength: 128"), &["contextLength", "64"]);
+    // A truncated weights file.
+    let cut = dir.join("cut");
+    write_folder(&cut, false, false);
+    let bytes = std::fs::read(cut.join("model.safetensors")).unwrap();
+    std::fs::write(cut.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    refused(&dir, &job("bad", &cut, ""), &["model.safetensors", "do not fit"]);
+}
+
+#[test]
+fn a_job_from_a_folder_trains() {
+    let dir = common::scratch("llama", "trains");
+    let folder = dir.join("hf");
+    write_folder(&folder, true, false);
+    let path = dir.join("job.yaml");
+    std::fs::write(&path, job("trains", &folder, "")).unwrap();
+    let out: PathBuf = dir.join("out");
+    let o = wsctl(&["run", path.to_str().unwrap(), "--in-process", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"].as_u64(), Some(4));
+    assert!(summary["eval"]["loss"].as_f64().is_some_and(f64::is_finite));
+}
