@@ -88,7 +88,9 @@ impl MemoryxPlan {
         if let Some(budget) = spec.memory_bytes {
             if budget < server_bytes && budget < min_memory_bytes {
                 return Err(Error::Plan(format!(
-                    "spec.memoryx.memoryBytes is {} but each of the {servers} weight servers needs at least {} in                      memory: its slice of the largest layer ({}) being updated while the next one is read ahead;                      raise memoryBytes to {min_memory_bytes} or more, or add weight servers (spec.memoryx.servers)",
+                    "spec.memoryx.memoryBytes is {} but each of the {servers} weight servers needs at least {} in \
+                     memory: its slice of the largest layer ({}) being updated while the next one is read ahead; \
+                     raise memoryBytes to {min_memory_bytes} or more, or add weight servers (spec.memoryx.servers)",
                     crate::units::bytes(budget),
                     crate::units::bytes(min_memory_bytes),
                     crate::units::bytes(largest)

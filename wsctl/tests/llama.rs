@@ -191,3 +191,50 @@ fn a_job_from_a_folder_trains() {
     assert_eq!(summary["steps"].as_u64(), Some(4));
     assert!(summary["eval"]["loss"].as_f64().is_some_and(f64::is_finite));
 }
+
+/// A Llama with its shape in the job (random start), sparse or not, four engines.
+fn shaped(sparsity: f64, mode: &str, lines: &str) -> String {
+    format!(
+        "apiVersion: weightstream.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: llama-curve}}\nspec:\n  cs2: 4\n  executionMode: {mode}\n  model: {{kind: llama, contextLength: 32, width: 64, heads: 4, kvHeads: 2, blocks: 3, intermediateSize: 96, sparsity: {sparsity}, tiedEmbeddings: false}}\n  data: {{kind: text, path: examples/data/moby-dick/moby-dick.txt.gz}}\n  training:\n    batchSize: 8\n    steps: 8\n    seed: 5\n    optimizer: {{kind: adamw, learningRate: 0.003, weightDecay: 0.01}}\n{lines}"
+    )
+}
+
+/// One and three weight servers (processes) train the same Llama bit for bit, pipelined or streamed, dense or
+/// sparse, and so do two servers with a third of their slices in a disk tier (dense: at 85% sparsity the dense
+/// embedding is most of a slice, so a budget that leaves anything on disk is below one layer); the two
+/// execution modes give the same curve.
+#[test]
+fn weight_servers_tiers_and_execution_modes_give_one_llama_curve() {
+    let dir = common::scratch("llama", "curves");
+    for sparsity in [0.0, 0.85] {
+        let mut by_mode = Vec::new();
+        for mode in ["pipelined", "weightStreaming"] {
+            let write = |name: &str, lines: &str| {
+                let path = dir.join(format!("{name}-{sparsity}-{mode}.yaml"));
+                std::fs::write(&path, shaped(sparsity, mode, lines)).unwrap();
+                (path, dir.join(format!("{name}-{sparsity}-{mode}")))
+            };
+            let (one, one_out) = write("one", "");
+            common::run_ok(&one, &one_out, &[]);
+            let reference = common::losses(&one_out);
+            assert_eq!(reference.len(), 8);
+            let (three, three_out) = write("three", "  memoryx: {servers: 3}\n");
+            common::run_ok(&three, &three_out, &[]);
+            assert_eq!(common::losses(&three_out), reference, "sparsity {sparsity}, {mode}: three weight servers against one");
+            if mode == "weightStreaming" && sparsity == 0.0 {
+                let state = common::summary(&three_out)["memoryx"]["servers"][1]["memoryBytes"].as_u64().unwrap();
+                // Two servers each with a slice half again as large as three servers' and the memory of one of those:
+                // a third of each slice on disk.
+                let (tiered, tiered_out) = write("tiered", &format!("  memoryx: {{servers: 2, memoryBytes: {state}}}\n"));
+                common::run_ok(&tiered, &tiered_out, &[]);
+                assert_eq!(common::losses(&tiered_out), reference, "sparsity {sparsity}: a disk tier changes nothing");
+                let s = common::summary(&tiered_out);
+                assert!(s["memoryx"]["servers"].as_array().unwrap().iter().all(|v| v["diskBytes"].as_u64() > Some(0)), "{s}");
+            }
+            by_mode.push(reference);
+        }
+        for (a, b) in by_mode[0].iter().zip(&by_mode[1]) {
+            assert!(a.0 == b.0 && (a.1 - b.1).abs() <= 1e-6 * b.1.abs(), "sparsity {sparsity}: pipelined {:?} vs streaming {:?}", by_mode[0], by_mode[1]);
+        }
+    }
+}

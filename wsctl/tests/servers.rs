@@ -3,10 +3,9 @@
 //! server count or checkpoint that cannot work is one clear error that loses nothing.
 
 mod common;
-use common::repo;
+use common::{losses, repo, run, run_ok, summary};
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn scratch(name: &str) -> common::Scratch {
     common::scratch("servers", name)
@@ -41,39 +40,6 @@ spec:
     seed: 7
     optimizer: {kind: adamw, learningRate: 0.002, weightDecay: 0.01}
 "#;
-
-fn run(job: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_wsctl"))
-        .arg("run")
-        .arg(job)
-        .arg("--out")
-        .arg(out)
-        .args(extra)
-        .current_dir(repo())
-        .output()
-        .expect("wsctl runs")
-}
-
-fn run_ok(job: &Path, out: &Path, extra: &[&str]) {
-    let o = run(job, out, extra);
-    assert!(o.status.success(), "wsctl run {} {extra:?}: {}", job.display(), String::from_utf8_lossy(&o.stderr));
-}
-
-/// Each step's loss as the run recorded it: compared with `==`, so equal means bit for bit.
-fn losses(out: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .expect("metrics.jsonl")
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).expect("json line");
-            (v["step"].as_u64().expect("step"), v["loss"].as_f64().expect("loss"))
-        })
-        .collect()
-}
-
-fn summary(out: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary.json")).expect("json")
-}
 
 /// `base` with `lines` added to its spec.
 fn job(dir: &Path, name: &str, base: &str, lines: &str) -> PathBuf {

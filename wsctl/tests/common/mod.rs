@@ -107,3 +107,39 @@ pub fn https(method: &str, addr: &str, path: &str, ca: &str, client: Option<(&st
         Err(e) => Err(e.to_string()),
     }
 }
+
+/// `wsctl run JOB --out OUT EXTRA…` from the repository root.
+pub fn run(job: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_wsctl"))
+        .arg("run")
+        .arg(job)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .current_dir(repo())
+        .output()
+        .expect("wsctl runs")
+}
+
+/// [`run`], which must succeed.
+pub fn run_ok(job: &Path, out: &Path, extra: &[&str]) {
+    let o = run(job, out, extra);
+    assert!(o.status.success(), "wsctl run {} {extra:?}: {}", job.display(), String::from_utf8_lossy(&o.stderr));
+}
+
+/// Each step's loss as the run recorded it: compared with `==`, so equal means bit for bit.
+pub fn losses(out: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("json line");
+            (v["step"].as_u64().expect("step"), v["loss"].as_f64().expect("loss"))
+        })
+        .collect()
+}
+
+/// The run's `summary.json`.
+pub fn summary(out: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary.json")).expect("json")
+}
