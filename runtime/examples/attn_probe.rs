@@ -6,7 +6,7 @@ fn main() {
     let d: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(256);
     let (n, t, heads) = (2048usize, 128usize, d / 64);
     let m = |rows: usize, cols: usize| Mat::from_vec(rows, cols, (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect());
-    let geo = Geometry { width: d, heads, context: t };
+    let geo = Geometry { width: d, heads, kv_heads: heads, context: t };
     let qkv = m(3 * d, n);
     let mut spare = Spare::default();
     let reps = 100;

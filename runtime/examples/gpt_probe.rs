@@ -60,7 +60,7 @@ fn main() {
         sparse_total += 4.0 * (f + b + g);
     }
     println!("sparse block matrices per step: {:.1} ms", sparse_total * 1e3);
-    let geo = Geometry { width: d, heads, context: t };
+    let geo = Geometry { width: d, heads, kv_heads: heads, context: t };
     let qkv = m(3 * d, n);
     let (o, probs) = attention::forward(geo, &qkv, &mut Default::default());
     let af = time("attention fwd", 5, || attention::forward(geo, &qkv, &mut Default::default()));

@@ -38,13 +38,12 @@ pub fn main(args: EngineArgs) -> Result<()> {
         dial,
         ShardBound::for_spec(spec),
     )?);
-    let (described, training) = (feed.clone(), spec.training.clone());
+    let (described, spec) = (feed.clone(), spec.clone());
     // A replica's optimizer schedule spans the run, whose length the data decides: asked of the input workers
     // when the first replica is made (they are up by then: MemoryX has already asked one).
     let replica = move || {
-        let total = runtime::coordinator::train::total_steps(&training, described.describe()?.train_samples)?;
-        let t = &training;
-        Ok(MemoryX::new(layout.clone(), t.optimizer.clone(), t.schedule.clone(), total, t.seed))
+        let total = runtime::coordinator::train::total_steps(&spec.training, described.describe()?.train_samples)?;
+        MemoryX::replica(layout.clone(), &runtime::optim::Recipe::of(&spec, total))
     };
     let server = EngineServer::new(program.job_id.clone(), program.limits.clone(), Box::new(engine), feed)
         .with_replicas(Arc::new(replica));

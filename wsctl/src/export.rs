@@ -10,7 +10,7 @@
 //!   layer norms have no gain or bias (written as gains 1 and biases 0, with the same ε), and our matrices are
 //!   stored `outputs × inputs` as `nn.Linear` does, where GPT-2's `Conv1D` stores `inputs × outputs`
 //!   (written transposed). A sparse layer's non-zeros are put back in place from its mask, drawn again from
-//!   the seed the checkpoint records.
+//!   the seed the checkpoint records (or, for a model pruned by magnitude, from the folder it started from).
 //! - `safetensors` (any model, meant for MLPs): every layer as `layers.{i}.weight` (`outputs × inputs`) and
 //!   `layers.{i}.bias`, and a `config.json` with the widths and the activation.
 //!
@@ -26,6 +26,7 @@ use crds::{ModelKind, ModelSpec};
 use runtime::memoryx::checkpoint::{self, Tensors};
 use plan::layout::{Arch, DecoderUnit, GptShape, LlamaShape, ModelLayout};
 use runtime::memoryx::huggingface;
+use runtime::memoryx::server::Masking;
 use safetensors::tensor::{Dtype, TensorView};
 
 /// GPT-2's layer-norm ε, which is also ours ([`runtime::model::norm::EPS`]).
@@ -83,15 +84,24 @@ fn header_metadata(path: &Path) -> Result<HashMap<String, String>> {
 
 /// Layer `l`'s weights as a dense row-major `outputs × inputs` matrix: a sparse layer's non-zeros put back in
 /// place from its mask, a tied layer read from its target's first rows.
-fn dense_weights(layout: &ModelLayout, tensors: &Tensors, seed: Option<u64>, l: usize) -> Result<Vec<f32>> {
+fn dense_weights(layout: &ModelLayout, tensors: &Tensors, masking: Option<&Masking>, l: usize) -> Result<Vec<f32>> {
     let shape = layout.linears[l];
     let l = shape.tied_to.unwrap_or(l);
     let name = checkpoint::tensor_name(l, "weight");
     let values = tensors.iter().find(|(n, _)| *n == name).map(|(_, v)| v).ok_or_else(|| anyhow!("the checkpoint has no {name}"))?;
     let want = shape.dense_weights();
     if layout.linears[l].sparse {
-        let seed = seed.ok_or_else(|| anyhow!("the checkpoint of a sparse model records no seed to draw its masks from; give --job JOB.yaml"))?;
-        let mask = runtime::memoryx::server::mask(layout, seed, l).ok_or_else(|| anyhow!("layer {l} has no mask"))?;
+        let masking = masking.ok_or_else(|| anyhow!("the checkpoint of a sparse model records no seed to draw its masks from; give --job JOB.yaml"))?;
+        if let Masking::Magnitude(dir) = masking {
+            if !dir.join(huggingface::CONFIG_FILE).is_file() {
+                bail!(
+                    "this sparse model was pruned by magnitude from {}, which is not here: export where that folder is \
+                     (the masks are chosen from it again)",
+                    dir.display()
+                );
+            }
+        }
+        let mask = runtime::memoryx::server::mask(layout, masking, l)?.ok_or_else(|| anyhow!("layer {l} has no mask"))?;
         if mask.nnz() != values.len() {
             bail!("{name} has {} values but its mask {}: the checkpoint is not of this model and seed", values.len(), mask.nnz());
         }
@@ -116,13 +126,13 @@ fn vector(layout: &ModelLayout, tensors: &Tensors, l: usize) -> Result<Vec<f32>>
 
 /// The Llama as `LlamaForCausalLM`'s tensors, and its `config.json` (the token ids and other fields the
 /// tokenizer needs taken from the folder it was imported from, when that is at hand).
-fn llama(layout: &ModelLayout, g: LlamaShape, model: &ModelSpec, tensors: &Tensors, seed: Option<u64>) -> Result<(Out, serde_json::Value)> {
+fn llama(layout: &ModelLayout, g: LlamaShape, model: &ModelSpec, tensors: &Tensors, masking: Option<&Masking>) -> Result<(Out, serde_json::Value)> {
     let mut out = Out::default();
     for l in 0..layout.linears.len() {
         let unit = huggingface::unit_tensors(layout, l).ok_or_else(|| anyhow!("layer {l} is not a llama's"))?;
         let cols = layout.linears[l].inputs;
         if !unit.weights.is_empty() {
-            let weights = dense_weights(layout, tensors, seed, l)?;
+            let weights = dense_weights(layout, tensors, masking, l)?;
             let mut rows_done = 0;
             for (name, rows) in unit.weights.iter().zip(huggingface::unit_rows(layout, l)) {
                 out.put(name.clone(), &[rows, cols], weights[rows_done * cols..(rows_done + rows) * cols].to_vec());
@@ -216,10 +226,10 @@ impl Out {
 }
 
 /// The GPT as GPT-2's tensors, and its `config.json`.
-fn gpt2(layout: &ModelLayout, g: GptShape, tensors: &Tensors, seed: Option<u64>) -> Result<(Out, serde_json::Value)> {
+fn gpt2(layout: &ModelLayout, g: GptShape, tensors: &Tensors, masking: Option<&Masking>) -> Result<(Out, serde_json::Value)> {
     let (w, v, t) = (g.width, g.vocab, g.context);
     let mut out = Out::default();
-    let embed = dense_weights(layout, tensors, seed, 0)?;
+    let embed = dense_weights(layout, tensors, masking, 0)?;
     out.put("transformer.wte.weight", &[v, w], embed[..v * w].to_vec());
     out.put("transformer.wpe.weight", &[t, w], embed[v * w..(v + t) * w].to_vec());
     let (ones, zeros) = (vec![1.0f32; w], vec![0.0f32; w]);
@@ -233,7 +243,7 @@ fn gpt2(layout: &ModelLayout, g: GptShape, tensors: &Tensors, seed: Option<u64>)
             DecoderUnit::Down(b) => ("mlp.c_proj", b),
             DecoderUnit::Head => {
                 if shape.tied_to.is_none() {
-                    out.put("lm_head.weight", &[rows, cols], dense_weights(layout, tensors, seed, l)?);
+                    out.put("lm_head.weight", &[rows, cols], dense_weights(layout, tensors, masking, l)?);
                 }
                 continue;
             }
@@ -247,7 +257,7 @@ fn gpt2(layout: &ModelLayout, g: GptShape, tensors: &Tensors, seed: Option<u64>)
             out.put(format!("transformer.h.{b}.ln_2.weight"), &[w], ones.clone());
             out.put(format!("transformer.h.{b}.ln_2.bias"), &[w], zeros.clone());
         }
-        let weights = transpose(&dense_weights(layout, tensors, seed, l)?, rows, cols);
+        let weights = transpose(&dense_weights(layout, tensors, masking, l)?, rows, cols);
         out.put(format!("transformer.h.{b}.{name}.weight"), &[cols, rows], weights);
         out.put(format!("transformer.h.{b}.{name}.bias"), &[rows], bias(layout, tensors, l)?);
     }
@@ -283,10 +293,10 @@ fn gpt2(layout: &ModelLayout, g: GptShape, tensors: &Tensors, seed: Option<u64>)
 }
 
 /// Any model's layers under plain names, and a `config.json` saying how to run them.
-fn plain(layout: &ModelLayout, model: &ModelSpec, tensors: &Tensors, seed: Option<u64>) -> Result<(Out, serde_json::Value)> {
+fn plain(layout: &ModelLayout, model: &ModelSpec, tensors: &Tensors, masking: Option<&Masking>) -> Result<(Out, serde_json::Value)> {
     let mut out = Out::default();
     for (l, shape) in layout.linears.iter().enumerate() {
-        out.put(format!("layers.{l}.weight"), &[shape.outputs, shape.inputs], dense_weights(layout, tensors, seed, l)?);
+        out.put(format!("layers.{l}.weight"), &[shape.outputs, shape.inputs], dense_weights(layout, tensors, masking, l)?);
         if shape.bias {
             out.put(format!("layers.{l}.bias"), &[shape.outputs], bias(layout, tensors, l)?);
         }
@@ -331,6 +341,11 @@ fn check_model(m: &ModelSpec) -> std::result::Result<(), String> {
 /// added), taking the model from `job` when the checkpoint does not record it. Returns the files written.
 pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>, tokenizer: Option<&Path>) -> Result<Vec<PathBuf>> {
     let (model, seed) = model_of(path, job)?;
+    // The masks as the run chose them: by magnitude from the pretrained folder it started from, else from its seed.
+    let masking = match &model.from {
+        Some(from) => Some(Masking::Magnitude(PathBuf::from(from))),
+        None => seed.map(Masking::Random),
+    };
     // The tokenizer travels with the model, so `AutoTokenizer.from_pretrained` finds it beside the weights; it is
     // read as the input workers read it, and must fit the model's vocabulary.
     // A model imported from a Hugging Face folder takes that folder's tokenizer when none is named.
@@ -357,10 +372,10 @@ pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>, token
     let max_bytes = plan::limits::Limits::new(&layout, 1, 2).state_bytes();
     let (info, tensors) = checkpoint::read_with_info(path, max_bytes)?;
     let (tensors_out, mut config) = match (format, layout.arch) {
-        (Format::Huggingface, Arch::Gpt(g)) => gpt2(&layout, g, &tensors, seed)?,
-        (Format::Huggingface, Arch::Llama(g)) => llama(&layout, g, &model, &tensors, seed)?,
+        (Format::Huggingface, Arch::Gpt(g)) => gpt2(&layout, g, &tensors, masking.as_ref())?,
+        (Format::Huggingface, Arch::Llama(g)) => llama(&layout, g, &model, &tensors, masking.as_ref())?,
         (Format::Huggingface, Arch::Mlp) => bail!("an MLP cannot be exported as a Hugging Face GPT-2"),
-        (Format::Safetensors, _) => plain(&layout, &model, &tensors, seed)?,
+        (Format::Safetensors, _) => plain(&layout, &model, &tensors, masking.as_ref())?,
     };
     config["weightstream"] = serde_json::json!({
         "checkpoint": path.file_name().map(|n| n.to_string_lossy().to_string()),

@@ -238,3 +238,40 @@ fn weight_servers_tiers_and_execution_modes_give_one_llama_curve() {
         }
     }
 }
+
+/// Fine-tuning sparse from a pretrained folder prunes each matrix by magnitude: the export of the imported model
+/// keeps exactly the largest half of every attention and MLP matrix (values untouched) and zeroes the rest, and
+/// the embedding, head and gains stay whole.
+#[test]
+fn sparse_fine_tuning_prunes_each_matrix_by_magnitude() {
+    let dir = common::scratch("llama", "magnitude");
+    let folder = dir.join("hf");
+    let want = write_folder(&folder, false, false);
+    let text = job("magnitude", &folder, ", sparsity: 0.5");
+    let spec = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve).unwrap().spec;
+    let layout = plan::layout::ModelLayout::from_spec(&spec.model);
+    let store = MemoryX::sharded(layout, &Recipe::of(&spec, 4), 2, &|_| Storage::default()).unwrap();
+    let (step, state) = store.snapshot().unwrap();
+    let owner = Owner { job: "magnitude", uid: None, model: Some((&spec.model, spec.training.seed)) };
+    let ckpt = checkpoint::write_owned(&dir.join("ckpt"), step, &state, &owner, 1).unwrap();
+    let out = dir.join("export");
+    let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got = read_safetensors(&out.join("model.safetensors"));
+    let mut pruned = 0;
+    for (name, source) in &want {
+        let exported = &got[name];
+        let matrix = name.contains("_proj");
+        if !matrix {
+            assert_eq!(exported, source, "{name} is not pruned");
+            continue;
+        }
+        let kept: Vec<f32> = exported.iter().zip(source).filter(|(e, _)| **e != 0.0).map(|(e, s)| { assert_eq!(e, s); s.abs() }).collect();
+        let dropped = source.iter().zip(exported).filter(|(_, e)| **e == 0.0).map(|(s, _)| s.abs());
+        assert_eq!(kept.len(), source.len() / 2, "{name}: half kept");
+        let smallest_kept = kept.iter().copied().fold(f32::INFINITY, f32::min);
+        assert!(dropped.fold(0.0f32, f32::max) <= smallest_kept, "{name}: every dropped weight is no larger than every kept one");
+        pruned += 1;
+    }
+    assert_eq!(pruned, 14, "seven matrices in each of two blocks");
+}

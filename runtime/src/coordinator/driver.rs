@@ -15,6 +15,7 @@ use crds::{CheckpointRef, TrainingJobSpec};
 use crate::input::DataInfo;
 use wire::error::{Error, Result};
 use crate::memoryx::{checkpoint, manifest};
+use crate::memoryx::server::Masking;
 use crate::memoryx::store::MemoryX;
 use crate::coordinator::train::MemoryxUsage;
 use plan::layout::ModelLayout;
@@ -94,7 +95,7 @@ impl Job {
     pub fn local_slice(&self, outputs: &Outputs, slice: crate::memoryx::slice::SliceId) -> Result<crate::memoryx::server::LocalSlice> {
         let t = &self.spec.training;
         let layout = self.layout();
-        let lengths = crate::memoryx::server::layer_lengths(&layout, &t.optimizer, t.seed);
+        let lengths = crate::memoryx::server::layer_lengths(&layout, &t.optimizer, &Masking::of(&self.recipe()));
         let storage = self.storage(outputs, slice);
         crate::memoryx::server::LocalSlice::new(&layout, &lengths, self.recipe(), slice, storage)
     }
@@ -111,8 +112,8 @@ impl Job {
 
     /// Builds replicas of this job's MemoryX for engines that hold the model (pipelined execution).
     pub fn replica_factory(&self) -> crate::engine::replica::ReplicaFactory {
-        let (layout, t, total) = (self.layout(), self.spec.training.clone(), self.total_steps);
-        Arc::new(move || Ok(MemoryX::new(layout.clone(), t.optimizer.clone(), t.schedule.clone(), total, t.seed)))
+        let (layout, recipe) = (self.layout(), self.recipe());
+        Arc::new(move || MemoryX::replica(layout.clone(), &recipe))
     }
 }
 

@@ -16,9 +16,8 @@ use prometheus_client::registry::Registry;
 
 use crate::coordinator::driver::{Driver, Job, Outputs};
 use crate::memoryx::remote::RemoteServer;
-use crate::memoryx::server::layer_lengths;
 use crate::memoryx::service::{weights_service, WeightsService};
-use crate::memoryx::server::{LocalSlice, WeightServer};
+use crate::memoryx::server::{layer_lengths, LocalSlice, Masking, WeightServer};
 use crate::memoryx::slice::SliceId;
 use crate::memoryx::store::MemoryX;
 use wire::error::{Error, Result};
@@ -196,7 +195,8 @@ fn remote_store(job: &Job, args: &MemoryxArgs, outputs: &Outputs, program: &Prog
     }
     let t = &job.spec.training;
     let layout = job.layout();
-    let lengths = layer_lengths(&layout, &t.optimizer, t.seed);
+    let masking = Masking::of(&job.recipe());
+    let lengths = layer_lengths(&layout, &t.optimizer, &masking);
     let local = Arc::new(job.local_slice(outputs, SliceId { index: 0, count: n })?);
     let mut servers: Vec<Arc<dyn WeightServer>> = vec![local.clone()];
     for (i, url) in args.weight_servers.iter().enumerate() {
@@ -204,7 +204,7 @@ fn remote_store(job: &Job, args: &MemoryxArgs, outputs: &Outputs, program: &Prog
         let d = program.dial(args.connect_timeout);
         servers.push(Arc::new(RemoteServer::new(program.runtime.handle().clone(), url, &job.id, slice, &lengths, d)?));
     }
-    Ok(MemoryX::over(layout, t.seed, lengths, servers, Some(local)))
+    MemoryX::over(layout, &masking, lengths, servers, Some(local))
 }
 
 /// A weight server other than the coordinator: it asks an input worker how long the run is (the learning-rate
@@ -233,7 +233,7 @@ fn serve_slice(args: MemoryxArgs) -> Result<()> {
     let slice = SliceId { index: args.server_index, count: n };
     let outputs = Outputs { checkpoint_dir: args.checkpoint_dir.clone(), tier_dir: args.tier_dir.clone(), ..Outputs::default() };
     let t = &job.spec.training;
-    let lengths = layer_lengths(&job.layout(), &t.optimizer, t.seed);
+    let lengths = layer_lengths(&job.layout(), &t.optimizer, &Masking::of(&job.recipe()));
     let shard = Arc::new(job.local_slice(&outputs, slice)?);
     let (memory, disk) = shard.bytes();
     tracing::info!(%slice, memory, disk, "serving its slice");

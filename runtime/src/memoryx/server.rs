@@ -145,17 +145,19 @@ pub(super) fn layer_seed(seed: u64, l: usize, salt: u64) -> u64 {
     seed ^ (l as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt
 }
 
-/// The stored lengths of every layer of `layout` drawn from `seed`, whole: weights (non-zeros of a sparse
+/// The stored lengths of every layer of `layout` masked as `masking` says, whole: weights (non-zeros of a sparse
 /// layer, none of a tied one), bias, and the optimizer's moments of each.
-pub fn layer_lengths(layout: &ModelLayout, optimizer: &OptimizerSpec, seed: u64) -> Vec<LayerLengths> {
+pub fn layer_lengths(layout: &ModelLayout, optimizer: &OptimizerSpec, masking: &Masking) -> Vec<LayerLengths> {
     let moments = plan::memoryx::optimizer_values(optimizer.kind) as usize;
     (0..layout.linears.len())
         .map(|l| {
             let shape = layout.linears[l];
-            let n = match (shape.tied_to, mask(layout, seed, l)) {
+            let n = match (shape.tied_to, masking) {
                 (Some(_), _) => 0,
-                (None, Some(m)) => m.nnz(),
-                (None, None) => shape.dense_weights(),
+                (None, _) if !shape.sparse => shape.dense_weights(),
+                // A magnitude mask keeps exactly the expected share, so its size is known without reading it.
+                (None, Masking::Magnitude(_)) => magnitude_keeps(layout, l).iter().sum(),
+                (None, Masking::Random(seed)) => random_mask(layout, *seed, l).map_or(shape.dense_weights(), |m| m.nnz()),
             };
             let b = shape.vector_len();
             let (m1, m2) = (if moments >= 1 { n } else { 0 }, if moments >= 2 { n } else { 0 });
@@ -166,15 +168,15 @@ pub fn layer_lengths(layout: &ModelLayout, optimizer: &OptimizerSpec, seed: u64)
 }
 
 /// Slice `slice` of layer `l`'s initial tensors read from a pretrained folder: the unit's matrices (pruned to
-/// its mask when sparse) and its vector, the moments at zero. Only this layer is read, so the whole model
+/// their largest magnitudes when sparse, [`Masking::Magnitude`]) and its vector, the moments at zero. Only this layer is read, so the whole model
 /// never sits in one process.
-fn pretrained(folder: &Folder, layout: &ModelLayout, lengths: &[LayerLengths], seed: u64, slice: SliceId, l: usize) -> Result<LayerTensors> {
+fn pretrained(folder: &Folder, layout: &ModelLayout, lengths: &[LayerLengths], slice: SliceId, l: usize) -> Result<LayerTensors> {
     let shape = layout.linears[l];
     let (dense, vector) = folder.unit(layout, l)?;
-    let weights = match (shape.tied_to, mask(layout, seed, l)) {
-        (Some(_), _) => Vec::new(),
-        (None, Some(m)) => m.values_of(&dense),
-        (None, None) => dense,
+    let weights = match shape.tied_to {
+        Some(_) => Vec::new(),
+        None if shape.sparse => magnitude_mask(layout, l, &dense).values_of(&dense),
+        None => dense,
     };
     let whole = lengths[l];
     if weights.len() != whole[0] || vector.len() != whole[1] {
@@ -211,13 +213,79 @@ fn initial(layout: &ModelLayout, lengths: &[LayerLengths], seed: u64, slice: Sli
     [weights, vec![vector; s[1]], vec![0.0; s[2]], vec![0.0; s[3]], vec![0.0; s[4]], vec![0.0; s[5]]]
 }
 
-/// The mask of layer `l` of `layout` initialised from `seed` (stored by output row), or `None` for a dense
-/// layer. Public because a checkpoint stores only a sparse layer's non-zeros, in this mask's order: an export
-/// draws the same mask again to put them back in place.
-pub fn mask(layout: &ModelLayout, seed: u64, l: usize) -> Option<SparsePattern> {
+/// How a sparse layer's mask is chosen, once for the whole run: drawn at random from the job's seed, or — a
+/// pretrained model fine-tuned sparse — the largest magnitudes of each pretrained matrix, so the model is
+/// pruned once where it loses least and then trained on that mask.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Masking {
+    /// Each weight kept with probability `1 − sparsity`, from this seed.
+    Random(u64),
+    /// The `1 − sparsity` share of each matrix with the largest |w| in this Hugging Face folder.
+    Magnitude(PathBuf),
+}
+
+impl Masking {
+    /// The masking of a run: by magnitude when it starts from a pretrained model, else random.
+    pub fn of(recipe: &Recipe) -> Masking {
+        match &recipe.from {
+            Some(dir) => Masking::Magnitude(dir.clone()),
+            None => Masking::Random(recipe.seed),
+        }
+    }
+}
+
+/// The mask of layer `l` of `layout` (stored by output row), or `None` for a dense layer. Public because a
+/// checkpoint stores only a sparse layer's non-zeros, in this mask's order: an export chooses the same mask
+/// again to put them back in place.
+pub fn mask(layout: &ModelLayout, masking: &Masking, l: usize) -> Result<Option<SparsePattern>> {
+    match masking {
+        Masking::Random(seed) => Ok(random_mask(layout, *seed, l)),
+        Masking::Magnitude(dir) => {
+            if !layout.linears.get(l).is_some_and(|s| s.sparse) {
+                return Ok(None);
+            }
+            let (dense, _) = Folder::open(dir)?.unit(layout, l)?;
+            Ok(Some(magnitude_mask(layout, l, &dense)))
+        }
+    }
+}
+
+/// [`mask`] drawn at random from `seed`.
+pub(super) fn random_mask(layout: &ModelLayout, seed: u64, l: usize) -> Option<SparsePattern> {
     let shape = layout.linears.get(l)?;
     let density = 1.0 - if shape.sparse { layout.sparsity } else { 0.0 };
     shape.sparse.then(|| SparsePattern::random(shape.outputs, shape.inputs, density, layer_seed(seed, l, 0x3a5c)))
+}
+
+/// How many weights a magnitude mask keeps of each Hugging Face matrix stacked in unit `l` (queries, keys and
+/// values; gate and up): the `1 − sparsity` share of each, so every matrix is pruned alike.
+fn magnitude_keeps(layout: &ModelLayout, l: usize) -> Vec<usize> {
+    let cols = layout.linears[l].inputs;
+    let density = 1.0 - layout.sparsity;
+    super::huggingface::unit_rows(layout, l).iter().map(|rows| (density * (rows * cols) as f64).round() as usize).collect()
+}
+
+/// The mask of sparse unit `l` chosen from its pretrained weights `dense` (`outputs × inputs`, row-major): in
+/// each matrix stacked in the unit, the share [`magnitude_keeps`] gives with the largest |w| (ties to the lower
+/// index), stored by rows.
+pub fn magnitude_mask(layout: &ModelLayout, l: usize, dense: &[f32]) -> SparsePattern {
+    let (rows, cols) = (layout.linears[l].outputs, layout.linears[l].inputs.max(1));
+    let mut lines = vec![Vec::new(); rows];
+    let mut first_row = 0;
+    for (block_rows, keep) in super::huggingface::unit_rows(layout, l).into_iter().zip(magnitude_keeps(layout, l)) {
+        let block = &dense[first_row * cols..(first_row + block_rows) * cols];
+        let keep = keep.min(block.len());
+        let mut order: Vec<u32> = (0..block.len() as u32).collect();
+        let larger = |a: &u32, b: &u32| block[*b as usize].abs().total_cmp(&block[*a as usize].abs()).then(a.cmp(b));
+        if keep > 0 && keep < order.len() {
+            order.select_nth_unstable_by(keep - 1, larger);
+        }
+        for &i in &order[..keep] {
+            lines[first_row + i as usize / cols].push((i as usize % cols) as u32);
+        }
+        first_row += block_rows;
+    }
+    SparsePattern::from_lines(rows, cols, lines)
 }
 
 impl LocalSlice {
@@ -254,7 +322,7 @@ impl LocalSlice {
         let mut layers = Vec::with_capacity(lengths.len());
         for l in 0..lengths.len() {
             let tensors = match &folder {
-                Some(folder) => pretrained(folder, layout, lengths, seed, slice, l)?,
+                Some(folder) => pretrained(folder, layout, lengths, slice, l)?,
                 None => initial(layout, lengths, seed, slice, l),
             };
             let slot = match &tier {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crds::{OptimizerSpec, ScheduleSpec};
 
 use super::checkpoint::{self, Tensors};
-use super::server::{layer_lengths, mask, LocalSlice, WeightServer};
+use super::server::{layer_lengths, mask, random_mask, LocalSlice, Masking, WeightServer};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::tied::TiedGrad;
 use wire::error::{Error, Result};
@@ -148,10 +148,23 @@ impl MemoryX {
         total_steps: u64,
         seed: u64,
     ) -> Self {
-        let lengths = layer_lengths(&layout, &optimizer, seed);
+        let masking = Masking::Random(seed);
+        let lengths = layer_lengths(&layout, &optimizer, &masking);
+        let masks = (0..layout.linears.len()).map(|l| random_mask(&layout, seed, l)).collect();
         let recipe = Recipe { optimizer, schedule, total_steps, seed, from: None };
         let shard = Arc::new(LocalSlice::in_memory(&layout, &lengths, recipe, SliceId::WHOLE));
-        Self::over(layout, seed, lengths, vec![shard.clone()], Some(shard))
+        Self::with_masks(layout, masks, lengths, vec![shard.clone()], Some(shard))
+    }
+
+    /// An empty replica of the model `recipe` trains, in memory, for an engine that holds the whole model
+    /// (pipelined execution): its masks are the run's (chosen as [`Masking::of`] says), its values come with the
+    /// state MemoryX primes it with.
+    pub fn replica(layout: ModelLayout, recipe: &Recipe) -> Result<Self> {
+        let masking = Masking::of(recipe);
+        let lengths = layer_lengths(&layout, &recipe.optimizer, &masking);
+        let masks = (0..layout.linears.len()).map(|l| mask(&layout, &masking, l)).collect::<Result<_>>()?;
+        let shard = Arc::new(LocalSlice::in_memory(&layout, &lengths, recipe.clone(), SliceId::WHOLE));
+        Ok(Self::with_masks(layout, masks, lengths, vec![shard.clone()], Some(shard)))
     }
 
     /// The model over `count` weight servers all in this process, each keeping its slice as `storage` says
@@ -163,8 +176,8 @@ impl MemoryX {
         count: u32,
         storage: &dyn Fn(SliceId) -> super::server::Storage,
     ) -> Result<Self> {
-        let seed = recipe.seed;
-        let lengths = layer_lengths(&layout, &recipe.optimizer, seed);
+        let masking = Masking::of(recipe);
+        let lengths = layer_lengths(&layout, &recipe.optimizer, &masking);
         let shards = (0..count.max(1))
             .map(|index| {
                 let slice = SliceId { index, count: count.max(1) };
@@ -173,21 +186,34 @@ impl MemoryX {
             .collect::<Result<Vec<_>>>()?;
         let local = shards.first().cloned();
         let servers = shards.into_iter().map(|s| s as Arc<dyn WeightServer>).collect();
-        Ok(Self::over(layout, seed, lengths, servers, local))
+        Self::over(layout, &masking, lengths, servers, local)
     }
 
-    /// The coordinator of a model `layout` (masks drawn from `seed`) whose layers, of whole `lengths`, are
+    /// The coordinator of a model `layout` (masked as `masking` says) whose layers, of whole `lengths`, are
     /// spread over `servers` (slice `i` on `servers[i]`); `local` is server 0 when it runs in this process.
     pub fn over(
         layout: ModelLayout,
-        seed: u64,
+        masking: &Masking,
+        lengths: Vec<LayerLengths>,
+        servers: Vec<Arc<dyn WeightServer>>,
+        local: Option<Arc<LocalSlice>>,
+    ) -> Result<Self> {
+        let masks = (0..layout.linears.len()).map(|l| mask(&layout, masking, l)).collect::<Result<_>>()?;
+        Ok(Self::with_masks(layout, masks, lengths, servers, local))
+    }
+
+    /// [`MemoryX::over`] with each layer's mask (by rows) already chosen.
+    fn with_masks(
+        layout: ModelLayout,
+        masks: Vec<Option<SparsePattern>>,
         lengths: Vec<LayerLengths>,
         servers: Vec<Arc<dyn WeightServer>>,
         local: Option<Arc<LocalSlice>>,
     ) -> Self {
-        let masks = (0..layout.linears.len())
-            .map(|l| {
-                mask(&layout, seed, l).map(|by_row| {
+        let masks = masks
+            .into_iter()
+            .map(|m| {
+                m.map(|by_row| {
                     let (by_col, col_to_row) = by_row.transpose();
                     Masks { by_row: Arc::new(by_row), by_col: Arc::new(by_col), col_to_row }
                 })
