@@ -112,6 +112,11 @@ impl TextTokenizer {
         }
         Ok(ids)
     }
+
+    /// The text of token ids, special tokens left out: what a person reads of a generated continuation.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, true).map_err(|e| Error::Data(format!("the tokenizer {} cannot decode ({e})", self.path)))
+    }
 }
 
 /// Cuts `text` into pieces of at least `size` bytes that end just after a line break (or, in a line longer than

@@ -46,7 +46,7 @@ pub enum Format {
 
 /// The model a checkpoint holds, from its metadata, or from the job manifest `job` for a checkpoint written
 /// before checkpoints recorded it.
-fn model_of(path: &Path, job: Option<&Path>) -> Result<(ModelSpec, Option<u64>)> {
+pub(crate) fn model_of(path: &Path, job: Option<&Path>) -> Result<(ModelSpec, Option<u64>)> {
     let meta = header_metadata(path)?;
     if let Some(json) = meta.get(checkpoint::MODEL_KEY) {
         let model = serde_json::from_str(json).with_context(|| format!("{} records a model this wsctl cannot read", path.display()))?;

@@ -8,6 +8,7 @@ mod bench;
 mod checkpoint;
 mod cluster;
 mod export;
+mod generate;
 mod local;
 mod run;
 mod simulate;
@@ -94,12 +95,12 @@ enum Command {
         #[command(subcommand)]
         what: bench::Bench,
     },
-    /// Convert a checkpoint file for other tools: a GPT to a Hugging Face GPT2LMHeadModel folder, any model to
-    /// plainly named safetensors.
+    /// Convert a checkpoint file for other tools: a GPT to a Hugging Face GPT2LMHeadModel folder, a Llama to
+    /// LlamaForCausalLM, any model to plainly named safetensors.
     Export {
         /// The checkpoint (step-XXXXXXXX.safetensors: pulled, or from a local run's OUT/checkpoints).
         checkpoint: PathBuf,
-        /// huggingface (a GPT: config.json + model.safetensors) or safetensors (layers.{i}.weight/bias).
+        /// huggingface (a GPT or Llama: config.json + model.safetensors) or safetensors (layers.{i}.weight/bias).
         #[arg(long, value_enum)]
         format: export::Format,
         /// The folder to write into (created).
@@ -111,6 +112,29 @@ enum Command {
         /// The job's tokenizer.json (spec.data.tokenizer), written beside the model so `transformers` loads both.
         #[arg(long)]
         tokenizer: Option<PathBuf>,
+    },
+    /// Continue a prompt with a language model: a checkpoint a job wrote, or a Hugging Face Llama folder.
+    Generate {
+        /// The checkpoint (step-XXXXXXXX.safetensors) or the model folder (config.json + model.safetensors).
+        model: PathBuf,
+        /// The text to continue.
+        #[arg(long)]
+        prompt: String,
+        /// Most tokens to generate.
+        #[arg(long, default_value_t = 40)]
+        tokens: usize,
+        /// Sample at this softmax temperature (e.g. 0.8) instead of taking the most likely token.
+        #[arg(long)]
+        temperature: Option<f64>,
+        /// Seed of the samples.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The tokenizer.json (default: the model folder's, or the one of the folder the job started from).
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+        /// The job's manifest, for a checkpoint written before checkpoints recorded their model.
+        #[arg(long)]
+        job: Option<PathBuf>,
     },
     /// The cluster commands, and `checkpoint` (of a cluster job, or of any MemoryX by URL).
     #[command(flatten)]
@@ -150,6 +174,9 @@ fn main() -> ExitCode {
         Command::Bench { what } => bench::bench(what),
         Command::Export { checkpoint, format, out, job, tokenizer } => {
             export::command(&checkpoint, format, &out, job.as_deref(), tokenizer.as_deref())
+        }
+        Command::Generate { model, prompt, tokens, temperature, seed, tokenizer, job } => {
+            generate::command(&model, &generate::Options { prompt, tokens, temperature, seed, tokenizer, job })
         }
         Command::Cluster(c) => cluster::run(c),
     };
