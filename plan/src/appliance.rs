@@ -67,6 +67,10 @@ pub struct Plan {
     pub step_bytes: u64,
     /// The same for the dense model: what sparsity is measured against.
     pub dense_equivalent_step_bytes: u64,
+    /// Where the initial weights come from: the pretrained Hugging Face folder MemoryX reads unit by unit
+    /// (`spec.model.from`), or `None` when they are drawn from the seed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weights_from: Option<String>,
 }
 
 impl Plan {
@@ -157,6 +161,7 @@ impl Plan {
             step_bytes: step_bytes(&layout, false),
             dense_equivalent_step_bytes: step_bytes(&layout, true),
             layers,
+            weights_from: spec.model.from.clone(),
         })
     }
 }

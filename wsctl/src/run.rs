@@ -76,6 +76,13 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
         units::bytes(plan.weight_bytes),
         if plan.weight_bytes > plan.engine_sram_bytes { ", more than an engine's SRAM: only streaming can run it" } else { "" }
     );
+    match &plan.weights_from {
+        Some(from) if job.spec.model.sparsity > 0.0 => {
+            println!("  weights     pretrained, read unit by unit from {from}; each matrix pruned to its largest magnitudes")
+        }
+        Some(from) => println!("  weights     pretrained, read unit by unit from {from}"),
+        None => println!("  weights     drawn from seed {}", job.spec.training.seed),
+    }
     println!("  execution   {:?}", plan.execution_mode);
     println!("  stream      unit                shape          dense        streamed");
     for (l, layer) in plan.layers.iter().enumerate() {

@@ -275,3 +275,47 @@ fn sparse_fine_tuning_prunes_each_matrix_by_magnitude() {
     }
     assert_eq!(pruned, 14, "seven matrices in each of two blocks");
 }
+
+/// SmolLM2-135M fine-tuned sparse for two steps, exported: `transformers` loads the folder with its tokenizer,
+/// keeps the pruned half of every matrix at zero, and continues a prompt greedily with exactly the tokens
+/// `wsctl generate` gives from the checkpoint.
+#[test]
+fn a_fine_tuned_smollm2_exports_to_transformers_and_generates_the_same_text() {
+    let model = common::repo().join("models/smollm2-135m");
+    let python = common::repo().join("models/.venv/bin/python");
+    assert!(model.join("config.json").exists() && python.exists(), "run `bash models/setup.sh` first (models/ is prepared by .ci/run)");
+    let dir = common::scratch("llama", "smollm2");
+    let text = format!(
+        "apiVersion: weightstream.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: smol}}\nspec:\n  cs2: 1\n  model: {{kind: llama, from: {}, contextLength: 32, sparsity: 0.5}}\n  data: {{kind: text, path: examples/data/moby-dick/moby-dick.txt.gz}}\n  training:\n    batchSize: 2\n    steps: 2\n    seed: 3\n    optimizer: {{kind: adamw, learningRate: 0.00002}}\n  checkpoint: {{intervalSteps: 2, keep: 1}}\n",
+        model.display()
+    );
+    let job = dir.join("job.yaml");
+    std::fs::write(&job, text).unwrap();
+    let out = dir.join("out");
+    common::run_ok(&job, &out, &["--in-process"]);
+    let ckpt = std::fs::read_dir(out.join("checkpoints")).unwrap().flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|e| e == "safetensors")).unwrap();
+    let hf = dir.join("hf");
+    let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", hf.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(hf.join("tokenizer.json").exists(), "the tokenizer of the folder the job started from travels with it");
+    let prompt = "Call me Ishmael. Some years ago";
+    let o = wsctl(&["generate", ckpt.to_str().unwrap(), "--prompt", prompt, "--tokens", "8"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ours = String::from_utf8_lossy(&o.stdout).trim_end().to_string();
+    let script = r#"
+import json, sys, torch, transformers
+m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
+t = transformers.AutoTokenizer.from_pretrained(sys.argv[1])
+ids = t(sys.argv[2], return_tensors="pt", add_special_tokens=False).input_ids
+out = m.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+q = m.model.layers[0].self_attn.q_proj.weight
+print(json.dumps({"text": sys.argv[2] + t.decode(out[0, ids.shape[1]:], skip_special_tokens=True), "zeros": (q == 0).float().mean().item()}))
+"#;
+    let o = std::process::Command::new(&python).args(["-c", script]).arg(&hf).arg(prompt).output().unwrap();
+    assert!(o.status.success(), "transformers: {}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let theirs = v["text"].as_str().unwrap().trim_end();
+    assert!(theirs.len() > prompt.len() + 5, "transformers generated text: {theirs:?}");
+    assert_eq!(ours, theirs, "wsctl generate and transformers continue the prompt alike");
+    assert!((v["zeros"].as_f64().unwrap() - 0.5).abs() < 0.01, "half of q_proj is pruned: {v}");
+}
