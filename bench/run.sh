@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Weightstream against PyTorch, from a fresh clone, in one command:
 #   bash bench/run.sh [--quick] [--steps N] [--runs N]
+#   bash bench/run.sh --only-llama [--steps N] [--runs N]   (Llama-shaped: bench/llama.py -> bench/RESULTS-llama.md)
 # Builds wsctl (release), creates bench/.venv with PyTorch from PyPI unless it already imports, then runs
 # bench/harness.py, which writes bench/RESULTS.md, bench/results.json and bench/speedup.svg.
 # Everything runs under `nice` (BENCH_NICE, default 10) so a shared machine stays usable.
@@ -12,6 +13,13 @@ VENV=bench/.venv
 
 echo "[bench] building wsctl (cargo build --release -p wsctl)" >&2
 nice -n "$NICE" cargo build --release --quiet -p wsctl
+
+# The Llama section runs transformers' LlamaForCausalLM, from the venv models/setup.sh prepares.
+if [[ "${1:-}" == "--only-llama" ]]; then
+    shift
+    bash models/setup.sh >&2
+    exec nice -n "$NICE" models/.venv/bin/python bench/llama.py "$@"
+fi
 
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     echo "[bench] creating $VENV with PyTorch from PyPI (several GB the first time)" >&2
