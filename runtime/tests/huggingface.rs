@@ -99,7 +99,7 @@ fn ours(layout: &ModelLayout, dir: &Path, data: &Arc<Dataset>, eval: &[u32], ste
         .iter()
         .enumerate()
         .map(|(step, batch)| {
-            let (loss, _) = train::train_step(&store, &mut swarm, layout.linears.len(), batch.len(), batch.clone(), step as u64).unwrap();
+            let (loss, _) = train::train_step(&store, &mut swarm, layout.linears.len(), layout.tokens_per_sample(), batch.clone(), step as u64).unwrap();
             loss.loss / loss.samples as f64
         })
         .collect();

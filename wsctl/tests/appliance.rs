@@ -2,7 +2,7 @@
 //! killed mid-run and replaced, and MemoryX restarted from its checkpoint.
 
 mod common;
-use common::repo;
+use common::{losses, repo};
 use crds::contract::Handshake;
 
 use std::io::{BufRead, BufReader};
@@ -28,17 +28,6 @@ spec:
     optimizer: {kind: adamw, learningRate: 0.002, weightDecay: 0.0001}
   checkpoint: {intervalSteps: 5, keep: 2}
 "#;
-
-fn losses(out: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .expect("metrics.jsonl")
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).expect("json line");
-            (v["step"].as_u64().expect("step"), v["loss"].as_f64().expect("loss"))
-        })
-        .collect()
-}
 
 fn same_curve(a: &[(u64, f64)], b: &[(u64, f64)], what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: step counts differ");

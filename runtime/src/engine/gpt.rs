@@ -181,11 +181,7 @@ fn backward_through_norm<'s>(
 impl Net for GptNet {
     fn begin(&mut self, inputs: Mat) -> Result<()> {
         self.clear();
-        let vocab = self.g.vocab as f32;
-        if let Some(bad) = inputs.data.iter().find(|&&t| !(t >= 0.0 && t < vocab && t.fract() == 0.0)) {
-            return Err(Error::Protocol(format!("token {bad} is not in the vocabulary of {vocab} tokens")));
-        }
-        self.tokens = inputs.data.iter().map(|&t| t as u32).collect();
+        self.tokens = super::net::token_ids(&inputs, self.g.vocab)?;
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 use super::hw::Work;
 use super::linear::{Grads, StreamedLinear};
 use kernels::tensor::Mat;
-use wire::error::Result;
+use wire::error::{Error, Result};
 
 /// The model-specific half of the engine program: the math of each stream unit over the activations the
 /// engine keeps. [`super::wse::Wse`] does everything the model families share — step order, shape checks, the SRAM
@@ -23,3 +23,13 @@ pub(super) trait Net: Send {
     fn clear(&mut self);
 }
 
+/// A language model's input row as token ids, each checked to be a whole number inside the vocabulary of
+/// `vocab` tokens: the input workers send token ids as floats, and a bad one must fail the step, not index
+/// past the embedding.
+pub(super) fn token_ids(inputs: &Mat, vocab: usize) -> Result<Vec<u32>> {
+    let limit = vocab as f32;
+    if let Some(bad) = inputs.data.iter().find(|&&t| !(t >= 0.0 && t < limit && t.fract() == 0.0)) {
+        return Err(Error::Protocol(format!("token {bad} is not in the vocabulary of {vocab} tokens")));
+    }
+    Ok(inputs.data.iter().map(|&t| t as u32).collect())
+}
