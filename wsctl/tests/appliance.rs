@@ -2,7 +2,7 @@
 //! killed mid-run and replaced, and MemoryX restarted from its checkpoint.
 
 mod common;
-use common::{losses, repo};
+use common::{losses, repo, run_ok};
 use crds::contract::Handshake;
 
 use std::io::{BufRead, BufReader};
@@ -37,25 +37,13 @@ fn same_curve(a: &[(u64, f64)], b: &[(u64, f64)], what: &str) {
     }
 }
 
-fn wsctl_run(job: &Path, out: &Path, extra: &[&str]) {
-    let o = Command::new(env!("CARGO_BIN_EXE_wsctl"))
-        .arg("run")
-        .arg(job)
-        .arg("--out")
-        .arg(out)
-        .args(extra)
-        .current_dir(repo())
-        .output()
-        .expect("wsctl runs");
-    assert!(o.status.success(), "wsctl run {extra:?}: {}", String::from_utf8_lossy(&o.stderr));
-}
 
 #[test]
 fn one_two_and_four_engines_give_the_same_curve() {
     let dir = scratch("equivalence");
     let job = dir.join("job.yaml");
     std::fs::write(&job, JOB.replace("intervalSteps: 5", "intervalSteps: 0")).unwrap();
-    wsctl_run(&job, &dir.join("in-process"), &["--in-process"]);
+    run_ok(&job, &dir.join("in-process"), &["--in-process"]);
     let reference = losses(&dir.join("in-process"));
     let in_process: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("in-process/summary.json")).unwrap()).unwrap();
@@ -67,7 +55,7 @@ fn one_two_and_four_engines_give_the_same_curve() {
     for (job, mode) in [(&job, "pipelined"), (&streaming, "weightStreaming")] {
         for n in ["1", "2", "4"] {
             let out = dir.join(format!("{mode}-cs2-{n}"));
-            wsctl_run(job, &out, &["--cs2", n, "--fanout", "2"]);
+            run_ok(job, &out, &["--cs2", n, "--fanout", "2"]);
             same_curve(&reference, &losses(&out), &format!("{n} engine processes ({mode}) vs in-process"));
             let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
             assert_eq!(summary["engines"].as_array().map(Vec::len), Some(n.parse().unwrap()));
@@ -83,7 +71,7 @@ fn one_two_and_four_engines_give_the_same_curve() {
     let two = dir.join("two-workers.yaml");
     std::fs::write(&two, JOB.replace("intervalSteps: 5", "intervalSteps: 0").replace("path: examples/data/mnist}", "path: examples/data/mnist, workers: 2}")).unwrap();
     let out = dir.join("two-workers");
-    wsctl_run(&two, &out, &["--cs2", "2"]);
+    run_ok(&two, &out, &["--cs2", "2"]);
     same_curve(&reference, &losses(&out), "two input workers per CS-2 vs one");
     for i in 0..4 {
         assert!(out.join(format!("logs/input-{i}.log")).exists(), "input worker {i} of 2 x 2 ran");
@@ -100,7 +88,7 @@ fn a_killed_input_worker_is_replaced_and_the_step_reruns() {
     let long = JOB.replace("cs2: 1", "cs2: 2").replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 100")
         + "  executionMode: weightStreaming\n";
     std::fs::write(&job, long).unwrap();
-    wsctl_run(&job, &dir.join("undisturbed"), &[]);
+    run_ok(&job, &dir.join("undisturbed"), &[]);
     let mut inputs: Vec<Node> = (0..2).map(|_| node("input", &job, &[])).collect();
     let engines: Vec<Node> = (0..2).map(|i| engine(&job, i, &inputs[i], &[])).collect();
     let children: Vec<String> = engines.iter().map(Node::url).collect();
@@ -142,8 +130,8 @@ fn in_process_runs_checkpoint_and_match_the_processes_in_both_modes() {
         std::fs::write(&job, JOB.to_string() + &format!("  executionMode: {mode}\n")).unwrap();
         let (inp, procs) = (dir.join(format!("{mode}-in-process")), dir.join(format!("{mode}-processes")));
         let ck = |d: &Path| d.join("checkpoints");
-        wsctl_run(&job, &inp, &["--in-process", "--checkpoint-dir", ck(&inp).to_str().unwrap()]);
-        wsctl_run(&job, &procs, &["--checkpoint-dir", ck(&procs).to_str().unwrap()]);
+        run_ok(&job, &inp, &["--in-process", "--checkpoint-dir", ck(&inp).to_str().unwrap()]);
+        run_ok(&job, &procs, &["--checkpoint-dir", ck(&procs).to_str().unwrap()]);
         let (a, b) = (losses(&inp), losses(&procs));
         assert_eq!(a.len(), 24);
         for ((sa, la), (sb, lb)) in a.iter().zip(&b) {
@@ -160,7 +148,7 @@ fn in_process_runs_checkpoint_and_match_the_processes_in_both_modes() {
             assert_eq!(files, ["step-00000020.safetensors", "step-00000024.safetensors"], "{}", out.display());
         }
         // A rerun of the in-process job resumes from its last checkpoint, as the processes do: nothing is left.
-        wsctl_run(&job, &inp, &["--in-process", "--checkpoint-dir", ck(&inp).to_str().unwrap()]);
+        run_ok(&job, &inp, &["--in-process", "--checkpoint-dir", ck(&inp).to_str().unwrap()]);
         assert_eq!(losses(&inp), a, "the resumed in-process run keeps its metrics");
     }
 }
@@ -270,7 +258,7 @@ fn kill_and_replace_an_engine(name: &str, cs2: usize, mode: &str) -> String {
     let long = JOB.replace("cs2: 1", &format!("cs2: {cs2}")).replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 120")
         + &format!("  executionMode: {mode}\n");
     std::fs::write(&job, long).unwrap();
-    wsctl_run(&job, &dir.join("undisturbed"), &[]);
+    run_ok(&job, &dir.join("undisturbed"), &[]);
 
     let input = node("input", &job, &[]);
     let mut engines: Vec<Node> = (0..cs2).map(|i| engine(&job, i, &input, &[])).collect();
@@ -372,7 +360,7 @@ fn memoryx_restarts_from_its_checkpoint() {
     let dir = scratch("memoryx-restart");
     let job = dir.join("job.yaml");
     std::fs::write(&job, JOB).unwrap();
-    wsctl_run(&job, &dir.join("undisturbed"), &["--checkpoint-dir", dir.join("ckpt-a").to_str().unwrap()]);
+    run_ok(&job, &dir.join("undisturbed"), &["--checkpoint-dir", dir.join("ckpt-a").to_str().unwrap()]);
 
     let input = node("input", &job, &[]);
     let e0 = engine(&job, 0, &input, &[]);
@@ -419,7 +407,7 @@ fn a_killed_weight_server_takes_every_server_back_to_the_last_complete_checkpoin
     let dir = scratch("weight-server-fault");
     let job = dir.join("job.yaml");
     std::fs::write(&job, JOB.replace("  checkpoint:", "  memoryx: {servers: 3}\n  executionMode: weightStreaming\n  checkpoint:")).unwrap();
-    wsctl_run(&job, &dir.join("undisturbed"), &["--checkpoint-dir", dir.join("ckpt-a").to_str().unwrap()]);
+    run_ok(&job, &dir.join("undisturbed"), &["--checkpoint-dir", dir.join("ckpt-a").to_str().unwrap()]);
     let input = node("input", &job, &[]);
     let e0 = engine(&job, 0, &input, &[]);
     let sx = node("swarmx", &job, &["--children", &e0.url()]);
