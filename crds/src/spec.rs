@@ -226,7 +226,24 @@ impl RolesResources {
         "self.kind != 'gpt' || (has(self.width) && has(self.heads) && has(self.blocks) && has(self.contextLength) \
          && self.width % self.heads == 0)"
     )
-    .message("spec.model: a gpt needs width, heads, blocks and contextLength, with width divisible by heads")
+    .message("spec.model: a gpt needs width, heads, blocks and contextLength, with width divisible by heads"),
+    validation = Rule::new(
+        "self.kind != 'llama' || (has(self.width) && has(self.heads) && has(self.blocks) && has(self.contextLength) \
+         && has(self.intermediateSize) && self.width % self.heads == 0 \
+         && (!has(self.kvHeads) || self.heads % self.kvHeads == 0))"
+    )
+    .message(
+        "spec.model: a llama needs width, heads, blocks, contextLength and intermediateSize, with width divisible by \
+         heads and heads by kvHeads"
+    ),
+    // The pods of a cluster job mount no model volume yet: refused here with what to do, rather than failing on
+    // a missing folder in every weight server.
+    validation = Rule::new("!has(self.from)")
+        .message(
+            "spec.model.from: a pretrained folder is read by `wsctl run` on the machine that holds it; a cluster job \
+             cannot start from one yet"
+        )
+        .field_path(".from")
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelSpec {

@@ -171,7 +171,7 @@ fn an_mlp_exports_plainly_and_bad_exports_write_nothing() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert!(!o.status.success() && lines.len() == 1, "{stderr}");
-    assert!(lines[0].contains("not a GPT") && lines[0].contains("--format safetensors"), "{stderr}");
+    assert!(lines[0].contains("not a language model") && lines[0].contains("--format safetensors"), "{stderr}");
     assert!(!hf.exists(), "nothing written");
     let leftovers = |d: &Path| std::fs::read_dir(d).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.contains("export")).collect::<Vec<_>>();
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
