@@ -155,6 +155,21 @@ async fn the_server_rejects_each_invalid_spec_with_its_message() {
     reject("restarts", &|v| v["spec"]["restartLimit"] = 101.into(), "less than or equal to 100").await;
     reject("mode", &|v| v["spec"]["executionMode"] = "magic".into(), "Unsupported value: \"magic\"").await;
     reject("a-name-that-is-much-too-long-for-the-pod-names", &|_| {}, "at most 40 characters").await;
+    let llama = |v: &mut serde_json::Value| {
+        v["spec"]["model"] = serde_json::json!({"kind": "llama", "width": 64, "heads": 4, "kvHeads": 3, "blocks": 2, "contextLength": 32, "intermediateSize": 96});
+        v["spec"]["data"] = serde_json::json!({"kind": "text", "path": "moby-dick.txt.gz"});
+    };
+    reject("gqa", &llama, "heads by kvHeads").await;
+    reject(
+        "pretrained",
+        &|v| {
+            llama(v);
+            v["spec"]["model"]["kvHeads"] = 2.into();
+            v["spec"]["model"]["from"] = "models/smollm2-135m".into();
+        },
+        "a cluster job cannot start from one yet",
+    )
+    .await;
 
     // The model cannot change under a job's checkpoints.
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
