@@ -4,7 +4,7 @@
 //! submission and a test all get the same spec and the same errors.
 
 use crate::spec::{ModelKind, ModelSpec};
-use crate::validate::ApiError;
+use crate::error::ApiError;
 
 /// What a pretrained model's `config.json` says about its shape, in the job's terms.
 #[derive(Clone, Debug, PartialEq)]

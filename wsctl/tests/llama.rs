@@ -83,6 +83,21 @@ fn read_safetensors(path: &Path) -> HashMap<String, Vec<f32>> {
     st.tensors().into_iter().map(|(n, v)| (n, v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())).collect()
 }
 
+/// The job `spec` imported into a MemoryX of `servers` weight servers, checkpointed untrained and exported with
+/// `wsctl export --format huggingface` into `dir/export`: that folder and its tensors.
+fn import_and_export(dir: &Path, spec: &crds::TrainingJobSpec, servers: u32) -> (PathBuf, HashMap<String, Vec<f32>>) {
+    let layout = plan::layout::ModelLayout::from_spec(&spec.model);
+    let store = MemoryX::sharded(layout, &Recipe::of(spec, 4), servers, &|_| Storage::default()).unwrap();
+    let (step, state) = store.snapshot().unwrap();
+    let owner = Owner { job: "import", uid: None, model: Some((&spec.model, spec.training.seed)) };
+    let ckpt = checkpoint::write_owned(&dir.join("ckpt"), step, &state, &owner, 1).unwrap();
+    let out = dir.join("export");
+    let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got = read_safetensors(&out.join("model.safetensors"));
+    (out, got)
+}
+
 fn job(name: &str, from: &Path, model_extra: &str) -> String {
     format!(
         "apiVersion: weightstream.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: {name}}}\nspec:\n  cs2: 1\n  model: {{kind: llama, from: {}, contextLength: 16{model_extra}}}\n  data: {{kind: text, path: examples/data/moby-dick/moby-dick.txt.gz}}\n  training:\n    batchSize: 4\n    steps: 4\n    seed: 3\n    optimizer: {{kind: adamw, learningRate: 0.001}}\n",
@@ -100,17 +115,8 @@ fn a_folder_read_into_memoryx_exports_bit_for_bit() {
         // The job as `wsctl run` reads it: the shape from the folder's config.json.
         let spec = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve).unwrap().spec;
         assert_eq!((spec.model.width, spec.model.kv_heads, spec.model.tied_embeddings), (Some(32), Some(2), tied));
-        let layout = plan::layout::ModelLayout::from_spec(&spec.model);
-        let recipe = Recipe::of(&spec, 4);
         // Three weight servers: each reads its slice of every unit from the folder.
-        let store = MemoryX::sharded(layout, &recipe, 3, &|_| Storage::default()).unwrap();
-        let (step, state) = store.snapshot().unwrap();
-        let owner = Owner { job: "roundtrip", uid: None, model: Some((&spec.model, spec.training.seed)) };
-        let ckpt = checkpoint::write_owned(&dir.join("ckpt"), step, &state, &owner, 1).unwrap();
-        let out = dir.join("export");
-        let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", out.to_str().unwrap()]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let got = read_safetensors(&out.join("model.safetensors"));
+        let (out, got) = import_and_export(&dir, &spec, 3);
         assert_eq!(got.len(), want.len(), "the same tensors: {:?}", got.keys().collect::<Vec<_>>());
         for (name, values) in &want {
             assert_eq!(got.get(name), Some(values), "{name} (tied {tied}, sharded {sharded})");
@@ -249,15 +255,7 @@ fn sparse_fine_tuning_prunes_each_matrix_by_magnitude() {
     let want = write_folder(&folder, false, false);
     let text = job("magnitude", &folder, ", sparsity: 0.5");
     let spec = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve).unwrap().spec;
-    let layout = plan::layout::ModelLayout::from_spec(&spec.model);
-    let store = MemoryX::sharded(layout, &Recipe::of(&spec, 4), 2, &|_| Storage::default()).unwrap();
-    let (step, state) = store.snapshot().unwrap();
-    let owner = Owner { job: "magnitude", uid: None, model: Some((&spec.model, spec.training.seed)) };
-    let ckpt = checkpoint::write_owned(&dir.join("ckpt"), step, &state, &owner, 1).unwrap();
-    let out = dir.join("export");
-    let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", out.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let got = read_safetensors(&out.join("model.safetensors"));
+    let (_, got) = import_and_export(&dir, &spec, 2);
     let mut pruned = 0;
     for (name, source) in &want {
         let exported = &got[name];

@@ -6,7 +6,7 @@ use crds::Activation;
 
 use super::hw::Work;
 use super::linear::{Grads, StreamedLinear};
-use super::net::Net;
+use super::net::{missing_input_grad, Net};
 use wire::error::{Error, Result};
 use crate::model::attention::{self, Geometry};
 use kernels::sparse;
@@ -153,11 +153,6 @@ impl GptNet {
 /// Block `b`'s activations, borrowed apart from the rest of the net.
 fn block_in(blocks: &mut [BlockActs], b: usize) -> Result<&mut BlockActs> {
     blocks.get_mut(b).ok_or_else(|| Error::Protocol(format!("block {b} has no activations")))
-}
-
-/// The error for a unit whose input gradient the linear backward did not return (it always does when asked).
-fn missing_input_grad() -> Error {
-    Error::Protocol("the input gradient was not computed".into())
 }
 
 /// Backward through a unit whose input `a` is a layer norm of the residual stream (with reciprocal standard

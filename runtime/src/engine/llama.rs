@@ -6,7 +6,7 @@
 
 use super::hw::Work;
 use super::linear::{Grads, StreamedLinear};
-use super::net::Net;
+use super::net::{missing_input_grad, Net};
 use crate::model::attention::{self, Geometry};
 use crate::model::rmsnorm;
 use crate::model::rope::Rope;
@@ -97,11 +97,6 @@ pub(super) struct LlamaNet {
     /// A gradient waiting for the next unit down: the logits' (head), the MLP's (gate and up) or QKV's.
     pending: Option<Mat>,
     spare: Spare,
-}
-
-/// The error for a unit whose input gradient the linear backward did not return (it always does when asked).
-fn missing_input_grad() -> Error {
-    Error::Protocol("the input gradient was not computed".into())
 }
 
 /// Adds `y` into the residual stream `x`.

@@ -33,3 +33,8 @@ pub(super) fn token_ids(inputs: &Mat, vocab: usize) -> Result<Vec<u32>> {
     }
     Ok(inputs.data.iter().map(|&t| t as u32).collect())
 }
+
+/// The error for a unit whose input gradient the linear backward did not return (it always does when asked).
+pub(super) fn missing_input_grad() -> Error {
+    Error::Protocol("the input gradient was not computed".into())
+}
