@@ -3,7 +3,7 @@
 //! (`runtime::memoryx::huggingface`); deciding what the job then is happens here, once, so a local run, a
 //! submission and a test all get the same spec and the same errors.
 
-use crate::spec::{ModelKind, ModelSpec};
+use crate::spec::{LayerNorm, ModelKind, ModelSpec};
 use crate::error::ApiError;
 
 /// What a pretrained model's `config.json` says about its shape, in the job's terms.
@@ -21,7 +21,8 @@ pub struct PretrainedShape {
     pub kv_heads: u32,
     /// Blocks (`num_hidden_layers`).
     pub blocks: u32,
-    /// SwiGLU hidden features (`intermediate_size`).
+    /// Hidden features of each block's MLP: a Llama's SwiGLU (`intermediate_size`), a GPT-2's (`n_inner`, else
+    /// four times the width).
     pub intermediate_size: u32,
     /// Rotary base (`rope_theta`).
     pub rope_theta: f64,
@@ -32,9 +33,17 @@ pub struct PretrainedShape {
     /// Whether the folder holds its tokenizer ([`TOKENIZER_FILE`]), which a job reading text then uses unless
     /// it names another.
     pub has_tokenizer: bool,
-    /// The longest sequence the model was trained for (`max_position_embeddings`): the job's context may not
-    /// exceed it.
+    /// The longest sequence the model was trained for (`max_position_embeddings`, GPT-2's `n_positions`): the
+    /// job's context may not exceed it.
     pub max_context: u32,
+}
+
+impl PretrainedShape {
+    /// The parameters its layer norms have, for a GPT (GPT-2's learn a gain and a bias); `None` for a Llama,
+    /// whose RMSNorms always learn a gain.
+    pub fn layer_norm(&self) -> Option<LayerNorm> {
+        (self.kind == ModelKind::Gpt).then_some(LayerNorm::Affine)
+    }
 }
 
 /// The tokenizer file of a Hugging Face model folder, which a job reading text uses unless it names another.
@@ -67,18 +76,14 @@ impl ModelSpec {
         };
         agree("width", &mut self.width, shape.width)?;
         agree("heads", &mut self.heads, shape.heads)?;
-        agree("kvHeads", &mut self.kv_heads, shape.kv_heads)?;
         agree("blocks", &mut self.blocks, shape.blocks)?;
-        agree("intermediateSize", &mut self.intermediate_size, shape.intermediate_size)?;
-        let agree_f = |field: &str, have: &mut Option<f64>, want: f64| match *have {
-            Some(v) if (v - want).abs() > 1e-9 * want.abs() => Err(clash(field, v.to_string(), want.to_string())),
-            _ => {
-                *have = Some(want);
-                Ok(())
-            }
-        };
-        agree_f("ropeTheta", &mut self.rope_theta, shape.rope_theta)?;
-        agree_f("normEps", &mut self.norm_eps, shape.norm_eps)?;
+        if shape.kind == ModelKind::Gpt {
+            self.adopt_gpt2(shape, &clash)?;
+        } else {
+            agree("kvHeads", &mut self.kv_heads, shape.kv_heads)?;
+            agree("intermediateSize", &mut self.intermediate_size, shape.intermediate_size)?;
+            self.adopt_rope_and_eps(shape, &clash)?;
+        }
         // Fields with defaults: the default yields to the config; anything else must agree.
         if self.vocab_size != 256 && self.vocab_size != shape.vocab_size {
             return Err(clash("vocabSize", self.vocab_size.to_string(), shape.vocab_size.to_string()));
@@ -89,6 +94,11 @@ impl ModelSpec {
         }
         self.tied_embeddings = shape.tied_embeddings;
         match self.context_length {
+            // A GPT's position table is part of its weights: the job reads all of it.
+            Some(c) if shape.kind == ModelKind::Gpt && c != shape.max_context => {
+                return Err(clash("contextLength", c.to_string(), format!("{} positions (n_positions)", shape.max_context)));
+            }
+            None if shape.kind == ModelKind::Gpt => self.context_length = Some(shape.max_context),
             Some(c) if c > shape.max_context => {
                 return Err(ApiError::Invalid {
                     field: "spec.model.contextLength".into(),
@@ -99,6 +109,43 @@ impl ModelSpec {
             None => self.context_length = Some(shape.max_context.min(DEFAULT_PRETRAINED_CONTEXT)),
         }
         Ok(())
+    }
+
+    /// A GPT-2's MLP width (a whole multiple of the width, `mlpRatio`) and its affine layer norms.
+    fn adopt_gpt2(&mut self, shape: &PretrainedShape, clash: &dyn Fn(&str, String, String) -> ApiError) -> Result<(), ApiError> {
+        let width = shape.width.max(1);
+        if shape.intermediate_size % width != 0 {
+            return Err(ApiError::Invalid {
+                field: "spec.model.from".into(),
+                message: format!(
+                    "its MLP has {} features, not a whole multiple of the width {width}: the appliance's gpt sizes it by mlpRatio",
+                    shape.intermediate_size
+                ),
+            });
+        }
+        let ratio = shape.intermediate_size / width;
+        if self.mlp_ratio != crate::spec::default_mlp_ratio() && self.mlp_ratio != ratio {
+            return Err(clash("mlpRatio", self.mlp_ratio.to_string(), ratio.to_string()));
+        }
+        self.mlp_ratio = ratio;
+        if self.layer_norm == Some(LayerNorm::Plain) {
+            return Err(clash("layerNorm", "plain".into(), "affine (GPT-2's norms learn a gain and a bias)".into()));
+        }
+        self.layer_norm = shape.layer_norm();
+        Ok(())
+    }
+
+    /// A Llama's rotary base and norm epsilon.
+    fn adopt_rope_and_eps(&mut self, shape: &PretrainedShape, clash: &dyn Fn(&str, String, String) -> ApiError) -> Result<(), ApiError> {
+        let agree_f = |field: &str, have: &mut Option<f64>, want: f64| match *have {
+            Some(v) if (v - want).abs() > 1e-9 * want.abs() => Err(clash(field, v.to_string(), want.to_string())),
+            _ => {
+                *have = Some(want);
+                Ok(())
+            }
+        };
+        agree_f("ropeTheta", &mut self.rope_theta, shape.rope_theta)?;
+        agree_f("normEps", &mut self.norm_eps, shape.norm_eps)
     }
 }
 
@@ -122,6 +169,23 @@ mod tests {
             max_context: 8192,
             has_tokenizer: true,
         }
+    }
+
+    fn gpt2() -> PretrainedShape {
+        PretrainedShape { kind: ModelKind::Gpt, vocab_size: 50_257, width: 768, heads: 12, kv_heads: 12, blocks: 12, intermediate_size: 3072, max_context: 1024, ..smollm2() }
+    }
+
+    #[test]
+    fn a_gpt2_takes_its_mlp_ratio_affine_norms_and_whole_position_table() {
+        let mut m = ModelSpec { kind: ModelKind::Gpt, ..llama() };
+        m.adopt(&gpt2(), "g").unwrap();
+        assert_eq!((m.mlp_ratio, m.layer_norm, m.context_length, m.kv_heads), (4, Some(LayerNorm::Affine), Some(1024), None));
+        let mut m = ModelSpec { kind: ModelKind::Gpt, context_length: Some(256), ..llama() };
+        assert!(m.adopt(&gpt2(), "g").unwrap_err().to_string().contains("n_positions"));
+        let mut m = ModelSpec { kind: ModelKind::Gpt, layer_norm: Some(LayerNorm::Plain), ..llama() };
+        assert!(m.adopt(&gpt2(), "g").unwrap_err().to_string().contains("spec.model.layerNorm"));
+        let mut m = ModelSpec { kind: ModelKind::Gpt, ..llama() };
+        assert!(m.adopt(&PretrainedShape { intermediate_size: 1000, ..gpt2() }, "g").unwrap_err().to_string().contains("whole multiple"));
     }
 
     fn llama() -> ModelSpec {

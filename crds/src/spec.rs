@@ -314,6 +314,21 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 4096))]
     pub from: Option<String>,
+    /// Whether a `gpt`'s layer norms learn a gain and a bias, as GPT-2's do. Unset: `plain` (no parameters),
+    /// what jobs before it trained; a GPT-2 checkpoint in `from` makes it `affine`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_norm: Option<LayerNorm>,
+}
+
+/// The parameters of a `gpt`'s layer norms.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum LayerNorm {
+    /// Normalisation alone: every parameter sits in a streamed matrix (as OLMo trains).
+    #[default]
+    Plain,
+    /// A learned gain and bias per feature, as in GPT-2: they stream with the matrix that reads the norm.
+    Affine,
 }
 
 fn default_vocab() -> u32 {
@@ -356,6 +371,7 @@ impl ModelSpec {
             rope_theta: None,
             norm_eps: None,
             from: None,
+            layer_norm: None,
         }
     }
 }

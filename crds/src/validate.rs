@@ -270,6 +270,9 @@ impl TrainingJobSpec {
                 "a gpt or llama trains on text, tokens or jsonl, and an mlp on mnist or arrays",
             ));
         }
+        if m.kind == ModelKind::Mlp && m.layer_norm.is_some() {
+            return Err(invalid("spec.model.layerNorm", "is for a gpt; an mlp has no norms"));
+        }
         if m.kind == ModelKind::Mlp && m.from.is_some() {
             return Err(invalid("spec.model.from", "pretrained weights are read for a gpt or llama; an mlp starts from random weights"));
         }
@@ -409,6 +412,9 @@ impl TrainingJobSpec {
         }
         if m.mlp_ratio != crate::spec::default_mlp_ratio() {
             return Err(invalid("spec.model.mlpRatio", "is for a gpt; a llama's MLP is sized by intermediateSize"));
+        }
+        if m.layer_norm.is_some() {
+            return Err(invalid("spec.model.layerNorm", "is for a gpt; a llama's RMSNorms always learn a gain"));
         }
         Ok(())
     }

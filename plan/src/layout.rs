@@ -2,15 +2,40 @@
 //! MemoryX sends and the engine computes in turn. The plan sizes everything from it, and every role builds the
 //! same layout from the same spec, so they agree on every unit's shape without telling each other.
 
-use crds::{Activation, ModelKind, ModelSpec};
+use crds::{Activation, LayerNorm, ModelKind, ModelSpec};
 
 /// A Llama's rotary base when the job does not set one (`transformers`' default).
 pub const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 /// A Llama's RMSNorm epsilon when the job does not set one.
 pub const DEFAULT_NORM_EPS: f64 = 1e-5;
 
-/// One weight layer: `outputs × inputs` weights plus one vector (a bias, or the gain of the norm its input passes
-/// through), dense or masked.
+/// The learned parameters of the norm a unit's input passes through, which stream in the unit's vector after
+/// its bias: so a stream unit stays one matrix and one vector, and MemoryX stores, updates and checkpoints
+/// them like biases (no weight decay).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InputNorm {
+    /// No norm, or one without parameters.
+    #[default]
+    None,
+    /// An RMSNorm's gain (`inputs` values, starting at 1): a Llama's.
+    Gain,
+    /// A layer norm's gain and then its bias (`inputs` values each, starting at 1 and 0): a GPT-2's.
+    GainBias,
+}
+
+impl InputNorm {
+    /// Values per input feature.
+    pub fn per_input(self) -> usize {
+        match self {
+            InputNorm::None => 0,
+            InputNorm::Gain => 1,
+            InputNorm::GainBias => 2,
+        }
+    }
+}
+
+/// One weight layer: `outputs × inputs` weights plus one vector (its bias, then the parameters of the norm its
+/// input passes through), dense or masked.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinearShape {
     /// Input features.
@@ -21,10 +46,8 @@ pub struct LinearShape {
     pub sparse: bool,
     /// Whether the layer adds a bias (embeddings and LM heads do not).
     pub bias: bool,
-    /// Whether the unit carries the learned gain of the RMSNorm its input passes through (`inputs` values,
-    /// starting at 1): a Llama's norms stream with the matrix that reads them, in the slot a bias takes, so a
-    /// stream unit stays one matrix and one vector. Never together with `bias`.
-    pub gain: bool,
+    /// The parameters of the norm its input passes through, carried after the bias.
+    pub norm: InputNorm,
     /// The layer whose weights this one reuses instead of storing its own: a tied LM head reads the first
     /// `outputs × inputs` weights of the embedding, and its gradient adds to the embedding's.
     pub tied_to: Option<usize>,
@@ -35,7 +58,7 @@ pub struct LinearShape {
 impl LinearShape {
     /// A plain layer with a bias and He initialisation, as an MLP is made of.
     pub fn new(inputs: usize, outputs: usize, sparse: bool) -> Self {
-        LinearShape { inputs, outputs, sparse, bias: true, gain: false, tied_to: None, init_std: None }
+        LinearShape { inputs, outputs, sparse, bias: true, norm: InputNorm::None, tied_to: None, init_std: None }
     }
 
     /// Weights of the dense matrix, the unit every "dense-equivalent" figure is counted in.
@@ -43,16 +66,29 @@ impl LinearShape {
         self.inputs * self.outputs
     }
 
-    /// Values of the unit's vector, which it stores and streams beside the weights: its bias (`outputs`), or
-    /// its input norm's gain (`inputs`), or none.
-    pub fn vector_len(&self) -> usize {
+    /// Values of the unit's bias: `outputs` when it has one.
+    pub fn bias_len(&self) -> usize {
         if self.bias {
             self.outputs
-        } else if self.gain {
-            self.inputs
         } else {
             0
         }
+    }
+
+    /// Values of the unit's vector, which it stores and streams beside the weights: its bias, then its input
+    /// norm's parameters.
+    pub fn vector_len(&self) -> usize {
+        self.bias_len() + self.norm.per_input() * self.inputs
+    }
+
+    /// The vector a fresh model starts with: the bias at 0, a norm's gain at 1 (the identity) and its bias at 0.
+    pub fn initial_vector(&self) -> Vec<f32> {
+        let mut v = vec![0.0; self.vector_len()];
+        if self.norm != InputNorm::None {
+            let gain = self.bias_len();
+            v[gain..gain + self.inputs].fill(1.0);
+        }
+        v
     }
 }
 
@@ -71,6 +107,8 @@ pub struct GptShape {
     pub blocks: usize,
     /// Hidden features of each block's MLP.
     pub hidden: usize,
+    /// Whether the layer norms learn a gain and a bias (GPT-2's), streamed with the unit that reads each.
+    pub affine_norms: bool,
 }
 
 /// What a decoder's (GPT's or Llama's) stream unit is, by its index: the embedding, then four units per block,
@@ -128,13 +166,14 @@ impl GptShape {
     }
 
     /// Floats one token keeps resident on the engine from the forward pass until the backward pass has used
-    /// them: the residual stream, per block the normalised inputs, Q/K/V, the attention probabilities, the
-    /// attention output and the MLP's pre- and post-activation, the final norm, and the logits with their
-    /// gradient; plus the backward pass's scratch.
+    /// them: the residual stream, per block the normalised inputs (and with affine norms their copies before
+    /// the gain), Q/K/V, the attention probabilities, the attention output and the MLP's pre- and
+    /// post-activation, the final norm, and the logits with their gradient; plus the backward pass's scratch.
     pub fn resident_floats_per_token(&self) -> usize {
         let (d, r) = (self.width, self.hidden);
-        let block = 6 * d + 2 * r + self.heads * self.context + 2;
-        1 + d + self.blocks * block + d + 1 + 2 * self.vocab + 2 * d + r
+        let affine = usize::from(self.affine_norms);
+        let block = (6 + 2 * affine) * d + 2 * r + self.heads * self.context + 2;
+        1 + d + self.blocks * block + (1 + affine) * d + 1 + 2 * self.vocab + 2 * d + r
     }
 }
 
@@ -252,29 +291,31 @@ impl ModelLayout {
         };
         let sparse = spec.sparsity > 0.0;
         let std = 0.02 / ((1.0 - spec.sparsity) as f32).sqrt();
-        let unit = |inputs, outputs, sparse, gain, init: f32| LinearShape {
+        let unit = |inputs, outputs, sparse, norm, init: f32| LinearShape {
             inputs,
             outputs,
             sparse,
             bias: false,
-            gain,
+            norm,
             tied_to: None,
             init_std: Some(init),
         };
-        let mut linears = vec![unit(g.width, g.vocab, false, false, 0.02)];
+        let (none, gain) = (InputNorm::None, InputNorm::Gain);
+        let mut linears = vec![unit(g.width, g.vocab, false, none, 0.02)];
         for _ in 0..g.blocks {
-            linears.push(unit(g.width, g.qkv_rows(), sparse, true, std));
-            linears.push(unit(g.heads * g.head_dim(), g.width, sparse, false, std));
-            linears.push(unit(g.width, 2 * g.intermediate, sparse, true, std));
-            linears.push(unit(g.intermediate, g.width, sparse, false, std));
+            linears.push(unit(g.width, g.qkv_rows(), sparse, gain, std));
+            linears.push(unit(g.heads * g.head_dim(), g.width, sparse, none, std));
+            linears.push(unit(g.width, 2 * g.intermediate, sparse, gain, std));
+            linears.push(unit(g.intermediate, g.width, sparse, none, std));
         }
-        linears.push(LinearShape { tied_to: spec.tied_embeddings.then_some(0), ..unit(g.width, g.vocab, false, true, 0.02) });
+        linears.push(LinearShape { tied_to: spec.tied_embeddings.then_some(0), ..unit(g.width, g.vocab, false, gain, 0.02) });
         ModelLayout { linears, arch: Arch::Llama(g), activation: Activation::Gelu, sparsity: spec.sparsity }
     }
 
-    /// A GPT's stream units. Norms carry no parameters, so every weight sits in one of these matrices:
-    /// embedding rows (token rows, then position rows), per block QKV, attention output, MLP up and down
-    /// (masked when sparse), and the head, which reuses the token rows when embeddings are tied. Weights start
+    /// A GPT's stream units: embedding rows (token rows, then position rows), per block QKV, attention output,
+    /// MLP up and down (masked when sparse), and the head, which reuses the token rows when embeddings are
+    /// tied. Plain norms carry no parameters, so every weight sits in one of these matrices; affine norms
+    /// (GPT-2's) stream their gain and bias with the unit that reads them (QKV, MLP up, head). Weights start
     /// as in GPT-2 (σ = 0.02, residual projections scaled down by √(2·blocks)), widened by 1/√density for
     /// masked layers so their outputs keep the same variance.
     fn gpt(spec: &ModelSpec) -> Self {
@@ -285,7 +326,9 @@ impl ModelLayout {
             heads: spec.heads.unwrap_or(1).max(1) as usize,
             blocks: spec.blocks.unwrap_or(0) as usize,
             hidden: (spec.mlp_ratio * spec.width.unwrap_or(0)) as usize,
+            affine_norms: spec.layer_norm == Some(LayerNorm::Affine),
         };
+        let read_norm = if g.affine_norms { InputNorm::GainBias } else { InputNorm::None };
         let sparse = spec.sparsity > 0.0;
         let std = 0.02 / ((1.0 - spec.sparsity) as f32).sqrt();
         let residual_std = std / (2.0 * g.blocks.max(1) as f32).sqrt();
@@ -294,7 +337,7 @@ impl ModelLayout {
             outputs,
             sparse,
             bias: true,
-            gain: false,
+            norm: InputNorm::None,
             tied_to: None,
             init_std: Some(init),
         };
@@ -303,13 +346,14 @@ impl ModelLayout {
             ..unit(g.width, g.vocab + g.context, false, 0.02)
         }];
         for _ in 0..g.blocks {
-            linears.push(unit(g.width, 3 * g.width, sparse, std));
+            linears.push(LinearShape { norm: read_norm, ..unit(g.width, 3 * g.width, sparse, std) });
             linears.push(unit(g.width, g.width, sparse, residual_std));
-            linears.push(unit(g.width, g.hidden, sparse, std));
+            linears.push(LinearShape { norm: read_norm, ..unit(g.width, g.hidden, sparse, std) });
             linears.push(unit(g.hidden, g.width, sparse, residual_std));
         }
         linears.push(LinearShape {
             bias: false,
+            norm: read_norm,
             tied_to: spec.tied_embeddings.then_some(0),
             ..unit(g.width, g.vocab, false, 0.02)
         });

@@ -1,7 +1,9 @@
-//! A Llama read from a Hugging Face folder computes what `transformers` computes: the held-out loss right
-//! after import within 1e-4 (relative), and ten AdamW steps on the same batches within 1e-3 per step. Two
+//! A model read from a Hugging Face folder computes what `transformers` computes: the held-out loss right
+//! after import within 1e-4 (relative), and ten AdamW steps on the same batches within 1e-3 per step. Three
 //! models: a small random `LlamaForCausalLM` with grouped-query attention, an untied head and gains away from
-//! 1, saved by `transformers` itself; and SmolLM2-135M-Instruct (tied, 30 blocks, a 49,152-token vocabulary).
+//! 1, and a small random `GPT2LMHeadModel` with an untied head and norm gains and biases away from their
+//! starting values, both saved by `transformers` itself; and SmolLM2-135M-Instruct (tied, 30 blocks, a
+//! 49,152-token vocabulary).
 //! The reference is `models/reference.py` in the venv `models/setup.sh` prepares (`.ci/run` runs it first).
 
 use std::io::Write;
@@ -9,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use crds::{Decay, ModelKind, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
+use crds::{Decay, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
 use data::shard::Shard;
 use data::text::{TextWindows, Tokens};
 use data::{Dataset, Sampler};
@@ -40,11 +42,12 @@ fn optimizer() -> OptimizerSpec {
     OptimizerSpec { kind: OptimizerKind::Adamw, learning_rate: 1e-3, weight_decay: 0.1, momentum: 0.9, beta1: 0.9, beta2: 0.95, epsilon: 1e-8 }
 }
 
-/// The job's model for the folder `dir` at `context` tokens, its shape from the folder's config.
+/// The job's model for the folder `dir` at `context` tokens, its family and shape from the folder's config.
 fn model(dir: &Path, context: u32) -> ModelLayout {
-    let mut spec = ModelSpec { kind: ModelKind::Llama, context_length: Some(context), ..ModelSpec::mlp(Vec::new(), crds::Activation::Gelu, 0.0) };
+    let shape = huggingface::shape_of(dir).unwrap();
+    let mut spec = ModelSpec { kind: shape.kind, context_length: Some(context), ..ModelSpec::mlp(Vec::new(), crds::Activation::Gelu, 0.0) };
     spec.from = Some(dir.display().to_string());
-    spec.adopt(&huggingface::shape_of(dir).unwrap(), "config.json").unwrap();
+    spec.adopt(&shape, "config.json").unwrap();
     ModelLayout::from_spec(&spec)
 }
 
@@ -137,6 +140,17 @@ fn a_random_llama_computes_what_transformers_computes() {
     assert!(out.status.success(), "create-llama: {}", String::from_utf8_lossy(&out.stderr));
     let data = Arc::new(Dataset::Text(TextWindows { tokens: Tokens::Bytes(moby_dick()), vocab: 256, context: 48 }));
     compare("random llama", &dir, data, (48, 4), true);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_random_gpt2_computes_what_transformers_computes() {
+    let dir = std::env::temp_dir().join(format!("ws-hf-gpt2-{}", std::process::id()));
+    let out = Command::new(python()).arg(repo().join("models/reference.py")).args(["create-gpt2"]).arg(&dir).output().unwrap();
+    assert!(out.status.success(), "create-gpt2: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(matches!(model(&dir, 48).arch, plan::layout::Arch::Gpt(g) if g.affine_norms), "GPT-2's norms learn a gain and a bias");
+    let data = Arc::new(Dataset::Text(TextWindows { tokens: Tokens::Bytes(moby_dick()), vocab: 256, context: 48 }));
+    compare("random gpt2", &dir, data, (48, 4), true);
     std::fs::remove_dir_all(&dir).ok();
 }
 

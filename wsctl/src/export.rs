@@ -6,10 +6,10 @@
 //! - `huggingface` (GPTs): `config.json` and `model.safetensors` that Hugging Face `transformers` loads as
 //!   `GPT2LMHeadModel` and that compute exactly our model's function. Our GPT is GPT-2's architecture (token
 //!   plus position embedding, pre-norm blocks of causal attention scaled by 1/√head_dim and a `gelu_new` MLP,
-//!   a final norm, an LM head tied to the token embedding or not) with two differences that map exactly: our
-//!   layer norms have no gain or bias (written as gains 1 and biases 0, with the same ε), and our matrices are
-//!   stored `outputs × inputs` as `nn.Linear` does, where GPT-2's `Conv1D` stores `inputs × outputs`
-//!   (written transposed). A sparse layer's non-zeros are put back in place from its mask, drawn again from
+//!   a final norm, an LM head tied to the token embedding or not); plain layer norms are written as gains 1
+//!   and biases 0 (with the same ε), affine ones as they are, and our `outputs × inputs` matrices transposed
+//!   to GPT-2's `Conv1D` order. The names are those the import reads, so a GPT-2 imported and exported with no
+//!   step comes back value for value. A sparse layer's non-zeros are put back in place from its mask, drawn again from
 //!   the seed the checkpoint records (or, for a model pruned by magnitude, from the folder it started from).
 //! - `safetensors` (any model, meant for MLPs): every layer as `layers.{i}.weight` (`outputs × inputs`) and
 //!   `layers.{i}.bias`, and a `config.json` with the widths and the activation.
@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use crds::{ModelKind, ModelSpec};
 use runtime::memoryx::checkpoint::{self, Tensors};
-use plan::layout::{Arch, DecoderUnit, GptShape, LlamaShape, ModelLayout};
+use plan::layout::{Arch, GptShape, LlamaShape, ModelLayout};
 use runtime::memoryx::huggingface;
 use runtime::memoryx::server::Masking;
 use safetensors::tensor::{Dtype, TensorView};
@@ -120,34 +120,70 @@ fn vector(layout: &ModelLayout, tensors: &Tensors, l: usize) -> Result<Vec<f32>>
     match tensors.iter().find(|(n, _)| *n == name) {
         Some((_, v)) if v.len() == want => Ok(v.clone()),
         Some((_, v)) => bail!("{name} has {} values; the layer has {want}", v.len()),
+        None if want == 0 => Ok(Vec::new()),
         None => bail!("the checkpoint has no {name}"),
     }
 }
 
-/// The Llama as `LlamaForCausalLM`'s tensors, and its `config.json` (the token ids and other fields the
-/// tokenizer needs taken from the folder it was imported from, when that is at hand).
-fn llama(layout: &ModelLayout, g: LlamaShape, model: &ModelSpec, tensors: &Tensors, masking: Option<&Masking>) -> Result<(Out, serde_json::Value)> {
+/// A decoder's tensors under Hugging Face's names ([`huggingface::unit_tensors`], the mapping the import
+/// reads with): each unit's weights split back into its matrices (transposed where GPT-2 stores them so), its
+/// vector into its tensors, and the tensors a plain GPT's norms stand for at their identity values.
+fn hugging_face_tensors(layout: &ModelLayout, tensors: &Tensors, masking: Option<&Masking>) -> Result<Out> {
     let mut out = Out::default();
     for l in 0..layout.linears.len() {
-        let unit = huggingface::unit_tensors(layout, l).ok_or_else(|| anyhow!("layer {l} is not a llama's"))?;
+        let unit = huggingface::unit_tensors(layout, l).ok_or_else(|| anyhow!("layer {l} is not a decoder's"))?;
         let cols = layout.linears[l].inputs;
         if !unit.weights.is_empty() {
             let weights = dense_weights(layout, tensors, masking, l)?;
             let mut rows_done = 0;
-            for (name, rows) in unit.weights.iter().zip(huggingface::unit_rows(layout, l)) {
-                out.put(name.clone(), &[rows, cols], weights[rows_done * cols..(rows_done + rows) * cols].to_vec());
-                rows_done += rows;
+            for m in &unit.weights {
+                let block = weights.get(rows_done * cols..(rows_done + m.rows) * cols).ok_or_else(|| anyhow!("layer {l} is smaller than {}", m.name))?;
+                if m.transposed {
+                    out.put(m.name.clone(), &[cols, m.rows], transpose(block, m.rows, cols));
+                } else {
+                    out.put(m.name.clone(), &[m.rows, cols], block.to_vec());
+                }
+                rows_done += m.rows;
             }
         }
-        if let Some(name) = &unit.vector {
-            out.put(name.clone(), &[layout.linears[l].vector_len()], vector(layout, tensors, l)?);
+        let values = vector(layout, tensors, l)?;
+        let mut done = 0;
+        for (name, len) in &unit.vector {
+            let part = values.get(done..done + len).ok_or_else(|| anyhow!("layer {l}'s vector is shorter than {name}"))?;
+            out.put(name.clone(), &[*len], part.to_vec());
+            done += len;
+        }
+        for (name, len, value) in &unit.constants {
+            out.put(name.clone(), &[*len], vec![*value; *len]);
         }
     }
+    Ok(out)
+}
+
+/// The `config.json` of the model `model` was imported from, when it is at hand: the fields the export does not
+/// decide (token ids, the tokenizer's needs) come from it.
+fn source_config(model: &ModelSpec) -> serde_json::Value {
     let source = model.from.as_deref().and_then(|f| std::fs::read(Path::new(f).join(huggingface::CONFIG_FILE)).ok());
-    let mut config: serde_json::Value = source.and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_else(|| serde_json::json!({}));
-    if !config.is_object() {
-        config = serde_json::json!({});
+    match source.and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()) {
+        Some(c) if c.is_object() => c,
+        _ => serde_json::json!({}),
     }
+}
+
+/// `fields` written over `config`, with what no longer describes the written weights removed.
+fn over(mut config: serde_json::Value, fields: serde_json::Value) -> serde_json::Value {
+    for (k, v) in fields.as_object().into_iter().flatten() {
+        config[k] = v.clone();
+    }
+    for stale in ["quantization_config", "dtype", "_name_or_path", "_model_name_or_path"] {
+        config.as_object_mut().map(|c| c.remove(stale));
+    }
+    config
+}
+
+/// A Llama's `config.json` as `LlamaForCausalLM`.
+fn llama_config(layout: &ModelLayout, g: LlamaShape, model: &ModelSpec) -> serde_json::Value {
+    let config = source_config(model);
     let tied = layout.linears.last().is_some_and(|h| h.tied_to.is_some());
     let fields = serde_json::json!({
         "model_type": "llama",
@@ -169,13 +205,7 @@ fn llama(layout: &ModelLayout, g: LlamaShape, model: &ModelSpec, tensors: &Tenso
         "tie_word_embeddings": tied,
         "torch_dtype": "float32",
     });
-    for (k, v) in fields.as_object().into_iter().flatten() {
-        config[k] = v.clone();
-    }
-    for stale in ["quantization_config", "dtype", "_name_or_path", "_model_name_or_path"] {
-        config.as_object_mut().map(|c| c.remove(stale));
-    }
-    Ok((out, config))
+    over(config, fields)
 }
 
 /// Layer `l`'s bias (zeros when the layer has none).
@@ -225,46 +255,11 @@ impl Out {
     }
 }
 
-/// The GPT as GPT-2's tensors, and its `config.json`.
-fn gpt2(layout: &ModelLayout, g: GptShape, tensors: &Tensors, masking: Option<&Masking>) -> Result<(Out, serde_json::Value)> {
+/// A GPT's `config.json` as `GPT2LMHeadModel` (over its source's, when it was imported).
+fn gpt2_config(layout: &ModelLayout, g: GptShape, model: &ModelSpec) -> serde_json::Value {
     let (w, v, t) = (g.width, g.vocab, g.context);
-    let mut out = Out::default();
-    let embed = dense_weights(layout, tensors, masking, 0)?;
-    out.put("transformer.wte.weight", &[v, w], embed[..v * w].to_vec());
-    out.put("transformer.wpe.weight", &[t, w], embed[v * w..(v + t) * w].to_vec());
-    let (ones, zeros) = (vec![1.0f32; w], vec![0.0f32; w]);
-    for l in 1..layout.linears.len() {
-        let shape = layout.linears[l];
-        let (rows, cols) = (shape.outputs, shape.inputs);
-        let (name, b) = match g.unit(l) {
-            DecoderUnit::Qkv(b) => ("attn.c_attn", b),
-            DecoderUnit::Proj(b) => ("attn.c_proj", b),
-            DecoderUnit::Up(b) => ("mlp.c_fc", b),
-            DecoderUnit::Down(b) => ("mlp.c_proj", b),
-            DecoderUnit::Head => {
-                if shape.tied_to.is_none() {
-                    out.put("lm_head.weight", &[rows, cols], dense_weights(layout, tensors, masking, l)?);
-                }
-                continue;
-            }
-            DecoderUnit::Embed => continue,
-        };
-        if matches!(g.unit(l), DecoderUnit::Qkv(_)) {
-            out.put(format!("transformer.h.{b}.ln_1.weight"), &[w], ones.clone());
-            out.put(format!("transformer.h.{b}.ln_1.bias"), &[w], zeros.clone());
-        }
-        if matches!(g.unit(l), DecoderUnit::Up(_)) {
-            out.put(format!("transformer.h.{b}.ln_2.weight"), &[w], ones.clone());
-            out.put(format!("transformer.h.{b}.ln_2.bias"), &[w], zeros.clone());
-        }
-        let weights = transpose(&dense_weights(layout, tensors, masking, l)?, rows, cols);
-        out.put(format!("transformer.h.{b}.{name}.weight"), &[cols, rows], weights);
-        out.put(format!("transformer.h.{b}.{name}.bias"), &[rows], bias(layout, tensors, l)?);
-    }
-    out.put("transformer.ln_f.weight", &[w], ones);
-    out.put("transformer.ln_f.bias", &[w], zeros);
     let tied = layout.linears.last().is_some_and(|h| h.tied_to.is_some());
-    let config = serde_json::json!({
+    let fields = serde_json::json!({
         "model_type": "gpt2",
         "architectures": ["GPT2LMHeadModel"],
         "vocab_size": v,
@@ -285,11 +280,16 @@ fn gpt2(layout: &ModelLayout, g: GptShape, tensors: &Tensors, masking: Option<&M
         "attn_pdrop": 0.0,
         "summary_first_dropout": 0.0,
         "initializer_range": 0.02,
-        "bos_token_id": serde_json::Value::Null,
-        "eos_token_id": serde_json::Value::Null,
         "torch_dtype": "float32",
     });
-    Ok((out, config))
+    let mut config = over(source_config(model), fields);
+    // Token ids a byte-level model does not have.
+    for id in ["bos_token_id", "eos_token_id"] {
+        if config[id].as_u64().is_none_or(|i| i >= v as u64) {
+            config[id] = serde_json::Value::Null;
+        }
+    }
+    config
 }
 
 /// Any model's layers under plain names, and a `config.json` saying how to run them.
@@ -372,8 +372,8 @@ pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>, token
     let max_bytes = plan::limits::Limits::new(&layout, 1, 2).state_bytes();
     let (info, tensors) = checkpoint::read_with_info(path, max_bytes)?;
     let (tensors_out, mut config) = match (format, layout.arch) {
-        (Format::Huggingface, Arch::Gpt(g)) => gpt2(&layout, g, &tensors, masking.as_ref())?,
-        (Format::Huggingface, Arch::Llama(g)) => llama(&layout, g, &model, &tensors, masking.as_ref())?,
+        (Format::Huggingface, Arch::Gpt(g)) => (hugging_face_tensors(&layout, &tensors, masking.as_ref())?, gpt2_config(&layout, g, &model)),
+        (Format::Huggingface, Arch::Llama(g)) => (hugging_face_tensors(&layout, &tensors, masking.as_ref())?, llama_config(&layout, g, &model)),
         (Format::Huggingface, Arch::Mlp) => bail!("an MLP cannot be exported as a Hugging Face GPT-2"),
         (Format::Safetensors, _) => plain(&layout, &model, &tensors, masking.as_ref())?,
     };

@@ -1,6 +1,8 @@
 //! The transformer on the engine. MemoryX streams it as matrices — the embedding, then per block QKV,
 //! attention output, MLP up and MLP down, then the head — and everything between them runs here over
-//! activations that stay resident: layer norms, causal attention, GELU and the residual stream.
+//! activations that stay resident: layer norms, causal attention, GELU and the residual stream. With affine
+//! norms (GPT-2's), each norm's gain and bias arrive in the vector of the unit that reads it (QKV, MLP up,
+//! head) and are applied there.
 
 use crds::Activation;
 
@@ -17,6 +19,37 @@ use kernels::small;
 use kernels::tensor::{rows_per_piece, Mat, Spare, TOKENS_PER_TASK};
 use kernels::tiles::{Acts, ActsRef, Layout};
 
+/// An affine norm's output as the unit that read it needs it in the backward pass: the gained and shifted
+/// stream (the unit's input) and the gain. (The normalised stream before them stays where a plain norm's is.)
+struct Affine {
+    input: Mat,
+    gain: Vec<f32>,
+}
+
+impl Affine {
+    fn bytes(&self) -> u64 {
+        self.input.bytes() + 4 * self.gain.len() as u64
+    }
+}
+
+/// The input a unit reads from the norm `xhat`: `xhat` itself when the norm is plain (`params` empty); else
+/// `xhat` with the unit's gain and bias (`params`, `2 × features`) applied, kept in `slot` for the backward pass.
+fn norm_input<'a>(xhat: &'a Acts, params: &[f32], affine: bool, slot: &'a mut Option<Affine>, works: &mut Vec<Work<'_>>) -> Result<ActsRef<'a>> {
+    if !affine {
+        return Ok(xhat.view());
+    }
+    let Acts::Rows(x) = xhat else {
+        return Err(Error::Protocol("an affine norm's input is kept in rows".into()));
+    };
+    if params.len() != 2 * x.rows {
+        return Err(Error::Protocol(format!("{} norm parameters streamed for {} features (a gain and a bias each)", params.len(), x.rows)));
+    }
+    let (gain, bias) = params.split_at(x.rows);
+    works.push(Work::Elementwise { ops: 2 * x.data.len() as u64 });
+    let kept = slot.insert(Affine { input: norm::affine(x, gain, bias), gain: gain.to_vec() });
+    Ok((&kept.input).into())
+}
+
 /// What one block keeps from its forward pass for its backward pass.
 #[derive(Default)]
 struct BlockActs {
@@ -24,6 +57,8 @@ struct BlockActs {
     /// sparse kernels' tiles when the block's matrices take them, like `a2`.
     a1: Acts,
     rstd1: Vec<f32>,
+    /// With affine norms, what QKV read from `a1`.
+    n1: Option<Affine>,
     qkv: Mat,
     /// Attention probabilities, one `context × context` matrix per sequence and head.
     probs: Vec<f32>,
@@ -32,6 +67,8 @@ struct BlockActs {
     /// Normalised residual after attention (the MLP's input).
     a2: Acts,
     rstd2: Vec<f32>,
+    /// With affine norms, what MLP-up read from `a2`.
+    n2: Option<Affine>,
     /// GELU's slope at the MLP's pre-activation (all the backward pass needs of it), and the activation. Both
     /// stay in the sparse kernels' tiles when the MLP's matrices are sparse: the hidden layer then goes from
     /// MLP-up to MLP-down, forward and backward, without being copied out to rows or packed into tiles.
@@ -42,7 +79,11 @@ struct BlockActs {
 impl BlockActs {
     fn bytes(&self) -> u64 {
         let acts = [&self.a1, &self.a2, &self.u, &self.g];
-        self.qkv.bytes() + self.o.bytes() + acts.iter().map(|a| a.bytes()).sum::<u64>() + 4 * (self.rstd1.len() + self.probs.len() + self.rstd2.len()) as u64
+        self.qkv.bytes()
+            + self.o.bytes()
+            + acts.iter().map(|a| a.bytes()).sum::<u64>()
+            + [&self.n1, &self.n2].iter().filter_map(|n| n.as_ref()).map(Affine::bytes).sum::<u64>()
+            + 4 * (self.rstd1.len() + self.probs.len() + self.rstd2.len()) as u64
     }
 }
 
@@ -56,9 +97,10 @@ pub(super) struct GptNet {
     /// The residual stream during the forward pass.
     x: Mat,
     blocks: Vec<BlockActs>,
-    /// Final normalised stream (the head's input).
+    /// Final normalised stream (the head's input, or with affine norms what `nf` is made from).
     af: Mat,
     rstdf: Vec<f32>,
+    nf: Option<Affine>,
     /// Gradient of the residual stream during the backward pass.
     dx: Mat,
     /// A gradient waiting for the next unit down: the logits' (head), the MLP pre-activation's (up) or QKV's.
@@ -69,11 +111,11 @@ pub(super) struct GptNet {
 
 impl GptNet {
     /// The net for `layout` (a GPT of shape `g`). Its block matrices take the sparse kernels when they are
-    /// sparse enough not to run dense ([`sparse::DENSE_ABOVE`]); the layer norms they read are then kept in
+    /// sparse enough not to run dense ([`sparse::DENSE_ABOVE`]); plain layer norms they read are then kept in
     /// tiles. (A mask whose own density lands above the line runs dense all the same, reading the tiles back
-    /// into rows: slower, never wrong.)
+    /// into rows: slower, never wrong.) Affine norms are kept in rows, where their gain and bias apply.
     pub(super) fn new(g: GptShape, layout: &ModelLayout) -> Self {
-        let takes_sparse = layout.linears.get(1).is_some_and(|qkv| qkv.sparse) && 1.0 - layout.sparsity <= sparse::DENSE_ABOVE;
+        let takes_sparse = !g.affine_norms && layout.linears.get(1).is_some_and(|qkv| qkv.sparse) && 1.0 - layout.sparsity <= sparse::DENSE_ABOVE;
         Self::empty(g, if takes_sparse { Layout::Tiles } else { Layout::Rows })
     }
 
@@ -87,6 +129,7 @@ impl GptNet {
             blocks: Vec::new(),
             af: Mat::default(),
             rstdf: Vec::new(),
+            nf: None,
             dx: Mat::default(),
             pending: None,
             spare: Spare::default(),
@@ -155,22 +198,30 @@ fn block_in(blocks: &mut [BlockActs], b: usize) -> Result<&mut BlockActs> {
     blocks.get_mut(b).ok_or_else(|| Error::Protocol(format!("block {b} has no activations")))
 }
 
-/// Backward through a unit whose input `a` is a layer norm of the residual stream (with reciprocal standard
-/// deviations `rstd`), given its output gradient `dy`: the unit's gradients, with the norm's input gradient
-/// added into the residual stream's gradient `dx`. The QKV projection, the MLP's up projection and the head all
-/// read a normalised stream, so they share this step.
+/// Backward through a unit whose input is a layer norm `a` of the residual stream (with reciprocal standard
+/// deviations `rstd`; with its gain and bias applied when `affine`), given its output gradient `dy`: the
+/// unit's gradients (an affine norm's gain and bias gradients after its bias's), with the norm's input
+/// gradient added into the residual stream's gradient `dx`. The QKV projection, the MLP's up projection and
+/// the head all read a normalised stream, so they share this step.
 fn backward_through_norm<'s>(
     unit: StreamedLinear<'s>,
-    (a, rstd): (ActsRef<'_>, &[f32]),
+    (a, rstd, affine): (ActsRef<'_>, &[f32], Option<Affine>),
     dy: ActsRef<'_>,
     dx: &mut Mat,
     works: &mut Vec<Work<'s>>,
 ) -> Result<Grads> {
-    let (grads, da) = unit.backward_as(a, dy, Some(Layout::Rows), works)?;
-    let da = da.ok_or_else(missing_input_grad)?.into_rows();
+    let input = affine.as_ref().map_or(a, |f| (&f.input).into());
+    let ((weights, mut vector), da) = unit.backward_as(input, dy, Some(Layout::Rows), works)?;
+    let mut da = da.ok_or_else(missing_input_grad)?.into_rows();
+    if let Some(f) = &affine {
+        let (dgain, dbias) = norm::affine_backward(&a.to_rows(), &f.gain, &mut da);
+        vector.extend(dgain);
+        vector.extend(dbias);
+        works.push(Work::Elementwise { ops: 3 * da.data.len() as u64 });
+    }
     norm::backward_add(a, rstd, &da, dx);
     works.push(Work::Elementwise { ops: 8 * da.data.len() as u64 });
-    Ok(grads)
+    Ok((weights, vector))
 }
 
 impl Net for GptNet {
@@ -192,9 +243,10 @@ impl Net for GptNet {
                 self.blocks.push(BlockActs { a1, rstd1, ..BlockActs::default() });
             }
             DecoderUnit::Qkv(b) => {
-                let geometry = self.geometry();
+                let (geometry, affine) = (self.geometry(), self.g.affine_norms);
                 let block = block_in(&mut self.blocks, b)?;
-                let qkv = unit.forward_as(block.a1.view(), works)?;
+                let input = norm_input(&block.a1, unit.vector_parts()?.1, affine, &mut block.n1, works)?;
+                let qkv = unit.forward_as(input, works)?;
                 let (o, probs) = attention::forward(geometry, &qkv, &mut self.spare);
                 let (t, n, heads) = (geometry.context, qkv.cols, geometry.heads);
                 let gemm = Work::Gemm { m: t, n: n * heads, k: geometry.width / heads };
@@ -208,8 +260,10 @@ impl Net for GptNet {
                 (block.a2, block.rstd2) = (a2, rstd2);
             }
             DecoderUnit::Up(b) => {
+                let affine = self.g.affine_norms;
                 let block = self.block(b)?;
-                let (mut u, bias) = unit.forward_leaving_bias_as(block.a2.view(), Layout::Tiles, works)?;
+                let input = norm_input(&block.a2, unit.vector_parts()?.1, affine, &mut block.n2, works)?;
+                let (mut u, bias) = unit.forward_leaving_bias_as(input, Layout::Tiles, works)?;
                 let g = activation::forward_keeping_slope_acts(Activation::Gelu, &mut u, bias);
                 works.push(Work::Elementwise { ops: 8 * (u.rows() * u.tokens()) as u64 });
                 (block.u, block.g) = (u, g);
@@ -226,7 +280,12 @@ impl Net for GptNet {
                     self.x = Mat::default();
                 }
             }
-            DecoderUnit::Head => return Ok(Some(unit.forward(&self.af, works)?)),
+            DecoderUnit::Head => {
+                let af = Acts::Rows(std::mem::take(&mut self.af));
+                let logits = unit.forward_as(norm_input(&af, unit.vector_parts()?.1, self.g.affine_norms, &mut self.nf, works)?, works);
+                self.af = af.into_rows();
+                return Ok(Some(logits?));
+            }
         }
         Ok(None)
     }
@@ -241,7 +300,7 @@ impl Net for GptNet {
                 let d_logits = self.pending("the logits")?;
                 // The residual stream's gradient starts here: the head reads the final norm of the stream.
                 self.dx = Mat::zeros(self.af.rows, self.af.cols);
-                let grads = backward_through_norm(unit, ((&self.af).into(), &self.rstdf), d_logits.view(), &mut self.dx, works)?;
+                let grads = backward_through_norm(unit, ((&self.af).into(), &self.rstdf, self.nf.take()), d_logits.view(), &mut self.dx, works)?;
                 (self.af, self.rstdf) = (Mat::default(), Vec::new());
                 Ok(grads)
             }
@@ -263,7 +322,7 @@ impl Net for GptNet {
             DecoderUnit::Up(b) => {
                 let du = self.pending("the MLP")?;
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
-                let grads = backward_through_norm(unit, (block.a2.view(), &block.rstd2), du.view(), &mut self.dx, works)?;
+                let grads = backward_through_norm(unit, (block.a2.view(), &block.rstd2, block.n2.take()), du.view(), &mut self.dx, works)?;
                 (block.a2, block.rstd2) = (Acts::default(), Vec::new());
                 Ok(grads)
             }
@@ -284,7 +343,7 @@ impl Net for GptNet {
             DecoderUnit::Qkv(b) => {
                 let dqkv = self.pending("attention")?.into_rows();
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
-                let grads = backward_through_norm(unit, (block.a1.view(), &block.rstd1), (&dqkv).into(), &mut self.dx, works)?;
+                let grads = backward_through_norm(unit, (block.a1.view(), &block.rstd1, block.n1.take()), (&dqkv).into(), &mut self.dx, works)?;
                 self.blocks.truncate(b);
                 self.spare.give(dqkv.data);
                 Ok(grads)
@@ -310,6 +369,7 @@ impl Net for GptNet {
     fn resident_bytes(&self) -> u64 {
         let mats = [&self.x, &self.af, &self.dx];
         mats.iter().map(|m| m.bytes()).sum::<u64>()
+            + self.nf.as_ref().map_or(0, Affine::bytes)
             + self.blocks.iter().map(BlockActs::bytes).sum::<u64>()
             + self.pending.iter().map(Acts::bytes).sum::<u64>()
             + 4 * (self.tokens.len() + self.rstdf.len()) as u64

@@ -33,6 +33,21 @@ impl<'s> StreamedLinear<'s> {
         self.stream.weights.weights().ok_or_else(|| Error::Protocol("weight values are missing".into()))
     }
 
+    /// The streamed vector split into the unit's bias (empty when it has none) and the parameters of the norm
+    /// its input passes through (see [`plan::layout::InputNorm`]). A forward stream carries the whole vector; a
+    /// backward stream may carry none, and then both parts are empty.
+    pub fn vector_parts(&self) -> Result<(&'s [f32], &'s [f32])> {
+        let stream: &'s LayerStream = self.stream;
+        let v: &'s [f32] = &stream.bias;
+        if v.is_empty() {
+            return Ok((v, v));
+        }
+        if v.len() != self.shape.vector_len() {
+            return Err(Error::Protocol(format!("layer {} streamed {} vector values; it has {}", self.layer, v.len(), self.shape.vector_len())));
+        }
+        Ok(v.split_at(self.shape.bias_len()))
+    }
+
     /// The kernel that multiplies these weights by `tokens` columns producing `m × tokens` from `k` rows: a
     /// sparse AXPY per non-zero, or a dense GEMM. The forward pass and the input gradient take the same kind.
     fn product(&self, m: usize, tokens: usize, k: usize) -> Work<'s> {
@@ -50,7 +65,7 @@ impl<'s> StreamedLinear<'s> {
 
     /// [`StreamedLinear::forward`] over an input in either layout, the output in rows.
     pub fn forward_as(&self, x: ActsRef<'_>, works: &mut Vec<Work<'s>>) -> Result<Mat> {
-        let y = linear::forward_from(self.weights()?, &self.stream.bias, x);
+        let y = linear::forward_from(self.weights()?, self.vector_parts()?.0, x);
         works.push(self.product(y.rows, x.tokens(), x.rows()));
         Ok(y)
     }
@@ -68,8 +83,7 @@ impl<'s> StreamedLinear<'s> {
     pub fn forward_leaving_bias_as(&self, x: ActsRef<'_>, layout: Layout, works: &mut Vec<Work<'s>>) -> Result<(Acts, &'s [f32])> {
         let y = linear::forward_as(self.weights()?, x, layout);
         works.push(self.product(y.rows(), x.tokens(), x.rows()));
-        let stream: &'s LayerStream = self.stream;
-        Ok((y, &stream.bias))
+        Ok((y, self.vector_parts()?.0))
     }
 
     /// Backward through the unit whose input was `x`, given the gradient `dy` of its output: the weight

@@ -149,7 +149,7 @@ impl Net for LlamaNet {
 
     fn forward<'s>(&mut self, unit: StreamedLinear<'s>, works: &mut Vec<Work<'s>>) -> Result<Option<Mat>> {
         let eps = self.eps();
-        let gain: &'s [f32] = &unit.stream.bias;
+        let gain: &'s [f32] = unit.vector_parts()?.1;
         match self.g.unit(unit.layer) {
             DecoderUnit::Embed => {
                 let WeightPayload::Dense(rows) = &unit.stream.weights else {

@@ -1,5 +1,6 @@
-//! Hugging Face model folders, in and out of MemoryX: a `LlamaForCausalLM` folder (`config.json` and
-//! `model.safetensors`, or shards named by `model.safetensors.index.json`) is read one stream unit at a time, so
+//! Hugging Face model folders, in and out of MemoryX: a `LlamaForCausalLM` or `GPT2LMHeadModel` folder
+//! (`config.json` and `model.safetensors`, or shards named by `model.safetensors.index.json`) is read one
+//! stream unit at a time, so
 //! a model larger than a weight server's memory never sits whole in one process; and the same names write a
 //! job's checkpoint back out (`wsctl export`). The mapping between Hugging Face's parameters and the stream
 //! units is [`unit_tensors`], the one place it is written.
@@ -52,15 +53,21 @@ fn read_json(dir: &Path, name: &str) -> Result<serde_json::Value> {
 pub fn shape_of(dir: &Path) -> Result<PretrainedShape> {
     let c = read_json(dir, CONFIG_FILE)?;
     let arch = c["architectures"].get(0).and_then(|a| a.as_str()).or_else(|| c["model_type"].as_str()).unwrap_or("(none)");
-    if c["model_type"].as_str() != Some("llama") && arch != "LlamaForCausalLM" {
-        return Err(bad(
-            dir,
-            format!("its config.json describes {arch}, which the appliance cannot run: it loads LlamaForCausalLM (model_type llama)"),
-        ));
-    }
     let int = |key: &str| -> Result<u32> {
         c[key].as_u64().and_then(|v| u32::try_from(v).ok()).ok_or_else(|| bad(dir, format!("config.json has no {key} (a whole number)")))
     };
+    if c["model_type"].as_str() == Some("gpt2") || arch == "GPT2LMHeadModel" {
+        return gpt2_shape(dir, &c, &int);
+    }
+    if c["model_type"].as_str() != Some("llama") && arch != "LlamaForCausalLM" {
+        return Err(bad(
+            dir,
+            format!(
+                "its config.json describes {arch}, which the appliance cannot run: it loads LlamaForCausalLM (model_type \
+                 llama) and GPT2LMHeadModel (model_type gpt2)"
+            ),
+        ));
+    }
     let heads = int("num_attention_heads")?;
     let width = int("hidden_size")?;
     if let Some(dh) = c["head_dim"].as_u64() {
@@ -102,6 +109,42 @@ pub fn shape_of(dir: &Path) -> Result<PretrainedShape> {
     })
 }
 
+/// A `GPT2LMHeadModel`'s shape: GPT-2 as the appliance's `gpt` runs it (tanh-GELU, attention scaled by
+/// 1/√head_dim, layer norms with ε = [`crate::model::norm::EPS`]), anything else named.
+fn gpt2_shape(dir: &Path, c: &serde_json::Value, int: &dyn Fn(&str) -> Result<u32>) -> Result<PretrainedShape> {
+    if let Some(act) = c["activation_function"].as_str().filter(|a| !matches!(*a, "gelu_new" | "gelu_pytorch_tanh")) {
+        return Err(bad(dir, format!("activation_function is {act}; a gpt here uses gelu_new (GELU's tanh approximation)")));
+    }
+    let eps = c["layer_norm_epsilon"].as_f64().unwrap_or(1e-5);
+    if (eps - f64::from(crate::model::norm::EPS)).abs() > 1e-12 {
+        return Err(bad(dir, format!("layer_norm_epsilon is {eps}; a gpt here normalises with {}", crate::model::norm::EPS)));
+    }
+    for (key, want) in [("scale_attn_weights", true), ("scale_attn_by_inverse_layer_idx", false)] {
+        if c[key].as_bool().is_some_and(|v| v != want) {
+            return Err(bad(dir, format!("{key} is {}; a gpt here has it {want}", !want)));
+        }
+    }
+    let (width, heads) = (int("n_embd")?, int("n_head")?);
+    let hidden = match c["n_inner"].as_u64() {
+        Some(_) => int("n_inner")?,
+        None => width.saturating_mul(4),
+    };
+    Ok(PretrainedShape {
+        kind: ModelKind::Gpt,
+        vocab_size: int("vocab_size")?,
+        width,
+        heads,
+        kv_heads: heads,
+        blocks: int("n_layer")?,
+        intermediate_size: hidden,
+        rope_theta: plan::layout::DEFAULT_ROPE_THETA,
+        norm_eps: eps,
+        tied_embeddings: c["tie_word_embeddings"].as_bool().unwrap_or(true),
+        max_context: int("n_positions")?,
+        has_tokenizer: dir.join(crds::pretrained::TOKENIZER_FILE).is_file(),
+    })
+}
+
 /// The resolver [`crds::parse_training_job_with`] takes: the shape of the folder `from` names, when it is
 /// on this machine (`None` when the path does not exist here, e.g. a path inside a cluster volume).
 pub fn resolve(from: &str) -> std::result::Result<Option<(PretrainedShape, String)>, crds::ApiError> {
@@ -113,47 +156,120 @@ pub fn resolve(from: &str) -> std::result::Result<Option<(PretrainedShape, Strin
     shape_of(dir).map(|s| Some((s, source))).map_err(|e| crds::ApiError::Invalid { field: "spec.model.from".into(), message: e.to_string() })
 }
 
-/// Stream unit `l` as Hugging Face names it: the matrices stacked by rows into its weights (in order; none
-/// for a tied head, whose weights are the embedding's) and the tensor in its vector (a norm's gain).
+/// One Hugging Face matrix stacked into a stream unit's weights.
 #[derive(Clone, Debug, PartialEq)]
-pub struct UnitTensors {
-    /// The matrices whose rows make up the unit's weights, in order.
-    pub weights: Vec<String>,
-    /// The unit's vector: the gain of the norm its input passes through.
-    pub vector: Option<String>,
+pub struct Matrix {
+    /// Its tensor's name.
+    pub name: String,
+    /// The unit's rows it gives (the tensor's outputs).
+    pub rows: usize,
+    /// Whether the tensor is stored `inputs × outputs` (GPT-2's `Conv1D`) rather than `outputs × inputs`
+    /// (`nn.Linear`, and the unit's own order).
+    pub transposed: bool,
 }
 
-/// The Hugging Face tensors of stream unit `l` of a Llama `layout` (`LlamaForCausalLM`'s names).
+/// Stream unit `l` as Hugging Face names it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnitTensors {
+    /// The matrices whose rows make up the unit's weights, in order (none for a tied head, whose weights are
+    /// the embedding's).
+    pub weights: Vec<Matrix>,
+    /// The tensors whose values, in order, make up the unit's vector: its bias, then the gain (and bias) of
+    /// the norm its input passes through; each with its length.
+    pub vector: Vec<(String, usize)>,
+    /// Tensors the Hugging Face model has that the unit does not carry, each with its length and the one value
+    /// it holds: a plain GPT's norm gains (1) and biases (0), written so the export computes the same.
+    pub constants: Vec<(String, usize, f32)>,
+}
+
+/// The Hugging Face tensors of stream unit `l` of a decoder `layout`: `LlamaForCausalLM`'s names for a Llama,
+/// `GPT2LMHeadModel`'s for a GPT. `None` for an MLP.
 pub fn unit_tensors(layout: &ModelLayout, l: usize) -> Option<UnitTensors> {
-    let Arch::Llama(g) = layout.arch else { return None };
-    let layer = |b: usize, name: &str| format!("model.layers.{b}.{name}.weight");
-    let unit = |weights: Vec<String>, vector: Option<String>| Some(UnitTensors { weights, vector });
-    match g.unit(l) {
-        DecoderUnit::Embed => unit(vec!["model.embed_tokens.weight".into()], None),
-        DecoderUnit::Qkv(b) => unit(
-            ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"].map(|n| layer(b, n)).to_vec(),
-            Some(layer(b, "input_layernorm")),
-        ),
-        DecoderUnit::Proj(b) => unit(vec![layer(b, "self_attn.o_proj")], None),
-        DecoderUnit::Up(b) => unit(["mlp.gate_proj", "mlp.up_proj"].map(|n| layer(b, n)).to_vec(), Some(layer(b, "post_attention_layernorm"))),
-        DecoderUnit::Down(b) => unit(vec![layer(b, "mlp.down_proj")], None),
-        DecoderUnit::Head => {
-            let tied = layout.linears.get(l).is_some_and(|s| s.tied_to.is_some());
-            unit(if tied { Vec::new() } else { vec!["lm_head.weight".into()] }, Some("model.norm.weight".into()))
+    let shape = layout.linears.get(l)?;
+    let tied = shape.tied_to.is_some();
+    let matrix = |name: String, rows: usize, transposed: bool| Matrix { name, rows, transposed };
+    let unit = |weights: Vec<Matrix>, vector: Vec<(String, usize)>, constants: Vec<(String, usize, f32)>| Some(UnitTensors { weights, vector, constants });
+    match layout.arch {
+        Arch::Mlp => None,
+        Arch::Llama(g) => {
+            let layer = |b: usize, name: &str| format!("model.layers.{b}.{name}.weight");
+            let (d, dh) = (g.width, g.head_dim());
+            match g.unit(l) {
+                DecoderUnit::Embed => unit(vec![matrix("model.embed_tokens.weight".into(), g.vocab, false)], Vec::new(), Vec::new()),
+                DecoderUnit::Qkv(b) => unit(
+                    [("self_attn.q_proj", g.heads * dh), ("self_attn.k_proj", g.kv_heads * dh), ("self_attn.v_proj", g.kv_heads * dh)]
+                        .map(|(n, rows)| matrix(layer(b, n), rows, false))
+                        .to_vec(),
+                    vec![(layer(b, "input_layernorm"), d)],
+                    Vec::new(),
+                ),
+                DecoderUnit::Proj(b) => unit(vec![matrix(layer(b, "self_attn.o_proj"), d, false)], Vec::new(), Vec::new()),
+                DecoderUnit::Up(b) => unit(
+                    ["mlp.gate_proj", "mlp.up_proj"].map(|n| matrix(layer(b, n), g.intermediate, false)).to_vec(),
+                    vec![(layer(b, "post_attention_layernorm"), d)],
+                    Vec::new(),
+                ),
+                DecoderUnit::Down(b) => unit(vec![matrix(layer(b, "mlp.down_proj"), d, false)], Vec::new(), Vec::new()),
+                DecoderUnit::Head => unit(
+                    if tied { Vec::new() } else { vec![matrix("lm_head.weight".into(), g.vocab, false)] },
+                    vec![("model.norm.weight".into(), d)],
+                    Vec::new(),
+                ),
+            }
+        }
+        Arch::Gpt(g) => {
+            let d = g.width;
+            let h = |b: usize, name: &str| format!("transformer.h.{b}.{name}");
+            // A layer norm's gain and bias: in the unit's vector when they are learned, else written at identity.
+            let norm = |prefix: String, mut vector: Vec<(String, usize)>| {
+                let (gain, bias) = (format!("{prefix}.weight"), format!("{prefix}.bias"));
+                if g.affine_norms {
+                    vector.extend([(gain, d), (bias, d)]);
+                    (vector, Vec::new())
+                } else {
+                    (vector, vec![(gain, d, 1.0), (bias, d, 0.0)])
+                }
+            };
+            let conv = |b: usize, name: &str, rows: usize| {
+                (vec![matrix(h(b, &format!("{name}.weight")), rows, true)], vec![(h(b, &format!("{name}.bias")), rows)])
+            };
+            match g.unit(l) {
+                DecoderUnit::Embed => unit(
+                    vec![matrix("transformer.wte.weight".into(), g.vocab, false), matrix("transformer.wpe.weight".into(), g.context, false)],
+                    Vec::new(),
+                    Vec::new(),
+                ),
+                DecoderUnit::Qkv(b) => {
+                    let (weights, bias) = conv(b, "attn.c_attn", 3 * d);
+                    let (vector, constants) = norm(h(b, "ln_1"), bias);
+                    unit(weights, vector, constants)
+                }
+                DecoderUnit::Proj(b) => {
+                    let (weights, bias) = conv(b, "attn.c_proj", d);
+                    unit(weights, bias, Vec::new())
+                }
+                DecoderUnit::Up(b) => {
+                    let (weights, bias) = conv(b, "mlp.c_fc", g.hidden);
+                    let (vector, constants) = norm(h(b, "ln_2"), bias);
+                    unit(weights, vector, constants)
+                }
+                DecoderUnit::Down(b) => {
+                    let (weights, bias) = conv(b, "mlp.c_proj", d);
+                    unit(weights, bias, Vec::new())
+                }
+                DecoderUnit::Head => {
+                    let weights = if tied { Vec::new() } else { vec![matrix("lm_head.weight".into(), g.vocab, false)] };
+                    let (vector, constants) = norm("transformer.ln_f".into(), Vec::new());
+                    unit(weights, vector, constants)
+                }
+            }
         }
     }
 }
 
 /// Rows of each matrix [`unit_tensors`] names for unit `l`, in order: how its weights split back apart.
 pub fn unit_rows(layout: &ModelLayout, l: usize) -> Vec<usize> {
-    let Arch::Llama(g) = layout.arch else { return Vec::new() };
-    let dh = g.head_dim();
-    match g.unit(l) {
-        DecoderUnit::Qkv(_) => vec![g.heads * dh, g.kv_heads * dh, g.kv_heads * dh],
-        DecoderUnit::Up(_) => vec![g.intermediate, g.intermediate],
-        DecoderUnit::Head if layout.linears[l].tied_to.is_some() => Vec::new(),
-        _ => vec![layout.linears[l].outputs],
-    }
+    unit_tensors(layout, l).map(|u| u.weights.iter().map(|m| m.rows).collect()).unwrap_or_default()
 }
 
 /// Where one tensor's bytes are.
@@ -214,22 +330,20 @@ impl Folder {
     /// value is read: a folder of another model fails here, naming the tensor and both shapes.
     pub fn check(&self, layout: &ModelLayout) -> Result<()> {
         for l in 0..layout.linears.len() {
-            let Some(unit) = unit_tensors(layout, l) else {
-                return Err(bad(&self.dir, "pretrained weights are read for a llama only"));
-            };
+            let unit = unit_tensors(layout, l).ok_or_else(|| bad(&self.dir, "pretrained weights are read for a gpt or a llama only"))?;
             let cols = layout.linears[l].inputs;
-            for (name, rows) in unit.weights.iter().zip(unit_rows(layout, l)) {
-                self.entry(name, &[rows, cols])?;
+            for m in &unit.weights {
+                self.entry(&m.name, &stored_shape(m, cols))?;
             }
-            if let Some(v) = &unit.vector {
-                self.entry(v, &[layout.linears[l].vector_len()])?;
+            for (name, len) in &unit.vector {
+                self.entry(name, &[*len])?;
             }
         }
         Ok(())
     }
 
     fn entry(&self, name: &str, shape: &[usize]) -> Result<&Entry> {
-        let e = self.tensors.get(name).ok_or_else(|| bad(&self.dir, format!("has no tensor {name}: it is not a LlamaForCausalLM of this shape")))?;
+        let e = self.tensors.get(name).ok_or_else(|| bad(&self.dir, format!("has no tensor {name}: it is not a model of the shape its config.json gives")))?;
         if e.shape != shape {
             return Err(bad(&self.dir, format!("tensor {name} is {:?} but config.json makes it {:?}", e.shape, shape)));
         }
@@ -253,17 +367,27 @@ impl Folder {
     /// Stream unit `l`'s weights (dense, row-major `outputs × inputs`, the matrices stacked; empty for a tied
     /// head) and vector, read from the folder.
     pub fn unit(&self, layout: &ModelLayout, l: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-        let unit = unit_tensors(layout, l).ok_or_else(|| bad(&self.dir, "pretrained weights are read for a llama only"))?;
+        let unit = unit_tensors(layout, l).ok_or_else(|| bad(&self.dir, "pretrained weights are read for a gpt or a llama only"))?;
         let cols = layout.linears[l].inputs;
         let mut weights = Vec::new();
-        for (name, rows) in unit.weights.iter().zip(unit_rows(layout, l)) {
-            weights.extend(self.read(name, &[rows, cols])?);
+        for m in &unit.weights {
+            let values = self.read(&m.name, &stored_shape(m, cols))?;
+            weights.extend(if m.transposed { kernels::small::transpose(&values, cols, m.rows) } else { values });
         }
-        let vector = match &unit.vector {
-            Some(v) => self.read(v, &[layout.linears[l].vector_len()])?,
-            None => Vec::new(),
-        };
+        let mut vector = Vec::new();
+        for (name, len) in &unit.vector {
+            vector.extend(self.read(name, &[*len])?);
+        }
         Ok((weights, vector))
+    }
+}
+
+/// The shape matrix `m` of a unit with `cols` inputs has in the folder.
+fn stored_shape(m: &Matrix, cols: usize) -> [usize; 2] {
+    if m.transposed {
+        [cols, m.rows]
+    } else {
+        [m.rows, cols]
     }
 }
 

@@ -208,9 +208,8 @@ fn initial(layout: &ModelLayout, lengths: &[LayerLengths], seed: u64, slice: Sli
     }
     let weights: Vec<f32> = range.map(|_| rng.random_range(-limit..limit)).collect();
     let s = whole.map(|len| slice.range(len).len());
-    // A norm's gain starts at 1 (the identity), a bias at 0.
-    let vector = if shape.gain { 1.0 } else { 0.0 };
-    [weights, vec![vector; s[1]], vec![0.0; s[2]], vec![0.0; s[3]], vec![0.0; s[4]], vec![0.0; s[5]]]
+    let vector = shape.initial_vector()[slice.range(whole[1])].to_vec();
+    [weights, vector, vec![0.0; s[2]], vec![0.0; s[3]], vec![0.0; s[4]], vec![0.0; s[5]]]
 }
 
 /// How a sparse layer's mask is chosen, once for the whole run: drawn at random from the job's seed, or — a

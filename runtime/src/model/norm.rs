@@ -1,7 +1,8 @@
-//! Layer normalisation over the features of each token, without a learned gain or bias: every parameter of
-//! the transformer then sits in a matrix that MemoryX streams, and a stream unit stays one matrix. (Models
-//! such as OLMo train this way at scale.) Activations are feature-major, so the per-token statistics are
-//! running sums over rows — contiguous loops the compiler vectorises.
+//! Layer normalisation over the features of each token. A plain norm has no learned gain or bias: every
+//! parameter of the transformer then sits in a matrix that MemoryX streams, and a stream unit stays one matrix
+//! (models such as OLMo train this way at scale). An affine norm (GPT-2's) adds a gain and a bias per feature,
+//! applied by [`affine`] once they arrive with the unit that reads the norm. Activations are feature-major, so
+//! the per-token statistics are running sums over rows — contiguous loops the compiler vectorises.
 
 use std::mem::MaybeUninit;
 
@@ -147,10 +148,71 @@ fn backward_row(out: &mut [f32], g: &[f32], xh: &[f32], (rstd, sum_g, sum_gx): (
     }
 }
 
+/// `x̂` with row `r` scaled by `gain[r]` and shifted by `bias[r]`: an affine norm's output, which the next
+/// matrix reads.
+pub fn affine(xhat: &Mat, gain: &[f32], bias: &[f32]) -> Mat {
+    use rayon::prelude::*;
+    assert!(gain.len() == xhat.rows && bias.len() == xhat.rows, "norm: one gain and one bias per feature");
+    let n = xhat.cols;
+    let mut out = Mat::zeros(xhat.rows, n);
+    if n > 0 {
+        out.data.par_chunks_exact_mut(n).zip(xhat.data.par_chunks_exact(n)).zip(gain.par_iter().zip(bias)).for_each(|((o, x), (g, b))| {
+            o.iter_mut().zip(x).for_each(|(o, x)| *o = g * x + b);
+        });
+    }
+    out
+}
+
+/// Backward through [`affine`] given `da`, the gradient of its output: returns the gain's gradient
+/// (`Σ_tokens da ⊙ x̂` per feature) and the bias's (`Σ_tokens da`), and turns `da` into the gradient of `x̂`
+/// (`g ⊙ da`), which [`backward_add`] then takes.
+pub fn affine_backward(xhat: &Mat, gain: &[f32], da: &mut Mat) -> (Vec<f32>, Vec<f32>) {
+    use rayon::prelude::*;
+    let (d, n) = (xhat.rows, xhat.cols);
+    assert!(da.rows == d && da.cols == n && gain.len() == d, "norm: x̂ and its gradient must both be {d}x{n}, with {d} gains");
+    if n == 0 {
+        return (vec![0.0; d], vec![0.0; d]);
+    }
+    da.data
+        .par_chunks_exact_mut(n)
+        .zip(xhat.data.par_chunks_exact(n))
+        .zip(gain.par_iter())
+        .map(|((g, x), gain)| {
+            let (mut dgain, mut dbias) = (0.0f32, 0.0f32);
+            for (g, x) in g.iter_mut().zip(x) {
+                dgain += *g * x;
+                dbias += *g;
+                *g *= gain;
+            }
+            (dgain, dbias)
+        })
+        .unzip()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::gradcheck::{assert_central_differences, weighted_sum};
+
+    #[test]
+    fn affine_backward_matches_central_differences_for_input_gain_and_bias() {
+        let (d, n) = (5, 4);
+        let x = Mat::from_vec(d, n, (0..d * n).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3).collect());
+        let w = Mat::from_vec(d, n, (0..d * n).map(|i| ((i * 5 % 7) as f32 - 3.0) * 0.2).collect());
+        let gain: Vec<f32> = (0..d).map(|i| 0.5 + 0.25 * i as f32).collect();
+        let bias: Vec<f32> = (0..d).map(|i| 0.1 * i as f32 - 0.2).collect();
+        let objective = |x: &Mat, gain: &[f32], bias: &[f32]| weighted_sum(&affine(&forward(x).0, gain, bias), &w);
+        let (xhat, rstd) = forward(&x);
+        let mut da = w.clone();
+        let (dgain, dbias) = affine_backward(&xhat, &gain, &mut da);
+        let mut dx = Mat::zeros(d, n);
+        backward_add((&xhat).into(), &rstd, &da, &mut dx);
+        assert_central_differences(&x, &dx, (1e-2, 2e-3), "x", |x| objective(x, &gain, &bias));
+        let g = Mat::from_vec(d, 1, gain.clone());
+        assert_central_differences(&g, &Mat::from_vec(d, 1, dgain), (1e-2, 2e-3), "gain", |g| objective(&x, &g.data, &bias));
+        let b = Mat::from_vec(d, 1, bias.clone());
+        assert_central_differences(&b, &Mat::from_vec(d, 1, dbias), (1e-2, 2e-3), "bias", |b| objective(&x, &gain, &b.data));
+    }
 
     #[test]
     fn backward_matches_central_differences() {

@@ -1,7 +1,7 @@
-//! A Llama in and out of the appliance through `wsctl`: a Hugging Face `LlamaForCausalLM` folder (one file or
-//! sharded, tied or untied head) read into MemoryX and exported again gives back every tensor bit for bit; a job
-//! starting from a folder trains; and each way a folder or a job can be wrong is one clear error, with nothing
-//! written.
+//! Hugging Face models in and out of the appliance through `wsctl`: a `LlamaForCausalLM` folder (one file or
+//! sharded, tied or untied head) and a `GPT2LMHeadModel` folder read into MemoryX and exported again give back
+//! every tensor bit for bit; a job starting from a folder trains; and each way a folder or a job can be wrong
+//! is one clear error, with nothing written.
 
 mod common;
 use common::wsctl;
@@ -125,6 +125,61 @@ fn a_folder_read_into_memoryx_exports_bit_for_bit() {
         assert_eq!((config["architectures"][0].as_str(), config["num_key_value_heads"].as_u64()), (Some("LlamaForCausalLM"), Some(2)));
         assert_eq!(config["tie_word_embeddings"].as_bool(), Some(tied));
     }
+}
+
+/// The synthetic GPT-2: width 32, 4 heads, 2 blocks, 16 positions, untied head.
+const GPT2_CONFIG: &str = r#"{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 256, "n_embd": 32,
+ "n_head": 4, "n_layer": 2, "n_positions": 16, "n_inner": null, "activation_function": "gelu_new",
+ "layer_norm_epsilon": 1e-05, "tie_word_embeddings": false}"#;
+
+/// Every tensor of the synthetic GPT-2 with its shape, in `GPT2LMHeadModel`'s names (`Conv1D` weights
+/// `inputs × outputs`).
+fn gpt2_tensors() -> Vec<(String, Vec<usize>)> {
+    let (w, v, t) = (32, 256, 16);
+    let mut out = vec![("transformer.wte.weight".to_string(), vec![v, w]), ("transformer.wpe.weight".to_string(), vec![t, w])];
+    for b in 0..2 {
+        let h = |n: &str| format!("transformer.h.{b}.{n}");
+        out.extend([
+            (h("ln_1.weight"), vec![w]),
+            (h("ln_1.bias"), vec![w]),
+            (h("attn.c_attn.weight"), vec![w, 3 * w]),
+            (h("attn.c_attn.bias"), vec![3 * w]),
+            (h("attn.c_proj.weight"), vec![w, w]),
+            (h("attn.c_proj.bias"), vec![w]),
+            (h("ln_2.weight"), vec![w]),
+            (h("ln_2.bias"), vec![w]),
+            (h("mlp.c_fc.weight"), vec![w, 4 * w]),
+            (h("mlp.c_fc.bias"), vec![4 * w]),
+            (h("mlp.c_proj.weight"), vec![4 * w, w]),
+            (h("mlp.c_proj.bias"), vec![w]),
+        ]);
+    }
+    out.extend([("transformer.ln_f.weight".into(), vec![w]), ("transformer.ln_f.bias".into(), vec![w]), ("lm_head.weight".into(), vec![v, w])]);
+    out
+}
+
+#[test]
+fn a_gpt2_folder_read_into_memoryx_exports_bit_for_bit() {
+    let dir = common::scratch("huggingface", "gpt2-roundtrip");
+    let folder = dir.join("hf");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join("config.json"), GPT2_CONFIG).unwrap();
+    let named: Vec<(String, Vec<usize>, Vec<f32>)> =
+        gpt2_tensors().into_iter().enumerate().map(|(k, (n, s))| { let len = s.iter().product(); (n, s, values(k, len)) }).collect();
+    std::fs::write(folder.join("model.safetensors"), serialize(&named)).unwrap();
+    let text = job("gpt2", &folder, "").replace("kind: llama", "kind: gpt").replace(", contextLength: 16", "");
+    let spec = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve).unwrap().spec;
+    assert_eq!((spec.model.width, spec.model.context_length, spec.model.layer_norm), (Some(32), Some(16), Some(crds::LayerNorm::Affine)));
+    let (out, got) = import_and_export(&dir, &spec, 3);
+    assert_eq!(got.len(), named.len(), "the same tensors: {:?}", got.keys().collect::<Vec<_>>());
+    for (name, _, values) in &named {
+        assert_eq!(got.get(name), Some(values), "{name}");
+    }
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!((config["architectures"][0].as_str(), config["n_positions"].as_u64()), (Some("GPT2LMHeadModel"), Some(16)));
+    // A plain job's own contradiction of the folder is one clear error.
+    refused(&dir, &text.replace("kind: gpt,", "kind: gpt, layerNorm: plain,"), &["spec.model.layerNorm", "plain", "affine"]);
+    refused(&dir, &text.replace("kind: gpt,", "kind: gpt, contextLength: 8,"), &["spec.model.contextLength", "n_positions"]);
 }
 
 /// Runs `wsctl run` on `text`, expecting a failure whose message holds every one of `says`.
@@ -316,4 +371,32 @@ print(json.dumps({"text": sys.argv[2] + t.decode(out[0, ids.shape[1]:], skip_spe
     assert!(theirs.len() > prompt.len() + 5, "transformers generated text: {theirs:?}");
     assert_eq!(ours, theirs, "wsctl generate and transformers continue the prompt alike");
     assert!((v["zeros"].as_f64().unwrap() - 0.5).abs() < 0.01, "half of q_proj is pruned: {v}");
+}
+
+/// A GPT with GPT-2's affine layer norms (random start, sparse): one and three weight servers give the same
+/// curve bit for bit, and pipelined, streamed and one-engine runs the same curve within float reassociation.
+#[test]
+fn affine_norms_give_one_gpt_curve_over_servers_modes_and_engines() {
+    let dir = common::scratch("huggingface", "affine-curves");
+    let text = |cs2: u32, mode: &str, lines: &str| {
+        format!(
+            "apiVersion: weightstream.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: gpt2-curve}}\nspec:\n  cs2: {cs2}\n  executionMode: {mode}\n  model: {{kind: gpt, layerNorm: affine, contextLength: 32, width: 64, heads: 4, blocks: 2, sparsity: 0.85, tiedEmbeddings: false}}\n  data: {{kind: text, path: examples/data/moby-dick/moby-dick.txt.gz}}\n  training:\n    batchSize: 8\n    steps: 8\n    seed: 5\n    optimizer: {{kind: adamw, learningRate: 0.003, weightDecay: 0.01}}\n{lines}"
+        )
+    };
+    let run = |name: &str, job: String| {
+        let path = dir.join(format!("{name}.yaml"));
+        std::fs::write(&path, job).unwrap();
+        let out = dir.join(name);
+        common::run_ok(&path, &out, &[]);
+        common::losses(&out)
+    };
+    let reference = run("streaming", text(4, "weightStreaming", ""));
+    assert_eq!(reference.len(), 8);
+    assert!(reference[7].1 < reference[0].1, "it learns: {reference:?}");
+    assert_eq!(run("three-servers", text(4, "weightStreaming", "  memoryx: {servers: 3}\n")), reference, "three weight servers against one");
+    for (name, other) in [("pipelined", run("pipelined", text(4, "pipelined", ""))), ("one-engine", run("one-engine", text(1, "weightStreaming", "")))] {
+        for (a, b) in other.iter().zip(&reference) {
+            assert!(a.0 == b.0 && (a.1 - b.1).abs() <= 1e-5 * b.1.abs(), "{name} {other:?} vs four engines streaming {reference:?}");
+        }
+    }
 }
