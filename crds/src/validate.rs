@@ -93,6 +93,8 @@ pub const MAX_STEPS: u64 = 1_000_000_000;
 pub const MAX_EPOCHS: u32 = 100_000;
 /// Checkpoints kept.
 pub const MAX_KEEP: u32 = 1000;
+/// Weight servers of one MemoryX.
+pub const MAX_SERVERS: u32 = 64;
 /// The largest seed JSON carries exactly (2^53 - 1).
 pub const MAX_SEED: u64 = (1 << 53) - 1;
 /// More SRAM than any wafer-scale engine has (WSE-3: 44 GB).

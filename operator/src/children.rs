@@ -259,21 +259,23 @@ fn grpc_port(role: Role) -> u16 {
     role.grpc_port().map_or(0, |(_, p)| p)
 }
 
-/// Refuses a checkpoint volume that cannot hold what one weight server keeps on it: its disk tier (the part of
-/// its slice beyond its memory budget) plus the checkpoints of its slice the job keeps and the one being
-/// written. Every server has a volume of this size (the StatefulSet's claim template), so the busiest server's
-/// needs decide; such a job would otherwise fail at its first full disk, hours in, instead of now.
+/// Refuses a checkpoint volume that cannot hold what weight server 0 (the coordinator) keeps on it: the
+/// checkpoints the job keeps and the one being written, each of the whole state (the coordinator writes every
+/// server's slice, so a checkpoint can be pulled from one place and resumed on any number of servers), plus its
+/// disk tier (the part of its slice beyond its memory budget). Every server has a volume of this size (the
+/// StatefulSet's claim template); such a job would otherwise fail at its first full disk, hours in, instead of now.
 fn check_volume(c: &crds::CheckpointSpec, m: &plan::memoryx::MemoryxPlan) -> Result<(), Error> {
     let volume = crds::quantity_bytes(&c.volume_size)
         .ok_or_else(|| Error::Plan(format!("spec.checkpoint.volumeSize '{}' is not a quantity", c.volume_size)))?;
-    let checkpoints = m.server_bytes.saturating_mul(u64::from(c.keep) + 1);
+    let state = m.server_bytes.saturating_mul(u64::from(m.servers));
+    let checkpoints = state.saturating_mul(u64::from(c.keep) + 1);
     let needed = checkpoints.saturating_add(m.disk_bytes);
     if volume < needed {
         return Err(Error::Plan(format!(
-            "spec.checkpoint.volumeSize {} is smaller than what each of the {} weight servers keeps on its volume: \
-             {} checkpoints of its slice ({} kept + 1 being written, {checkpoints} bytes) and its disk tier ({} \
-             bytes), {needed} bytes in all: raise volumeSize, lower spec.checkpoint.keep, add weight servers \
-             (spec.memoryx.servers) or raise spec.memoryx.memoryBytes",
+            "spec.checkpoint.volumeSize {} is smaller than what the coordinator (weight server 0 of {}) keeps on its \
+             volume: {} checkpoints of the whole state ({} kept + 1 being written, {checkpoints} bytes) and its disk \
+             tier ({} bytes), {needed} bytes in all: raise volumeSize, lower spec.checkpoint.keep or raise \
+             spec.memoryx.memoryBytes",
             c.volume_size,
             m.servers,
             u64::from(c.keep) + 1,
@@ -1307,9 +1309,9 @@ mod tests {
         assert!(err.contains("spec.checkpoint.volumeSize") && err.contains("3 checkpoints"), "{err}");
     }
 
-    /// Each weight server's volume holds the checkpoints of its own slice and its disk tier, not the whole state.
+    /// The coordinator's volume holds the checkpoints of every slice and its own disk tier.
     #[test]
-    fn the_volume_is_sized_per_weight_server_with_its_disk_tier() {
+    fn the_volume_holds_whole_checkpoints_and_a_disk_tier() {
         let mut j = job(2);
         j.spec.model.layers = vec![784, 64, 512, 512, 512, 512, 512, 10];
         j.spec.memoryx.servers = Some(4);
@@ -1319,18 +1321,21 @@ mod tests {
         assert!(m.server_bytes * 4 >= p.memoryx_bytes - 8 * p.layers.iter().map(|l| l.weights as u64).sum::<u64>());
         assert!(m.server_bytes < p.memoryx_bytes, "a slice is smaller than the state");
         j.spec.checkpoint.keep = 1;
-        j.spec.checkpoint.volume_size = format!("{}", 2 * m.server_bytes);
-        assert!(plan(&j, 2, 2).is_ok(), "two slices fit: one kept, one being written");
+        j.spec.checkpoint.volume_size = format!("{}", 2 * 4 * m.server_bytes);
+        assert!(plan(&j, 2, 2).is_ok(), "two whole checkpoints fit: one kept, one being written");
+        j.spec.checkpoint.volume_size = format!("{}", 2 * 4 * m.server_bytes - 1);
+        assert!(plan(&j, 2, 2).is_err(), "a checkpoint is every server's slice");
         // A memory budget below a slice puts the rest on the disk tier, which the volume must hold too.
         j.spec.memoryx.memory_bytes = Some(m.min_memory_bytes);
         j.spec.checkpoint.volume_size = "1Ti".into();
         let disk = plan(&j, 2, 2).unwrap().0.memoryx.disk_bytes;
         assert!(disk > 0, "part of each slice on disk");
-        j.spec.checkpoint.volume_size = format!("{}", 2 * m.server_bytes + disk);
+        let state = 4 * plan(&j, 2, 2).unwrap().0.memoryx.server_bytes;
+        j.spec.checkpoint.volume_size = format!("{}", 2 * state + disk);
         assert!(plan(&j, 2, 2).is_ok());
-        j.spec.checkpoint.volume_size = format!("{}", 2 * m.server_bytes + disk - 1);
+        j.spec.checkpoint.volume_size = format!("{}", 2 * state + disk - 1);
         let err = plan(&j, 2, 2).unwrap_err().to_string();
-        assert!(err.contains("each of the 4 weight servers") && err.contains("disk tier"), "{err}");
+        assert!(err.contains("weight server 0 of 4") && err.contains("disk tier"), "{err}");
     }
 
     /// A memory budget below what one server needs for a layer is refused with the plan's own words, once.

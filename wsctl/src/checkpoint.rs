@@ -9,7 +9,10 @@
 //! Nothing the server sends is trusted beyond what it can be checked against: the listing is bounded and its
 //! names must be checkpoint names (never a path), a download is bounded by the size the listing announced (and
 //! by the job's plan when the job is known), and the file lands in the output folder only after its checksum
-//! verified, by rename from a temporary file, so a failed pull leaves nothing half-written behind.
+//! verified, by rename from a temporary file, so a failed pull leaves nothing half-written behind. A sliced
+//! checkpoint (a job on several weight servers) arrives as its manifest and slices, each checked against the
+//! manifest's checksums, and lands joined as one checkpoint file: the same kind a one-server job gives, which
+//! `wsctl export`, `wsctl generate` and a resume on any number of servers read.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,6 +21,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use wire::identity::{Identity, SERVER_NAME};
 use runtime::memoryx::checkpoint;
+use runtime::memoryx::manifest;
 use runtime::memoryx::serve::Entry;
 
 /// Most bytes of a `GET /checkpoints` answer read: a listing of thousands of checkpoints is a few hundred KiB,
@@ -103,11 +107,26 @@ async fn check(response: reqwest::Response, what: &str) -> Result<reqwest::Respo
     bail!("{what}: {status}: {message}")
 }
 
+/// Whether `d` is the decimal digits of `n`, and nothing else.
+fn digits_of(d: &str, n: u64) -> bool {
+    !d.is_empty() && d.len() <= 20 && d.bytes().all(|b| b.is_ascii_digit()) && d.parse() == Ok(n)
+}
+
 /// Whether `name` is a checkpoint file's name of step `step` as MemoryX writes them: `step-` digits
-/// `.safetensors`, nothing else (no separator, no dot-dot), so it can be joined to the output folder safely.
+/// `.safetensors` (one file) or `.manifest.json` (a sliced checkpoint's manifest), nothing else (no separator,
+/// no dot-dot), so it can be joined to the output folder safely.
 fn valid_name(name: &str, step: u64) -> bool {
-    let digits = name.strip_prefix("step-").and_then(|r| r.strip_suffix(".safetensors"));
-    digits.is_some_and(|d| !d.is_empty() && d.len() <= 20 && d.bytes().all(|b| b.is_ascii_digit()) && d.parse() == Ok(step))
+    let Some(rest) = name.strip_prefix("step-") else { return false };
+    let digits = rest.strip_suffix(".safetensors").or_else(|| rest.strip_suffix(".manifest.json"));
+    digits.is_some_and(|d| digits_of(d, step))
+}
+
+/// Whether `name` is slice `index` of `count` of the checkpoint of `step`: `step-` digits `.slice-I-of-K.safetensors`.
+fn valid_slice_name(name: &str, step: u64, index: usize, count: usize) -> bool {
+    let Some(rest) = name.strip_prefix("step-").and_then(|r| r.strip_suffix(".safetensors")) else { return false };
+    let Some((d, slice)) = rest.split_once(".slice-") else { return false };
+    let Some((i, k)) = slice.split_once("-of-") else { return false };
+    digits_of(d, step) && digits_of(i, index as u64) && digits_of(k, count as u64)
 }
 
 /// The checkpoints MemoryX at `base` holds, newest first, asked with `identity`.
@@ -123,6 +142,15 @@ pub async fn list(base: &str, identity: &Identity) -> Result<Vec<Entry>> {
     let entries: Vec<Entry> = serde_json::from_slice(&body).with_context(|| format!("{what}: not a checkpoint listing"))?;
     if let Some(bad) = entries.iter().find(|e| !valid_name(&e.file, e.step)) {
         bail!("{what}: the listing names {:?} for step {}, not a checkpoint file name; refusing it", bad.file, bad.step);
+    }
+    for e in &entries {
+        let n = e.slices.len();
+        if n > crds::MAX_SERVERS as usize || e.file.ends_with(".manifest.json") != (n > 0) {
+            bail!("{what}: the listing gives {} with {n} slices; refusing it", e.file);
+        }
+        if let Some((i, bad)) = e.slices.iter().enumerate().find(|(i, s)| !valid_slice_name(&s.file, e.step, *i, n)) {
+            bail!("{what}: the listing names {:?} as slice {i} of step {}, not a slice's name; refusing it", bad.file, e.step);
+        }
     }
     Ok(entries)
 }
@@ -149,12 +177,16 @@ pub async fn pull(base: &str, identity: &Identity, step: Option<u64>, out_dir: &
         })?,
     }
     .clone();
-    if let Some(max) = max_bytes.filter(|&max| entry.bytes > max) {
-        bail!("{} is {} bytes, more than the {max} bytes the job's plan allows for its state; refusing it", entry.file, entry.bytes);
+    let total = entry.bytes + entry.slices.iter().map(|s| s.bytes).sum::<u64>();
+    if let Some(max) = max_bytes.filter(|&max| total > max) {
+        bail!("{} is {total} bytes, more than the {max} bytes the job's plan allows for its state; refusing it", entry.file);
     }
     std::fs::create_dir_all(out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
+    if !entry.slices.is_empty() {
+        return pull_sliced(base, identity, &entry, out_dir, max_bytes.unwrap_or(total)).await;
+    }
     let tmp = out_dir.join(format!(".{}.{}.part", entry.file, std::process::id()));
-    let result = download(base, identity, &entry, &tmp).await.and_then(|()| {
+    let result = download(base, identity, &entry.file, entry.bytes, &tmp).await.and_then(|()| {
         checkpoint::read(&tmp, entry.bytes).with_context(|| format!("{} arrived damaged; nothing was kept", entry.file))?;
         let path = out_dir.join(&entry.file);
         std::fs::rename(&tmp, &path).with_context(|| format!("cannot move the checkpoint to {}", path.display()))?;
@@ -166,32 +198,67 @@ pub async fn pull(base: &str, identity: &Identity, step: Option<u64>, out_dir: &
     result
 }
 
-/// Streams `entry`'s file into `tmp`, never more than its announced size.
-async fn download(base: &str, identity: &Identity, entry: &Entry, tmp: &Path) -> Result<()> {
+/// Fetches the sliced checkpoint `entry` (its manifest and every slice, into a temporary folder laid out as
+/// MemoryX lays it out), checks every slice against the manifest, and writes the state joined into one
+/// checkpoint file in `out_dir`, recording the job, model and seed the manifest names. The temporary folder is
+/// removed whatever happens.
+async fn pull_sliced(base: &str, identity: &Identity, entry: &Entry, out_dir: &Path, max_bytes: u64) -> Result<PathBuf> {
+    let staging = out_dir.join(format!(".{}.{}.part", entry.file, std::process::id()));
+    let result = async {
+        let manifest_path = staging.join(&entry.file);
+        std::fs::create_dir_all(&staging).with_context(|| format!("cannot create {}", staging.display()))?;
+        download(base, identity, &entry.file, entry.bytes, &manifest_path).await?;
+        let m = manifest::read_manifest(&manifest_path)?;
+        if m.step != entry.step || m.slices.len() != entry.slices.len() {
+            bail!("{}: the manifest names step {} with {} slices; the listing said step {} with {}", entry.file, m.step, m.slices.len(), entry.step, entry.slices.len());
+        }
+        for (i, slice) in entry.slices.iter().enumerate() {
+            let dir = manifest::slice_dir(&staging, i as u32);
+            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            download(base, identity, &slice.file, slice.bytes, &dir.join(&slice.file)).await?;
+        }
+        let (m, tensors) = manifest::read_joined(&manifest_path, max_bytes).with_context(|| format!("{} arrived damaged; nothing was kept", entry.file))?;
+        let owner = checkpoint::Owner { job: &m.job, uid: m.uid.as_deref(), model: m.model.as_ref().map(|model| (model, m.seed)) };
+        let bytes = checkpoint::encode(m.step, &tensors, &owner)?;
+        drop(tensors);
+        let joined = staging.join("joined.safetensors");
+        std::fs::write(&joined, &bytes).with_context(|| format!("cannot write {}", joined.display()))?;
+        checkpoint::read(&joined, bytes.len() as u64).context("the joined checkpoint does not read back")?;
+        let path = checkpoint::path_for(out_dir, m.step);
+        std::fs::rename(&joined, &path).with_context(|| format!("cannot move the checkpoint to {}", path.display()))?;
+        Ok(path)
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&staging);
+    result
+}
+
+/// Streams the listed file `file` (`bytes` long) into `tmp`, never more than its announced size.
+async fn download(base: &str, identity: &Identity, file: &str, bytes: u64, tmp: &Path) -> Result<()> {
     use std::io::Write;
     let target = target(base).await?;
-    let what = format!("GET {base}/checkpoints/{}", entry.file);
+    let what = format!("GET {base}/checkpoints/{file}");
     let http = client(identity, target.addr)?;
-    let response = tokio::time::timeout(IDLE_TIMEOUT, http.get(format!("{}/checkpoints/{}", target.prefix, entry.file)).send())
+    let response = tokio::time::timeout(IDLE_TIMEOUT, http.get(format!("{}/checkpoints/{file}", target.prefix)).send())
         .await
         .map_err(|_| anyhow!("{what}: no answer within {}s", IDLE_TIMEOUT.as_secs()))?
         .with_context(|| format!("{what}: cannot reach MemoryX"))?;
     let mut response = check(response, &what).await?;
-    if response.content_length().is_some_and(|n| n > entry.bytes) {
-        bail!("{what}: the server announces more bytes than the listing did ({}); refusing it", entry.bytes);
+    if response.content_length().is_some_and(|n| n > bytes) {
+        bail!("{what}: the server announces more bytes than the listing did ({bytes}); refusing it");
     }
     let file = std::fs::File::create(tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let mut out = std::io::BufWriter::new(file);
     let mut received = 0u64;
     while let Some(chunk) = next_chunk(&mut response, &what).await? {
         received += chunk.len() as u64;
-        if received > entry.bytes {
-            bail!("{what}: more than the {} bytes announced; refusing it", entry.bytes);
+        if received > bytes {
+            bail!("{what}: more than the {bytes} bytes announced; refusing it");
         }
         out.write_all(&chunk).with_context(|| format!("cannot write {}", tmp.display()))?;
     }
-    if received != entry.bytes {
-        bail!("{what}: {received} of {} bytes arrived", entry.bytes);
+    if received != bytes {
+        bail!("{what}: {received} of {bytes} bytes arrived");
     }
     let file = out.into_inner().map_err(|e| anyhow!("cannot write {}: {}", tmp.display(), e.error()))?;
     file.sync_all().with_context(|| format!("cannot write {}", tmp.display()))?;
@@ -206,7 +273,9 @@ pub fn list_command(url: &str, identity_dir: &Path) -> Result<()> {
         println!("no checkpoints yet");
     }
     for e in entries {
-        println!("{:>10}  {:>12}  {}", e.step, plan::units::bytes(e.bytes), e.file);
+        let bytes = e.bytes + e.slices.iter().map(|s| s.bytes).sum::<u64>();
+        let how = if e.slices.is_empty() { String::new() } else { format!("  ({} slices)", e.slices.len()) };
+        println!("{:>10}  {:>12}  {}{how}", e.step, plan::units::bytes(bytes), e.file);
     }
     Ok(())
 }
@@ -245,6 +314,11 @@ mod tests {
             ("passwd", 0),
         ] {
             assert!(!super::valid_name(bad, step), "{bad}");
+        }
+        assert!(super::valid_name("step-00000010.manifest.json", 10));
+        assert!(super::valid_slice_name("step-00000010.slice-2-of-3.safetensors", 10, 2, 3));
+        for bad in ["step-00000010.slice-1-of-3.safetensors", "step-00000010.slice-2-of-4.safetensors", "step-10.slice-2-of-3/../x.safetensors", "server-2/step-00000010.slice-2-of-3.safetensors"] {
+            assert!(!super::valid_slice_name(bad, 10, 2, 3), "{bad}");
         }
     }
 }

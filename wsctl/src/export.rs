@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use crds::{ModelKind, ModelSpec};
 use runtime::memoryx::checkpoint::{self, Tensors};
+use runtime::memoryx::manifest;
 use plan::layout::{Arch, GptShape, LlamaShape, ModelLayout};
 use runtime::memoryx::huggingface;
 use runtime::memoryx::server::Masking;
@@ -47,7 +48,13 @@ pub enum Format {
 /// The model a checkpoint holds, from its metadata, or from the job manifest `job` for a checkpoint written
 /// before checkpoints recorded it.
 pub(crate) fn model_of(path: &Path, job: Option<&Path>) -> Result<(ModelSpec, Option<u64>)> {
-    let meta = header_metadata(path)?;
+    if manifest::is_manifest(path) {
+        let m = manifest::read_manifest(path)?;
+        if let Some(model) = m.model {
+            return Ok((model, Some(m.seed)));
+        }
+    }
+    let meta = if manifest::is_manifest(path) { HashMap::new() } else { header_metadata(path)? };
     if let Some(json) = meta.get(checkpoint::MODEL_KEY) {
         let model = serde_json::from_str(json).with_context(|| format!("{} records a model this wsctl cannot read", path.display()))?;
         return Ok((model, meta.get(checkpoint::SEED_KEY).and_then(|s| s.parse().ok())));
@@ -370,7 +377,7 @@ pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>, token
     let layout = ModelLayout::from_spec(&model);
     // The whole state with Adam's two moments beside every weight: the most a checkpoint of this model holds.
     let max_bytes = plan::limits::Limits::new(&layout, 1, 2).state_bytes();
-    let (info, tensors) = checkpoint::read_with_info(path, max_bytes)?;
+    let (info, tensors) = manifest::read_checkpoint(path, max_bytes)?;
     let (tensors_out, mut config) = match (format, layout.arch) {
         (Format::Huggingface, Arch::Gpt(g)) => (hugging_face_tensors(&layout, &tensors, masking.as_ref())?, gpt2_config(&layout, g, &model)),
         (Format::Huggingface, Arch::Llama(g)) => (hugging_face_tensors(&layout, &tensors, masking.as_ref())?, llama_config(&layout, g, &model)),

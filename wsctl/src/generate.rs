@@ -101,7 +101,8 @@ fn load(path: &Path, opts: &Options) -> Result<(MemoryX, ModelLayout, Codec, Vec
     window(&mut model, prompt.len(), opts.tokens);
     let layout = ModelLayout::from_spec(&model);
     let max_bytes = plan::limits::Limits::new(&trained, 1, 2).state_bytes();
-    let (step, tensors) = checkpoint::read(path, max_bytes)?;
+    let (info, tensors) = runtime::memoryx::manifest::read_checkpoint(path, max_bytes)?;
+    let step = info.step;
     // The weights and vectors only: the optimizer's moments play no part in generating.
     let values: checkpoint::Tensors = tensors.into_iter().filter(|(n, _)| n.ends_with(".weight") || n.ends_with(".bias")).collect();
     let from = model.from.as_ref().map(PathBuf::from);

@@ -684,6 +684,44 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
         assert!(!answer.contains("root:") && !answer.contains("not yours") && !answer.contains("half"), "{path}: {answer}");
     }
     assert!(get("/checkpoints/..%2F..%2Fetc%2Fpasswd").contains("no checkpoint named"), "a clear message");
+
+    // A sliced checkpoint (a run on two weight servers, its files laid into the folder as the coordinator lays
+    // them out) is listed with its slices and pulled joined into one checkpoint of the same state; a damaged
+    // slice is refused by the manifest's checksum and nothing is kept.
+    let two = dir.join("two.yaml");
+    std::fs::write(&two, JOB.replace("steps: 24", "steps: 10").replace("  checkpoint:", "  memoryx: {servers: 2}\n  checkpoint:")).unwrap();
+    let two_ck = dir.join("two-ck");
+    let o = wsctl(&["run", two.to_str().unwrap(), "--in-process", "--out", dir.join("two").to_str().unwrap(), "--checkpoint-dir", two_ck.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::create_dir_all(ck.join("server-1")).unwrap();
+    for file in ["step-00000010.manifest.json", "step-00000010.slice-0-of-2.safetensors", "server-1/step-00000010.slice-1-of-2.safetensors"] {
+        std::fs::copy(two_ck.join(file), ck.join(file)).unwrap();
+    }
+    let o = wsctl(&["checkpoint", "list", "--url", &url, "--identity", ids.to_str().unwrap()]);
+    let listing = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(listing.lines().any(|l| l.contains("step-00000010.manifest.json") && l.contains("(2 slices)")), "{listing}");
+    let sliced = dir.join("pulled-sliced");
+    let o = wsctl(&["checkpoint", "pull", "--url", &url, "--identity", ids.to_str().unwrap(), "--step", "10", "--job", two.to_str().unwrap(), "-o", sliced.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let joined = sliced.join("step-00000010.safetensors");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), joined.to_str().unwrap());
+    let (step, mut got) = runtime::memoryx::checkpoint::read(&joined, 1 << 30).unwrap();
+    let (_, mut want) = runtime::memoryx::manifest::read_joined(&two_ck.join("step-00000010.manifest.json"), 1 << 30).unwrap();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!((step, got.len()), (10, want.len()));
+    assert!(got == want, "the pulled checkpoint holds the sliced state");
+    assert_eq!(std::fs::read_dir(&sliced).unwrap().count(), 1, "the joined checkpoint alone, no staging left");
+    let slice = ck.join("server-1/step-00000010.slice-1-of-2.safetensors");
+    let mut bytes = std::fs::read(&slice).unwrap();
+    let n = bytes.len();
+    bytes[n - 3] ^= 0x10;
+    std::fs::write(&slice, bytes).unwrap();
+    let fresh = dir.join("fresh-sliced");
+    let o = wsctl(&["checkpoint", "pull", "--url", &url, "--identity", ids.to_str().unwrap(), "--step", "10", "-o", fresh.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("arrived damaged") && err.contains("checksum"), "{err}");
+    assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0, "nothing kept");
     let _ = mx.kill();
     let _ = mx.wait();
     drop((e0, sx, input));

@@ -166,7 +166,7 @@ fn a_missing_or_partial_checkpoint_slice_is_a_clear_error_and_nothing_is_lost() 
 
     std::fs::remove_file(&slice).unwrap();
     let o = run(&longer, &dir.join("missing"), &["--checkpoint-dir", ck.to_str().unwrap()]);
-    one_error(&o, &["step 16 is incomplete", "slice-1-of-2", "is missing", "restore that server's volume"]);
+    one_error(&o, &["step 16 is incomplete", "slice-1-of-2", "is missing", "restore the file"]);
     std::fs::write(&slice, &kept[..kept.len() / 2]).unwrap();
     let o = run(&longer, &dir.join("partial"), &["--checkpoint-dir", ck.to_str().unwrap()]);
     one_error(&o, &["step 16 is incomplete", "slice-1-of-2", "unusable"]);
@@ -182,4 +182,63 @@ fn a_missing_or_partial_checkpoint_slice_is_a_clear_error_and_nothing_is_lost() 
     run_ok(&longer, &out, &["--checkpoint-dir", ck.to_str().unwrap()]);
     let steps: Vec<u64> = losses(&out).into_iter().map(|(s, _)| s).collect();
     assert_eq!(steps, (17..=24).collect::<Vec<_>>(), "resumed after step 16");
+}
+
+/// Copies the folder `from` (with its `server-i` folders) to `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// The tensors of a safetensors file, by name.
+fn tensors_of(path: &Path) -> std::collections::HashMap<String, Vec<u8>> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors().into_iter().map(|(n, v)| (n, v.data().to_vec())).collect()
+}
+
+/// A checkpoint three weight servers wrote resumes on two servers and on one (its slices cut again) and the run
+/// continues the three-server curve bit for bit; exported, the sliced checkpoint gives the tensors a one-server
+/// run's checkpoint of the same step gives.
+#[test]
+fn a_sliced_checkpoint_resumes_on_other_server_counts_and_exports() {
+    let dir = scratch("recut");
+    let with = |name: &str, servers: u32| job(&dir, name, MLP, &format!("  memoryx: {{servers: {servers}}}\n  checkpoint: {{intervalSteps: 4, keep: 3}}\n"));
+    let reference_out = dir.join("reference");
+    let three = dir.join("three-ck");
+    run_ok(&with("reference", 3), &reference_out, &["--checkpoint-dir", three.to_str().unwrap()]);
+    let reference = losses(&reference_out);
+    assert_eq!(reference.len(), 16);
+    assert!(three.join("server-2/step-00000008.slice-2-of-3.safetensors").is_file());
+    for servers in [2, 1] {
+        // The run as if stopped after step 8: the later manifests gone.
+        let ck = dir.join(format!("ck-{servers}"));
+        copy_tree(&three, &ck);
+        for step in [12, 16] {
+            std::fs::remove_file(ck.join(format!("step-{step:08}.manifest.json"))).unwrap();
+        }
+        let out = dir.join(format!("resumed-{servers}"));
+        run_ok(&with(&format!("resumed-{servers}"), servers), &out, &["--checkpoint-dir", ck.to_str().unwrap()]);
+        assert_eq!(losses(&out), reference[8..].to_vec(), "three servers' checkpoint resumed on {servers}");
+    }
+
+    // The sliced checkpoint exports as the one-server checkpoint of the same step does.
+    let one = dir.join("one-ck");
+    run_ok(&with("one", 1), &dir.join("one"), &["--checkpoint-dir", one.to_str().unwrap()]);
+    let export = |from: PathBuf, to: &str| {
+        let out = dir.join(to);
+        let o = common::wsctl(&["export", from.to_str().unwrap(), "--format", "safetensors", "-o", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        tensors_of(&out.join("model.safetensors"))
+    };
+    let sliced = export(three.join("step-00000008.manifest.json"), "sliced-export");
+    assert!(!sliced.is_empty());
+    assert_eq!(sliced, export(one.join("step-00000008.safetensors"), "one-export"), "the same weights, bit for bit");
 }

@@ -68,15 +68,8 @@ impl Job {
         Ok(plan::memoryx::MemoryxPlan::for_spec(&self.spec)?)
     }
 
-    /// Where weight server `index` keeps its checkpoint slices under the job's checkpoint directory `base`:
-    /// server 0 (the coordinator) in `base` itself, so one server's checkpoints are where they always were.
-    pub fn server_checkpoint_dir(base: &Path, index: u32) -> PathBuf {
-        if index == 0 { base.to_path_buf() } else { base.join(format!("server-{index}")) }
-    }
-
-    /// How weight server `slice` of this job stores its slice: the memory budget, a disk tier under
-    /// `outputs.tier_dir` (or the checkpoint directory's `tier`, or a scratch directory), its checkpoint
-    /// directory.
+    /// How weight server `slice` of this job stores its slice: the memory budget, and a disk tier under
+    /// `outputs.tier_dir` (or the checkpoint directory's `tier`, or a scratch directory).
     pub fn storage(&self, outputs: &Outputs, slice: crate::memoryx::slice::SliceId) -> crate::memoryx::server::Storage {
         let tier_base = outputs
             .tier_dir
@@ -86,8 +79,6 @@ impl Job {
         crate::memoryx::server::Storage {
             memory_bytes: self.spec.memoryx.memory_bytes,
             tier_dir: Some(tier_base.join(format!("server-{}", slice.index))),
-            checkpoint_dir: outputs.checkpoint_dir.as_ref().map(|c| Self::server_checkpoint_dir(c, slice.index)),
-            job: self.id.clone(),
         }
     }
 
@@ -273,23 +264,25 @@ impl Driver {
     fn resume(&self, store: &MemoryX) -> Result<u64> {
         let (job, spec) = (&self.job, &self.job.spec);
         let Some(dir) = &self.outputs.checkpoint_dir else { return Ok(0) };
-        let found = if store.servers() == 1 {
-            let max_bytes = plan::limits::Limits::for_spec(spec).state_bytes();
-            match checkpoint::latest_for(dir, job.uid.as_deref(), max_bytes)? {
-                Some((step, tensors, path)) => {
-                    store.restore(step, &tensors)?;
-                    Some((step, path))
-                }
-                None => None,
+        // The newest of either kind, whatever number of servers wrote it: the state is cut again for this store.
+        let max_bytes = plan::limits::Limits::for_spec(spec).state_bytes();
+        let sliced = manifest::latest(dir, job.uid.as_deref())?;
+        let whole = checkpoint::latest_for(dir, job.uid.as_deref(), max_bytes)?;
+        let newer_whole = match (&sliced, whole) {
+            (Some((m, _)), Some(w)) if w.0 > m.step => Some(w),
+            (None, w) => w,
+            _ => None,
+        };
+        let found = match (newer_whole, sliced) {
+            (Some((step, tensors, path)), _) => {
+                store.restore(step, &tensors)?;
+                Some((step, path))
             }
-        } else {
-            match manifest::latest(dir, job.uid.as_deref(), store.servers() as u32)? {
-                Some((m, path)) => {
-                    store.load_slices(m.step, &m.slices)?;
-                    Some((m.step, path))
-                }
-                None => None,
+            (None, Some((m, path))) => {
+                store.read_slices(dir, m.step, &m.slices, max_bytes)?;
+                Some((m.step, path))
             }
+            (None, None) => None,
         };
         let Some((step, path)) = found else { return Ok(0) };
         tracing::info!(step, path = %path.display(), "resumed from checkpoint");
@@ -311,7 +304,7 @@ impl Driver {
             let owner = checkpoint::Owner { job: &job.id, uid: job.uid.as_deref(), model: Some((&spec.model, spec.training.seed)) };
             checkpoint::write_owned(dir, at, &tensors, &owner, keep)?
         } else {
-            let slices = store.save_slices(step)?;
+            let slices = store.write_slices(dir, step, &job.id)?;
             let m = manifest::Manifest {
                 step,
                 job: job.id.clone(),
@@ -321,7 +314,10 @@ impl Driver {
                 slices,
             };
             let (path, kept) = manifest::write_manifest(dir, &m, keep)?;
-            store.retain_slices(&kept)?;
+            for i in 0..store.servers() as u32 {
+                let slice = crate::memoryx::slice::SliceId { index: i, count: store.servers() as u32 };
+                manifest::retain_slices(&manifest::slice_dir(dir, i), slice, &kept)?;
+            }
             path
         };
         self.update(|s| {

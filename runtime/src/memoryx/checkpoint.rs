@@ -90,7 +90,7 @@ pub const MODEL_KEY: &str = "model";
 pub const SEED_KEY: &str = "seed";
 
 /// [`to_bytes`], recording also who the state belongs to.
-fn encode(step: u64, tensors: &Tensors, owner: &Owner<'_>) -> Result<Vec<u8>> {
+pub fn encode(step: u64, tensors: &Tensors, owner: &Owner<'_>) -> Result<Vec<u8>> {
     let (job, uid) = (owner.job, owner.uid);
     let bytes: Vec<(String, Vec<u8>)> =
         tensors.iter().map(|(n, v)| (n.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();

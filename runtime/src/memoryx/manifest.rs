@@ -1,13 +1,15 @@
-//! Checkpoints of a job whose state is spread over several weight servers. Each server writes its slice of
-//! the state to its own volume (`step-N.slice-I-of-K.safetensors`, atomically, with a checksum); the
-//! coordinator then writes the step's manifest (`step-N.manifest.json`) naming every slice's checksum. The
-//! manifest is written last, so a checkpoint counts only once every slice of it is complete: a server lost
-//! mid-checkpoint leaves slices without a manifest, which are ignored and pruned, and the job resumes from the
-//! manifest before. A manifest whose slice is missing or damaged is an error naming the slice, never a silent
-//! fall-back that could mix steps.
+//! Checkpoints of a job whose state is spread over several weight servers. The coordinator writes each
+//! server's slice of the state (`step-N.slice-I-of-K.safetensors`, atomically, with a checksum), taking it from
+//! the server one layer at a time, into [`slice_dir`] of its own volume; it then writes the step's manifest
+//! (`step-N.manifest.json`) naming every slice's checksum. So the whole checkpoint sits on one volume: `wsctl
+//! checkpoint pull` gathers it from there, and a job resumes from it on any number of servers, the slices cut
+//! again ([`super::store::MemoryX::read_slices`]). The manifest is written last, so a checkpoint counts only once
+//! every slice of it is complete: a write cut short leaves slices without a manifest, which are ignored and
+//! pruned, and the job resumes from the manifest before. A manifest whose slice is missing or damaged is an
+//! error naming the slice, never a silent fall-back that could mix steps.
 //!
-//! A single server keeps the one-file checkpoints of [`super::checkpoint`], which `wsctl checkpoint pull` and
-//! `wsctl export` read.
+//! A single server keeps the one-file checkpoints of [`super::checkpoint`]; [`read_joined`] turns a sliced one
+//! into the same tensors, which `wsctl export` and `wsctl generate` read.
 
 use std::fs;
 use std::io::Write;
@@ -44,6 +46,25 @@ const PREFIX: &str = "step-";
 const MANIFEST_SUFFIX: &str = ".manifest.json";
 /// Largest manifest read: a few hundred bytes per server and the model spec.
 const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
+/// Where slice `index` of a checkpoint lives under the checkpoint directory `base`: slice 0 (the coordinator's)
+/// in `base` itself, so one server's checkpoints are where they always were, slice `i` in `base/server-i`.
+pub fn slice_dir(base: &Path, index: u32) -> PathBuf {
+    if index == 0 { base.to_path_buf() } else { base.join(format!("server-{index}")) }
+}
+
+/// The names and lengths of the tensors slice `slice` of a state of `lengths` (each layer's whole tensors, in
+/// [`checkpoint::KINDS`] order) holds, in checkpoint order, empty ones left out.
+pub fn slice_tensors(lengths: &[super::slice::LayerLengths], slice: SliceId) -> Vec<(String, usize)> {
+    lengths
+        .iter()
+        .enumerate()
+        .flat_map(|(l, lens)| {
+            checkpoint::KINDS.iter().zip(lens).map(move |(kind, &n)| (checkpoint::tensor_name(l, kind), slice.range(n).len()))
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
 
 /// The file of slice `slice` of the checkpoint of `step` in a server's directory.
 pub fn slice_path(dir: &Path, step: u64, slice: SliceId) -> PathBuf {
@@ -203,9 +224,8 @@ impl SliceReader {
         let path = slice_path(dir, step, slice);
         let fail = |why: String| {
             Error::Protocol(format!(
-                "the checkpoint of step {step} is incomplete: {slice}'s slice {} {why}; restore that server's volume, or \
-                 delete its manifest (step-{step:08}.manifest.json) on the coordinator's volume to resume from the \
-                 checkpoint before it",
+                "the checkpoint of step {step} is incomplete: {slice}'s slice {} {why}; restore the file, or delete \
+                 its manifest (step-{step:08}.manifest.json) beside it to resume from the checkpoint before it",
                 path.display()
             ))
         };
@@ -293,6 +313,69 @@ impl SliceReader {
     }
 }
 
+/// Opens every slice the manifest of `step` with `checksums` names under `base` ([`slice_dir`]), each checked
+/// (size at most `max_bytes`, header, step and checksum) before anything is read from it.
+pub fn open_slices(base: &Path, step: u64, checksums: &[u32], max_bytes: u64) -> Result<Vec<SliceReader>> {
+    let count = checksums.len() as u32;
+    checksums
+        .iter()
+        .enumerate()
+        .map(|(i, &crc)| SliceReader::open(&slice_dir(base, i as u32), step, SliceId { index: i as u32, count }, crc, max_bytes))
+        .collect()
+}
+
+/// A tensor's whole values from its parts in the slices, in slice order (empty when no slice has it).
+pub fn join_tensor(readers: &[SliceReader], name: &str) -> Result<Vec<f32>> {
+    let mut out = Vec::new();
+    for r in readers {
+        if let Some(part) = r.read(name)? {
+            out.extend_from_slice(&part);
+        }
+    }
+    Ok(out)
+}
+
+/// The manifest at `path`, bounded and parsed.
+pub fn read_manifest(path: &Path) -> Result<Manifest> {
+    let size = fs::metadata(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?.len();
+    Error::check_limit(|| format!("manifest {}", path.display()), size, MAX_MANIFEST_BYTES)?;
+    let text = fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    serde_json::from_slice(&text)
+        .map_err(|e| Error::Protocol(format!("manifest {} is unusable: {e}; delete it to resume from an older one", path.display())))
+}
+
+/// Whether `path` names a manifest (rather than a one-file checkpoint).
+pub fn is_manifest(path: &Path) -> bool {
+    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(PREFIX) && n.ends_with(MANIFEST_SUFFIX))
+}
+
+/// The whole state a sliced checkpoint holds, its slices joined: the manifest at `path` and its tensors, in
+/// checkpoint order. The slices are found beside the manifest as the coordinator lays them out ([`slice_dir`]),
+/// each checked before it is read and all of them together at most `max_bytes`.
+pub fn read_joined(path: &Path, max_bytes: u64) -> Result<(Manifest, Tensors)> {
+    let manifest = read_manifest(path)?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let readers = open_slices(base, manifest.step, &manifest.slices, max_bytes)?;
+    let mut names: Vec<String> = readers.iter().flat_map(|r| r.entries.keys().cloned()).collect();
+    names.sort_by_key(|n| checkpoint::tensor_order(n));
+    names.dedup();
+    let total: u64 = readers.iter().map(|r| r.entries.values().map(|e| 4 * e.1 as u64).sum::<u64>()).sum();
+    Error::check_limit(|| format!("checkpoint {} (its slices' values)", path.display()), total, max_bytes)?;
+    let tensors = names.into_iter().map(|n| join_tensor(&readers, &n).map(|v| (n, v))).collect::<Result<_>>()?;
+    Ok((manifest, tensors))
+}
+
+/// Any checkpoint the appliance writes, read whole with what it records: a one-file checkpoint, or a sliced one
+/// named by its manifest (its slices joined, [`read_joined`]); at most `max_bytes` of state either way.
+pub fn read_checkpoint(path: &Path, max_bytes: u64) -> Result<(checkpoint::Info, Tensors)> {
+    if !is_manifest(path) {
+        return checkpoint::read_with_info(path, max_bytes);
+    }
+    let (m, tensors) = read_joined(path, max_bytes)?;
+    let info = checkpoint::Info { step: m.step, job: Some(m.job), uid: m.uid, model: m.model, seed: Some(m.seed) };
+    Ok((info, tensors))
+}
+
 /// Removes a server's slices of checkpoints other than `keep`, and temporary files a crash left behind.
 pub fn retain_slices(dir: &Path, slice: SliceId, keep: &[u64]) -> Result<()> {
     let Ok(entries) = fs::read_dir(dir) else { return Ok(()) };
@@ -332,29 +415,18 @@ pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
 }
 
 /// The newest manifest in `dir` of the job of `uid` (manifests of another job's uid are passed over with a
-/// warning), for a state of `servers` slices. A manifest of another server count is an error: the slices
-/// cannot be cut again without every one of them.
-pub fn latest(dir: &Path, uid: Option<&str>, servers: u32) -> Result<Option<(Manifest, PathBuf)>> {
+/// warning). Its slices may number more or fewer than the job's servers now: they are cut again on reading.
+pub fn latest(dir: &Path, uid: Option<&str>) -> Result<Option<(Manifest, PathBuf)>> {
     for (_, path) in list(dir)? {
-        let size = fs::metadata(&path).map(|m| m.len()).unwrap_or(u64::MAX);
-        Error::check_limit(|| format!("manifest {}", path.display()), size, MAX_MANIFEST_BYTES)?;
-        let text = fs::read(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-        let manifest: Manifest = serde_json::from_slice(&text)
-            .map_err(|e| Error::Protocol(format!("manifest {} is unusable: {e}; delete it to resume from an older one", path.display())))?;
+        let manifest = read_manifest(&path)?;
         if let (Some(ours), Some(theirs)) = (uid, manifest.uid.as_deref()) {
             if ours != theirs {
                 tracing::warn!(path = %path.display(), owner = %theirs, "a checkpoint of another job (uid) is not resumed");
                 continue;
             }
         }
-        if manifest.slices.len() != servers as usize {
-            return Err(Error::Plan(format!(
-                "the checkpoint {} was written by {} weight servers but the job now has {servers}; set \
-                 spec.memoryx.servers back to {} to resume it",
-                path.display(),
-                manifest.slices.len(),
-                manifest.slices.len()
-            )));
+        if manifest.slices.is_empty() || manifest.slices.len() > crds::MAX_SERVERS as usize {
+            return Err(Error::Protocol(format!("manifest {} names {} slices; delete it to resume from an older one", path.display(), manifest.slices.len())));
         }
         return Ok(Some((manifest, path)));
     }

@@ -9,7 +9,7 @@ use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::service::{chunks, Assembler};
 use wire::error::{Error, Result};
 use crate::protocol::pb::weights_client::WeightsClient;
-use crate::protocol::pb::{RetainRequest, TensorChunk, WeightsRequest};
+use crate::protocol::pb::{TensorChunk, WeightsRequest};
 use wire::grpc::{channel, Dial};
 use wire::status::from_status;
 
@@ -40,14 +40,14 @@ impl RemoteServer {
         })
     }
 
-    fn request(&self, layer: usize, step: u64, crc32: u32) -> WeightsRequest {
-        WeightsRequest { job: self.job.clone(), layer: layer as u64, step, crc32 }
+    fn request(&self, layer: usize, step: u64) -> WeightsRequest {
+        WeightsRequest { job: self.job.clone(), layer: layer as u64, step }
     }
 
     /// Asks the server who it is and what step it holds, checking it is the server this client is for.
     fn hello(&self) -> Result<crate::protocol::pb::WeightsInfo> {
         let mut client = self.client.clone();
-        let info = self.handle.block_on(client.hello(self.request(0, 0, 0))).map_err(|s| self.failed(s))?.into_inner();
+        let info = self.handle.block_on(client.hello(self.request(0, 0))).map_err(|s| self.failed(s))?.into_inner();
         if (info.index, info.count) != (self.slice.index, self.slice.count) {
             return Err(Error::Protocol(format!(
                 "{} answered as weight server {} of {}: the servers' addresses are out of order",
@@ -94,7 +94,7 @@ impl WeightServer for RemoteServer {
 
     fn fetch(&self, layer: usize, step: u64) -> Result<(Vec<f32>, Vec<f32>)> {
         let mut client = self.client.clone();
-        let (_, _, t) = self.receive(client.fetch(self.request(layer, step, 0)), 2)?;
+        let (_, _, t) = self.receive(client.fetch(self.request(layer, step)), 2)?;
         let [w, b, ..] = t;
         Ok((w, b))
     }
@@ -109,7 +109,7 @@ impl WeightServer for RemoteServer {
 
     fn commit(&self, step: u64) -> Result<()> {
         let mut client = self.client.clone();
-        self.handle.block_on(client.commit(self.request(0, step, 0))).map_err(|s| self.failed(s))?;
+        self.handle.block_on(client.commit(self.request(0, step))).map_err(|s| self.failed(s))?;
         Ok(())
     }
 
@@ -124,29 +124,11 @@ impl WeightServer for RemoteServer {
 
     fn tensors(&self, layer: usize) -> Result<(u64, LayerTensors)> {
         let mut client = self.client.clone();
-        let (_, step, t) = self.receive(client.tensors(self.request(layer, 0, 0)), 6)?;
+        let (_, step, t) = self.receive(client.tensors(self.request(layer, 0)), 6)?;
         Ok((step, t))
     }
 
     fn put(&self, layer: usize, step: u64, tensors: LayerTensors) -> Result<()> {
         self.send(layer, step, &tensors, |mut c, s| async move { c.put(s).await })
-    }
-
-    fn save(&self, step: u64) -> Result<u32> {
-        let mut client = self.client.clone();
-        Ok(self.handle.block_on(client.save(self.request(0, step, 0))).map_err(|s| self.failed(s))?.into_inner().crc32)
-    }
-
-    fn load(&self, step: u64, crc32: u32) -> Result<()> {
-        let mut client = self.client.clone();
-        self.handle.block_on(client.load(self.request(0, step, crc32))).map_err(|s| self.failed(s))?;
-        Ok(())
-    }
-
-    fn retain(&self, keep: &[u64]) -> Result<()> {
-        let mut client = self.client.clone();
-        let r = RetainRequest { job: self.job.clone(), keep: keep.to_vec() };
-        self.handle.block_on(client.retain(r)).map_err(|s| self.failed(s))?;
-        Ok(())
     }
 }

@@ -1,9 +1,12 @@
 //! MemoryX's checkpoints over HTTPS, so a user gets the trained weights back from a volume inside an image
 //! without a shell (`kubectl cp` cannot fetch them) and without any route to the volume but MemoryX itself.
 //!
-//! - `GET /checkpoints`: the complete checkpoint files, newest first, as
-//!   `[{"step":N,"file":"step-00000010.safetensors","bytes":B}]`. Temporary files of a write in progress are
-//!   never listed: a checkpoint is renamed into its listed name only once it is whole and synced.
+//! - `GET /checkpoints`: the complete checkpoints, newest first, as
+//!   `[{"step":N,"file":"step-00000010.safetensors","bytes":B}]`; a sliced one (several weight servers) as its
+//!   manifest with its slices, `{"step":N,"file":"step-00000010.manifest.json","bytes":B,"slices":[{"file":
+//!   "step-00000010.slice-0-of-3.safetensors","bytes":B0}, …]}`, listed only when every slice is there.
+//!   Temporary files of a write in progress are never listed: a file is renamed into its listed name only once
+//!   it is whole and synced, and a manifest is written after its slices.
 //! - `GET /checkpoints/{file}`: one file's bytes, streamed from disk in chunks (a checkpoint may be larger than
 //!   MemoryX can spare twice in memory), with its length announced up front.
 //!
@@ -22,6 +25,8 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 use super::checkpoint;
+use super::manifest;
+use super::slice::SliceId;
 
 /// Bytes read from disk per chunk of a streamed checkpoint: large enough to keep the TLS stream busy, small
 /// enough that a download costs MemoryX no more than this in memory.
@@ -36,19 +41,68 @@ pub struct Entry {
     pub file: String,
     /// Its size in bytes.
     pub bytes: u64,
+    /// A sliced checkpoint's slices, in server order (`file` is then its manifest); empty for one file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slices: Vec<SliceFile>,
 }
 
-/// The complete checkpoint files in `dir`, newest first: regular files only (not a symbolic link placed under a
-/// checkpoint's name), each with its size. A missing directory (no checkpoint written yet) lists nothing.
-pub fn entries(dir: &Path) -> wire::error::Result<Vec<(Entry, PathBuf)>> {
-    Ok(checkpoint::list(dir)?
+/// One slice of a sliced checkpoint as the listing names it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SliceFile {
+    /// Its file name, which `GET /checkpoints/{file}` answers to.
+    pub file: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+/// A regular file's name and size (not a symbolic link placed under a checkpoint's name).
+fn regular(path: &Path) -> Option<(String, u64)> {
+    let meta = std::fs::symlink_metadata(path).ok().filter(std::fs::Metadata::is_file)?;
+    Some((path.file_name()?.to_str()?.to_string(), meta.len()))
+}
+
+/// The complete checkpoints in `dir`, newest first, with the path of every file they list (the manifest and
+/// slices of a sliced one): regular files only, each with its size. A manifest whose slices are not all there
+/// (or unreadable) is left out. A missing directory (no checkpoint written yet) lists nothing.
+pub fn entries(dir: &Path) -> wire::error::Result<Vec<(Entry, Vec<PathBuf>)>> {
+    let mut found: Vec<(Entry, Vec<PathBuf>)> = checkpoint::list(dir)?
         .into_iter()
         .filter_map(|(step, path)| {
-            let meta = std::fs::symlink_metadata(&path).ok().filter(std::fs::Metadata::is_file)?;
-            let file = path.file_name()?.to_str()?.to_string();
-            Some((Entry { step, file, bytes: meta.len() }, path))
+            let (file, bytes) = regular(&path)?;
+            Some((Entry { step, file, bytes, slices: Vec::new() }, vec![path]))
         })
-        .collect())
+        .collect();
+    for (step, path) in manifest::list(dir)? {
+        let (Some((file, bytes)), Ok(m)) = (regular(&path), manifest::read_manifest(&path)) else { continue };
+        let count = m.slices.len() as u32;
+        let mut paths = vec![path];
+        let slices: Option<Vec<SliceFile>> = (0..count)
+            .map(|index| {
+                let p = manifest::slice_path(&manifest::slice_dir(dir, index), step, SliceId { index, count });
+                let (file, bytes) = regular(&p)?;
+                paths.push(p);
+                Some(SliceFile { file, bytes })
+            })
+            .collect();
+        if let Some(slices) = slices.filter(|s| m.step == step && !s.is_empty()) {
+            found.push((Entry { step, file, bytes, slices }, paths));
+        }
+    }
+    found.sort_by(|a, b| b.0.step.cmp(&a.0.step));
+    Ok(found)
+}
+
+/// The file the listing names `name` (a checkpoint, a manifest or a slice), with its listed size.
+fn listed(dir: &Path, name: &str) -> wire::error::Result<Option<(PathBuf, u64)>> {
+    for (entry, paths) in entries(dir)? {
+        let sizes = std::iter::once((&entry.file, entry.bytes)).chain(entry.slices.iter().map(|s| (&s.file, s.bytes)));
+        for ((file, bytes), path) in sizes.zip(paths) {
+            if file == name {
+                return Ok(Some((path, bytes)));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// The routes for the checkpoints in `dir` (none configured: an empty list, and every file `404`), to be
@@ -83,8 +137,8 @@ async fn download(dir: Option<PathBuf>, file: String) -> Response {
     let Some(dir) = dir else { return not_found(&file) };
     // The name is only compared with the listing's names, never joined to a path.
     let wanted = file.clone();
-    let found = tokio::task::spawn_blocking(move || entries(&dir).map(|all| all.into_iter().find(|(e, _)| e.file == wanted))).await;
-    let (entry, path) = match found {
+    let found = tokio::task::spawn_blocking(move || listed(&dir, &wanted)).await;
+    let (path, bytes) = match found {
         Ok(Ok(Some(hit))) => hit,
         Ok(Ok(None)) => return not_found(&file),
         Ok(Err(e)) => return failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
@@ -97,7 +151,7 @@ async fn download(dir: Option<PathBuf>, file: String) -> Response {
         Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, format!("opening {file}: {e}")),
     };
     // Exactly the size announced: never more, even if the file were to grow.
-    let reader = tokio::io::AsyncReadExt::take(opened, entry.bytes);
+    let reader = tokio::io::AsyncReadExt::take(opened, bytes);
     let stream = futures::stream::unfold(reader, |mut reader| async move {
         let mut buf = vec![0u8; CHUNK];
         match tokio::io::AsyncReadExt::read(&mut reader, &mut buf).await {
@@ -111,8 +165,8 @@ async fn download(dir: Option<PathBuf>, file: String) -> Response {
     });
     Response::builder()
         .header(header::CONTENT_TYPE, "application/octet-stream")
-        .header(header::CONTENT_LENGTH, entry.bytes)
-        .header(header::CONTENT_DISPOSITION, format!("attachment; filename=\"{}\"", entry.file))
+        .header(header::CONTENT_LENGTH, bytes)
+        .header(header::CONTENT_DISPOSITION, format!("attachment; filename=\"{file}\""))
         .body(Body::from_stream(stream))
         .unwrap_or_else(|e| failure(StatusCode::INTERNAL_SERVER_ERROR, format!("answering with {file}: {e}")))
 }
@@ -137,6 +191,22 @@ mod tests {
         assert_eq!(names, vec![(20, "step-00000020.safetensors"), (10, "step-00000010.safetensors")]);
         assert_eq!(found[0].0.bytes, std::fs::metadata(dir.join("step-00000020.safetensors")).unwrap().len());
         assert!(entries(&dir.join("missing")).unwrap().is_empty());
+        // A sliced checkpoint is listed with its slices once its manifest names them all; each is downloadable.
+        let m = |step: u64| manifest::Manifest { step, job: "j".into(), uid: None, model: None, seed: 0, slices: vec![0, 0] };
+        for i in 0..2 {
+            std::fs::create_dir_all(manifest::slice_dir(&dir, i)).unwrap();
+            std::fs::write(manifest::slice_path(&manifest::slice_dir(&dir, i), 30, SliceId { index: i, count: 2 }), b"slice").unwrap();
+        }
+        manifest::write_manifest(&dir, &m(30), 5).unwrap();
+        manifest::write_manifest(&dir, &m(40), 5).unwrap();
+        let found = entries(&dir).unwrap();
+        let listed_steps: Vec<u64> = found.iter().map(|(e, _)| e.step).collect();
+        assert_eq!(listed_steps, vec![30, 20, 10], "step 40's slices are missing, so it is not listed");
+        let files: Vec<&str> = found[0].0.slices.iter().map(|s| s.file.as_str()).collect();
+        assert_eq!(files, vec!["step-00000030.slice-0-of-2.safetensors", "step-00000030.slice-1-of-2.safetensors"]);
+        let (path, bytes) = listed(&dir, "step-00000030.slice-1-of-2.safetensors").unwrap().unwrap();
+        assert_eq!((path, bytes), (dir.join("server-1/step-00000030.slice-1-of-2.safetensors"), 5));
+        assert!(listed(&dir, "server-1/step-00000030.slice-1-of-2.safetensors").unwrap().is_none());
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -16,7 +16,6 @@ use rand::{Rng, SeedableRng};
 use kernels::sparse::SparsePattern;
 use rand_chacha::ChaCha8Rng;
 
-use super::checkpoint;
 use super::huggingface::Folder;
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::tier::{Tier, TierLayout};
@@ -71,13 +70,6 @@ pub trait WeightServer: Send + Sync {
     fn tensors(&self, layer: usize) -> Result<(u64, LayerTensors)>;
     /// Replaces its slice of layer `layer` (lengths checked) and sets the layer's step.
     fn put(&self, layer: usize, step: u64, tensors: LayerTensors) -> Result<()>;
-    /// Writes its slice of the state after `step` updates to its checkpoint directory, atomically; returns the
-    /// file's checksum, which the coordinator's manifest records.
-    fn save(&self, step: u64) -> Result<u32>;
-    /// Takes its slice back from the checkpoint of `step`, which must carry checksum `crc32`.
-    fn load(&self, step: u64, crc32: u32) -> Result<()>;
-    /// Removes its checkpoint slices of steps other than `keep` (those the coordinator's manifests still name).
-    fn retain(&self, keep: &[u64]) -> Result<()>;
     /// What it holds and has moved, and its process's memory.
     fn usage(&self) -> Result<ServerUsage>;
 }
@@ -109,10 +101,6 @@ pub struct LocalSlice {
     layers: Vec<Mutex<Slot>>,
     /// Where the part beyond the memory budget lives; `None`: all in memory.
     tier: Option<Arc<Tier>>,
-    /// Where its checkpoint slices go.
-    checkpoint_dir: Option<PathBuf>,
-    /// The job's name, recorded in its checkpoint slices.
-    job: String,
     /// Its memory budget, if any.
     budget: Option<u64>,
     /// The gradients staged for the step in flight.
@@ -127,17 +115,13 @@ impl std::fmt::Debug for LocalSlice {
     }
 }
 
-/// Where a [`LocalSlice`] keeps what does not fit its memory budget, and where it checkpoints.
+/// Where a [`LocalSlice`] keeps what does not fit its memory budget.
 #[derive(Clone, Debug, Default)]
 pub struct Storage {
     /// Bytes of state it may keep in memory; `None`: everything.
     pub memory_bytes: Option<u64>,
     /// The disk tier's directory (required when the budget is below the slice).
     pub tier_dir: Option<PathBuf>,
-    /// Where its checkpoint slices go.
-    pub checkpoint_dir: Option<PathBuf>,
-    /// The job's name, recorded in its checkpoint slices.
-    pub job: String,
 }
 
 /// Seed of layer `l`'s mask and initial values, derived from the job seed so layers differ.
@@ -341,8 +325,6 @@ impl LocalSlice {
             lengths: sliced,
             layers,
             tier,
-            checkpoint_dir: storage.checkpoint_dir,
-            job: storage.job,
             budget: storage.memory_bytes,
             staged: Mutex::default(),
             baseline_rss,
@@ -367,8 +349,6 @@ impl LocalSlice {
             lengths: lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect(),
             layers,
             tier: None,
-            checkpoint_dir: None,
-            job: String::new(),
             budget: None,
             staged: Mutex::default(),
             baseline_rss,
@@ -473,12 +453,6 @@ impl LocalSlice {
             t.prefetch(layer, true);
         }
     }
-
-    fn dir(&self) -> Result<&PathBuf> {
-        self.checkpoint_dir
-            .as_ref()
-            .ok_or_else(|| Error::Protocol(format!("{} has no checkpoint directory", self.slice)))
-    }
 }
 
 impl WeightServer for LocalSlice {
@@ -582,61 +556,6 @@ impl WeightServer for LocalSlice {
         }
         slot.updates = step;
         Ok(())
-    }
-
-    fn save(&self, step: u64) -> Result<u32> {
-        // One layer at a time, from memory or the disk tier: the slice is never held whole.
-        let dir = self.dir()?.clone();
-        let names = self
-            .lengths
-            .iter()
-            .enumerate()
-            .flat_map(|(l, lens)| {
-                checkpoint::KINDS.iter().zip(lens).filter(|(_, n)| **n > 0).map(move |(kind, n)| (checkpoint::tensor_name(l, kind), *n))
-            })
-            .collect();
-        let mut w = super::manifest::SliceWriter::create(&dir, step, &self.job, self.slice, names)?;
-        for l in 0..self.layers.len() {
-            let (at, tensors) = self.tensors(l)?;
-            self.check_step(l, at, step)?;
-            for t in tensors.iter().filter(|t| !t.is_empty()) {
-                w.push(t)?;
-            }
-        }
-        w.finish()
-    }
-
-    fn load(&self, step: u64, crc32: u32) -> Result<()> {
-        let dir = self.dir()?.clone();
-        let max = 4 * self.lengths.iter().map(|s| s.iter().sum::<usize>() as u64).sum::<u64>() + (1 << 20);
-        let reader = super::manifest::SliceReader::open(&dir, step, self.slice, crc32, max)?;
-        // Every tensor's length is checked against the model before anything is replaced.
-        for (l, want) in self.lengths.iter().enumerate() {
-            for (k, kind) in checkpoint::KINDS.iter().enumerate() {
-                let name = checkpoint::tensor_name(l, kind);
-                let have = reader.len_of(&name).unwrap_or(0);
-                if have != want[k] {
-                    return Err(Error::Protocol(format!(
-                        "{}: checkpoint slice of step {step} holds {have} values of {name} but this job's model needs {}; \
-                         it belongs to another model, seed, sparsity or optimizer",
-                        self.slice, want[k]
-                    )));
-                }
-            }
-        }
-        for l in 0..self.layers.len() {
-            let mut parts: LayerTensors = Default::default();
-            for (k, kind) in checkpoint::KINDS.iter().enumerate() {
-                parts[k] = reader.read(&checkpoint::tensor_name(l, kind))?.unwrap_or_default();
-            }
-            self.put(l, step, parts)?;
-        }
-        Ok(())
-    }
-
-    fn retain(&self, keep: &[u64]) -> Result<()> {
-        let dir = self.dir()?.clone();
-        super::manifest::retain_slices(&dir, self.slice, keep)
     }
 
     fn usage(&self) -> Result<ServerUsage> {

@@ -12,7 +12,7 @@ use super::server::{LocalSlice, WeightServer};
 use super::slice::{LayerLengths, LayerTensors};
 use wire::error::{Error, Result};
 use crate::protocol::pb::weights_server::Weights;
-use crate::protocol::pb::{Ack, RetainRequest, SaveReply, TensorChunk, WeightsInfo, WeightsRequest};
+use crate::protocol::pb::{Ack, TensorChunk, WeightsInfo, WeightsRequest};
 use crate::protocol::codec::chunk::CHUNK_BYTES;
 use wire::grpc::JobGuard;
 use wire::status::to_status;
@@ -207,30 +207,6 @@ impl Weights for WeightsService {
     async fn put(&self, request: Request<Streaming<TensorChunk>>) -> Result<Response<Ack>, Status> {
         let (layer, step, t) = self.receive(request.into_inner(), 6).await?;
         self.blocking(move |s| s.put(layer, step, t)).await?;
-        Ok(Response::new(Ack {}))
-    }
-
-    async fn save(&self, request: Request<WeightsRequest>) -> Result<Response<SaveReply>, Status> {
-        let r = request.into_inner();
-        self.job.check(&r.job)?;
-        let crc32 = self.blocking(move |s| s.save(r.step)).await?;
-        Ok(Response::new(SaveReply { crc32 }))
-    }
-
-    async fn load(&self, request: Request<WeightsRequest>) -> Result<Response<Ack>, Status> {
-        let r = request.into_inner();
-        self.job.check(&r.job)?;
-        self.blocking(move |s| s.load(r.step, r.crc32)).await?;
-        Ok(Response::new(Ack {}))
-    }
-
-    async fn retain(&self, request: Request<RetainRequest>) -> Result<Response<Ack>, Status> {
-        let r = request.into_inner();
-        self.job.check(&r.job)?;
-        if r.keep.len() > 1000 {
-            return Err(Status::invalid_argument("more than 1000 checkpoints to keep"));
-        }
-        self.blocking(move |s| s.retain(&r.keep)).await?;
         Ok(Response::new(Ack {}))
     }
 }

@@ -5,12 +5,14 @@
 //! earlier versions, lending its weights to a pipelined replica without copying them.
 
 use std::borrow::Cow;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crds::{OptimizerSpec, ScheduleSpec};
 
 use super::checkpoint::{self, Tensors};
+use super::manifest;
 use super::server::{layer_lengths, mask, random_mask, LocalSlice, Masking, WeightServer};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::tied::TiedGrad;
@@ -558,24 +560,58 @@ impl MemoryX {
         Ok(())
     }
 
-    /// Has every server write its slice of the state after `step` updates; returns their checksums, in
-    /// server order, for the manifest.
-    pub fn save_slices(&self, step: u64) -> Result<Vec<u32>> {
-        on_each(&self.servers, |_, s| s.save(step))
+    /// Writes every server's slice of the state after `step` updates into [`manifest::slice_dir`]`(base, i)`,
+    /// taking it from the server one layer at a time (the slices are written side by side, and none is ever held
+    /// whole); returns their checksums, in server order, for the manifest.
+    pub fn write_slices(&self, base: &Path, step: u64, job: &str) -> Result<Vec<u32>> {
+        let count = self.servers.len() as u32;
+        on_each(&self.servers, |i, s| {
+            let slice = SliceId { index: i as u32, count };
+            let mut w = manifest::SliceWriter::create(&manifest::slice_dir(base, slice.index), step, job, slice, manifest::slice_tensors(&self.lengths, slice))?;
+            for l in 0..self.lengths.len() {
+                let (at, tensors) = s.tensors(l)?;
+                if at != step {
+                    return Err(Error::Protocol(format!("{slice} holds layer {l} after {at} updates, not {step}: no checkpoint of a step in flight")));
+                }
+                for t in tensors.iter().filter(|t| !t.is_empty()) {
+                    w.push(t)?;
+                }
+            }
+            w.finish()
+        })
     }
 
-    /// Has every server take its slice back from the checkpoint of `step` whose slices have `checksums`.
-    pub fn load_slices(&self, step: u64, checksums: &[u32]) -> Result<()> {
-        if checksums.len() != self.servers.len() {
-            return Err(Error::Protocol(format!(
-                "the checkpoint of step {step} has {} slices for {} weight servers",
-                checksums.len(),
-                self.servers.len()
-            )));
+    /// Puts back the sliced checkpoint of `step` whose slices (under `base`, laid out as [`MemoryX::write_slices`]
+    /// writes them) have `checksums`, however many servers wrote it: each layer is joined from the slices and
+    /// cut again for this store's servers, one layer at a time. Every slice is checked (at most `max_bytes`
+    /// each) and every tensor's length against the model before anything is replaced.
+    pub fn read_slices(&self, base: &Path, step: u64, checksums: &[u32], max_bytes: u64) -> Result<()> {
+        let readers = manifest::open_slices(base, step, checksums, max_bytes)?;
+        for (l, want) in self.lengths.iter().enumerate() {
+            for (k, kind) in checkpoint::KINDS.iter().enumerate() {
+                let name = checkpoint::tensor_name(l, kind);
+                let have: usize = readers.iter().map(|r| r.len_of(&name).unwrap_or(0)).sum();
+                if have != want[k] {
+                    return Err(Error::Protocol(format!(
+                        "the checkpoint of step {step} holds {have} values of {name} but this job's model needs {}; it \
+                         belongs to another model, seed, sparsity or optimizer",
+                        want[k]
+                    )));
+                }
+            }
         }
-        on_each(&self.servers, |i, s| s.load(step, checksums[i]))?;
-        for u in &self.updates {
-            u.store(step, Ordering::SeqCst);
+        let n = self.servers.len() as u32;
+        for l in 0..self.lengths.len() {
+            let whole: Vec<Vec<f32>> =
+                checkpoint::KINDS.iter().map(|kind| manifest::join_tensor(&readers, &checkpoint::tensor_name(l, kind))).collect::<Result<_>>()?;
+            on_each(&self.servers, |i, s| {
+                let mut slice: LayerTensors = Default::default();
+                for (part, t) in slice.iter_mut().zip(&whole) {
+                    *part = t[plan::memoryx::slice_range(t.len(), i as u32, n)].to_vec();
+                }
+                s.put(l, step, slice)
+            })?;
+            self.updates[l].store(step, Ordering::SeqCst);
         }
         Ok(())
     }
@@ -583,11 +619,6 @@ impl MemoryX {
     /// What each server holds and has moved.
     pub fn usage(&self) -> Vec<Result<super::server::ServerUsage>> {
         self.servers.iter().map(|s| s.usage()).collect()
-    }
-
-    /// Has every server drop its slices of checkpoints other than `keep`.
-    pub fn retain_slices(&self, keep: &[u64]) -> Result<()> {
-        on_each(&self.servers, |_, s| s.retain(keep)).map(|_| ())
     }
 }
 
