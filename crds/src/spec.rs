@@ -43,9 +43,19 @@ pub const VERSION: &str = "v1alpha1";
     validation = Rule::new("self.training.batchSize % self.cs2 == 0")
         .message("spec.training.batchSize must be divisible by spec.cs2: each CS-2 takes an equal shard of the batch")
         .field_path(".training.batchSize"),
-    validation = Rule::new("(self.data.kind in ['text', 'tokens', 'jsonl']) == (self.model.kind == 'gpt')")
-        .message("spec.data.kind: a gpt trains on text, tokens or jsonl, and an mlp on mnist or arrays")
+    validation = Rule::new("(self.data.kind in ['text', 'tokens', 'jsonl']) == (self.model.kind in ['gpt', 'llama'])")
+        .message("spec.data.kind: a gpt or llama trains on text, tokens or jsonl, and an mlp on mnist or arrays")
         .field_path(".data.kind"),
+    // In a cluster a pretrained folder is read from the job's data volume by the pods that need it.
+    validation = Rule::new(
+        "!has(self.model.from) || (has(self.data.volume) && !(self.model.from.startsWith('/') || \
+         self.model.from.matches('(^|/)[.][.](/|$)')))"
+    )
+    .message(
+        "spec.model.from: a cluster job reads its pretrained folder from its data volume: set spec.data.volume and \
+         give the folder's path inside it (no leading '/', no '..')"
+    )
+    .field_path(".model.from"),
     validation = Rule::new(
         "self.data.kind != 'mnist' || (size(self.model.layers) >= 2 && self.model.layers[0] == 784 && \
          self.model.layers[size(self.model.layers) - 1] == 10)"
@@ -235,15 +245,7 @@ impl RolesResources {
     .message(
         "spec.model: a llama needs width, heads, blocks, contextLength and intermediateSize, with width divisible by \
          heads and heads by kvHeads"
-    ),
-    // The pods of a cluster job mount no model volume yet: refused here with what to do, rather than failing on
-    // a missing folder in every weight server.
-    validation = Rule::new("!has(self.from)")
-        .message(
-            "spec.model.from: a pretrained folder is read by `wsctl run` on the machine that holds it; a cluster job \
-             cannot start from one yet"
-        )
-        .field_path(".from")
+    )
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelSpec {

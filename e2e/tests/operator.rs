@@ -167,7 +167,18 @@ async fn the_server_rejects_each_invalid_spec_with_its_message() {
             v["spec"]["model"]["kvHeads"] = 2.into();
             v["spec"]["model"]["from"] = "models/smollm2-135m".into();
         },
-        "a cluster job cannot start from one yet",
+        "reads its pretrained folder from its data volume",
+    )
+    .await;
+    reject(
+        "pretrained-escape",
+        &|v| {
+            llama(v);
+            v["spec"]["model"]["kvHeads"] = 2.into();
+            v["spec"]["data"]["volume"] = "corpus".into();
+            v["spec"]["model"]["from"] = "../models/smollm2-135m".into();
+        },
+        "no leading '/', no '..'",
     )
     .await;
 

@@ -689,12 +689,14 @@ pub fn memoryx_args(job: &TrainingJob, plan: &Plan) -> MemoryxArgs {
 pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash: &str) -> Result<StatefulSet, Error> {
     let name = job.name_any();
     let servers = plan.memoryx.servers.max(1);
+    let (volumes, mut mounts) = volumes_of(job, plan, Role::Memoryx);
+    mounts.push(VolumeMount { name: "checkpoints".into(), mount_path: CHECKPOINT_DIR.into(), ..Default::default() });
     let mut c = container(
         job,
         settings,
         &memoryx_args(job, plan),
         job.spec.resources.memoryx.clone().or_else(|| memory_request(plan.memoryx.memory_bytes)),
-        vec![VolumeMount { name: "checkpoints".into(), mount_path: CHECKPOINT_DIR.into(), ..Default::default() }],
+        mounts,
     );
     c.env = Some(vec![EnvVar {
         name: SERVER_INDEX_ENV.into(),
@@ -708,7 +710,7 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash:
         ..Default::default()
     }]);
     let replicas = i32::try_from(servers).map_err(|_| Error::Plan(format!("{servers} weight servers are too many")))?;
-    let mut pod_spec = restricted_pod(vec![c], role_volumes(job));
+    let mut pod_spec = restricted_pod(vec![c], volumes);
     pod_spec.priority_class_name.clone_from(&job.spec.priority_class_name);
     let hash = spec_hash(&pod_spec)?;
     let claim = PersistentVolumeClaim {
@@ -788,25 +790,30 @@ fn swarmx_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str
         .collect()
 }
 
-/// The input workers, `spec.data.workers` per CS-2: the only pods that mount the data volume (read-only), so
-/// a job's data is read by the role that prepares it and by no other.
+/// The pod volumes and the container's mounts of a component of `role`: the job's own ([`role_volumes`]), and
+/// the data volume, read-only at [`DATA_MOUNT`], for the roles that read it: input workers (the data), and
+/// the roles that read a pretrained folder in it ([`Plan::reads_pretrained`]). No other pod mounts it, so a
+/// job's data is read by the role that prepares it and by no other.
+fn volumes_of(job: &TrainingJob, plan: &Plan, role: Role) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let mut volumes = role_volumes(job);
+    let mut mounts = Vec::new();
+    if let Some(claim) = job.spec.data.volume.as_ref().filter(|_| role == Role::Input || plan.reads_pretrained(role)) {
+        volumes.push(Volume {
+            name: "data".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: claim.clone(), read_only: Some(true) }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount { name: "data".into(), mount_path: DATA_MOUNT.into(), read_only: Some(true), ..Default::default() });
+    }
+    (volumes, mounts)
+}
+
+/// The input workers, `spec.data.workers` per CS-2, which read the data volume (read-only).
 fn input_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str) -> Result<Vec<Pod>, Error> {
     let name = job.name_any();
     (0..plan.input_workers)
         .map(|i| {
-            let mut volumes = role_volumes(job);
-            let mut mounts = Vec::new();
-            if let Some(claim) = &job.spec.data.volume {
-                volumes.push(Volume {
-                    name: "data".into(),
-                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                        claim_name: claim.clone(),
-                        read_only: Some(true),
-                    }),
-                    ..Default::default()
-                });
-                mounts.push(VolumeMount { name: "data".into(), mount_path: DATA_MOUNT.into(), read_only: Some(true), ..Default::default() });
-            }
+            let (volumes, mounts) = volumes_of(job, plan, Role::Input);
             let c = container(job, settings, &Wiring::of(plan).input(&ClusterSite::of(job), i), job.spec.resources.input.clone(), mounts);
             let spec = restricted_pod(vec![c], volumes);
             pod(job, names::input(&name, i), Role::Input, names::input_service(&name), spec, config)
@@ -831,8 +838,9 @@ fn engine_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str
                 resources.requests.get_or_insert_with(BTreeMap::new).insert(CS2_RESOURCE.into(), one);
             }
             let resources = (resources != ResourceRequirements::default()).then_some(resources);
-            let c = container(job, settings, &Wiring::of(plan).engine(&ClusterSite::of(job), i), resources, vec![]);
-            let spec = restricted_pod(vec![c], role_volumes(job));
+            let (volumes, mounts) = volumes_of(job, plan, Role::Engine);
+            let c = container(job, settings, &Wiring::of(plan).engine(&ClusterSite::of(job), i), resources, mounts);
+            let spec = restricted_pod(vec![c], volumes);
             pod(job, names::engine(&name, i), Role::Engine, names::engine_service(&name), spec, config)
         })
         .collect()
@@ -978,6 +986,55 @@ mod tests {
         let a: EngineArgs = parse(&engines[1].spec.as_ref().unwrap().containers[0]);
         assert_eq!(a.inputs, vec![input_address("mnist", "ml", 2), input_address("mnist", "ml", 3)]);
         assert!(a.inputs[0].starts_with("https://mnist-input-2.mnist-input.ml.svc:7300"), "{:?}", a.inputs);
+    }
+
+    /// A job starting from a pretrained folder in its data volume: every weight server mounts the volume
+    /// read-only and reads the folder under its `--data-root`; engines do so only when they prune a pipelined
+    /// replica by magnitude (sparse), and SwarmX never.
+    #[test]
+    fn the_readers_of_a_pretrained_folder_mount_the_data_volume_read_only() {
+        let mut j = job(2);
+        j.spec.data = crds::DataSpec { kind: crds::DataKind::Text, path: "moby.txt".into(), volume: Some("corpus".into()), ..j.spec.data.clone() };
+        j.spec.model = crds::ModelSpec {
+            kind: crds::ModelKind::Llama,
+            width: Some(64),
+            heads: Some(4),
+            kv_heads: Some(2),
+            blocks: Some(2),
+            intermediate_size: Some(96),
+            context_length: Some(32),
+            from: Some("models/tiny".into()),
+            ..crds::ModelSpec::mlp(Vec::new(), crds::Activation::Gelu, 0.0)
+        };
+        j.spec.memoryx.servers = Some(2);
+        let mounts_data = |spec: &PodSpec| {
+            let claim = spec.volumes.iter().flatten().find_map(|v| v.persistent_volume_claim.clone());
+            let mount = spec.containers[0].volume_mounts.iter().flatten().find(|m| m.name == "data").cloned();
+            match (claim, mount) {
+                (Some(c), Some(m)) => {
+                    assert_eq!((c.claim_name.as_str(), c.read_only, m.mount_path.as_str(), m.read_only), ("corpus", Some(true), DATA_MOUNT, Some(true)));
+                    true
+                }
+                (None, None) => false,
+                other => panic!("a claim without its mount or the reverse: {other:?}"),
+            }
+        };
+        for (mode, sparsity, engines_read) in [(crds::ExecutionMode::WeightStreaming, 0.5, false), (crds::ExecutionMode::Pipelined, 0.0, false), (crds::ExecutionMode::Pipelined, 0.5, true)] {
+            j.spec.execution_mode = mode;
+            j.spec.model.sparsity = sparsity;
+            let d = build(&j, &settings(false), 2);
+            let mx = d.memoryx.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+            assert!(mounts_data(mx), "{mode:?}: MemoryX reads the folder");
+            let a: MemoryxArgs = parse(&mx.containers[0]);
+            assert_eq!(a.data_root.as_deref(), Some(std::path::Path::new(DATA_MOUNT)));
+            for e in role_pods(&d, Role::Engine) {
+                let spec = e.spec.as_ref().unwrap();
+                assert_eq!(mounts_data(spec), engines_read, "{mode:?} sparsity {sparsity}: {}", e.name_any());
+                let a: EngineArgs = parse(&spec.containers[0]);
+                assert_eq!(a.data_root.is_some(), engines_read);
+            }
+            assert!(role_pods(&d, Role::Swarmx).iter().all(|p| !mounts_data(p.spec.as_ref().unwrap())));
+        }
     }
 
     /// The checks of Pod Security "restricted" (v1.34) that a pod spec can fail, as the API server applies them.

@@ -71,6 +71,8 @@ pub struct Plan {
     /// (`spec.model.from`), or `None` when they are drawn from the seed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weights_from: Option<String>,
+    /// Whether the model's matrices are masked (`spec.model.sparsity` > 0).
+    pub sparse: bool,
 }
 
 impl Plan {
@@ -78,6 +80,20 @@ impl Plan {
     /// under a SwarmX tree of `fan_out` children per node: what the operator, `wsctl` and the roles all call.
     pub fn for_spec(spec: &TrainingJobSpec, fan_out: u32) -> Result<Plan> {
         Plan::new(spec, crate::preset::sram_bytes(&spec.engine), fan_out)
+    }
+
+    /// Whether a component of `role` reads the pretrained folder `spec.model.from`, and so needs the volume it is
+    /// in (in a cluster, `spec.data.volume`): every weight server reads its slice of every unit from it; an
+    /// engine only when it holds a replica of the model (pipelined) whose masks are chosen by magnitude from it
+    /// (sparse); nothing else.
+    pub fn reads_pretrained(&self, role: crds::contract::Role) -> bool {
+        use crds::contract::Role;
+        self.weights_from.is_some()
+            && match role {
+                Role::Memoryx => true,
+                Role::Engine => self.execution_mode == ExecutionMode::Pipelined && self.sparse,
+                Role::Input | Role::Swarmx => false,
+            }
     }
 
     /// The input workers that feed engine `engine`: a block of [`Plan::input_workers_per_cs2`], in order.
@@ -162,6 +178,7 @@ impl Plan {
             dense_equivalent_step_bytes: step_bytes(&layout, true),
             layers,
             weights_from: spec.model.from.clone(),
+            sparse: spec.model.sparsity > 0.0,
         })
     }
 }

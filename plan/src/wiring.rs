@@ -68,7 +68,8 @@ pub trait Site {
     fn listen(&self, role: Role) -> SocketAddr;
     /// The URL at which `to`'s gRPC service is reached.
     fn address(&self, to: Component) -> String;
-    /// Where input workers find the job's data volume, when the job names one.
+    /// Where input workers (and the components that read a pretrained folder in it) find the job's data
+    /// volume, when the job names one.
     fn data_root(&self) -> Option<PathBuf>;
 }
 
@@ -139,7 +140,8 @@ impl<'a> Wiring<'a> {
     /// Engine `index`'s arguments: fed by its block of the input workers ([`Plan::inputs_of`]).
     pub fn engine(&self, site: &impl Site, index: u32) -> EngineArgs {
         let inputs = self.plan.inputs_of(index).map(|w| site.address(Component::Input(w))).collect();
-        EngineArgs::new(site.common(), site.listen(Role::Engine), index, inputs)
+        let data_root = site.data_root().filter(|_| self.plan.reads_pretrained(Role::Engine));
+        EngineArgs { data_root, ..EngineArgs::new(site.common(), site.listen(Role::Engine), index, inputs) }
     }
 
     /// A SwarmX node's arguments: its children's addresses, in engine order.
@@ -155,6 +157,7 @@ impl<'a> Wiring<'a> {
         MemoryxArgs {
             weight_servers,
             listen: site.listen(Role::Memoryx),
+            data_root: site.data_root().filter(|_| self.plan.reads_pretrained(Role::Memoryx)),
             ..MemoryxArgs::new(
                 site.common(),
                 site.address(Component::Swarmx { level: 0, index: 0 }),

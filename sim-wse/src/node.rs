@@ -26,6 +26,11 @@ pub fn main(args: EngineArgs) -> Result<()> {
     runtime::process::keep_allocator_warm();
     let program = Program::start(Role::Engine, &args.common)?;
     let spec = &program.job.spec;
+    // A pipelined replica pruned by magnitude reads the pretrained folder: in the data volume when there is one.
+    let pretrained = match &args.data_root {
+        Some(root) => runtime::memoryx::huggingface::locate(spec, Some(root))?,
+        None => spec.model.from.as_ref().map(std::path::PathBuf::from),
+    };
     let layout = ModelLayout::from_spec(&spec.model);
     let engine = crate::engine(format!("engine-{}", args.index), layout.clone(), &spec.engine);
     // What the plan lets a message make this engine hold (`program.limits`): its shard of the batch (training
@@ -43,7 +48,7 @@ pub fn main(args: EngineArgs) -> Result<()> {
     // when the first replica is made (they are up by then: MemoryX has already asked one).
     let replica = move || {
         let total = runtime::coordinator::train::total_steps(&spec.training, described.describe()?.train_samples)?;
-        MemoryX::replica(layout.clone(), &runtime::optim::Recipe::of(&spec, total))
+        MemoryX::replica(layout.clone(), &runtime::optim::Recipe { from: pretrained.clone(), ..runtime::optim::Recipe::of(&spec, total) })
     };
     let server = EngineServer::new(program.job_id.clone(), program.limits.clone(), Box::new(engine), feed)
         .with_replicas(Arc::new(replica));

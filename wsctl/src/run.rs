@@ -14,10 +14,19 @@ use runtime::swarmx::LocalSwarm;
 use runtime::coordinator::train::Summary;
 use plan::units;
 
-/// Reads and validates a manifest, applying a `--cs2` override.
-fn load_job(path: &Path, cs2: Option<u32>) -> Result<crds::TrainingJob> {
+/// Reads and validates a manifest, applying a `--cs2` override. A pretrained folder (`spec.model.from`) is
+/// looked for inside the folders standing in for volumes (`--volume CLAIM=DIR`), where a cluster finds it,
+/// and else as a path here.
+fn load_job(path: &Path, cs2: Option<u32>, volumes: &[(String, PathBuf)]) -> Result<crds::TrainingJob> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut job = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve).with_context(|| path.display().to_string())?;
+    let resolve = |from: &str| {
+        let inside = volumes.iter().map(|(_, dir)| dir.join(from)).find(|p| !crds::escapes(from) && p.exists());
+        match inside {
+            Some(p) => runtime::memoryx::huggingface::resolve(&p.display().to_string()),
+            None => runtime::memoryx::huggingface::resolve(from),
+        }
+    };
+    let mut job = crds::parse_training_job_with(&text, &resolve).with_context(|| path.display().to_string())?;
     if let Some(n) = cs2 {
         job.spec.cs2 = n;
         job.spec.validate().with_context(|| format!("{} with --cs2 {n}", path.display()))?;
@@ -28,7 +37,7 @@ fn load_job(path: &Path, cs2: Option<u32>) -> Result<crds::TrainingJob> {
 
 /// `wsctl plan`.
 pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
-    let job = load_job(path, cs2)?;
+    let job = load_job(path, cs2, &[])?;
     let plan = Plan::for_spec(&job.spec, crds::contract::DEFAULT_FAN_OUT)?;
     data::check_path(&job.spec)?;
     let simulated = sim_wse::cost::estimate(&job.spec);
@@ -160,7 +169,7 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
         // else allocates, so every thread (the data loading's too) shares the arena it keeps.
         runtime::process::keep_allocator_warm();
     }
-    let job = load_job(path, opts.cs2)?;
+    let job = load_job(path, opts.cs2, &opts.volumes)?;
     let spec = &job.spec;
     let plan = Plan::for_spec(spec, opts.fanout)?;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
@@ -170,7 +179,9 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     // it again in their own processes.
     let root = data_root(spec, &opts.volumes)?;
     let feed = std::sync::Arc::new(LocalFeed::load(spec, root.as_deref())?);
-    let loaded = Job::new(spec.clone(), name.clone(), feed.describe()?)?;
+    // In this process the pretrained folder is read where it is (inside the volume's folder, when there is one);
+    // processes place it themselves, from the data root they are given.
+    let loaded = Job::new(spec.clone(), name.clone(), feed.describe()?)?.locate_pretrained(root.as_deref())?;
     let total = loaded.total_steps;
     let how = match plan.execution_mode {
         crds::ExecutionMode::Pipelined => "the model resident on the engines (pipelined)",

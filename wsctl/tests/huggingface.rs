@@ -400,3 +400,33 @@ fn affine_norms_give_one_gpt_curve_over_servers_modes_and_engines() {
         }
     }
 }
+
+/// A pretrained folder inside the job's data volume, as a cluster job names it (`from` relative to the volume):
+/// `wsctl run --volume` finds it there, as processes (the weight servers and the engines pruning a pipelined
+/// replica by magnitude read it under their `--data-root`) and in one process, with the same curve; a path
+/// leaving the volume is one clear error.
+#[test]
+fn a_folder_inside_the_data_volume_trains_as_processes_and_in_one_process() {
+    let dir = common::scratch("huggingface", "volume");
+    let volume = dir.join("volume");
+    write_folder(&volume.join("models/tiny"), false, false);
+    std::fs::copy(common::repo().join("examples/data/moby-dick/moby-dick.txt.gz"), volume.join("moby-dick.txt.gz")).unwrap();
+    let text = job("volume", Path::new("models/tiny"), ", sparsity: 0.5")
+        .replace("path: examples/data/moby-dick/moby-dick.txt.gz", "path: moby-dick.txt.gz, volume: corpus")
+        .replace("  cs2: 1\n", "  cs2: 2\n  executionMode: pipelined\n");
+    let path = dir.join("job.yaml");
+    std::fs::write(&path, &text).unwrap();
+    let claim = format!("corpus={}", volume.display());
+    let mut curves = Vec::new();
+    for how in [&["--volume", claim.as_str()][..], &["--volume", claim.as_str(), "--in-process"][..]] {
+        let out = dir.join(format!("out-{}", how.len()));
+        common::run_ok(&path, &out, how);
+        curves.push(common::losses(&out));
+    }
+    assert_eq!(curves[0].len(), 4);
+    assert_eq!(curves[0], curves[1], "processes and one process");
+    std::fs::write(&path, text.replace("from: models/tiny", "from: ../volume/models/tiny")).unwrap();
+    let o = common::run(&path, &dir.join("escape"), &["--volume", &claim]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("spec.model.from") && err.contains(".."), "{err}");
+}

@@ -161,6 +161,10 @@ pub struct MemoryxArgs {
     /// `tier` directory beside the checkpoints). Its files are scratch, rebuilt from the checkpoint on restart.
     #[arg(long, env = "WS_TIER_DIR")]
     pub tier_dir: Option<PathBuf>,
+    /// Where `spec.data.volume` is mounted when the job starts from a pretrained folder in it
+    /// (`spec.model.from`, read inside it and never outside); unset, `from` is a path on this machine.
+    #[arg(long, env = "WS_DATA_ROOT")]
+    pub data_root: Option<PathBuf>,
 }
 
 impl MemoryxArgs {
@@ -184,6 +188,7 @@ impl MemoryxArgs {
             weight_servers: Vec::new(),
             listen: ([127, 0, 0, 1], 0).into(),
             tier_dir: None,
+            data_root: None,
         }
     }
 }
@@ -226,6 +231,9 @@ impl RoleArgs for MemoryxArgs {
         v.extend(["--listen".into(), self.listen.to_string()]);
         if let Some(d) = &self.tier_dir {
             v.extend(["--tier-dir".into(), d.display().to_string()]);
+        }
+        if let Some(d) = &self.data_root {
+            v.extend(["--data-root".into(), d.display().to_string()]);
         }
         v
     }
@@ -284,12 +292,16 @@ pub struct EngineArgs {
     /// in this order, and never opens a data file itself.
     #[arg(long, env = "WS_INPUTS", value_delimiter = ',', required = true)]
     pub inputs: Vec<String>,
+    /// Where `spec.data.volume` is mounted when this engine reads the pretrained folder in it (a pipelined
+    /// replica pruned by magnitude, `spec.model.from`); unset, `from` is a path on this machine.
+    #[arg(long, env = "WS_DATA_ROOT")]
+    pub data_root: Option<PathBuf>,
 }
 
 impl EngineArgs {
     /// Engine `index`, listening on `listen`, fed by `inputs`.
     pub fn new(common: CommonArgs, listen: SocketAddr, index: u32, inputs: Vec<String>) -> Self {
-        EngineArgs { common, listen, index, inputs }
+        EngineArgs { common, listen, index, inputs, data_root: None }
     }
 }
 
@@ -302,6 +314,9 @@ impl RoleArgs for EngineArgs {
         v.extend(["--listen".into(), self.listen.to_string()]);
         v.extend(["--index".into(), self.index.to_string()]);
         v.extend(["--inputs".into(), self.inputs.join(",")]);
+        if let Some(d) = &self.data_root {
+            v.extend(["--data-root".into(), d.display().to_string()]);
+        }
         v
     }
 }

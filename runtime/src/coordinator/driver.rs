@@ -36,6 +36,9 @@ pub struct Job {
     /// The TrainingJob's uid when the manifest has one (in a cluster): checkpoints record it, and only this
     /// job's are resumed.
     pub uid: Option<String>,
+    /// Where this process reads the pretrained folder `spec.model.from` names: the path as given, until
+    /// [`Job::locate_pretrained`] finds it inside the data volume.
+    pub pretrained: Option<PathBuf>,
 }
 
 impl Job {
@@ -43,7 +46,16 @@ impl Job {
     /// train.
     pub fn new(spec: TrainingJobSpec, id: impl Into<String>, data: DataInfo) -> Result<Job> {
         let total_steps = train::total_steps(&spec.training, data.train_samples)?;
-        Ok(Job { spec, id: id.into(), data, total_steps, uid: None })
+        let pretrained = spec.model.from.as_ref().map(PathBuf::from);
+        Ok(Job { spec, id: id.into(), data, total_steps, uid: None, pretrained })
+    }
+
+    /// The job with its pretrained folder found where this process reads it: inside the data volume mounted
+    /// at `root` when the job names one ([`crate::memoryx::huggingface::locate`], which checks the folder is
+    /// the job's model).
+    pub fn locate_pretrained(mut self, root: Option<&Path>) -> Result<Job> {
+        self.pretrained = crate::memoryx::huggingface::locate(&self.spec, root)?;
+        Ok(self)
     }
 
     /// The model's layout.
@@ -60,7 +72,7 @@ impl Job {
 
     /// How this job's state is trained: its optimizer, schedule, run length and seed.
     pub fn recipe(&self) -> crate::optim::Recipe {
-        crate::optim::Recipe::of(&self.spec, self.total_steps)
+        crate::optim::Recipe { from: self.pretrained.clone(), ..crate::optim::Recipe::of(&self.spec, self.total_steps) }
     }
 
     /// How this job's MemoryX is spread over weight servers, memory and disk.

@@ -133,7 +133,9 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         crate::input::remote::RemoteFeed::new(rt.handle().clone(), std::slice::from_ref(&args.input), &job_id, dial, bound)
             .and_then(|feed| crate::input::Feed::describe(&feed))
     };
-    let result = described.and_then(|data| Job::new(manifest.spec, job_id, data)).and_then(|mut job| {
+    let root = args.data_root.clone();
+    let located = described.and_then(|data| Job::new(manifest.spec, job_id, data)?.locate_pretrained(root.as_deref()));
+    let result = located.and_then(|mut job| {
         job.uid = uid;
         let store = if args.weight_servers.is_empty() {
             job.store(&outputs)?
@@ -225,7 +227,7 @@ fn serve_slice(args: MemoryxArgs) -> Result<()> {
         bound,
     )?;
     let data = crate::input::Feed::describe(&feed)?;
-    let job = Job::new(manifest.spec, job_id.clone(), data)?;
+    let job = Job::new(manifest.spec, job_id.clone(), data)?.locate_pretrained(args.data_root.as_deref())?;
     let n = job.memoryx_plan()?.servers;
     if args.server_index >= n {
         return Err(Error::Plan(format!("this is weight server {} but the plan has {n} (0..{n})", args.server_index)));

@@ -168,6 +168,19 @@ pub struct Matrix {
     pub transposed: bool,
 }
 
+/// Where this component finds the folder `spec.model.from` names: inside the data volume mounted at `root`
+/// when the job names one (the path taken inside it and never outside, as the data's paths are), else as
+/// given. The folder's `config.json` is held to the job's model, so a folder that is not the model the job was
+/// planned for is one error naming the field and both values (in a cluster the shape comes with the job).
+pub fn locate(spec: &crds::TrainingJobSpec, root: Option<&Path>) -> Result<Option<PathBuf>> {
+    let Some(from) = &spec.model.from else { return Ok(None) };
+    let dir = data::resolve(spec, root, from)?;
+    let shape = shape_of(&dir)?;
+    let mut model = spec.model.clone();
+    model.adopt(&shape, &dir.join(CONFIG_FILE).display().to_string()).map_err(|e| bad(&dir, e))?;
+    Ok(Some(dir))
+}
+
 /// Stream unit `l` as Hugging Face names it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct UnitTensors {
