@@ -366,6 +366,57 @@ async fn role_pods(client: &Client, ns: &str, job: &str, role: &str) -> Vec<Pod>
     pods.list(&ListParams::default().labels(&sel)).await.map(|l| l.items).unwrap_or_default()
 }
 
+/// Creates the claim `name` in `ns`, has it bound by a pod that mounts it (the class binds on first use), and
+/// copies `files` (source, path inside the volume) where the volume lives on this node, as `kubectl cp` into
+/// such a pod would. Returns that folder.
+async fn fill_claim(client: &Client, ns: &str, name: &str, files: &[(PathBuf, &str)]) -> PathBuf {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let claim: PersistentVolumeClaim = ok(
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name },
+            "spec": { "accessModes": ["ReadWriteOnce"], "resources": { "requests": { "storage": "1Gi" } } },
+        })),
+        "claim",
+    );
+    ok(claims.create(&Default::default(), &claim).await, "create the claim");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let loader: Pod = ok(
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "loader" },
+            "spec": {
+                "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 0,
+                "securityContext": { "runAsNonRoot": true, "runAsUser": 65535, "seccompProfile": { "type": "RuntimeDefault" } },
+                "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": name } }],
+                "containers": [{
+                    "name": "pause", "image": "weightstream/pause:3.10", "imagePullPolicy": "Never",
+                    "volumeMounts": [{ "name": "data", "mountPath": "/data" }],
+                    "securityContext": { "allowPrivilegeEscalation": false, "capabilities": { "drop": ["ALL"] }, "readOnlyRootFilesystem": true },
+                }],
+            },
+        })),
+        "loader pod",
+    );
+    ok(pods.create(&Default::default(), &loader).await, "create the loader pod");
+    let volume = ok(
+        wait_for(Duration::from_secs(120), "the claim to bind", || async {
+            claims.get(name).await.ok()?.spec?.volume_name.filter(|v| !v.is_empty())
+        })
+        .await,
+        "bound claim",
+    );
+    let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
+    let pv = ok(pvs.get(&volume).await, "the bound volume");
+    let root = PathBuf::from(pv.spec.and_then(|s| s.local).map(|l| l.path).expect("a local volume"));
+    for (from, to) in files {
+        let to = root.join(to);
+        ok(std::fs::create_dir_all(to.parent().unwrap_or(&root)), "folder in the volume");
+        ok(std::fs::copy(from, &to), "copy into the volume");
+    }
+    ok(pods.delete("loader", &DeleteParams::default()).await, "delete the loader pod");
+    root
+}
+
 /// The user's path from their data to a Hugging Face model, on the cluster: the corpus and its BPE tokenizer go
 /// onto a PersistentVolumeClaim (never into the image: the tokenizer is nowhere else), a GPT trains on it
 /// through two input workers per CS-2 (the only pods mounting the claim, read-only), `wsctl checkpoint pull`
@@ -380,53 +431,9 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
     let dir = scratch(&ns);
     ok(std::fs::create_dir_all(&dir), "test folder");
 
-    // The claim, bound by a pod that mounts it (the class binds on first use), and filled where the volume lives
-    // on this node, as `kubectl cp` into such a pod would.
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
-    let claim: PersistentVolumeClaim = ok(
-        serde_json::from_value(serde_json::json!({
-            "metadata": { "name": "corpus" },
-            "spec": { "accessModes": ["ReadWriteOnce"], "resources": { "requests": { "storage": "1Gi" } } },
-        })),
-        "claim",
-    );
-    ok(claims.create(&Default::default(), &claim).await, "create the claim");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let loader: Pod = ok(
-        serde_json::from_value(serde_json::json!({
-            "metadata": { "name": "loader" },
-            "spec": {
-                "automountServiceAccountToken": false,
-                "terminationGracePeriodSeconds": 0,
-                "securityContext": { "runAsNonRoot": true, "runAsUser": 65535, "seccompProfile": { "type": "RuntimeDefault" } },
-                "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": "corpus" } }],
-                "containers": [{
-                    "name": "pause", "image": "weightstream/pause:3.10", "imagePullPolicy": "Never",
-                    "volumeMounts": [{ "name": "data", "mountPath": "/data" }],
-                    "securityContext": { "allowPrivilegeEscalation": false, "capabilities": { "drop": ["ALL"] }, "readOnlyRootFilesystem": true },
-                }],
-            },
-        })),
-        "loader pod",
-    );
-    ok(pods.create(&Default::default(), &loader).await, "create the loader pod");
-    let volume = ok(
-        wait_for(Duration::from_secs(120), "the claim to bind", || async {
-            claims.get("corpus").await.ok()?.spec?.volume_name.filter(|v| !v.is_empty())
-        })
-        .await,
-        "bound claim",
-    );
-    let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
-    let pv = ok(pvs.get(&volume).await, "the bound volume");
-    let root = PathBuf::from(pv.spec.and_then(|s| s.local).map(|l| l.path).expect("a local volume"));
-    let corpus = root.join("moby-dick");
-    ok(std::fs::create_dir_all(&corpus), "folder in the volume");
     let examples = cluster::repo_root().join("examples/data/moby-dick");
-    for f in ["moby-dick.txt.gz", "tokenizer.json"] {
-        ok(std::fs::copy(examples.join(f), corpus.join(f)), "copy into the volume");
-    }
-    ok(pods.delete("loader", &DeleteParams::default()).await, "delete the loader pod");
+    let root = fill_claim(&client, &ns, "corpus", &[(examples.join("moby-dick.txt.gz"), "moby-dick/moby-dick.txt.gz"), (examples.join("tokenizer.json"), "moby-dick/tokenizer.json")]).await;
+    let corpus = root.join("moby-dick");
 
     // A small GPT over the BPE corpus on the claim, two input workers per CS-2.
     let mut j: TrainingJob = ok(cluster::example("gpt-bpe-pvc.yaml"), "example");
@@ -541,6 +548,171 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
 
     wsctl_ok(&kc, &["cancel", "bpe", "-n", &ns]).await;
     wsctl_ok(&kc, &["cancel", "nodata", "-n", &ns]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    done(&client, &ns).await;
+}
+
+#[path = "../../wsctl/tests/common/tiny_llama.rs"]
+mod tiny_llama;
+
+/// The phase of `name` once it is terminal (at most 10 minutes).
+async fn finished(jobs: &Api<TrainingJob>, name: &str) -> crds::TrainingJobStatus {
+    ok(
+        wait_for(Duration::from_secs(600), &format!("{name} to finish"), || async {
+            let s = jobs.get(name).await.ok()?.status?;
+            s.phase.is_some_and(|p| p.is_terminal()).then_some(s)
+        })
+        .await,
+        "a finished job",
+    )
+}
+
+/// A model large enough to need weight servers leaves the cluster whole, and its job resumes on fewer servers.
+/// A GPT over three weight servers: `wsctl checkpoint list` shows its sliced checkpoint, `checkpoint pull`
+/// gathers the manifest and slices into one file, `export` converts it, and GPT-2's forward pass gives the
+/// held-out loss the job reported within 1%. The same job suspended mid-run, patched to two weight servers and
+/// resumed finishes with the undisturbed job's final loss and held-out loss, bit for bit (its checkpoint's
+/// slices cut again for two servers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliced_checkpoint_leaves_the_cluster_and_its_job_resumes_on_fewer_servers() {
+    use kube::api::{Patch, PatchParams};
+    let _serial = SERIAL.lock().await;
+    let (kc, client, ns) = setup("cli-slices").await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let dir = scratch(&ns);
+    ok(std::fs::create_dir_all(&dir), "test folder");
+    let steps = 600;
+    let job = |name: &str| {
+        let mut j: TrainingJob = ok(cluster::example("gpt-small.yaml"), "example");
+        j.metadata.name = Some(name.into());
+        j.spec.cs2 = 2;
+        (j.spec.model.context_length, j.spec.model.width, j.spec.model.blocks) = (Some(32), Some(64), Some(2));
+        j.spec.training.steps = Some(steps);
+        j.spec.training.schedule.warmup_steps = 20;
+        j.spec.memoryx.servers = Some(3);
+        (j.spec.checkpoint.interval_steps, j.spec.checkpoint.keep) = (300, 2);
+        let path = dir.join(format!("{name}.yaml"));
+        ok(std::fs::write(&path, ok(serde_yaml::to_string(&j), "yaml")), "manifest");
+        (j, path.display().to_string())
+    };
+
+    // Undisturbed, on three weight servers.
+    let (j, path) = job("whole");
+    wsctl_ok(&kc, &["submit", &path, "-n", &ns, "--watch", "--timeout", "900"]).await;
+    let whole = ok(jobs.get("whole").await, "job").status.unwrap_or_default();
+    assert_eq!((whole.phase, whole.progress.step), (Some(Phase::Succeeded), Some(steps)));
+    let reported = whole.progress.eval_loss.expect("the job reports its held-out loss");
+    assert_eq!(role_pods(&client, &ns, "whole", "memoryx").await.len(), 3, "three weight servers");
+
+    // Gathered from the coordinator's volume into one checkpoint, exported, and read by GPT-2's forward pass.
+    let listing = wsctl_ok(&kc, &["checkpoint", "list", "whole", "-n", &ns]).await;
+    assert!(listing.contains(&format!("step-{steps:08}.manifest.json")) && listing.contains("(3 slices)"), "{listing}");
+    let printed = wsctl_ok(&kc, &["checkpoint", "pull", "whole", "-n", &ns, "-o", &dir.join("pulled").display().to_string()]).await;
+    let ckpt = PathBuf::from(printed.trim());
+    assert!(ckpt.ends_with(format!("step-{steps:08}.safetensors")), "{printed}");
+    let hf = dir.join("hf");
+    let out = wsctl_run(&kc, &["export", &ckpt.display().to_string(), "--format", "huggingface", "-o", &hf.display().to_string()]).await;
+    assert!(out.status.success(), "export: {}", String::from_utf8_lossy(&out.stderr));
+    let model = gpt2::Gpt2::load(&hf);
+    let mut local = j.spec.clone();
+    local.data.path = cluster::repo_root().join(&j.spec.data.path).display().to_string();
+    let (_, test) = ok(data::load(&local, None), "the corpus, locally");
+    let (mut sum, mut tokens) = (0.0, 0usize);
+    for w in test.eval_samples() {
+        let shard = test.shard(&[w]);
+        let input: Vec<usize> = shard.inputs.data.iter().map(|&t| t as usize).collect();
+        let labels: Vec<usize> = shard.labels.iter().map(|&l| l as usize).collect();
+        sum += model.loss(&input, &labels);
+        tokens += labels.len();
+    }
+    let ours = sum / tokens.max(1) as f64;
+    eprintln!("exported GPT-2 held-out loss {ours:.5} nats/token; the three-server job reported {reported:.5}");
+    assert!((ours - reported).abs() <= 0.01 * reported, "GPT-2's forward gives {ours}, the job reported {reported}");
+
+    // The same job, suspended mid-run, moved to two weight servers and resumed.
+    let (_, path) = job("moved");
+    wsctl_ok(&kc, &["submit", &path, "-n", &ns]).await;
+    training_past(&jobs, "moved", 50).await;
+    wsctl_ok(&kc, &["suspend", "moved", "-n", &ns, "--timeout", "180"]).await;
+    let s = ok(jobs.get("moved").await, "get").status.unwrap_or_default();
+    let at = s.progress.last_checkpoint.map(|c| c.step).unwrap_or_else(|| panic!("suspended without a checkpoint"));
+    assert!(at > 0 && at < steps, "suspended at step {at}");
+    let patch = serde_json::json!({ "spec": { "memoryx": { "servers": 2 } } });
+    ok(jobs.patch("moved", &PatchParams::default(), &Patch::Merge(&patch)).await, "two weight servers");
+    wsctl_ok(&kc, &["resume", "moved", "-n", &ns, "--timeout", "180"]).await;
+    let moved = finished(&jobs, "moved").await;
+    assert_eq!((moved.phase, moved.progress.step), (Some(Phase::Succeeded), Some(steps)), "{moved:#?}");
+    assert_eq!(role_pods(&client, &ns, "moved", "memoryx").await.len(), 2, "two weight servers after the move");
+    eprintln!("moved at step {at}: final loss {:?} / held-out {:?}; undisturbed {:?} / {:?}", moved.progress.loss, moved.progress.eval_loss, whole.progress.loss, whole.progress.eval_loss);
+    assert_eq!(moved.progress.loss, whole.progress.loss, "the final step's loss, bit for bit");
+    assert_eq!(moved.progress.eval_loss, whole.progress.eval_loss, "the held-out loss, bit for bit");
+
+    wsctl_ok(&kc, &["cancel", "whole", "-n", &ns]).await;
+    wsctl_ok(&kc, &["cancel", "moved", "-n", &ns]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    done(&client, &ns).await;
+}
+
+/// A user's pretrained model on a data volume, fine-tuned in the cluster: a Llama folder and its corpus on a
+/// claim, a job starting from it (`spec.model.from` inside `spec.data.volume`), pipelined and 50% sparse over
+/// two weight servers. Every weight server (each reads its slice of every unit from the folder) and every
+/// engine (each prunes its replica by magnitude) mounts the claim read-only; SwarmX does not. The job finishes
+/// with the loss `wsctl run --volume` gives on this machine, bit for bit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pretrained_model_on_a_data_volume_fine_tunes_in_the_cluster() {
+    let _serial = SERIAL.lock().await;
+    let (kc, client, ns) = setup("cli-pretrained").await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let dir = scratch(&ns);
+    let folder = dir.join("tiny");
+    tiny_llama::write_folder(&folder, false, false);
+    let corpus = cluster::repo_root().join("examples/data/moby-dick/moby-dick.txt.gz");
+    let files = [(folder.join("config.json"), "models/tiny/config.json"), (folder.join("model.safetensors"), "models/tiny/model.safetensors"), (corpus, "moby-dick.txt.gz")];
+    let root = fill_claim(&client, &ns, "models", &files).await;
+
+    let text = "apiVersion: weightstream.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: tiny}\nspec:\n  cs2: 2\n  executionMode: pipelined\n  \
+                model: {kind: llama, from: models/tiny, width: 32, heads: 4, kvHeads: 2, blocks: 2, intermediateSize: 48, contextLength: 16, tiedEmbeddings: false, sparsity: 0.5}\n  \
+                data: {kind: text, path: moby-dick.txt.gz, volume: models}\n  memoryx: {servers: 2}\n  \
+                training: {batchSize: 4, steps: 40, seed: 3, optimizer: {kind: adamw, learningRate: 0.001}}\n";
+    let path = dir.join("tiny.yaml");
+    ok(std::fs::write(&path, text), "manifest");
+    wsctl_ok(&kc, &["submit", &path.display().to_string(), "-n", &ns]).await;
+    let mounts_models = |p: &Pod| {
+        let spec = p.spec.clone().unwrap_or_default();
+        let claim = spec.volumes.iter().flatten().find_map(|v| v.persistent_volume_claim.clone()).filter(|c| c.claim_name == "models");
+        let mount = spec.containers.first().and_then(|c| c.volume_mounts.clone()).unwrap_or_default().into_iter().find(|m| m.name == "data");
+        match (claim, mount) {
+            (Some(c), Some(m)) => c.read_only == Some(true) && m.read_only == Some(true),
+            _ => false,
+        }
+    };
+    let readers = ok(
+        wait_for(Duration::from_secs(300), "two weight servers and two engines", || async {
+            let (mx, engines) = (role_pods(&client, &ns, "tiny", "memoryx").await, role_pods(&client, &ns, "tiny", "engine").await);
+            (mx.len() == 2 && engines.len() == 2).then_some((mx, engines))
+        })
+        .await,
+        "the pods",
+    );
+    for p in readers.0.iter().chain(&readers.1) {
+        assert!(mounts_models(p), "{} reads the folder: it mounts the claim read-only", p.name_any());
+    }
+    for p in role_pods(&client, &ns, "tiny", "swarmx").await {
+        assert!(!mounts_models(&p), "{} mounts the claim", p.name_any());
+    }
+    let s = finished(&jobs, "tiny").await;
+    assert_eq!((s.phase, s.progress.step), (Some(Phase::Succeeded), Some(40)), "{s:#?}");
+
+    // The same job on this machine, the claim's folder standing in for the volume.
+    let out = dir.join("local");
+    let claim = format!("models={}", root.display());
+    wsctl_ok(&kc, &["run", &path.display().to_string(), "--volume", &claim, "--in-process", "--out", &out.display().to_string()]).await;
+    let metrics = ok(std::fs::read_to_string(out.join("metrics.jsonl")), "metrics");
+    let last: serde_json::Value = ok(serde_json::from_str(metrics.lines().last().unwrap_or("{}")), "a metrics line");
+    eprintln!("cluster final loss {:?}, local {:?}", s.progress.loss, last["loss"].as_f64());
+    assert_eq!(s.progress.loss, last["loss"].as_f64(), "the cluster's curve is the local one");
+
+    wsctl_ok(&kc, &["cancel", "tiny", "-n", &ns]).await;
     let _ = std::fs::remove_dir_all(&dir);
     done(&client, &ns).await;
 }
