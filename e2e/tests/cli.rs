@@ -679,7 +679,7 @@ async fn a_pretrained_model_on_a_data_volume_fine_tunes_in_the_cluster() {
     wsctl_ok(&kc, &["submit", &path.display().to_string(), "-n", &ns]).await;
     let mounts_models = |p: &Pod| {
         let spec = p.spec.clone().unwrap_or_default();
-        let claim = spec.volumes.iter().flatten().find_map(|v| v.persistent_volume_claim.clone()).filter(|c| c.claim_name == "models");
+        let claim = spec.volumes.iter().flatten().filter_map(|v| v.persistent_volume_claim.clone()).find(|c| c.claim_name == "models");
         let mount = spec.containers.first().and_then(|c| c.volume_mounts.clone()).unwrap_or_default().into_iter().find(|m| m.name == "data");
         match (claim, mount) {
             (Some(c), Some(m)) => c.read_only == Some(true) && m.read_only == Some(true),

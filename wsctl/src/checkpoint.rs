@@ -269,15 +269,22 @@ async fn download(base: &str, identity: &Identity, file: &str, bytes: u64, tmp: 
 pub fn list_command(url: &str, identity_dir: &Path) -> Result<()> {
     let identity = Identity::load(identity_dir)?;
     let entries = runtime_block_on(list(url, &identity))?;
+    print!("{}", table(&entries));
+    Ok(())
+}
+
+/// The checkpoints, one line each (a sliced one with its slices' bytes and count), as `wsctl checkpoint list`
+/// prints them for a local run's MemoryX and for a cluster job's alike.
+pub fn table(entries: &[Entry]) -> String {
     if entries.is_empty() {
-        println!("no checkpoints yet");
+        return "no checkpoints yet\n".into();
     }
-    for e in entries {
+    let line = |e: &Entry| {
         let bytes = e.bytes + e.slices.iter().map(|s| s.bytes).sum::<u64>();
         let how = if e.slices.is_empty() { String::new() } else { format!("  ({} slices)", e.slices.len()) };
-        println!("{:>10}  {:>12}  {}{how}", e.step, plan::units::bytes(bytes), e.file);
-    }
-    Ok(())
+        format!("{:>10}  {:>12}  {}{how}\n", e.step, plan::units::bytes(bytes), e.file)
+    };
+    entries.iter().map(line).collect()
 }
 
 /// `wsctl checkpoint pull`: fetches one checkpoint and prints where it went.

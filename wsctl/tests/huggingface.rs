@@ -370,3 +370,16 @@ fn a_folder_inside_the_data_volume_trains_as_processes_and_in_one_process() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("spec.model.from") && err.contains(".."), "{err}");
 }
+
+/// The cluster example states the model's shape (the operator plans without the folder) and names the folder
+/// inside its data volume: it plans here as the API server and the operator take it.
+#[test]
+fn the_cluster_example_plans_with_the_model_from_its_volume() {
+    let path = common::repo().join("examples/jobs/llama-smollm2-cluster.yaml");
+    let o = wsctl(&["plan", path.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("pretrained") && out.contains("smollm2-135m"), "{out}");
+    let job = crds::parse_training_job(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!((job.spec.data.volume.as_deref(), job.spec.model.from.as_deref()), (Some("corpus"), Some("smollm2-135m")));
+}

@@ -13,7 +13,6 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use wire::identity::{CA_CERT, CERT, Identity, KEY};
-use runtime::memoryx::serve::Entry;
 
 use super::portforward::Forward;
 use super::{Cluster, Error, Namespace, progress};
@@ -95,7 +94,7 @@ pub async fn run(command: Command) -> Result<(), Error> {
         match &command {
             Command::List { .. } => {
                 let entries = crate::checkpoint::list(&base, &identity).await.map_err(|e| failed("list", e))?;
-                print!("{}", table(&entries));
+                print!("{}", crate::checkpoint::table(&entries));
             }
             Command::Pull { step, out, .. } => {
                 let max = crate::checkpoint::planned_bytes(&job.spec);
@@ -109,14 +108,6 @@ pub async fn run(command: Command) -> Result<(), Error> {
     tokio::time::timeout(timeout, work)
         .await
         .unwrap_or_else(|_| Err(Error::Timeout { after: timeout, what: "the checkpoint transfer".into(), last: None }))
-}
-
-/// The checkpoints, one line each, as `wsctl checkpoint list --url` prints them.
-pub fn table(entries: &[Entry]) -> String {
-    if entries.is_empty() {
-        return "no checkpoints yet\n".into();
-    }
-    entries.iter().map(|e| format!("{:>10}  {:>12}  {}\n", e.step, plan::units::bytes(e.bytes), e.file)).collect()
 }
 
 /// The job, a local forward to its running MemoryX pod's HTTP port, the base URL to call through it
