@@ -555,6 +555,34 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
 #[path = "../../wsctl/tests/common/tiny_llama.rs"]
 mod tiny_llama;
 
+/// The mean loss per token `transformers` computes for the Hugging Face folder `model` over `windows` (each
+/// `inputs` and `labels`), through `models/reference.py` in the venv `models/setup.sh` prepares.
+async fn transformers_loss(model: &Path, windows: Vec<serde_json::Value>) -> f64 {
+    use tokio::io::AsyncWriteExt;
+    let root = cluster::repo_root();
+    let python = root.join("models/.venv/bin/python");
+    assert!(python.exists(), "{} is missing: run `bash models/setup.sh` (PyTorch and transformers)", python.display());
+    let mut child = ok(
+        tokio::process::Command::new(python)
+            .arg(root.join("models/reference.py"))
+            .arg("run")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn(),
+        "reference.py",
+    );
+    let request = serde_json::json!({ "model": model, "eval": windows, "steps": [] });
+    let mut stdin = child.stdin.take().expect("stdin");
+    ok(stdin.write_all(request.to_string().as_bytes()).await, "the request");
+    drop(stdin);
+    let out = ok(ok(tokio::time::timeout(Duration::from_secs(600), child.wait_with_output()).await, "reference.py ran 10 minutes"), "reference.py");
+    assert!(out.status.success(), "reference.py: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = ok(serde_json::from_slice(&out.stdout), "reference.py's answer");
+    v["eval_loss"].as_f64().expect("eval_loss")
+}
+
 /// The phase of `name` once it is terminal (at most 10 minutes).
 async fn finished(jobs: &Api<TrainingJob>, name: &str) -> crds::TrainingJobStatus {
     ok(
@@ -628,6 +656,18 @@ async fn a_sliced_checkpoint_leaves_the_cluster_and_its_job_resumes_on_fewer_ser
     let ours = sum / tokens.max(1) as f64;
     eprintln!("exported GPT-2 held-out loss {ours:.5} nats/token; the three-server job reported {reported:.5}");
     assert!((ours - reported).abs() <= 0.01 * reported, "GPT-2's forward gives {ours}, the job reported {reported}");
+    // And `transformers` itself (the venv `models/setup.sh` prepares) on the same windows.
+    let windows: Vec<serde_json::Value> = test
+        .eval_samples()
+        .into_iter()
+        .map(|w| {
+            let shard = test.shard(&[w]);
+            serde_json::json!({ "inputs": shard.inputs.data.iter().map(|&t| t as u32).collect::<Vec<_>>(), "labels": shard.labels })
+        })
+        .collect();
+    let transformers = transformers_loss(&hf, windows).await;
+    eprintln!("transformers' held-out loss of the export: {transformers:.7}; the job reported {reported:.7}");
+    assert!((transformers - reported).abs() <= 1e-4 * reported, "transformers gives {transformers}, the job reported {reported}");
 
     // The same job, suspended mid-run, moved to two weight servers and resumed.
     let (_, path) = job("moved");
