@@ -309,6 +309,21 @@ fn runtime_block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Resul
 
 #[cfg(test)]
 mod tests {
+    use runtime::memoryx::serve::{Entry, SliceFile};
+
+    #[test]
+    fn the_list_is_a_table_of_steps_sizes_and_files() {
+        let e = Entry { step: 20, file: "step-00000020.safetensors".into(), bytes: 2048, slices: Vec::new() };
+        let t = super::table(&[e]);
+        assert_eq!(t.lines().count(), 1);
+        assert!(t.trim_start().starts_with("20 ") && t.trim_end().ends_with("step-00000020.safetensors"), "{t}");
+        assert_eq!(super::table(&[]), "no checkpoints yet\n");
+        let slice = |i: u32| SliceFile { file: format!("step-00000030.slice-{i}-of-2.safetensors"), bytes: 1000 };
+        let sliced = Entry { step: 30, file: "step-00000030.manifest.json".into(), bytes: 48, slices: vec![slice(0), slice(1)] };
+        let t = super::table(&[sliced]);
+        assert!(t.contains("2.0 KiB  step-00000030.manifest.json  (2 slices)"), "the manifest and its slices' bytes: {t}");
+    }
+
     #[test]
     fn only_checkpoint_names_are_accepted() {
         assert!(super::valid_name("step-00000010.safetensors", 10));

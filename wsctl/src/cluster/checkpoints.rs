@@ -154,17 +154,3 @@ async fn identity(cluster: &Cluster, job: &str) -> Result<Identity, Error> {
     };
     Ok(Identity::from_pem(&file(CA_CERT)?, &file(CERT)?, &file(KEY)?))
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_list_is_a_table_of_steps_sizes_and_files() {
-        let e = Entry { step: 20, file: "step-00000020.safetensors".into(), bytes: 2048 };
-        let t = table(&[e]);
-        assert_eq!(t.lines().count(), 1);
-        assert!(t.trim_start().starts_with("20 ") && t.trim_end().ends_with("step-00000020.safetensors"), "{t}");
-        assert_eq!(table(&[]), "no checkpoints yet\n");
-    }
-}
