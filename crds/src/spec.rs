@@ -712,6 +712,19 @@ pub struct CheckpointSpec {
     /// Storage class of the checkpoint volume; the cluster's default class when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
+    /// With the model resident on the engines (pipelined), MemoryX takes the replicas' state back into its
+    /// memory at least this often (not to disk), so a fault that loses every replica costs at most this much
+    /// work.
+    #[serde(default = "default_snapshot_seconds", skip_serializing_if = "is_default_snapshot_seconds")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub snapshot_seconds: u64,
+}
+
+fn default_snapshot_seconds() -> u64 {
+    60
+}
+fn is_default_snapshot_seconds(s: &u64) -> bool {
+    *s == default_snapshot_seconds()
 }
 
 fn default_volume_size() -> String {
@@ -729,6 +742,7 @@ impl Default for CheckpointSpec {
             keep: default_keep(),
             volume_size: default_volume_size(),
             storage_class_name: None,
+            snapshot_seconds: default_snapshot_seconds(),
         }
     }
 }

@@ -208,6 +208,12 @@ impl TrainingJobSpec {
                 format!("'{}' is not a Kubernetes quantity: write it like 1Gi or 500Mi", self.checkpoint.volume_size),
             ));
         }
+        if !(1..=86_400).contains(&self.checkpoint.snapshot_seconds) {
+            return Err(invalid(
+                "spec.checkpoint.snapshotSeconds",
+                format!("{} is out of range: use 1 to 86400 (60 is the default)", self.checkpoint.snapshot_seconds),
+            ));
+        }
         if self.checkpoint.keep > MAX_KEEP {
             return Err(invalid("spec.checkpoint.keep", format!("{} is out of range: keep 1 to {MAX_KEEP}", self.checkpoint.keep)));
         }

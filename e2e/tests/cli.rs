@@ -280,6 +280,9 @@ async fn suspend_resume_and_cancel_take_effect_before_they_return() {
         v.extend(names(secrets.list(&sel).await.ok()?.items.iter().map(|o| o.name_any()).collect(), "secret"));
         Some(v)
     };
+    // The pods and volume claims are gone by the time cancel returns: the name can be used again at once.
+    let at_return: Vec<String> = left().await.unwrap_or_default().into_iter().filter(|c| c.starts_with("pod/") || c.starts_with("pvc/")).collect();
+    assert!(at_return.is_empty(), "cancel returned with {at_return:?} still there");
     let r = wait_for(Duration::from_secs(120), "every child of doomed to go", || async {
         left().await.filter(|v| v.is_empty()).map(|_| ())
     })

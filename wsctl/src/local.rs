@@ -137,6 +137,9 @@ pub struct Appliance {
     job_id: String,
     identity: PathBuf,
     interrupted: Arc<AtomicBool>,
+    /// Each started component's address (`host:port`) and name, so a failure that names an address says which
+    /// component it is.
+    addresses: Vec<(String, String)>,
 }
 
 impl Drop for Appliance {
@@ -163,6 +166,38 @@ fn ephemeral_identity(job_id: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// `text` with every component address it mentions (`https://host:port` or `host:port`) given the component's
+/// name, and the names it mentioned: a failure reported by MemoryX says which component did not answer.
+fn name_components(text: &str, addresses: &[(String, String)]) -> (String, Vec<String>) {
+    let mut out = text.to_string();
+    let mut named = Vec::new();
+    for (addr, name) in addresses {
+        // `host:port` whole: not the start of a longer port.
+        let mut found = false;
+        let mut rest = out.as_str();
+        let mut rewritten = String::new();
+        while let Some(at) = rest.find(addr.as_str()) {
+            let end = at + addr.len();
+            let whole = !rest[end..].starts_with(|c: char| c.is_ascii_digit());
+            let start = if whole && rest[..at].ends_with("https://") { at - "https://".len() } else { at };
+            rewritten.push_str(&rest[..start]);
+            if whole {
+                rewritten.push_str(&format!("{name} at {addr}"));
+                found = true;
+            } else {
+                rewritten.push_str(&rest[start..end]);
+            }
+            rest = &rest[end..];
+        }
+        rewritten.push_str(rest);
+        if found {
+            out = rewritten;
+            named.push(name.clone());
+        }
+    }
+    (out, named)
+}
+
 fn last_line(path: &Path) -> String {
     std::fs::read_to_string(path)
         .ok()
@@ -180,7 +215,7 @@ impl Appliance {
         let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
         let (tx, lines) = mpsc::channel();
         let identity = ephemeral_identity(&job_id)?;
-        Ok(Appliance { procs: Vec::new(), lines, tx, logs, job, job_id, identity, interrupted })
+        Ok(Appliance { procs: Vec::new(), lines, tx, logs, job, job_id, identity, interrupted, addresses: Vec::new() })
     }
 
     /// Starts `wsctl node ROLE ARGS…` as `name`.
@@ -222,10 +257,11 @@ impl Appliance {
                 if Some(i) == allowed && status.success() {
                     return Ok(Some(i));
                 }
+                let (line, blamed) = name_components(&last_line(&p.log), &self.addresses);
+                let logs: String = blamed.iter().map(|n| format!("; {n}'s log: {}", self.logs.join(format!("{n}.log")).display())).collect();
                 return Err(anyhow!(
-                    "{} exited ({status}): {} (log: {}); stopped the other components",
+                    "{} exited ({status}): {line} (log: {}{logs}); stopped the other components",
                     p.name,
-                    last_line(&p.log),
                     p.log.display()
                 ));
             }
@@ -264,6 +300,7 @@ impl Appliance {
                 Args::Memoryx(coordinator) if component == Component::WeightServer(0) => return Ok(coordinator),
                 args => {
                     let url = self.start_one(&component.name(), &args)?;
+                    self.addresses.push((url.trim_start_matches("https://").to_string(), component.name()));
                     if let Component::WeightServer(_) = component {
                         servers.push(url.clone());
                     }
@@ -293,6 +330,17 @@ impl Appliance {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failure naming an address names the component at it, and only a whole address does.
+    #[test]
+    fn a_failure_names_the_component_at_the_address_it_mentions() {
+        let addresses = vec![("127.0.0.1:4567".to_string(), "engine-0".to_string()), ("127.0.0.1:45".to_string(), "swarmx-0-0".to_string())];
+        let (line, named) = name_components("error: unavailable: https://127.0.0.1:4567: transport error", &addresses);
+        assert_eq!(line, "error: unavailable: engine-0 at 127.0.0.1:4567: transport error");
+        assert_eq!(named, vec!["engine-0".to_string()]);
+        let (line, named) = name_components("nothing to see", &addresses);
+        assert_eq!((line.as_str(), named.len()), ("nothing to see", 0));
+    }
 
     /// Every command line the local runner renders parses back, through the role program's own parser, into
     /// the arguments it was rendered from.

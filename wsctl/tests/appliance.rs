@@ -313,6 +313,77 @@ fn when_the_only_replica_is_lost_the_run_goes_back_to_memoryx_and_reruns() {
     assert!(log.contains("rerunning from MemoryX's copy"), "the lost steps were rerun from MemoryX's copy: {log}");
 }
 
+/// Pipelined, the sole replica lost: MemoryX took the replicas' state back into its memory at least every
+/// `snapshotSeconds` (here 1), so the run goes back no further than that. Measured from MemoryX's own progress:
+/// the steps redone had taken at most the snapshot interval (and a step) the first time; the curve is the
+/// undisturbed one.
+#[test]
+fn a_lost_sole_replica_redoes_at_most_snapshot_seconds_of_work() {
+    let dir = scratch("snapshot");
+    let job = dir.join("job.yaml");
+    let text = JOB.replace("intervalSteps: 5", "intervalSteps: 0, snapshotSeconds: 1").replace("steps: 24", "steps: 1500") + "  executionMode: pipelined\n";
+    std::fs::write(&job, text).unwrap();
+    run_ok(&job, &dir.join("undisturbed"), &[]);
+
+    let input = node("input", &job, &[]);
+    let mut victim = engine(&job, 0, &input, &[]);
+    let sx = node("swarmx", &job, &["--children", &victim.url()]);
+    let out = dir.join("disturbed");
+    let log = dir.join("memoryx.log");
+    let (mut mx, mut progress) = memoryx(&job, &sx, &input, &["--out", out.to_str().unwrap()], &log);
+    // Each step's first report and when it came, until three seconds of training have passed.
+    let mut reported: std::collections::HashMap<u64, std::time::Instant> = std::collections::HashMap::new();
+    let mut first = None;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(progress.read_line(&mut line).unwrap() > 0, "memoryx ended early");
+        if let Some(Handshake::Progress(p)) = Handshake::from_line(line.trim()) {
+            let now = std::time::Instant::now();
+            reported.entry(p.step).or_insert(now);
+            if first.get_or_insert(now).elapsed() > std::time::Duration::from_secs(3) {
+                assert!(p.step < 1200, "the run is too fast to be disturbed mid-way: step {} after 3 s", p.step);
+                break;
+            }
+        }
+    }
+    let addr = victim.addr.clone();
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let _replacement = engine(&job, 0, &input, &["--listen", &addr]);
+    std::thread::spawn(move || for _ in progress.lines() {});
+    let status = mx.wait().unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "memoryx finished after the engine was replaced: {stderr}");
+    same_curve(&losses(&dir.join("undisturbed")), &losses(&out), "with the sole replica lost");
+    // The log's text without its terminal colours.
+    let plain: String = {
+        let mut out = String::new();
+        let mut chars = stderr.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                chars.by_ref().find(|c| c.is_ascii_alphabetic());
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    };
+    let lost = plain.lines().find(|l| l.contains("every replica was lost")).unwrap_or_else(|| panic!("the replica was lost: {plain}"));
+    let field = |name: &str| -> u64 {
+        let at = lost.find(&format!("{name}=")).unwrap_or_else(|| panic!("{name} in {lost}")) + name.len() + 1;
+        lost[at..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap()
+    };
+    let (from, to) = (field("from"), field("to"));
+    assert!(to > 0 && to <= from, "MemoryX's copy was taken after the start: {lost}");
+    let (t_to, t_from) = (reported[&to], reported.get(&from).copied().unwrap_or_else(std::time::Instant::now));
+    let redone = t_from.duration_since(t_to);
+    eprintln!("steps {to}..{from} redone: {} steps, {redone:?} of work the first time", from - to);
+    assert!(redone <= std::time::Duration::from_millis(1500), "at most snapshotSeconds (1 s) of work redone, and a step: {redone:?} ({to}..{from})");
+    drop((sx, input));
+}
+
 /// An engine that stops answering without dying (SIGSTOP: a hung host, a silent partition) is found by its
 /// missed keepalive pings; MemoryX reruns the step while it may come back and then fails naming the engine's
 /// address, within its deadline, instead of hanging while holding every CS-2.

@@ -256,7 +256,7 @@ impl Driver {
 
     /// Waits for every server to answer again, up to the retry policy's patience.
     fn await_servers(&self, store: &MemoryX) -> Result<()> {
-        let patience = self.outputs.retry.pause * self.outputs.retry.attempts;
+        let patience = self.outputs.retry.budget;
         let deadline = std::time::Instant::now() + patience;
         loop {
             let steps = store.server_steps();

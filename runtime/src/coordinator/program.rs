@@ -100,7 +100,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         out: args.out.clone(),
         tier_dir: args.tier_dir.clone(),
         sample: args.sample,
-        retry: RetryPolicy { attempts: (args.retry_seconds * 2).max(1) as u32, pause: Duration::from_millis(500) },
+        retry: RetryPolicy { budget: Duration::from_secs(args.retry_seconds), pause: Duration::from_millis(500) },
         hold_after_requested_checkpoint: Duration::from_secs(args.hold_seconds),
     };
     // Until the data is loaded the driver does not exist; /status answers Starting meanwhile.

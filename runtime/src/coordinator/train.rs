@@ -202,35 +202,62 @@ pub fn total_steps(training: &crds::TrainingSpec, samples: usize) -> Result<u64>
     Ok(training.steps.unwrap_or_else(|| per_epoch * u64::from(training.epochs.unwrap_or(1))))
 }
 
-/// How a run reacts to an engine or fabric that drops out mid-step.
+/// How a run reacts to a component that drops out mid-step: one budget of time for the whole recovery of a
+/// step (every rerun, every take-back of the replicas, every return to MemoryX's copy and the steps rerun from
+/// it), after which the run fails with what did not answer. A frozen peer is found by a call's deadline, so the
+/// run ends within the budget plus one call's deadline.
 #[derive(Clone, Copy, Debug)]
 pub struct RetryPolicy {
-    /// Attempts at one step before the run fails; the run also gives up once `attempts × pause` has passed.
-    pub attempts: u32,
+    /// The most a step's recovery may take, from its first failure (`--retry-seconds`).
+    pub budget: std::time::Duration,
     /// Pause between attempts, while the lost component comes back.
     pub pause: std::time::Duration,
 }
 
+/// A recovery in progress: the step that first failed and when, which every later attempt draws on (a return
+/// to MemoryX's copy does not start a new one), until a step past it succeeds.
+#[derive(Clone, Copy, Debug)]
+pub struct Recovery {
+    /// The step that failed first.
+    pub step: u64,
+    /// When.
+    pub since: Instant,
+    /// Attempts so far.
+    pub attempts: u32,
+}
+
 impl RetryPolicy {
-    /// Runs `attempt` until it succeeds, fails with anything but [`Error::Unavailable`], or the attempts run
-    /// out. After each unavailable attempt it pauses, then asks `recover` whether to go on (`Ok(false)` gives
-    /// up and returns `Ok(None)`: the caller falls back). `what` names the work in the log.
+    /// Runs `attempt` (work on `step`) until it succeeds, fails with anything but [`Error::Unavailable`], or the
+    /// budget of `recovery` runs out (started at the first unavailable attempt, if no recovery is under way).
+    /// After each unavailable attempt it pauses, then asks `recover` whether to go on (`Ok(false)` returns
+    /// `Ok(None)`: the caller falls back, and its recovery goes on). `what` names the work in the log and in
+    /// the error that ends the run, with the last failure (which names the component and its address).
     pub fn retry<T>(
         &self,
         what: &str,
+        step: u64,
+        recovery: &mut Option<Recovery>,
         mut attempt: impl FnMut() -> Result<T>,
         mut recover: impl FnMut() -> Result<bool>,
     ) -> Result<Option<T>> {
-        let mut n = 1;
-        // The attempts bound the time too: a component that fails slowly (a frozen peer found by its missed
-        // pings) must not stretch `attempts` pauses into hours.
-        let give_up_at = Instant::now() + self.pause * self.attempts;
         loop {
             match attempt() {
-                Err(Error::Unavailable(why)) if n < self.attempts && Instant::now() < give_up_at => {
-                    tracing::warn!(attempt = n, "{what} aborted, rerunning: {why}");
-                    n += 1;
-                    std::thread::sleep(self.pause);
+                Err(Error::Unavailable(why)) => {
+                    let r = recovery.get_or_insert_with(|| Recovery { step, since: Instant::now(), attempts: 0 });
+                    r.attempts += 1;
+                    let spent = r.since.elapsed();
+                    if spent >= self.budget {
+                        return Err(Error::Unavailable(format!(
+                            "{what} {step} could not be completed: the run tried to recover for {:.1}s ({} attempts since step {} \
+                             first failed; the retry budget is {:.1}s) and the last attempt failed with: {why}",
+                            spent.as_secs_f64(),
+                            r.attempts,
+                            r.step,
+                            self.budget.as_secs_f64()
+                        )));
+                    }
+                    tracing::warn!(attempt = r.attempts, step, "{what} aborted, rerunning: {why}");
+                    std::thread::sleep(self.pause.min(self.budget - spent));
                     if !recover()? {
                         return Ok(None);
                     }
@@ -243,7 +270,7 @@ impl RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy { attempts: 120, pause: std::time::Duration::from_millis(500) }
+        RetryPolicy { budget: std::time::Duration::from_secs(60), pause: std::time::Duration::from_millis(500) }
     }
 }
 
@@ -353,10 +380,19 @@ pub fn run(
     // Both the attempt and the recovery between attempts need the fabric and the priming flag.
     let fabric = RefCell::new(swarm);
     let primed = Cell::new(false);
+    // The step MemoryX's copy holds: a fault that loses every replica goes back to it.
+    let mut copy_at = start;
+    // When it was last brought up to the replicas: at least every `snapshotSeconds`, so a fault that loses
+    // every replica costs at most that much work.
+    let snapshot_every = std::time::Duration::from_secs(spec.checkpoint.snapshot_seconds.max(1));
+    let mut copied = Instant::now();
+    let mut recovery: Option<Recovery> = None;
     while step < total {
         let step_started = Instant::now();
         let outcome = retry.retry(
             "step",
+            step + 1,
+            &mut recovery,
             || {
                 let swarm = &mut **fabric.borrow_mut();
                 match mode {
@@ -374,31 +410,51 @@ pub fn run(
                     return Ok(true);
                 }
                 // The replacement engine has no replica: take the state from a surviving one (or, if none
-                // survived, go back to MemoryX's copy) and prime them all again.
+                // survived, go back to MemoryX's copy) and prime them all again. MemoryX's copy of this very step
+                // needs nothing taken back. Every rerun draws on the step's one recovery budget.
                 primed.set(false);
-                Ok(take_back(store, &mut **fabric.borrow_mut(), step).unwrap_or_else(|e| {
-                    tracing::warn!("no replica to take back: {e}");
-                    false
-                }))
+                if copy_at == step {
+                    return Ok(true);
+                }
+                match take_back(store, &mut **fabric.borrow_mut(), step) {
+                    Ok(taken) => {
+                        copy_at = if taken { step } else { copy_at };
+                        Ok(taken)
+                    }
+                    Err(e) => {
+                        tracing::warn!("no replica to take back: {e}");
+                        Ok(false)
+                    }
+                }
             },
         )?;
         let Some((loss, step_bytes)) = outcome else {
-            let back_to = store.state(job)?.0;
-            tracing::warn!(from = step, to = back_to, "every replica was lost; rerunning from MemoryX's copy");
-            step = back_to;
+            tracing::warn!(from = step, to = copy_at, "every replica was lost; rerunning from MemoryX's copy");
+            step = copy_at;
             continue;
         };
-        if mode == Mode::Resident && (sync_at(step + 1) || step + 1 == total) {
-            let synced =
-                retry.retry("taking the replica back", || take_back(store, &mut **fabric.borrow_mut(), step + 1), || Ok(true))?;
+        if mode == Mode::Resident && (sync_at(step + 1) || step + 1 == total || copied.elapsed() >= snapshot_every) {
+            let synced = retry.retry(
+                "taking the replicas back after step",
+                step + 1,
+                &mut recovery,
+                || take_back(store, &mut **fabric.borrow_mut(), step + 1),
+                || Ok(true),
+            )?;
             if synced != Some(true) {
                 primed.set(false);
-                step = store.state(job)?.0;
-                tracing::warn!(to = step, "the replicas could not be taken back; rerunning from MemoryX's copy");
+                tracing::warn!(from = step + 1, to = copy_at, "the replicas could not be taken back; rerunning from MemoryX's copy");
+                step = copy_at;
                 continue;
             }
+            copy_at = step + 1;
+            copied = Instant::now();
         }
         step += 1;
+        // A step past the one that failed first ends its recovery.
+        if recovery.is_some_and(|r| step >= r.step) {
+            recovery = None;
+        }
         if step <= reported {
             continue;
         }
@@ -425,7 +481,7 @@ pub fn run(
     let engines = swarm.stats()?;
     let eval_batch = batch.max(swarm.engines());
     let eval = retry
-        .retry("evaluation", || evaluate(store, swarm, layers, test_samples, eval_batch, total), || Ok(true))?
+        .retry("evaluation after step", total, &mut None, || evaluate(store, swarm, layers, test_samples, eval_batch, total), || Ok(true))?
         .ok_or_else(|| Error::Unavailable("evaluation gave up".into()))?;
     let mut eval = eval;
     if let Some(unigram) = data.unigram_loss {
@@ -455,4 +511,59 @@ pub fn run(
         samples: Vec::new(),
         memoryx: MemoryxUsage::default(),
     })
+}
+
+#[cfg(test)]
+mod retry_tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A component that never answers again: the recovery ends once its one budget is spent, however many
+    /// times the caller falls back and starts again (a return to MemoryX's copy draws on the same budget), and
+    /// the error carries the last failure (which names the component).
+    #[test]
+    fn one_budget_bounds_every_path_of_a_steps_recovery() {
+        let policy = RetryPolicy { budget: Duration::from_millis(300), pause: Duration::from_millis(20) };
+        let started = Instant::now();
+        let mut recovery = None;
+        let mut fallbacks = 0;
+        let err = loop {
+            let r: Result<Option<()>> = policy.retry(
+                "step",
+                7,
+                &mut recovery,
+                || Err(Error::Unavailable("engine-0 at 127.0.0.1:9: transport error".into())),
+                || Ok(false),
+            );
+            match r {
+                Ok(None) => fallbacks += 1,
+                Ok(Some(())) => panic!("a component that never answers cannot succeed"),
+                Err(e) => break e,
+            }
+        };
+        let spent = started.elapsed();
+        assert!(fallbacks > 3, "the caller fell back and tried again: {fallbacks}");
+        assert!(spent >= Duration::from_millis(300) && spent < Duration::from_millis(600), "{spent:?}");
+        let message = err.to_string();
+        assert!(message.contains("step 7") && message.contains("engine-0 at 127.0.0.1:9") && message.contains("retry budget is 0.3s"), "{message}");
+        assert_eq!(recovery.map(|r| r.step), Some(7), "the recovery of the step that failed first");
+    }
+
+    /// A step that comes back within the budget succeeds, and other errors are not retried.
+    #[test]
+    fn a_component_that_comes_back_is_waited_for_and_other_errors_are_not_retried() {
+        let policy = RetryPolicy { budget: Duration::from_secs(5), pause: Duration::from_millis(1) };
+        let mut calls = 0;
+        let got = policy.retry("step", 1, &mut None, || {
+            calls += 1;
+            if calls < 3 { Err(Error::Unavailable("not yet".into())) } else { Ok(calls) }
+        }, || Ok(true));
+        assert_eq!(got.unwrap(), Some(3));
+        let mut calls = 0;
+        let got: Result<Option<()>> = policy.retry("step", 1, &mut None, || {
+            calls += 1;
+            Err(Error::Protocol("wrong shape".into()))
+        }, || Ok(true));
+        assert!(got.is_err() && calls == 1);
+    }
 }

@@ -9,17 +9,52 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use super::{Cluster, Error, progress, watch};
 
 /// Deletes the job (its finalizer makes the operator remove the children) and, with a deadline, waits for it
-/// to be gone.
+/// to be gone and then for its pods and volumes (what the operator deleted may still be terminating), so a job
+/// submitted again under the same name right away starts clean.
 pub async fn cancel(cluster: &Cluster, name: &str, wait: Option<Duration>) -> Result<(), Error> {
     let ns = &cluster.namespace;
     let action = format!("delete TrainingJob {ns}/{name}");
     cluster.jobs().delete(name, &DeleteParams::default()).await.map_err(Error::api(action, ns, name))?;
     println!("trainingjob {ns}/{name} deletion requested");
     let Some(timeout) = wait else { return Ok(()) };
+    let started = tokio::time::Instant::now();
     let what = format!("TrainingJob {ns}/{name} and its children to be removed");
     watch::until(cluster, name, timeout, &what, |job| job.is_none().then_some(Ok(()))).await?;
+    children_gone(cluster, name, started + timeout, &what).await?;
     println!("trainingjob {ns}/{name} deleted");
     Ok(())
+}
+
+/// Waits until no pod and no volume claim of job `name` is left (terminating ones included), until `deadline`.
+async fn children_gone(cluster: &Cluster, name: &str, deadline: tokio::time::Instant, what: &str) -> Result<(), Error> {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+    use kube::api::{Api, ListParams};
+    use kube::ResourceExt;
+    let ns = &cluster.namespace;
+    let selector = ListParams::default().labels(&format!("{}={name}", crds::contract::JOB_LABEL));
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client.clone(), ns);
+    let started = tokio::time::Instant::now();
+    loop {
+        let list = |action: &str| Error::api(format!("list the {action} of TrainingJob {ns}/{name}"), ns, name);
+        let left: Vec<String> = pods
+            .list(&selector)
+            .await
+            .map_err(list("pods"))?
+            .items
+            .iter()
+            .map(|p| format!("pod {}", p.name_any()))
+            .chain(claims.list(&selector).await.map_err(list("volume claims"))?.items.iter().map(|c| format!("volume claim {}", c.name_any())))
+            .collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let last = Some(format!("still there: {}", left.join(", ")));
+            return Err(Error::Timeout { after: started.elapsed(), what: what.into(), last });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Sets `spec.suspend` to `suspend` and, with a deadline, waits until the status agrees: Suspended (the
