@@ -362,6 +362,20 @@ async fn checkpoint_pull_fetches_a_running_jobs_checkpoint_through_the_api_serve
 #[path = "../../wsctl/tests/common/gpt2.rs"]
 mod gpt2;
 
+/// The mean loss per token GPT-2's forward pass (written out, independent of the engine) gives on the held-out
+/// windows of `test`, the windows the job evaluated.
+fn held_out_loss(model: &gpt2::Gpt2, test: &data::Dataset) -> f64 {
+    let (mut sum, mut tokens) = (0.0, 0usize);
+    for w in test.eval_samples() {
+        let shard = test.shard(&[w]);
+        let input: Vec<usize> = shard.inputs.data.iter().map(|&t| t as usize).collect();
+        let labels: Vec<usize> = shard.labels.iter().map(|&l| l as usize).collect();
+        sum += model.loss(&input, &labels);
+        tokens += labels.len();
+    }
+    sum / tokens.max(1) as f64
+}
+
 /// Pods of `ns` with `role` that exist now.
 async fn role_pods(client: &Client, ns: &str, job: &str, role: &str) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -496,15 +510,7 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
     // The held-out windows the job evaluated, read from the same files by the runtime's own loader.
     let local = cluster::repo_root().join("examples/data");
     let (_, test) = ok(data::load(&j.spec, Some(&local)), "the corpus, locally");
-    let (mut sum, mut tokens) = (0.0, 0usize);
-    for w in test.eval_samples() {
-        let shard = test.shard(&[w]);
-        let input: Vec<usize> = shard.inputs.data.iter().map(|&t| t as usize).collect();
-        let labels: Vec<usize> = shard.labels.iter().map(|&l| l as usize).collect();
-        sum += model.loss(&input, &labels);
-        tokens += labels.len();
-    }
-    let ours = sum / tokens.max(1) as f64;
+    let ours = held_out_loss(&model, &test);
     eprintln!("exported GPT-2 held-out loss {ours:.5} nats/token; the job reported {reported:.5}");
     assert!((ours - reported).abs() <= 0.01 * reported, "GPT-2's forward gives {ours}, the job reported {reported}");
     assert!(reported < (1024f64).ln(), "the job learned something: {reported}");
@@ -648,15 +654,7 @@ async fn a_sliced_checkpoint_leaves_the_cluster_and_its_job_resumes_on_fewer_ser
     let mut local = j.spec.clone();
     local.data.path = cluster::repo_root().join(&j.spec.data.path).display().to_string();
     let (_, test) = ok(data::load(&local, None), "the corpus, locally");
-    let (mut sum, mut tokens) = (0.0, 0usize);
-    for w in test.eval_samples() {
-        let shard = test.shard(&[w]);
-        let input: Vec<usize> = shard.inputs.data.iter().map(|&t| t as usize).collect();
-        let labels: Vec<usize> = shard.labels.iter().map(|&l| l as usize).collect();
-        sum += model.loss(&input, &labels);
-        tokens += labels.len();
-    }
-    let ours = sum / tokens.max(1) as f64;
+    let ours = held_out_loss(&model, &test);
     eprintln!("exported GPT-2 held-out loss {ours:.5} nats/token; the three-server job reported {reported:.5}");
     assert!((ours - reported).abs() <= 0.01 * reported, "GPT-2's forward gives {ours}, the job reported {reported}");
     // And `transformers` itself (the venv `models/setup.sh` prepares) on the same windows.
