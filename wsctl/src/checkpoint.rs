@@ -266,11 +266,20 @@ async fn download(base: &str, identity: &Identity, file: &str, bytes: u64, tmp: 
 }
 
 /// `wsctl checkpoint list`: prints the checkpoints as a table.
-pub fn list_command(url: &str, identity_dir: &Path) -> Result<()> {
+pub fn list_command(url: &str, identity_dir: &Path, json: bool) -> Result<()> {
     let identity = Identity::load(identity_dir)?;
     let entries = runtime_block_on(list(url, &identity))?;
-    print!("{}", table(&entries));
+    print!("{}", listing(&entries, json));
     Ok(())
+}
+
+/// The listing as `wsctl checkpoint list` prints it: the [`table`], or with `--json` the entries as JSON.
+pub fn listing(entries: &[Entry], json: bool) -> String {
+    if json {
+        serde_json::to_string(entries).map(|s| s + "\n").unwrap_or_else(|e| format!("cannot encode the listing: {e}\n"))
+    } else {
+        table(entries)
+    }
 }
 
 /// The checkpoints, one line each (a sliced one with its slices' bytes and count), as `wsctl checkpoint list`

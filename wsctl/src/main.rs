@@ -8,8 +8,10 @@ mod bench;
 mod checkpoint;
 mod cluster;
 mod export;
+mod failure;
 mod generate;
 mod local;
+mod manifest;
 mod run;
 mod simulate;
 
@@ -24,13 +26,17 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How a failure is written on standard error: `text` (`error: MESSAGE`) or `json` (one line,
+    /// `{"kind": …, "message": …}`, for programs that drive wsctl).
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    error_format: failure::ErrorFormat,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Train a TrainingJob on this machine and evaluate it on the held-out data.
     Run {
-        /// The TrainingJob manifest (YAML).
+        /// The TrainingJob manifest (YAML; `-` reads it from standard input).
         job: PathBuf,
         /// Where to write metrics.jsonl and summary.json (default: runs/<job name>).
         #[arg(long)]
@@ -55,6 +61,10 @@ enum Command {
         /// CLAIM=DIR; repeatable.
         #[arg(long = "volume", value_name = "CLAIM=DIR", value_parser = run::parse_volume)]
         volumes: Vec<(String, PathBuf)>,
+        /// Print one JSON object per line instead of the bar and the result line: `{"progress": …}` after each
+        /// step, then `{"summary": …, "out": DIR}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Run one role of the appliance (what `wsctl run` starts for each component): `wsctl node ROLE ARGS…`
     /// takes exactly the arguments of the role's program (`memoryx`, `swarmx`, `sim-wse`).
@@ -68,7 +78,7 @@ enum Command {
     },
     /// Show the appliance a job would be assembled into, without running anything.
     Plan {
-        /// The TrainingJob manifest (YAML).
+        /// The TrainingJob manifest (YAML; `-` reads it from standard input).
         job: PathBuf,
         /// Override the job's CS-2 count (spec.cs2).
         #[arg(long)]
@@ -136,6 +146,12 @@ enum Command {
         #[arg(long)]
         job: Option<PathBuf>,
     },
+    /// Print, as JSON, the `spec.model` a Hugging Face model folder's config.json gives (a GPT-2 or a Llama),
+    /// without reading its weights: the shape a job adopts from `spec.model.from`.
+    Model {
+        /// The folder holding config.json.
+        folder: PathBuf,
+    },
     /// The cluster commands, and `checkpoint` (of a cluster job, or of any MemoryX by URL).
     #[command(flatten)]
     Cluster(cluster::Command),
@@ -165,8 +181,8 @@ impl From<Preset> for crds::EnginePreset {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { job, out, cs2, in_process, fanout, checkpoint_dir, sample, volumes } => {
-            run::run(&job, run::RunOptions { cs2, out, in_process, fanout, checkpoint_dir, sample, volumes })
+        Command::Run { job, out, cs2, in_process, fanout, checkpoint_dir, sample, volumes, json } => {
+            run::run(&job, run::RunOptions { cs2, out, in_process, fanout, checkpoint_dir, sample, volumes, json })
         }
         Command::Node { role, args } => local::node(&role, args),
         Command::Plan { job, cs2, json } => run::plan(&job, cs2, json),
@@ -178,12 +194,13 @@ fn main() -> ExitCode {
         Command::Generate { model, prompt, tokens, temperature, seed, tokenizer, job } => {
             generate::command(&model, &generate::Options { prompt, tokens, temperature, seed, tokenizer, job })
         }
+        Command::Model { folder } => run::model(&folder),
         Command::Cluster(c) => cluster::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("{}", failure::render(&e, cli.error_format));
             ExitCode::FAILURE
         }
     }

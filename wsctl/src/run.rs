@@ -18,7 +18,8 @@ use plan::units;
 /// looked for inside the folders standing in for volumes (`--volume CLAIM=DIR`), where a cluster finds it,
 /// and else as a path here.
 fn load_job(path: &Path, cs2: Option<u32>, volumes: &[(String, PathBuf)]) -> Result<crds::TrainingJob> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let label = crate::manifest::label(path);
+    let text = crate::manifest::read(path).with_context(|| format!("cannot read {label}"))?;
     let resolve = |from: &str| {
         let inside = volumes.iter().map(|(_, dir)| dir.join(from)).find(|p| !crds::escapes(from) && p.exists());
         match inside {
@@ -26,10 +27,10 @@ fn load_job(path: &Path, cs2: Option<u32>, volumes: &[(String, PathBuf)]) -> Res
             None => runtime::memoryx::huggingface::resolve(from),
         }
     };
-    let mut job = crds::parse_training_job_with(&text, &resolve).with_context(|| path.display().to_string())?;
+    let mut job = crds::parse_training_job_with(&text, &resolve).with_context(|| label.clone())?;
     if let Some(n) = cs2 {
         job.spec.cs2 = n;
-        job.spec.validate().with_context(|| format!("{} with --cs2 {n}", path.display()))?;
+        job.spec.validate().with_context(|| format!("{label} with --cs2 {n}"))?;
     }
     Ok(job)
 }
@@ -123,6 +124,17 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// `wsctl model FOLDER`: the model spec a pretrained folder's config gives, as a job adopts it.
+pub fn model(folder: &Path) -> Result<()> {
+    let from = folder.display().to_string();
+    let (shape, source) = runtime::memoryx::huggingface::resolve(&from)?
+        .ok_or_else(|| anyhow::anyhow!("{from} does not exist: name a folder holding a Hugging Face config.json"))?;
+    let mut model = crds::ModelSpec { kind: shape.kind, ..crds::ModelSpec::mlp(Vec::new(), crds::Activation::Relu, 0.0) };
+    model.adopt(&shape, &source)?;
+    println!("{}", serde_json::to_string_pretty(&model)?);
+    Ok(())
+}
+
 /// How `wsctl run` assembles the appliance.
 pub struct RunOptions {
     /// Override of spec.cs2.
@@ -139,6 +151,8 @@ pub struct RunOptions {
     pub checkpoint_dir: Option<PathBuf>,
     /// Folders standing in for PersistentVolumeClaims (`--volume CLAIM=DIR`): where `spec.data.volume` is found.
     pub volumes: Vec<(String, PathBuf)>,
+    /// JSON lines on stdout (progress, then the summary) instead of the bar and the result line.
+    pub json: bool,
 }
 
 /// The folder standing in for the job's data volume, when it names one: `--volume CLAIM=DIR`. A job naming a
@@ -194,14 +208,23 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
         plan.cs2,
         if opts.in_process { " in one process" } else { "" }
     );
-    let bar = ProgressBar::new(total);
+    if opts.json {
+        let tokens = spec.model.kind.is_language_model().then_some(loaded.spec.model.context_length).flatten();
+        let start = serde_json::json!({ "steps": total, "samplesPerStep": plan.batch, "cs2": plan.cs2, "tokensPerSample": tokens });
+        println!("{}", serde_json::json!({ "start": start }));
+    }
+    let bar = if opts.json { ProgressBar::hidden() } else { ProgressBar::new(total) };
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  ETA {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let checkpoints =
         opts.checkpoint_dir.clone().or_else(|| (spec.checkpoint.interval_steps > 0).then(|| out.join("checkpoints")));
+    let json = opts.json;
     let show = |m: &ProgressReport| {
+        if json {
+            println!("{}", serde_json::json!({ "progress": m }));
+        }
         bar.set_message(format!("loss {:.4}  {:.0} samples/s", m.loss, m.samples_per_s));
         bar.set_position(m.step);
     };
@@ -224,6 +247,10 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     let _ = std::fs::remove_dir_all(&tier);
     bar.finish_and_clear();
     let s = result?;
+    if opts.json {
+        println!("{}", serde_json::json!({ "summary": s, "out": out }));
+        return Ok(());
+    }
     let held_out = match s.eval.perplexity {
         Some(ppl) => format!(
             "held-out loss {:.3} nats/token (perplexity {ppl:.2}; unigram baseline {:.3}) on {} tokens, {:.0} tokens/s",

@@ -42,6 +42,9 @@ pub enum Command {
     List {
         #[command(flatten)]
         from: Source,
+        /// Print the listing as JSON (`[{"step", "file", "bytes", "slices"?}]`, newest first).
+        #[arg(long)]
+        json: bool,
         /// Seconds the whole command may take (for a cluster job).
         #[arg(long, default_value = "120")]
         timeout: u64,
@@ -69,7 +72,9 @@ pub enum Command {
 /// cluster form.
 pub fn direct(command: &Command) -> Option<anyhow::Result<()>> {
     match command {
-        Command::List { from: Source { url: Some(url), identity: Some(id), .. }, .. } => Some(crate::checkpoint::list_command(url, id)),
+        Command::List { from: Source { url: Some(url), identity: Some(id), .. }, json, .. } => {
+            Some(crate::checkpoint::list_command(url, id, *json))
+        }
         Command::Pull { from: Source { url: Some(url), identity: Some(id), .. }, step, out, job, .. } => {
             Some(crate::checkpoint::pull_command(url, id, *step, out, job.as_deref()))
         }
@@ -80,7 +85,7 @@ pub fn direct(command: &Command) -> Option<anyhow::Result<()>> {
 /// Runs the cluster form within its deadline.
 pub async fn run(command: Command) -> Result<(), Error> {
     let (name, ns, timeout) = match &command {
-        Command::List { from, timeout } | Command::Pull { from, timeout, .. } => {
+        Command::List { from, timeout, .. } | Command::Pull { from, timeout, .. } => {
             (from.name.clone().unwrap_or_default(), from.ns.clone(), Duration::from_secs(*timeout))
         }
     };
@@ -92,9 +97,9 @@ pub async fn run(command: Command) -> Result<(), Error> {
             Error::Checkpoint { what: format!("{what} of {}/{name}", cluster.namespace), message: format!("{e:#}{why}") }
         };
         match &command {
-            Command::List { .. } => {
+            Command::List { json, .. } => {
                 let entries = crate::checkpoint::list(&base, &identity).await.map_err(|e| failed("list", e))?;
-                print!("{}", crate::checkpoint::table(&entries));
+                print!("{}", crate::checkpoint::listing(&entries, *json));
             }
             Command::Pull { step, out, .. } => {
                 let max = crate::checkpoint::planned_bytes(&job.spec);

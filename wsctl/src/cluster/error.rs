@@ -1,6 +1,5 @@
 //! What can go wrong talking to a cluster, each as one sentence saying what is wrong and what to do.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// Why a cluster command failed. Every message names the object and suggests the next step, because the user
@@ -40,10 +39,10 @@ pub enum Error {
         name: String,
     },
     /// The manifest could not be read or is not a valid TrainingJob; nothing was sent.
-    #[error("{}: {message} (nothing was sent to the cluster)", path.display())]
+    #[error("{label}: {message} (nothing was sent to the cluster)")]
     Manifest {
-        /// The file.
-        path: PathBuf,
+        /// The file, or "standard input".
+        label: String,
         /// What is wrong with it.
         message: String,
     },

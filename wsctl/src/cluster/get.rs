@@ -5,7 +5,7 @@ use crds::TrainingJob;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
-use super::{Cluster, Error, Namespace, progress};
+use super::{Cluster, Error, Namespace, progress, watch as watching};
 
 /// How `wsctl get` prints.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -97,6 +97,35 @@ pub async fn get(name: Option<&str>, ns: Namespace, all: bool, output: Output) -
         other => print!("{}", render(&jobs, name.is_some(), other)?),
     }
     Ok(())
+}
+
+/// `wsctl get JOB --watch`: the job at each change of its status (one compact JSON object per line with `-o
+/// json`, else [`progress::line`]), ending with the job's end. Suspended is not an end: a watch started before a
+/// suspend keeps reporting through the resume, since the API's watch (re-established on errors) is its source.
+pub async fn watch(cluster: &Cluster, name: &str, output: Output, timeout: std::time::Duration) -> Result<(), Error> {
+    use std::io::Write;
+    let what = format!("TrainingJob {}/{name} to finish", cluster.namespace);
+    let ns = cluster.namespace.clone();
+    let mut last: Option<serde_json::Value> = None;
+    watching::until(cluster, name, timeout, &what, |job| {
+        let Some(job) = job else {
+            return Some(Err(Error::Deleted { namespace: ns.clone(), name: name.into() }));
+        };
+        let status = serde_json::to_value(&job.status).ok();
+        if status != last {
+            last = status;
+            let line = match output {
+                Output::Json => serde_json::to_string(job).unwrap_or_default(),
+                Output::Table | Output::Yaml => progress::line(job),
+            };
+            let mut out = std::io::stdout().lock();
+            if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+                return Some(Ok(())); // Nobody reads any more.
+            }
+        }
+        job.status.as_ref().and_then(|s| s.phase).is_some_and(crds::Phase::is_terminal).then_some(Ok(()))
+    })
+    .await
 }
 
 #[cfg(test)]

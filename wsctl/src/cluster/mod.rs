@@ -48,7 +48,7 @@ pub struct Namespace {
 pub enum Command {
     /// Create a TrainingJob on the cluster from a manifest, and with --watch follow it to its end.
     Submit {
-        /// The TrainingJob manifest (YAML), checked here before anything is sent.
+        /// The TrainingJob manifest (YAML; `-` reads it from standard input), checked here before anything is sent.
         job: PathBuf,
         #[command(flatten)]
         ns: Namespace,
@@ -71,6 +71,13 @@ pub enum Command {
         /// Output format.
         #[arg(short = 'o', long, value_enum, default_value = "table")]
         output: get::Output,
+        /// Keep printing the job at every change of its status (with -o json one object per line) until it
+        /// succeeds or fails, or --timeout passes; through suspends and resumes.
+        #[arg(short = 'w', long, requires = "job")]
+        watch: bool,
+        /// Seconds --watch follows the job at most.
+        #[arg(long, default_value = DEFAULT_TIMEOUT)]
+        timeout: u64,
     },
     /// Print the logs of a job's pods (by default MemoryX's, the coordinator's).
     Logs {
@@ -160,7 +167,10 @@ async fn dispatch(command: Command) -> Result<(), Error> {
     let secs = Duration::from_secs;
     match command {
         Command::Submit { job, ns, watch, timeout } => submit::submit(&job, ns, watch, secs(timeout)).await,
-        Command::Get { job, ns, all_namespaces, output } => get::get(job.as_deref(), ns, all_namespaces, output).await,
+        Command::Get { job: Some(job), ns, output, watch: true, timeout, .. } => {
+            get::watch(&Cluster::connect(ns).await?, &job, output, secs(timeout)).await
+        }
+        Command::Get { job, ns, all_namespaces, output, .. } => get::get(job.as_deref(), ns, all_namespaces, output).await,
         Command::Logs { job, ns, role, index, follow, tail, timeout } => {
             let options = logs::Options { role, index, follow, tail, timeout: secs(timeout) };
             logs::logs(&Cluster::connect(ns).await?, &job, options).await

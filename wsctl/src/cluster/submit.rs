@@ -15,8 +15,8 @@ use super::{Cluster, Error, Namespace, watch};
 /// Reads and validates the manifest, refusing a namespace in it that contradicts `--namespace` (as kubectl
 /// does: the same manifest must not land somewhere the user did not expect).
 pub fn load(path: &Path, flag: Option<&str>) -> Result<TrainingJob, Error> {
-    let manifest = |message: String| Error::Manifest { path: path.to_path_buf(), message };
-    let text = std::fs::read_to_string(path).map_err(|e| manifest(format!("cannot read it: {e}")))?;
+    let manifest = |message: String| Error::Manifest { label: crate::manifest::label(path), message };
+    let text = crate::manifest::read(path).map_err(|e| manifest(format!("cannot read it: {e}")))?;
     let mut job = crds::parse_training_job(&text).map_err(|e| manifest(e.to_string()))?;
     if job.metadata.name.as_deref().unwrap_or_default().is_empty() {
         return Err(manifest("metadata.name is missing: every TrainingJob needs a name".into()));
