@@ -122,7 +122,8 @@ def from_torch(
     seed, as every MLP job's), a Hugging Face GPT-2 or Llama model, config or folder a decoder job that starts
     from its weights where it has them. ``data``, ``training`` and any other ``spec`` field are the YAML's."""
     torch = _torch()
-    if isinstance(module, torch.nn.Sequential):
+    hugging_face = isinstance(module, (str, Path)) or hasattr(module, "save_pretrained") or hasattr(module, "model_type")
+    if isinstance(module, torch.nn.Module) and not hugging_face:
         model = mlp_model(module, sparsity)
     else:
         model = decoder_model(module, save_to)
