@@ -114,7 +114,8 @@ class TrainingJob:
         """Trains the job on this machine (MemoryX, SwarmX, engines and input workers as local processes, or
         with ``in_process`` as threads of one), evaluates it and returns the summary and per-step metrics. A
         ``tqdm.auto`` bar shows step/total, loss, throughput and ETA unless ``progress=False``. ``out`` defaults to
-        ``runs/<name>``; ``volumes`` maps a claim the data names to a folder standing in for it."""
+        ``runs/<name>``; ``volumes`` maps a claim the data names to a folder standing in for it. As with ``wsctl
+        run``, a job that checkpoints resumes from the newest checkpoint in its folder."""
         path, stdin = self._input()
         args = ["run", "--json", path]
         if cs2 is not None:
@@ -186,8 +187,9 @@ class RunResult:
 
     @property
     def final_loss(self) -> float:
-        """The last step's mean loss."""
-        return float(self.summary["final_loss"])
+        """The last step's mean loss (NaN when a resumed run had no step left to run)."""
+        loss = self.summary.get("final_loss")
+        return float("nan") if loss is None else float(loss)
 
     @property
     def eval(self) -> dict[str, Any]:
