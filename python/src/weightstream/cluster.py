@@ -47,7 +47,7 @@ class JobStatus:
     def from_object(cls, job: dict[str, Any]) -> "JobStatus":
         """Reads a TrainingJob object as the API serves it."""
         meta, spec, status = job.get("metadata", {}), job.get("spec", {}), job.get("status") or {}
-        progress = status.get("progress") or {}
+        progress = status  # The status carries the progress fields inline (serde flatten).
         conditions = list(status.get("conditions") or [])
         waiting = None
         if status.get("phase") == "Queued":
