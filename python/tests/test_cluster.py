@@ -149,3 +149,14 @@ def test_an_unreachable_cluster_is_one_typed_error(tmp_path: Path) -> None:
         ws.Cluster(kubeconfig=tmp_path / "missing").list()
     with pytest.raises(ws.ClusterUnreachableError):
         mnist_job("py-never").submit(gone)
+
+
+def test_a_handle_by_name_reads_the_same_job_and_a_missing_one_is_not_found(cluster: ws.Cluster) -> None:
+    handle = cluster.job("py-nobody")
+    assert (handle.name, handle.cluster) == ("py-nobody", cluster)
+    with pytest.raises(ws.JobNotFoundError, match="no TrainingJob py-nobody"):
+        handle.status()
+    with pytest.raises(ws.JobNotFoundError):
+        list(handle.watch(timeout=30))
+    with pytest.raises(ws.JobNotFoundError):
+        handle.cancel(timeout=30)

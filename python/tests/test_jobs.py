@@ -103,3 +103,15 @@ def test_a_missing_wsctl_is_one_error_saying_what_to_do(monkeypatch: pytest.Monk
     monkeypatch.setenv(_wsctl.WSCTL_ENV, "/nonexistent/wsctl")
     with pytest.raises(ws.RunFailedError, match="WEIGHTSTREAM_WSCTL"):
         ws.TrainingJob.from_yaml(EXAMPLE).plan()
+
+
+def test_validate_and_save_round_trip(tmp_path: Path) -> None:
+    job = mnist_job("py-saved", steps=10)
+    job.validate()
+    saved = job.save(tmp_path / "job.yaml")
+    again = ws.TrainingJob.from_yaml(saved)
+    assert again.manifest == job.manifest
+    again.validate()
+    again.spec["training"]["batchSize"] = 0
+    with pytest.raises(ws.InvalidJobError, match="batchSize"):
+        again.validate()

@@ -104,6 +104,7 @@ pub async fn get(name: Option<&str>, ns: Namespace, all: bool, output: Output) -
 /// suspend keeps reporting through the resume, since the API's watch (re-established on errors) is its source.
 pub async fn watch(cluster: &Cluster, name: &str, output: Output, timeout: std::time::Duration) -> Result<(), Error> {
     use std::io::Write;
+    cluster.job(name).await?; // A job that does not exist is "no such job", not "deleted while watched".
     let what = format!("TrainingJob {}/{name} to finish", cluster.namespace);
     let ns = cluster.namespace.clone();
     let mut last: Option<serde_json::Value> = None;
