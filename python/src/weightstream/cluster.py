@@ -77,14 +77,6 @@ class JobStatus:
         """Whether the job is over (Succeeded or Failed)."""
         return self.phase in TERMINAL
 
-    @property
-    def failure(self) -> str:
-        """Why the job failed: its Failed condition's reason and message."""
-        failed = next((c for c in self.conditions if c.get("type") == "Failed" and c.get("status") == "True"), None)
-        if failed is None:
-            return "no reason given in its status"
-        return f"{failed.get('reason', '')}: {failed.get('message', '')}"
-
 
 class Cluster:
     """A cluster reached with a kubeconfig (default: ``$KUBECONFIG`` or ``~/.kube/config``, as kubectl), acting in
@@ -128,6 +120,23 @@ class Cluster:
         """The job at every change of its status, ending after it succeeds or fails (a suspend is not an end:
         the watch reports Suspended and then the resumed phases); :class:`WaitTimeoutError` after ``timeout``
         seconds. ``progress=True`` also shows a ``tqdm.auto`` bar."""
+        try:
+            yield from self._changes(name, timeout, progress)
+        except JobFailedError:
+            return  # The Failed status was the last one yielded.
+
+    def wait(self, name: str, timeout: float = DEFAULT_TIMEOUT, progress: bool = False) -> JobStatus:
+        """Waits for the job to end: its status once Succeeded; :class:`JobFailedError` (with its status's
+        reason, as wsctl words it) once Failed; :class:`WaitTimeoutError` after ``timeout`` seconds."""
+        last: JobStatus | None = None
+        for last in self._changes(name, timeout, progress):
+            pass
+        if last is None:
+            raise RunFailedError(f"the watch of {name} ended without reporting the job")
+        return last
+
+    def _changes(self, name: str, timeout: float, progress: bool) -> Iterator[JobStatus]:
+        """``wsctl get NAME --watch -o json``: each status change, then wsctl's verdict (its error once Failed)."""
         args = ["get", name, "--watch", "-o", "json", "--timeout", str(int(timeout)), *self._ns()]
         bar = Bar(name, None, progress) if progress else None
         try:
@@ -145,18 +154,6 @@ class Cluster:
         finally:
             if bar is not None:
                 bar.close()
-
-    def wait(self, name: str, timeout: float = DEFAULT_TIMEOUT, progress: bool = False) -> JobStatus:
-        """Waits for the job to end: its status once Succeeded; :class:`JobFailedError` (with its status's
-        reason) once Failed; :class:`WaitTimeoutError` after ``timeout`` seconds."""
-        last: JobStatus | None = None
-        for last in self.watch(name, timeout=timeout, progress=progress):
-            pass
-        if last is None:
-            raise RunFailedError(f"the watch of {name} ended without reporting the job")
-        if last.phase == "Failed":
-            raise JobFailedError(f"TrainingJob {last.namespace}/{name} failed: {last.failure}")
-        return last
 
     def logs(
         self,

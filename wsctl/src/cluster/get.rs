@@ -100,7 +100,8 @@ pub async fn get(name: Option<&str>, ns: Namespace, all: bool, output: Output) -
 }
 
 /// `wsctl get JOB --watch`: the job at each change of its status (one compact JSON object per line with `-o
-/// json`, else [`progress::line`]), ending with the job's end. Suspended is not an end: a watch started before a
+/// json`, else [`progress::line`]), ending with the job's end: Ok once it succeeded, the job's failure (its
+/// status's reason) once it failed. Suspended is not an end: a watch started before a
 /// suspend keeps reporting through the resume, since the API's watch (re-established on errors) is its source.
 pub async fn watch(cluster: &Cluster, name: &str, output: Output, timeout: std::time::Duration) -> Result<(), Error> {
     use std::io::Write;
@@ -109,11 +110,10 @@ pub async fn watch(cluster: &Cluster, name: &str, output: Output, timeout: std::
     let ns = cluster.namespace.clone();
     let mut last: Option<serde_json::Value> = None;
     watching::until(cluster, name, timeout, &what, |job| {
-        let Some(job) = job else {
-            return Some(Err(Error::Deleted { namespace: ns.clone(), name: name.into() }));
-        };
-        let status = serde_json::to_value(&job.status).ok();
-        if status != last {
+        let status = job.and_then(|j| serde_json::to_value(&j.status).ok());
+        if let Some(job) = job
+            && status != last
+        {
             last = status;
             let line = match output {
                 Output::Json => serde_json::to_string(job).unwrap_or_default(),
@@ -124,7 +124,7 @@ pub async fn watch(cluster: &Cluster, name: &str, output: Output, timeout: std::
                 return Some(Ok(())); // Nobody reads any more.
             }
         }
-        job.status.as_ref().and_then(|s| s.phase).is_some_and(crds::Phase::is_terminal).then_some(Ok(()))
+        watching::outcome(job, &ns, name)
     })
     .await
 }

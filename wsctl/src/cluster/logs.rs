@@ -71,138 +71,158 @@ pub fn select(mut names: Vec<String>, index: Option<u32>) -> Vec<String> {
 /// With `-f` the command follows the job rather than a set of pods: it waits for pods that are not running yet
 /// (the job is starting, or queued), streams them, and when they end while the job goes on (a suspend and its
 /// resume, a restart) waits for the next ones, never printing a pod twice; it returns once the job is over.
-pub async fn logs(cluster: &Cluster, job_name: &str, o: Options) -> Result<(), Error> {
-    let role = role(&o.role)?;
+pub async fn logs(cluster: &Cluster, job_name: &str, options: Options) -> Result<(), Error> {
+    let role = role(&options.role)?;
     let job = cluster.job(job_name).await?;
-    let deadline = tokio::time::Instant::now() + o.timeout;
-    let which = format!("{role} pod{}", o.index.map(|i| format!(" with index {i}")).unwrap_or_default());
-    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let which = format!("{role} pod{}", options.index.map(|i| format!(" with index {i}")).unwrap_or_default());
+    let reading = Reading {
+        cluster,
+        pods: Api::namespaced(cluster.client.clone(), &cluster.namespace),
+        job_name,
+        selector: format!("{JOB_LABEL}={job_name},{ROLE_LABEL}={role}"),
+        deadline: tokio::time::Instant::now() + options.timeout,
+        which,
+        options,
+    };
     let mut streamed: std::collections::HashSet<String> = std::collections::HashSet::new();
     loop {
-        let Some(names) = running(cluster, job_name, &job, role, &o, &streamed, deadline, &which).await? else {
+        let Some(names) = reading.running(&job, &streamed).await? else {
             return Ok(()); // Followed to the job's end.
         };
         let prefixed = names.len() > 1;
+        let o = &reading.options;
         let params = LogParams { follow: o.follow, tail_lines: o.tail, ..LogParams::default() };
         if !o.follow {
             for (name, _) in &names {
-                let text = pods.logs(name, &params).await.map_err(Error::other(format!("read the log of pod {name}")))?;
+                let text = reading.pods.logs(name, &params).await.map_err(Error::other(format!("read the log of pod {name}")))?;
                 print_lines(prefixed.then_some(name.as_str()), text.lines());
             }
             return Ok(());
         }
         let mut streams = Vec::new();
         for (name, uid) in &names {
-            let reader = pods.log_stream(name, &params).await.map_err(Error::other(format!("follow the log of pod {name}")))?;
+            let reader =
+                reading.pods.log_stream(name, &params).await.map_err(Error::other(format!("follow the log of pod {name}")))?;
             streamed.insert(uid.clone());
             let tag = name.clone();
             streams.push(reader.lines().map(move |l| (tag.clone(), l)).boxed());
         }
-        if follow(cluster, job_name, futures::stream::select_all(streams), prefixed, deadline, &which, o.timeout).await? {
+        if reading.follow(futures::stream::select_all(streams), prefixed).await? {
             return Ok(());
         }
     }
 }
 
-/// The running pods of the job's `role` not streamed yet, as (name, uid), in natural order: with `-f` waited for
-/// up to `deadline`, `None` once the job is over (or gone) while waiting; without, an error saying why there
-/// are none.
-#[allow(clippy::too_many_arguments)]
-async fn running(
-    cluster: &Cluster,
-    job_name: &str,
-    job: &crds::TrainingJob,
-    role: Role,
-    o: &Options,
-    streamed: &std::collections::HashSet<String>,
+/// What one `wsctl logs` reads: the job's pods of one role, with the options and the deadline they share.
+struct Reading<'a> {
+    cluster: &'a Cluster,
+    pods: Api<Pod>,
+    job_name: &'a str,
+    /// The label selector of the job's pods of the role.
+    selector: String,
+    /// When `-f` gives up waiting or following.
     deadline: tokio::time::Instant,
-    which: &str,
-) -> Result<Option<Vec<(String, String)>>, Error> {
-    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
-    let selector = format!("{JOB_LABEL}={job_name},{ROLE_LABEL}={role}");
-    loop {
-        let action = format!("list the pods of {}/{job_name}", cluster.namespace);
-        let list = pods.list(&ListParams::default().labels(&selector)).await.map_err(Error::other(action))?;
-        let started = |p: &Pod| {
-            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-            !matches!(phase, None | Some("Pending"))
-                && p.metadata.deletion_timestamp.is_none()
-                && !p.metadata.uid.as_ref().is_some_and(|u| streamed.contains(u))
-        };
-        let uids: std::collections::HashMap<String, String> =
-            list.items.iter().filter(|p| started(p)).map(|p| (p.name_any(), p.metadata.uid.clone().unwrap_or_default())).collect();
-        let names = select(uids.keys().cloned().collect(), o.index);
-        if !names.is_empty() {
-            let with_uid = |n: String| {
-                let uid = uids.get(&n).cloned().unwrap_or_default();
-                (n, uid)
-            };
-            return Ok(Some(names.into_iter().map(with_uid).collect()));
-        }
-        if !o.follow {
-            let phase = progress::phase(job);
-            let released =
-                matches!(job.status.as_ref().and_then(|s| s.phase), Some(Phase::Succeeded | Phase::Failed | Phase::Suspended));
-            let hint = if released {
-                "a job's pods exist only while it holds CS-2s; follow them with -f while it runs"
-            } else {
-                "it may still be starting: -f waits for its pods"
-            };
-            return Err(Error::Invalid(format!(
-                "TrainingJob {}/{job_name} ({phase}) has no running {which}: {hint}",
-                cluster.namespace
-            )));
-        }
-        if over(cluster, job_name).await {
-            return Ok(None);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(Error::Timeout { after: o.timeout, what: format!("a running {which} of {job_name}"), last: None });
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    /// The pods asked for, in words ("engine pod with index 1").
+    which: String,
+    options: Options,
 }
 
-/// Whether the job is over: Succeeded, Failed, or gone.
-async fn over(cluster: &Cluster, job_name: &str) -> bool {
-    match cluster.job(job_name).await {
-        Ok(j) => j.status.as_ref().and_then(|s| s.phase).is_some_and(Phase::is_terminal),
-        Err(Error::NotFound { .. }) => true,
-        Err(_) => false,
+impl Reading<'_> {
+    /// The running pods not streamed yet, as (name, uid), in natural order: with `-f` waited for up to the
+    /// deadline, `None` once the job is over (or gone) while waiting; without, an error saying why there are none.
+    async fn running(
+        &self,
+        job: &crds::TrainingJob,
+        streamed: &std::collections::HashSet<String>,
+    ) -> Result<Option<Vec<(String, String)>>, Error> {
+        let (o, job_name, which) = (&self.options, self.job_name, &self.which);
+        loop {
+            let action = format!("list the pods of {}/{job_name}", self.cluster.namespace);
+            let list = self.pods.list(&ListParams::default().labels(&self.selector)).await.map_err(Error::other(action))?;
+            let started = |p: &Pod| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                !matches!(phase, None | Some("Pending"))
+                    && p.metadata.deletion_timestamp.is_none()
+                    && !p.metadata.uid.as_ref().is_some_and(|u| streamed.contains(u))
+            };
+            let uids: std::collections::HashMap<String, String> = list
+                .items
+                .iter()
+                .filter(|p| started(p))
+                .map(|p| (p.name_any(), p.metadata.uid.clone().unwrap_or_default()))
+                .collect();
+            let names = select(uids.keys().cloned().collect(), o.index);
+            if !names.is_empty() {
+                let with_uid = |n: String| {
+                    let uid = uids.get(&n).cloned().unwrap_or_default();
+                    (n, uid)
+                };
+                return Ok(Some(names.into_iter().map(with_uid).collect()));
+            }
+            if !o.follow {
+                let phase = progress::phase(job);
+                let released = matches!(
+                    job.status.as_ref().and_then(|s| s.phase),
+                    Some(Phase::Succeeded | Phase::Failed | Phase::Suspended)
+                );
+                let hint = if released {
+                    "a job's pods exist only while it holds CS-2s; follow them with -f while it runs"
+                } else {
+                    "it may still be starting: -f waits for its pods"
+                };
+                return Err(Error::Invalid(format!(
+                    "TrainingJob {}/{job_name} ({phase}) has no running {which}: {hint}",
+                    self.cluster.namespace
+                )));
+            }
+            if self.over().await {
+                return Ok(None);
+            }
+            if tokio::time::Instant::now() >= self.deadline {
+                return Err(Error::Timeout { after: o.timeout, what: format!("a running {which} of {job_name}"), last: None });
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
-}
 
-/// Prints the streams' lines until they all end (`false`: the job may go on with new pods) or the job is over
-/// (`true`, after what is still in flight: a finished job's MemoryX stays to serve the checkpoints, so following
-/// ends with the job, not the pod).
-async fn follow(
-    cluster: &Cluster,
-    job_name: &str,
-    mut all: futures::stream::SelectAll<futures::stream::BoxStream<'static, (String, std::io::Result<String>)>>,
-    prefixed: bool,
-    deadline: tokio::time::Instant,
-    which: &str,
-    timeout: Duration,
-) -> Result<bool, Error> {
-    let mut check = tokio::time::interval(Duration::from_secs(2));
-    let mut over_at: Option<tokio::time::Instant> = None;
-    loop {
-        let until = over_at.map_or(deadline, |t| t.min(deadline));
-        tokio::select! {
-            next = tokio::time::timeout_at(until, all.next()) => match next {
-                Err(_) if over_at.is_some() => return Ok(true),
-                Err(_) => {
-                    return Err(Error::Timeout { after: timeout, what: format!("the {which}s of {job_name} to end"), last: None });
-                }
-                Ok(None) => return Ok(over_at.is_some() || over(cluster, job_name).await),
-                Ok(Some((name, Ok(line)))) => print_lines(prefixed.then_some(name.as_str()), std::iter::once(line.as_str())),
-                Ok(Some((name, Err(e)))) => {
-                    return Err(Error::Io { what: format!("reading the log of pod {name}"), source: e });
-                }
-            },
-            _ = check.tick(), if over_at.is_none() => {
-                if over(cluster, job_name).await {
-                    over_at = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+    /// Whether the job is over: Succeeded, Failed, or gone.
+    async fn over(&self) -> bool {
+        match self.cluster.job(self.job_name).await {
+            Ok(j) => j.status.as_ref().and_then(|s| s.phase).is_some_and(Phase::is_terminal),
+            Err(Error::NotFound { .. }) => true,
+            Err(_) => false,
+        }
+    }
+
+    /// Prints the streams' lines until they all end (`false`: the job may go on with new pods) or the job is
+    /// over (`true`, after what is still in flight: a finished job's MemoryX stays to serve the checkpoints, so
+    /// following ends with the job, not the pod).
+    async fn follow(
+        &self,
+        mut all: futures::stream::SelectAll<futures::stream::BoxStream<'static, (String, std::io::Result<String>)>>,
+        prefixed: bool,
+    ) -> Result<bool, Error> {
+        let mut check = tokio::time::interval(Duration::from_secs(2));
+        let mut over_at: Option<tokio::time::Instant> = None;
+        loop {
+            let until = over_at.map_or(self.deadline, |t| t.min(self.deadline));
+            tokio::select! {
+                next = tokio::time::timeout_at(until, all.next()) => match next {
+                    Err(_) if over_at.is_some() => return Ok(true),
+                    Err(_) => {
+                        let what = format!("the {}s of {} to end", self.which, self.job_name);
+                        return Err(Error::Timeout { after: self.options.timeout, what, last: None });
+                    }
+                    Ok(None) => return Ok(over_at.is_some() || self.over().await),
+                    Ok(Some((name, Ok(line)))) => print_lines(prefixed.then_some(name.as_str()), std::iter::once(line.as_str())),
+                    Ok(Some((name, Err(e)))) => {
+                        return Err(Error::Io { what: format!("reading the log of pod {name}"), source: e });
+                    }
+                },
+                _ = check.tick(), if over_at.is_none() => {
+                    if self.over().await {
+                        over_at = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+                    }
                 }
             }
         }

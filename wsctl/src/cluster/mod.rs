@@ -72,7 +72,7 @@ pub enum Command {
         #[arg(short = 'o', long, value_enum, default_value = "table")]
         output: get::Output,
         /// Keep printing the job at every change of its status (with -o json one object per line) until it
-        /// succeeds or fails, or --timeout passes; through suspends and resumes.
+        /// succeeds (exit 0) or fails (exit 1 with its reason), or --timeout passes; through suspends and resumes.
         #[arg(short = 'w', long, requires = "job")]
         watch: bool,
         /// Seconds --watch follows the job at most.

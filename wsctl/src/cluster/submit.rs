@@ -5,11 +5,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crds::{Phase, TrainingJob};
+use crds::TrainingJob;
 use kube::ResourceExt;
 use kube::api::PostParams;
 
-use super::progress::{self, Reporter};
+use super::progress::Reporter;
 use super::{Cluster, Error, Namespace, watch};
 
 /// Reads and validates the manifest, refusing a namespace in it that contradicts `--namespace` (as kubectl
@@ -52,18 +52,11 @@ pub async fn follow_to_end(cluster: &Cluster, name: &str, timeout: Duration) -> 
     let what = format!("TrainingJob {}/{name} to finish", cluster.namespace);
     let ns = cluster.namespace.clone();
     let result = watch::until(cluster, name, timeout, &what, |job| {
-        let Some(job) = job else {
-            return Some(Err(Error::Deleted { namespace: ns.clone(), name: name.into() }));
-        };
-        reporter.show(job);
-        last = Some(job.clone());
-        match job.status.as_ref().and_then(|s| s.phase) {
-            Some(Phase::Succeeded) => Some(Ok(())),
-            Some(Phase::Failed) => {
-                Some(Err(Error::JobFailed { namespace: ns.clone(), name: name.into(), message: progress::failure(job) }))
-            }
-            _ => None,
+        if let Some(job) = job {
+            reporter.show(job);
+            last = Some(job.clone());
         }
+        watch::outcome(job, &ns, name)
     })
     .await;
     reporter.finish(last.as_ref());

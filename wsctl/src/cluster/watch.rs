@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crds::TrainingJob;
+use crds::{Phase, TrainingJob};
 use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
 
@@ -37,5 +37,20 @@ pub async fn until<T>(
                 }
             }
         }
+    }
+}
+
+/// Whether following job `name` of `namespace` is over, seen as `job`: Ok once it succeeded, its status's reason
+/// once it failed, an error once it is gone; `None` while it goes on (a suspended job goes on).
+pub fn outcome(job: Option<&TrainingJob>, namespace: &str, name: &str) -> Option<Result<(), Error>> {
+    let Some(job) = job else {
+        return Some(Err(Error::Deleted { namespace: namespace.into(), name: name.into() }));
+    };
+    match job.status.as_ref().and_then(|s| s.phase) {
+        Some(Phase::Succeeded) => Some(Ok(())),
+        Some(Phase::Failed) => {
+            Some(Err(Error::JobFailed { namespace: namespace.into(), name: name.into(), message: progress::failure(job) }))
+        }
+        _ => None,
     }
 }
