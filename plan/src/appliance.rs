@@ -96,6 +96,15 @@ impl Plan {
             }
     }
 
+    /// How long MemoryX may need to stop gracefully (a termination signal: the pod evicted, the node drained,
+    /// Ctrl-C locally): finish the step in flight and checkpoint the whole state. Generous on purpose, since
+    /// running out of it loses the work since the last checkpoint: the step's stream and the state each at
+    /// 50 MB/s, plus half a minute. The pod's grace period and the local supervisor's patience.
+    pub fn stop_seconds(&self) -> u64 {
+        const RATE: u64 = 50_000_000;
+        30 + self.step_bytes.div_ceil(RATE) + self.memoryx_bytes.div_ceil(RATE)
+    }
+
     /// The input workers that feed engine `engine`: a block of [`Plan::input_workers_per_cs2`], in order.
     pub fn inputs_of(&self, engine: u32) -> std::ops::Range<u32> {
         crds::contract::input_workers_of(engine, self.input_workers_per_cs2)

@@ -52,6 +52,16 @@ pub enum Error {
     /// The job's identity (its certificates) is missing or unusable, so no role may talk to another.
     #[error("identity: {0}")]
     Identity(String),
+    /// The program was asked to stop (SIGTERM: its pod evicted or its node drained; Ctrl-C) and stopped at a
+    /// step boundary with its state checkpointed, so the job loses nothing and resumes from there. Not a failure
+    /// of the job: it ends the process, with status 143 as after a plain SIGTERM.
+    #[error("stopped on a termination signal after step {step}; {}", stopped_checkpoint(checkpoint.as_deref()))]
+    Stopped {
+        /// The step the saved state holds.
+        step: u64,
+        /// The checkpoint written, when the program has a checkpoint folder.
+        checkpoint: Option<String>,
+    },
     /// Reading or writing files of the job's output or checkpoints failed.
     #[error("{context}: {source}")]
     Io {
@@ -60,6 +70,14 @@ pub enum Error {
         /// The underlying failure.
         source: std::io::Error,
     },
+}
+
+/// The end of [`Error::Stopped`]'s message: where the job resumes from.
+fn stopped_checkpoint(path: Option<&str>) -> String {
+    match path {
+        Some(p) => format!("its state is checkpointed at {p} and the job resumes from it"),
+        None => "no checkpoint folder was given, so its state was not saved".into(),
+    }
 }
 
 /// Shorthand used across the data plane.

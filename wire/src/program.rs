@@ -4,7 +4,8 @@
 //! gRPC service. A program says only what is its own: which service, which routes, which metrics.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::routing::get;
 use axum::Router;
@@ -75,6 +76,27 @@ impl Program {
         self.runtime.spawn(async move { serve_http(http, Arc::new(Mutex::new(registry)), &identity, protected).await })
     }
 
+    /// From now on a termination signal (SIGTERM: the pod evicted, the node drained; SIGINT) asks the program
+    /// to stop at its next safe point rather than exiting at once: the returned flag is set, and the program
+    /// (MemoryX's coordinator) finishes the step in flight, checkpoints and ends with [`Error::Stopped`]. A
+    /// second signal exits at once, and the kubelet's grace period (sized from the plan) bounds the wait.
+    pub fn stop_gracefully(&self) -> Arc<AtomicBool> {
+        let t = termination();
+        t.graceful.store(true, Ordering::SeqCst);
+        t.requested.clone()
+    }
+
+    /// From now on a termination signal exits at once: there is nothing left to save (the job is over and
+    /// MemoryX only serves its status). A signal that came meanwhile exits now.
+    pub fn stop_at_once(&self) {
+        let t = termination();
+        t.graceful.store(false, Ordering::SeqCst);
+        if t.requested.load(Ordering::SeqCst) {
+            tracing::info!("stopping on the termination signal received earlier");
+            std::process::exit(STOPPED_STATUS);
+        }
+    }
+
     /// How this program dials other roles: its identity, `connect_seconds` for a peer to come up, and the
     /// per-call deadline from the command line or else from the plan's limits.
     pub fn dial(&self, connect_seconds: u64) -> Dial<'_> {
@@ -107,6 +129,24 @@ async fn serve_http(
     crate::https::serve(listener, identity, open, protected).await
 }
 
+/// The exit status of a program stopped by a termination signal, as a shell reports one killed by SIGTERM.
+pub const STOPPED_STATUS: i32 = 143;
+
+/// What a termination signal does to this program: exit at once, or (while [`Program::stop_gracefully`] holds)
+/// ask it to stop at its next safe point.
+struct Termination {
+    /// Whether a signal only asks the program to stop.
+    graceful: AtomicBool,
+    /// Set by the first signal while graceful.
+    requested: Arc<AtomicBool>,
+}
+
+/// The process's one [`Termination`]: signals are the process's, not a program object's.
+fn termination() -> &'static Termination {
+    static TERMINATION: OnceLock<Termination> = OnceLock::new();
+    TERMINATION.get_or_init(|| Termination { graceful: AtomicBool::new(false), requested: Arc::default() })
+}
+
 /// Logs through tracing-subscriber: human-readable by default, one JSON object per line with `json`.
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -133,11 +173,17 @@ fn load_identity(args: &CommonArgs) -> Result<Identity> {
 fn start(args: &CommonArgs) {
     init_logging(args.json_logs);
     // As a container's first process, a program ignores SIGTERM unless it handles it, and Kubernetes would
-    // wait out the grace period while it kept working. Stop at once instead: MemoryX's checkpoints are
-    // written atomically, so nothing is left half-written, and an interrupted step is rerun on restart.
+    // wait out the grace period while it kept working. Stop at once instead (checkpoints are written
+    // atomically, so nothing is left half-written, and an interrupted step is rerun on restart), unless the
+    // program has work to save first: then the first signal asks it to stop at its next safe point.
     let _ = ctrlc::set_handler(|| {
+        let t = termination();
+        if t.graceful.load(Ordering::SeqCst) && !t.requested.swap(true, Ordering::SeqCst) {
+            tracing::info!("asked to stop: finishing the step in flight and checkpointing (a second signal stops at once)");
+            return;
+        }
         tracing::info!("stopping on a termination signal");
-        std::process::exit(143);
+        std::process::exit(STOPPED_STATUS);
     });
     if args.exit_with_stdin {
         std::thread::spawn(|| {
@@ -153,6 +199,10 @@ fn start(args: &CommonArgs) {
 pub fn exit(result: Result<()>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e @ Error::Stopped { .. }) => {
+            eprintln!("{e}");
+            std::process::ExitCode::from(STOPPED_STATUS as u8)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             std::process::ExitCode::FAILURE

@@ -47,10 +47,11 @@ enum Kind {
     Io,
     Identity,
     Plan,
+    Stopped,
 }
 
 impl Kind {
-    const ALL: [Kind; 9] = [
+    const ALL: [Kind; 10] = [
         Kind::Protocol,
         Kind::Data,
         Kind::OutOfSram,
@@ -60,6 +61,7 @@ impl Kind {
         Kind::Io,
         Kind::Identity,
         Kind::Plan,
+        Kind::Stopped,
     ];
 
     fn of(e: &Error) -> Kind {
@@ -73,6 +75,7 @@ impl Kind {
             Error::Io { .. } => Kind::Io,
             Error::Identity(_) => Kind::Identity,
             Error::Plan(_) => Kind::Plan,
+            Error::Stopped { .. } => Kind::Stopped,
         }
     }
 
@@ -87,6 +90,7 @@ impl Kind {
             Kind::Io => "io",
             Kind::Identity => "identity",
             Kind::Plan => "plan",
+            Kind::Stopped => "stopped",
         }
     }
 
@@ -129,6 +133,8 @@ pub fn to_status(e: Error) -> Status {
         Error::Data(m) => (Code::Internal, m),
         Error::Plan(m) => (Code::FailedPrecondition, m),
         Error::Identity(m) => (Code::Unauthenticated, m),
+        // A peer that stops is, to its callers, one that went away: the step is rerun once it is back.
+        Error::Stopped { .. } => (Code::Unavailable, e.to_string()),
         Error::OutOfSram { ref engine, ref what, needed, available } => {
             md.insert_bin(SRAM_ENGINE, text(engine));
             md.insert_bin(SRAM_WHAT, text(what));
@@ -194,7 +200,7 @@ fn typed(s: &Status, peer: &str) -> Option<Error> {
         Kind::Data => Error::Data(from_peer(s.message())),
         Kind::Plan => Error::Plan(from_peer(s.message())),
         Kind::Identity => Error::Identity(from_peer(s.message())),
-        Kind::Unavailable => Error::Unavailable(from_peer(s.message())),
+        Kind::Unavailable | Kind::Stopped => Error::Unavailable(from_peer(s.message())),
         Kind::OutOfSram => Error::OutOfSram {
             engine: from_peer(&text(SRAM_ENGINE)?),
             what: text(SRAM_WHAT)?,
@@ -252,6 +258,13 @@ mod tests {
         }
         match round_trip(Error::Unavailable("engine-1 went away".into())) {
             Error::Unavailable(m) => assert_eq!(m, "peer: engine-1 went away"),
+            other => panic!("{other:?}"),
+        }
+        // A peer that stopped on a termination signal is, to its caller, unavailable: the step reruns.
+        let stopped = Error::Stopped { step: 7, checkpoint: None };
+        let said = stopped.to_string();
+        match round_trip(stopped) {
+            Error::Unavailable(m) => assert_eq!(m, format!("peer: {said}")),
             other => panic!("{other:?}"),
         }
         let sram = Error::OutOfSram { engine: "wse-0".into(), what: "layer 3's weights".into(), needed: 1 << 40, available: 123 };

@@ -1,18 +1,19 @@
 //! The appliance on this machine: MemoryX, a SwarmX tree, one engine per CS-2 and its input workers, each its own process on
 //! 127.0.0.1 with ephemeral ports — the same programs that run as pods, started as `wsctl node ROLE ARGS…` with
 //! arguments rendered from the contract's types. `wsctl` supervises them: it learns their ports and progress
-//! from their typed handshake lines, names a component that crashes and stops the rest, stops them all on
-//! Ctrl-C, and every child also exits when `wsctl` goes away (their standard input closes), so no process is
-//! left behind.
+//! from their typed handshake lines, names a component that crashes or stops answering its health check (a
+//! frozen process) and stops the rest. On Ctrl-C MemoryX checkpoints the step in flight before the rest stop,
+//! so the same command resumes the run. Every child also exits when `wsctl` goes away (their standard input
+//! closes), so no process is left behind.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use std::collections::HashMap;
@@ -28,7 +29,14 @@ pub fn node(role: &str, args: Vec<String>) -> Result<()> {
         A::try_parse_from(std::iter::once(A::ROLE.binary().to_string()).chain(args)).unwrap_or_else(|e| e.exit())
     }
     match Role::from_name(role) {
-        Some(Role::Memoryx) => runtime::coordinator::program::main(parse(args))?,
+        Some(Role::Memoryx) => match runtime::coordinator::program::main(parse(args)) {
+            // Stopped on a signal with its state saved: the status a stopped role program ends with.
+            Err(e @ wire::error::Error::Stopped { .. }) => {
+                eprintln!("{e}");
+                std::process::exit(wire::program::STOPPED_STATUS);
+            }
+            other => other?,
+        },
         Some(Role::Swarmx) => runtime::swarmx::node::main(parse(args))?,
         Some(Role::Engine) => sim_wse::node::main(parse(args))?,
         Some(Role::Input) => runtime::input::node::main(parse(args))?,
@@ -127,6 +135,77 @@ struct Proc {
     log: PathBuf,
 }
 
+/// How the supervisor tells a frozen child (SIGSTOP, a hung host) from a busy one: its `/healthz`, asked every
+/// [`Watchdog::PERIOD`]; [`Watchdog::MISSES`] unanswered in a row within [`Watchdog::TIMEOUT`] each name it —
+/// the local counterpart of the liveness probe the operator gives every pod.
+struct Watchdog {
+    /// Each started child's name and health address.
+    watched: Arc<Mutex<Vec<(String, SocketAddr)>>>,
+    /// The first child found frozen, and for how long it had not answered.
+    frozen: Arc<Mutex<Option<(String, Duration)>>>,
+}
+
+impl Watchdog {
+    const PERIOD: Duration = Duration::from_secs(2);
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    const MISSES: u32 = 3;
+
+    /// Starts asking, on a thread of its own that ends with the process.
+    fn start() -> Result<Watchdog> {
+        let watched: Arc<Mutex<Vec<(String, SocketAddr)>>> = Arc::default();
+        let frozen: Arc<Mutex<Option<(String, Duration)>>> = Arc::default();
+        // Health only: `/healthz` asks for no client certificate, and the answer carries nothing to trust.
+        let client = reqwest::Client::builder()
+            .use_rustls_tls()
+            .danger_accept_invalid_certs(true)
+            .timeout(Self::TIMEOUT)
+            .build()
+            .context("cannot build the health-check client")?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let (list, found) = (watched.clone(), frozen.clone());
+        std::thread::spawn(move || {
+            let mut missed: HashMap<String, (u32, Instant)> = HashMap::new();
+            loop {
+                std::thread::sleep(Self::PERIOD);
+                let now: Vec<(String, SocketAddr)> = list.lock().map(|l| l.clone()).unwrap_or_default();
+                let answers = runtime.block_on(futures::future::join_all(now.iter().map(|(name, addr)| {
+                    let client = &client;
+                    async move {
+                        let answer = client.get(format!("https://{addr}/healthz")).send().await;
+                        (name.clone(), answer.is_ok_and(|r| r.status().is_success()))
+                    }
+                })));
+                for (name, ok) in answers {
+                    if ok {
+                        missed.remove(&name);
+                        continue;
+                    }
+                    let (n, since) = missed.entry(name.clone()).or_insert((0, Instant::now()));
+                    *n += 1;
+                    if *n >= Self::MISSES {
+                        if let Ok(mut f) = found.lock() {
+                            f.get_or_insert((name, since.elapsed() + Self::TIMEOUT));
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Watchdog { watched, frozen })
+    }
+
+    /// Watches `name`'s health at `http`.
+    fn watch(&self, name: &str, http: SocketAddr) {
+        if let Ok(mut l) = self.watched.lock() {
+            l.push((name.to_string(), http));
+        }
+    }
+
+    /// The child found frozen, if one was.
+    fn frozen(&self) -> Option<(String, Duration)> {
+        self.frozen.lock().ok().and_then(|f| f.clone())
+    }
+}
+
 /// The running processes of one local job.
 pub struct Appliance {
     procs: Vec<Proc>,
@@ -136,7 +215,9 @@ pub struct Appliance {
     job: PathBuf,
     job_id: String,
     identity: PathBuf,
-    interrupted: Arc<AtomicBool>,
+    /// Ctrl-C presses (SIGINT or SIGTERM to `wsctl`): the first stops MemoryX gracefully, a second at once.
+    interrupted: Arc<AtomicUsize>,
+    watchdog: Watchdog,
     /// Each started component's address (`host:port`) and name, so a failure that names an address says which
     /// component it is.
     addresses: Vec<(String, String)>,
@@ -209,13 +290,16 @@ impl Appliance {
     /// An empty appliance for the job manifest at `job`, logging into `logs`.
     pub fn new(job: PathBuf, job_id: String, logs: PathBuf) -> Result<Self> {
         std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
-        let interrupted = Arc::new(AtomicBool::new(false));
+        let interrupted = Arc::new(AtomicUsize::new(0));
         let flag = interrupted.clone();
         // A second handler cannot be installed in one process; the first one (from an earlier run) still works.
-        let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
+        let _ = ctrlc::set_handler(move || {
+            flag.fetch_add(1, Ordering::SeqCst);
+        });
         let (tx, lines) = mpsc::channel();
         let identity = ephemeral_identity(&job_id)?;
-        Ok(Appliance { procs: Vec::new(), lines, tx, logs, job, job_id, identity, interrupted, addresses: Vec::new() })
+        let watchdog = Watchdog::start()?;
+        Ok(Appliance { procs: Vec::new(), lines, tx, logs, job, job_id, identity, interrupted, watchdog, addresses: Vec::new() })
     }
 
     /// Starts `wsctl node ROLE ARGS…` as `name`.
@@ -223,7 +307,12 @@ impl Appliance {
         let exe = std::env::current_exe().context("cannot find the wsctl executable")?;
         let log = self.logs.join(format!("{name}.log"));
         let err = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-        let mut child = Command::new(exe)
+        let mut command = Command::new(exe);
+        // In a process group of its own, so a terminal's Ctrl-C reaches `wsctl` alone, which stops MemoryX
+        // first (it checkpoints) and the rest after.
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut child = command
             .arg("node")
             .arg(args.role().as_str())
             .args(args.argv())
@@ -243,14 +332,29 @@ impl Appliance {
                 }
             });
         }
+        let line = format!("{name}\t{}\n", child.id());
         self.procs.push(Proc { name: name.to_string(), child, log });
+        // Which process is which, for whoever looks into a run (and the fault tests).
+        let table = self.logs.join("processes");
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&table).with_context(|| format!("cannot write {}", table.display()))?;
+        std::io::Write::write_all(&mut f, line.as_bytes()).with_context(|| format!("cannot write {}", table.display()))?;
         Ok(id)
     }
 
     /// Fails with the name of the first child that has exited, unless it is `allowed` and exited cleanly.
     fn check(&mut self, allowed: Option<usize>) -> Result<Option<usize>> {
-        if self.interrupted.load(Ordering::SeqCst) {
+        if self.interrupted.load(Ordering::SeqCst) > 0 {
             bail!("interrupted; stopped MemoryX, SwarmX and the engines");
+        }
+        if let Some((name, silent)) = self.watchdog.frozen() {
+            let log = self.logs.join(format!("{name}.log"));
+            bail!(
+                "{name} stopped answering its health check for {:.0}s ({} checks in a row): it is frozen or its host \
+                 hung (log: {}); stopped the other components",
+                silent.as_secs_f64(),
+                Watchdog::MISSES,
+                log.display()
+            );
         }
         for (i, p) in self.procs.iter_mut().enumerate() {
             if let Some(status) = p.child.try_wait().with_context(|| format!("cannot check {}", p.name))? {
@@ -277,7 +381,8 @@ impl Appliance {
             self.check(None)?;
             match self.lines.recv_timeout(Duration::from_millis(50)) {
                 Ok(Line { child, text }) if child == id => {
-                    if let Some(Handshake::Ready { grpc: Some(addr), .. }) = Handshake::from_line(&text) {
+                    if let Some(Handshake::Ready { grpc: Some(addr), http, .. }) = Handshake::from_line(&text) {
+                        self.watchdog.watch(name, http);
                         return Ok(format!("https://{addr}"));
                     }
                 }
@@ -312,17 +417,64 @@ impl Appliance {
     }
 
     /// Starts MemoryX and follows its progress until it finishes, calling `on_progress` with each step's report.
-    pub fn run_memoryx(&mut self, args: &MemoryxArgs, mut on_progress: impl FnMut(&ProgressReport)) -> Result<()> {
+    /// Interrupted, it gives MemoryX up to `stop` to checkpoint the step in flight ([`Appliance::stop_memoryx`]).
+    pub fn run_memoryx(&mut self, args: &MemoryxArgs, stop: Duration, mut on_progress: impl FnMut(&ProgressReport)) -> Result<()> {
         let id = self.spawn(Role::Memoryx.as_str(), &Args::Memoryx(args.clone()))?;
         loop {
             if let Ok(Line { child, text }) = self.lines.recv_timeout(Duration::from_millis(100)) {
-                if let (true, Some(Handshake::Progress(p))) = (child == id, Handshake::from_line(&text)) {
-                    on_progress(&p);
+                match (child == id, Handshake::from_line(&text)) {
+                    (true, Some(Handshake::Progress(p))) => on_progress(&p),
+                    (true, Some(Handshake::Ready { http, .. })) => self.watchdog.watch(Role::Memoryx.as_str(), http),
+                    _ => {}
                 }
+            }
+            if self.interrupted.load(Ordering::SeqCst) > 0 {
+                return Err(self.stop_memoryx(id, stop));
             }
             if self.check(Some(id))?.is_some() {
                 return Ok(());
             }
+        }
+    }
+
+    /// Stops MemoryX as a pod is stopped, with SIGTERM: it finishes the step in flight, checkpoints it and exits,
+    /// within `patience` (a second Ctrl-C cuts it short); the error says where the run resumes from.
+    fn stop_memoryx(&mut self, id: usize, patience: Duration) -> anyhow::Error {
+        let pid = self.procs[id].child.id();
+        // SAFETY: kill(2) with a child's pid and a valid signal has no memory effects.
+        #[cfg(unix)]
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGTERM);
+        }
+        eprintln!("interrupted: MemoryX is checkpointing the step in flight (Ctrl-C again to stop at once)");
+        let deadline = Instant::now() + patience;
+        let mut stopped = None;
+        let exited = loop {
+            if let Ok(Line { child, text }) = self.lines.recv_timeout(Duration::from_millis(100)) {
+                if let (true, Some(Handshake::Stopped { step, checkpoint })) = (child == id, Handshake::from_line(&text)) {
+                    stopped = Some((step, checkpoint));
+                }
+            }
+            if matches!(self.procs[id].child.try_wait(), Ok(Some(_))) {
+                break true;
+            }
+            if Instant::now() >= deadline || self.interrupted.load(Ordering::SeqCst) > 1 {
+                break false;
+            }
+        };
+        match stopped {
+            Some((step, Some(checkpoint))) => anyhow!(
+                "interrupted after step {step}; MemoryX saved it in {checkpoint}: run the same command again to resume from it"
+            ),
+            Some((step, None)) => anyhow!(
+                "interrupted after step {step}; nothing was saved (the run has no checkpoint folder: give --checkpoint-dir \
+                 or spec.checkpoint.intervalSteps to make a run resumable)"
+            ),
+            None if exited => anyhow!("interrupted; MemoryX exited without saving (log: {})", self.procs[id].log.display()),
+            None => anyhow!(
+                "interrupted; MemoryX did not checkpoint within {:.0}s and was stopped: the run resumes from its last checkpoint",
+                patience.as_secs_f64()
+            ),
         }
     }
 }

@@ -303,7 +303,7 @@ fn run_local(
         tier_dir: Some(std::fs::canonicalize(out)?.join("tier")),
     };
     let args = appliance.start(plan, data_root, &outputs)?;
-    appliance.run_memoryx(&args, show)?;
+    appliance.run_memoryx(&args, std::time::Duration::from_secs(plan.stop_seconds()), show)?;
     drop(appliance);
     let path = out.join("summary.json");
     let text = std::fs::read_to_string(&path).context("MemoryX finished without a summary.json")?;

@@ -46,6 +46,13 @@ pub enum Handshake {
         /// Steps the job ran in all.
         steps: u64,
     },
+    /// MemoryX stopped on a termination signal at a step boundary: the job resumes from `checkpoint`.
+    Stopped {
+        /// The step its saved state holds.
+        step: u64,
+        /// The checkpoint written, if it has a checkpoint folder.
+        checkpoint: Option<String>,
+    },
 }
 
 /// Marks handshake lines, so they stand out among anything else a program may print.
@@ -96,6 +103,7 @@ mod tests {
             Handshake::Ready { role: Role::Memoryx, grpc: None, http: "0.0.0.0:8080".parse().unwrap() },
             Handshake::Progress(ProgressReport { step: 3, loss: 0.5, samples_per_s: 10.0, bytes_streamed: 7, learning_rate: 0.1 }),
             Handshake::Done { steps: 9 },
+            Handshake::Stopped { step: 4, checkpoint: Some("/c/step-00000004.ckpt".into()) },
         ];
         for h in all {
             assert_eq!(Handshake::from_line(&h.to_line()), Some(h));

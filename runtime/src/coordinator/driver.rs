@@ -148,12 +148,22 @@ pub struct Driver {
     store: Mutex<Option<MemoryX>>,
     status: Arc<Mutex<MemoryxStatus>>,
     want_checkpoint: Arc<AtomicBool>,
+    /// Set when the process is asked to stop (a termination signal): the driver checkpoints at the next step
+    /// boundary and ends with [`Error::Stopped`].
+    stop: Arc<AtomicBool>,
 }
 
 impl Driver {
     /// A driver for `job` writing to `outputs`; its status starts as `Starting`.
     pub fn new(job: Job, outputs: Outputs) -> Driver {
-        Driver { job, outputs, store: Mutex::new(None), status: Arc::default(), want_checkpoint: Arc::default() }
+        Driver {
+            job,
+            outputs,
+            store: Mutex::new(None),
+            status: Arc::default(),
+            want_checkpoint: Arc::default(),
+            stop: Arc::default(),
+        }
     }
 
     /// Trains `store` instead of a store of the job's own: MemoryX's program hands it its weight servers.
@@ -166,6 +176,14 @@ impl Driver {
     pub fn share(&mut self, status: Arc<Mutex<MemoryxStatus>>, want_checkpoint: Arc<AtomicBool>) {
         self.status = status;
         self.want_checkpoint = want_checkpoint;
+    }
+
+    /// Stops gracefully once `stop` is set (by a termination signal): the step in flight finishes, MemoryX's
+    /// copy is brought up to it, a checkpoint is written, and [`Driver::run`] ends with [`Error::Stopped`]. A
+    /// step that cannot finish (its engines went first, as in a drain) is not retried: the state MemoryX holds
+    /// is checkpointed instead.
+    pub fn stop_on(&mut self, stop: Arc<AtomicBool>) {
+        self.stop = stop;
     }
 
     /// The job being driven.
@@ -200,6 +218,8 @@ impl Driver {
                 s.progress.eval_accuracy = Some(summary.eval.accuracy);
                 s.progress.eval_loss = Some(summary.eval.loss);
             }
+            // Not a failure: the job resumes from the checkpoint just written.
+            Err(Error::Stopped { .. }) => {}
             Err(e) => {
                 s.phase = MemoryxPhase::Failed;
                 s.message = Some(e.to_string());
@@ -356,8 +376,9 @@ impl Driver {
         let mut metrics = self.metrics_file(start)?;
         let interval = spec.checkpoint.interval_steps;
         let due = |step: u64| interval > 0 && step % interval == 0;
+        let stopping = || self.stop.load(Ordering::SeqCst);
         // With the model resident on the engines, MemoryX's copy is brought up to date for each checkpoint.
-        let sync_at = |step: u64| due(step) || self.want_checkpoint.load(Ordering::SeqCst);
+        let sync_at = |step: u64| due(step) || self.want_checkpoint.load(Ordering::SeqCst) || stopping();
         let steps = train::Steps {
             spec,
             job: &job.id,
@@ -366,8 +387,9 @@ impl Driver {
             range: start..total,
             retry: self.outputs.retry,
             sync_at: &sync_at,
+            stop: &stopping,
         };
-        let mut summary = train::run(&steps, swarm, &mut |m: &ProgressReport| {
+        let trained = train::run(&steps, swarm, &mut |m: &ProgressReport| {
             self.update(|s| {
                 s.progress.step = Some(m.step);
                 s.progress.loss = Some(m.loss);
@@ -378,10 +400,16 @@ impl Driver {
                 f.write_all(b"\n").and_then(|()| f.flush()).map_err(|e| Error::io("writing metrics.jsonl", e))?;
             }
             let requested = self.want_checkpoint.swap(false, Ordering::SeqCst);
-            if due(m.step) || requested {
+            // MemoryX's copy holds this step unless the stop came after its replicas were asked for it: then the
+            // next step brings it up (sync_at) and stops there.
+            let stop_here = stopping() && store.step() == m.step;
+            if due(m.step) || requested || stop_here {
                 self.write_checkpoint(store, m.step)?;
             }
             on_step(m);
+            if stop_here {
+                return Err(Error::Stopped { step: m.step, checkpoint: self.last_checkpoint().filter(|c| c.step == m.step).map(|c| c.path) });
+            }
             let hold = self.outputs.hold_after_requested_checkpoint;
             if requested && self.outputs.checkpoint_dir.is_some() && !hold.is_zero() {
                 tracing::info!(step = m.step, ?hold, "holding at the requested checkpoint until stopped");
@@ -389,8 +417,13 @@ impl Driver {
                 tracing::info!(step = m.step, "nobody stopped the job at its checkpoint; training on");
             }
             Ok(())
-        })?;
-        let last = self.status.lock().ok().and_then(|s| s.progress.last_checkpoint.as_ref().map(|c| c.step));
+        });
+        let mut summary = match trained {
+            // A step that could not finish while stopping: MemoryX's state is what is saved.
+            Err(Error::Stopped { checkpoint: None, .. }) => return Err(self.stop_with(store)),
+            other => other?,
+        };
+        let last = self.last_checkpoint().map(|c| c.step);
         if self.outputs.checkpoint_dir.is_some() && last != Some(total) {
             self.write_checkpoint(store, total)?;
         }
@@ -401,6 +434,26 @@ impl Driver {
             write_json_atomic(&out.join("summary.json"), &summary)?;
         }
         Ok(summary)
+    }
+
+    /// The newest checkpoint written or resumed from.
+    fn last_checkpoint(&self) -> Option<CheckpointRef> {
+        self.status.lock().ok().and_then(|s| s.progress.last_checkpoint.clone())
+    }
+
+    /// Ends a run asked to stop mid-step: checkpoints the step MemoryX holds (unless that checkpoint exists)
+    /// and returns [`Error::Stopped`] naming it, or the error that kept it from being written.
+    fn stop_with(&self, store: &MemoryX) -> Error {
+        let step = store.step();
+        let have = self.last_checkpoint().filter(|c| c.step == step);
+        if have.is_none() && step > 0 {
+            if let Err(e) = self.write_checkpoint(store, step) {
+                return e;
+            }
+        }
+        let checkpoint = self.last_checkpoint().filter(|c| c.step == step).map(|c| c.path);
+        tracing::info!(step, ?checkpoint, "stopped on a termination signal");
+        Error::Stopped { step, checkpoint }
     }
 
     /// `metrics.jsonl`, fresh for a new run; for a resumed one, cut back to the steps up to `start` (those after

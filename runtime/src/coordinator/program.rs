@@ -148,6 +148,9 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         let mut driver = Driver::new(job, outputs);
         driver.with_store(store);
         driver.share(status.clone(), want_checkpoint.clone());
+        // Evicted or drained, MemoryX saves the step in flight before it goes (the pod's grace period is sized
+        // for it), so the job resumes with no step lost.
+        driver.stop_on(program.stop_gracefully());
         let mut swarm = RemoteSwarm::connect(
             rt.handle().clone(),
             &args.swarmx,
@@ -168,6 +171,12 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
             }
         })
     });
+    if let Err(Error::Stopped { step, checkpoint }) = &result {
+        Handshake::Stopped { step: *step, checkpoint: checkpoint.clone() }.announce();
+        // Nothing to linger for: the job is not over, and its next MemoryX resumes it.
+        return result.map(|_| ());
+    }
+    program.stop_at_once();
     match &result {
         Ok(summary) => Handshake::Done { steps: summary.steps }.announce(),
         Err(e) => {

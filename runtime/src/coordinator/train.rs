@@ -339,6 +339,9 @@ pub struct Steps<'a> {
     /// Whether MemoryX's copy must be brought up to date after a step (a checkpoint is due), when the
     /// engines hold the model.
     pub sync_at: &'a dyn Fn(u64) -> bool,
+    /// Whether the run is asked to stop: a step that fails meanwhile is not rerun, and the run ends with
+    /// [`Error::Stopped`] at the step MemoryX holds (the caller checkpoints it).
+    pub stop: &'a dyn Fn() -> bool,
 }
 
 /// Trains `steps.range` and evaluates. `on_step` sees every step's metrics as it finishes (and may
@@ -354,7 +357,7 @@ pub fn run(
     swarm: &mut dyn Swarm,
     on_step: &mut dyn FnMut(&ProgressReport) -> Result<()>,
 ) -> Result<Summary> {
-    let Steps { spec, job, store, data, retry, sync_at, .. } = *steps;
+    let Steps { spec, job, store, data, retry, sync_at, stop, .. } = *steps;
     let (start, total) = (steps.range.start, steps.range.end);
     // The tree's shape does not bear on the mode; the mode is all the loop takes from the plan.
     let plan = plan::appliance::Plan::new(spec, swarm.sram_bytes(), crds::contract::DEFAULT_FAN_OUT)?;
@@ -406,6 +409,9 @@ pub fn run(
                 }
             },
             || {
+                if stop() {
+                    return Err(Error::Stopped { step: if mode == Mode::Streaming { step } else { copy_at }, checkpoint: None });
+                }
                 if mode == Mode::Streaming {
                     return Ok(true);
                 }
@@ -439,7 +445,7 @@ pub fn run(
                 step + 1,
                 &mut recovery,
                 || take_back(store, &mut **fabric.borrow_mut(), step + 1),
-                || Ok(true),
+                || if stop() { Err(Error::Stopped { step: copy_at, checkpoint: None }) } else { Ok(true) },
             )?;
             if synced != Some(true) {
                 primed.set(false);
