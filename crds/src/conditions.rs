@@ -136,6 +136,9 @@ pub enum Reason {
     Rescaled,
     /// `Admitted=True`: the job keeps running at its old size while growing to `spec.cs2` waits for free CS-2s.
     RescaleWaitingForCapacity,
+    /// The `Checkpointing` and `Starting` transitions and a Warning Event: CS-2s the job held were lost for good
+    /// (a node gone or cordoned, the pool shrunk), and it goes on with fewer, down to `spec.minCs2`.
+    CapacityLost,
     /// The `Checkpointing` transition: a checkpoint is written before a suspend gives back the CS-2s.
     Suspending,
     /// The `Checkpointing` transition: a checkpoint is written before the job is reassembled at a new size.
@@ -186,7 +189,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for code and tests that go through them all.
-    pub const ALL: [Reason; 32] = [
+    pub const ALL: [Reason; 33] = [
         Reason::AwaitingAdmission,
         Reason::PriorityClassNotFound,
         Reason::ExceedsPool,
@@ -199,6 +202,7 @@ impl Reason {
         Reason::Resumed,
         Reason::Rescaled,
         Reason::RescaleWaitingForCapacity,
+        Reason::CapacityLost,
         Reason::Suspending,
         Reason::Rescaling,
         Reason::Suspended,
@@ -236,6 +240,7 @@ impl Reason {
             Reason::Resumed => "Resumed",
             Reason::Rescaled => "Rescaled",
             Reason::RescaleWaitingForCapacity => "RescaleWaitingForCapacity",
+            Reason::CapacityLost => "CapacityLost",
             Reason::Suspending => "Suspending",
             Reason::Rescaling => "Rescaling",
             Reason::Suspended => "Suspended",

@@ -43,6 +43,9 @@ pub const VERSION: &str = "v1alpha1";
     validation = Rule::new("self.training.batchSize % self.cs2 == 0")
         .message("spec.training.batchSize must be divisible by spec.cs2: each CS-2 takes an equal shard of the batch")
         .field_path(".training.batchSize"),
+    validation = Rule::new("!has(self.minCs2) || (self.minCs2 <= self.cs2 && self.training.batchSize % self.minCs2 == 0)")
+        .message("spec.minCs2 must be at most spec.cs2 and divide spec.training.batchSize: the job shrinks only to a count that takes equal shards of the batch")
+        .field_path(".minCs2"),
     validation = Rule::new("(self.data.kind in ['text', 'tokens', 'jsonl']) == (self.model.kind in ['gpt', 'llama'])")
         .message("spec.data.kind: a gpt or llama trains on text, tokens or jsonl, and an mlp on mnist or arrays")
         .field_path(".data.kind"),
@@ -70,6 +73,13 @@ pub struct TrainingJobSpec {
     #[serde(default = "default_cs2")]
     #[schemars(range(min = 1, max = 192))]
     pub cs2: u32,
+    /// The fewest CS-2s the job goes on with when some are lost for good (a node gone or cordoned, the pool
+    /// shrunk): it continues from its last checkpoint on as many as remain, down to this count (one that
+    /// divides the batch), and grows back to `cs2` when they return. The global batch and the loss curve stay
+    /// those of the full job; only the shards change. Default: `cs2` (the job waits for all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 192))]
+    pub min_cs2: Option<u32>,
     /// The network to train.
     pub model: ModelSpec,
     /// Where the training and held-out examples come from.

@@ -56,6 +56,10 @@ pub struct TrainingJobStatus {
     /// When that checkpoint was asked for: a suspend or rescale waits for it only so long.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_requested_at: Option<Time>,
+    /// When the operator first saw the pool hold fewer CS-2s than the job holds (a node gone or cordoned, CS-2s
+    /// lost): after a grace period the job goes on with fewer (`spec.minCs2`); cleared once they are back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_lost_at: Option<Time>,
     /// When the job was first admitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,

@@ -174,6 +174,18 @@ pub fn is_dns_subdomain(name: &str) -> bool {
 }
 
 impl TrainingJobSpec {
+    /// The fewest CS-2s the job goes on with (`spec.minCs2`, or all of `spec.cs2`).
+    pub fn min_cs2(&self) -> u32 {
+        self.min_cs2.unwrap_or(self.cs2).clamp(1, self.cs2.max(1))
+    }
+
+    /// How many CS-2s the job runs on when only `available` remain to it: the most, up to `spec.cs2`, that is at
+    /// least `spec.minCs2` and divides the batch (each CS-2 takes an equal shard); `None` below `spec.minCs2`.
+    pub fn elastic_size(&self, available: u32) -> Option<u32> {
+        let batch = self.training.batch_size;
+        (self.min_cs2()..=self.cs2.min(available)).rev().find(|n| *n > 0 && batch % n == 0)
+    }
+
     /// Checks ranges and cross-field rules that the schema alone cannot express for a local run.
     pub fn validate(&self) -> Result<(), ApiError> {
         if self.cs2 == 0 || self.cs2 > 192 {
@@ -181,6 +193,18 @@ impl TrainingJobSpec {
         }
         self.validate_model()?;
         self.validate_training()?;
+        if let Some(min) = self.min_cs2 {
+            if min == 0 || min > self.cs2 || self.training.batch_size % min != 0 {
+                return Err(invalid(
+                    "spec.minCs2",
+                    format!(
+                        "{min} must be from 1 to spec.cs2 = {} and divide spec.training.batchSize = {}: the job shrinks only \
+                         to a count that takes equal shards of the batch",
+                        self.cs2, self.training.batch_size
+                    ),
+                ));
+            }
+        }
         if self.checkpoint.keep == 0 {
             return Err(invalid("spec.checkpoint.keep", "must keep at least 1 checkpoint"));
         }
@@ -523,6 +547,8 @@ mod tests {
         assert!(err(&GOOD.replace("weightstream.dev/v1alpha1", "v1")).contains("apiVersion"));
         assert!(err("").contains("empty"));
         assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  restartLimit: 101")).contains("spec.restartLimit"));
+        assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  minCs2: 3")).contains("spec.minCs2"));
+        assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  minCs2: 0")).contains("spec.minCs2"));
         assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  priority: 5000")).contains("spec.priority"));
         assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  images: {runtime: ' '}")).contains("spec.images.runtime"));
         assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  images: {pullPolicy: Sometimes}")).contains("pullPolicy"));
@@ -616,4 +642,17 @@ spec:
         assert_eq!(with.spec.images.runtime.as_deref(), Some("r:1"));
         assert!(with.spec.resources.engine.is_some() && with.spec.resources.memoryx.is_none());
     }
+
+    /// A job shrinks to the most CS-2s that remain, down to minCs2, and only to counts that divide the batch.
+    #[test]
+    fn a_job_shrinks_to_what_remains_down_to_min_cs2_in_equal_shards() {
+        let mut spec = crate::testing::mlp_job("j", "ns", 8).spec;
+        spec.training.batch_size = 48;
+        assert_eq!((spec.min_cs2(), spec.elastic_size(8), spec.elastic_size(7)), (8, Some(8), None), "no minCs2: all or nothing");
+        spec.min_cs2 = Some(2);
+        let sizes: Vec<Option<u32>> = (0..=9).map(|n| spec.elastic_size(n)).collect();
+        assert_eq!(sizes, [None, None, Some(2), Some(3), Some(4), Some(4), Some(6), Some(6), Some(8), Some(8)]);
+        spec.validate().expect("minCs2 2 of 8 over a batch of 48");
+    }
+
 }

@@ -291,6 +291,8 @@ fn check_volume(c: &crds::CheckpointSpec, m: &plan::memoryx::MemoryxPlan) -> Res
 pub fn plan(job: &TrainingJob, cs2: u32, fan_out: u32) -> Result<(Plan, PlanStatus), Error> {
     let mut spec = job.spec.clone();
     spec.cs2 = cs2;
+    // The plan at this size; the fewest CS-2s the job may shrink to are checked where the spec's own size is.
+    spec.min_cs2 = spec.min_cs2.filter(|&m| m <= cs2);
     let plan = Plan::for_spec(&spec, fan_out).map_err(|e| match e {
         // The plan's own refusal says what to change; its "plan:" prefix would only repeat ours.
         plan::error::Error::Plan(why) => Error::Plan(why),
@@ -466,6 +468,7 @@ pub fn config_map(job: &TrainingJob, cs2: u32) -> Result<ConfigMap, Error> {
         priority: defaults.priority,
         priority_class_name: defaults.priority_class_name,
         active_deadline_seconds: defaults.active_deadline_seconds,
+        min_cs2: defaults.min_cs2,
         images: defaults.images,
         resources: defaults.resources,
         ..job.spec.clone()
@@ -575,15 +578,18 @@ fn container<A: RoleArgs>(
         command: Some(vec![role.binary().into()]),
         args: Some(args.argv()),
         ports: Some(role.grpc_port().into_iter().chain([("http", HTTP_PORT)]).map(port).collect()),
-        readiness_probe: Some(Probe {
-            // Over TLS like every endpoint; the kubelet verifies no certificate and `/healthz` asks for none.
-            http_get: Some(HTTPGetAction {
-                path: Some("/healthz".into()),
-                port: IntOrString::Int(i32::from(HTTP_PORT)),
-                scheme: Some("HTTPS".into()),
-                ..Default::default()
-            }),
-            period_seconds: Some(2),
+        readiness_probe: Some(Probe { http_get: Some(healthz()), period_seconds: Some(2), ..Default::default() }),
+        // A frozen process (SIGSTOP, a hung host) stops answering while its pod still runs: the kubelet kills
+        // it after three missed checks (about 15 s), without waiting out a grace period it cannot use. An engine,
+        // SwarmX node or input worker then fails and the operator replaces it, counted against restartLimit;
+        // a weight server restarts in place, counted the same way. Checks are cheap and answered off the
+        // compute threads, so a busy component is never taken for a frozen one.
+        liveness_probe: Some(Probe {
+            http_get: Some(healthz()),
+            period_seconds: Some(5),
+            timeout_seconds: Some(5),
+            failure_threshold: Some(3),
+            termination_grace_period_seconds: Some(2),
             ..Default::default()
         }),
         resources,
@@ -595,6 +601,17 @@ fn container<A: RoleArgs>(
             run_as_non_root: Some(true),
             ..Default::default()
         }),
+        ..Default::default()
+    }
+}
+
+/// Every role's health endpoint, for the kubelet's probes: over TLS like every endpoint; the kubelet verifies
+/// no certificate and `/healthz` asks for none.
+fn healthz() -> HTTPGetAction {
+    HTTPGetAction {
+        path: Some("/healthz".into()),
+        port: IntOrString::Int(i32::from(HTTP_PORT)),
+        scheme: Some("HTTPS".into()),
         ..Default::default()
     }
 }
@@ -712,6 +729,9 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash:
     let replicas = i32::try_from(servers).map_err(|_| Error::Plan(format!("{servers} weight servers are too many")))?;
     let mut pod_spec = restricted_pod(vec![c], volumes);
     pod_spec.priority_class_name.clone_from(&job.spec.priority_class_name);
+    // Evicted or drained, MemoryX finishes the step in flight and checkpoints it before it exits: its grace
+    // period is the plan's time for that, so the job resumes with no step lost.
+    pod_spec.termination_grace_period_seconds = Some(i64::try_from(plan.stop_seconds()).unwrap_or(i64::MAX));
     let hash = spec_hash(&pod_spec)?;
     let claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -1094,6 +1114,24 @@ mod tests {
             assert_eq!(spec.automount_service_account_token, Some(false), "no API token in the data plane");
             assert!(spec.containers.iter().all(|c| c.security_context.as_ref().and_then(|s| s.read_only_root_filesystem) == Some(true)));
             assert_eq!(spec.security_context.and_then(|s| s.fs_group), Some(RUNTIME_UID), "MemoryX can write its volume");
+        }
+    }
+
+    /// A frozen pod is found by the kubelet (a liveness probe on every container, on the port the program
+    /// serves health on), and MemoryX's pod is given the plan's time to checkpoint when it is stopped.
+    #[test]
+    fn every_container_is_probed_for_liveness_and_memoryx_has_time_to_checkpoint() {
+        let j = job(4);
+        let d = build(&j, &settings(true), 4);
+        let memoryx = d.memoryx.spec.clone().unwrap().template.spec.unwrap();
+        assert_eq!(memoryx.termination_grace_period_seconds, Some(plan_of(&j).stop_seconds() as i64));
+        assert!(plan_of(&j).stop_seconds() >= 30);
+        for c in containers(&d) {
+            let probe = c.liveness_probe.as_ref().unwrap_or_else(|| panic!("{} has no liveness probe", c.name));
+            let http = probe.http_get.as_ref().expect("an HTTP probe");
+            assert_eq!((http.path.as_deref(), &http.port, http.scheme.as_deref()), (Some("/healthz"), &IntOrString::Int(i32::from(HTTP_PORT)), Some("HTTPS")));
+            let window = probe.period_seconds.unwrap() * probe.failure_threshold.unwrap();
+            assert!(window <= 20 && probe.timeout_seconds.unwrap() >= 5, "{}: found within 20 s, a busy one not mistaken", c.name);
         }
     }
 

@@ -223,6 +223,10 @@ async fn pool(ctx: &Context) -> Result<Option<(u32, bool)>, Error> {
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     let mut total: u32 = 0;
     for node in nodes.list(&ListParams::default()).await? {
+        // A cordoned node takes no new engines: its CS-2s are not the pool's (a job on it goes on with fewer).
+        if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
+            continue;
+        }
         let q = node.status.and_then(|s| s.allocatable).and_then(|a| a.get(children::CS2_RESOURCE).cloned());
         if let Some(q) = q {
             total += q.0.trim().parse::<u32>().unwrap_or(0);
@@ -457,6 +461,7 @@ fn decide(job: &TrainingJob, all: &[Stored], r: &Reading, ctx: &Context, now: Ti
         queue_position: admission.as_ref().and_then(|_| admission::position(&claims, &key)),
         admission,
         may_grow,
+        capacity: r.pool.map(|(size, _)| size.saturating_sub(claims.iter().filter(|c| c.key != key).map(|c| c.holds).sum())),
         plan,
         pods_ready: holds > 0 && pods.ready,
         failed_pods: pods.failed.clone(),

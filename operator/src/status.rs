@@ -15,6 +15,10 @@ use crds::contract::{MemoryxPhase, MemoryxStatus};
 /// newest checkpoint there is: a MemoryX that cannot write one must not keep the CS-2s for good.
 pub const CHECKPOINT_WAIT_SECONDS: u64 = 300;
 
+/// How long the pool may hold fewer CS-2s than a job holds before the job goes on with fewer: long enough that
+/// a kubelet or device-plugin restart (the CS-2s unadvertised for a moment) moves nothing.
+pub const CAPACITY_GRACE_SECONDS: u64 = 30;
+
 /// What the operator saw this pass, beyond the job itself.
 #[derive(Clone, Debug)]
 pub struct Observed {
@@ -24,6 +28,9 @@ pub struct Observed {
     pub queue_position: Option<u32>,
     /// Whether a running job may grow to its spec's CS-2 count now.
     pub may_grow: bool,
+    /// The CS-2s left to this job: the pool less what every other job holds; `None` when there is no pool to
+    /// count (then nothing is taken for lost).
+    pub capacity: Option<u32>,
     /// The plan for the spec's CS-2 count, or why it refuses the job.
     pub plan: Result<PlanStatus, String>,
     /// Whether every engine, SwarmX and input-worker pod of the assembled size exists, is current and is ready.
@@ -128,7 +135,7 @@ pub fn refusal_reason(code: u16) -> Reason {
 
 /// Reasons that keep a job from progressing until someone acts (a cluster admin, the job's owner): each is a
 /// Warning Event when it first appears, not only a condition.
-pub const WARNING_REASONS: &[Reason] = &[Reason::PriorityClassNotFound];
+pub const WARNING_REASONS: &[Reason] = &[Reason::PriorityClassNotFound, Reason::CapacityLost];
 
 /// Why MemoryX's pod does not exist although its StatefulSet wants it: the API server refused it (Pod
 /// Security, a quota, a webhook) and the StatefulSet controller said so only on the StatefulSet, as a
@@ -211,9 +218,9 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
         failed
     } else {
         // The job holds its CS-2s and goes on: it moves (suspend, or a resize it may make now) or it runs.
-        let grow_blocked = spec.cs2 > holds && !obs.may_grow;
-        if spec.suspend || (spec.cs2 != holds && !grow_blocked) {
-            checkpoint_then_move(&mut d, spec, &prev, obs, holds)
+        let (target, grow_blocked) = size_now(&mut d, spec, &prev, obs, holds);
+        if spec.suspend || target != holds {
+            checkpoint_then_move(&mut d, spec, &prev, obs, holds, target)
         } else {
             holding(&mut d, spec, obs, holds, grow_blocked)
         }
@@ -330,14 +337,51 @@ fn past_limits(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, o
     None
 }
 
-/// A suspend or a resize of a job holding `holds` CS-2s: `Checkpointing` until a checkpoint of the latest step
+/// The CS-2s a job holding `holds` should hold now, and whether growing to `spec.cs2` waits for free ones:
+/// - CS-2s it holds lost for good (fewer left to it than it holds for [`CAPACITY_GRACE_SECONDS`]): as many as
+///   remain, down to `spec.minCs2` ([`TrainingJobSpec::elastic_size`]); below that it keeps what it holds and
+///   its engines' failures run their course (the restart limit, the retry budget).
+/// - otherwise `spec.cs2` when it holds more (a shrink asked for) or may grow to it (never jumping the queue);
+///   else what it holds.
+fn size_now(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, obs: &Observed, holds: u32) -> (u32, bool) {
+    if let Some(left) = obs.capacity.filter(|&left| left < holds) {
+        let since = prev.capacity_lost_at.clone().unwrap_or(Time(obs.now));
+        let short_for = obs.now.duration_since(since.0).as_secs().max(0) as u64;
+        d.s.capacity_lost_at = Some(since);
+        match spec.elastic_size(left) {
+            Some(n) if short_for >= CAPACITY_GRACE_SECONDS => return (n, false),
+            _ => return (holds, false),
+        }
+    }
+    d.s.capacity_lost_at = None;
+    if spec.cs2 < holds || (spec.cs2 > holds && obs.may_grow) {
+        return (spec.cs2, false);
+    }
+    (holds, spec.cs2 > holds)
+}
+
+/// A suspend or a resize of a job holding `holds` CS-2s to `target`: `Checkpointing` until a checkpoint of the latest step
 /// exists (or MemoryX could not write one in time), then `Suspended` with the CS-2s released, or `Starting`
 /// again at the new size.
-fn checkpoint_then_move(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, obs: &Observed, holds: u32) -> (Children, bool) {
+fn checkpoint_then_move(
+    d: &mut Pass,
+    spec: &TrainingJobSpec,
+    prev: &TrainingJobStatus,
+    obs: &Observed,
+    holds: u32,
+    target: u32,
+) -> (Children, bool) {
+    // Going on with fewer than the spec asks because CS-2s were lost, not because the spec changed.
+    let lost = !spec.suspend && target < holds && target < spec.cs2;
     let (why, doing) = if spec.suspend {
         (Reason::Suspending, "checkpointing before giving back the CS-2s".to_string())
+    } else if lost {
+        (
+            Reason::CapacityLost,
+            format!("{} of its {holds} CS-2s were lost; checkpointing before going on with {target} (spec.minCs2 = {})", holds - target, spec.min_cs2()),
+        )
     } else {
-        (Reason::Rescaling, format!("checkpointing before rescaling from {holds} to {} CS-2s", spec.cs2))
+        (Reason::Rescaling, format!("checkpointing before rescaling from {holds} to {target} CS-2s"))
     };
     let reachable = match &obs.coordinator {
         Some(Ok(c)) => Some(c),
@@ -376,12 +420,29 @@ fn checkpoint_then_move(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJob
         d.cond_with(ConditionType::Ready, false, Reason::Suspended, "suspended");
         return (Children::Release, false);
     }
-    d.s.allocated_cs2 = Some(spec.cs2);
-    d.s.plan = obs.plan.clone().ok();
-    d.phase(Phase::Starting, Reason::Rescaled, format!("rescaled from {holds} to {} CS-2s, continuing from {at}", spec.cs2));
-    d.cond_with(ConditionType::Admitted, true, Reason::Rescaled, format!("holds {} CS-2s", spec.cs2));
+    d.s.allocated_cs2 = Some(target);
+    if target == spec.cs2 {
+        d.s.plan = obs.plan.clone().ok();
+    }
+    if lost {
+        d.phase(
+            Phase::Starting,
+            Reason::CapacityLost,
+            format!(
+                "continuing on {target} of {} CS-2s from {at}: {} were lost; the global batch and the curve are the full \
+                 job's, and it grows back to {} when CS-2s are free again",
+                spec.cs2,
+                holds - target,
+                spec.cs2
+            ),
+        );
+        d.cond_with(ConditionType::Admitted, true, Reason::CapacityLost, format!("holds {target} of {} CS-2s", spec.cs2));
+    } else {
+        d.phase(Phase::Starting, Reason::Rescaled, format!("rescaled from {holds} to {target} CS-2s, continuing from {at}"));
+        d.cond_with(ConditionType::Admitted, true, Reason::Rescaled, format!("holds {target} CS-2s"));
+    }
     d.cond_with(ConditionType::Ready, false, Reason::Assembling, "the appliance is being reassembled");
-    (Children::Assemble(spec.cs2), false)
+    (Children::Assemble(target), false)
 }
 
 /// A job that holds its `holds` CS-2s and keeps them: `Starting` until its pods are ready and MemoryX trains,
@@ -498,6 +559,7 @@ mod tests {
             admission: None,
             queue_position: None,
             may_grow: true,
+            capacity: None,
             plan: Ok(PlanStatus {
                 cs2: 2,
                 shard: 32,
@@ -859,6 +921,64 @@ mod tests {
         o.coordinator = running(11, Some(11));
         let d = step(&mut j, &o);
         assert_eq!((d.status.allocated_cs2, d.children), (Some(1), Children::Assemble(1)));
+    }
+
+    /// CS-2s lost for good: after the grace period the job checkpoints and goes on with as many as remain,
+    /// down to minCs2 (never below, and a brief dip moves nothing), says so, and grows back when they return.
+    #[test]
+    fn a_job_that_loses_cs2s_goes_on_with_fewer_down_to_min_cs2_and_grows_back() {
+        let mut j = job(4);
+        j.spec.min_cs2 = Some(2);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        o.capacity = Some(4);
+        step(&mut j, &o);
+        o.admission = None;
+        o.pods_ready = true;
+        o.coordinator = running(10, Some(10));
+        assert_eq!(step(&mut j, &o).children, Children::Assemble(4));
+        // The pool drops to 1 left for the job: below minCs2, it keeps what it holds.
+        o.coordinator = running(11, Some(10));
+        o.capacity = Some(1);
+        o.now = Timestamp::from_second(1_000_100).unwrap();
+        let d = step(&mut j, &o);
+        assert_eq!((d.children.clone(), d.request_checkpoint), (Children::Assemble(4), false));
+        // 3 left: within the grace period nothing moves; after it, 2 (3 does not divide the batch of 64).
+        o.capacity = Some(3);
+        o.now = Timestamp::from_second(1_000_110).unwrap();
+        assert_eq!(step(&mut j, &o).children, Children::Assemble(4), "a dip within the grace period moves nothing");
+        o.now = Timestamp::from_second(1_000_100 + CAPACITY_GRACE_SECONDS as i64).unwrap();
+        let d = step(&mut j, &o);
+        assert!(d.request_checkpoint, "a checkpoint first");
+        assert_eq!(d.status.phase, Some(Phase::Checkpointing));
+        let t = d.transition.expect("an event");
+        assert_eq!((t.reason, t.warning), (Reason::CapacityLost, true));
+        o.coordinator = running(12, Some(12));
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.allocated_cs2, d.children.clone()), (Some(2), Children::Assemble(2)));
+        assert!(d.transition.as_ref().is_some_and(|t| t.reason == Reason::CapacityLost && t.message.contains("continuing on 2 of 4")), "{:?}", d.transition);
+        // Running on 2 with 2 left: no loss any more; growing back waits for free CS-2s, then happens.
+        o.capacity = Some(2);
+        o.may_grow = false;
+        let d = step(&mut j, &o);
+        assert_eq!((d.children.clone(), d.status.capacity_lost_at.clone()), (Children::Assemble(2), None));
+        assert_eq!(cond(&j, ConditionType::Admitted).reason, "RescaleWaitingForCapacity");
+        o.capacity = Some(4);
+        o.may_grow = true;
+        o.coordinator = running(20, Some(12));
+        assert!(step(&mut j, &o).request_checkpoint);
+        o.coordinator = running(21, Some(21));
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.allocated_cs2, d.children), (Some(4), Children::Assemble(4)));
+        // A job without minCs2 keeps all it holds.
+        let mut k = job(4);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        step(&mut k, &o);
+        o.admission = None;
+        o.capacity = Some(2);
+        o.now = Timestamp::from_second(2_000_000).unwrap();
+        assert_eq!(step(&mut k, &o).children, Children::Assemble(4));
     }
 
     #[test]

@@ -114,6 +114,13 @@ impl Plan {
     /// job whose shard cannot fit one engine.
     pub fn new(spec: &TrainingJobSpec, sram_bytes: u64, fan_out: u32) -> Result<Plan> {
         spec.validate()?;
+        // A job that may go on with fewer CS-2s must fit them too: each then takes a larger shard.
+        if spec.min_cs2() < spec.cs2 {
+            let fewest = TrainingJobSpec { cs2: spec.min_cs2(), min_cs2: None, ..spec.clone() };
+            if let Err(e) = Plan::new(&fewest, sram_bytes, fan_out) {
+                return Err(Error::Plan(format!("on spec.minCs2 = {} CS-2s: {e}", fewest.cs2)));
+            }
+        }
         let layout = ModelLayout::from_spec(&spec.model);
         let shard = shard_of(spec);
         let n = layout.linears.len();

@@ -30,6 +30,7 @@ fn load_job(path: &Path, cs2: Option<u32>, volumes: &[(String, PathBuf)]) -> Res
     let mut job = crds::parse_training_job_with(&text, &resolve).with_context(|| label.clone())?;
     if let Some(n) = cs2 {
         job.spec.cs2 = n;
+        job.spec.min_cs2 = job.spec.min_cs2.filter(|&m| m <= n);
         job.spec.validate().with_context(|| format!("{label} with --cs2 {n}"))?;
     }
     Ok(job)
