@@ -99,6 +99,13 @@ pub const CS2_PER_NODE: u32 = 4;
 /// `weightstream.dev/cs2`), waiting until its pods are ready. Extra `--set` values come from `WS_HELM_SET`
 /// (comma-separated `key=value`, e.g. image tags other than the chart's appVersion).
 pub fn install_chart(kubeconfig: &Path) -> Result<(), ClusterError> {
+    install_chart_with(kubeconfig, &[])
+}
+
+/// [`install_chart`] with `values` (`key=value`) set besides: a test binary that needs another configuration
+/// (a SwarmX fan-out of 2 for a deeper tree, fewer CS-2s per node) installs it so; the next binary's
+/// [`with_chart`] puts the defaults back.
+pub fn install_chart_with(kubeconfig: &Path, values: &[&str]) -> Result<(), ClusterError> {
     let helm = helm()?;
     let mut cmd = Command::new(helm);
     cmd.arg("upgrade")
@@ -112,6 +119,9 @@ pub fn install_chart(kubeconfig: &Path) -> Result<(), ClusterError> {
         .args(["--set", &format!("devicePlugin.devicesPerNode={CS2_PER_NODE}")])
         .args(["--set", "operator.pollSeconds=1"])
         .args(["--wait", "--timeout", "5m"]);
+    for kv in values {
+        cmd.args(["--set", kv]);
+    }
     if let Ok(extra) = std::env::var("WS_HELM_SET") {
         for kv in extra.split(',').filter(|s| !s.trim().is_empty()) {
             cmd.args(["--set", kv.trim()]);
