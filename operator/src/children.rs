@@ -579,6 +579,9 @@ fn container<A: RoleArgs>(
         args: Some(args.argv()),
         ports: Some(role.grpc_port().into_iter().chain([("http", HTTP_PORT)]).map(port).collect()),
         readiness_probe: Some(Probe { http_get: Some(healthz()), period_seconds: Some(2), ..Default::default() }),
+        // Liveness is judged only once the program serves its health (up to 5 minutes for a slow start: a
+        // busy node, a large pretrained model read before training).
+        startup_probe: Some(Probe { http_get: Some(healthz()), period_seconds: Some(2), failure_threshold: Some(150), ..Default::default() }),
         // A frozen process (SIGSTOP, a hung host) stops answering while its pod still runs: the kubelet kills
         // it after three missed checks (about 15 s), without waiting out a grace period it cannot use. An engine,
         // SwarmX node or input worker then fails and the operator replaces it, counted against restartLimit;

@@ -217,25 +217,38 @@ pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs(2).saturating_mul(1 << doublings).min(Duration::from_secs(300))
 }
 
-/// The CS-2 pool: the sum of the nodes' allocatable `weightstream.dev/cs2`, or the configured size when no
-/// node advertises it. The second value says whether engines should request the resource.
+/// The CS-2 pool, read from the nodes ([`pool_of`]).
 async fn pool(ctx: &Context) -> Result<Option<(u32, bool)>, Error> {
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let nodes = Api::<Node>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
+    Ok(pool_of(&nodes, ctx.config.pool))
+}
+
+/// The CS-2 pool: the sum of the schedulable nodes' allocatable `weightstream.dev/cs2` when any node knows the
+/// resource, or else the `configured` size. The second value says whether engines request the resource: it
+/// follows whether nodes know it at all, not how many they offer this moment, so a device plugin or kubelet
+/// restart (allocatable briefly 0) changes no engine pod's spec and replaces none.
+pub fn pool_of(nodes: &[Node], configured: Option<u32>) -> Option<(u32, bool)> {
     let mut total: u32 = 0;
-    for node in nodes.list(&ListParams::default()).await? {
+    let mut known = false;
+    for node in nodes {
+        let status = node.status.as_ref();
+        let has = |r: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+            r.is_some_and(|r| r.contains_key(children::CS2_RESOURCE))
+        };
+        known |= has(status.and_then(|s| s.capacity.as_ref())) || has(status.and_then(|s| s.allocatable.as_ref()));
         // A cordoned node takes no new engines: its CS-2s are not the pool's (a job on it goes on with fewer).
         if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
             continue;
         }
-        let q = node.status.and_then(|s| s.allocatable).and_then(|a| a.get(children::CS2_RESOURCE).cloned());
+        let q = status.and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get(children::CS2_RESOURCE));
         if let Some(q) = q {
-            total += q.0.trim().parse::<u32>().unwrap_or(0);
+            total = total.saturating_add(q.0.trim().parse::<u32>().unwrap_or(0));
         }
     }
-    if total > 0 {
-        return Ok(Some((total, true)));
+    if known {
+        return Some((total, true));
     }
-    Ok(ctx.config.pool.map(|p| (p, false)))
+    configured.map(|p| (p, false))
 }
 
 #[derive(Default)]
@@ -812,6 +825,8 @@ where
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use std::collections::BTreeMap;
 
     fn with_status(mut p: Pod, phase: &str, ready: bool) -> Pod {
         p.status = Some(PodStatus {
@@ -843,6 +858,26 @@ mod tests {
             "status": { "phase": "Running" },
         });
         assert_eq!(patch, want);
+    }
+
+    /// The pool counts schedulable nodes' allocatable CS-2s; engines request the resource as long as nodes
+    /// know it, even while none is allocatable (a device plugin restarting), so their pods do not change.
+    #[test]
+    fn the_pool_is_the_schedulable_nodes_cs2s_and_requesting_them_does_not_flicker() {
+        let node = |allocatable: Option<&str>, capacity: Option<&str>, cordoned: bool| {
+            let q = |v: Option<&str>| v.map(|v| BTreeMap::from([(children::CS2_RESOURCE.to_string(), Quantity(v.into()))]));
+            Node {
+                spec: Some(k8s_openapi::api::core::v1::NodeSpec { unschedulable: cordoned.then_some(true), ..Default::default() }),
+                status: Some(k8s_openapi::api::core::v1::NodeStatus { allocatable: q(allocatable), capacity: q(capacity), ..Default::default() }),
+                ..Default::default()
+            }
+        };
+        assert_eq!(pool_of(&[node(Some("4"), Some("4"), false), node(Some("2"), Some("2"), false)], Some(9)), Some((6, true)));
+        assert_eq!(pool_of(&[node(Some("4"), Some("4"), false), node(Some("2"), Some("2"), true)], None), Some((4, true)), "cordoned");
+        assert_eq!(pool_of(&[node(Some("0"), Some("4"), false)], Some(9)), Some((0, true)), "a plugin restarting");
+        assert_eq!(pool_of(&[node(None, Some("4"), false)], Some(9)), Some((0, true)));
+        assert_eq!(pool_of(&[node(None, None, false)], Some(9)), Some((9, false)), "no node knows CS-2s: the configured pool");
+        assert_eq!(pool_of(&[], None), None);
     }
 
     #[test]
