@@ -245,6 +245,11 @@ impl Driver {
                     .into(),
             ));
         }
+        // Over several servers, a run's first checkpoint is its start: should the coordinator restart before the
+        // first periodic one, the others (which kept training) are taken back to it rather than refused.
+        if start == 0 && store.servers() > 1 && self.outputs.checkpoint_dir.is_some() {
+            self.write_checkpoint(&store, 0)?;
+        }
         let mut recoveries = 0;
         loop {
             match self.train_from(&store, start, swarm, on_step) {
