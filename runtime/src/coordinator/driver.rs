@@ -418,7 +418,14 @@ impl Driver {
             let hold = self.outputs.hold_after_requested_checkpoint;
             if requested && self.outputs.checkpoint_dir.is_some() && !hold.is_zero() {
                 tracing::info!(step = m.step, ?hold, "holding at the requested checkpoint until stopped");
-                std::thread::sleep(hold);
+                // The stop this hold waits for (the operator scaling MemoryX down) ends it at once.
+                let until = std::time::Instant::now() + hold;
+                while std::time::Instant::now() < until {
+                    if stopping() {
+                        return Err(Error::Stopped { step: m.step, checkpoint: self.last_checkpoint().filter(|c| c.step == m.step).map(|c| c.path) });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
                 tracing::info!(step = m.step, "nobody stopped the job at its checkpoint; training on");
             }
             Ok(())
