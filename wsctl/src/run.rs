@@ -329,6 +329,17 @@ fn run_in_process(
     if plan.execution_mode == crds::ExecutionMode::Pipelined {
         swarm = swarm.with_replicas(job.id.clone(), job.replica_factory());
     }
-    let driver = Driver::new(job, outputs);
+    let mut driver = Driver::new(job, outputs);
+    // Ctrl-C stops at the next step boundary with the step checkpointed, as the processes' MemoryX does; a
+    // second one stops at once.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let _ = ctrlc::set_handler(move || {
+        if flag.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::process::exit(wire::program::STOPPED_STATUS);
+        }
+        eprintln!("interrupted: checkpointing the step in flight (Ctrl-C again to stop at once)");
+    });
+    driver.stop_on(stop);
     Ok(driver.run(&mut swarm, &mut show)?)
 }
