@@ -38,13 +38,16 @@ fn ok<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> T {
     }
 }
 
+/// The chart values every test of this file installs besides the suite's: a SwarmX fan-out of 2.
+const FAN_OUT_2: &str = "operator.swarmxFanOut=2";
+
 /// The cluster with the chart at a SwarmX fan-out of 2, a client and a fresh namespace.
 async fn setup(prefix: &str) -> (Client, String, PathBuf) {
     static SETUP: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
     let kc = SETUP
         .get_or_init(|| {
             let kc = cluster::kubeconfig().map_err(|e| format!("no cluster: {e}"))?;
-            cluster::install_chart_with(&kc, &["operator.swarmxFanOut=2"]).map_err(|e| e.to_string())?;
+            cluster::install_chart_with(&kc, &[FAN_OUT_2]).map_err(|e| e.to_string())?;
             Ok(kc)
         })
         .clone()
@@ -131,6 +134,23 @@ async fn pid_of(pods: &Api<Pod>, name: &str) -> u32 {
     ok(cluster::container_pid(&p), name)
 }
 
+/// SIGKILL to host process `pid`.
+fn kill(pid: u32) {
+    assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().is_ok_and(|s| s.success()), "kill -KILL {pid}");
+}
+
+/// Waits (up to `timeout`) until the job's status satisfies `reached` or the job has ended; returns that status.
+async fn until(jobs: &Api<TrainingJob>, name: &str, timeout: Duration, what: &str, reached: impl Fn(&crds::TrainingJobStatus) -> bool) -> crds::TrainingJobStatus {
+    ok(
+        wait_for(timeout, what, || async {
+            let s = jobs.get(name).await.ok()?.status?;
+            (reached(&s) || matches!(s.phase, Some(Phase::Succeeded | Phase::Failed))).then_some(s)
+        })
+        .await,
+        what,
+    )
+}
+
 /// A fault of the matrix.
 #[derive(Clone, Copy, Debug)]
 enum Fault {
@@ -200,7 +220,7 @@ async fn inject(client: &Client, ns: &str, name: &str, fault: Fault) -> Option<c
     match fault {
         Fault::Kill(pod) => {
             let pid = pid_of(&pods, &format!("{name}-{pod}")).await;
-            assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+            kill(pid);
             None
         }
         Fault::Freeze(pod) => {
@@ -226,7 +246,7 @@ async fn inject(client: &Client, ns: &str, name: &str, fault: Fault) -> Option<c
                 .find(|h| operators.contains(h))
                 .expect("an operator replica holds the lease");
             let pid = pid_of(&system, &leader).await;
-            assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+            kill(pid);
             None
         }
         Fault::Drain => {
@@ -262,14 +282,7 @@ async fn matrix(mode: ExecutionMode, faults: &[Fault], steps: u64) {
         at = reached;
     }
     drop(thawed);
-    let done = ok(
-        wait_for(Duration::from_secs(900), "the job to succeed", || async {
-            let s = jobs.get(name).await.ok()?.status?;
-            matches!(s.phase, Some(Phase::Succeeded | Phase::Failed)).then_some(s)
-        })
-        .await,
-        "the end",
-    );
+    let done = until(&jobs, name, Duration::from_secs(900), "the job to end", |_| false).await;
     assert_eq!(done.phase, Some(Phase::Succeeded), "{mode:?}: {done:?}");
     assert_eq!(done.progress.step, Some(steps), "{mode:?}: exactly its steps");
     let loss = done.progress.loss.expect("a final loss");
@@ -311,7 +324,7 @@ async fn chaos_weight_streaming_every_role_killed_and_frozen() {
 
 /// The device plugin advertises `n` CS-2s on the node (the chart's value, rolled out).
 fn cs2_per_node(kc: &std::path::Path, n: u32) {
-    let values = ["operator.swarmxFanOut=2".to_string(), format!("devicePlugin.devicesPerNode={n}")];
+    let values = [FAN_OUT_2.to_string(), format!("devicePlugin.devicesPerNode={n}")];
     let values: Vec<&str> = values.iter().map(String::as_str).collect();
     ok(cluster::install_chart_with(kc, &values), &format!("the device plugin at {n} CS-2s"));
 }
@@ -344,14 +357,7 @@ async fn a_job_that_loses_two_cs2s_goes_on_with_two_and_grows_back() {
     let (at, _) = steps_on(&jobs, name, 0, 200, "the job to train").await;
     cs2_per_node(&kc, 2);
     let lost = Instant::now();
-    let s = ok(
-        wait_for(Duration::from_secs(300), "the job to go on with 2 CS-2s", || async {
-            let s = jobs.get(name).await.ok()?.status?;
-            (s.allocated_cs2 == Some(2) || matches!(s.phase, Some(Phase::Succeeded | Phase::Failed))).then_some(s)
-        })
-        .await,
-        "shrunk",
-    );
+    let s = until(&jobs, name, Duration::from_secs(300), "the job to go on with 2 CS-2s", |s| s.allocated_cs2 == Some(2)).await;
     assert_eq!(s.allocated_cs2, Some(2), "the job goes on with 2: {s:?}");
     eprintln!("elastic: lost 2 of 4 CS-2s at step {at}; on 2 from step {:?}, {:.0?} later", s.progress.step, lost.elapsed());
     let events: Api<Event> = Api::namespaced(client.clone(), &ns);
@@ -359,24 +365,10 @@ async fn a_job_that_loses_two_cs2s_goes_on_with_two_and_grows_back() {
     assert!(said, "a CapacityLost Event");
     let (at, _) = steps_on(&jobs, name, s.progress.step.unwrap_or(0), 100, "the job to train on 2").await;
     cs2_per_node(&kc, cluster::CS2_PER_NODE);
-    let grown = ok(
-        wait_for(Duration::from_secs(300), "the job to grow back to 4", || async {
-            let s = jobs.get(name).await.ok()?.status?;
-            (s.allocated_cs2 == Some(4) || matches!(s.phase, Some(Phase::Succeeded | Phase::Failed))).then_some(s)
-        })
-        .await,
-        "grown back",
-    );
+    let grown = until(&jobs, name, Duration::from_secs(300), "the job to grow back to 4", |s| s.allocated_cs2 == Some(4)).await;
     assert_eq!(grown.allocated_cs2, Some(4), "the job grows back to 4 before it ends: {grown:?}");
     eprintln!("elastic: grew back to 4 after step {at}");
-    let done = ok(
-        wait_for(Duration::from_secs(900), "the job to end", || async {
-            let s = jobs.get(name).await.ok()?.status?;
-            matches!(s.phase, Some(Phase::Succeeded | Phase::Failed)).then_some(s)
-        })
-        .await,
-        "the end",
-    );
+    let done = until(&jobs, name, Duration::from_secs(900), "the job to end", |_| false).await;
     assert_eq!((done.phase, done.progress.step), (Some(Phase::Succeeded), Some(steps)), "{done:?}");
     let loss = done.progress.loss.expect("a final loss");
     let eval = done.progress.eval_loss.expect("a held-out loss");

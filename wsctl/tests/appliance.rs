@@ -76,7 +76,7 @@ fn one_two_and_four_engines_give_the_same_curve() {
     for i in 0..4 {
         assert!(out.join(format!("logs/input-{i}.log")).exists(), "input worker {i} of 2 x 2 ran");
     }
-    assert!(pgrep_nodes(&dir).is_empty(), "no process is left behind");
+    assert!(common::processes_under(&dir).is_empty(), "no process is left behind");
 }
 
 /// An input worker killed mid-epoch and started again on its address: the step it broke is rerun, and the run
@@ -151,12 +151,6 @@ fn in_process_runs_checkpoint_and_match_the_processes_in_both_modes() {
         run_ok(&job, &inp, &["--in-process", "--checkpoint-dir", ck(&inp).to_str().unwrap()]);
         assert_eq!(losses(&inp), a, "the resumed in-process run keeps its metrics");
     }
-}
-
-/// Processes of ours still running with a job file under `dir`.
-fn pgrep_nodes(dir: &Path) -> Vec<String> {
-    let out = Command::new("pgrep").arg("-fa").arg(dir.to_str().unwrap()).output().expect("pgrep");
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
 }
 
 /// A role started by hand, as a pod would be.

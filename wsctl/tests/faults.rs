@@ -125,12 +125,6 @@ impl Drop for Run {
     }
 }
 
-/// Processes still running with a file under `dir` on their command line.
-fn left_behind(dir: &Path) -> Vec<String> {
-    let out = Command::new("pgrep").arg("-fa").arg(dir.to_str().unwrap()).output().expect("pgrep");
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
-}
-
 /// Every role killed, then frozen, one at a time a few steps into a long run: the run fails naming it, within
 /// the retry budget plus a call deadline (and a frozen one in about three health checks), with nothing left
 /// running. Returns how long each case took to end, for the log.
@@ -163,11 +157,11 @@ fn every_role_killed_and_frozen(mode: &str) {
                 assert!(took < Duration::from_secs(10), "{mode}: a killed {role} is found at once: {took:?}");
             }
             drop(run);
-            let mut left = left_behind(&out);
+            let mut left = common::processes_under(&out);
             let deadline = Instant::now() + Duration::from_secs(10);
             while !left.is_empty() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(200));
-                left = left_behind(&out);
+                left = common::processes_under(&out);
             }
             assert!(left.is_empty(), "{mode}: {role} {what}: processes left behind: {left:?}");
         }

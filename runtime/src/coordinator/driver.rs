@@ -413,7 +413,7 @@ impl Driver {
             }
             on_step(m);
             if stop_here {
-                return Err(Error::Stopped { step: m.step, checkpoint: self.last_checkpoint().filter(|c| c.step == m.step).map(|c| c.path) });
+                return Err(self.stopped_at(m.step));
             }
             let hold = self.outputs.hold_after_requested_checkpoint;
             if requested && self.outputs.checkpoint_dir.is_some() && !hold.is_zero() {
@@ -422,7 +422,7 @@ impl Driver {
                 let until = std::time::Instant::now() + hold;
                 while std::time::Instant::now() < until {
                     if stopping() {
-                        return Err(Error::Stopped { step: m.step, checkpoint: self.last_checkpoint().filter(|c| c.step == m.step).map(|c| c.path) });
+                        return Err(self.stopped_at(m.step));
                     }
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
@@ -463,6 +463,11 @@ impl Driver {
                 return e;
             }
         }
+        self.stopped_at(step)
+    }
+
+    /// [`Error::Stopped`] at `step`, naming its checkpoint when one of that step was written.
+    fn stopped_at(&self, step: u64) -> Error {
         let checkpoint = self.last_checkpoint().filter(|c| c.step == step).map(|c| c.path);
         tracing::info!(step, ?checkpoint, "stopped on a termination signal");
         Error::Stopped { step, checkpoint }

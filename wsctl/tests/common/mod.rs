@@ -143,3 +143,9 @@ pub fn losses(out: &Path) -> Vec<(u64, f64)> {
 pub fn summary(out: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary.json")).expect("json")
 }
+
+/// Processes still running with a file under `dir` on their command line: what a run must not leave behind.
+pub fn processes_under(dir: &Path) -> Vec<String> {
+    let out = Command::new("pgrep").arg("-fa").arg(dir.to_str().expect("a UTF-8 path")).output().expect("pgrep");
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+}
