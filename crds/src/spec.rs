@@ -43,9 +43,12 @@ pub const VERSION: &str = "v1alpha1";
     validation = Rule::new("self.training.batchSize % self.cs2 == 0")
         .message("spec.training.batchSize must be divisible by spec.cs2: each CS-2 takes an equal shard of the batch")
         .field_path(".training.batchSize"),
-    validation = Rule::new("!has(self.minCs2) || (self.minCs2 <= self.cs2 && self.training.batchSize % self.minCs2 == 0)")
-        .message("spec.minCs2 must be at most spec.cs2 and divide spec.training.batchSize: the job shrinks only to a count that takes equal shards of the batch")
+    validation = Rule::new("!has(self.minCs2) || (self.minCs2 <= self.cs2 && self.cs2 % self.minCs2 == 0)")
+        .message("spec.minCs2 must be at most spec.cs2 and divide it: the job shrinks only to a count that takes whole shards of the full job, so its curve stays the same")
         .field_path(".minCs2"),
+    validation = Rule::new("!has(self.training.microBatchSize) || (self.training.batchSize / self.cs2) % self.training.microBatchSize == 0")
+        .message("spec.training.microBatchSize must divide each CS-2's shard (batchSize / cs2): an engine runs its shard as equal micro-batches")
+        .field_path(".training.microBatchSize"),
     validation = Rule::new("(self.data.kind in ['text', 'tokens', 'jsonl']) == (self.model.kind in ['gpt', 'llama'])")
         .message("spec.data.kind: a gpt or llama trains on text, tokens or jsonl, and an mlp on mnist or arrays")
         .field_path(".data.kind"),
@@ -588,6 +591,12 @@ pub struct TrainingSpec {
     /// Samples per optimizer step over all CS-2s together.
     #[schemars(range(min = 1, max = 1048576))]
     pub batch_size: u32,
+    /// Samples per micro-batch: an engine runs its shard as micro-batches of this size, each streamed layer
+    /// serving all of them before the next arrives, their gradients summed on the engine. Must divide the
+    /// shard (`batchSize / cs2`); defaults to the whole shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub micro_batch_size: Option<u32>,
     /// Train for this many optimizer steps (give `steps` or `epochs`, not both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000000000))]

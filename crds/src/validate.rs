@@ -180,10 +180,17 @@ impl TrainingJobSpec {
     }
 
     /// How many CS-2s the job runs on when only `available` remain to it: the most, up to `spec.cs2`, that is at
-    /// least `spec.minCs2` and divides the batch (each CS-2 takes an equal shard); `None` below `spec.minCs2`.
+    /// least `spec.minCs2` and divides `spec.cs2` (each CS-2 then takes whole shards of the full job, as
+    /// micro-batches, so the curve stays the full job's); `None` below `spec.minCs2`.
     pub fn elastic_size(&self, available: u32) -> Option<u32> {
-        let batch = self.training.batch_size;
-        (self.min_cs2()..=self.cs2.min(available)).rev().find(|n| *n > 0 && batch % n == 0)
+        (self.min_cs2()..=self.cs2.min(available)).rev().find(|n| *n > 0 && self.cs2 % n == 0)
+    }
+
+    /// Samples per micro-batch on an engine: `spec.training.microBatchSize`, or else the full job's shard
+    /// (`batchSize / cs2`) — which is also what an elastic job keeps while it runs on fewer CS-2s, so the
+    /// arithmetic of every micro-batch is the full job's.
+    pub fn micro_batch(&self) -> u32 {
+        self.training.micro_batch_size.unwrap_or(self.training.batch_size / self.cs2.max(1))
     }
 
     /// Checks ranges and cross-field rules that the schema alone cannot express for a local run.
@@ -194,13 +201,13 @@ impl TrainingJobSpec {
         self.validate_model()?;
         self.validate_training()?;
         if let Some(min) = self.min_cs2 {
-            if min == 0 || min > self.cs2 || self.training.batch_size % min != 0 {
+            if min == 0 || min > self.cs2 || self.cs2 % min != 0 {
                 return Err(invalid(
                     "spec.minCs2",
                     format!(
-                        "{min} must be from 1 to spec.cs2 = {} and divide spec.training.batchSize = {}: the job shrinks only \
-                         to a count that takes equal shards of the batch",
-                        self.cs2, self.training.batch_size
+                        "{min} must be from 1 to spec.cs2 = {} and divide it: the job shrinks only to a count that takes \
+                         whole shards of the full job, so its curve stays the same",
+                        self.cs2
                     ),
                 ));
             }
@@ -471,6 +478,19 @@ impl TrainingJobSpec {
                 ),
             ));
         }
+        if let Some(micro) = t.micro_batch_size {
+            let shard = t.batch_size / self.cs2;
+            if micro == 0 || shard % micro != 0 {
+                return Err(invalid(
+                    "spec.training.microBatchSize",
+                    format!(
+                        "{micro} must divide each CS-2's shard of {shard} samples (batchSize {} over {} CS-2s): an engine \
+                         runs its shard as equal micro-batches",
+                        t.batch_size, self.cs2
+                    ),
+                ));
+            }
+        }
         match (t.steps, t.epochs) {
             (Some(_), Some(_)) => {
                 return Err(invalid("spec.training", "give either steps or epochs, not both"));
@@ -643,16 +663,26 @@ spec:
         assert!(with.spec.resources.engine.is_some() && with.spec.resources.memoryx.is_none());
     }
 
-    /// A job shrinks to the most CS-2s that remain, down to minCs2, and only to counts that divide the batch.
+    /// A job shrinks to the most CS-2s that remain, down to minCs2, and only to counts that divide spec.cs2.
     #[test]
-    fn a_job_shrinks_to_what_remains_down_to_min_cs2_in_equal_shards() {
+    fn a_job_shrinks_to_what_remains_down_to_min_cs2_in_whole_shards() {
         let mut spec = crate::testing::mlp_job("j", "ns", 8).spec;
         spec.training.batch_size = 48;
-        assert_eq!((spec.min_cs2(), spec.elastic_size(8), spec.elastic_size(7)), (8, Some(8), None), "no minCs2: all or nothing");
+        spec.cs2 = 12;
+        assert_eq!((spec.min_cs2(), spec.elastic_size(12), spec.elastic_size(11)), (12, Some(12), None), "no minCs2: all or nothing");
         spec.min_cs2 = Some(2);
-        let sizes: Vec<Option<u32>> = (0..=9).map(|n| spec.elastic_size(n)).collect();
-        assert_eq!(sizes, [None, None, Some(2), Some(3), Some(4), Some(4), Some(6), Some(6), Some(8), Some(8)]);
-        spec.validate().expect("minCs2 2 of 8 over a batch of 48");
+        let sizes: Vec<Option<u32>> = (0..=13).map(|n| spec.elastic_size(n)).collect();
+        let six = Some(6);
+        assert_eq!(sizes, [None, None, Some(2), Some(3), Some(4), Some(4), six, six, six, six, six, six, Some(12), Some(12)]);
+        spec.validate().expect("minCs2 2 of 12 over a batch of 48");
+        assert_eq!(spec.micro_batch(), 4, "the full job's shard");
+        spec.min_cs2 = Some(5);
+        assert!(spec.validate().unwrap_err().to_string().contains("divide it"), "5 does not divide 12");
+        spec.min_cs2 = None;
+        spec.training.micro_batch_size = Some(3);
+        assert!(spec.validate().unwrap_err().to_string().contains("microBatchSize"), "3 does not divide a shard of 4");
+        spec.training.micro_batch_size = Some(2);
+        assert_eq!((spec.validate().is_ok(), spec.micro_batch()), (true, 2));
     }
 
 }

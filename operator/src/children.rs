@@ -286,13 +286,23 @@ fn check_volume(c: &crds::CheckpointSpec, m: &plan::memoryx::MemoryxPlan) -> Res
     Ok(())
 }
 
+/// The job's spec as it runs on `cs2` CS-2s (the allocated count). An elastic job on fewer than it asks for runs
+/// the full job's shards as micro-batches, so its curve stays the full job's; at its full size that is already
+/// the spec's own micro-batch. The fewest CS-2s it may shrink to are checked where the spec's own size is.
+fn at_size(spec: &crds::TrainingJobSpec, cs2: u32) -> crds::TrainingJobSpec {
+    let mut running = spec.clone();
+    if spec.min_cs2.is_some() && cs2 < spec.cs2 {
+        running.training.micro_batch_size = Some(spec.micro_batch());
+    }
+    running.cs2 = cs2;
+    running.min_cs2 = spec.min_cs2.filter(|&m| m <= cs2);
+    running
+}
+
 /// The plan for the job at `cs2` engines (the allocated count, which differs from the spec while a rescale
 /// waits), and the same in the terms of the status. A job whose shard cannot fit an engine is refused here.
 pub fn plan(job: &TrainingJob, cs2: u32, fan_out: u32) -> Result<(Plan, PlanStatus), Error> {
-    let mut spec = job.spec.clone();
-    spec.cs2 = cs2;
-    // The plan at this size; the fewest CS-2s the job may shrink to are checked where the spec's own size is.
-    spec.min_cs2 = spec.min_cs2.filter(|&m| m <= cs2);
+    let spec = at_size(&job.spec, cs2);
     let plan = Plan::for_spec(&spec, fan_out).map_err(|e| match e {
         // The plan's own refusal says what to change; its "plan:" prefix would only repeat ours.
         plan::error::Error::Plan(why) => Error::Plan(why),
@@ -462,7 +472,6 @@ pub fn config_map(job: &TrainingJob, cs2: u32) -> Result<ConfigMap, Error> {
     }))
     .map_err(|e| Error::Serialize(e.to_string()))?;
     let spec = crds::TrainingJobSpec {
-        cs2,
         suspend: defaults.suspend,
         restart_limit: defaults.restart_limit,
         priority: defaults.priority,
@@ -471,7 +480,7 @@ pub fn config_map(job: &TrainingJob, cs2: u32) -> Result<ConfigMap, Error> {
         min_cs2: defaults.min_cs2,
         images: defaults.images,
         resources: defaults.resources,
-        ..job.spec.clone()
+        ..at_size(&job.spec, cs2)
     };
     let manifest = serde_json::json!({
         "apiVersion": format!("{}/{}", crds::GROUP, crds::VERSION),
@@ -1363,6 +1372,16 @@ mod tests {
         assert_eq!(d.plan.swarmx.nodes, ["mnist-swarmx-0-0"]);
         assert_eq!(d.plan.swarmx.depth, 1);
         assert_eq!(d.plan.memoryx_bytes, p.memoryx_bytes);
+        assert_eq!(parsed.spec.training.micro_batch_size, None, "a rescale to 2 is a 2-CS-2 job");
+        // An elastic job shrunk to 2 runs the 4-CS-2 job's shards as micro-batches; at 4 its shards are those.
+        let mut elastic = job(4);
+        elastic.spec.min_cs2 = Some(2);
+        let shrunk = |n| {
+            let data = build(&elastic, &settings(false), n).config.data.unwrap();
+            crds::parse_training_job(&data["job.yaml"]).expect("parses").spec.training.micro_batch_size
+        };
+        assert_eq!((shrunk(2), shrunk(4)), (Some(16), None));
+        assert_eq!((plan(&elastic, 2, 2).unwrap().0.micro_batch, plan(&elastic, 4, 2).unwrap().0.micro_batch), (16, 16));
     }
 
     fn config_hash(j: &TrainingJob, n: u32) -> String {

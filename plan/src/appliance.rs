@@ -41,6 +41,9 @@ pub struct Plan {
     pub shard: usize,
     /// Tokens each engine takes per step (samples × context length for a GPT).
     pub shard_tokens: usize,
+    /// Samples per micro-batch (`TrainingJobSpec::micro_batch`): an engine runs its shard as micro-batches of
+    /// this size, each streamed layer serving all of them, and sums their gradients.
+    pub micro_batch: usize,
     /// Bytes of the model's weights as stored and streamed (values, indices, biases): what the engine would
     /// have to hold to run without streaming.
     pub weight_bytes: u64,
@@ -182,6 +185,7 @@ impl Plan {
             input_workers: spec.cs2 * input_workers_per_cs2,
             shard,
             shard_tokens: shard * layout.tokens_per_sample(),
+            micro_batch: spec.micro_batch() as usize,
             weight_bytes: layout.weight_bytes(),
             memoryx_bytes: 4 * stored * (1 + opt) + sparse_index_bytes,
             memoryx,

@@ -164,7 +164,7 @@ fn refused(what: &str, got: Result<(), Status>, code: Code, says: &str) {
 }
 
 fn begin(samples: Vec<u32>) -> pb::BeginStepRequest {
-    pb::BeginStepRequest { job: JOB.into(), step: 0, samples, split: pb::Split::Train as i32, grad_scale: 1.0 }
+    pb::BeginStepRequest { job: JOB.into(), step: 0, samples, split: pb::Split::Train as i32, grad_scale: 1.0, micro_batch: 0 }
 }
 
 /// A layer stream whose header announces `values_len` values of layer 0 and which then keeps sending values,

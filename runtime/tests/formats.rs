@@ -37,11 +37,11 @@ fn train(spec: &crds::TrainingJobSpec, steps: u64) -> (train::EvalReport, Option
     let feed = LocalFeed::new(Arc::new(train_set.clone()), Arc::new(test_set));
     let mut swarm = LocalSwarm::new(engines, Arc::new(feed)).expect("engines");
     let sampler = Sampler::new(train_set.len(), spec.training.batch_size as usize, seed);
-    let (layers, tokens) = (layout.linears.len(), spec.model.context_length.unwrap_or(1) as usize);
+    let shape = train::StepShape::whole(&layout);
     for step in 0..steps {
-        train::train_step(&store, &mut swarm, layers, tokens, sampler.batch(step), step).expect("step runs");
+        train::train_step(&store, &mut swarm, shape, sampler.batch(step), step).expect("step runs");
     }
-    let eval = train::evaluate(&store, &mut swarm, layers, &test_samples, 16, steps).expect("evaluation runs");
+    let eval = train::evaluate(&store, &mut swarm, shape, &test_samples, 16, steps).expect("evaluation runs");
     (eval, unigram)
 }
 

@@ -3,7 +3,7 @@
 
 #[path = "support/decoder.rs"]
 mod decoder;
-use decoder::{assert_step_is_the_gradient, constant, curve, optimizer, randomise, text};
+use decoder::{assert_step_is_the_gradient, constant, curve, curve_in, optimizer, randomise, text};
 
 use crds::{ModelKind, ModelSpec, OptimizerKind};
 use plan::layout::ModelLayout;
@@ -43,6 +43,23 @@ fn one_and_four_engines_train_the_same_gpt() {
         assert!((a - b).abs() < 1e-4, "1 engine {one:?} vs 4 engines {four:?}");
     }
     assert!(one[5] < one[0] - 0.2, "the loss falls: {one:?}");
+}
+
+/// A job that goes on with fewer engines runs the full job's shards as micro-batches: its curve is the full job's
+/// bit for bit, since each micro-batch is computed as its engine computed it and the sums group the same way.
+/// Micro-batches of one engine's own shard give its curve to within rounding.
+#[test]
+fn fewer_engines_with_the_full_jobs_shards_as_micro_batches_train_bit_for_bit_the_same_gpt() {
+    let layout = gpt(16, 2, 2, 8, 0.5, true);
+    let data = text(8);
+    let four = curve(&layout, &data, 4, (8, 6));
+    assert_eq!(curve_in(&layout, &data, 2, (8, 6), 2), four, "2 engines, 2 micro-batches each");
+    assert_eq!(curve_in(&layout, &data, 1, (8, 6), 2), four, "1 engine, 4 micro-batches");
+    let whole = curve(&layout, &data, 2, (8, 6));
+    assert_ne!(whole, four, "the shards' arithmetic differs unless run as micro-batches");
+    for (a, b) in whole.iter().zip(&four) {
+        assert!(((a - b) / b).abs() < 1e-6, "micro-batched {four:?} vs whole shards {whole:?}");
+    }
 }
 
 #[test]

@@ -18,7 +18,7 @@ use data::{Dataset, Sampler};
 use plan::layout::ModelLayout;
 use runtime::coordinator::train;
 use runtime::engine::hw::CountingHw;
-use runtime::engine::role::EngineRole;
+use runtime::engine::role::{EngineRole, ShardWork};
 use runtime::engine::wse::Wse;
 use runtime::input::LocalFeed;
 use runtime::memoryx::huggingface;
@@ -91,7 +91,7 @@ fn ours(layout: &ModelLayout, dir: &Path, data: &Arc<Dataset>, eval: &[u32], ste
     let shard = data.shard(eval);
     let tokens = shard.labels.len() as f64;
     let mut e = Wse::new("eval", layout.clone(), CountingHw::new(1 << 34));
-    e.begin_step(shard, 1.0, false).unwrap();
+    e.begin_step(shard, ShardWork::eval()).unwrap();
     for l in 0..layout.linears.len() {
         e.forward(&store.forward_stream(l).unwrap()).unwrap();
     }
@@ -102,7 +102,7 @@ fn ours(layout: &ModelLayout, dir: &Path, data: &Arc<Dataset>, eval: &[u32], ste
         .iter()
         .enumerate()
         .map(|(step, batch)| {
-            let (loss, _) = train::train_step(&store, &mut swarm, layout.linears.len(), layout.tokens_per_sample(), batch.clone(), step as u64).unwrap();
+            let (loss, _) = train::train_step(&store, &mut swarm, train::StepShape::whole(&layout), batch.clone(), step as u64).unwrap();
             loss.loss / loss.samples as f64
         })
         .collect();

@@ -1,10 +1,11 @@
 //! The Llama-family decoder through the real roles: gradients of every parameter (RMSNorm gains, the rotary
 //! path, SwiGLU, grouped-query attention) against finite differences, through MemoryX's own update, dense and
-//! sparse, tied and untied; and one engine against four.
+//! sparse, tied and untied; and one engine against four, and four against two running their shards as
+//! micro-batches.
 
 #[path = "support/decoder.rs"]
 mod decoder;
-use decoder::{assert_step_is_the_gradient, constant, curve, optimizer, randomise, text};
+use decoder::{assert_step_is_the_gradient, constant, curve, curve_in, optimizer, randomise, text};
 
 use crds::{ModelKind, ModelSpec, OptimizerKind};
 use plan::layout::ModelLayout;
@@ -47,6 +48,8 @@ fn one_and_four_engines_train_the_same_llama() {
             assert!((a - b).abs() < 1e-4, "sparsity {sparsity}: 1 engine {one:?} vs 4 engines {four:?}");
         }
         assert!(one[5] < one[0] - 0.2, "the loss falls: {one:?}");
+        // Fewer engines running the 4-engine shards as micro-batches: the 4-engine curve, bit for bit.
+        assert_eq!(curve_in(&layout, &data, 2, (8, 6), 2), four, "sparsity {sparsity}: 2 engines, 2 micro-batches each");
     }
 }
 

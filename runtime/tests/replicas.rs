@@ -65,7 +65,7 @@ fn decoded(bytes: &[u8]) -> (u64, Tensors) {
 fn request(sampler: &Sampler, step: u64) -> StepRequest {
     let samples = sampler.batch(step);
     let grad_scale = 1.0 / samples.len() as f32;
-    StepRequest { step, samples, split: Split::Train, grad_scale }
+    StepRequest { step, samples, split: Split::Train, grad_scale, micro_batch: 0 }
 }
 
 #[test]
@@ -92,7 +92,7 @@ fn a_replica_trains_exactly_like_memoryx() {
     assert!(decoded(&swarm.snapshot().expect("snapshot")) == decoded(&coordinator.state(JOB).expect("state").1), "the replica is MemoryX's state");
 
     for step in 0..4 {
-        let (want, _) = train::train_step(&reference, &mut local, 2, 1, sampler.batch(step), step).expect("reference");
+        let (want, _) = train::train_step(&reference, &mut local, train::StepShape { layers: 2, tokens_per_sample: 1, micro_batch: 0 }, sampler.batch(step), step).expect("reference");
         let got = swarm.resident_step(&request(&sampler, step)).expect("resident step");
         assert_eq!((got.loss, got.correct, got.samples), (want.loss, want.correct, want.samples), "step {step}");
     }
@@ -160,6 +160,7 @@ fn bad_replica_messages_are_refused_and_change_nothing() {
         samples: sampler.batch(step),
         split: pb::Split::Train as i32,
         grad_scale: 1.0 / 32.0,
+        micro_batch: 0,
     };
     let step = |job: &str, step: u64| {
         let req = pb::ResidentStepRequest { job: job.into(), step, reduce: true, begin: Some(begin(step)) };
@@ -223,6 +224,7 @@ fn a_step_larger_than_the_shard_is_refused_before_anything_is_gathered() {
         samples: (0..n as u32).collect(),
         split: pb::Split::Train as i32,
         grad_scale: 1.0,
+        micro_batch: 0,
     };
     // Two million indices: what one 8 MiB message can carry, and ~6 GB of images if gathered.
     let err = rt.block_on(server.begin_step(tonic::Request::new(begin(2_000_000)))).unwrap_err();

@@ -7,7 +7,7 @@ use crds::{Activation, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
 use runtime::input::LocalFeed;
 use data::{mnist, Dataset, Sampler};
 use runtime::engine::hw::CountingHw;
-use runtime::engine::role::EngineRole;
+use runtime::engine::role::{EngineRole, ShardWork};
 use runtime::engine::wse::Wse;
 use kernels::sparse::SparsePattern;
 use runtime::memoryx::store::{MemoryX, WeightStore};
@@ -58,7 +58,7 @@ fn curve(layout: &ModelLayout, n: usize, steps: u64, seed: u64) -> (Vec<f64>, Ve
     let mut bytes = Vec::new();
     for step in 0..steps {
         let (loss, b) =
-            train::train_step(&store, &mut swarm, layout.linears.len(), 1, sampler.batch(step), step).expect("step runs");
+            train::train_step(&store, &mut swarm, train::StepShape::whole(&layout), sampler.batch(step), step).expect("step runs");
         losses.push(loss.loss / loss.samples as f64);
         bytes.push(b);
     }
@@ -123,7 +123,7 @@ fn engine_gradients_match_finite_differences() {
 
     let run = |values: &[Vec<f32>], train: bool| -> (f64, Vec<LayerGrad>) {
         let mut e = Wse::new("fd", l.clone(), CountingHw::new(1 << 20));
-        e.begin_step(data::shard::Shard { inputs: inputs.clone(), labels: labels.clone() }, 1.0, train).unwrap();
+        e.begin_step(data::shard::Shard { inputs: inputs.clone(), labels: labels.clone() }, ShardWork { grad_scale: 1.0, train, micro_batch: 0 }).unwrap();
         for (i, p) in patterns.iter().enumerate() {
             let s = LayerStream {
                 layer: i,
@@ -175,7 +175,7 @@ fn an_engine_too_small_for_its_shard_says_what_it_needs() {
     let data = train_set();
     let mut e = Wse::new("engine-0", l.clone(), CountingHw::new(1 << 20));
     let idx: Vec<u32> = (0..256).collect();
-    let err = e.begin_step(data.shard(&idx), 1.0, true).unwrap_err();
+    let err = e.begin_step(data.shard(&idx), ShardWork::train(1.0, 0)).unwrap_err();
     assert!(matches!(err, Error::OutOfSram { .. }));
     let msg = err.to_string();
     assert!(msg.contains("engine-0") && msg.contains("256-sample shard") && msg.contains("1.0 MiB"), "{msg}");
@@ -210,7 +210,7 @@ fn bad_messages_are_refused_without_touching_state() {
     let mut e = Wse::new("engine-0", l.clone(), CountingHw::new(1 << 30));
     let fwd1 = store.forward_stream(1).unwrap();
     assert!(e.forward(&fwd1).is_err(), "no step begun");
-    e.begin_step(data.shard(&[0, 1, 2, 3]), 0.25, true).unwrap();
+    e.begin_step(data.shard(&[0, 1, 2, 3]), ShardWork::train(0.25, 0)).unwrap();
     assert!(e.forward(&fwd1).unwrap_err().to_string().contains("expects layer 0"));
     let mut short = store.forward_stream(0).unwrap();
     short.bias.pop();

@@ -2,7 +2,7 @@
 //! job agrees with what a simulated engine charges for a real step, and more engines or more sparsity help.
 
 use data::shard::Shard;
-use runtime::engine::role::EngineRole;
+use runtime::engine::role::{EngineRole, ShardWork};
 use runtime::memoryx::store::{MemoryX, WeightStore};
 use plan::layout::ModelLayout;
 use kernels::tensor::Mat;
@@ -74,7 +74,7 @@ fn a_simulated_engine_charges_what_the_estimate_predicts() {
         let labels = (0..samples).map(|i| (i % 10) as u32).collect();
         // One training step driven by hand, as SwarmX drives each engine: every layer forward, the loss, every
         // layer backward.
-        engine.begin_step(Shard { inputs, labels }, 1.0 / samples as f32, true).unwrap();
+        engine.begin_step(Shard { inputs, labels }, ShardWork::train(1.0 / samples as f32, 0)).unwrap();
         let layers = layout.linears.len();
         for l in 0..layers {
             engine.forward(&store.forward_stream(l).unwrap()).unwrap();

@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 
 use data::shard::Shard;
 use crate::engine::hw::CountingHw;
-use crate::engine::role::EngineRole;
+use crate::engine::role::{EngineRole, ShardWork};
 use crate::engine::wse::Wse;
 use wire::error::{Error, Result};
 use crate::memoryx::store::WeightStore;
@@ -49,7 +49,7 @@ pub fn lines(store: &dyn WeightStore, layout: &ModelLayout, n: usize, seed: u64)
             last[i] = window.len() - 1;
         }
         let shard = Shard { inputs: Mat::from_vec(1, n * t, tokens), labels: vec![0; n * t] };
-        engine.begin_step(shard, 0.0, false)?;
+        engine.begin_step(shard, ShardWork::eval())?;
         for l in 0..layout.linears.len() {
             engine.forward(&store.forward_stream(l)?)?;
         }
@@ -134,7 +134,7 @@ pub fn continuation(
             tokens[k] = id as f32;
         }
         let last = window.len().saturating_sub(1);
-        engine.begin_step(Shard { inputs: Mat::from_vec(1, t, tokens), labels: vec![0; t] }, 0.0, false)?;
+        engine.begin_step(Shard { inputs: Mat::from_vec(1, t, tokens), labels: vec![0; t] }, ShardWork::eval())?;
         for l in 0..layout.linears.len() {
             engine.forward(&store.forward_stream(l)?)?;
         }

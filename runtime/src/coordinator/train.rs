@@ -129,22 +129,50 @@ fn with_prefetch<T>(
     })
 }
 
+/// What every step of a run shares: the model's stream length and how a batch of samples becomes the engines'
+/// work. Travels as one, from the plan.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepShape {
+    /// Weight layers streamed each pass.
+    pub layers: usize,
+    /// Tokens per sample: what turns a batch into the count the gradient is averaged over.
+    pub tokens_per_sample: usize,
+    /// Samples per micro-batch on an engine ([`plan::appliance::Plan::micro_batch`]); 0 runs each shard whole.
+    pub micro_batch: usize,
+}
+
+impl StepShape {
+    /// The shape of `plan`'s steps.
+    pub fn of(plan: &plan::appliance::Plan, layout: &plan::layout::ModelLayout) -> Self {
+        StepShape { layers: layout.linears.len(), tokens_per_sample: layout.tokens_per_sample(), micro_batch: plan.micro_batch }
+    }
+
+    /// Steps of `layout` with every shard run whole.
+    pub fn whole(layout: &plan::layout::ModelLayout) -> Self {
+        StepShape { layers: layout.linears.len(), tokens_per_sample: layout.tokens_per_sample(), micro_batch: 0 }
+    }
+
+    /// The request for training step `step` over `samples`.
+    fn train(&self, step: u64, samples: Vec<u32>) -> StepRequest {
+        let grad_scale = 1.0 / (samples.len() * self.tokens_per_sample).max(1) as f32;
+        StepRequest { step, samples, split: Split::Train, grad_scale, micro_batch: self.micro_batch }
+    }
+}
+
 /// Runs one training step over the global batch `samples` and returns the loss sums and bytes moved.
 ///
 /// Each layer's gradient is staged with MemoryX as it arrives and the step is committed only once every layer's
 /// has, so a step that fails midway (an engine lost, a bad message) leaves MemoryX exactly as it was and can
 /// simply be run again, and no one holds a whole step's gradients at once.
-/// `tokens_per_sample` turns the batch of samples into the count the gradient is averaged over.
 pub fn train_step(
     store: &dyn WeightStore,
     swarm: &mut dyn Swarm,
-    layers: usize,
-    tokens_per_sample: usize,
+    shape: StepShape,
     samples: Vec<u32>,
     step: u64,
 ) -> Result<(LossSum, u64)> {
-    let grad_scale = 1.0 / (samples.len() * tokens_per_sample).max(1) as f32;
-    swarm.begin_step(&StepRequest { step, samples, split: Split::Train, grad_scale })?;
+    let layers = shape.layers;
+    swarm.begin_step(&shape.train(step, samples))?;
     let order = (0..layers).map(|l| (l, true)).chain((0..layers).rev().map(|l| (l, false))).collect();
     let (loss, grads, bytes) = with_prefetch(store, order, |next| {
         let mut bytes = 0;
@@ -174,14 +202,15 @@ pub fn train_step(
 pub fn evaluate(
     store: &dyn WeightStore,
     swarm: &mut dyn Swarm,
-    layers: usize,
+    shape: StepShape,
     samples: &[u32],
     batch: usize,
     step: u64,
 ) -> Result<EvalReport> {
+    let (layers, micro_batch) = (shape.layers, shape.micro_batch);
     let mut total = LossSum::default();
     for chunk in samples.chunks(batch.max(1)) {
-        swarm.begin_step(&StepRequest { step, samples: chunk.to_vec(), split: Split::Test, grad_scale: 0.0 })?;
+        swarm.begin_step(&StepRequest { step, samples: chunk.to_vec(), split: Split::Test, grad_scale: 0.0, micro_batch })?;
         let order = (0..layers).map(|l| (l, true)).collect();
         let sum = with_prefetch(store, order, |next| swarm.forward_pass(layers, next))?;
         total.add(&sum);
@@ -282,7 +311,7 @@ fn resident_step(
     swarm: &mut dyn Swarm,
     primed: &mut bool,
     job: &str,
-    tokens_per_sample: usize,
+    shape: StepShape,
     samples: Vec<u32>,
     step: u64,
 ) -> Result<(LossSum, u64)> {
@@ -296,8 +325,7 @@ fn resident_step(
         bytes += state.len() as u64;
         *primed = true;
     }
-    let grad_scale = 1.0 / (samples.len() * tokens_per_sample).max(1) as f32;
-    Ok((swarm.resident_step(&StepRequest { step, samples, split: Split::Train, grad_scale })?, bytes))
+    Ok((swarm.resident_step(&shape.train(step, samples))?, bytes))
 }
 
 /// Brings MemoryX up to the engines' replicas, which hold `step` (steps applied). Returns whether it did: a
@@ -372,8 +400,7 @@ pub fn run(
     let batch = plan.batch;
     let sampler = Sampler::new(train_samples, batch, spec.training.seed);
     let layout = plan::layout::ModelLayout::from_spec(&spec.model);
-    let layers = layout.linears.len();
-    let per_sample = layout.tokens_per_sample();
+    let shape = StepShape::of(&plan, &layout);
     let dense_step = plan::appliance::step_bytes(&layout, true);
     let started = Instant::now();
     let (mut bytes, mut final_loss) = (0u64, f64::NAN);
@@ -399,10 +426,10 @@ pub fn run(
             || {
                 let swarm = &mut **fabric.borrow_mut();
                 match mode {
-                    Mode::Streaming => train_step(store, swarm, layers, per_sample, sampler.batch(step), step),
+                    Mode::Streaming => train_step(store, swarm, shape, sampler.batch(step), step),
                     Mode::Resident => {
                         let mut p = primed.get();
-                        let r = resident_step(store, swarm, &mut p, job, per_sample, sampler.batch(step), step);
+                        let r = resident_step(store, swarm, &mut p, job, shape, sampler.batch(step), step);
                         primed.set(p);
                         r
                     }
@@ -487,7 +514,7 @@ pub fn run(
     let engines = swarm.stats()?;
     let eval_batch = batch.max(swarm.engines());
     let eval = retry
-        .retry("evaluation after step", total, &mut None, || evaluate(store, swarm, layers, test_samples, eval_batch, total), || Ok(true))?
+        .retry("evaluation after step", total, &mut None, || evaluate(store, swarm, shape, test_samples, eval_batch, total), || Ok(true))?
         .ok_or_else(|| Error::Unavailable("evaluation gave up".into()))?;
     let mut eval = eval;
     if let Some(unigram) = data.unigram_loss {
@@ -502,7 +529,7 @@ pub fn run(
         eval,
         wall_s,
         samples_per_s,
-        tokens_per_s: samples_per_s * per_sample as f64,
+        tokens_per_s: samples_per_s * shape.tokens_per_sample as f64,
         model_weight_bytes: layout.weight_bytes(),
         bytes_streamed: bytes,
         dense_equivalent_bytes: dense_step * steps_run,

@@ -26,11 +26,33 @@ pub struct EngineStats {
     pub compute_s: f64,
 }
 
+/// How an engine runs its shard of a step: what travels with the shard from the training loop.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ShardWork {
+    /// 1 / the tokens of the global batch, so gradients summed over engines give the batch mean.
+    pub grad_scale: f32,
+    /// False runs the forward pass only (evaluation).
+    pub train: bool,
+    /// Samples per micro-batch (the full job's shard, `Plan::micro_batch`); 0 runs the shard whole.
+    pub micro_batch: usize,
+}
+
+impl ShardWork {
+    /// A training step's shard, run in micro-batches of `micro_batch` samples (0: whole).
+    pub fn train(grad_scale: f32, micro_batch: usize) -> Self {
+        ShardWork { grad_scale, train: true, micro_batch }
+    }
+
+    /// An evaluation step's shard (the forward pass only), whole.
+    pub fn eval() -> Self {
+        ShardWork { grad_scale: 0.0, train: false, micro_batch: 0 }
+    }
+}
+
 /// What SwarmX talks to: one engine, local or behind a transport.
 pub trait EngineRole: Send {
-    /// Starts a step on this engine's shard. `grad_scale` is 1 / global batch; `train` false runs the forward
-    /// pass only (evaluation).
-    fn begin_step(&mut self, shard: Shard, grad_scale: f32, train: bool) -> Result<()>;
+    /// Starts a step on this engine's shard, run as `work` says.
+    fn begin_step(&mut self, shard: Shard, work: ShardWork) -> Result<()>;
     /// Computes one layer of the forward pass.
     fn forward(&mut self, stream: &LayerStream) -> Result<()>;
     /// Computes the loss at the end of the forward pass (and the first delta when training).

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::replica::{apply_all, resident_pass, ReplicaFactory};
-use super::role::{EngineRole, EngineStats};
+use super::role::{EngineRole, EngineStats, ShardWork};
 use crate::input::Feed;
 use wire::error::{Error, Result};
 use crate::protocol::pb::stage_server::Stage;
@@ -152,10 +152,11 @@ impl EngineServer {
         )
         .map_err(to_status)?;
         let (engine, feed) = (self.engine.clone(), self.feed.clone());
-        let (samples, scale) = (r.samples, r.grad_scale);
+        let work = ShardWork { grad_scale: r.grad_scale, train, micro_batch: r.micro_batch as usize };
+        let samples = r.samples;
         tokio::task::spawn_blocking(move || {
             let shard = feed.shard(split, &samples)?;
-            engine.lock().map_err(|_| Error::Protocol("engine state poisoned".into()))?.begin_step(shard, scale, train)
+            engine.lock().map_err(|_| Error::Protocol("engine state poisoned".into()))?.begin_step(shard, work)
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?

@@ -6,13 +6,14 @@ use std::time::{Duration, Instant};
 
 use super::hw::{EngineHw, Work};
 use super::linear::StreamedLinear;
-use super::role::{EngineRole, EngineStats};
+use super::role::{EngineRole, EngineStats, ShardWork};
 use data::shard::Shard;
 use super::net::Net;
 use super::{gpt, llama, mlp};
 use wire::error::{Error, Result};
 use crate::model::loss::{softmax_cross_entropy, LossSum};
 use plan::layout::{Arch, ModelLayout};
+use crate::protocol::reduce::Pairwise;
 use crate::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
 use kernels::tensor::Mat;
 
@@ -20,7 +21,8 @@ use kernels::tensor::Mat;
 struct StepState {
     train: bool,
     scale: f32,
-    labels: Vec<u32>,
+    /// The labels of each micro-batch, in order.
+    labels: Vec<Vec<u32>>,
     /// The unit the forward pass computes next.
     next_forward: usize,
     /// Whether the loss has been computed.
@@ -30,14 +32,19 @@ struct StepState {
 }
 
 /// The engine program: runs the model's stream units on streamed weights over resident activations.
+///
+/// A shard may run as several micro-batches: each streamed layer is used for every micro-batch before the next
+/// layer arrives, each micro-batch keeps its own activations, and their gradients are summed on the engine
+/// ([`Pairwise`]), so one layer's bytes serve the whole shard.
 pub struct Wse<H: EngineHw> {
     name: String,
     hw: H,
     layout: ModelLayout,
-    net: Box<dyn Net>,
-    /// The logits of the last forward pass until the loss takes them. Kept here rather than in each family:
-    /// every family ends in them and the loss is computed here.
-    logits: Option<Mat>,
+    /// One model family's activations per micro-batch (at least one); those past the step's count stay empty.
+    nets: Vec<Box<dyn Net>>,
+    /// The logits of each micro-batch's last forward pass until the loss takes them. Kept here rather than in
+    /// each family: every family ends in them and the loss is computed here.
+    logits: Vec<Mat>,
     step: Option<StepState>,
     peak: u64,
     compute: Duration,
@@ -47,17 +54,13 @@ pub struct Wse<H: EngineHw> {
 impl<H: EngineHw> Wse<H> {
     /// An engine named `name` (used in errors) that will run `layout` on `hw`.
     pub fn new(name: impl Into<String>, layout: ModelLayout, hw: H) -> Self {
-        let net: Box<dyn Net> = match layout.arch {
-            Arch::Mlp => Box::new(mlp::MlpNet::new(&layout)),
-            Arch::Gpt(g) => Box::new(gpt::GptNet::new(g, &layout)),
-            Arch::Llama(g) => Box::new(llama::LlamaNet::new(g)),
-        };
+        let net = net_of(&layout);
         Wse {
             name: name.into(),
             hw,
             layout,
-            net,
-            logits: None,
+            nets: vec![net],
+            logits: Vec::new(),
             step: None,
             peak: 0,
             compute: Duration::ZERO,
@@ -70,14 +73,20 @@ impl<H: EngineHw> Wse<H> {
         &self.hw
     }
 
-    /// The logits of the last forward pass, before the loss consumes them: what decoding samples from.
+    /// The logits of the last forward pass (its first micro-batch's), before the loss consumes them: what
+    /// decoding samples from.
     pub fn logits(&self) -> Option<&Mat> {
-        self.logits.as_ref()
+        self.logits.first()
     }
 
     /// Bytes of activations held right now, the logits included.
     fn resident_bytes(&self) -> u64 {
-        self.net.resident_bytes() + self.logits.as_ref().map_or(0, Mat::bytes)
+        self.nets.iter().map(|n| n.resident_bytes()).sum::<u64>() + self.logits.iter().map(Mat::bytes).sum::<u64>()
+    }
+
+    /// The step's micro-batches.
+    fn micro_batches(&self) -> usize {
+        self.step.as_ref().map_or(1, |s| s.labels.len())
     }
 
     fn state(&mut self) -> Result<&mut StepState> {
@@ -102,8 +111,10 @@ impl<H: EngineHw> Wse<H> {
 
     fn end_step(&mut self) {
         self.step = None;
-        self.logits = None;
-        self.net.clear();
+        self.logits.clear();
+        for net in &mut self.nets {
+            net.clear();
+        }
     }
 
     fn check_shape(&self, stream: &LayerStream) -> Result<()> {
@@ -163,7 +174,7 @@ impl<H: EngineHw> Wse<H> {
 }
 
 impl<H: EngineHw> EngineRole for Wse<H> {
-    fn begin_step(&mut self, shard: Shard, grad_scale: f32, train: bool) -> Result<()> {
+    fn begin_step(&mut self, shard: Shard, work: ShardWork) -> Result<()> {
         let per_sample = self.layout.tokens_per_sample();
         if shard.inputs.rows != self.layout.inputs()
             || shard.inputs.cols != shard.labels.len()
@@ -198,12 +209,20 @@ impl<H: EngineHw> EngineRole for Wse<H> {
         let activations = self.layout.activation_bytes(samples);
         self.reserve(activations, || format!("the activations of a {samples}-sample shard"))?;
         let bytes = shard.inputs.bytes() + 4 * shard.labels.len() as u64;
-        self.net.begin(shard.inputs)?;
+        let parts = shard.micro_batches(work.micro_batch * per_sample);
+        while self.nets.len() < parts.len() {
+            self.nets.push(net_of(&self.layout));
+        }
+        let mut labels = Vec::with_capacity(parts.len());
+        for (net, part) in self.nets.iter_mut().zip(parts) {
+            net.begin(part.inputs)?;
+            labels.push(part.labels);
+        }
         self.hw.record(&Work::Received { bytes });
         self.step = Some(StepState {
-            train,
-            scale: grad_scale,
-            labels: shard.labels,
+            train: work.train,
+            scale: work.grad_scale,
+            labels,
             next_forward: 0,
             loss_done: false,
             next_backward: None,
@@ -219,7 +238,7 @@ impl<H: EngineHw> EngineRole for Wse<H> {
         if stream.pass != Pass::Forward || l != expected || state.loss_done {
             return Err(Error::Protocol(format!("forward stream for layer {l} but the engine expects layer {expected}")));
         }
-        let tokens = state.labels.len();
+        let tokens: usize = state.labels.iter().map(Vec::len).sum();
         self.check_shape(stream)?;
         let prefetch = if last { 0 } else { self.layout.forward_stream_bytes(l + 1) };
         let shape = self.layout.linears[l];
@@ -234,8 +253,11 @@ impl<H: EngineHw> EngineRole for Wse<H> {
         let started = Instant::now();
         let mut works = Vec::with_capacity(4);
         let unit = StreamedLinear { layer: l, shape, stream };
-        if let Some(logits) = self.net.forward(unit, &mut works)? {
-            self.logits = Some(logits);
+        let micro = self.micro_batches();
+        for net in &mut self.nets[..micro] {
+            if let Some(logits) = net.forward(unit, &mut works)? {
+                self.logits.push(logits);
+            }
         }
         self.compute += started.elapsed();
         self.note_peak(stream.wire_bytes() + prefetch);
@@ -251,20 +273,28 @@ impl<H: EngineHw> EngineRole for Wse<H> {
             return Err(Error::Protocol("loss requested before the forward pass reached the last layer".into()));
         }
         let started = Instant::now();
-        let logits = self
-            .logits
-            .take()
-            .ok_or_else(|| Error::Protocol("loss requested before the forward pass reached the last layer".into()))?;
+        let logits = std::mem::take(&mut self.logits);
         let state = self.step.as_mut().ok_or_else(|| Error::Protocol("no step".into()))?;
-        let (sum, delta) = softmax_cross_entropy(&logits, &state.labels, state.scale);
-        let ops = 6 * logits.data.len() as u64;
+        if logits.len() != state.labels.len() {
+            return Err(Error::Protocol("loss requested before the forward pass reached the last layer".into()));
+        }
+        let mut sum = Pairwise::default();
+        let mut ops = 0;
+        for ((logits, labels), net) in logits.iter().zip(&state.labels).zip(&mut self.nets) {
+            let (part, delta) = softmax_cross_entropy(logits, labels, state.scale);
+            sum.push(part)?;
+            ops += 6 * logits.data.len() as u64;
+            if state.train {
+                net.start_backward(delta);
+            }
+        }
         state.loss_done = true;
         if state.train {
             state.next_backward = units.checked_sub(1);
-            self.net.start_backward(delta);
         } else {
             self.end_step();
         }
+        let sum = sum.finish()?.unwrap_or_default();
         self.compute += started.elapsed();
         self.hw.record(&Work::Elementwise { ops });
         self.hw.record(&Work::Sent { bytes: 24 });
@@ -293,7 +323,14 @@ impl<H: EngineHw> EngineRole for Wse<H> {
         let started = Instant::now();
         let shape = self.layout.linears[l];
         let mut works = Vec::with_capacity(4);
-        let (weights, bias) = self.net.backward(StreamedLinear { layer: l, shape, stream }, &mut works)?;
+        let unit = StreamedLinear { layer: l, shape, stream };
+        let micro = self.micro_batches();
+        let mut sum = Pairwise::default();
+        for net in &mut self.nets[..micro] {
+            let (weights, bias) = net.backward(unit, &mut works)?;
+            sum.push(LayerGrad { layer: l, weights, bias })?;
+        }
+        let grad = sum.finish()?.ok_or_else(|| Error::Protocol("a step of no micro-batches".into()))?;
         self.compute += started.elapsed();
         self.record_all(&works);
         if l == 0 {
@@ -301,7 +338,6 @@ impl<H: EngineHw> EngineRole for Wse<H> {
         } else {
             self.state()?.next_backward = Some(l - 1);
         }
-        let grad = LayerGrad { layer: l, weights, bias };
         self.hw.record(&Work::Sent { bytes: grad.wire_bytes() });
         Ok(grad)
     }
@@ -317,5 +353,14 @@ impl<H: EngineHw> EngineRole for Wse<H> {
             sram_bytes: self.hw.sram_bytes(),
             compute_s: self.compute.as_secs_f64(),
         }
+    }
+}
+
+/// An empty model family for `layout`: one micro-batch's activations.
+fn net_of(layout: &ModelLayout) -> Box<dyn Net> {
+    match layout.arch {
+        Arch::Mlp => Box::new(mlp::MlpNet::new(layout)),
+        Arch::Gpt(g) => Box::new(gpt::GptNet::new(g, layout)),
+        Arch::Llama(g) => Box::new(llama::LlamaNet::new(g)),
     }
 }

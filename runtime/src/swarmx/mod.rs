@@ -16,10 +16,10 @@ use data::shard::Split;
 use crate::input::Feed;
 use crate::engine::replica::{apply_all, resident_pass, ReplicaFactory};
 use kernels::on_workers;
-use crate::engine::role::{EngineRole, EngineStats};
+use crate::engine::role::{EngineRole, EngineStats, ShardWork};
 use crate::memoryx::checkpoint;
 use crate::memoryx::store::MemoryX;
-use crate::protocol::reduce::add_grads;
+use crate::protocol::reduce::Pairwise;
 use wire::error::{Error, Result};
 use crate::model::loss::LossSum;
 use crate::protocol::{LayerGrad, LayerStream};
@@ -37,6 +37,15 @@ pub struct StepRequest {
     pub split: Split,
     /// 1 / global batch, so engine gradients sum to the batch mean.
     pub grad_scale: f32,
+    /// Samples per micro-batch on an engine (the plan's); 0 runs each shard whole.
+    pub micro_batch: usize,
+}
+
+impl StepRequest {
+    /// What an engine does with its shard of this step.
+    pub fn work(&self) -> ShardWork {
+        ShardWork { grad_scale: self.grad_scale, train: self.split == Split::Train, micro_batch: self.micro_batch }
+    }
 }
 
 /// The source of a pass's layer streams, in order: the loop prefetches behind it.
@@ -134,7 +143,7 @@ impl Swarm for LocalSwarm {
     fn begin_step(&mut self, request: &StepRequest) -> Result<()> {
         let parts = split_even(&request.samples, self.engines.len());
         for (engine, part) in self.engines.iter_mut().zip(parts) {
-            engine.begin_step(self.feed.shard(request.split, part)?, request.grad_scale, request.split == Split::Train)?;
+            engine.begin_step(self.feed.shard(request.split, part)?, request.work())?;
         }
         Ok(())
     }
@@ -145,25 +154,21 @@ impl Swarm for LocalSwarm {
             let engines = &mut self.engines;
             on_workers(|| engines.iter_mut().try_for_each(|e| e.forward(&stream)))?;
         }
-        let mut total = LossSum::default();
+        let mut total = Pairwise::default();
         for engine in &mut self.engines {
-            total.add(&on_workers(|| engine.loss())?);
+            total.push(on_workers(|| engine.loss())?)?;
         }
-        Ok(total)
+        Ok(total.finish()?.unwrap_or_default())
     }
 
     fn backward_pass_into(&mut self, layers: usize, next: StreamSource<'_>, sink: &mut dyn FnMut(LayerGrad) -> Result<()>) -> Result<()> {
         for _ in 0..layers {
             let stream = next()?;
-            let mut sum: Option<LayerGrad> = None;
+            let mut sum = Pairwise::default();
             for engine in &mut self.engines {
-                let g = on_workers(|| engine.backward(&stream))?;
-                match &mut sum {
-                    None => sum = Some(g),
-                    Some(s) => s.add(&g).map_err(Error::Protocol)?,
-                }
+                sum.push(on_workers(|| engine.backward(&stream))?)?;
             }
-            sink(sum.ok_or_else(|| Error::Protocol("no engines".into()))?)?;
+            sink(sum.finish()?.ok_or_else(|| Error::Protocol("no engines".into()))?)?;
         }
         Ok(())
     }
@@ -195,18 +200,19 @@ impl Swarm for LocalSwarm {
     fn resident_step(&mut self, request: &StepRequest) -> Result<LossSum> {
         let parts = split_even(&request.samples, self.engines.len());
         let replicas = held(&mut self.replicas)?;
-        let (mut loss, mut sum) = (LossSum::default(), None);
+        let (mut loss, mut sum) = (Pairwise::default(), Pairwise::default());
         for ((engine, held), part) in self.engines.iter_mut().zip(&replicas.held).zip(parts) {
             let store = held.as_ref().ok_or_else(|| Error::Protocol("an engine holds no replica: prime it first".into()))?;
             if store.step() != request.step {
                 return Err(Error::Protocol(format!("step {} asked of a replica of step {}", request.step, store.step())));
             }
-            engine.begin_step(self.feed.shard(Split::Train, part)?, request.grad_scale, true)?;
+            engine.begin_step(self.feed.shard(Split::Train, part)?, ShardWork { train: true, ..request.work() })?;
             let (l, grads) = resident_pass(engine.as_mut(), store, store.layout().linears.len())?;
-            loss.add(&l);
-            add_grads(&mut sum, grads)?;
+            loss.push(l)?;
+            sum.push(grads)?;
         }
-        let sum = sum.ok_or_else(|| Error::Protocol("no engines".into()))?;
+        let loss = loss.finish()?.unwrap_or_default();
+        let sum = sum.finish()?.ok_or_else(|| Error::Protocol("no engines".into()))?;
         for store in replicas.held.iter().flatten() {
             apply_all(store, &sum, request.step)?;
         }

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 use data::split_even;
 use wire::error::{Error, Result};
 use wire::grpc::{channel, Dial};
-use crate::protocol::reduce::add_grads;
+use crate::protocol::reduce::Pairwise;
 use crate::model::loss::LossSum;
 use crate::protocol::pb::stage_client::StageClient;
 use crate::protocol::pb::stage_server::Stage;
@@ -27,7 +27,6 @@ use crate::protocol::codec::grad::{decode_grad, decode_grads, encode_grad, encod
 use crate::protocol::codec::layer::LayerMeter;
 use crate::protocol::codec::state::StateMeter;
 use crate::protocol::codec::step::encode_step;
-use crate::protocol::LayerGrad;
 use crate::protocol::codec::grad::receive_grads;
 use wire::grpc::JobGuard;
 use wire::status::{from_status, to_status};
@@ -224,11 +223,11 @@ impl Stage for Relay {
             let r = r.clone();
             async move { client.loss(r).await.map_err(|s| Self::child_error(child, s)) }
         });
-        let mut total = LossSum::default();
-        for reply in try_join_all(calls).await? {
-            let reply = reply.into_inner();
-            total.add(&LossSum { loss: reply.loss, correct: reply.correct, samples: reply.samples });
-        }
+        let replies = try_join_all(calls).await?.into_iter().map(|r| {
+            let r = r.into_inner();
+            LossSum { loss: r.loss, correct: r.correct, samples: r.samples }
+        });
+        let total = Pairwise::of(replies).map_err(to_status)?.unwrap_or_default();
         Ok(Response::new(pb::LossReply { loss: total.loss, correct: total.correct, samples: total.samples }))
     }
 
@@ -247,14 +246,7 @@ impl Stage for Relay {
             }
         });
         let grads = try_join_all(calls).await?;
-        let mut sum: Option<LayerGrad> = None;
-        for g in grads {
-            match &mut sum {
-                None => sum = Some(g),
-                Some(s) => s.add(&g).map_err(Status::invalid_argument)?,
-            }
-        }
-        let sum = sum.ok_or_else(|| Status::internal("SwarmX node has no children"))?;
+        let sum = Pairwise::of(grads).map_err(to_status)?.ok_or_else(|| Status::internal("SwarmX node has no children"))?;
         self.reduce_seconds.observe(started.elapsed().as_secs_f64());
         Ok(Response::new(Box::pin(tokio_stream::iter(encode_grad(&sum).into_iter().map(Ok)))))
     }
@@ -347,13 +339,13 @@ impl Stage for Relay {
             }
         });
         let started = Instant::now();
-        let mut total = LossSum::default();
-        let mut sum = None;
+        let (mut total, mut sum) = (Pairwise::default(), Pairwise::default());
         for (loss, grads) in try_join_all(calls).await? {
-            total.add(&LossSum { loss: loss.loss, correct: loss.correct, samples: loss.samples });
-            add_grads(&mut sum, grads).map_err(to_status)?;
+            total.push(LossSum { loss: loss.loss, correct: loss.correct, samples: loss.samples }).map_err(to_status)?;
+            sum.push(grads).map_err(to_status)?;
         }
-        let sum = sum.unwrap_or_default();
+        let total = total.finish().map_err(to_status)?.unwrap_or_default();
+        let sum = sum.finish().map_err(to_status)?.unwrap_or_default();
         let loss = pb::LossReply { loss: total.loss, correct: total.correct, samples: total.samples };
         if !r.reduce {
             return Ok(Response::new(Box::pin(tokio_stream::iter(encode_step(loss, sum).into_iter().map(Ok)))));

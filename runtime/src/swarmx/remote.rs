@@ -57,6 +57,7 @@ impl RemoteSwarm {
                 Split::Test => pb::Split::Test,
             } as i32,
             grad_scale: request.grad_scale,
+            micro_batch: u32::try_from(request.micro_batch).unwrap_or(u32::MAX),
         }
     }
 

@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use runtime::coordinator::train;
 use runtime::engine::hw::CountingHw;
-use runtime::engine::role::EngineRole;
+use runtime::engine::role::{EngineRole, ShardWork};
 use runtime::engine::wse::Wse;
 use runtime::input::LocalFeed;
 use runtime::memoryx::checkpoint::Tensors;
@@ -49,7 +49,7 @@ pub fn mean_loss(store: &MemoryX, layout: &ModelLayout, data: &Dataset, samples:
     let shard = data.shard(samples);
     let tokens = shard.labels.len() as f64;
     let mut e = Wse::new("fd", layout.clone(), CountingHw::new(1 << 30));
-    e.begin_step(shard, 1.0, false).unwrap();
+    e.begin_step(shard, ShardWork::eval()).unwrap();
     for l in 0..layout.linears.len() {
         e.forward(&store.forward_stream(l).unwrap()).unwrap();
     }
@@ -74,7 +74,7 @@ pub fn randomise(store: &MemoryX, seed: u64, vector: impl Fn(&mut ChaCha8Rng) ->
 /// be the gradient. Returns the parameters probed and how many of them were vectors.
 pub fn assert_step_is_the_gradient(store: &MemoryX, layout: &ModelLayout, data: &Arc<Dataset>, samples: &[u32], start: &Tensors, what: &str) -> (usize, usize) {
     let mut engines = swarm(layout, 1, data);
-    train::train_step(store, &mut engines, layout.linears.len(), layout.tokens_per_sample(), samples.to_vec(), 0).unwrap();
+    train::train_step(store, &mut engines, train::StepShape::whole(layout), samples.to_vec(), 0).unwrap();
     let (_, after) = store.snapshot().unwrap();
     let mut probe: Tensors = start.clone();
     let (mut checked, mut vectors) = (0, 0);
@@ -104,13 +104,19 @@ pub fn assert_step_is_the_gradient(store: &MemoryX, layout: &ModelLayout, data: 
 }
 
 /// The per-token loss of the first `steps` steps of batches of `batch` windows, on `engines` engines.
-pub fn curve(layout: &ModelLayout, data: &Arc<Dataset>, engines: usize, (batch, steps): (usize, u64)) -> Vec<f64> {
+pub fn curve(layout: &ModelLayout, data: &Arc<Dataset>, engines: usize, run: (usize, u64)) -> Vec<f64> {
+    curve_in(layout, data, engines, run, 0)
+}
+
+/// [`curve`] with each engine's shard run as micro-batches of `micro_batch` windows (0: whole).
+pub fn curve_in(layout: &ModelLayout, data: &Arc<Dataset>, engines: usize, (batch, steps): (usize, u64), micro_batch: usize) -> Vec<f64> {
+    let shape = train::StepShape { micro_batch, ..train::StepShape::whole(layout) };
     let store = MemoryX::new(layout.clone(), optimizer(OptimizerKind::Adamw, 0.01), constant(), steps, 11);
     let mut s = swarm(layout, engines, data);
     let sampler = Sampler::new(data.len(), batch, 11);
     (0..steps)
         .map(|step| {
-            let (loss, _) = train::train_step(&store, &mut s, layout.linears.len(), layout.tokens_per_sample(), sampler.batch(step), step).unwrap();
+            let (loss, _) = train::train_step(&store, &mut s, shape, sampler.batch(step), step).unwrap();
             loss.loss / loss.samples as f64
         })
         .collect()
