@@ -373,9 +373,10 @@ async fn a_job_that_loses_two_cs2s_goes_on_with_two_and_grows_back() {
     let loss = done.progress.loss.expect("a final loss");
     let eval = done.progress.eval_loss.expect("a held-out loss");
     eprintln!("elastic: final loss {loss} (undisturbed on 4 CS-2s {}), held-out {eval} (undisturbed {})", want.0, want.1);
-    // The global batch is the full job's on 2 CS-2s too, but its gradient is summed in another grouping, whose
-    // rounding (1e-7 relative a step) this example's training amplifies over thousands of steps: the model
-    // must be as good, not bit for bit the same.
-    assert!(((eval - want.1) / want.1).abs() <= 0.02, "held-out loss as undisturbed: {eval} vs {}", want.1);
+    // On 2 CS-2s each engine runs the 4-CS-2 shards as micro-batches and every sum is pairwise, so the curve is
+    // the full job's: the acceptance bound is 1e-6 relative, and it is in fact bit for bit.
+    let rel = |a: f64, b: f64| ((a - b) / b).abs();
+    assert!(rel(loss, want.0) <= 1e-6, "final loss as undisturbed on 4 CS-2s: {loss} vs {}", want.0);
+    assert!(rel(eval, want.1) <= 1e-6, "held-out loss as undisturbed on 4 CS-2s: {eval} vs {}", want.1);
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client).delete(&ns, &DeleteParams::default()).await;
 }
