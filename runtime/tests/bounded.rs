@@ -275,7 +275,7 @@ fn no_message_or_file_makes_a_role_allocate_beyond_the_plan() {
         report.push((format!("{who}: Prime of more than the model's state"), growth));
     }
     // Replies beyond the plan coming back up the tree: a SwarmX node refuses them, naming the child.
-    let backward = encode_layer(&store().backward_stream(1).expect("layer 1 backward"), JOB, 0);
+    let backward = encode_layer(store().backward_stream(1).expect("layer 1 backward"), JOB, 0);
     let (got, growth) = peak_growth(|| {
         let mut c = roles.over_liars.clone();
         call(Box::pin(async move {

@@ -24,7 +24,8 @@ use crate::protocol::pb::{
     StateChunk, StepChunk,
 };
 use plan::limits::Limits;
-use crate::protocol::codec::grad::{decode_grads, encode_grad};
+use crate::protocol::codec::chunk::Recycled;
+use crate::protocol::codec::grad::{decode_grads, encode_grad_owned};
 use crate::protocol::codec::layer::LayerAssembler;
 use crate::protocol::codec::state::{encode_state, StateMeter};
 use crate::protocol::codec::step::encode_step;
@@ -60,6 +61,8 @@ pub struct EngineServer {
     /// refused before anything is gathered for it), each layer's shape (bounding every stream and gradient),
     /// the model's state (bounding a `Prime`).
     limits: Arc<Limits>,
+    /// The value buffers of layers computed, for the next layers received.
+    recycled: Arc<Recycled>,
 }
 
 impl EngineServer {
@@ -76,6 +79,7 @@ impl EngineServer {
             make_replica: None,
             update_nanos: Arc::new(AtomicU64::new(0)),
             limits: Arc::new(limits),
+            recycled: Arc::default(),
         }
     }
 
@@ -166,7 +170,7 @@ impl EngineServer {
     }
 
     async fn receive(&self, mut stream: Streaming<LayerChunk>) -> Result<(u64, crate::protocol::LayerStream), Status> {
-        let mut asm = LayerAssembler::default();
+        let mut asm = LayerAssembler::recycling(self.recycled.clone());
         while let Some(chunk) = stream.message().await? {
             asm.push(chunk, self.job.job(), &self.limits).map_err(to_status)?;
         }
@@ -198,7 +202,13 @@ impl Stage for EngineServer {
             return Err(Status::invalid_argument(format!("forward call carried layer {} ({:?} pass)", stream.layer, stream.pass)));
         }
         let turn = self.wait_turn(step, stream.layer).await?;
-        self.compute(turn, move |e| on_workers(|| e.forward(&stream))).await?;
+        let recycled = self.recycled.clone();
+        self.compute(turn, move |e| {
+            let done = on_workers(|| e.forward(&stream));
+            recycled.give(stream.weights.into_values());
+            done
+        })
+        .await?;
         Ok(Response::new(Ack {}))
     }
 
@@ -219,8 +229,15 @@ impl Stage for EngineServer {
         }
         let op = self.layers + 1 + (self.layers - 1 - stream.layer);
         let turn = self.wait_turn(step, op).await?;
-        let grad = self.compute(turn, move |e| on_workers(|| e.backward(&stream))).await?;
-        Ok(Response::new(Box::pin(tokio_stream::iter(encode_grad(&grad).into_iter().map(Ok)))))
+        let recycled = self.recycled.clone();
+        let grad = self
+            .compute(turn, move |e| {
+                let grad = on_workers(|| e.backward(&stream));
+                recycled.give(stream.weights.into_values());
+                grad
+            })
+            .await?;
+        Ok(Response::new(Box::pin(tokio_stream::iter(encode_grad_owned(grad).into_iter().map(Ok)))))
     }
 
     async fn stats(&self, request: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {

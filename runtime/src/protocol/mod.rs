@@ -79,6 +79,14 @@ impl WeightPayload {
         }
     }
 
+    /// The values' buffer, for reuse once the layer is computed (empty when the payload has none).
+    pub fn into_values(self) -> Vec<f32> {
+        match self {
+            WeightPayload::Dense(v) | WeightPayload::Sparse { values: v, .. } => v,
+            WeightPayload::Mask(_) | WeightPayload::Nothing => Vec::new(),
+        }
+    }
+
     /// Bytes on the wire: 4 per value plus the pattern's indices.
     pub fn wire_bytes(&self) -> u64 {
         match self {

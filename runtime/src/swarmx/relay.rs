@@ -23,7 +23,7 @@ use crate::protocol::pb::{
     StateChunk, StepChunk,
 };
 use plan::limits::Limits;
-use crate::protocol::codec::grad::{decode_grad, decode_grads, encode_grad, encode_grads, GradMeter};
+use crate::protocol::codec::grad::{decode_grad, decode_grads, encode_grad_owned, encode_grads, GradMeter};
 use crate::protocol::codec::layer::LayerMeter;
 use crate::protocol::codec::state::StateMeter;
 use crate::protocol::codec::step::encode_step;
@@ -248,7 +248,7 @@ impl Stage for Relay {
         let grads = try_join_all(calls).await?;
         let sum = Pairwise::of(grads).map_err(to_status)?.ok_or_else(|| Status::internal("SwarmX node has no children"))?;
         self.reduce_seconds.observe(started.elapsed().as_secs_f64());
-        Ok(Response::new(Box::pin(tokio_stream::iter(encode_grad(&sum).into_iter().map(Ok)))))
+        Ok(Response::new(Box::pin(tokio_stream::iter(encode_grad_owned(sum).into_iter().map(Ok)))))
     }
 
     async fn stats(&self, request: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {

@@ -94,8 +94,7 @@ impl RemoteSwarm {
         let result: Result<()> = (|| {
             for _ in 0..layers {
                 let stream = next()?;
-                let chunks = encode_layer(&stream, &job, step);
-                drop(stream);
+                let chunks = encode_layer(stream, &job, step);
                 inflight.push_back({
                     let _runtime = handle.enter();
                     call(client.clone(), chunks)

@@ -1,8 +1,9 @@
 //! `wsctl bench transport`: how fast a layer streams over loopback through the real protocol, against a raw
 //! TCP socket copying the same bytes. The gRPC path is the one MemoryX and the engines use: the layer is cut
-//! by `protocol::wire::encode_layer` into chunks of at most 1 MiB, sent on a `Stage.Forward` call over a
+//! by `protocol::codec::layer::encode_layer` into chunks of at most 1 MiB (slices of the layer's own buffer), sent on a `Stage.Forward` call over a
 //! channel built by `swarmx::relay::connect` to a server started by `transport::serve_stage` (same windows and
-//! frame sizes), and put back together with `LayerAssembler`, every length checked. The raw path is the floor
+//! frame sizes), and put back together with `LayerAssembler` into a recycled buffer as an engine does, every
+//! length checked. The raw path is the floor
 //! any protocol pays: one length word, the bytes, and a count back.
 
 use std::io::{Read, Write};
@@ -12,9 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use runtime::protocol::pb::stage_server::Stage;
+use runtime::protocol::pb::stage_client::StageClient;
+use runtime::protocol::pb::stage_server::{Stage, StageServer};
+use tonic::transport::Channel;
 use runtime::protocol::pb::{self, Ack, BeginStepRequest, InfoReply, InfoRequest, LayerChunk};
 use plan::limits::Limits;
+use runtime::protocol::codec::chunk::Recycled;
 use runtime::protocol::codec::layer::{encode_layer, LayerAssembler};
 use runtime::protocol::{LayerStream, Pass, WeightPayload};
 use serde::Serialize;
@@ -54,6 +58,8 @@ struct Report {
     bytes: usize,
     repeats: usize,
     grpc: PathReport,
+    /// The same gRPC stream without TLS, for what the encryption costs.
+    grpc_plaintext: PathReport,
     tcp: PathReport,
     /// gRPC bytes/s over raw TCP bytes/s.
     grpc_over_tcp: f64,
@@ -74,6 +80,8 @@ struct Sink {
     received: AtomicU64,
     /// The benchmark layer's shape, as a role's plan would bound it.
     limits: Limits,
+    /// Value buffers of layers received, reused as an engine reuses them.
+    recycled: Arc<Recycled>,
 }
 
 /// Limits of a model whose only layer is a dense one of `values` weights (one output), as the benchmark streams:
@@ -94,12 +102,13 @@ impl Stage for Sink {
 
     async fn forward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<Ack>, Status> {
         let mut stream = request.into_inner();
-        let mut asm = LayerAssembler::default();
+        let mut asm = LayerAssembler::recycling(self.recycled.clone());
         while let Some(chunk) = stream.message().await? {
             asm.push(chunk, &self.job, &self.limits).map_err(wire::status::to_status)?;
         }
         let (_, layer) = asm.finish().map_err(wire::status::to_status)?;
         self.received.store(layer.weights.wire_bytes(), Ordering::SeqCst);
+        self.recycled.give(layer.weights.into_values());
         Ok(Response::new(Ack {}))
     }
 
@@ -138,16 +147,54 @@ impl Stage for Sink {
     }
 }
 
-/// Streams `layer` `repeats` times (after one warm-up) through the runtime's gRPC transport on loopback.
-fn grpc(layer: &LayerStream, repeats: usize) -> Result<PathReport> {
-    const JOB: &str = "bench-transport";
-    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+/// Streams `layer` `repeats` times (after one warm-up) on `client`'s `Stage.Forward`; the median seconds of a
+/// transfer and the messages one takes.
+async fn time_forward(client: StageClient<Channel>, layer: &LayerStream, repeats: usize, job: &str) -> Result<(f64, usize)> {
+    let mut times = Vec::new();
+    let mut messages = 0;
+    for step in 0..=repeats as u64 {
+        // A fresh stream each time, as MemoryX hands over a new one per layer; copying it is not timed.
+        let fresh = layer.clone();
+        let start = Instant::now();
+        let chunks = encode_layer(fresh, job, step);
+        messages = chunks.len();
+        client.clone().forward(tokio_stream::iter(chunks)).await.map_err(|s| anyhow!("streaming a layer: {}", s.message()))?;
+        if step > 0 {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    Ok((median(times), messages))
+}
+
+/// The report of a path that moved `layer` in `seconds` a transfer, as `sink` counted it.
+fn path_report(layer: &LayerStream, sink: &Sink, (seconds, messages): (f64, usize)) -> PathReport {
+    let bytes = layer.weights.wire_bytes();
+    PathReport {
+        bytes_sent: bytes,
+        bytes_received: sink.received.load(Ordering::SeqCst),
+        messages,
+        seconds,
+        bytes_per_s: bytes as f64 / seconds.max(1e-12),
+    }
+}
+
+/// A sink for `layer`'s stream.
+fn sink_for(layer: &LayerStream) -> Result<Arc<Sink>> {
     let values = match &layer.weights {
         WeightPayload::Dense(v) => v.len(),
         _ => bail!("the benchmark layer is dense"),
     };
-    let sink = Arc::new(Sink { job: JOB.into(), received: AtomicU64::new(0), limits: bench_limits(values) });
-    let (seconds, messages) = rt.block_on(async {
+    Ok(Arc::new(Sink { job: JOB.into(), received: AtomicU64::new(0), limits: bench_limits(values), recycled: Arc::default() }))
+}
+
+/// The job the benchmark's streams belong to.
+const JOB: &str = "bench-transport";
+
+/// Streams `layer` `repeats` times (after one warm-up) through the runtime's gRPC transport on loopback.
+fn grpc(layer: &LayerStream, repeats: usize) -> Result<PathReport> {
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let sink = sink_for(layer)?;
+    let timed = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind a loopback port")?;
         // Over mutual TLS, as the roles talk: the figure includes the encryption a job pays.
         let identity = wire::identity::issue(JOB, &[])?.job_identity();
@@ -157,33 +204,45 @@ fn grpc(layer: &LayerStream, repeats: usize) -> Result<PathReport> {
             tokio::spawn(async move { runtime::protocol::serve_stage(sink, listener, &identity).await })
         };
         let child = runtime::swarmx::relay::connect(&url, JOB, wire::grpc::Dial::new(&identity, Duration::from_secs(10))).await?;
-        let mut times = Vec::new();
-        let mut messages = 0;
-        for step in 0..=repeats as u64 {
-            let start = Instant::now();
-            let chunks = encode_layer(layer, JOB, step);
-            messages = chunks.len();
-            child
-                .client
-                .clone()
-                .forward(tokio_stream::iter(chunks))
-                .await
-                .map_err(|s| anyhow!("streaming to {url}: {}", s.message()))?;
-            if step > 0 {
-                times.push(start.elapsed().as_secs_f64());
-            }
-        }
+        let timed = time_forward(child.client, layer, repeats, JOB).await;
         server.abort();
-        Ok::<_, anyhow::Error>((median(times), messages))
+        timed
     })?;
-    let bytes = layer.weights.wire_bytes();
-    Ok(PathReport {
-        bytes_sent: bytes,
-        bytes_received: sink.received.load(Ordering::SeqCst),
-        messages,
-        seconds,
-        bytes_per_s: bytes as f64 / seconds.max(1e-12),
-    })
+    Ok(path_report(layer, &sink, timed))
+}
+
+/// The same stream with the same windows and frames but no TLS: no role talks this way (they speak only mutual
+/// TLS); it is measured so the report can say what the encryption costs.
+fn grpc_plaintext(layer: &LayerStream, repeats: usize) -> Result<PathReport> {
+    use wire::grpc::{FRAME, WINDOW};
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let sink = sink_for(layer)?;
+    let timed = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind a loopback port")?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let svc = StageServer::from_arc(sink.clone()).max_decoding_message_size(8 << 20);
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .initial_stream_window_size(WINDOW)
+                .initial_connection_window_size(4 * WINDOW)
+                .max_frame_size(FRAME)
+                .add_service(svc)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))),
+        );
+        let channel = tonic::transport::Endpoint::from_shared(url)?
+            .tcp_nodelay(true)
+            .initial_stream_window_size(WINDOW)
+            .initial_connection_window_size(4 * WINDOW)
+            .max_frame_size(FRAME)
+            .connect()
+            .await
+            .context("cannot connect to the plaintext sink")?;
+        let timed = time_forward(StageClient::new(channel).max_encoding_message_size(8 << 20), layer, repeats, JOB).await;
+        server.abort();
+        timed
+    })?;
+    Ok(path_report(layer, &sink, timed))
 }
 
 /// Receives transfers on one connection: a little-endian u64 length, that many bytes into a reused buffer,
@@ -254,36 +313,41 @@ pub fn transport(args: TransportArgs) -> Result<()> {
 
     let mut encode = Vec::new();
     let mut assemble = Vec::new();
-    for _ in 0..args.repeats {
+    let recycled = Arc::new(Recycled::default());
+    // One warm-up, as on the wire: a receiver in steady state assembles into a buffer it has used before.
+    for i in 0..=args.repeats {
+        let fresh = layer.clone();
         let start = Instant::now();
-        let chunks = encode_layer(&layer, "bench-transport", 0);
-        encode.push(start.elapsed().as_secs_f64());
+        let chunks = encode_layer(fresh, "bench-transport", 0);
+        let encoded = start.elapsed().as_secs_f64();
         let start = Instant::now();
-        let mut asm = LayerAssembler::default();
+        let mut asm = LayerAssembler::recycling(recycled.clone());
         let limits = bench_limits(values.len());
         for c in chunks {
             asm.push(c, "bench-transport", &limits)?;
         }
-        asm.finish()?;
-        assemble.push(start.elapsed().as_secs_f64());
+        let (_, assembled) = asm.finish()?;
+        if i > 0 {
+            encode.push(encoded);
+            assemble.push(start.elapsed().as_secs_f64());
+        }
+        recycled.give(assembled.weights.into_values());
     }
 
     let grpc = grpc(&layer, args.repeats)?;
+    let grpc_plaintext = grpc_plaintext(&layer, args.repeats)?;
     let tcp = tcp(payload, args.repeats)?;
-    if grpc.bytes_received != grpc.bytes_sent || tcp.bytes_received != tcp.bytes_sent {
-        bail!(
-            "bytes were lost: gRPC moved {} of {}, TCP {} of {}",
-            grpc.bytes_received,
-            grpc.bytes_sent,
-            tcp.bytes_received,
-            tcp.bytes_sent
-        );
+    for (name, p) in [("gRPC", &grpc), ("gRPC without TLS", &grpc_plaintext), ("TCP", &tcp)] {
+        if p.bytes_received != p.bytes_sent {
+            bail!("bytes were lost: {name} moved {} of {}", p.bytes_received, p.bytes_sent);
+        }
     }
     let report = Report {
         bytes: args.bytes,
         repeats: args.repeats,
         grpc_over_tcp: grpc.bytes_per_s / tcp.bytes_per_s,
         grpc,
+        grpc_plaintext,
         tcp,
         encode_s: median(encode),
         assemble_s: median(assemble),
@@ -293,7 +357,8 @@ pub fn transport(args: TransportArgs) -> Result<()> {
         return Ok(());
     }
     println!("{} bytes per transfer over 127.0.0.1, median of {}", report.bytes, report.repeats);
-    for (name, p) in [("gRPC Stage.Forward", &report.grpc), ("raw TCP", &report.tcp)] {
+    let paths = [("gRPC Stage.Forward", &report.grpc), ("  without TLS", &report.grpc_plaintext), ("raw TCP", &report.tcp)];
+    for (name, p) in paths {
         println!(
             "  {name:<18} {:>4} messages  {:>8.2} ms  {:>7.2} GB/s",
             p.messages,

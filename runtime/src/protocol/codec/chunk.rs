@@ -24,6 +24,46 @@ pub(super) fn extend_words<T: bytemuck::Pod>(out: &mut Vec<T>, bytes: &[u8], wha
 /// the plan's limits (which the meters check first); a longer stream still arrives, growing as it comes.
 pub(super) const MAX_RESERVE: u64 = 64 << 20;
 
+/// Value buffers of layers a receiver has finished with, kept for the next layer it assembles. A fresh buffer
+/// of a large layer is a fresh mapping whose every page faults on first touch (for a 64 MiB layer, about as
+/// long as the copy into it); a kept one is warm. At most [`Recycled::KEEP`] are kept, so what a receiver
+/// holds beyond its layers in flight is a few of the plan's layers.
+#[derive(Debug, Default)]
+pub struct Recycled {
+    buffers: std::sync::Mutex<Vec<Vec<f32>>>,
+}
+
+impl Recycled {
+    /// Buffers kept at most.
+    const KEEP: usize = 4;
+
+    /// An empty buffer with room for at least `capacity` values: the smallest kept one that is large enough,
+    /// or a new one.
+    pub fn take(&self, capacity: usize) -> Vec<f32> {
+        let Ok(mut kept) = self.buffers.lock() else { return Vec::with_capacity(capacity) };
+        let fits = kept.iter().enumerate().filter(|(_, b)| b.capacity() >= capacity).min_by_key(|(_, b)| b.capacity());
+        match fits.map(|(i, _)| i) {
+            Some(i) => kept.swap_remove(i),
+            None => Vec::with_capacity(capacity),
+        }
+    }
+
+    /// Keeps `buffer` (emptied) for a later [`Recycled::take`]; when full, the smallest kept one makes room.
+    pub fn give(&self, mut buffer: Vec<f32>) {
+        if buffer.capacity() == 0 {
+            return;
+        }
+        buffer.clear();
+        let Ok(mut kept) = self.buffers.lock() else { return };
+        kept.push(buffer);
+        if kept.len() > Self::KEEP {
+            if let Some(i) = kept.iter().enumerate().min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i) {
+                kept.swap_remove(i);
+            }
+        }
+    }
+}
+
 /// Little-endian words owned by a [`Bytes`] without copying them: the platform is little-endian (checked at
 /// compile time below), so a `Vec<f32>` already is its wire form.
 pub(super) struct Words(pub(super) Vec<f32>);

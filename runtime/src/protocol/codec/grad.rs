@@ -28,10 +28,6 @@ pub fn encode_grad_owned(grad: LayerGrad) -> Vec<GradChunk> {
     chunks
 }
 
-/// Cuts a gradient into chunks (a copy of it; see [`encode_grad_owned`]).
-pub fn encode_grad(grad: &LayerGrad) -> Vec<GradChunk> {
-    encode_grad_owned(grad.clone())
-}
 
 
 /// A gradient stream's lengths, checked chunk by chunk before anything is kept: each layer's header against the
@@ -175,9 +171,9 @@ mod tests {
     #[test]
     fn gradients_round_trip_and_a_cut_stream_is_refused() {
         let g = LayerGrad { layer: 1, weights: (0..600_000).map(|i| i as f32).collect(), bias: vec![2.0; 5] };
-        assert_eq!(decode_grad(encode_grad(&g), &limits()).unwrap(), g);
+        assert_eq!(decode_grad(encode_grad_owned(g.clone()), &limits()).unwrap(), g);
         // A gradient cut short.
-        let mut g = encode_grad(&LayerGrad { layer: 0, weights: vec![1.0; 300_000], bias: vec![0.0; 3] });
+        let mut g = encode_grad_owned(LayerGrad { layer: 0, weights: vec![1.0; 300_000], bias: vec![0.0; 3] });
         g.pop();
         assert!(decode_grad(g, &limits()).is_err());
     }
@@ -190,13 +186,13 @@ mod tests {
         };
         let g = LayerGrad { layer: 1, weights: vec![1.0; 600_000], bias: vec![2.0; 5] };
         // A header announcing u64::MAX weights.
-        let mut huge = encode_grad(&g);
+        let mut huge = encode_grad_owned(g.clone());
         huge[0].weights_len = u64::MAX;
         let (what, value, limit) = over(decode_grad(huge, &limits()).unwrap_err());
         assert!(what.contains("layer 1 gradient's weights_len"), "{what}");
         assert_eq!((value, limit), (u64::MAX, 600_000));
         // A stream that keeps going past what it announced.
-        let mut long = encode_grad(&g);
+        let mut long = encode_grad_owned(g.clone());
         let extra = long[1].clone();
         if let Some(c) = long.last_mut() {
             c.last = false;

@@ -5,66 +5,92 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::chunk::{extend_words, CHUNK_BYTES, MAX_RESERVE};
+use super::chunk::{extend_words, Recycled, Words, CHUNK_BYTES, MAX_RESERVE};
 use wire::error::{Error, Result};
 use plan::limits::Limits;
 use kernels::sparse::SparsePattern;
 use crate::protocol::pb::{Encoding, LayerChunk, Pass as PbPass};
 use crate::protocol::{LayerStream, Pass, WeightPayload};
 
-/// Cuts a layer stream into chunks for `job` and `step`.
-pub fn encode_layer(stream: &LayerStream, job: &str, step: u64) -> Vec<LayerChunk> {
-    let (encoding, pattern, values): (Encoding, Option<&SparsePattern>, &[f32]) = match &stream.weights {
+/// Cuts a layer stream into chunks for `job` and `step`, taking it over: every chunk's arrays are slices of the
+/// stream's own buffers (the values and bias it owned, the mask it shares), so no byte of the layer is copied
+/// before the transport writes it.
+pub fn encode_layer(stream: LayerStream, job: &str, step: u64) -> Vec<LayerChunk> {
+    let LayerStream { layer, pass, weights, bias } = stream;
+    let (encoding, pattern, values) = match weights {
         WeightPayload::Dense(v) => (Encoding::Dense, None, v),
         WeightPayload::Sparse { pattern, values } => (Encoding::Sparse, Some(pattern), values),
-        WeightPayload::Mask(pattern) => (Encoding::Mask, Some(pattern), &[]),
-        WeightPayload::Nothing => (Encoding::Nothing, None, &[]),
+        WeightPayload::Mask(pattern) => (Encoding::Mask, Some(pattern), Vec::new()),
+        WeightPayload::Nothing => (Encoding::Nothing, None, Vec::new()),
     };
-    let empty: &[u32] = &[];
-    let (order, ptr, indices) = pattern.map_or((empty, empty, empty), |p| (p.order(), p.ptr(), p.idx()));
     let header = LayerChunk {
         job: job.to_string(),
         step,
-        layer: stream.layer as u32,
-        pass: match stream.pass {
+        layer: layer as u32,
+        pass: match pass {
             Pass::Forward => PbPass::Forward,
             Pass::Backward => PbPass::Backward,
         } as i32,
         encoding: encoding as i32,
         first: true,
-        outer: pattern.map_or(0, |p| p.outer() as u32),
-        inner: pattern.map_or(0, |p| p.inner() as u32),
-        indices_len: indices.len() as u64,
+        outer: pattern.as_ref().map_or(0, |p| p.outer() as u32),
+        inner: pattern.as_ref().map_or(0, |p| p.inner() as u32),
+        indices_len: pattern.as_ref().map_or(0, |p| p.idx().len() as u64),
         values_len: values.len() as u64,
-        bias_len: stream.bias.len() as u64,
+        bias_len: bias.len() as u64,
         ..LayerChunk::default()
     };
+    let mask = |part: MaskPart| pattern.clone().map_or_else(Bytes::new, |p| Bytes::from_owner(MaskWords(p, part)));
+    let arrays: [(Bytes, fn(&mut LayerChunk) -> &mut Bytes); 5] = [
+        (mask(MaskPart::Order), |c| &mut c.order),
+        (mask(MaskPart::Ptr), |c| &mut c.ptr),
+        (mask(MaskPart::Indices), |c| &mut c.indices),
+        (Bytes::from_owner(Words(values)), |c| &mut c.values),
+        (Bytes::from_owner(Words(bias)), |c| &mut c.bias),
+    ];
     let mut chunks = vec![header];
     let mut room = CHUNK_BYTES;
-    // Each field gets at most one piece per chunk: a piece fills the chunk's room or ends the array.
-    let mut take = |chunks: &mut Vec<LayerChunk>, mut data: &[u8], field: fn(&mut LayerChunk) -> &mut Bytes| {
-        while !data.is_empty() {
+    // Each array gets at most one piece per chunk: a piece fills the chunk's room or ends the array.
+    for (data, field) in arrays {
+        let mut at = 0;
+        while at < data.len() {
             if room == 0 {
-                chunks.push(LayerChunk { job: job.to_string(), step, layer: stream.layer as u32, ..LayerChunk::default() });
+                chunks.push(LayerChunk { job: job.to_string(), step, layer: layer as u32, ..LayerChunk::default() });
                 room = CHUNK_BYTES;
             }
-            let n = room.min(data.len());
+            let n = room.min(data.len() - at);
             if let Some(last) = chunks.last_mut() {
-                *field(last) = Bytes::copy_from_slice(&data[..n]);
+                *field(last) = data.slice(at..at + n);
             }
-            data = &data[n..];
+            at += n;
             room -= n;
         }
-    };
-    take(&mut chunks, bytemuck::cast_slice(order), |c| &mut c.order);
-    take(&mut chunks, bytemuck::cast_slice(ptr), |c| &mut c.ptr);
-    take(&mut chunks, bytemuck::cast_slice(indices), |c| &mut c.indices);
-    take(&mut chunks, bytemuck::cast_slice(values), |c| &mut c.values);
-    take(&mut chunks, bytemuck::cast_slice(&stream.bias), |c| &mut c.bias);
+    }
     if let Some(last) = chunks.last_mut() {
         last.last = true;
     }
     chunks
+}
+
+/// Which of a mask's arrays a [`MaskWords`] lends.
+#[derive(Clone, Copy)]
+enum MaskPart {
+    Order,
+    Ptr,
+    Indices,
+}
+
+/// One of a shared mask's arrays as message bytes, keeping the mask alive for as long as a chunk needs it.
+struct MaskWords(Arc<SparsePattern>, MaskPart);
+
+impl AsRef<[u8]> for MaskWords {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(match self.1 {
+            MaskPart::Order => self.0.order(),
+            MaskPart::Ptr => self.0.ptr(),
+            MaskPart::Indices => self.0.idx(),
+        })
+    }
 }
 
 /// A layer stream's lengths, checked chunk by chunk before anything is kept: the header's announced lengths
@@ -160,9 +186,17 @@ pub struct LayerAssembler {
     values: Vec<f32>,
     bias: Vec<f32>,
     done: bool,
+    /// Where the values buffer comes from, when the receiver recycles them.
+    recycled: Option<Arc<Recycled>>,
 }
 
 impl LayerAssembler {
+    /// An assembler that puts the values into a buffer from `recycled` (the receiver gives the stream's values
+    /// back there when it is done with them: [`WeightPayload::into_values`]).
+    pub fn recycling(recycled: Arc<Recycled>) -> Self {
+        LayerAssembler { recycled: Some(recycled), ..LayerAssembler::default() }
+    }
+
     fn append(&mut self, chunk: &LayerChunk) -> Result<()> {
         extend_words(&mut self.order, &chunk.order, "order")?;
         extend_words(&mut self.ptr, &chunk.ptr, "ptr")?;
@@ -179,7 +213,10 @@ impl LayerAssembler {
             // The header's lengths are within the layer's shape: reserving them is bounded by the plan.
             let reserve = |n: u64| n.min(MAX_RESERVE) as usize;
             self.indices.reserve(reserve(chunk.indices_len));
-            self.values.reserve(reserve(chunk.values_len));
+            match &self.recycled {
+                Some(r) => self.values = r.take(reserve(chunk.values_len)),
+                None => self.values.reserve(reserve(chunk.values_len)),
+            }
             self.bias.reserve(reserve(chunk.bias_len));
         }
         self.append(&chunk)?;
@@ -267,10 +304,50 @@ mod tests {
         a.finish()
     }
 
+    /// Encoding copies nothing: every chunk's values and indices lie inside the stream's own buffers.
+    #[test]
+    fn chunks_are_slices_of_the_streams_own_buffers() {
+        let s = sparse_stream();
+        let WeightPayload::Sparse { pattern, values } = &s.weights else { unreachable!("a sparse stream") };
+        let inside = |of: &[u8]| {
+            let (start, len) = (of.as_ptr() as usize, of.len());
+            move |b: &Bytes| b.is_empty() || (b.as_ptr() as usize >= start && b.as_ptr() as usize + b.len() <= start + len)
+        };
+        let (in_values, in_indices) = (inside(bytemuck::cast_slice(values)), inside(bytemuck::cast_slice(pattern.idx())));
+        let chunks = encode_layer(s, "job-a", 1);
+        assert!(chunks.iter().all(|c| in_values(&c.values) && in_indices(&c.indices)), "a chunk holds a copy");
+        assert!(chunks.iter().filter(|c| !c.values.is_empty()).count() > 1, "the values span several chunks");
+    }
+
+    /// An assembler that recycles fills a buffer given back before, and the pool keeps a bounded number.
+    #[test]
+    fn a_recycling_assembler_reuses_a_buffer_given_back() {
+        let recycled = Arc::new(Recycled::default());
+        let mut first = LayerAssembler::recycling(recycled.clone());
+        for c in encode_layer(sparse_stream(), "job-a", 1) {
+            first.push(c, "job-a", &limits()).unwrap();
+        }
+        let (_, stream) = first.finish().unwrap();
+        let buffer = stream.weights.into_values();
+        let at = buffer.as_ptr();
+        recycled.give(buffer);
+        let mut second = LayerAssembler::recycling(recycled.clone());
+        for c in encode_layer(sparse_stream(), "job-a", 2) {
+            second.push(c, "job-a", &limits()).unwrap();
+        }
+        let (_, again) = second.finish().unwrap();
+        assert!(matches!(&again.weights, WeightPayload::Sparse { values, .. } if values.as_ptr() == at), "the same buffer");
+        for n in 1..=10 {
+            recycled.give(Vec::with_capacity(n));
+        }
+        assert_eq!(recycled.take(8).capacity(), 8, "the smallest kept buffer that fits");
+        assert_eq!(recycled.take(11).capacity(), 11, "none fits: a new one; only the largest few were kept");
+    }
+
     #[test]
     fn streams_round_trip_in_chunks_of_at_most_a_mebibyte() {
         let s = sparse_stream();
-        let chunks = encode_layer(&s, "job-a", 7);
+        let chunks = encode_layer(s.clone(), "job-a", 7);
         assert!(chunks.len() > 4, "a 567k-non-zero layer takes several chunks");
         for c in &chunks {
             let bytes = c.order.len() + c.ptr.len() + c.indices.len() + c.values.len() + c.bias.len();
@@ -292,7 +369,7 @@ mod tests {
 
     #[test]
     fn bad_streams_are_refused() {
-        let chunks = encode_layer(&sparse_stream(), "job-a", 1);
+        let chunks = encode_layer(sparse_stream(), "job-a", 1);
         // Another job.
         assert!(assemble(chunks.clone(), "job-b").unwrap_err().to_string().contains("job 'job-a'"));
         // Truncated: the last chunk never arrives.
@@ -317,7 +394,7 @@ mod tests {
 
     #[test]
     fn streams_beyond_the_plan_are_refused_before_they_are_kept() {
-        let chunks = encode_layer(&sparse_stream(), "job-a", 1);
+        let chunks = encode_layer(sparse_stream(), "job-a", 1);
         let over = |e: Error| match e {
             Error::OverLimit { what, value, limit } => (what, value, limit),
             other => panic!("{other:?}"),
