@@ -55,7 +55,7 @@ fn machine_quick_reports_positive_finite_ceilings_per_thread_count() {
 fn transport_moves_every_byte_over_both_paths() {
     let bytes = 3_000_004u64; // three chunks and a bit: more than one 1 MiB message
     let r = json(&["bench", "transport", "--json", "--bytes", &bytes.to_string(), "--repeats", "2"]);
-    for path in ["grpc", "tcp"] {
+    for path in ["grpc", "grpc_plaintext", "tcp"] {
         assert_eq!(r[path]["bytes_sent"].as_u64(), Some(bytes), "{path}: {r}");
         assert_eq!(r[path]["bytes_received"].as_u64(), Some(bytes), "{path}: {r}");
         assert!(positive(&r[path]["bytes_per_s"]) && positive(&r[path]["seconds"]), "{path}: {r}");
