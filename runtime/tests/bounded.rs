@@ -447,7 +447,7 @@ fn a_peer_that_accepts_but_never_handshakes_is_given_up() {
     let got = rt.block_on(connect(&url, JOB, Dial::new(identity(), Duration::from_secs(2))));
     let err = got.err().expect("nobody answered, so nothing connected");
     let took = started.elapsed();
-    assert!(took < Duration::from_secs(2) + wire::grpc::HANDSHAKE_TIMEOUT + Duration::from_secs(5), "took {took:?}");
+    assert!(took < Duration::from_secs(2) + wire::tls::HANDSHAKE_TIMEOUT + Duration::from_secs(5), "took {took:?}");
     assert!(err.to_string().contains(&url), "{err}");
     drop(listener);
 }

@@ -7,8 +7,13 @@ use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Status;
 
+use std::sync::Arc;
+
+use tokio_stream::StreamExt;
+
 use crate::error::{Error, Result};
-use crate::identity::Identity;
+use crate::identity::{Identity, SERVER_NAME};
+use crate::tls::{HANDSHAKE_TIMEOUT, READ_BUFFER};
 
 /// HTTP/2 flow-control window per stream: larger than any chunk, so a layer streams without waiting for
 /// window updates on every 64 KiB.
@@ -49,25 +54,24 @@ impl<'a> Dial<'a> {
     }
 }
 
-/// How long connecting to a stage may take, TCP and TLS handshake together.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// The per-call deadline when neither the plan nor the command line gives one.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A lazily connecting channel to the role at `url`, over mutual TLS with `dial`'s identity and deadlines: what
 /// every client of a role (a stage, an input worker) is built on. Only `https://` addresses are dialled.
 pub fn channel(url: &str, dial: Dial<'_>) -> Result<Channel> {
-    let identity = dial.identity;
-    if !url.starts_with("https://") {
+    let Some(address) = url.strip_prefix("https://") else {
         return Err(Error::Protocol(format!("stage address '{url}' is not https://: stages speak only mutual TLS")));
-    }
-    let endpoint = Endpoint::from_shared(url.to_string())
+    };
+    let mut tls = dial.identity.client_config()?;
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let tls = Arc::new(tls);
+    // The TLS is ours (`tls::connect`: a buffered socket, whole frames encrypted at once), so tonic is given
+    // the plain address and a connector that hands it the connection already encrypted.
+    let endpoint = Endpoint::from_shared(format!("http://{address}"))
         .map_err(|e| Error::Protocol(format!("bad stage address '{url}': {e}")))?
-        .tls_config(identity.grpc_client())
-        .map_err(|e| Error::Identity(format!("the TLS configuration for {url}: {e}")))?
-        // Covers the TCP connect and the TLS handshake together (see below): a frozen peer's kernel still
-        // accepts the connection, and only the handshake would hang.
+        // Covers the TCP connect and the TLS handshake together: a frozen peer's kernel still accepts the
+        // connection, and only the handshake would hang.
         .connect_timeout(HANDSHAKE_TIMEOUT)
         .timeout(dial.call)
         // A peer that stops answering (a frozen process, a silent partition) is found by its unanswered pings
@@ -79,12 +83,16 @@ pub fn channel(url: &str, dial: Dial<'_>) -> Result<Channel> {
         .initial_stream_window_size(WINDOW)
         .initial_connection_window_size(4 * WINDOW)
         .max_frame_size(FRAME);
-    // tonic's own connector bounds only the TCP connect; through a connector of ours the connect timeout
-    // wraps the whole connection set-up, TLS included.
-    let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
-    tcp.enforce_http(false);
-    tcp.set_nodelay(true);
-    Ok(endpoint.connect_with_connector_lazy(tcp))
+    let connector = tower::service_fn(move |uri: tonic::codegen::http::Uri| {
+        let tls = tls.clone();
+        async move {
+            let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_string();
+            let port = uri.port_u16().unwrap_or(443);
+            let stream = crate::tls::connect(&host, port, tls, SERVER_NAME).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+        }
+    });
+    Ok(endpoint.connect_with_connector_lazy(connector))
 }
 
 /// The job a service belongs to: every request names its job, and one of another job is refused before it is
@@ -132,24 +140,24 @@ where
     S::Response: axum::response::IntoResponse,
     S::Future: Send + 'static,
 {
-    grpc_server(identity)?
+    let accepted = crate::tls::accept(listener, identity.server_config(false)?, READ_BUFFER);
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted).map(|(tls, _)| Ok::<_, std::io::Error>(tls));
+    grpc_server()
         .add_service(svc)
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
+        .serve_with_incoming(incoming)
         .await
         .map_err(|e| Error::Unavailable(format!("gRPC server stopped: {e}")))
 }
 
-/// Every role's gRPC server: mutual TLS with the job's identity, keepalives that find a frozen peer, and
-/// windows and frames sized for layers.
-fn grpc_server(identity: &Identity) -> Result<tonic::transport::Server> {
-    Ok(tonic::transport::Server::builder()
-        .tls_config(identity.grpc_server())
-        .map_err(|e| Error::Identity(format!("the gRPC server's TLS configuration: {e}")))?
+/// Every role's gRPC server over the connections [`serve`] accepts (mutual TLS with the job's identity):
+/// keepalives that find a frozen peer, and windows and frames sized for layers.
+fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .tcp_nodelay(true)
         .initial_stream_window_size(WINDOW)
         .initial_connection_window_size(4 * WINDOW)
-        .max_frame_size(FRAME))
+        .max_frame_size(FRAME)
 }
 

@@ -7,7 +7,6 @@
 //! operator's, and answers `401` to anyone else. Who may reach the port at all is the NetworkPolicy's business.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use axum::extract::{ConnectInfo, Request};
 use axum::http::StatusCode;
@@ -15,17 +14,11 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::serve::{IncomingStream, Listener};
 use axum::Router;
-use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
 use crate::error::Result;
+use crate::tls::Socket;
 use crate::identity::Identity;
-
-/// How long a client may take to finish its TLS handshake: a client that opens a connection and says nothing
-/// holds a task for no longer than this.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshakes in flight at once; more wait in the kernel's backlog.
-const HANDSHAKES: usize = 64;
 
 /// Who is at the other end of a connection.
 #[derive(Clone, Copy, Debug)]
@@ -36,59 +29,34 @@ pub struct Peer {
     pub authenticated: bool,
 }
 
-/// A TCP listener that hands axum only connections whose TLS handshake succeeded. Handshakes run on their own
-/// tasks, each with [`HANDSHAKE_TIMEOUT`], so a slow or silent client never holds up the next one.
+/// A TCP listener that hands axum only connections whose TLS handshake succeeded ([`crate::tls::accept`]).
 pub struct TlsListener {
     local: SocketAddr,
-    ready: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, Peer)>,
+    ready: tokio::sync::mpsc::Receiver<(TlsStream<Socket>, SocketAddr)>,
 }
+
+/// Bytes an HTTP connection reads at once: its requests and answers are small.
+const HTTP_READ_BUFFER: usize = 16 << 10;
 
 impl TlsListener {
     /// Starts accepting on `listener` with `identity`'s server configuration (client certificates optional).
     pub fn new(listener: tokio::net::TcpListener, identity: &Identity) -> Result<TlsListener> {
         let local = listener.local_addr().map_err(|e| crate::error::Error::io("reading the bound address", e))?;
-        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(identity.server_config(true)?));
-        let (tx, ready) = tokio::sync::mpsc::channel(HANDSHAKES);
-        let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(HANDSHAKES));
-        tokio::spawn(async move {
-            loop {
-                let Ok(permit) = permits.clone().acquire_owned().await else { return };
-                let (tcp, addr) = match listener.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::debug!("accepting an HTTP connection: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let (acceptor, done) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    let _permit = permit;
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => {
-                            let authenticated = tls.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
-                            let _ = done.send((tls, Peer { addr, authenticated })).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!("TLS handshake from {addr} refused: {e}"),
-                        Err(_) => tracing::debug!("TLS handshake from {addr} timed out"),
-                    }
-                });
-                if tx.is_closed() {
-                    return;
-                }
-            }
-        });
+        let ready = crate::tls::accept(listener, identity.server_config(true)?, HTTP_READ_BUFFER);
         Ok(TlsListener { local, ready })
     }
 }
 
 impl Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = TlsStream<Socket>;
     type Addr = Peer;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         match self.ready.recv().await {
-            Some(c) => c,
+            Some((tls, addr)) => {
+                let authenticated = tls.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
+                (tls, Peer { addr, authenticated })
+            }
             // The acceptor task ended with its listener: serve nothing more.
             None => std::future::pending().await,
         }

@@ -164,8 +164,17 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// ring's cryptography with AES-128-GCM first: TLS 1.3's mandatory suite, and the cheapest per byte streamed on
+/// processors with AES instructions (the 256-bit suite does 40% more rounds for no gain a job's data needs).
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::{cipher_suite, default_provider};
+    let mut provider = default_provider();
+    provider.cipher_suites = vec![
+        cipher_suite::TLS13_AES_128_GCM_SHA256,
+        cipher_suite::TLS13_AES_256_GCM_SHA384,
+        cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
+    ];
+    Arc::new(provider)
 }
 
 impl Identity {
@@ -233,20 +242,6 @@ impl Identity {
             .map_err(|e| tls_error("certificate and key", e))
     }
 
-    /// tonic's server TLS: the job's certificate, and a client certificate of the job's CA required.
-    pub fn grpc_server(&self) -> tonic::transport::ServerTlsConfig {
-        tonic::transport::ServerTlsConfig::new()
-            .identity(tonic::transport::Identity::from_pem(&self.cert, &self.key))
-            .client_ca_root(tonic::transport::Certificate::from_pem(&self.ca))
-    }
-
-    /// tonic's client TLS: only the job's CA trusted, [`SERVER_NAME`] verified, the job's certificate presented.
-    pub fn grpc_client(&self) -> tonic::transport::ClientTlsConfig {
-        tonic::transport::ClientTlsConfig::new()
-            .ca_certificate(tonic::transport::Certificate::from_pem(&self.ca))
-            .identity(tonic::transport::Identity::from_pem(&self.cert, &self.key))
-            .domain_name(SERVER_NAME)
-    }
 }
 
 #[cfg(test)]

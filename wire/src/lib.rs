@@ -16,3 +16,4 @@ pub mod https;
 pub mod identity;
 pub mod program;
 pub mod status;
+pub mod tls;

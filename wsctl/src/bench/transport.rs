@@ -47,7 +47,8 @@ struct PathReport {
     bytes_received: u64,
     /// Messages per transfer (gRPC chunks; 1 for the raw socket).
     messages: usize,
-    /// Median seconds per transfer, from the first byte handed over to the receiver's answer.
+    /// Median seconds per transfer, from the first byte handed over to the receiver's answer; the paths take
+    /// turns, one transfer each per round.
     seconds: f64,
     /// Payload bytes per second at the median.
     bytes_per_s: f64,
@@ -147,35 +148,15 @@ impl Stage for Sink {
     }
 }
 
-/// Streams `layer` `repeats` times (after one warm-up) on `client`'s `Stage.Forward`; the median seconds of a
-/// transfer and the messages one takes.
-async fn time_forward(client: StageClient<Channel>, layer: &LayerStream, repeats: usize, job: &str) -> Result<(f64, usize)> {
-    let mut times = Vec::new();
-    let mut messages = 0;
-    for step in 0..=repeats as u64 {
-        // A fresh stream each time, as MemoryX hands over a new one per layer; copying it is not timed.
-        let fresh = layer.clone();
-        let start = Instant::now();
-        let chunks = encode_layer(fresh, job, step);
-        messages = chunks.len();
-        client.clone().forward(tokio_stream::iter(chunks)).await.map_err(|s| anyhow!("streaming a layer: {}", s.message()))?;
-        if step > 0 {
-            times.push(start.elapsed().as_secs_f64());
-        }
-    }
-    Ok((median(times), messages))
-}
-
-/// The report of a path that moved `layer` in `seconds` a transfer, as `sink` counted it.
-fn path_report(layer: &LayerStream, sink: &Sink, (seconds, messages): (f64, usize)) -> PathReport {
-    let bytes = layer.weights.wire_bytes();
-    PathReport {
-        bytes_sent: bytes,
-        bytes_received: sink.received.load(Ordering::SeqCst),
-        messages,
-        seconds,
-        bytes_per_s: bytes as f64 / seconds.max(1e-12),
-    }
+/// One transfer of a fresh copy of `layer` on `client`'s `Stage.Forward`: its seconds and messages. The copy is
+/// made before the clock starts, as MemoryX hands over a new stream per layer.
+async fn forward_once(client: &StageClient<Channel>, layer: &LayerStream, step: u64) -> Result<(f64, usize)> {
+    let fresh = layer.clone();
+    let start = Instant::now();
+    let chunks = encode_layer(fresh, JOB, step);
+    let messages = chunks.len();
+    client.clone().forward(tokio_stream::iter(chunks)).await.map_err(|s| anyhow!("streaming a layer: {}", s.message()))?;
+    Ok((start.elapsed().as_secs_f64(), messages))
 }
 
 /// A sink for `layer`'s stream.
@@ -190,59 +171,43 @@ fn sink_for(layer: &LayerStream) -> Result<Arc<Sink>> {
 /// The job the benchmark's streams belong to.
 const JOB: &str = "bench-transport";
 
-/// Streams `layer` `repeats` times (after one warm-up) through the runtime's gRPC transport on loopback.
-fn grpc(layer: &LayerStream, repeats: usize) -> Result<PathReport> {
-    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    let sink = sink_for(layer)?;
-    let timed = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind a loopback port")?;
-        // Over mutual TLS, as the roles talk: the figure includes the encryption a job pays.
-        let identity = wire::identity::issue(JOB, &[])?.job_identity();
-        let url = format!("https://{}", listener.local_addr()?);
-        let server = {
-            let (sink, identity) = (sink.clone(), identity.clone());
-            tokio::spawn(async move { runtime::protocol::serve_stage(sink, listener, &identity).await })
-        };
-        let child = runtime::swarmx::relay::connect(&url, JOB, wire::grpc::Dial::new(&identity, Duration::from_secs(10))).await?;
-        let timed = time_forward(child.client, layer, repeats, JOB).await;
-        server.abort();
-        timed
-    })?;
-    Ok(path_report(layer, &sink, timed))
+/// A client of a sink served through the runtime's gRPC transport on loopback, over mutual TLS as the roles
+/// talk: the figure includes the encryption a job pays.
+async fn grpc(sink: Arc<Sink>) -> Result<StageClient<Channel>> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind a loopback port")?;
+    let identity = wire::identity::issue(JOB, &[])?.job_identity();
+    let url = format!("https://{}", listener.local_addr()?);
+    let served = identity.clone();
+    tokio::spawn(async move { runtime::protocol::serve_stage(sink, listener, &served).await });
+    let child = runtime::swarmx::relay::connect(&url, JOB, wire::grpc::Dial::new(&identity, Duration::from_secs(10))).await?;
+    Ok(child.client)
 }
 
-/// The same stream with the same windows and frames but no TLS: no role talks this way (they speak only mutual
-/// TLS); it is measured so the report can say what the encryption costs.
-fn grpc_plaintext(layer: &LayerStream, repeats: usize) -> Result<PathReport> {
+/// A client of a sink served with the same windows and frames but no TLS: no role talks this way (they speak
+/// only mutual TLS); it is measured so the report can say what the encryption costs.
+async fn grpc_plaintext(sink: Arc<Sink>) -> Result<StageClient<Channel>> {
     use wire::grpc::{FRAME, WINDOW};
-    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    let sink = sink_for(layer)?;
-    let timed = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind a loopback port")?;
-        let url = format!("http://{}", listener.local_addr()?);
-        let svc = StageServer::from_arc(sink.clone()).max_decoding_message_size(8 << 20);
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .tcp_nodelay(true)
-                .initial_stream_window_size(WINDOW)
-                .initial_connection_window_size(4 * WINDOW)
-                .max_frame_size(FRAME)
-                .add_service(svc)
-                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))),
-        );
-        let channel = tonic::transport::Endpoint::from_shared(url)?
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind a loopback port")?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let svc = StageServer::from_arc(sink).max_decoding_message_size(8 << 20);
+    tokio::spawn(
+        tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .initial_stream_window_size(WINDOW)
             .initial_connection_window_size(4 * WINDOW)
             .max_frame_size(FRAME)
-            .connect()
-            .await
-            .context("cannot connect to the plaintext sink")?;
-        let timed = time_forward(StageClient::new(channel).max_encoding_message_size(8 << 20), layer, repeats, JOB).await;
-        server.abort();
-        timed
-    })?;
-    Ok(path_report(layer, &sink, timed))
+            .add_service(svc)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))),
+    );
+    let channel = tonic::transport::Endpoint::from_shared(url)?
+        .tcp_nodelay(true)
+        .initial_stream_window_size(WINDOW)
+        .initial_connection_window_size(4 * WINDOW)
+        .max_frame_size(FRAME)
+        .connect()
+        .await
+        .context("cannot connect to the plaintext sink")?;
+    Ok(StageClient::new(channel).max_encoding_message_size(8 << 20))
 }
 
 /// Receives transfers on one connection: a little-endian u64 length, that many bytes into a reused buffer,
@@ -263,36 +228,53 @@ fn tcp_receiver(mut conn: TcpStream) -> std::io::Result<()> {
     }
 }
 
-/// Sends `payload` `repeats` times (after one warm-up) over a plain loopback TCP connection.
-fn tcp(payload: &[u8], repeats: usize) -> Result<PathReport> {
+/// One transfer of `payload` over a plain TCP connection: its seconds and the bytes the receiver counted.
+fn tcp_once(conn: &mut TcpStream, payload: &[u8]) -> Result<(f64, u64)> {
+    let start = Instant::now();
+    conn.write_all(&(payload.len() as u64).to_le_bytes())?;
+    conn.write_all(payload)?;
+    let mut count = [0u8; 8];
+    conn.read_exact(&mut count).context("the TCP receiver did not answer")?;
+    Ok((start.elapsed().as_secs_f64(), u64::from_le_bytes(count)))
+}
+
+/// The three paths' reports: each of `repeats` rounds (after one warm-up) times gRPC with TLS, gRPC without and
+/// raw TCP back to back, so whatever else the machine does falls on all three alike.
+fn paths(layer: &LayerStream, payload: &[u8], repeats: usize) -> Result<[PathReport; 3]> {
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let (tls_sink, plain_sink) = (sink_for(layer)?, sink_for(layer)?);
+    let (tls, plain) = rt.block_on(async { Ok::<_, anyhow::Error>((grpc(tls_sink.clone()).await?, grpc_plaintext(plain_sink.clone()).await?)) })?;
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port")?;
     let addr = listener.local_addr()?;
     let receiver = std::thread::spawn(move || -> std::io::Result<()> { tcp_receiver(listener.accept()?.0) });
     let mut conn = TcpStream::connect(addr).with_context(|| format!("cannot connect to {addr}"))?;
     conn.set_nodelay(true)?;
-    let mut times = Vec::new();
-    let mut received = 0;
-    for i in 0..=repeats {
-        let start = Instant::now();
-        conn.write_all(&(payload.len() as u64).to_le_bytes())?;
-        conn.write_all(payload)?;
-        let mut count = [0u8; 8];
-        conn.read_exact(&mut count).context("the TCP receiver did not answer")?;
-        received = u64::from_le_bytes(count);
-        if i > 0 {
-            times.push(start.elapsed().as_secs_f64());
+    let mut times: [Vec<f64>; 3] = Default::default();
+    let (mut messages, mut tcp_received) = ([0; 2], 0);
+    for round in 0..=repeats as u64 {
+        let (a, m0) = rt.block_on(forward_once(&tls, layer, round))?;
+        let (b, m1) = rt.block_on(forward_once(&plain, layer, round))?;
+        let (c, got) = tcp_once(&mut conn, payload)?;
+        (messages, tcp_received) = ([m0, m1], got);
+        if round > 0 {
+            for (t, v) in times.iter_mut().zip([a, b, c]) {
+                t.push(v);
+            }
         }
     }
     drop(conn);
     receiver.join().map_err(|_| anyhow!("the TCP receiver thread panicked"))?.context("TCP receiver")?;
-    let seconds = median(times);
-    Ok(PathReport {
-        bytes_sent: payload.len() as u64,
-        bytes_received: received,
-        messages: 1,
-        seconds,
-        bytes_per_s: payload.len() as f64 / seconds.max(1e-12),
-    })
+    let bytes = layer.weights.wire_bytes();
+    let [t0, t1, t2] = times;
+    let report = |received: u64, messages: usize, t: Vec<f64>| {
+        let seconds = median(t);
+        PathReport { bytes_sent: bytes, bytes_received: received, messages, seconds, bytes_per_s: bytes as f64 / seconds.max(1e-12) }
+    };
+    Ok([
+        report(tls_sink.received.load(Ordering::SeqCst), messages[0], t0),
+        report(plain_sink.received.load(Ordering::SeqCst), messages[1], t1),
+        report(tcp_received, 1, t2),
+    ])
 }
 
 /// Runs `wsctl bench transport` and prints its report.
@@ -334,9 +316,7 @@ pub fn transport(args: TransportArgs) -> Result<()> {
         recycled.give(assembled.weights.into_values());
     }
 
-    let grpc = grpc(&layer, args.repeats)?;
-    let grpc_plaintext = grpc_plaintext(&layer, args.repeats)?;
-    let tcp = tcp(payload, args.repeats)?;
+    let [grpc, grpc_plaintext, tcp] = paths(&layer, payload, args.repeats)?;
     for (name, p) in [("gRPC", &grpc), ("gRPC without TLS", &grpc_plaintext), ("TCP", &tcp)] {
         if p.bytes_received != p.bytes_sent {
             bail!("bytes were lost: {name} moved {} of {}", p.bytes_received, p.bytes_sent);
@@ -356,7 +336,7 @@ pub fn transport(args: TransportArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
     }
-    println!("{} bytes per transfer over 127.0.0.1, median of {}", report.bytes, report.repeats);
+    println!("{} bytes per transfer over 127.0.0.1, median of {} rounds (the paths take turns)", report.bytes, report.repeats);
     let paths = [("gRPC Stage.Forward", &report.grpc), ("  without TLS", &report.grpc_plaintext), ("raw TCP", &report.tcp)];
     for (name, p) in paths {
         println!(
