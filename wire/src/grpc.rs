@@ -2,14 +2,12 @@
 //! and serving (the same TLS, keepalives, windows and frames sized for layers), and the one check every
 //! service makes that a request is of its own job.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Status;
-
-use std::sync::Arc;
-
-use tokio_stream::StreamExt;
 
 use crate::error::{Error, Result};
 use crate::identity::{Identity, SERVER_NAME};
@@ -79,7 +77,6 @@ pub fn channel(url: &str, dial: Dial<'_>) -> Result<Channel> {
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true)
-        .tcp_nodelay(true)
         .initial_stream_window_size(WINDOW)
         .initial_connection_window_size(4 * WINDOW)
         .max_frame_size(FRAME);
@@ -149,13 +146,12 @@ where
         .map_err(|e| Error::Unavailable(format!("gRPC server stopped: {e}")))
 }
 
-/// Every role's gRPC server over the connections [`serve`] accepts (mutual TLS with the job's identity):
-/// keepalives that find a frozen peer, and windows and frames sized for layers.
+/// Every role's gRPC server over the connections [`serve`] accepts (mutual TLS with the job's identity, Nagle's
+/// delay off: `tls::Socket`): keepalives that find a frozen peer, and windows and frames sized for layers.
 fn grpc_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-        .tcp_nodelay(true)
         .initial_stream_window_size(WINDOW)
         .initial_connection_window_size(4 * WINDOW)
         .max_frame_size(FRAME)

@@ -16,7 +16,6 @@ use tokio::io::{AsyncRead, AsyncWrite, BufReader, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
-
 /// How long a client may take to finish its TLS handshake: a client that opens a connection and says nothing
 /// holds a task for no longer than this.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

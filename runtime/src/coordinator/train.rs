@@ -157,6 +157,11 @@ impl StepShape {
         let grad_scale = 1.0 / (samples.len() * self.tokens_per_sample).max(1) as f32;
         StepRequest { step, samples, split: Split::Train, grad_scale, micro_batch: self.micro_batch }
     }
+
+    /// The request for an evaluation pass over `samples` after step `step` (the forward pass only).
+    fn eval(&self, step: u64, samples: Vec<u32>) -> StepRequest {
+        StepRequest { step, samples, split: Split::Test, grad_scale: 0.0, micro_batch: self.micro_batch }
+    }
 }
 
 /// Runs one training step over the global batch `samples` and returns the loss sums and bytes moved.
@@ -207,10 +212,10 @@ pub fn evaluate(
     batch: usize,
     step: u64,
 ) -> Result<EvalReport> {
-    let (layers, micro_batch) = (shape.layers, shape.micro_batch);
+    let layers = shape.layers;
     let mut total = LossSum::default();
     for chunk in samples.chunks(batch.max(1)) {
-        swarm.begin_step(&StepRequest { step, samples: chunk.to_vec(), split: Split::Test, grad_scale: 0.0, micro_batch })?;
+        swarm.begin_step(&shape.eval(step, chunk.to_vec()))?;
         let order = (0..layers).map(|l| (l, true)).collect();
         let sum = with_prefetch(store, order, |next| swarm.forward_pass(layers, next))?;
         total.add(&sum);

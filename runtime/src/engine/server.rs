@@ -29,7 +29,7 @@ use crate::protocol::codec::grad::{decode_grads, encode_grad_owned};
 use crate::protocol::codec::layer::LayerAssembler;
 use crate::protocol::codec::state::{encode_state, StateMeter};
 use crate::protocol::codec::step::encode_step;
-use crate::protocol::Pass;
+use crate::protocol::{LayerStream, Pass};
 use crate::protocol::codec::grad::receive_grads;
 use wire::grpc::JobGuard;
 use wire::status::to_status;
@@ -115,6 +115,23 @@ impl EngineServer {
         }
     }
 
+    /// Runs `f` on the engine over a received layer (on [`on_workers`]), then gives the layer's buffer back for
+    /// the next one received.
+    async fn compute_layer<T: Send + 'static>(
+        &self,
+        turn: Turn,
+        stream: LayerStream,
+        f: impl FnOnce(&mut dyn EngineRole, &LayerStream) -> Result<T> + Send + 'static,
+    ) -> Result<T, Status> {
+        let recycled = self.recycled.clone();
+        self.compute(turn, move |e| {
+            let done = on_workers(|| f(e, &stream));
+            recycled.give(stream.weights.into_values());
+            done
+        })
+        .await
+    }
+
     /// Runs `f` on the engine off the async threads, then lets the next operation go. `f` runs on a blocking
     /// thread holding the engine's lock. It takes any lock other handlers take too (the replica's) there, and
     /// only then hands its arithmetic to [`on_workers`] (see its rules).
@@ -169,7 +186,7 @@ impl EngineServer {
         Ok(())
     }
 
-    async fn receive(&self, mut stream: Streaming<LayerChunk>) -> Result<(u64, crate::protocol::LayerStream), Status> {
+    async fn receive(&self, mut stream: Streaming<LayerChunk>) -> Result<(u64, LayerStream), Status> {
         let mut asm = LayerAssembler::recycling(self.recycled.clone());
         while let Some(chunk) = stream.message().await? {
             asm.push(chunk, self.job.job(), &self.limits).map_err(to_status)?;
@@ -202,13 +219,7 @@ impl Stage for EngineServer {
             return Err(Status::invalid_argument(format!("forward call carried layer {} ({:?} pass)", stream.layer, stream.pass)));
         }
         let turn = self.wait_turn(step, stream.layer).await?;
-        let recycled = self.recycled.clone();
-        self.compute(turn, move |e| {
-            let done = on_workers(|| e.forward(&stream));
-            recycled.give(stream.weights.into_values());
-            done
-        })
-        .await?;
+        self.compute_layer(turn, stream, |e, s| e.forward(s)).await?;
         Ok(Response::new(Ack {}))
     }
 
@@ -217,7 +228,7 @@ impl Stage for EngineServer {
         self.job.check(&r.job)?;
         let turn = self.wait_turn(r.step, self.layers).await?;
         let sum = self.compute(turn, |e| on_workers(|| e.loss())).await?;
-        Ok(Response::new(pb::LossReply { loss: sum.loss, correct: sum.correct, samples: sum.samples }))
+        Ok(Response::new(sum.into()))
     }
 
     type BackwardStream = GradStream;
@@ -229,14 +240,7 @@ impl Stage for EngineServer {
         }
         let op = self.layers + 1 + (self.layers - 1 - stream.layer);
         let turn = self.wait_turn(step, op).await?;
-        let recycled = self.recycled.clone();
-        let grad = self
-            .compute(turn, move |e| {
-                let grad = on_workers(|| e.backward(&stream));
-                recycled.give(stream.weights.into_values());
-                grad
-            })
-            .await?;
+        let grad = self.compute_layer(turn, stream, |e, s| e.backward(s)).await?;
         Ok(Response::new(Box::pin(tokio_stream::iter(encode_grad_owned(grad).into_iter().map(Ok)))))
     }
 
@@ -321,8 +325,7 @@ impl Stage for EngineServer {
                 Ok((loss, Vec::new()))
             })
             .await?;
-        let loss = pb::LossReply { loss: loss.loss, correct: loss.correct, samples: loss.samples };
-        Ok(Response::new(Box::pin(tokio_stream::iter(encode_step(loss, grads).into_iter().map(Ok)))))
+        Ok(Response::new(Box::pin(tokio_stream::iter(encode_step(loss.into(), grads).into_iter().map(Ok)))))
     }
 
     async fn apply(&self, request: Request<Streaming<GradChunk>>) -> Result<Response<Ack>, Status> {

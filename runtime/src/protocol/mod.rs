@@ -136,3 +136,17 @@ impl LayerGrad {
         4 * (self.weights.len() + self.bias.len()) as u64
     }
 }
+
+/// A loss report as it crosses the wire: the same three sums.
+impl From<crate::model::loss::LossSum> for pb::LossReply {
+    fn from(s: crate::model::loss::LossSum) -> Self {
+        pb::LossReply { loss: s.loss, correct: s.correct, samples: s.samples }
+    }
+}
+
+/// A loss report back from the wire.
+impl From<pb::LossReply> for crate::model::loss::LossSum {
+    fn from(r: pb::LossReply) -> Self {
+        crate::model::loss::LossSum { loss: r.loss, correct: r.correct, samples: r.samples }
+    }
+}

@@ -223,12 +223,9 @@ impl Stage for Relay {
             let r = r.clone();
             async move { client.loss(r).await.map_err(|s| Self::child_error(child, s)) }
         });
-        let replies = try_join_all(calls).await?.into_iter().map(|r| {
-            let r = r.into_inner();
-            LossSum { loss: r.loss, correct: r.correct, samples: r.samples }
-        });
+        let replies = try_join_all(calls).await?.into_iter().map(|r| LossSum::from(r.into_inner()));
         let total = Pairwise::of(replies).map_err(to_status)?.unwrap_or_default();
-        Ok(Response::new(pb::LossReply { loss: total.loss, correct: total.correct, samples: total.samples }))
+        Ok(Response::new(total.into()))
     }
 
     type BackwardStream = GradStream;
@@ -341,12 +338,11 @@ impl Stage for Relay {
         let started = Instant::now();
         let (mut total, mut sum) = (Pairwise::default(), Pairwise::default());
         for (loss, grads) in try_join_all(calls).await? {
-            total.push(LossSum { loss: loss.loss, correct: loss.correct, samples: loss.samples }).map_err(to_status)?;
+            total.push(LossSum::from(loss)).map_err(to_status)?;
             sum.push(grads).map_err(to_status)?;
         }
-        let total = total.finish().map_err(to_status)?.unwrap_or_default();
+        let loss: pb::LossReply = total.finish().map_err(to_status)?.unwrap_or_default().into();
         let sum = sum.finish().map_err(to_status)?.unwrap_or_default();
-        let loss = pb::LossReply { loss: total.loss, correct: total.correct, samples: total.samples };
         if !r.reduce {
             return Ok(Response::new(Box::pin(tokio_stream::iter(encode_step(loss, sum).into_iter().map(Ok)))));
         }

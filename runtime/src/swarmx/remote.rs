@@ -142,8 +142,7 @@ impl Swarm for RemoteSwarm {
         let mut client = self.root.client.clone();
         let req = pb::LossRequest { job: self.job.clone(), step: self.step };
         let reply = self.handle.block_on(async move { client.loss(req).await.map_err(|s| from_status(s, &url)) })?;
-        let r = reply.into_inner();
-        Ok(LossSum { loss: r.loss, correct: r.correct, samples: r.samples })
+        Ok(reply.into_inner().into())
     }
 
     fn backward_pass_into(&mut self, layers: usize, next: StreamSource<'_>, sink: &mut dyn FnMut(LayerGrad) -> Result<()>) -> Result<()> {
@@ -193,7 +192,7 @@ impl Swarm for RemoteSwarm {
             }
             loss.ok_or_else(|| Error::Protocol(format!("{url}: a step reply without its loss")))
         })?;
-        Ok(LossSum { loss: loss.loss, correct: loss.correct, samples: loss.samples })
+        Ok(loss.into())
     }
 
     fn snapshot(&mut self) -> Result<Vec<u8>> {

@@ -28,8 +28,6 @@ pub fn encode_grad_owned(grad: LayerGrad) -> Vec<GradChunk> {
     chunks
 }
 
-
-
 /// A gradient stream's lengths, checked chunk by chunk before anything is kept: each layer's header against the
 /// layer's shape in the plan, each layer's running totals against its header, and the layers against the model
 /// (each at most once). A stream of one layer (`Backward`) and one of a whole step (`Apply`, `Step`) are metered
