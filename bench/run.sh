@@ -2,6 +2,8 @@
 # Weightstream against PyTorch, from a fresh clone, in one command:
 #   bash bench/run.sh [--quick] [--steps N] [--runs N]
 #   bash bench/run.sh --only-llama [--steps N] [--runs N]   (Llama-shaped: bench/llama.py -> bench/RESULTS-llama.md)
+#   bash bench/run.sh --only-larger [--rounds N] [--skip-1b] (larger than memory: bench/larger.py ->
+#                                                             bench/RESULTS-larger.md; the 1 B pair takes ~20 min)
 # Builds wsctl (release), creates bench/.venv with PyTorch from PyPI unless it already imports, then runs
 # bench/harness.py, which writes bench/RESULTS.md, bench/results.json and bench/speedup.svg.
 # Everything runs under `nice` (BENCH_NICE, default 10) so a shared machine stays usable.
@@ -26,6 +28,11 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     "$PYTHON" -m venv "$VENV"
     nice -n "$NICE" "$VENV/bin/pip" install --quiet --disable-pip-version-check -r bench/requirements.txt
     "$VENV/bin/python" -c "import torch; print('[bench] torch', torch.__version__)" >&2
+fi
+
+if [[ "${1:-}" == "--only-larger" ]]; then
+    shift
+    exec nice -n "$NICE" "$VENV/bin/python" bench/larger.py "$@"
 fi
 
 exec nice -n "$NICE" "$VENV/bin/python" bench/harness.py "$@"

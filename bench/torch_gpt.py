@@ -7,6 +7,8 @@ with the job's learning rate, betas and weight decay, trained on windows of Moby
 alone for a quick number:
 
     bench/.venv/bin/python bench/torch_gpt.py --width 256 --steps 30 [--compile] [--sparsity 0.9]
+    bench/.venv/bin/python bench/torch_gpt.py --width 2048 --heads 16 --blocks 20 --context 64 --batch 16 \
+        --steps 3 --warmup 1                                  # the 1 B example at 1,024 tokens a step
 
 `--sparsity` multiplies every block matrix by a fixed 0/1 mask on every forward (what users do today for a
 sparse model in PyTorch); the PyTorch baseline the targets name is the dense one.
@@ -123,13 +125,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 10 compiled, 5 eager)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sparsity", type=float, default=0.0)
     ap.add_argument("--compile", action="store_true")
     a = ap.parse_args()
-    r = train(width=a.width, heads=a.heads, steps=a.steps, threads=a.threads, sparsity=a.sparsity, compile=a.compile,
-              warmup=10 if a.compile else 5)
+    warmup = a.warmup if a.warmup is not None else (10 if a.compile else 5)
+    r = train(width=a.width, heads=a.heads, blocks=a.blocks, context=a.context, batch=a.batch, steps=a.steps,
+              threads=a.threads, sparsity=a.sparsity, compile=a.compile, warmup=warmup)
     print(r)
 
 

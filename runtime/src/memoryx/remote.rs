@@ -6,7 +6,7 @@ use tonic::transport::Channel;
 
 use super::server::{ServerUsage, WeightServer};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
-use super::service::{chunks, Assembler};
+use super::service::{chunks, Assembler, Filler};
 use wire::error::{Error, Result};
 use crate::protocol::pb::weights_client::WeightsClient;
 use crate::protocol::pb::{TensorChunk, WeightsRequest};
@@ -77,7 +77,7 @@ impl RemoteServer {
     }
 
     /// Sends a layer's tensors as a client stream to `call`.
-    fn send<F, Fut>(&self, layer: usize, step: u64, tensors: &[Vec<f32>], call: F) -> Result<()>
+    fn send<F, Fut>(&self, layer: usize, step: u64, tensors: impl IntoIterator<Item = Vec<f32>>, call: F) -> Result<()>
     where
         F: FnOnce(WeightsClient<Channel>, futures::stream::Iter<std::vec::IntoIter<TensorChunk>>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<crate::protocol::pb::Ack>, tonic::Status>>,
@@ -99,12 +99,28 @@ impl WeightServer for RemoteServer {
         Ok((w, b))
     }
 
+    fn fetch_into(&self, layer: usize, step: u64, weights: &mut [f32], bias: &mut [f32]) -> Result<()> {
+        let want = self.lengths.get(layer).map(|l| (l[0], l[1]));
+        if want != Some((weights.len(), bias.len())) {
+            return Err(Error::Protocol(format!("{}: layer {layer}'s slice does not fit the room given for it", self.slice)));
+        }
+        let mut client = self.client.clone();
+        self.handle.block_on(async {
+            let mut stream = client.fetch(self.request(layer, step)).await.map_err(|s| self.failed(s))?.into_inner();
+            let mut filler = Filler::new(&self.job, layer, step, weights, bias);
+            while let Some(c) = stream.message().await.map_err(|s| self.failed(s))? {
+                filler.push(c)?;
+            }
+            filler.finish()
+        })
+    }
+
     fn update(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
-        self.send(layer, step, &[weights.to_vec(), bias.to_vec()], |mut c, s| async move { c.update(s).await })
+        self.send(layer, step, [weights.to_vec(), bias.to_vec()], |mut c, s| async move { c.update(s).await })
     }
 
     fn stage(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
-        self.send(layer, step, &[weights.to_vec(), bias.to_vec()], |mut c, s| async move { c.stage(s).await })
+        self.send(layer, step, [weights.to_vec(), bias.to_vec()], |mut c, s| async move { c.stage(s).await })
     }
 
     fn commit(&self, step: u64) -> Result<()> {
@@ -129,6 +145,6 @@ impl WeightServer for RemoteServer {
     }
 
     fn put(&self, layer: usize, step: u64, tensors: LayerTensors) -> Result<()> {
-        self.send(layer, step, &tensors, |mut c, s| async move { c.put(s).await })
+        self.send(layer, step, tensors, |mut c, s| async move { c.put(s).await })
     }
 }

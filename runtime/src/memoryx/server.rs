@@ -56,6 +56,17 @@ pub trait WeightServer: Send + Sync {
     fn slice(&self) -> SliceId;
     /// Its slice of layer `layer`'s weights and bias, which must have had `step` updates.
     fn fetch(&self, layer: usize, step: u64) -> Result<(Vec<f32>, Vec<f32>)>;
+    /// The same slice written into `weights` and `bias`, which must be its lengths: the coordinator gathers a
+    /// layer from several servers straight into its place in the whole, with no copy to join it.
+    fn fetch_into(&self, layer: usize, step: u64, weights: &mut [f32], bias: &mut [f32]) -> Result<()> {
+        let (w, b) = self.fetch(layer, step)?;
+        if (w.len(), b.len()) != (weights.len(), bias.len()) {
+            return Err(Error::Protocol(format!("{}: layer {layer}'s slice does not fit the room given for it", self.slice())));
+        }
+        weights.copy_from_slice(&w);
+        bias.copy_from_slice(&b);
+        Ok(())
+    }
     /// Runs the optimizer on its slice of layer `layer` with the matching slices of the summed gradient of
     /// step `step` (0-based), which must be the next one the layer expects.
     fn update(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()>;
@@ -464,6 +475,18 @@ impl WeightServer for LocalSlice {
         self.with_layer_parts(layer, false, false, |slot, t| {
             self.check_step(layer, slot.updates, step)?;
             Ok((t[0].clone(), t[1].clone()))
+        })
+    }
+
+    fn fetch_into(&self, layer: usize, step: u64, weights: &mut [f32], bias: &mut [f32]) -> Result<()> {
+        self.with_layer_parts(layer, false, false, |slot, t| {
+            self.check_step(layer, slot.updates, step)?;
+            if (t[0].len(), t[1].len()) != (weights.len(), bias.len()) {
+                return Err(Error::Protocol(format!("{}: layer {layer}'s slice does not fit the room given for it", self.slice)));
+            }
+            weights.copy_from_slice(&t[0]);
+            bias.copy_from_slice(&t[1]);
+            Ok(())
         })
     }
 

@@ -13,33 +13,24 @@ use super::slice::{LayerLengths, LayerTensors};
 use wire::error::{Error, Result};
 use crate::protocol::pb::weights_server::Weights;
 use crate::protocol::pb::{Ack, TensorChunk, WeightsInfo, WeightsRequest};
-use crate::protocol::codec::chunk::CHUNK_BYTES;
+use crate::protocol::codec::chunk::{extend_words, pieces, Words};
 use wire::grpc::JobGuard;
 use wire::status::to_status;
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<TensorChunk, Status>> + Send>>;
 
-/// The chunks of `tensors` (the first `count`), each cut to at most [`CHUNK_BYTES`]; every tensor sends at
-/// least one chunk, so an empty one is seen too.
-pub(super) fn chunks(job: &str, layer: usize, step: u64, tensors: &[Vec<f32>]) -> Vec<TensorChunk> {
+/// The chunks of `tensors`, each cut to at most [`CHUNK_BYTES`](crate::protocol::codec::chunk::CHUNK_BYTES)
+/// as slices of the tensor's own buffer (no copy); every tensor sends at least one chunk, so an empty one is
+/// seen too.
+pub(super) fn chunks(job: &str, layer: usize, step: u64, tensors: impl IntoIterator<Item = Vec<f32>>) -> Vec<TensorChunk> {
+    let chunk = |k: usize, data: bytes::Bytes| TensorChunk { job: job.to_string(), layer: layer as u64, step, tensor: k as u32, data };
     let mut out = Vec::new();
-    for (k, t) in tensors.iter().enumerate() {
-        let bytes: &[u8] = bytemuck::cast_slice(t);
-        let mut at = 0;
-        loop {
-            let end = (at + CHUNK_BYTES).min(bytes.len());
-            out.push(TensorChunk {
-                job: job.to_string(),
-                layer: layer as u64,
-                step,
-                tensor: k as u32,
-                data: bytes::Bytes::copy_from_slice(&bytes[at..end]),
-            });
-            at = end;
-            if at >= bytes.len() {
-                break;
-            }
+    for (k, t) in tensors.into_iter().enumerate() {
+        if t.is_empty() {
+            out.push(chunk(k, bytes::Bytes::new()));
+            continue;
         }
+        out.extend(pieces(bytes::Bytes::from_owner(Words(t))).map(|data| chunk(k, data)));
     }
     out
 }
@@ -90,10 +81,7 @@ impl<'a> Assembler<'a> {
         if self.tensors[k].capacity() == 0 {
             self.tensors[k].reserve_exact(want[k]);
         }
-        let start = self.tensors[k].len();
-        self.tensors[k].resize(have, 0.0);
-        bytemuck::cast_slice_mut::<f32, u8>(&mut self.tensors[k][start..]).copy_from_slice(&c.data);
-        Ok(())
+        extend_words(&mut self.tensors[k], &c.data, "a tensor chunk")
     }
 
     /// The layer, its step and its tensors, once every tensor is complete.
@@ -109,6 +97,64 @@ impl<'a> Assembler<'a> {
             }
         }
         Ok((layer, step, self.tensors))
+    }
+}
+
+/// Puts a layer's weights and bias, as a server streams them for a fetch, straight into the caller's buffers
+/// (the coordinator's whole layer, at this slice's place) instead of a buffer of its own that would be copied
+/// again: the same checks as [`Assembler`] (the job, the layer and step asked for, nothing past a buffer's end,
+/// each buffer filled exactly).
+pub(super) struct Filler<'a> {
+    job: &'a str,
+    layer: u64,
+    step: u64,
+    into: [&'a mut [f32]; 2],
+    filled: [usize; 2],
+}
+
+impl<'a> Filler<'a> {
+    /// Expects layer `layer` at step `step` of job `job`, its weights into `weights` and bias into `bias`.
+    pub(super) fn new(job: &'a str, layer: usize, step: u64, weights: &'a mut [f32], bias: &'a mut [f32]) -> Self {
+        Filler { job, layer: layer as u64, step, into: [weights, bias], filled: [0; 2] }
+    }
+
+    /// Takes one chunk.
+    pub(super) fn push(&mut self, c: TensorChunk) -> Result<()> {
+        if c.job != self.job {
+            return Err(Error::Protocol(format!("tensors of job '{}' reached a coordinator of job '{}'", c.job, self.job)));
+        }
+        if (c.layer, c.step) != (self.layer, self.step) {
+            return Err(Error::Protocol(format!(
+                "a fetch of layer {}, step {} carried a chunk of layer {}, step {}",
+                self.layer, self.step, c.layer, c.step
+            )));
+        }
+        let k = c.tensor as usize;
+        let (Some(into), Some(filled)) = (self.into.get_mut(k), self.filled.get_mut(k)) else {
+            return Err(Error::Protocol(format!("tensor {k} of a fetch, which carries weights and bias only")));
+        };
+        if c.data.len() % 4 != 0 {
+            return Err(Error::Protocol(format!("a chunk of {} bytes is not whole 4-byte values", c.data.len())));
+        }
+        let end = *filled + c.data.len() / 4;
+        Error::check_limit(|| format!("tensor {k} of layer {}'s slice (values)", self.layer), end as u64, into.len() as u64)?;
+        bytemuck::cast_slice_mut::<f32, u8>(&mut into[*filled..end]).copy_from_slice(&c.data);
+        *filled = end;
+        Ok(())
+    }
+
+    /// Succeeds once both buffers are full.
+    pub(super) fn finish(self) -> Result<()> {
+        for (k, (into, filled)) in self.into.iter().zip(self.filled).enumerate() {
+            if filled != into.len() {
+                return Err(Error::Protocol(format!(
+                    "tensor {k} of layer {}'s slice ended after {filled} values; {} expected",
+                    self.layer,
+                    into.len()
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -142,7 +188,7 @@ impl WeightsService {
         a.finish().map_err(to_status)
     }
 
-    fn send(&self, layer: usize, step: u64, tensors: &[Vec<f32>]) -> Response<ChunkStream> {
+    fn send(&self, layer: usize, step: u64, tensors: impl IntoIterator<Item = Vec<f32>>) -> Response<ChunkStream> {
         let items: Vec<Result<TensorChunk, Status>> = chunks(self.job.job(), layer, step, tensors).into_iter().map(Ok).collect();
         Response::new(Box::pin(futures::stream::iter(items)))
     }
@@ -170,7 +216,7 @@ impl Weights for WeightsService {
         self.job.check(&r.job)?;
         let (layer, step) = (layer_of(&r), r.step);
         let (w, b) = self.blocking(move |s| s.fetch(layer, step)).await?;
-        Ok(self.send(layer, step, &[w, b]))
+        Ok(self.send(layer, step, [w, b]))
     }
 
     async fn update(&self, request: Request<Streaming<TensorChunk>>) -> Result<Response<Ack>, Status> {
@@ -201,7 +247,7 @@ impl Weights for WeightsService {
         self.job.check(&r.job)?;
         let layer = layer_of(&r);
         let (step, t) = self.blocking(move |s| s.tensors(layer)).await?;
-        Ok(self.send(layer, step, &t))
+        Ok(self.send(layer, step, t))
     }
 
     async fn put(&self, request: Request<Streaming<TensorChunk>>) -> Result<Response<Ack>, Status> {
@@ -216,4 +262,56 @@ pub fn weights_service(service: Arc<WeightsService>) -> crate::protocol::pb::wei
     crate::protocol::pb::weights_server::WeightsServer::from_arc(service)
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer() -> [Vec<f32>; 2] {
+        [(0..600_000).map(|i| i as f32 * 0.5).collect(), vec![1.0, -2.0, 3.0]]
+    }
+
+    #[test]
+    fn chunks_are_cut_from_the_tensors_and_filled_back_in_place() {
+        let [w, b] = layer();
+        let sent = chunks("job", 3, 7, [w.clone(), b.clone(), Vec::new()]);
+        assert!(sent.len() >= 4, "600,000 weights take more than one chunk, and an empty tensor sends one");
+        assert!(sent.iter().any(|c| c.tensor == 2 && c.data.is_empty()));
+        let (mut gw, mut gb) = (vec![0.0; w.len()], vec![0.0; b.len()]);
+        let mut filler = Filler::new("job", 3, 7, &mut gw, &mut gb);
+        for c in sent.into_iter().filter(|c| c.tensor < 2) {
+            filler.push(c).unwrap();
+        }
+        filler.finish().unwrap();
+        assert_eq!((gw, gb), (w, b));
+    }
+
+    #[test]
+    fn a_filler_refuses_another_job_layer_or_step_and_any_overflow_or_shortfall() {
+        let [w, b] = layer();
+        let good = || chunks("job", 3, 7, [w.clone(), b.clone()]);
+        let (mut gw, mut gb) = (vec![0.0; w.len()], vec![0.0; b.len()]);
+        for (job, layer, step) in [("other", 3, 7), ("job", 4, 7), ("job", 3, 8)] {
+            let c = chunks(job, layer, step, [w.clone()]).remove(0);
+            assert!(Filler::new("job", 3, 7, &mut gw, &mut gb).push(c).is_err(), "{job} {layer} {step}");
+        }
+        // Room for one value fewer than sent: refused before anything is written past it.
+        let mut short = vec![0.0; b.len() - 1];
+        let mut filler = Filler::new("job", 3, 7, &mut gw, &mut short);
+        let over = good().into_iter().find(|c| c.tensor == 1).unwrap();
+        assert!(matches!(filler.push(over), Err(Error::OverLimit { .. })));
+        // A stream that stops early leaves a buffer unfilled: refused.
+        let mut filler = Filler::new("job", 3, 7, &mut gw, &mut gb);
+        filler.push(good().remove(0)).unwrap();
+        assert!(filler.finish().is_err());
+        // A third tensor, or bytes that are not whole values.
+        let mut filler = Filler::new("job", 3, 7, &mut gw, &mut gb);
+        let mut third = good().remove(0);
+        third.tensor = 2;
+        assert!(filler.push(third).is_err());
+        let mut ragged = good().remove(0);
+        ragged.data = ragged.data.slice(0..5);
+        assert!(filler.push(ragged).is_err());
+    }
 }

@@ -127,6 +127,29 @@ fn on_each<T: Send>(servers: &[Arc<dyn WeightServer>], f: impl Fn(usize, &dyn We
     })
 }
 
+/// Each server's place in a layer's whole `weights` and `bias`, in server order: the slices' ranges, which
+/// follow one another from the start to the end.
+fn places<'a>(servers: &[Arc<dyn WeightServer>], weights: &'a mut [f32], bias: &'a mut [f32]) -> Result<Vec<(&'a mut [f32], &'a mut [f32])>> {
+    let (lens_w, lens_b) = (weights.len(), bias.len());
+    let (mut rest_w, mut rest_b) = (weights, bias);
+    let mut out = Vec::with_capacity(servers.len());
+    for s in servers {
+        let (rw, rb) = (s.slice().range(lens_w), s.slice().range(lens_b));
+        if rw.start != lens_w - rest_w.len() || rb.start != lens_b - rest_b.len() {
+            return Err(Error::Protocol(format!("{}'s slice does not follow the one before it", s.slice())));
+        }
+        let uncovered = || Error::Protocol(format!("{}'s slice runs past the layer's end", s.slice()));
+        let (w, tail_w) = std::mem::take(&mut rest_w).split_at_mut_checked(rw.len()).ok_or_else(uncovered)?;
+        let (b, tail_b) = std::mem::take(&mut rest_b).split_at_mut_checked(rb.len()).ok_or_else(uncovered)?;
+        (rest_w, rest_b) = (tail_w, tail_b);
+        out.push((w, b));
+    }
+    if !rest_w.is_empty() || !rest_b.is_empty() {
+        return Err(Error::Protocol("the weight servers' slices do not cover the layer".into()));
+    }
+    Ok(out)
+}
+
 /// The whole of a tensor from its slices, in server order (the one slice itself when there is one).
 fn join(mut parts: Vec<Vec<f32>>) -> Vec<f32> {
     if parts.len() == 1 {
@@ -246,13 +269,29 @@ impl MemoryX {
         self.updates.get(layer).map_or(0, |u| u.load(Ordering::SeqCst))
     }
 
-    /// Layer `layer`'s weights and bias, put back together from every server's slice.
+    /// Layer `layer`'s weights and bias, put back together from every server's slice: each server's part is
+    /// written straight into its place in the whole, all servers at once.
     fn gather(&self, layer: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-        self.lengths(layer)?;
+        let [weights, bias, ..] = self.lengths(layer)?;
         let step = self.at(layer);
-        let parts = on_each(&self.servers, |_, s| s.fetch(layer, step))?;
-        let (w, b): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
-        Ok((join(w), join(b)))
+        if let [only] = self.servers.as_slice() {
+            return only.fetch(layer, step);
+        }
+        // Zeroed by the allocator (fresh pages), not by a pass over them: every value is then written once.
+        let (mut w, mut b) = (vec![0.0f32; weights], vec![0.0f32; bias]);
+        let places = places(&self.servers, &mut w, &mut b)?;
+        std::thread::scope(|scope| {
+            let calls: Vec<_> = self
+                .servers
+                .iter()
+                .zip(places)
+                .map(|(s, (w, b))| scope.spawn(move || s.fetch_into(layer, step, w, b)))
+                .collect();
+            calls
+                .into_iter()
+                .try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Protocol("a weight server's call panicked".into()))))
+        })?;
+        Ok((w, b))
     }
 
     /// The first `n` weights of layer `target`: a tied layer's matrix.

@@ -14,6 +14,9 @@ use crate::protocol::serve_stage;
 
 /// Runs a SwarmX node until it is stopped.
 pub fn main(args: SwarmxArgs) -> Result<()> {
+    // A node relays the same layers and sums the same gradients every step: its buffers are reused, not
+    // faulted in again.
+    crate::process::keep_allocator_warm();
     let program = Program::start(Role::Swarmx, &args.common)?;
     let children = program.runtime.block_on(async {
         let mut children = Vec::new();

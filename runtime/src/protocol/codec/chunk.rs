@@ -10,13 +10,14 @@ pub const CHUNK_BYTES: usize = 1_000_000;
 
 /// Appends the little-endian words in `bytes` to `out`: one copy from the message into the typed buffer the
 /// kernels read, with no intermediate byte buffer.
-pub(super) fn extend_words<T: bytemuck::Pod>(out: &mut Vec<T>, bytes: &[u8], what: &str) -> Result<()> {
-    if bytes.len() % 4 != 0 {
-        return Err(Error::Protocol(format!("{what} holds {} bytes, not a whole number of 4-byte values", bytes.len())));
+pub(crate) fn extend_words<T: bytemuck::Pod>(out: &mut Vec<T>, bytes: &[u8], what: &str) -> Result<()> {
+    let size = std::mem::size_of::<T>();
+    if bytes.len() % size != 0 {
+        return Err(Error::Protocol(format!("{what} holds {} bytes, not a whole number of {size}-byte values", bytes.len())));
     }
-    let start = out.len();
-    out.resize(start + bytes.len() / 4, T::zeroed());
-    bytemuck::cast_slice_mut::<T, u8>(&mut out[start..]).copy_from_slice(bytes);
+    // Each word is written once, straight from the message (whose bytes need not be aligned): no zero-fill
+    // of the room first, which doubled the writes of a megabyte chunk.
+    out.extend(bytes.chunks_exact(size).map(bytemuck::pod_read_unaligned::<T>));
     Ok(())
 }
 
@@ -66,7 +67,7 @@ impl Recycled {
 
 /// Little-endian words owned by a [`Bytes`] without copying them: the platform is little-endian (checked at
 /// compile time below), so a `Vec<f32>` already is its wire form.
-pub(super) struct Words(pub(super) Vec<f32>);
+pub(crate) struct Words(pub(crate) Vec<f32>);
 
 impl AsRef<[u8]> for Words {
     fn as_ref(&self) -> &[u8] {
@@ -78,7 +79,7 @@ impl AsRef<[u8]> for Words {
 compile_error!("the wire format sends words in the machine's order, which must be little-endian");
 
 /// Pieces of at most [`CHUNK_BYTES`] of `data`, sharing its buffer.
-pub(super) fn pieces(data: Bytes) -> impl Iterator<Item = Bytes> {
+pub(crate) fn pieces(data: Bytes) -> impl Iterator<Item = Bytes> {
     (0..data.len()).step_by(CHUNK_BYTES).map(move |at| data.slice(at..(at + CHUNK_BYTES).min(data.len())))
 }
 

@@ -1,0 +1,211 @@
+"""Larger than memory: weight streaming against training with the model resident, and against PyTorch eager.
+
+Writes bench/RESULTS-larger.md and bench/results-larger.json from, in one run on this machine:
+  1. the ~100M GPT (width 1024, 8 blocks, 16 heads, 2,048 tokens a step) three ways: in one process with the model
+     resident on the engine; as processes with every layer streamed from MemoryX (executionMode
+     weightStreaming); and streamed from 2 weight servers that hold a quarter of MemoryX's state in memory and
+     the rest in their disk tiers;
+  2. the 1 B example (examples/jobs/gpt-1b.yaml: 1,024 tokens a step as 4 micro-batches, a quarter of its
+     state in memory) against PyTorch eager training the same model in RAM on the same threads.
+Configurations take turns within a round; medians over rounds. For each weightstream run: tokens/s, engines'
+busy share, bytes each hop carried per step, the disk tier's MB/s against `wsctl bench machine`'s disk figures,
+and every weight server's peak RSS against its budget.
+
+    bash bench/run.sh --only-larger [--rounds N] [--skip-1b]
+"""
+
+import argparse
+import json
+import math
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (the bench's shared helpers: wsctl, the machine, the PyTorch GPT)
+import torch_gpt  # noqa: E402
+
+REPO, WORK, WSCTL, log = harness.REPO, harness.WORK / "larger", harness.WSCTL, harness.log
+
+# The ~100M shape of the issue: the gpt-small example at width 1024, 16 heads, 8 blocks, 16 x 128 tokens.
+SHAPE_100M = {"width": 1024, "heads": 16, "blocks": 8, "steps": 6, "warmupSteps": 2}
+ONE_B = REPO / "examples/jobs/gpt-1b.yaml"
+
+
+def field(text, name, cast):
+    return cast(re.search(rf"^\s*{name}:\s*([^\s#]+)", text, re.M).group(1))
+
+
+def with_fields(text, fields):
+    for name, value in fields.items():
+        text, n = re.subn(rf"^(\s*){name}:\s*[^\s#]+", rf"\g<1>{name}: {value}", text, count=1, flags=re.M)
+        if n != 1:
+            raise SystemExit(f"bench: no '{name}:' to set in the job")
+    return text
+
+
+def plan(path):
+    return harness.wsctl_json("plan", str(path), "--json")
+
+
+def quarter_in_memory(text, servers, path):
+    """`text` with MemoryX on `servers` weight servers, each holding a quarter of its slice in memory (never
+    below what the plan needs in memory), written to `path`."""
+    text = re.sub(r"^spec:\n", f"spec:\n  memoryx:\n    servers: {servers}\n    memoryBytes: 1\n", text, count=1, flags=re.M)
+    path.write_text(text)
+    p = plan(path)["memoryx"]
+    budget = max(math.ceil(p["server_bytes"] / 4), p["min_memory_bytes"])
+    text = text.replace("    memoryBytes: 1\n", f"    memoryBytes: {budget}\n", 1)
+    path.write_text(text)
+    return path
+
+
+def jobs_100m():
+    """The three ~100M jobs: (name, path, wsctl run arguments)."""
+    text = with_fields((REPO / "examples/jobs/gpt-small.yaml").read_text(), SHAPE_100M)
+    text = re.sub(r"^(\s*name:).*$", r"\1 gpt-100m", text, count=1, flags=re.M)
+    resident = WORK / "gpt-100m-resident.yaml"
+    resident.write_text(text)
+    streamed = text.replace("spec:\n", "spec:\n  executionMode: weightStreaming\n", 1)
+    streaming = WORK / "gpt-100m-streaming.yaml"
+    streaming.write_text(streamed)
+    tiered = quarter_in_memory(streamed, 2, WORK / "gpt-100m-tiered.yaml")
+    return [("resident, in process", resident, ["--in-process"]),
+            ("streaming every layer", streaming, []),
+            ("streaming, 1/4 in memory", tiered, [])]
+
+
+def job_1b():
+    """The 1 B example as it is checked in: it already asks for a quarter of its state in memory."""
+    return ("1 B streaming, 1/4 in memory", ONE_B, [])
+
+
+def weightstream(name, path, extra, warmup):
+    """One `wsctl run`; per-step figures from metrics.jsonl after `warmup` steps, the rest from summary.json."""
+    out = WORK / ("run-" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"))
+    shutil.rmtree(out, ignore_errors=True)
+    log(f"weightstream: {name} ({path.name})")
+    subprocess.run([str(WSCTL), "run", str(path), "--out", str(out), *extra], cwd=REPO, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    text = path.read_text()
+    batch, context = field(text, "batchSize", int), field(text, "contextLength", int)
+    summary = json.loads((out / "summary.json").read_text())
+    metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    timed = metrics[warmup:] or metrics
+    step_s = statistics.median(batch / m["samples_per_s"] for m in timed if m["samples_per_s"] > 0)
+    steps = summary["steps"]
+    servers = summary.get("memoryx", {}).get("servers", [])
+    wall = summary["wall_s"]
+    engines = summary.get("engines", [])
+    return {
+        "tokens_per_s": batch * context / step_s,
+        "step_s": step_s,
+        "busy": summary.get("wse_utilization"),
+        "final_loss": summary["final_loss"],
+        "losses": [m["loss"] for m in metrics],
+        "memoryx_to_swarmx_per_step": summary["bytes_streamed"] / steps,
+        "engine_received_per_step": sum(e["bytes_received"] for e in engines) / steps,
+        "engine_sent_per_step": sum(e["bytes_sent"] for e in engines) / steps,
+        "tier_read_mb_s": sum(s["tierReadBytes"] for s in servers) / wall / 1e6,
+        "tier_written_mb_s": sum(s["tierWrittenBytes"] for s in servers) / wall / 1e6,
+        "servers": [{"index": s["index"], "peak_rss": s["peakRssBytes"], "budget": s["budgetBytes"],
+                     "in_memory": s["memoryBytes"], "on_disk": s["diskBytes"]} for s in servers],
+    }
+
+
+def pytorch_1b(steps):
+    text = ONE_B.read_text()
+    cfg = {k: field(text, k, int) for k in ("width", "heads", "blocks", "contextLength", "batchSize", "mlpRatio", "seed")}
+    log(f"PyTorch eager: the 1 B model, {steps} timed steps")
+    return torch_gpt.train(width=cfg["width"], heads=cfg["heads"], blocks=cfg["blocks"], context=cfg["contextLength"],
+                           batch=cfg["batchSize"], mlp_ratio=cfg["mlpRatio"], steps=steps, warmup=1,
+                           lr=field(text, "learningRate", float), weight_decay=field(text, "weightDecay", float),
+                           threads=harness.THREADS, seed=cfg["seed"])
+
+
+def medians(runs):
+    """Field-wise medians of the numeric fields of a configuration's runs (the first run's for the rest)."""
+    out = dict(runs[0])
+    for k, v in runs[0].items():
+        if isinstance(v, (int, float)) and v is not None:
+            out[k] = statistics.median(r[k] for r in runs)
+    out["rounds"] = len(runs)
+    return out
+
+
+def gib(b):
+    return f"{b / 2**30:.2f} GiB"
+
+
+def render(r):
+    lines = ["# Larger than memory", "",
+             f"`bash bench/run.sh --only-larger`, {r['machine']['date_utc']}, on {r['machine']['cpu']} "
+             f"({r['machine']['cores']} cores, {r['machine']['memory_gib']} GiB). Medians of {r['rounds']} "
+             "interleaved rounds. Disk, from `wsctl bench machine`: write to fsync "
+             f"{r['disk']['write_mb_s']:.0f} MB/s, read with the cache dropped {r['disk']['read_mb_s']:.0f} MB/s.", ""]
+    head = ("| run | tokens/s | vs reference | engines busy | MemoryX→SwarmX a step | engine in / out a step "
+            "| disk tier read / write | weight servers' peak RSS (budget) |")
+    for title, section, ref_name in (("The ~100M GPT (2,048 tokens a step)", "100m", "resident, in process"),
+                                     ("The 1 B example (1,024 tokens a step)", "1b", "PyTorch eager, in RAM")):
+        rows = r.get(section)
+        if not rows:
+            continue
+        ref = rows[ref_name]["tokens_per_s"]
+        lines += [f"## {title}", "", head, "|" + " --- |" * 8]
+        for name, x in rows.items():
+            ratio = x["tokens_per_s"] / ref
+            if "busy" not in x:
+                lines.append(f"| {name} | {x['tokens_per_s']:.1f} | {ratio:.2f}× | | | | | |")
+                continue
+            rss = ", ".join(f"{gib(s['peak_rss'])} ({gib(s['budget'])})" for s in x["servers"]) or "—"
+            disk = (f"{x['tier_read_mb_s']:.0f} / {x['tier_written_mb_s']:.0f} MB/s "
+                    f"({100 * x['tier_read_mb_s'] / r['disk']['read_mb_s']:.1f}% / "
+                    f"{100 * x['tier_written_mb_s'] / r['disk']['write_mb_s']:.1f}% of the disk)") if x["servers"] else "—"
+            lines.append(f"| {name} | {x['tokens_per_s']:.1f} | {ratio:.2f}× | {100 * x['busy']:.0f}% "
+                         f"| {gib(x['memoryx_to_swarmx_per_step'])} | {gib(x['engine_received_per_step'])} / "
+                         f"{gib(x['engine_sent_per_step'])} | {disk} | {rss} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def disk_figures():
+    WORK.mkdir(parents=True, exist_ok=True)
+    m = harness.wsctl_json("bench", "machine", "--json", "--disk-dir", str(WORK))
+    return {"write_mb_s": m["disk_write_bytes_per_s"]["median"] / 1e6,
+            "read_mb_s": m["disk_read_bytes_per_s"]["median"] / 1e6}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the ~100M configurations")
+    ap.add_argument("--rounds-1b", type=int, default=1, help="rounds of the 1 B pair (minutes each)")
+    ap.add_argument("--skip-1b", action="store_true", help="only the ~100M shape")
+    ap.add_argument("--out", type=Path, default=harness.BENCH)
+    a = ap.parse_args()
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
+    r = {"machine": harness.machine_description(), "rounds": a.rounds, "disk": disk_figures()}
+    runs = {}
+    for _ in range(a.rounds):
+        for name, path, extra in jobs_100m():
+            runs.setdefault(name, []).append(weightstream(name, path, extra, warmup=1))
+    r["100m"] = {name: medians(v) for name, v in runs.items()}
+    if not a.skip_1b:
+        name, path, extra = job_1b()
+        steps = field(path.read_text(), "steps", int)
+        pair = {}
+        for _ in range(a.rounds_1b):
+            pair.setdefault(name, []).append(weightstream(name, path, extra, warmup=1))
+            pair.setdefault("PyTorch eager, in RAM", []).append(pytorch_1b(steps - 1))
+        r["1b"] = {k: medians(v) for k, v in pair.items()}
+    (a.out / "results-larger.json").write_text(json.dumps(r, indent=1) + "\n")
+    (a.out / "RESULTS-larger.md").write_text(render(r) + "\n")
+    log(f"wrote {a.out / 'RESULTS-larger.md'}")
+
+
+if __name__ == "__main__":
+    main()
