@@ -55,11 +55,13 @@ def plan(path):
 def quarter_in_memory(text, servers, path):
     """`text` with MemoryX on `servers` weight servers, each holding a quarter of its slice in memory (never
     below what the plan needs in memory), written to `path`."""
-    text = re.sub(r"^spec:\n", f"spec:\n  memoryx:\n    servers: {servers}\n    memoryBytes: 1\n", text, count=1, flags=re.M)
+    everything = 1 << 40  # first all of it in memory, to learn a slice's size
+    text = re.sub(r"^spec:\n", f"spec:\n  memoryx:\n    servers: {servers}\n    memoryBytes: {everything}\n", text,
+                  count=1, flags=re.M)
     path.write_text(text)
     p = plan(path)["memoryx"]
     budget = max(math.ceil(p["server_bytes"] / 4), p["min_memory_bytes"])
-    text = text.replace("    memoryBytes: 1\n", f"    memoryBytes: {budget}\n", 1)
+    text = text.replace(f"    memoryBytes: {everything}\n", f"    memoryBytes: {budget}\n", 1)
     path.write_text(text)
     return path
 
@@ -161,10 +163,11 @@ def render(r):
             if "busy" not in x:
                 lines.append(f"| {name} | {x['tokens_per_s']:.1f} | {ratio:.2f}× | | | | | |")
                 continue
-            rss = ", ".join(f"{gib(s['peak_rss'])} ({gib(s['budget'])})" for s in x["servers"]) or "—"
-            disk = (f"{x['tier_read_mb_s']:.0f} / {x['tier_written_mb_s']:.0f} MB/s "
+            rss = ", ".join(f"{gib(s['peak_rss'])} ({gib(s['budget']) if s['budget'] else 'no budget'})"
+                            for s in x["servers"]) or "—"
+            disk = "—" if not x["tier_read_mb_s"] else (f"{x['tier_read_mb_s']:.0f} / {x['tier_written_mb_s']:.0f} MB/s "
                     f"({100 * x['tier_read_mb_s'] / r['disk']['read_mb_s']:.1f}% / "
-                    f"{100 * x['tier_written_mb_s'] / r['disk']['write_mb_s']:.1f}% of the disk)") if x["servers"] else "—"
+                    f"{100 * x['tier_written_mb_s'] / r['disk']['write_mb_s']:.1f}% of the disk)")
             lines.append(f"| {name} | {x['tokens_per_s']:.1f} | {ratio:.2f}× | {100 * x['busy']:.0f}% "
                          f"| {gib(x['memoryx_to_swarmx_per_step'])} | {gib(x['engine_received_per_step'])} / "
                          f"{gib(x['engine_sent_per_step'])} | {disk} | {rss} |")
@@ -185,7 +188,11 @@ def main():
     ap.add_argument("--rounds-1b", type=int, default=1, help="rounds of the 1 B pair (minutes each)")
     ap.add_argument("--skip-1b", action="store_true", help="only the ~100M shape")
     ap.add_argument("--out", type=Path, default=harness.BENCH)
+    ap.add_argument("--from-json", type=Path, metavar="RESULTS_JSON", help="only write RESULTS-larger.md from it")
     a = ap.parse_args()
+    if a.from_json:
+        (a.out / "RESULTS-larger.md").write_text(render(json.loads(a.from_json.read_text())) + "\n")
+        return
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     r = {"machine": harness.machine_description(), "rounds": a.rounds, "disk": disk_figures()}

@@ -114,12 +114,25 @@ fn finite(values: &[f32]) -> bool {
 /// Runs `f` on every server, all at once when there are several (each may be a network round trip or a disk
 /// read), and returns their results in server order.
 fn on_each<T: Send>(servers: &[Arc<dyn WeightServer>], f: impl Fn(usize, &dyn WeightServer) -> Result<T> + Sync) -> Result<Vec<T>> {
-    if let [only] = servers {
-        return Ok(vec![f(0, only.as_ref())?]);
+    on_each_with(servers, (0..servers.len()).collect(), |s, i| f(i, s))
+}
+
+/// [`on_each`], handing server `i` its own `inputs[i]` (a part of a buffer they fill together).
+fn on_each_with<T: Send, I: Send>(
+    servers: &[Arc<dyn WeightServer>],
+    inputs: Vec<I>,
+    f: impl Fn(&dyn WeightServer, I) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    if servers.len() != inputs.len() {
+        return Err(Error::Protocol(format!("{} inputs for {} weight servers", inputs.len(), servers.len())));
+    }
+    if let ([only], [_]) = (servers, inputs.as_slice()) {
+        let input = inputs.into_iter().next().ok_or_else(|| Error::Protocol("no input for the weight server".into()))?;
+        return Ok(vec![f(only.as_ref(), input)?]);
     }
     std::thread::scope(|scope| {
         let f = &f;
-        let handles: Vec<_> = servers.iter().enumerate().map(|(i, s)| scope.spawn(move || f(i, s.as_ref()))).collect();
+        let handles: Vec<_> = servers.iter().zip(inputs).map(|(s, input)| scope.spawn(move || f(s.as_ref(), input))).collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(Error::Protocol("a weight server's call panicked".into()))))
@@ -277,20 +290,10 @@ impl MemoryX {
         if let [only] = self.servers.as_slice() {
             return only.fetch(layer, step);
         }
-        // Zeroed by the allocator (fresh pages), not by a pass over them: every value is then written once.
+        // `vec!` of zeros is calloc: the pages come zeroed, so every value is written once, by its server.
         let (mut w, mut b) = (vec![0.0f32; weights], vec![0.0f32; bias]);
         let places = places(&self.servers, &mut w, &mut b)?;
-        std::thread::scope(|scope| {
-            let calls: Vec<_> = self
-                .servers
-                .iter()
-                .zip(places)
-                .map(|(s, (w, b))| scope.spawn(move || s.fetch_into(layer, step, w, b)))
-                .collect();
-            calls
-                .into_iter()
-                .try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Protocol("a weight server's call panicked".into()))))
-        })?;
+        on_each_with(&self.servers, places, |s, (w, b)| s.fetch_into(layer, step, w, b))?;
         Ok((w, b))
     }
 
