@@ -48,16 +48,11 @@ pub fn keep_allocator_warm() {
 /// ones from per-thread arenas that it seldom gives back, so the resident set drifts far above what is in use.
 /// A fixed threshold returns every buffer of a layer's size to the system when freed, and two arenas bound the
 /// per-thread caches.
-///
-/// The threshold sits just above a message ([`CHUNK_BYTES`](crate::protocol::codec::chunk::CHUNK_BYTES) and its
-/// framing, which the transport's buffers grow to): those buffers come and go a thousand times a layer, and
-/// with a lower threshold each was mapped, faulted in page by page and unmapped again, which took a sixth of a
-/// weight server's time streaming the 1 B example. What stays in the heap is a few of them.
 pub fn tighten_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; it is called before the process allocates its state.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 2 << 20);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 10);
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }

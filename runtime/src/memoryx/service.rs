@@ -133,7 +133,7 @@ impl<'a> Filler<'a> {
         let (Some(into), Some(filled)) = (self.into.get_mut(k), self.filled.get_mut(k)) else {
             return Err(Error::Protocol(format!("tensor {k} of a fetch, which carries weights and bias only")));
         };
-        if c.data.len() % 4 != 0 {
+        if !c.data.len().is_multiple_of(4) {
             return Err(Error::Protocol(format!("a chunk of {} bytes is not whole 4-byte values", c.data.len())));
         }
         let end = *filled + c.data.len() / 4;

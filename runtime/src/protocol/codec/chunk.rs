@@ -12,7 +12,7 @@ pub const CHUNK_BYTES: usize = 1_000_000;
 /// kernels read, with no intermediate byte buffer.
 pub(crate) fn extend_words<T: bytemuck::Pod>(out: &mut Vec<T>, bytes: &[u8], what: &str) -> Result<()> {
     let size = std::mem::size_of::<T>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return Err(Error::Protocol(format!("{what} holds {} bytes, not a whole number of {size}-byte values", bytes.len())));
     }
     // Each word is written once, straight from the message (whose bytes need not be aligned): no zero-fill
