@@ -37,10 +37,12 @@ ONE_B = REPO / "examples/jobs/gpt-1b.yaml"
 
 
 def field(text, name, cast):
+    """The first `name:` value in a job's YAML text, through `cast`."""
     return cast(re.search(rf"^\s*{name}:\s*([^\s#]+)", text, re.M).group(1))
 
 
 def with_fields(text, fields):
+    """`text` with the first `name:` of each of `fields` set to its value; every one must be there."""
     for name, value in fields.items():
         text, n = re.subn(rf"^(\s*){name}:\s*[^\s#]+", rf"\g<1>{name}: {value}", text, count=1, flags=re.M)
         if n != 1:
@@ -49,6 +51,7 @@ def with_fields(text, fields):
 
 
 def plan(path):
+    """`wsctl plan --json` of the job at `path`: the Rust plan decides, the bench only reads it."""
     return harness.wsctl_json("plan", str(path), "--json")
 
 
@@ -140,15 +143,18 @@ def medians(runs):
 
 
 def gib(b):
+    """Bytes as GiB, two decimals."""
     return f"{b / 2**30:.2f} GiB"
 
 
 def render(r):
+    """RESULTS-larger.md from the results: one table per model, each row against its section's reference."""
     lines = ["# Larger than memory", "",
              f"`bash bench/run.sh --only-larger`, {r['machine']['date_utc']}, on {r['machine']['cpu']} "
              f"({r['machine']['cores']} cores, {r['machine']['memory_gib']} GiB). Medians of {r['rounds']} "
              "interleaved rounds. Disk, from `wsctl bench machine`: write to fsync "
              f"{r['disk']['write_mb_s']:.0f} MB/s, read with the cache dropped {r['disk']['read_mb_s']:.0f} MB/s.", ""]
+    lines += [f"{note}\n" for note in r.get("notes", [])]
     head = ("| run | tokens/s | vs reference | engines busy | MemoryX→SwarmX a step | engine in / out a step "
             "| disk tier read / write | weight servers' peak RSS (budget) |")
     for title, section, ref_name in (("The ~100M GPT (2,048 tokens a step)", "100m", "resident, in process"),
@@ -176,6 +182,7 @@ def render(r):
 
 
 def disk_figures():
+    """The disk's sequential write and read rates (MB/s) where the tiers are written, from `wsctl bench machine`."""
     WORK.mkdir(parents=True, exist_ok=True)
     m = harness.wsctl_json("bench", "machine", "--json", "--disk-dir", str(WORK))
     return {"write_mb_s": m["disk_write_bytes_per_s"]["median"] / 1e6,
