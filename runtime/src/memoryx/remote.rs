@@ -4,7 +4,7 @@
 
 use tonic::transport::Channel;
 
-use super::server::{ServerUsage, WeightServer};
+use super::server::{check_room, ServerUsage, WeightServer};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::service::{chunks, Assembler, Filler};
 use wire::error::{Error, Result};
@@ -100,10 +100,8 @@ impl WeightServer for RemoteServer {
     }
 
     fn fetch_into(&self, layer: usize, step: u64, weights: &mut [f32], bias: &mut [f32]) -> Result<()> {
-        let want = self.lengths.get(layer).map(|l| (l[0], l[1]));
-        if want != Some((weights.len(), bias.len())) {
-            return Err(Error::Protocol(format!("{}: layer {layer}'s slice does not fit the room given for it", self.slice)));
-        }
+        let want = self.lengths.get(layer).ok_or_else(|| Error::Protocol(format!("no layer {layer}")))?;
+        check_room(self.slice, layer, (want[0], want[1]), weights, bias)?;
         let mut client = self.client.clone();
         self.handle.block_on(async {
             let mut stream = client.fetch(self.request(layer, step)).await.map_err(|s| self.failed(s))?.into_inner();

@@ -48,6 +48,15 @@ pub struct ServerUsage {
     pub peak_rss_bytes: u64,
 }
 
+/// Refuses to fill `weights` and `bias` with a slice of layer `layer` whose lengths are `slice_lengths`
+/// unless they are exactly its room: what every [`WeightServer::fetch_into`] checks first.
+pub(super) fn check_room(slice: SliceId, layer: usize, slice_lengths: (usize, usize), weights: &[f32], bias: &[f32]) -> Result<()> {
+    if slice_lengths != (weights.len(), bias.len()) {
+        return Err(Error::Protocol(format!("{slice}: layer {layer}'s slice does not fit the room given for it")));
+    }
+    Ok(())
+}
+
 /// What the coordinator needs of a weight server. Every call names the step the coordinator believes the
 /// layer is at, so a server that restarted (and so holds another step) is refused at once rather than
 /// streaming stale weights.
@@ -60,9 +69,7 @@ pub trait WeightServer: Send + Sync {
     /// layer from several servers straight into its place in the whole, with no copy to join it.
     fn fetch_into(&self, layer: usize, step: u64, weights: &mut [f32], bias: &mut [f32]) -> Result<()> {
         let (w, b) = self.fetch(layer, step)?;
-        if (w.len(), b.len()) != (weights.len(), bias.len()) {
-            return Err(Error::Protocol(format!("{}: layer {layer}'s slice does not fit the room given for it", self.slice())));
-        }
+        check_room(self.slice(), layer, (w.len(), b.len()), weights, bias)?;
         weights.copy_from_slice(&w);
         bias.copy_from_slice(&b);
         Ok(())
@@ -481,9 +488,7 @@ impl WeightServer for LocalSlice {
     fn fetch_into(&self, layer: usize, step: u64, weights: &mut [f32], bias: &mut [f32]) -> Result<()> {
         self.with_layer_parts(layer, false, false, |slot, t| {
             self.check_step(layer, slot.updates, step)?;
-            if (t[0].len(), t[1].len()) != (weights.len(), bias.len()) {
-                return Err(Error::Protocol(format!("{}: layer {layer}'s slice does not fit the room given for it", self.slice)));
-            }
+            check_room(self.slice, layer, (t[0].len(), t[1].len()), weights, bias)?;
             weights.copy_from_slice(&t[0]);
             bias.copy_from_slice(&t[1]);
             Ok(())
