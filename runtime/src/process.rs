@@ -56,3 +56,100 @@ pub fn tighten_allocator() {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }
+
+/// The system allocator, with every large allocation offered to the kernel as transparent huge pages. Install it
+/// in a role's program (`#[global_allocator] static ALLOCATOR: HugePages = HugePages;`).
+///
+/// Why: the buffers a role streams (layers, their slices, gradients, tier reads) are tens of megabytes, and a
+/// fresh one faults in page by page. On the virtual machines this runs on, a 4 KiB fault costs ~3 µs, six times
+/// the copy that fills the page: writing 64 MiB into fresh memory took 42–54 ms, and 8–10 ms in huge pages. The
+/// budgeted processes (weight servers) give their layer buffers back on purpose ([`tighten_allocator`]), so they
+/// pay that on every layer. The hint changes no allocation's size or lifetime, only its backing: a buffer
+/// written whole (all of a role's large ones are) occupies the same memory. Where the kernel's THP setting is
+/// `never`, the hint is refused and nothing changes.
+pub struct HugePages;
+
+impl HugePages {
+    /// A huge page: what the kernel backs an aligned range of this size with, at once.
+    const PAGE: usize = 2 << 20;
+
+    /// Asks for huge pages under the whole huge pages inside `[ptr, ptr + len)`; a range holding none is left.
+    fn advise(ptr: *mut u8, len: usize) {
+        if ptr.is_null() || len < Self::PAGE {
+            return;
+        }
+        let start = (ptr as usize).div_ceil(Self::PAGE) * Self::PAGE;
+        let end = (ptr as usize + len) / Self::PAGE * Self::PAGE;
+        if end > start {
+            #[cfg(target_os = "linux")]
+            // SAFETY: the range lies within an allocation this process just received; MADV_HUGEPAGE changes only
+            // how the kernel backs it, never its contents or validity. A refusal (THP off) is harmless.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+}
+
+// SAFETY: every call is forwarded to `System` unchanged; `advise` only touches the backing of memory `System`
+// has just handed out.
+unsafe impl std::alloc::GlobalAlloc for HugePages {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: forwarded with the caller's guarantees.
+        let ptr = unsafe { std::alloc::System.alloc(layout) };
+        Self::advise(ptr, layout.size());
+        ptr
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: forwarded with the caller's guarantees.
+        let ptr = unsafe { std::alloc::System.alloc_zeroed(layout) };
+        Self::advise(ptr, layout.size());
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded with the caller's guarantees.
+        let grown = unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
+        Self::advise(grown, new_size);
+        grown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HugePages;
+    use std::alloc::{GlobalAlloc, Layout};
+
+    /// Large and small allocations through the wrapper hold what is written to them, zeroed ones start at zero,
+    /// and a buffer grown past a huge page keeps its contents.
+    #[test]
+    fn huge_pages_allocator_keeps_contents() {
+        let a = HugePages;
+        for size in [16usize, 4096, (2 << 20) - 1, 2 << 20, (5 << 20) + 123] {
+            let layout = Layout::from_size_align(size, 64).expect("layout");
+            // SAFETY: the layout is non-zero; every pointer is checked, written within bounds and freed once.
+            unsafe {
+                let z = a.alloc_zeroed(layout);
+                assert!(!z.is_null());
+                assert!(std::slice::from_raw_parts(z, size).iter().all(|&b| b == 0));
+                a.dealloc(z, layout);
+                let p = a.alloc(layout);
+                assert!(!p.is_null());
+                for i in 0..size {
+                    *p.add(i) = (i % 251) as u8;
+                }
+                let bigger = size * 3 + (2 << 20);
+                let q = a.realloc(p, layout, bigger);
+                assert!(!q.is_null());
+                assert!((0..size).all(|i| *q.add(i) == (i % 251) as u8));
+                a.dealloc(q, Layout::from_size_align(bigger, 64).expect("layout"));
+            }
+        }
+    }
+}

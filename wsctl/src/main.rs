@@ -178,6 +178,11 @@ impl From<Preset> for crds::EnginePreset {
     }
 }
 
+/// Large buffers in huge pages, for every role this binary runs (`wsctl node …`, `wsctl run --in-process`):
+/// see [`runtime::process::HugePages`].
+#[global_allocator]
+static ALLOCATOR: runtime::process::HugePages = runtime::process::HugePages;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {

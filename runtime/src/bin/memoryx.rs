@@ -3,6 +3,10 @@
 
 use crds::contract::{MemoryxArgs, RoleArgs};
 
+/// Large buffers in huge pages: see [`runtime::process::HugePages`].
+#[global_allocator]
+static ALLOCATOR: runtime::process::HugePages = runtime::process::HugePages;
+
 fn main() -> std::process::ExitCode {
     wire::program::exit(runtime::coordinator::program::main(MemoryxArgs::parse()))
 }

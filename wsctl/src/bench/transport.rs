@@ -279,6 +279,8 @@ fn paths(layer: &LayerStream, payload: &[u8], repeats: usize) -> Result<[PathRep
 
 /// Runs `wsctl bench transport` and prints its report.
 pub fn transport(args: TransportArgs) -> Result<()> {
+    // The hop measured is SwarmX's to an engine: both keep their buffers warm, and so does this process.
+    runtime::process::keep_allocator_warm();
     if args.bytes == 0 || !args.bytes.is_multiple_of(4) {
         bail!("--bytes must be a positive multiple of 4 (whole f32 weights), got {}", args.bytes);
     }
