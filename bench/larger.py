@@ -6,12 +6,17 @@ Writes bench/RESULTS-larger.md and bench/results-larger.json from, in one run on
      weightStreaming); and streamed from 2 weight servers that hold a quarter of MemoryX's state in memory and
      the rest in their disk tiers;
   2. the 1 B example (examples/jobs/gpt-1b.yaml: 1,024 tokens a step as 4 micro-batches, a quarter of its
-     state in memory) against PyTorch eager training the same model in RAM on the same threads.
+     state in memory) against PyTorch eager training the same model in RAM on the same threads;
+  3. with --with-3b, the 3 B example (examples/jobs/gpt-3b.yaml: 34 GiB of AdamW state on a 24 GiB machine, an
+     eighth in memory, 2,048 tokens a step as 8 micro-batches; PyTorch cannot run it here) against what its
+     compute alone would allow: the engines' FLOPs per step at the machine's best GEMM rate (`wsctl bench
+     machine`, same threads).
 Configurations take turns within a round; medians over rounds. For each weightstream run: tokens/s, engines'
 busy share, bytes each hop carried per step, the disk tier's MB/s against `wsctl bench machine`'s disk figures,
-and every weight server's peak RSS against its budget.
+and every weight server's peak RSS against its budget plus the allowance the tier test grants (the process
+before its slice, 48 MiB, four of its largest layer slices in transit).
 
-    bash bench/run.sh --only-larger [--rounds N] [--skip-1b]
+    bash bench/run.sh --only-larger [--rounds N] [--skip-100m] [--skip-1b] [--with-3b]
 """
 
 import argparse
@@ -34,6 +39,7 @@ REPO, WORK, WSCTL, log = harness.REPO, harness.WORK / "larger", harness.WSCTL, h
 # The ~100M shape of the issue: the gpt-small example at width 1024, 16 heads, 8 blocks, 16 x 128 tokens.
 SHAPE_100M = {"width": 1024, "heads": 16, "blocks": 8, "steps": 6, "warmupSteps": 2}
 ONE_B = REPO / "examples/jobs/gpt-1b.yaml"
+THREE_B = REPO / "examples/jobs/gpt-3b.yaml"
 
 
 def field(text, name, cast):
@@ -96,6 +102,11 @@ def weightstream(name, path, extra, warmup):
     log(f"weightstream: {name} ({path.name})")
     subprocess.run([str(WSCTL), "run", str(path), "--out", str(out), *extra], cwd=REPO, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return read_run(out, path, warmup)
+
+
+def read_run(out, path, warmup):
+    """The figures of the `wsctl run` of the job at `path` whose output folder is `out`."""
     text = path.read_text()
     batch, context = field(text, "batchSize", int), field(text, "contextLength", int)
     summary = json.loads((out / "summary.json").read_text())
@@ -112,13 +123,17 @@ def weightstream(name, path, extra, warmup):
         "busy": summary.get("wse_utilization"),
         "final_loss": summary["final_loss"],
         "losses": [m["loss"] for m in metrics],
+        "flops_per_step": sum(e["flops"] for e in engines) / steps,
+        "peak_sram": max((e["peak_sram_bytes"] for e in engines), default=0),
+        "sram_budget": min((e["sram_bytes"] for e in engines), default=0),
         "memoryx_to_swarmx_per_step": summary["bytes_streamed"] / steps,
         "engine_received_per_step": sum(e["bytes_received"] for e in engines) / steps,
         "engine_sent_per_step": sum(e["bytes_sent"] for e in engines) / steps,
         "tier_read_mb_s": sum(s["tierReadBytes"] for s in servers) / wall / 1e6,
         "tier_written_mb_s": sum(s["tierWrittenBytes"] for s in servers) / wall / 1e6,
         "servers": [{"index": s["index"], "peak_rss": s["peakRssBytes"], "budget": s["budgetBytes"],
-                     "in_memory": s["memoryBytes"], "on_disk": s["diskBytes"]} for s in servers],
+                     "in_memory": s["memoryBytes"], "on_disk": s["diskBytes"],
+                     "allowance": s["baselineRssBytes"] + (48 << 20) + 4 * s["largestLayerBytes"]} for s in servers],
     }
 
 
@@ -178,22 +193,50 @@ def render(r):
                          f"| {gib(x['memoryx_to_swarmx_per_step'])} | {gib(x['engine_received_per_step'])} / "
                          f"{gib(x['engine_sent_per_step'])} | {disk} | {rss} |")
         lines.append("")
+    if r.get("3b"):
+        lines += render_3b(r["3b"], r)
     return "\n".join(lines)
 
 
-def disk_figures():
-    """The disk's sequential write and read rates (MB/s) where the tiers are written, from `wsctl bench machine`."""
+def render_3b(x, r):
+    """The 3 B section: the run against its compute alone, and every budget it ran within."""
+    peak = r["gemm_flops_per_s"]
+    alone = x["batch_tokens"] / (x["flops_per_step"] / peak)
+    servers = ", ".join(f"{gib(s['peak_rss'])} ({gib(s['budget'])} + {gib(s['allowance'])})" for s in x["servers"])
+    losses = " → ".join(f"{v:.4f}" for v in x["losses"])
+    return ["## The 3 B example (2,048 tokens a step, AdamW state larger than the machine's memory)", "",
+            "| tokens/s | its compute alone | ratio | engines busy | step | MemoryX→SwarmX a step "
+            "| engine in / out a step | disk tier read / write | engine SRAM peak (budget) "
+            "| weight servers' peak RSS (budget + allowance) |",
+            "|" + " --- |" * 10,
+            f"| {x['tokens_per_s']:.2f} | {alone:.2f} | {x['tokens_per_s'] / alone:.2f}× | {100 * x['busy']:.0f}% "
+            f"| {x['step_s']:.0f} s | {gib(x['memoryx_to_swarmx_per_step'])} "
+            f"| {gib(x['engine_received_per_step'])} / {gib(x['engine_sent_per_step'])} "
+            f"| {x['tier_read_mb_s']:.0f} / {x['tier_written_mb_s']:.0f} MB/s "
+            f"| {gib(x['peak_sram'])} ({gib(x['sram_budget'])}) | {servers} |", "",
+            f"Its compute alone: {x['flops_per_step'] / 1e12:.1f} TFLOP a step (the engines' count) at "
+            f"{peak / 1e9:.0f} GFLOP/s, the best {harness.THREADS}-thread GEMM of `wsctl bench machine`. "
+            f"Loss by step: {losses}.", ""]
+
+
+def machine_figures():
+    """From `wsctl bench machine`: the disk's sequential write and read rates (MB/s) where the tiers are
+    written, and the best GEMM FLOP/s on the bench's threads."""
     WORK.mkdir(parents=True, exist_ok=True)
     m = harness.wsctl_json("bench", "machine", "--json", "--disk-dir", str(WORK))
-    return {"write_mb_s": m["disk_write_bytes_per_s"]["median"] / 1e6,
-            "read_mb_s": m["disk_read_bytes_per_s"]["median"] / 1e6}
+    gemm = next(g["best"] for g in m["gemm_flops_per_s"] if g["threads"] == harness.THREADS)
+    return ({"write_mb_s": m["disk_write_bytes_per_s"]["median"] / 1e6,
+             "read_mb_s": m["disk_read_bytes_per_s"]["median"] / 1e6}, gemm)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the ~100M configurations")
     ap.add_argument("--rounds-1b", type=int, default=1, help="rounds of the 1 B pair (minutes each)")
-    ap.add_argument("--skip-1b", action="store_true", help="only the ~100M shape")
+    ap.add_argument("--skip-1b", action="store_true", help="not the 1 B pair")
+    ap.add_argument("--skip-100m", action="store_true", help="not the ~100M shape")
+    ap.add_argument("--with-3b", action="store_true",
+                    help="also the 3 B example (about an hour; ~30 GiB of scratch disk, removed after)")
     ap.add_argument("--out", type=Path, default=harness.BENCH)
     ap.add_argument("--from-json", type=Path, metavar="RESULTS_JSON", help="only write RESULTS-larger.md from it")
     a = ap.parse_args()
@@ -202,12 +245,14 @@ def main():
         return
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
-    r = {"machine": harness.machine_description(), "rounds": a.rounds, "disk": disk_figures()}
+    disk, gemm = machine_figures()
+    r = {"machine": harness.machine_description(), "rounds": a.rounds, "disk": disk, "gemm_flops_per_s": gemm}
     runs = {}
-    for _ in range(a.rounds):
+    for _ in range(0 if a.skip_100m else a.rounds):
         for name, path, extra in jobs_100m():
             runs.setdefault(name, []).append(weightstream(name, path, extra, warmup=1))
-    r["100m"] = {name: medians(v) for name, v in runs.items()}
+    if runs:
+        r["100m"] = {name: medians(v) for name, v in runs.items()}
     if not a.skip_1b:
         name, path, extra = job_1b()
         steps = field(path.read_text(), "steps", int)
@@ -216,6 +261,9 @@ def main():
             pair.setdefault(name, []).append(weightstream(name, path, extra, warmup=1))
             pair.setdefault("PyTorch eager, in RAM", []).append(pytorch_1b(steps - 1))
         r["1b"] = {k: medians(v) for k, v in pair.items()}
+    if a.with_3b:
+        r["3b"] = weightstream("3 B streaming, 1/8 in memory", THREE_B, [], warmup=1)
+        r["3b"]["batch_tokens"] = field(THREE_B.read_text(), "batchSize", int) * field(THREE_B.read_text(), "contextLength", int)
     (a.out / "results-larger.json").write_text(json.dumps(r, indent=1) + "\n")
     (a.out / "RESULTS-larger.md").write_text(render(r) + "\n")
     log(f"wrote {a.out / 'RESULTS-larger.md'}")

@@ -183,6 +183,16 @@ impl From<Preset> for crds::EnginePreset {
 #[global_allocator]
 static ALLOCATOR: runtime::process::HugePages = runtime::process::HugePages;
 
+/// Lets a report command end as `cat` would when its reader goes away (`wsctl plan job.yaml | head`), instead
+/// of panicking on the next line it prints. Only for commands that print and open no sockets: the roles keep
+/// Rust's default (a closed connection is an error to handle, never a signal that ends the process).
+fn end_quietly_when_stdout_closes() {
+    // SAFETY: restoring a signal's default disposition touches no memory; it runs before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -190,8 +200,14 @@ fn main() -> ExitCode {
             run::run(&job, run::RunOptions { cs2, out, in_process, fanout, checkpoint_dir, sample, volumes, json })
         }
         Command::Node { role, args } => local::node(&role, args),
-        Command::Plan { job, cs2, json } => run::plan(&job, cs2, json),
-        Command::Simulate { json, out, preset } => simulate::simulate(preset.into(), json, out),
+        Command::Plan { job, cs2, json } => {
+            end_quietly_when_stdout_closes();
+            run::plan(&job, cs2, json)
+        }
+        Command::Simulate { json, out, preset } => {
+            end_quietly_when_stdout_closes();
+            simulate::simulate(preset.into(), json, out)
+        }
         Command::Bench { what } => bench::bench(what),
         Command::Export { checkpoint, format, out, job, tokenizer } => {
             export::command(&checkpoint, format, &out, job.as_deref(), tokenizer.as_deref())
@@ -199,7 +215,10 @@ fn main() -> ExitCode {
         Command::Generate { model, prompt, tokens, temperature, seed, tokenizer, job } => {
             generate::command(&model, &generate::Options { prompt, tokens, temperature, seed, tokenizer, job })
         }
-        Command::Model { folder } => run::model(&folder),
+        Command::Model { folder } => {
+            end_quietly_when_stdout_closes();
+            run::model(&folder)
+        }
         Command::Cluster(c) => cluster::run(c),
     };
     match result {
