@@ -435,6 +435,7 @@ impl LocalSlice {
         if write {
             tier.write(layer, &t)?;
         }
+        tier.recycle(t);
         Ok(out)
     }
 
@@ -546,13 +547,12 @@ impl WeightServer for LocalSlice {
             )));
         }
         for (layer, values) in staged.layers {
-            let (w, b) = match values {
-                Some(v) => v,
-                None => self
-                    .tier
-                    .as_ref()
-                    .ok_or_else(|| Error::Protocol(format!("layer {layer}'s gradient is in no disk tier")))?
-                    .read_grad(layer)?,
+            let Some((w, b)) = values else {
+                let tier = self.tier.as_ref().ok_or_else(|| Error::Protocol(format!("layer {layer}'s gradient is in no disk tier")))?;
+                let (w, b) = tier.read_grad(layer)?;
+                self.update(layer, step, &w, &b)?;
+                tier.recycle([w, b]);
+                continue;
             };
             self.update(layer, step, &w, &b)?;
         }

@@ -5,6 +5,11 @@
 //! updates) the current one. At most two layers are out of their files at once — the one in use and the one
 //! read ahead — which is what [`TierLayout`] reserves in the budget.
 //!
+//! Layers are read into the buffers of layers already used (a [`Recycled`] of the tier's): a fresh buffer costs
+//! a page fault per page, which on a machine whose freed memory goes back to its host is several times the read
+//! itself. Each read empties what is kept once it has taken its buffers, so the tier holds what it would hold
+//! without them: the layer in use and the one read ahead, the window its budget reserves.
+//!
 //! The files are scratch: the state they hold is checkpointed like any other, and a restarted server rebuilds
 //! them from its checkpoint.
 
@@ -15,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::slice::{LayerLengths, LayerTensors};
+use crate::protocol::codec::chunk::Recycled;
 use wire::error::{Error, Result};
 
 /// Which layers of a slice live on disk under a memory budget.
@@ -84,6 +90,8 @@ pub struct Tier {
     last: Mutex<Option<usize>>,
     read: Arc<AtomicU64>,
     written: AtomicU64,
+    /// Buffers of layers used, for the next reads to fill.
+    recycled: Arc<Recycled>,
 }
 
 impl Tier {
@@ -124,6 +132,7 @@ impl Tier {
             last: Mutex::new(None),
             read: Arc::default(),
             written: AtomicU64::new(0),
+            recycled: Arc::default(),
         })
     }
 
@@ -157,7 +166,7 @@ impl Tier {
         let ahead = self.take_ahead(l, all);
         let tensors = match ahead {
             Some(t) => t,
-            None => read_layer(self.file(l)?.as_ref(), &self.lengths[l], all, &self.read),
+            None => read_layer(self.file(l)?.as_ref(), &self.lengths[l], all, &self.read, &self.recycled),
         };
         if let Some((n, all)) = next {
             self.prefetch(n, all);
@@ -180,12 +189,20 @@ impl Tier {
     pub fn read_grad(&self, l: usize) -> Result<(Vec<f32>, Vec<f32>)> {
         let file = self.grads.get(l).and_then(Option::as_ref).ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
         let (nw, nb) = (self.lengths[l][0], self.lengths[l][1]);
-        let (mut w, mut b) = (vec![0f32; nw], vec![0f32; nb]);
+        let (mut w, mut b) = (room(&self.recycled, nw), room(&self.recycled, nb));
         file.read_exact_at(bytemuck::cast_slice_mut(&mut w), 0)
             .and_then(|()| file.read_exact_at(bytemuck::cast_slice_mut(&mut b), 4 * nw as u64))
             .map_err(|e| Error::io(format!("reading layer {l}'s staged gradient from the disk tier"), e))?;
         self.read.fetch_add(4 * (nw + nb) as u64, Ordering::Relaxed);
         Ok((w, b))
+    }
+
+    /// Takes back the buffers of tensors read from the tier (a layer, a staged gradient) once they are used, for
+    /// the next reads to fill.
+    pub fn recycle(&self, buffers: impl IntoIterator<Item = Vec<f32>>) {
+        for v in buffers {
+            self.recycled.give(v);
+        }
     }
 
     /// Writes layer `l`'s tensors back to its file.
@@ -243,9 +260,9 @@ impl Tier {
             }
             *a = Ahead { layer: Some((l, all)), tensors: None };
         }
-        let (ahead, lengths, read) = (self.ahead.clone(), self.lengths[l], self.read.clone());
+        let (ahead, lengths, read, recycled) = (self.ahead.clone(), self.lengths[l], self.read.clone(), self.recycled.clone());
         std::thread::spawn(move || {
-            let tensors = read_layer(&file, &lengths, all, &read);
+            let tensors = read_layer(&file, &lengths, all, &read, &recycled);
             let (lock, ready) = &*ahead;
             if let Ok(mut a) = lock.lock() {
                 a.tensors = Some(tensors);
@@ -290,17 +307,28 @@ impl Drop for Tier {
     }
 }
 
-/// Reads a layer's tensors from its file: all six, or only the weights and bias (the others left empty).
-fn read_layer(file: &File, lengths: &LayerLengths, all: bool, counter: &AtomicU64) -> Result<LayerTensors> {
+/// `len` zeroed values in a buffer from `recycled`.
+fn room(recycled: &Recycled, len: usize) -> Vec<f32> {
+    let mut v = recycled.take(len);
+    v.resize(len, 0.0);
+    v
+}
+
+/// Reads a layer's tensors from its file into buffers from `recycled`, whose other buffers are then freed: all
+/// six tensors, or only the weights and bias (the others left empty).
+fn read_layer(file: &File, lengths: &LayerLengths, all: bool, counter: &AtomicU64, recycled: &Recycled) -> Result<LayerTensors> {
+    let wanted = |k: usize| all || k < 2;
     let mut out: LayerTensors = Default::default();
+    for (k, &len) in lengths.iter().enumerate().filter(|(k, _)| wanted(*k)) {
+        out[k] = room(recycled, len);
+    }
+    recycled.clear();
     let mut at = 0u64;
     for (k, &len) in lengths.iter().enumerate() {
-        if all || k < 2 {
-            let mut v = vec![0f32; len];
-            file.read_exact_at(bytemuck::cast_slice_mut(&mut v), at)
+        if wanted(k) {
+            file.read_exact_at(bytemuck::cast_slice_mut(&mut out[k]), at)
                 .map_err(|e| Error::io("reading a layer from the disk tier", e))?;
             counter.fetch_add(4 * len as u64, Ordering::Relaxed);
-            out[k] = v;
         }
         at += 4 * len as u64;
     }
@@ -339,6 +367,10 @@ mod tests {
         let (read, _) = tier.traffic();
         tier.read(2, true).unwrap();
         assert!(tier.traffic().0 > read);
+        // Buffers handed back are filled by the next reads, with that layer's values.
+        tier.recycle(second);
+        let again = tier.read(1, true).unwrap();
+        assert_eq!((again[0].clone(), again[3].clone()), (vec![100.0, 101.0, 102.0], vec![130.0, 131.0, 132.0]));
         // A write drops a stale read-ahead: the value read is the one written.
         let mut t = tier.read(3, true).unwrap();
         t[0][0] = -1.0;

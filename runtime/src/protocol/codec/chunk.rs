@@ -25,10 +25,10 @@ pub(crate) fn extend_words<T: bytemuck::Pod>(out: &mut Vec<T>, bytes: &[u8], wha
 /// the plan's limits (which the meters check first); a longer stream still arrives, growing as it comes.
 pub(super) const MAX_RESERVE: u64 = 64 << 20;
 
-/// Value buffers of layers a receiver has finished with, kept for the next layer it assembles. A fresh buffer
-/// of a large layer is a fresh mapping whose every page faults on first touch (for a 64 MiB layer, about as
-/// long as the copy into it); a kept one is warm. At most [`Recycled::KEEP`] are kept, so what a receiver
-/// holds beyond its layers in flight is a few of the plan's layers.
+/// Value buffers of layers a receiver (or a weight server's disk tier) has finished with, kept for the next layer
+/// it assembles (or reads). A fresh buffer of a large layer is a fresh mapping whose every page faults on first
+/// touch (for a 64 MiB layer, about as long as the copy into it); a kept one is warm. At most [`Recycled::KEEP`]
+/// are kept, so what a receiver holds beyond its layers in flight is a few of the plan's layers.
 #[derive(Debug, Default)]
 pub struct Recycled {
     buffers: std::sync::Mutex<Vec<Vec<f32>>>,
@@ -46,6 +46,14 @@ impl Recycled {
         match fits.map(|(i, _)| i) {
             Some(i) => kept.swap_remove(i),
             None => Vec::with_capacity(capacity),
+        }
+    }
+
+    /// Frees every kept buffer: for a holder whose budget has room for them only until its next buffers are
+    /// taken.
+    pub fn clear(&self) {
+        if let Ok(mut kept) = self.buffers.lock() {
+            kept.clear();
         }
     }
 
