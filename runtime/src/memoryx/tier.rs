@@ -23,6 +23,11 @@ use super::slice::{LayerLengths, LayerTensors};
 use crate::protocol::codec::chunk::Recycled;
 use wire::error::{Error, Result};
 
+/// Values from which a tensor's buffer is recycled: a smaller one comes from the allocator's heap, already mapped
+/// (a weight server maps everything from 64 KiB fresh: `process::tighten_allocator`), and would only take the
+/// place of a large one among the few [`Recycled`] keeps, or be handed a large one for a bias.
+const RECYCLED_FROM: usize = (64 << 10) / 4;
+
 /// Which layers of a slice live on disk under a memory budget.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TierLayout {
@@ -200,7 +205,7 @@ impl Tier {
     /// Takes back the buffers of tensors read from the tier (a layer, a staged gradient) once they are used, for
     /// the next reads to fill.
     pub fn recycle(&self, buffers: impl IntoIterator<Item = Vec<f32>>) {
-        for v in buffers {
+        for v in buffers.into_iter().filter(|v| v.capacity() >= RECYCLED_FROM) {
             self.recycled.give(v);
         }
     }
@@ -307,8 +312,11 @@ impl Drop for Tier {
     }
 }
 
-/// `len` zeroed values in a buffer from `recycled`.
+/// `len` zeroed values, in a buffer from `recycled` when they are many.
 fn room(recycled: &Recycled, len: usize) -> Vec<f32> {
+    if len < RECYCLED_FROM {
+        return vec![0.0; len];
+    }
     let mut v = recycled.take(len);
     v.resize(len, 0.0);
     v
@@ -350,6 +358,23 @@ mod tests {
     }
 
     #[test]
+    fn large_buffers_come_back_zeroed_and_small_ones_are_left_to_the_heap() {
+        let dir = std::env::temp_dir().join(format!("ws-tier-recycle-{}", std::process::id()));
+        // Nothing on disk: no read-ahead thread shares the buffers with this test.
+        let tier = Tier::create(dir.clone(), &[[RECYCLED_FROM, 1, 0, 0, 0, 0]], TierLayout { on_disk: vec![false], window: 0 }).unwrap();
+        let mut big = room(&tier.recycled, RECYCLED_FROM + 5);
+        big[7] = 3.0;
+        let at = big.as_ptr();
+        tier.recycle([big, vec![1.0; 8]]);
+        let reused = room(&tier.recycled, RECYCLED_FROM);
+        assert_eq!((reused.as_ptr(), reused.len()), (at, RECYCLED_FROM), "the large buffer comes back, at the length asked");
+        assert!(reused.iter().all(|&x| x == 0.0), "zeroed");
+        assert_eq!(room(&tier.recycled, 8).capacity(), 8, "a small one was not kept");
+        drop(tier);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
     fn a_layer_written_is_read_back_and_read_ahead_in_stream_order() {
         let dir = std::env::temp_dir().join(format!("ws-tier-{}", std::process::id()));
         let lengths = vec![[3, 1, 3, 3, 1, 1]; 4];
@@ -371,6 +396,7 @@ mod tests {
         tier.recycle(second);
         let again = tier.read(1, true).unwrap();
         assert_eq!((again[0].clone(), again[3].clone()), (vec![100.0, 101.0, 102.0], vec![130.0, 131.0, 132.0]));
+
         // A write drops a stale read-ahead: the value read is the one written.
         let mut t = tier.read(3, true).unwrap();
         t[0][0] = -1.0;
