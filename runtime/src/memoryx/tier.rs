@@ -7,8 +7,9 @@
 //!
 //! Layers are read into the buffers of layers already used (a [`Recycled`] of the tier's): a fresh buffer costs
 //! a page fault per page, which on a machine whose freed memory goes back to its host is several times the read
-//! itself. Each read empties what is kept once it has taken its buffers, so the tier holds what it would hold
-//! without them: the layer in use and the one read ahead, the window its budget reserves.
+//! itself. Each read empties what is kept once it has taken its buffers, so beyond the layer in use and the one
+//! read ahead (the window its budget reserves) the tier keeps at most the last layer used until the next read:
+//! within the allowance a server's budget grants layers in transit (`wsctl/tests/servers.rs`).
 //!
 //! The files are scratch: the state they hold is checkpointed like any other, and a restarted server rebuilds
 //! them from its checkpoint.
