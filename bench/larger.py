@@ -119,6 +119,7 @@ def read_run(out, path, warmup):
     engines = summary.get("engines", [])
     return {
         "tokens_per_s": batch * context / step_s,
+        "batch_tokens": batch * context,
         "step_s": step_s,
         "busy": summary.get("wse_utilization"),
         "final_loss": summary["final_loss"],
@@ -263,7 +264,6 @@ def main():
         r["1b"] = {k: medians(v) for k, v in pair.items()}
     if a.with_3b:
         r["3b"] = weightstream("3 B streaming, 1/8 in memory", THREE_B, [], warmup=1)
-        r["3b"]["batch_tokens"] = field(THREE_B.read_text(), "batchSize", int) * field(THREE_B.read_text(), "contextLength", int)
     (a.out / "results-larger.json").write_text(json.dumps(r, indent=1) + "\n")
     (a.out / "RESULTS-larger.md").write_text(render(r) + "\n")
     log(f"wrote {a.out / 'RESULTS-larger.md'}")

@@ -547,14 +547,15 @@ impl WeightServer for LocalSlice {
             )));
         }
         for (layer, values) in staged.layers {
-            let Some((w, b)) = values else {
-                let tier = self.tier.as_ref().ok_or_else(|| Error::Protocol(format!("layer {layer}'s gradient is in no disk tier")))?;
-                let (w, b) = tier.read_grad(layer)?;
-                self.update(layer, step, &w, &b)?;
-                tier.recycle([w, b]);
-                continue;
-            };
-            self.update(layer, step, &w, &b)?;
+            match values {
+                Some((w, b)) => self.update(layer, step, &w, &b)?,
+                None => {
+                    let tier = self.tier.as_ref().ok_or_else(|| Error::Protocol(format!("layer {layer}'s gradient is in no disk tier")))?;
+                    let (w, b) = tier.read_grad(layer)?;
+                    self.update(layer, step, &w, &b)?;
+                    tier.recycle([w, b]);
+                }
+            }
         }
         Ok(())
     }
