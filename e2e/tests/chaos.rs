@@ -310,16 +310,19 @@ fn pod_faults() -> Vec<Fault> {
     PODS.iter().map(|p| Fault::Kill(p)).chain(PODS.iter().map(|p| Fault::Freeze(p))).collect()
 }
 
+// Each job's steps leave about twice what its faults take (measured: the last fault at step ~700 of the
+// pipelined job, ~290 of the weight-streaming one), so the job is still running at every fault, and no more,
+// since the undisturbed run and the tail after the last fault cost CI time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_pipelined_every_role_killed_and_frozen_then_the_cluster_itself() {
     let mut faults = pod_faults();
     faults.extend([Fault::KubeletRestart, Fault::ApiServerRestart, Fault::OperatorLeaderKill, Fault::Drain]);
-    matrix(ExecutionMode::Pipelined, &faults, 3_000).await;
+    matrix(ExecutionMode::Pipelined, &faults, 1_500).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_weight_streaming_every_role_killed_and_frozen() {
-    matrix(ExecutionMode::WeightStreaming, &pod_faults(), 1_200).await;
+    matrix(ExecutionMode::WeightStreaming, &pod_faults(), 600).await;
 }
 
 /// The device plugin advertises `n` CS-2s on the node (the chart's value, rolled out).

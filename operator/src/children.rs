@@ -601,7 +601,7 @@ fn container<A: RoleArgs>(
             period_seconds: Some(5),
             timeout_seconds: Some(5),
             failure_threshold: Some(3),
-            termination_grace_period_seconds: Some(2),
+            termination_grace_period_seconds: Some(STATELESS_GRACE_SECONDS),
             ..Default::default()
         }),
         resources,
@@ -794,12 +794,20 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash:
     })
 }
 
+/// How long a process the kubelet stops has before it is killed, when it has nothing to save: a frozen process
+/// cannot use a grace period, and a live one exits at once.
+const STATELESS_GRACE_SECONDS: i64 = 2;
+
 fn pod(job: &TrainingJob, name: String, role: Role, service: String, spec: PodSpec, config: &str) -> Result<Pod, Error> {
     let mut spec = spec;
     spec.hostname = Some(name.clone());
     spec.subdomain = Some(service);
     // A failed pod is replaced by the operator (same name, same DNS), which counts it against restartLimit.
     spec.restart_policy = Some("Never".into());
+    // With nothing to restart, the kubelet kills a pod whose liveness probe fails as a whole, with the pod's
+    // grace period rather than the probe's: left at the default, a frozen engine would hold its replacement
+    // back 30 s. These roles keep no state a stop could save (MemoryX checkpoints) and exit on SIGTERM.
+    spec.termination_grace_period_seconds = Some(STATELESS_GRACE_SECONDS);
     // The scheduler (preemption) and priority-scoped quotas see the priority admission ordered the job by.
     spec.priority_class_name.clone_from(&job.spec.priority_class_name);
     let hash = fnv(format!("{}/{config}", spec_hash(&spec)?).as_bytes());
@@ -1144,6 +1152,15 @@ mod tests {
             assert_eq!((http.path.as_deref(), &http.port, http.scheme.as_deref()), (Some("/healthz"), &IntOrString::Int(i32::from(HTTP_PORT)), Some("HTTPS")));
             let window = probe.period_seconds.unwrap() * probe.failure_threshold.unwrap();
             assert!(window <= 20 && probe.timeout_seconds.unwrap() >= 5, "{}: found within 20 s, a busy one not mistaken", c.name);
+        }
+        // A frozen engine, SwarmX node or input worker is killed by its pod's grace period (restartPolicy
+        // Never), so that one must be as short as its probe's, or its replacement waits out 30 s.
+        for p in &d.pods {
+            let spec = p.spec.as_ref().expect("a pod spec");
+            let probe = spec.containers[0].liveness_probe.as_ref().and_then(|l| l.termination_grace_period_seconds);
+            assert_eq!(spec.restart_policy.as_deref(), Some("Never"), "{}", p.name_any());
+            assert_eq!(spec.termination_grace_period_seconds, probe, "{}: killed as soon as its probe fails", p.name_any());
+            assert!(probe.is_some_and(|g| g <= 5), "{}", p.name_any());
         }
     }
 
