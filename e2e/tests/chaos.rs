@@ -120,18 +120,22 @@ async fn steps_on(jobs: &Api<TrainingJob>, name: &str, from: u64, past: u64, wha
     }
 }
 
-/// The host pid of pod `name`'s container once it runs and is ready.
+/// The host pid of pod `name`'s container once it runs and is ready. A container that has just restarted
+/// (the operator's, after the API server's restart) can still be the one the pod's status names for a moment,
+/// so the status is read again until the process it names exists.
 async fn pid_of(pods: &Api<Pod>, name: &str) -> u32 {
-    let p = ok(
-        wait_for(RECOVERY, &format!("{name} to be ready"), || async {
+    ok(
+        wait_for(RECOVERY, &format!("{name} to be ready, with its container's process on this machine"), || async {
             let p = pods.get(name).await.ok()?;
             let ready = p.status.as_ref()?.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
-            (ready && p.metadata.deletion_timestamp.is_none()).then_some(p)
+            if !ready || p.metadata.deletion_timestamp.is_some() {
+                return None;
+            }
+            cluster::container_pid(&p).ok()
         })
         .await,
         name,
-    );
-    ok(cluster::container_pid(&p), name)
+    )
 }
 
 /// SIGKILL to host process `pid`.
