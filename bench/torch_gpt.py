@@ -90,9 +90,14 @@ def text_bytes():
 
 
 def train(width=256, heads=4, blocks=4, context=128, batch=16, mlp_ratio=4, sparsity=0.0, steps=30, warmup=5,
-          lr=0.002, weight_decay=0.01, beta2=0.99, threads=2, compile=False, seed=7, data=None):
+          lr=0.002, weight_decay=0.01, beta2=0.99, threads=2, compile=False, seed=7, data=None, micro_batch=None):
     """Trains `warmup + steps` steps; returns the median and 10th-percentile step times of the timed steps,
-    tokens/s at the median, and the last loss."""
+    tokens/s at the median, and the last loss. `micro_batch` (dividing `batch`) runs each step as gradients
+    accumulated over micro-batches of that many samples, what a PyTorch user does when a batch's activations do
+    not fit in memory beside the model's state."""
+    micro_batch = micro_batch or batch
+    if batch % micro_batch:
+        raise SystemExit(f"torch_gpt: a micro-batch of {micro_batch} does not divide the batch of {batch}")
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     data = text_bytes() if data is None else data
@@ -110,9 +115,14 @@ def train(width=256, heads=4, blocks=4, context=128, batch=16, mlp_ratio=4, spar
         window = torch.stack([data[a: a + context + 1] for a in at.tolist()])
         x, y = window[:, :-1], window[:, 1:]
         opt.zero_grad(set_to_none=True)
-        logits = step_fn(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()
+        total = 0.0
+        for part in range(0, batch, micro_batch):
+            xs, ys = x[part: part + micro_batch], y[part: part + micro_batch]
+            logits = step_fn(xs)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ys.reshape(-1)) * (micro_batch / batch)
+            loss.backward()
+            total += loss.item()
+        loss = torch.tensor(total)
         opt.step()
         if step >= warmup:
             times.append(time.perf_counter() - start)
@@ -128,6 +138,7 @@ def main():
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--micro-batch", type=int, default=None, help="gradients accumulated over micro-batches of this many samples")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 10 compiled, 5 eager)")
     ap.add_argument("--threads", type=int, default=2)
@@ -136,7 +147,8 @@ def main():
     a = ap.parse_args()
     warmup = a.warmup if a.warmup is not None else (10 if a.compile else 5)
     r = train(width=a.width, heads=a.heads, blocks=a.blocks, context=a.context, batch=a.batch, steps=a.steps,
-              threads=a.threads, sparsity=a.sparsity, compile=a.compile, warmup=warmup)
+              threads=a.threads, sparsity=a.sparsity, compile=a.compile, warmup=warmup,
+              micro_batch=a.micro_batch)
     print(r)
 
 

@@ -103,6 +103,7 @@ fn a_tiered_run_gives_the_in_memory_curve_within_its_budget() {
         assert!(get("diskBytes") >= state - budget, "most of the slice is on disk: {server}");
         assert!(get("tierReadBytes") > 0 && get("tierWrittenBytes") > 0, "{server}");
         let overhead = get("baselineRssBytes") + (48 << 20) + 4 * get("largestLayerBytes");
+        eprintln!("weight server {}: peak RSS {} of {} allowed", server["index"], get("peakRssBytes"), budget + overhead);
         assert!(get("peakRssBytes") <= budget + overhead, "peak RSS {} over budget {budget} + overhead {overhead}: {server}", get("peakRssBytes"));
     }
     // The tier's files are scratch: gone with the run, and never among the checkpoints.

@@ -25,9 +25,9 @@ use crate::protocol::codec::chunk::Recycled;
 use wire::error::{Error, Result};
 
 /// Values from which a tensor's buffer is recycled: a smaller one comes from the allocator's heap, already mapped
-/// (a weight server maps everything from 64 KiB fresh: `process::tighten_allocator`), and would only take the
-/// place of a large one among the few [`Recycled`] keeps, or be handed a large one for a bias.
-const RECYCLED_FROM: usize = (64 << 10) / 4;
+/// (a weight server maps only buffers of a huge page, 2 MiB, or more fresh: `process::tighten_allocator`), and
+/// would only take the place of a large one among the few [`Recycled`] keeps, or be handed a large one for a bias.
+const RECYCLED_FROM: usize = (2 << 20) / 4;
 
 /// Which layers of a slice live on disk under a memory budget.
 #[derive(Clone, Debug, PartialEq)]
