@@ -49,7 +49,7 @@ pub fn keep_allocator_warm() {
 /// A fixed threshold returns every buffer of a layer slice's size to the system when freed, and two arenas bound
 /// the per-thread caches.
 ///
-/// The threshold is a huge page (2 MiB): what is mapped fresh is what [`HugePages`] backs with 2 MiB pages, one fault
+/// The threshold is a huge page ([`HugePages::PAGE`]): what is mapped fresh is what [`HugePages`] backs with 2 MiB pages, one fault
 /// each. Below it, the transport's buffers (a megabyte's message being decoded, a TLS record, an HTTP/2 frame)
 /// come and go for every chunk of every layer; mapped fresh (the threshold was 64 KiB) each faulted in page by
 /// page, at ~3 µs a 4 KiB page here, and MemoryX spent more time in the kernel than in its own code. From the
@@ -80,8 +80,9 @@ pub fn tighten_allocator() {
 pub struct HugePages;
 
 impl HugePages {
-    /// A huge page: what the kernel backs an aligned range of this size with, at once.
-    const PAGE: usize = 2 << 20;
+    /// A huge page: what the kernel backs an aligned range of this size with, at once. Also where a budgeted
+    /// process stops reusing heap memory and maps fresh ([`tighten_allocator`]).
+    pub const PAGE: usize = 2 << 20;
 
     /// Asks for huge pages under the whole huge pages inside `[ptr, ptr + len)`; a range holding none is left.
     fn advise(ptr: *mut u8, len: usize) {

@@ -21,13 +21,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::slice::{LayerLengths, LayerTensors};
+use crate::process::HugePages;
 use crate::protocol::codec::chunk::Recycled;
 use wire::error::{Error, Result};
 
 /// Values from which a tensor's buffer is recycled: a smaller one comes from the allocator's heap, already mapped
-/// (a weight server maps only buffers of a huge page, 2 MiB, or more fresh: `process::tighten_allocator`), and
-/// would only take the place of a large one among the few [`Recycled`] keeps, or be handed a large one for a bias.
-const RECYCLED_FROM: usize = (2 << 20) / 4;
+/// (a weight server maps only buffers of a huge page or more fresh: `process::tighten_allocator`), and would only
+/// take the place of a large one among the few [`Recycled`] keeps, or be handed a large one for a bias.
+const RECYCLED_FROM: usize = HugePages::PAGE / 4;
 
 /// Which layers of a slice live on disk under a memory budget.
 #[derive(Clone, Debug, PartialEq)]
