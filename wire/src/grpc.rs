@@ -11,7 +11,7 @@ use tonic::Status;
 
 use crate::error::{Error, Result};
 use crate::identity::{Identity, SERVER_NAME};
-use crate::tls::{HANDSHAKE_TIMEOUT, READ_BUFFER};
+use crate::tls::HANDSHAKE_TIMEOUT;
 
 /// HTTP/2 flow-control window per stream: larger than any chunk, so a layer streams without waiting for
 /// window updates on every 64 KiB.
@@ -61,9 +61,7 @@ pub fn channel(url: &str, dial: Dial<'_>) -> Result<Channel> {
     let Some(address) = url.strip_prefix("https://") else {
         return Err(Error::Protocol(format!("stage address '{url}' is not https://: stages speak only mutual TLS")));
     };
-    let mut tls = dial.identity.client_config()?;
-    tls.alpn_protocols = vec![b"h2".to_vec()];
-    let tls = Arc::new(tls);
+    let tls = Arc::new(dial.identity.grpc_client_config()?);
     // The TLS is ours (`tls::connect`: a buffered socket, whole frames encrypted at once), so tonic is given
     // the plain address and a connector that hands it the connection already encrypted.
     let endpoint = Endpoint::from_shared(format!("http://{address}"))
@@ -137,7 +135,8 @@ where
     S::Response: axum::response::IntoResponse,
     S::Future: Send + 'static,
 {
-    let accepted = crate::tls::accept(listener, identity.server_config(false)?, READ_BUFFER);
+    let config = Arc::new(identity.grpc_server_config()?);
+    let accepted = crate::tls::accept(listener, move |tcp| crate::tls::record::accept(tcp, config.clone()));
     let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted).map(|(tls, _)| Ok::<_, std::io::Error>(tls));
     grpc_server()
         .add_service(svc)

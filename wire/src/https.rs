@@ -42,7 +42,7 @@ impl TlsListener {
     /// Starts accepting on `listener` with `identity`'s server configuration (client certificates optional).
     pub fn new(listener: tokio::net::TcpListener, identity: &Identity) -> Result<TlsListener> {
         let local = listener.local_addr().map_err(|e| crate::error::Error::io("reading the bound address", e))?;
-        let ready = crate::tls::accept(listener, identity.server_config(true)?, HTTP_READ_BUFFER);
+        let ready = crate::tls::accept(listener, crate::tls::buffered(identity.server_config(true)?, HTTP_READ_BUFFER));
         Ok(TlsListener { local, ready })
     }
 }

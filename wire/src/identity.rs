@@ -214,26 +214,54 @@ impl Identity {
     /// A rustls server configuration that trusts only this job's CA. With `optional_clients`, a client without
     /// a certificate may connect (for `/healthz` probes); a client with a certificate of another CA never can.
     pub fn server_config(&self, optional_clients: bool) -> Result<rustls::ServerConfig> {
+        let mut config = self.server(optional_clients, rustls::DEFAULT_VERSIONS)?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(config)
+    }
+
+    /// The server configuration of a gRPC connection ([`crate::tls::record`]): TLS 1.3 only, every client
+    /// presenting the job's certificate, HTTP/2, no session tickets (a role's clients keep their connections),
+    /// and its traffic secrets handed to the record layer after the handshake.
+    pub fn grpc_server_config(&self) -> Result<rustls::ServerConfig> {
+        let mut config = self.server(false, &[&rustls::version::TLS13])?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        config.send_tls13_tickets = 0;
+        config.enable_secret_extraction = true;
+        Ok(config)
+    }
+
+    fn server(&self, optional_clients: bool, versions: &[&'static rustls::SupportedProtocolVersion]) -> Result<rustls::ServerConfig> {
         let builder = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(self.roots()?), provider());
         let builder = if optional_clients { builder.allow_unauthenticated() } else { builder };
         let verifier = builder.build().map_err(|e| tls_error("client verifier", e))?;
         let (chain, key) = self.chain()?;
-        let mut config = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
+        rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(versions)
             .map_err(|e| tls_error("TLS versions", e))?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain, key)
-            .map_err(|e| tls_error("certificate and key", e))?;
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(config)
+            .map_err(|e| tls_error("certificate and key", e))
     }
 
     /// A rustls client configuration that trusts only this job's CA and presents this identity: for HTTP clients
     /// (the operator's calls to MemoryX).
     pub fn client_config(&self) -> Result<rustls::ClientConfig> {
+        self.client(rustls::DEFAULT_VERSIONS)
+    }
+
+    /// The client configuration of a gRPC connection ([`crate::tls::record`]): TLS 1.3 only, HTTP/2, and its
+    /// traffic secrets handed to the record layer after the handshake.
+    pub fn grpc_client_config(&self) -> Result<rustls::ClientConfig> {
+        let mut config = self.client(&[&rustls::version::TLS13])?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        config.enable_secret_extraction = true;
+        Ok(config)
+    }
+
+    fn client(&self, versions: &[&'static rustls::SupportedProtocolVersion]) -> Result<rustls::ClientConfig> {
         let (chain, key) = self.chain()?;
         rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(versions)
             .map_err(|e| tls_error("TLS versions", e))?
             .with_root_certificates(self.roots()?)
             .with_client_auth_cert(chain, key)
@@ -254,6 +282,8 @@ mod tests {
         let id = Identity::load(&dir).unwrap();
         id.server_config(true).unwrap();
         id.client_config().unwrap();
+        id.grpc_server_config().unwrap();
+        id.grpc_client_config().unwrap();
         issued.operator_identity().client_config().unwrap();
         #[cfg(unix)]
         {

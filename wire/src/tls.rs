@@ -2,10 +2,12 @@
 //! the job's identity.
 //!
 //! Handshakes are accepted on their own tasks, each bounded by [`HANDSHAKE_TIMEOUT`], so a slow or silent client
-//! never holds up the next one. A gRPC connection reads its socket through a [`READ_BUFFER`]-byte buffer and
-//! writes whole HTTP/2 frames as records at once: rustls alone reads a socket a few kilobytes at a time and
-//! caps what it encrypts ahead at 64 KiB, which made a 64 MiB layer thousands of system calls each way.
+//! never holds up the next one. A gRPC connection carries layers, and seals and opens its own records
+//! ([`record`]); an HTTP connection carries small messages and is rustls' buffered connection over a [`Socket`].
 
+pub mod record;
+
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,11 +23,9 @@ use tokio_rustls::server::TlsStream;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshakes in flight at once; more wait in the kernel's backlog.
 const HANDSHAKES: usize = 64;
-/// Bytes a gRPC connection reads from its socket at once: a megabyte message arrives in a few reads.
-pub const READ_BUFFER: usize = 1 << 20;
 
-/// A TCP connection as TLS runs over it: read through a buffer of [`READ_BUFFER`] bytes for gRPC, directly
-/// for HTTP (whose messages are small).
+/// A TCP connection as rustls' buffered connection runs over it (HTTP), its reads buffered: rustls alone reads a
+/// socket a few kilobytes at a time.
 #[derive(Debug)]
 pub struct Socket(BufReader<TcpStream>);
 
@@ -78,14 +78,33 @@ impl tonic::transport::server::Connected for Socket {
     }
 }
 
-/// Accepts TLS connections on `listener` with `config`, each read through `buffer` bytes, and hands over those
-/// whose handshake succeeded, with the peer's address. Ends when the receiver is dropped.
-pub fn accept(
-    listener: tokio::net::TcpListener,
+/// The server half of a buffered rustls connection with `config`, each read through `buffer` bytes: for
+/// [`accept`].
+pub fn buffered(
     config: rustls::ServerConfig,
     buffer: usize,
-) -> tokio::sync::mpsc::Receiver<(TlsStream<Socket>, SocketAddr)> {
+) -> impl Fn(TcpStream) -> Pin<Box<dyn Future<Output = std::io::Result<TlsStream<Socket>>> + Send>> + Send + Sync + 'static {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    move |tcp| {
+        let accepting = acceptor.accept(Socket::new(tcp, buffer));
+        Box::pin(async move {
+            let mut tls = accepting.await?;
+            // Encrypt whatever is handed over at once instead of 64 KiB at a time.
+            tls.get_mut().1.set_buffer_limit(None);
+            Ok(tls)
+        })
+    }
+}
+
+/// Accepts TLS connections on `listener`, each made by `handshake` (bounded by [`HANDSHAKE_TIMEOUT`]), and
+/// hands over those whose handshake succeeded, with the peer's address. Ends when the receiver is dropped.
+pub fn accept<S, H, F>(listener: tokio::net::TcpListener, handshake: H) -> tokio::sync::mpsc::Receiver<(S, SocketAddr)>
+where
+    S: Send + 'static,
+    H: Fn(TcpStream) -> F + Send + Sync + 'static,
+    F: Future<Output = std::io::Result<S>> + Send + 'static,
+{
+    let handshake = Arc::new(handshake);
     let (tx, ready) = tokio::sync::mpsc::channel(HANDSHAKES);
     let permits = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES));
     tokio::spawn(async move {
@@ -99,14 +118,11 @@ pub fn accept(
                     continue;
                 }
             };
-            let (acceptor, done) = (acceptor.clone(), tx.clone());
+            let (shaking, done) = (handshake(tcp), tx.clone());
             tokio::spawn(async move {
                 let _permit = permit;
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(Socket::new(tcp, buffer))).await {
-                    Ok(Ok(mut tls)) => {
-                        // Encrypt whatever HTTP/2 hands over at once (frames of up to a megabyte, bounded by the
-                        // flow-control windows) instead of 64 KiB at a time.
-                        tls.get_mut().1.set_buffer_limit(None);
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, shaking).await {
+                    Ok(Ok(tls)) => {
                         let _ = done.send((tls, addr)).await;
                     }
                     Ok(Err(e)) => tracing::debug!("TLS handshake from {addr} refused: {e}"),
@@ -121,18 +137,14 @@ pub fn accept(
     ready
 }
 
-/// Dials `host:port` over TLS with `config`, verifying the server as `server_name`, reads buffered by
-/// [`READ_BUFFER`] bytes. The caller bounds the whole of it (connect and handshake) with its timeout.
+/// Dials `host:port` over TLS with `config` (which must allow extracting secrets: [`record`]), verifying the
+/// server as `server_name`. The caller bounds the whole of it (connect and handshake) with its timeout.
 pub async fn connect(
     host: &str,
     port: u16,
     config: Arc<rustls::ClientConfig>,
     server_name: &str,
-) -> std::io::Result<tokio_rustls::client::TlsStream<Socket>> {
+) -> std::io::Result<record::Stream> {
     let tcp = TcpStream::connect((host, port)).await?;
-    let name = rustls_pki_types::ServerName::try_from(server_name.to_string())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let mut tls = tokio_rustls::TlsConnector::from(config).connect(name, Socket::new(tcp, READ_BUFFER)).await?;
-    tls.get_mut().1.set_buffer_limit(None);
-    Ok(tls)
+    record::connect(tcp, config, server_name).await
 }
