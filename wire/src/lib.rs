@@ -6,6 +6,8 @@
 //! - [`grpc`]: [`grpc::Dial`] and [`grpc::channel`] (the client half), [`grpc::serve`] (the server half),
 //!   [`grpc::JobGuard`].
 //! - [`https`]: the HTTP side over TLS, with routes for the job's holders only.
+//! - [`tls`]: accepting and dialing TLS; [`tls::record`], a gRPC connection's records sealed and opened in its
+//!   own buffers.
 //! - [`error`] and [`status`]: what can go wrong, and how its kind survives a gRPC hop.
 //! - [`program`]: one role program's start-up, listeners, HTTP side and service.
 #![warn(missing_docs)]
