@@ -54,8 +54,9 @@ const KEY_UPDATE: u8 = 24;
 const MAX_HANDSHAKE_MESSAGE: usize = 0xffff;
 /// Most bytes of handshake records held while the handshake runs.
 const HANDSHAKE_BUFFER: usize = MAX_HANDSHAKE_MESSAGE + MAX_CIPHERTEXT + HEADER;
-/// Plaintext bytes sealed ahead of the socket: a megabyte HTTP/2 frame leaves in pieces of this size, so the
-/// peer starts opening the first while the rest is sealed.
+/// Plaintext bytes sealed ahead of the socket before a write waits for it: a whole HTTP/2 frame of a layer (up
+/// to a megabyte) at once. Smaller pieces (256 and 64 KiB) streamed a 64 MiB layer more slowly: the socket takes
+/// a megabyte at once, and fewer, larger writes cost less (`wsctl bench transport`).
 pub const WRITE_AHEAD: usize = 1 << 20;
 /// Bytes a connection reads from its socket at once: a megabyte message arrives in a few reads.
 pub const READ_BUFFER: usize = 1 << 20;
@@ -63,36 +64,40 @@ pub const READ_BUFFER: usize = 1 << 20;
 const KEY_UPDATE_MARGIN: u64 = 1 << 10;
 
 /// The key schedule rustls keeps after the handshake, for either side.
-trait Schedule: Send + Sync {
+trait Schedule: Tickets + Send + Sync {
     /// The next secrets this side sends under (after it sends a key update).
     fn update_tx(&mut self) -> Result<ConnectionTrafficSecrets, rustls::Error>;
     /// The next secrets the peer sends under (after it sent a key update).
     fn update_rx(&mut self) -> Result<ConnectionTrafficSecrets, rustls::Error>;
-    /// A session ticket the peer sent.
+}
+
+/// What a side does with a session ticket its peer sent.
+trait Tickets {
+    /// Keeps the ticket (a client), or refuses it (a server: clients send none).
     fn ticket(&mut self, payload: &[u8]) -> Result<(), rustls::Error>;
 }
 
-impl Schedule for KernelConnection<ClientConnectionData> {
-    fn update_tx(&mut self) -> Result<ConnectionTrafficSecrets, rustls::Error> {
-        self.update_tx_secret().map(|(_, s)| s)
-    }
-    fn update_rx(&mut self) -> Result<ConnectionTrafficSecrets, rustls::Error> {
-        self.update_rx_secret().map(|(_, s)| s)
-    }
+impl Tickets for KernelConnection<ClientConnectionData> {
     fn ticket(&mut self, payload: &[u8]) -> Result<(), rustls::Error> {
         self.handle_new_session_ticket(payload)
     }
 }
 
-impl Schedule for KernelConnection<ServerConnectionData> {
+impl Tickets for KernelConnection<ServerConnectionData> {
+    fn ticket(&mut self, _: &[u8]) -> Result<(), rustls::Error> {
+        Err(rustls::Error::General("a client sent a session ticket".into()))
+    }
+}
+
+impl<Data> Schedule for KernelConnection<Data>
+where
+    KernelConnection<Data>: Tickets + Send + Sync,
+{
     fn update_tx(&mut self) -> Result<ConnectionTrafficSecrets, rustls::Error> {
         self.update_tx_secret().map(|(_, s)| s)
     }
     fn update_rx(&mut self) -> Result<ConnectionTrafficSecrets, rustls::Error> {
         self.update_rx_secret().map(|(_, s)| s)
-    }
-    fn ticket(&mut self, _: &[u8]) -> Result<(), rustls::Error> {
-        Err(rustls::Error::General("a client sent a session ticket".into()))
     }
 }
 
@@ -477,29 +482,25 @@ trait Handshake: Sized {
     fn finish(self) -> Result<(ExtractedSecrets, Box<dyn Schedule>, rustls::SupportedCipherSuite), rustls::Error>;
 }
 
-impl Handshake for UnbufferedClientConnection {
-    type Data = ClientConnectionData;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn finish(self) -> Result<(ExtractedSecrets, Box<dyn Schedule>, rustls::SupportedCipherSuite), rustls::Error> {
-        let (secrets, kernel) = self.dangerous_into_kernel_connection()?;
-        let suite = kernel.negotiated_cipher_suite();
-        Ok((secrets, Box::new(kernel), suite))
-    }
+/// The same handshake steps for both sides: rustls defines them on each side's type.
+macro_rules! handshake_for {
+    ($conn:ty, $data:ty) => {
+        impl Handshake for $conn {
+            type Data = $data;
+            fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
+                self.process_tls_records(incoming)
+            }
+            fn finish(self) -> Result<(ExtractedSecrets, Box<dyn Schedule>, rustls::SupportedCipherSuite), rustls::Error> {
+                let (secrets, kernel) = self.dangerous_into_kernel_connection()?;
+                let suite = kernel.negotiated_cipher_suite();
+                Ok((secrets, Box::new(kernel), suite))
+            }
+        }
+    };
 }
 
-impl Handshake for UnbufferedServerConnection {
-    type Data = ServerConnectionData;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn finish(self) -> Result<(ExtractedSecrets, Box<dyn Schedule>, rustls::SupportedCipherSuite), rustls::Error> {
-        let (secrets, kernel) = self.dangerous_into_kernel_connection()?;
-        let suite = kernel.negotiated_cipher_suite();
-        Ok((secrets, Box::new(kernel), suite))
-    }
-}
+handshake_for!(UnbufferedClientConnection, ClientConnectionData);
+handshake_for!(UnbufferedServerConnection, ServerConnectionData);
 
 /// Drives `conn`'s handshake over `tcp` to its end, then hands the connection to the record layer.
 async fn handshake<C: Handshake>(mut conn: C, mut tcp: TcpStream) -> io::Result<Stream> {
