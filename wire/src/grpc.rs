@@ -123,7 +123,7 @@ impl JobGuard {
 
 /// Serves one gRPC service, its message limits already set, on `listener` until the process ends, over mutual
 /// TLS: only a client presenting a certificate of the job's CA completes the handshake. The one place every
-/// role's service meets [`grpc_server`].
+/// role's service meets `grpc_server`.
 pub async fn serve<S>(svc: S, listener: tokio::net::TcpListener, identity: &Identity) -> Result<()>
 where
     S: tonic::codegen::Service<tonic::codegen::http::Request<tonic::body::Body>, Error = std::convert::Infallible>
