@@ -62,7 +62,7 @@ pub fn channel(url: &str, dial: Dial<'_>) -> Result<Channel> {
         return Err(Error::Protocol(format!("stage address '{url}' is not https://: stages speak only mutual TLS")));
     };
     let tls = Arc::new(dial.identity.grpc_client_config()?);
-    // The TLS is ours (`tls::connect`: a buffered socket, whole frames encrypted at once), so tonic is given
+    // The TLS is ours (`tls::connect`: records sealed and opened in the connection's buffers), so tonic is given
     // the plain address and a connector that hands it the connection already encrypted.
     let endpoint = Endpoint::from_shared(format!("http://{address}"))
         .map_err(|e| Error::Protocol(format!("bad stage address '{url}': {e}")))?

@@ -83,7 +83,7 @@ impl tonic::transport::server::Connected for Socket {
 pub fn buffered(
     config: rustls::ServerConfig,
     buffer: usize,
-) -> impl Fn(TcpStream) -> Pin<Box<dyn Future<Output = std::io::Result<TlsStream<Socket>>> + Send>> + Send + Sync + 'static {
+) -> impl Fn(TcpStream) -> Pin<Box<dyn Future<Output = std::io::Result<TlsStream<Socket>>> + Send>> + Send + 'static {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     move |tcp| {
         let accepting = acceptor.accept(Socket::new(tcp, buffer));
@@ -101,10 +101,9 @@ pub fn buffered(
 pub fn accept<S, H, F>(listener: tokio::net::TcpListener, handshake: H) -> tokio::sync::mpsc::Receiver<(S, SocketAddr)>
 where
     S: Send + 'static,
-    H: Fn(TcpStream) -> F + Send + Sync + 'static,
+    H: Fn(TcpStream) -> F + Send + 'static,
     F: Future<Output = std::io::Result<S>> + Send + 'static,
 {
-    let handshake = Arc::new(handshake);
     let (tx, ready) = tokio::sync::mpsc::channel(HANDSHAKES);
     let permits = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES));
     tokio::spawn(async move {

@@ -208,10 +208,7 @@ impl Stream {
     /// the write buffer, updating this side's key first when its limit is near.
     fn seal(&mut self, kind: u8, parts: &[&[u8]]) -> io::Result<()> {
         if self.tx.seq >= self.tx_limit && kind != HANDSHAKE {
-            // A key update (update_not_requested), under the old key; everything after it under the new one.
-            self.seal(HANDSHAKE, &[&[KEY_UPDATE, 0, 0, 1, 0]])?;
-            let next = self.schedule.update_tx().map_err(tls_error)?;
-            self.tx = Direction::new(next, 0)?;
+            self.update_own_key()?;
         }
         let len: usize = parts.iter().map(|p| p.len()).sum();
         debug_assert!(len <= MAX_PLAINTEXT);
@@ -230,6 +227,15 @@ impl Stream {
             .seal_in_place_separate_tag(nonce, Aad::from(header), &mut self.write[at + HEADER..])
             .map_err(|_| invalid("sealing a record failed"))?;
         self.write.extend_from_slice(tag.as_ref());
+        Ok(())
+    }
+
+    /// Sends a key update (update_not_requested) under this side's key, and seals everything after it under
+    /// the next one: at the key's limit, and in answer to a peer that asked for it.
+    fn update_own_key(&mut self) -> io::Result<()> {
+        self.seal(HANDSHAKE, &[&[KEY_UPDATE, 0, 0, 1, 0]])?;
+        let next = self.schedule.update_tx().map_err(tls_error)?;
+        self.tx = Direction::new(next, 0)?;
         Ok(())
     }
 
@@ -328,18 +334,16 @@ impl Stream {
 
     /// Acts on every whole post-handshake message received.
     fn post_handshake(&mut self) -> io::Result<()> {
+        let mut messages = std::mem::take(&mut self.handshake);
         let mut at = 0;
-        while let [kind, a, b, c, rest @ ..] = &self.handshake[at..] {
+        while let [kind, a, b, c, rest @ ..] = &messages[at..] {
             let len = u32::from_be_bytes([0, *a, *b, *c]) as usize;
             if rest.len() < len {
                 break;
             }
             let payload = &rest[..len];
             match *kind {
-                NEW_SESSION_TICKET => {
-                    let payload = payload.to_vec();
-                    self.schedule.ticket(&payload).map_err(tls_error)?;
-                }
+                NEW_SESSION_TICKET => self.schedule.ticket(payload).map_err(tls_error)?,
                 KEY_UPDATE => {
                     let requested = match payload {
                         [0] => false,
@@ -347,23 +351,21 @@ impl Stream {
                         _ => return Err(invalid("the peer sent a malformed key update")),
                     };
                     // A key update ends its record (RFC 8446 §5.1): what follows is under the new key.
-                    if at + 4 + len != self.handshake.len() {
+                    if at + 4 + len != messages.len() {
                         return Err(invalid("the peer sent data after a key update in the same record"));
                     }
                     let next = self.schedule.update_rx().map_err(tls_error)?;
                     self.rx = Direction::new(next, 0)?;
                     if requested && !self.closed {
-                        // Answer under the old key, then send under the new one.
-                        self.seal(HANDSHAKE, &[&[KEY_UPDATE, 0, 0, 1, 0]])?;
-                        let next = self.schedule.update_tx().map_err(tls_error)?;
-                        self.tx = Direction::new(next, 0)?;
+                        self.update_own_key()?;
                     }
                 }
                 other => return Err(invalid(format!("the peer sent handshake message {other} after the handshake"))),
             }
             at += 4 + len;
         }
-        self.handshake.drain(..at);
+        messages.drain(..at);
+        self.handshake = messages;
         Ok(())
     }
 }
