@@ -32,12 +32,19 @@ fn status_kib(key: &str) -> u64 {
 /// instead of 93 ms in the runs with the most. In one arena (the main one, which the threshold keeps) every
 /// run took 53,000–59,000. The arena's lock is uncontended in practice: the buffers are few and large, and small
 /// allocations come from each thread's cache.
+///
+/// And no buffer mapped on its own: 32 MiB is the highest threshold glibc takes, and an activation of that size
+/// or more (the ~100M GPT's MLP activations are exactly 32 MiB; the 1 B example's, 128 MiB) was still mapped
+/// fresh and unmapped when freed, every layer of every step, its huge pages zeroed by the kernel each time
+/// (`clear_page_erms`, 3.6% of the machine in the ~100M GPT's streaming run). From the heap it is reused. A
+/// streaming run of that shape went from 1.05 to 1.10 samples/s, the loss the same to the last bit.
 pub fn keep_allocator_warm() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters (thread-safe); its callers make it their first call, before
     // the working set or any thread exists.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_MMAP_MAX, 0);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }

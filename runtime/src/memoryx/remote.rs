@@ -7,6 +7,7 @@ use tonic::transport::Channel;
 use super::server::{check_room, ServerUsage, WeightServer};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::service::{chunks, Assembler, Filler};
+use crate::protocol::codec::chunk::Recycled;
 use wire::error::{Error, Result};
 use crate::protocol::pb::weights_client::WeightsClient;
 use crate::protocol::pb::{TensorChunk, WeightsRequest};
@@ -114,11 +115,11 @@ impl WeightServer for RemoteServer {
     }
 
     fn update(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
-        self.send(layer, step, [weights.to_vec(), bias.to_vec()], |mut c, s| async move { c.update(s).await })
+        self.send(layer, step, [Recycled::layers().copy_of(weights), bias.to_vec()], |mut c, s| async move { c.update(s).await })
     }
 
     fn stage(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
-        self.send(layer, step, [weights.to_vec(), bias.to_vec()], |mut c, s| async move { c.stage(s).await })
+        self.send(layer, step, [Recycled::layers().copy_of(weights), bias.to_vec()], |mut c, s| async move { c.stage(s).await })
     }
 
     fn commit(&self, step: u64) -> Result<()> {

@@ -22,6 +22,7 @@ use super::tier::{Tier, TierLayout};
 use wire::error::{Error, Result};
 use plan::layout::ModelLayout;
 use crate::optim::{self, OptState, Recipe};
+use crate::protocol::codec::chunk::Recycled;
 
 /// What a weight server holds and has moved, and its process's memory: how its budget is judged.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -482,7 +483,7 @@ impl WeightServer for LocalSlice {
     fn fetch(&self, layer: usize, step: u64) -> Result<(Vec<f32>, Vec<f32>)> {
         self.with_layer_parts(layer, false, false, |slot, t| {
             self.check_step(layer, slot.updates, step)?;
-            Ok((t[0].clone(), t[1].clone()))
+            Ok((Recycled::layers().copy_of(&t[0]), Recycled::layers().copy_of(&t[1])))
         })
     }
 
@@ -531,7 +532,7 @@ impl WeightServer for LocalSlice {
                 tier.write_grad(layer, weights, bias)?;
                 staged.layers.push((layer, None));
             }
-            None => staged.layers.push((layer, Some((weights.to_vec(), bias.to_vec())))),
+            None => staged.layers.push((layer, Some((Recycled::layers().copy_of(weights), Recycled::layers().copy_of(bias))))),
         }
         Ok(())
     }
@@ -548,7 +549,10 @@ impl WeightServer for LocalSlice {
         }
         for (layer, values) in staged.layers {
             match values {
-                Some((w, b)) => self.update(layer, step, &w, &b)?,
+                Some((w, b)) => {
+                    self.update(layer, step, &w, &b)?;
+                    Recycled::layers().give(w);
+                }
                 None => {
                     let tier = self.tier.as_ref().ok_or_else(|| Error::Protocol(format!("layer {layer}'s gradient is in no disk tier")))?;
                     let (w, b) = tier.read_grad(layer)?;

@@ -13,15 +13,15 @@ use super::slice::{LayerLengths, LayerTensors};
 use wire::error::{Error, Result};
 use crate::protocol::pb::weights_server::Weights;
 use crate::protocol::pb::{Ack, TensorChunk, WeightsInfo, WeightsRequest};
-use crate::protocol::codec::chunk::{extend_words, pieces, Words};
+use crate::protocol::codec::chunk::{extend_words, pieces, Recycled};
 use wire::grpc::JobGuard;
 use wire::status::to_status;
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<TensorChunk, Status>> + Send>>;
 
 /// The chunks of `tensors`, each cut to at most [`CHUNK_BYTES`](crate::protocol::codec::chunk::CHUNK_BYTES)
-/// as slices of the tensor's own buffer (no copy); every tensor sends at least one chunk, so an empty one is
-/// seen too.
+/// as slices of the tensor's own buffer (no copy), which goes back to [`Recycled::layers`] once sent; every
+/// tensor sends at least one chunk, so an empty one is seen too.
 pub(super) fn chunks(job: &str, layer: usize, step: u64, tensors: impl IntoIterator<Item = Vec<f32>>) -> Vec<TensorChunk> {
     let chunk = |k: usize, data: bytes::Bytes| TensorChunk { job: job.to_string(), layer: layer as u64, step, tensor: k as u32, data };
     let mut out = Vec::new();
@@ -30,7 +30,7 @@ pub(super) fn chunks(job: &str, layer: usize, step: u64, tensors: impl IntoItera
             out.push(chunk(k, bytes::Bytes::new()));
             continue;
         }
-        out.extend(pieces(bytes::Bytes::from_owner(Words(t))).map(|data| chunk(k, data)));
+        out.extend(pieces(Recycled::layers().bytes(t)).map(|data| chunk(k, data)));
     }
     out
 }
@@ -79,7 +79,7 @@ impl<'a> Assembler<'a> {
         let have = self.tensors[k].len() + c.data.len() / 4;
         Error::check_limit(|| format!("tensor {k} of layer {layer}'s slice (values)"), have as u64, want[k] as u64)?;
         if self.tensors[k].capacity() == 0 {
-            self.tensors[k].reserve_exact(want[k]);
+            self.tensors[k] = Recycled::layers().take(want[k]);
         }
         extend_words(&mut self.tensors[k], &c.data, "a tensor chunk")
     }
@@ -222,14 +222,14 @@ impl Weights for WeightsService {
     async fn update(&self, request: Request<Streaming<TensorChunk>>) -> Result<Response<Ack>, Status> {
         let (layer, step, t) = self.receive(request.into_inner(), 2).await?;
         let [w, b, ..] = t;
-        self.blocking(move |s| s.update(layer, step, &w, &b)).await?;
+        self.blocking(move |s| s.update(layer, step, &w, &b).map(|()| Recycled::layers().give(w))).await?;
         Ok(Response::new(Ack {}))
     }
 
     async fn stage(&self, request: Request<Streaming<TensorChunk>>) -> Result<Response<Ack>, Status> {
         let (layer, step, t) = self.receive(request.into_inner(), 2).await?;
         let [w, b, ..] = t;
-        self.blocking(move |s| s.stage(layer, step, &w, &b)).await?;
+        self.blocking(move |s| s.stage(layer, step, &w, &b).map(|()| Recycled::layers().give(w))).await?;
         Ok(Response::new(Ack {}))
     }
 

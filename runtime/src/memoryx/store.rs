@@ -20,6 +20,7 @@ use wire::error::{Error, Result};
 use kernels::sparse::SparsePattern;
 use plan::layout::ModelLayout;
 use crate::optim::Recipe;
+use crate::protocol::codec::chunk::Recycled;
 use crate::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
 
 /// What the training loop needs from MemoryX; a gRPC client implements it the same way as [`MemoryX`].
@@ -290,8 +291,13 @@ impl MemoryX {
         if let [only] = self.servers.as_slice() {
             return only.fetch(layer, step);
         }
-        // `vec!` of zeros is calloc: the pages come zeroed, so every value is written once, by its server.
-        let (mut w, mut b) = (vec![0.0f32; weights], vec![0.0f32; bias]);
+        // Zeroed first (each server writes its part in place), in a buffer the process has used before.
+        let room = |len: usize| {
+            let mut v = Recycled::layers().take(len);
+            v.resize(len, 0.0);
+            v
+        };
+        let (mut w, mut b) = (room(weights), room(bias));
         let places = places(&self.servers, &mut w, &mut b)?;
         on_each_with(&self.servers, places, |s, (w, b)| s.fetch_into(layer, step, w, b))?;
         Ok((w, b))
@@ -448,7 +454,11 @@ impl WeightStore for MemoryX {
 
     fn stage(&self, grad: LayerGrad, step: u64) -> Result<()> {
         let reordered = self.prepare(&grad, step, false)?;
-        self.to_each_slice(&reordered, &grad.bias, |s, w, b| s.stage(grad.layer, step, w, b))
+        let staged = self.to_each_slice(&reordered, &grad.bias, |s, w, b| s.stage(grad.layer, step, w, b));
+        // Each server has taken its slice (a copy, or on the wire): the buffer serves the next gradient.
+        drop(reordered);
+        Recycled::layers().give(grad.weights);
+        staged
     }
 
     fn commit(&self, step: u64) -> Result<()> {

@@ -29,24 +29,66 @@ pub(super) const MAX_RESERVE: u64 = 64 << 20;
 /// it assembles (or reads). A fresh buffer of a large layer is a fresh mapping whose every page faults on first
 /// touch (for a 64 MiB layer, about as long as the copy into it); a kept one is warm. At most [`Recycled::KEEP`]
 /// are kept, so what a receiver holds beyond its layers in flight is a few of the plan's layers.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Recycled {
     buffers: std::sync::Mutex<Vec<Vec<f32>>>,
+    /// Buffers of fewer values are not kept: they come from the allocator's heap, already mapped.
+    least: usize,
+}
+
+impl Default for Recycled {
+    fn default() -> Self {
+        Recycled::keeping_from(0)
+    }
 }
 
 impl Recycled {
     /// Buffers kept at most.
     const KEEP: usize = 4;
 
+    /// A pool that keeps buffers of at least `least` values.
+    const fn keeping_from(least: usize) -> Self {
+        Recycled { buffers: std::sync::Mutex::new(Vec::new()), least }
+    }
+
+    /// The pool of MemoryX's processes, for the buffers that carry a layer through them: the layers the
+    /// coordinator gathers and sends down the tree, the gradients it receives and cuts into slices, the slices a
+    /// weight server sends and receives and the gradients it stages. Those buffers are made in one place and
+    /// freed in another (a chunk that went out on the wire, a gradient the optimizer has applied), so one pool
+    /// per process serves them all. A weight server maps every buffer of a huge page or more fresh
+    /// (`process::tighten_allocator`), and those are what it keeps; the 1 B example's MemoryX spent ~30% of its
+    /// CPU zeroing such fresh pages. It keeps [`Recycled::KEEP`] of them, no more than the layers in flight
+    /// through a weight server at once, so its peak memory is what it was.
+    pub fn layers() -> &'static Recycled {
+        static LAYERS: Recycled = Recycled::keeping_from(crate::process::HugePages::PAGE / 4);
+        &LAYERS
+    }
+
     /// An empty buffer with room for at least `capacity` values: the smallest kept one that is large enough,
     /// or a new one.
     pub fn take(&self, capacity: usize) -> Vec<f32> {
+        if capacity < self.least {
+            return Vec::with_capacity(capacity);
+        }
         let Ok(mut kept) = self.buffers.lock() else { return Vec::with_capacity(capacity) };
         let fits = kept.iter().enumerate().filter(|(_, b)| b.capacity() >= capacity).min_by_key(|(_, b)| b.capacity());
         match fits.map(|(i, _)| i) {
             Some(i) => kept.swap_remove(i),
             None => Vec::with_capacity(capacity),
         }
+    }
+
+    /// A copy of `values` in a buffer from this pool.
+    pub fn copy_of(&self, values: &[f32]) -> Vec<f32> {
+        let mut out = self.take(values.len());
+        out.extend_from_slice(values);
+        out
+    }
+
+    /// `values` as message bytes without a copy, the buffer given back to this pool when the last chunk holding
+    /// any of it is dropped (sent).
+    pub fn bytes(&'static self, values: Vec<f32>) -> Bytes {
+        Bytes::from_owner(Pooled { values, home: self })
     }
 
     /// Frees every kept buffer: for a holder whose budget has room for them only until its next buffers are
@@ -59,7 +101,7 @@ impl Recycled {
 
     /// Keeps `buffer` (emptied) for a later [`Recycled::take`]; when full, the smallest kept one makes room.
     pub fn give(&self, mut buffer: Vec<f32>) {
-        if buffer.capacity() == 0 {
+        if buffer.capacity() == 0 || buffer.capacity() < self.least {
             return;
         }
         buffer.clear();
@@ -70,6 +112,24 @@ impl Recycled {
                 kept.swap_remove(i);
             }
         }
+    }
+}
+
+/// Values lent to message bytes by [`Recycled::bytes`], going back to their pool when dropped.
+struct Pooled {
+    values: Vec<f32>,
+    home: &'static Recycled,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.values)
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        self.home.give(std::mem::take(&mut self.values));
     }
 }
 
@@ -91,3 +151,48 @@ pub(crate) fn pieces(data: Bytes) -> impl Iterator<Item = Bytes> {
     (0..data.len()).step_by(CHUNK_BYTES).map(move |at| data.slice(at..(at + CHUNK_BYTES).min(data.len())))
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(pool: &Recycled) -> usize {
+        pool.buffers.lock().map(|b| b.len()).unwrap_or(usize::MAX)
+    }
+
+    /// A buffer lent to message bytes comes back to its pool when the last piece cut from it is dropped, not
+    /// before, and the next buffer taken is that one; a copy from the pool holds the values copied.
+    #[test]
+    fn lent_bytes_go_back_to_their_pool_with_their_last_piece() {
+        static POOL: Recycled = Recycled::keeping_from(1_000);
+        let values: Vec<f32> = (0..600_000).map(|k| k as f32).collect();
+        let at = values.as_ptr();
+        let mut cut: Vec<Bytes> = pieces(POOL.bytes(values)).collect();
+        assert_eq!(cut.len(), 3, "2.4 MB in pieces of at most 1 MB");
+        assert_eq!(bytemuck::pod_read_unaligned::<f32>(&cut[1][..4]), (CHUNK_BYTES / 4) as f32, "the pieces are the values");
+        let last = cut.pop();
+        drop(cut);
+        assert_eq!(kept(&POOL), 0, "a piece is still held");
+        drop(last);
+        assert_eq!(kept(&POOL), 1, "back once every piece is gone");
+        let again = POOL.take(500_000);
+        assert!(again.is_empty() && again.as_ptr() == at, "the same buffer, emptied");
+        POOL.give(again);
+        let copy = POOL.copy_of(&[1.5; 2_000]);
+        assert!(copy.as_ptr() == at && copy == vec![1.5; 2_000], "a copy into the kept buffer");
+    }
+
+    /// A pool keeps no buffer below its least size (the heap serves those warm), and at most `KEEP`, the
+    /// smallest making room.
+    #[test]
+    fn a_pool_keeps_few_and_only_large_buffers() {
+        let pool = Recycled::keeping_from(1_000);
+        pool.give(vec![0.0; 999]);
+        assert_eq!(kept(&pool), 0, "below the least size");
+        for n in 1..=Recycled::KEEP + 2 {
+            pool.give(Vec::with_capacity(1_000 * n));
+        }
+        assert_eq!(kept(&pool), Recycled::KEEP);
+        assert!(pool.take(1_000).capacity() >= 3_000, "the smallest were dropped");
+    }
+}

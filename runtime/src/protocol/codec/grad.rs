@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use super::chunk::{extend_words, pieces, Words, MAX_RESERVE};
+use super::chunk::{extend_words, pieces, Recycled, Words, MAX_RESERVE};
 use wire::error::{Error, Result};
 use plan::limits::Limits;
 use crate::protocol::pb::GradChunk;
@@ -95,7 +95,7 @@ pub fn decode_grad(chunks: impl IntoIterator<Item = GradChunk>, limits: &Limits)
         meter.check(&c, limits)?;
         done = c.last;
         if header.is_none() {
-            weights.reserve(c.weights_len.min(MAX_RESERVE) as usize);
+            weights = Recycled::layers().take(c.weights_len.min(MAX_RESERVE) as usize);
             bias.reserve(c.bias_len.min(MAX_RESERVE) as usize);
         }
         extend_words(&mut weights, &c.weights, "weights")?;

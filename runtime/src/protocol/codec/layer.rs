@@ -14,7 +14,8 @@ use crate::protocol::{LayerStream, Pass, WeightPayload};
 
 /// Cuts a layer stream into chunks for `job` and `step`, taking it over: every chunk's arrays are slices of the
 /// stream's own buffers (the values and bias it owned, the mask it shares), so no byte of the layer is copied
-/// before the transport writes it.
+/// before the transport writes it. The values' buffer goes back to [`Recycled::layers`] once the last chunk is
+/// sent, for the next layer MemoryX gathers.
 pub fn encode_layer(stream: LayerStream, job: &str, step: u64) -> Vec<LayerChunk> {
     let LayerStream { layer, pass, weights, bias } = stream;
     let (encoding, pattern, values) = match weights {
@@ -45,7 +46,7 @@ pub fn encode_layer(stream: LayerStream, job: &str, step: u64) -> Vec<LayerChunk
         (mask(MaskPart::Order), |c| &mut c.order),
         (mask(MaskPart::Ptr), |c| &mut c.ptr),
         (mask(MaskPart::Indices), |c| &mut c.indices),
-        (Bytes::from_owner(Words(values)), |c| &mut c.values),
+        (Recycled::layers().bytes(values), |c| &mut c.values),
         (Bytes::from_owner(Words(bias)), |c| &mut c.bias),
     ];
     let mut chunks = vec![header];
