@@ -20,6 +20,7 @@ use crate::memoryx::service::{weights_service, WeightsService};
 use crate::memoryx::server::{layer_lengths, LocalSlice, Masking, WeightServer};
 use crate::memoryx::slice::SliceId;
 use crate::memoryx::store::MemoryX;
+use crate::protocol::codec::chunk::Recycled;
 use wire::error::{Error, Result};
 use crate::swarmx::remote::RemoteSwarm;
 use crate::coordinator::train::RetryPolicy;
@@ -94,6 +95,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         return serve_slice(args);
     }
     let program = Program::start(Role::Memoryx, &args.common)?;
+    keep_layers_within(&program.job.spec);
     let (manifest, job_id, rt) = (program.job.clone(), program.job_id.clone(), &program.runtime);
     let outputs = Outputs {
         checkpoint_dir: args.checkpoint_dir.clone(),
@@ -220,8 +222,16 @@ fn remote_store(job: &Job, args: &MemoryxArgs, outputs: &Outputs, program: &Prog
 
 /// A weight server other than the coordinator: it asks an input worker how long the run is (the learning-rate
 /// schedule needs it), builds its slice, and serves it on `--listen` until stopped.
+/// Keeps layer buffers for reuse ([`Recycled::layers`]) only in a MemoryX process without a memory budget.
+fn keep_layers_within(spec: &crds::TrainingJobSpec) {
+    if spec.memoryx.memory_bytes.is_some() {
+        Recycled::layers().keep_none();
+    }
+}
+
 fn serve_slice(args: MemoryxArgs) -> Result<()> {
     let program = Program::start(Role::Memoryx, &args.common)?;
+    keep_layers_within(&program.job.spec);
     let (grpc, http) = program.listen(args.listen)?;
     let mut registry = Registry::default();
     let usage = Usage::register(&mut registry);

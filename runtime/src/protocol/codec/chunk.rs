@@ -34,6 +34,8 @@ pub struct Recycled {
     buffers: std::sync::Mutex<Vec<Vec<f32>>>,
     /// Buffers of fewer values are not kept: they come from the allocator's heap, already mapped.
     least: usize,
+    /// Whether it keeps any ([`Recycled::keep_none`]).
+    keeps: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Recycled {
@@ -48,7 +50,16 @@ impl Recycled {
 
     /// A pool that keeps buffers of at least `least` values.
     const fn keeping_from(least: usize) -> Self {
-        Recycled { buffers: std::sync::Mutex::new(Vec::new()), least }
+        Recycled { buffers: std::sync::Mutex::new(Vec::new()), least, keeps: std::sync::atomic::AtomicBool::new(true) }
+    }
+
+    /// Keeps no buffer from now on, and frees those kept: for a process under a memory budget, whose allowance
+    /// has room for the layers in transit but not for buffers kept beside them. The 1 B example's coordinator
+    /// (4 servers, a quarter in memory) peaked at 1.15 GiB keeping its gathered layers and gradients, against
+    /// 0.95 GiB of budget plus allowance; it peaked at 0.92 GiB mapping them fresh.
+    pub fn keep_none(&self) {
+        self.keeps.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.clear();
     }
 
     /// The pool of MemoryX's processes, for the buffers that carry a layer through them: the layers the
@@ -57,8 +68,8 @@ impl Recycled {
     /// freed in another (a chunk that went out on the wire, a gradient the optimizer has applied), so one pool
     /// per process serves them all. A weight server maps every buffer of a huge page or more fresh
     /// (`process::tighten_allocator`), and those are what it keeps; the 1 B example's MemoryX spent ~30% of its
-    /// CPU zeroing such fresh pages. It keeps [`Recycled::KEEP`] of them, no more than the layers in flight
-    /// through a weight server at once, so its peak memory is what it was.
+    /// CPU zeroing such fresh pages. It keeps [`Recycled::KEEP`] of them, and none in a process under a memory
+    /// budget ([`Recycled::keep_none`]).
     pub fn layers() -> &'static Recycled {
         static LAYERS: Recycled = Recycled::keeping_from(crate::process::HugePages::PAGE / 4);
         &LAYERS
@@ -101,7 +112,7 @@ impl Recycled {
 
     /// Keeps `buffer` (emptied) for a later [`Recycled::take`]; when full, the smallest kept one makes room.
     pub fn give(&self, mut buffer: Vec<f32>) {
-        if buffer.capacity() == 0 || buffer.capacity() < self.least {
+        if buffer.capacity() == 0 || buffer.capacity() < self.least || !self.keeps.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
         buffer.clear();
@@ -194,5 +205,9 @@ mod tests {
         }
         assert_eq!(kept(&pool), Recycled::KEEP);
         assert!(pool.take(1_000).capacity() >= 3_000, "the smallest were dropped");
+        pool.keep_none();
+        assert_eq!(kept(&pool), 0, "freed");
+        pool.give(Vec::with_capacity(10_000));
+        assert_eq!(kept(&pool), 0, "none kept after keep_none");
     }
 }
