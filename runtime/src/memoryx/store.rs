@@ -291,13 +291,8 @@ impl MemoryX {
         if let [only] = self.servers.as_slice() {
             return only.fetch(layer, step);
         }
-        // Zeroed first (each server writes its part in place), in a buffer the process has used before.
-        let room = |len: usize| {
-            let mut v = Recycled::layers().take(len);
-            v.resize(len, 0.0);
-            v
-        };
-        let (mut w, mut b) = (room(weights), room(bias));
+        // Zeroed first (each server writes its part in place).
+        let (mut w, mut b) = (Recycled::layers().zeroed(weights), Recycled::layers().zeroed(bias));
         let places = places(&self.servers, &mut w, &mut b)?;
         on_each_with(&self.servers, places, |s, (w, b)| s.fetch_into(layer, step, w, b))?;
         Ok((w, b))

@@ -78,15 +78,31 @@ impl Recycled {
     /// An empty buffer with room for at least `capacity` values: the smallest kept one that is large enough,
     /// or a new one.
     pub fn take(&self, capacity: usize) -> Vec<f32> {
+        self.kept(capacity).unwrap_or_else(|| Vec::with_capacity(capacity))
+    }
+
+    /// `len` zeros, in a kept buffer, or else a new one from `calloc`. A new one's pages are the kernel's zero
+    /// page until written, so a buffer filled part by part (a layer gathered from its servers) becomes resident
+    /// as it is filled, not all at once: zero-filling a fresh one raised the 1 B example's coordinator's peak by
+    /// most of a layer.
+    pub fn zeroed(&self, len: usize) -> Vec<f32> {
+        match self.kept(len) {
+            Some(mut v) => {
+                v.resize(len, 0.0);
+                v
+            }
+            None => vec![0.0; len],
+        }
+    }
+
+    /// The smallest kept buffer with room for `capacity` values, taken out of the pool.
+    fn kept(&self, capacity: usize) -> Option<Vec<f32>> {
         if capacity < self.least {
-            return Vec::with_capacity(capacity);
+            return None;
         }
-        let Ok(mut kept) = self.buffers.lock() else { return Vec::with_capacity(capacity) };
+        let mut kept = self.buffers.lock().ok()?;
         let fits = kept.iter().enumerate().filter(|(_, b)| b.capacity() >= capacity).min_by_key(|(_, b)| b.capacity());
-        match fits.map(|(i, _)| i) {
-            Some(i) => kept.swap_remove(i),
-            None => Vec::with_capacity(capacity),
-        }
+        fits.map(|(i, _)| i).map(|i| kept.swap_remove(i))
     }
 
     /// A copy of `values` in a buffer from this pool.
