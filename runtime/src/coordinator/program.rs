@@ -220,8 +220,6 @@ fn remote_store(job: &Job, args: &MemoryxArgs, outputs: &Outputs, program: &Prog
     MemoryX::over(layout, &masking, lengths, servers, Some(local))
 }
 
-/// A weight server other than the coordinator: it asks an input worker how long the run is (the learning-rate
-/// schedule needs it), builds its slice, and serves it on `--listen` until stopped.
 /// Keeps layer buffers for reuse ([`Recycled::layers`]) only in a MemoryX process without a memory budget.
 fn keep_layers_within(spec: &crds::TrainingJobSpec) {
     if spec.memoryx.memory_bytes.is_some() {
@@ -229,6 +227,8 @@ fn keep_layers_within(spec: &crds::TrainingJobSpec) {
     }
 }
 
+/// A weight server other than the coordinator: it asks an input worker how long the run is (the learning-rate
+/// schedule needs it), builds its slice, and serves it on `--listen` until stopped.
 fn serve_slice(args: MemoryxArgs) -> Result<()> {
     let program = Program::start(Role::Memoryx, &args.common)?;
     keep_layers_within(&program.job.spec);

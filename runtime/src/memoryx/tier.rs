@@ -21,14 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::slice::{LayerLengths, LayerTensors};
-use crate::process::HugePages;
 use crate::protocol::codec::chunk::Recycled;
 use wire::error::{Error, Result};
-
-/// Values from which a tensor's buffer is recycled: a smaller one comes from the allocator's heap, already mapped
-/// (a weight server maps only buffers of a huge page or more fresh: `process::tighten_allocator`), and would only
-/// take the place of a large one among the few [`Recycled`] keeps, or be handed a large one for a bias.
-const RECYCLED_FROM: usize = HugePages::PAGE / 4;
 
 /// Which layers of a slice live on disk under a memory budget.
 #[derive(Clone, Debug, PartialEq)]
@@ -139,7 +133,7 @@ impl Tier {
             last: Mutex::new(None),
             read: Arc::default(),
             written: AtomicU64::new(0),
-            recycled: Arc::default(),
+            recycled: Arc::new(Recycled::layer_sized()),
         })
     }
 
@@ -196,7 +190,7 @@ impl Tier {
     pub fn read_grad(&self, l: usize) -> Result<(Vec<f32>, Vec<f32>)> {
         let file = self.grads.get(l).and_then(Option::as_ref).ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
         let (nw, nb) = (self.lengths[l][0], self.lengths[l][1]);
-        let (mut w, mut b) = (room(&self.recycled, nw), room(&self.recycled, nb));
+        let (mut w, mut b) = (self.recycled.zeroed(nw), self.recycled.zeroed(nb));
         file.read_exact_at(bytemuck::cast_slice_mut(&mut w), 0)
             .and_then(|()| file.read_exact_at(bytemuck::cast_slice_mut(&mut b), 4 * nw as u64))
             .map_err(|e| Error::io(format!("reading layer {l}'s staged gradient from the disk tier"), e))?;
@@ -207,7 +201,7 @@ impl Tier {
     /// Takes back the buffers of tensors read from the tier (a layer, a staged gradient) once they are used, for
     /// the next reads to fill.
     pub fn recycle(&self, buffers: impl IntoIterator<Item = Vec<f32>>) {
-        for v in buffers.into_iter().filter(|v| v.capacity() >= RECYCLED_FROM) {
+        for v in buffers {
             self.recycled.give(v);
         }
     }
@@ -314,23 +308,13 @@ impl Drop for Tier {
     }
 }
 
-/// `len` zeroed values, in a buffer from `recycled` when they are many.
-fn room(recycled: &Recycled, len: usize) -> Vec<f32> {
-    if len < RECYCLED_FROM {
-        return vec![0.0; len];
-    }
-    let mut v = recycled.take(len);
-    v.resize(len, 0.0);
-    v
-}
-
 /// Reads a layer's tensors from its file into buffers from `recycled`, whose other buffers are then freed: all
 /// six tensors, or only the weights and bias (the others left empty).
 fn read_layer(file: &File, lengths: &LayerLengths, all: bool, counter: &AtomicU64, recycled: &Recycled) -> Result<LayerTensors> {
     let wanted = |k: usize| all || k < 2;
     let mut out: LayerTensors = Default::default();
     for (k, &len) in lengths.iter().enumerate().filter(|(k, _)| wanted(*k)) {
-        out[k] = room(recycled, len);
+        out[k] = recycled.zeroed(len);
     }
     recycled.clear();
     let mut at = 0u64;
@@ -363,15 +347,15 @@ mod tests {
     fn large_buffers_come_back_zeroed_and_small_ones_are_left_to_the_heap() {
         let dir = std::env::temp_dir().join(format!("ws-tier-recycle-{}", std::process::id()));
         // Nothing on disk: no read-ahead thread shares the buffers with this test.
-        let tier = Tier::create(dir.clone(), &[[RECYCLED_FROM, 1, 0, 0, 0, 0]], TierLayout { on_disk: vec![false], window: 0 }).unwrap();
-        let mut big = room(&tier.recycled, RECYCLED_FROM + 5);
+        let tier = Tier::create(dir.clone(), &[[Recycled::LAYER_SIZED, 1, 0, 0, 0, 0]], TierLayout { on_disk: vec![false], window: 0 }).unwrap();
+        let mut big = tier.recycled.zeroed(Recycled::LAYER_SIZED + 5);
         big[7] = 3.0;
         let at = big.as_ptr();
         tier.recycle([big, vec![1.0; 8]]);
-        let reused = room(&tier.recycled, RECYCLED_FROM);
-        assert_eq!((reused.as_ptr(), reused.len()), (at, RECYCLED_FROM), "the large buffer comes back, at the length asked");
+        let reused = tier.recycled.zeroed(Recycled::LAYER_SIZED);
+        assert_eq!((reused.as_ptr(), reused.len()), (at, Recycled::LAYER_SIZED), "the large buffer comes back, at the length asked");
         assert!(reused.iter().all(|&x| x == 0.0), "zeroed");
-        assert_eq!(room(&tier.recycled, 8).capacity(), 8, "a small one was not kept");
+        assert_eq!(tier.recycled.zeroed(8).capacity(), 8, "a small one was not kept");
         drop(tier);
         std::fs::remove_dir_all(&dir).ok();
     }

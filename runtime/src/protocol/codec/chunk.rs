@@ -48,6 +48,18 @@ impl Recycled {
     /// Buffers kept at most.
     const KEEP: usize = 4;
 
+    /// Values from which a layer-sized pool keeps a buffer ([`Recycled::layer_sized`]): a smaller one comes from
+    /// the allocator's heap, already mapped (a weight server maps only buffers of a huge page or more fresh:
+    /// `process::tighten_allocator`), and would only take the place of a large one among the few kept, or be
+    /// handed a large one for a bias.
+    pub(crate) const LAYER_SIZED: usize = crate::process::HugePages::PAGE / 4;
+
+    /// A pool of its holder's own for buffers of [`Recycled::LAYER_SIZED`] values or more (a weight server's
+    /// disk tier); smaller ones are left to the heap.
+    pub fn layer_sized() -> Self {
+        Recycled::keeping_from(Self::LAYER_SIZED)
+    }
+
     /// A pool that keeps buffers of at least `least` values.
     const fn keeping_from(least: usize) -> Self {
         Recycled { buffers: std::sync::Mutex::new(Vec::new()), least, keeps: std::sync::atomic::AtomicBool::new(true) }
@@ -71,7 +83,7 @@ impl Recycled {
     /// CPU zeroing such fresh pages. It keeps [`Recycled::KEEP`] of them, and none in a process under a memory
     /// budget ([`Recycled::keep_none`]).
     pub fn layers() -> &'static Recycled {
-        static LAYERS: Recycled = Recycled::keeping_from(crate::process::HugePages::PAGE / 4);
+        static LAYERS: Recycled = Recycled::keeping_from(Recycled::LAYER_SIZED);
         &LAYERS
     }
 
