@@ -216,14 +216,19 @@ fn stopped_and_resumed(mode: &str, how: &str) {
     let stderr = run.stderr();
     assert!(!ok, "a stopped run is not a finished one: {stderr}");
     let saved = newest_checkpoint(&ckpt).unwrap_or_else(|| panic!("no checkpoint after the stop: {stderr}"));
-    eprintln!("{mode}, {how}: step {seen} seen, checkpoint of step {saved} written, stopped in {took:.1?}");
-    assert!(saved >= seen && saved <= seen + 3, "the step in flight (or the next) is saved: {saved} after {seen} seen");
+    let recorded = losses(&out).last().map_or(0, |c| c.0);
+    eprintln!("{mode}, {how}: step {seen} seen, checkpoint of step {saved} written, {recorded} recorded, stopped in {took:.1?}");
+    // How many steps pass between the test seeing one and the signal arriving depends on the machine's load (CI
+    // once saw 4 where this machine sees 1 or 2): the stop promises that nothing seen is lost, that the run ends on
+    // the step it saved, and that it ends soon, not at the end of the run; the margins are for a loaded machine.
+    assert!(saved >= seen, "nothing seen is lost: step {saved} saved after {seen} seen");
+    assert_eq!(recorded, saved, "the run ends on the step it saved, none run past it");
+    assert!(saved <= seen + 10 && took < Duration::from_secs(10), "the stop ends the run soon: step {saved} after {seen} seen, in {took:?}");
     let said = match how {
         "sigterm" | "ctrl-c-in-process" => format!("stopped on a termination signal after step {saved}"),
         _ => format!("interrupted after step {saved}; MemoryX saved it in"),
     };
     assert!(stderr.contains(&said), "the run says where it stopped ({said}): {stderr}");
-    assert!(losses(&out).len() as u64 >= saved);
 
     let again: Vec<&str> = ["--fanout", "2", "--checkpoint-dir", ckpt.to_str().unwrap()].into_iter().chain(in_process.then_some("--in-process")).collect();
     run_ok(&job, &out, &again);
