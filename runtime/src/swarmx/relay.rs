@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::try_join_all;
 use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -30,6 +32,10 @@ use crate::protocol::codec::step::encode_step;
 use crate::protocol::codec::grad::receive_grads;
 use wire::grpc::JobGuard;
 use wire::status::{from_status, to_status};
+
+/// Chunks of a layer a SwarmX node holds for each child before it waits for that child to take them: enough to
+/// keep the link busy, far less than a layer.
+const CUT_THROUGH: usize = 8;
 
 /// One child of a SwarmX node.
 #[derive(Clone)]
@@ -154,16 +160,37 @@ impl Relay {
         to_status(from_status(s, &child.url))
     }
 
-    /// Receives a layer stream to broadcast, metering every chunk against the layer's shape before keeping it.
-    async fn collect(&self, mut stream: Streaming<LayerChunk>) -> Result<Vec<LayerChunk>, Status> {
-        let mut meter = LayerMeter::default();
-        let mut chunks = Vec::new();
-        while let Some(c) = stream.message().await? {
-            self.job.check(&c.job)?;
-            meter.check(&c, self.job.job(), &self.limits).map_err(to_status)?;
-            chunks.push(c);
-        }
-        Ok(chunks)
+    /// Passes a layer stream on to every child as it arrives: each chunk, metered against the layer's shape, is
+    /// sent to all children before the next is read, so a layer crosses the node once rather than being gathered
+    /// first, and the node holds at most [`CUT_THROUGH`] chunks per child. `call` makes the call of child `i` (in the
+    /// node's order) from its client and the stream of chunks; the replies come back in child order. A parent's stream that fails
+    /// part-way ends the children's streams early (they refuse a truncated layer) and is the error returned.
+    async fn relay_down<R, F, Fut>(&self, mut stream: Streaming<LayerChunk>, call: F) -> Result<Vec<R>, Status>
+    where
+        F: Fn(usize, StageClient<Channel>, ReceiverStream<LayerChunk>) -> Fut,
+        Fut: std::future::Future<Output = Result<R, Status>>,
+    {
+        let (senders, receivers): (Vec<_>, Vec<_>) = self.children.iter().map(|_| mpsc::channel(CUT_THROUGH)).unzip();
+        let calls = try_join_all(
+            self.children.iter().zip(receivers).enumerate().map(|(i, (child, rx))| call(i, child.client.clone(), ReceiverStream::new(rx))),
+        );
+        let feed = async move {
+            let mut meter = LayerMeter::default();
+            while let Some(c) = stream.message().await? {
+                self.job.check(&c.job)?;
+                meter.check(&c, self.job.job(), &self.limits).map_err(to_status)?;
+                for tx in &senders {
+                    if tx.send(c.clone()).await.is_err() {
+                        // That child's call has ended: its reply says why.
+                        return Ok(());
+                    }
+                }
+            }
+            Ok::<(), Status>(())
+        };
+        let (fed, replies) = futures::join!(feed, calls);
+        fed?;
+        replies
     }
 
     /// A child's reply stream of gradients, metered against the plan as it arrives (a child is a peer of the
@@ -190,6 +217,29 @@ impl Relay {
 
 type GradStream = Pin<Box<dyn Stream<Item = Result<GradChunk, Status>> + Send>>;
 
+impl Relay {
+    /// A backward layer through a node with one child: the child's gradient is the whole sum, so its chunks go
+    /// up as they arrive, metered against the plan like any reply, and are neither gathered nor decoded here.
+    /// The parent (in the end MemoryX) decodes and checks the gradient as it would a sum.
+    async fn pass_up(&self, layer: Streaming<LayerChunk>) -> Result<Response<GradStream>, Status> {
+        let mut replies = self
+            .relay_down(layer, |i, mut client, chunks| async move {
+                let child = &self.children[i];
+                client.backward(chunks).await.map_err(|s| Self::child_error(child, s)).map(|r| (child.clone(), r.into_inner()))
+            })
+            .await?;
+        let (child, stream) = replies.pop().ok_or_else(|| Status::internal("SwarmX node has no children"))?;
+        let limits = self.limits.clone();
+        let mut meter = GradMeter::new(&limits);
+        let relayed = futures::StreamExt::map(stream, move |c| {
+            let c = c.map_err(|s| Self::child_error(&child, s))?;
+            meter.check(&c, &limits).map_err(|e| Self::child_refused(&child, e))?;
+            Ok(c)
+        });
+        Ok(Response::new(Box::pin(relayed)))
+    }
+}
+
 #[tonic::async_trait]
 impl Stage for Relay {
     async fn info(&self, request: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
@@ -210,8 +260,10 @@ impl Stage for Relay {
     }
 
     async fn forward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<Ack>, Status> {
-        let chunks = self.collect(request.into_inner()).await?;
-        self.broadcast(chunks, |mut c, ch| async move { c.forward(tokio_stream::iter(ch)).await }).await?;
+        self.relay_down(request.into_inner(), |i, mut c, chunks| async move {
+            c.forward(chunks).await.map_err(|s| Self::child_error(&self.children[i], s))
+        })
+        .await?;
         Ok(Response::new(Ack {}))
     }
 
@@ -231,18 +283,18 @@ impl Stage for Relay {
     type BackwardStream = GradStream;
 
     async fn backward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<GradStream>, Status> {
-        let chunks = self.collect(request.into_inner()).await?;
+        if let [_] = self.children.as_slice() {
+            return self.pass_up(request.into_inner()).await;
+        }
         let started = std::time::Instant::now();
-        let calls = self.children.iter().map(|child| {
-            let mut client = child.client.clone();
-            let chunks = chunks.clone();
-            async move {
-                let stream = client.backward(tokio_stream::iter(chunks)).await.map_err(|s| Self::child_error(child, s))?.into_inner();
+        let grads = self
+            .relay_down(request.into_inner(), |i, mut client, chunks| async move {
+                let child = &self.children[i];
+                let stream = client.backward(chunks).await.map_err(|s| Self::child_error(child, s))?.into_inner();
                 let parts = self.child_grads(child, stream, |c| Some(std::mem::take(c)), |_| ()).await?;
                 decode_grad(parts, &self.limits).map_err(|e| Self::child_refused(child, e))
-            }
-        });
-        let grads = try_join_all(calls).await?;
+            })
+            .await?;
         let sum = Pairwise::of(grads).map_err(to_status)?.ok_or_else(|| Status::internal("SwarmX node has no children"))?;
         self.reduce_seconds.observe(started.elapsed().as_secs_f64());
         Ok(Response::new(Box::pin(tokio_stream::iter(encode_grad_owned(sum).into_iter().map(Ok)))))
