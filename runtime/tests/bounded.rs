@@ -61,6 +61,8 @@ struct Appliance {
     engine: StageClient<Channel>,
     swarmx: StageClient<Channel>,
     over_liars: StageClient<Channel>,
+    /// A SwarmX node over one hostile child: it passes the child's gradient up as it comes, unsummed.
+    over_liar: StageClient<Channel>,
 }
 
 /// Serves `stage` over mutual TLS on a loopback port; its URL.
@@ -87,9 +89,12 @@ fn appliance(rt: &tokio::runtime::Runtime) -> Appliance {
         for _ in 0..2 {
             liars.push(connect(&liar_url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect to the liar"));
         }
+        let one = vec![liars[0].clone()];
         let over_url = serve(Relay::new(JOB.into(), liars, limits())).await;
         let over_liars = connect(&over_url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect to SwarmX").client;
-        Appliance { engine, swarmx, over_liars }
+        let over_one_url = serve(Relay::new(JOB.into(), one, limits())).await;
+        let over_liar = connect(&over_one_url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect to SwarmX").client;
+        Appliance { engine, swarmx, over_liars, over_liar }
     })
 }
 
@@ -274,18 +279,26 @@ fn no_message_or_file_makes_a_role_allocate_beyond_the_plan() {
         healthy(who, client);
         report.push((format!("{who}: Prime of more than the model's state"), growth));
     }
-    // Replies beyond the plan coming back up the tree: a SwarmX node refuses them, naming the child.
-    let backward = encode_layer(store().backward_stream(1).expect("layer 1 backward"), JOB, 0);
-    let (got, growth) = peak_growth(|| {
-        let mut c = roles.over_liars.clone();
-        call(Box::pin(async move {
-            let mut s = c.backward(tokio_stream::iter(backward)).await?.into_inner();
-            while s.message().await?.is_some() {}
-            Ok(())
-        }))
-    });
-    refused("swarmx: u64::MAX gradients from a child", got, Code::ResourceExhausted, "weights_len is 18446744073709551615, beyond the 320");
-    report.push(("swarmx: a child's gradients announcing u64::MAX values".into(), growth));
+    // Replies beyond the plan coming back up the tree: a SwarmX node refuses them, naming the child, whether it
+    // sums its children's gradients or passes its one child's up as they come.
+    for (over, node) in [("two children", roles.over_liars.clone()), ("one child", roles.over_liar.clone())] {
+        let backward = encode_layer(store().backward_stream(1).expect("layer 1 backward"), JOB, 0);
+        let (got, growth) = peak_growth(|| {
+            let mut c = node.clone();
+            call(Box::pin(async move {
+                let mut s = c.backward(tokio_stream::iter(backward)).await?.into_inner();
+                while s.message().await?.is_some() {}
+                Ok(())
+            }))
+        });
+        refused(
+            &format!("swarmx over {over}: u64::MAX gradients from a child"),
+            got,
+            Code::ResourceExhausted,
+            "weights_len is 18446744073709551615, beyond the 320",
+        );
+        report.push((format!("swarmx over {over}: a child's gradients announcing u64::MAX values"), growth));
+    }
     let (got, growth) = peak_growth(|| {
         let mut c = roles.over_liars.clone();
         let request = pb::ResidentStepRequest { job: JOB.into(), step: 0, reduce: true, begin: None };
