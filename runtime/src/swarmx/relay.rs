@@ -99,7 +99,8 @@ impl Relay {
         }
     }
 
-    /// Time from broadcasting a backward layer to having its gradients summed, for `/metrics`.
+    /// Time from a backward layer's first chunk to its children's gradients summed, for `/metrics` (a node of
+    /// one child sums nothing: its child's gradient passes up as it comes).
     pub fn reduce_seconds(&self) -> prometheus_client::metrics::histogram::Histogram {
         self.reduce_seconds.clone()
     }
