@@ -163,9 +163,10 @@ impl Relay {
 
     /// Passes a layer stream on to every child as it arrives: each chunk, metered against the layer's shape, is
     /// sent to all children before the next is read, so a layer crosses the node once rather than being gathered
-    /// first, and the node holds at most [`CUT_THROUGH`] chunks per child. `call` makes the call of child `i` (in the
-    /// node's order) from its client and the stream of chunks; the replies come back in child order. A parent's stream that fails
-    /// part-way ends the children's streams early (they refuse a truncated layer) and is the error returned.
+    /// first, and the node holds at most [`CUT_THROUGH`] chunks per child. `call` makes the call of child `i`
+    /// (in the node's order) from its client and the stream of chunks; the replies come back in child order. A
+    /// parent's stream that fails part-way ends the children's streams early (they refuse a truncated layer)
+    /// and is the error returned.
     async fn relay_down<R, F, Fut>(&self, mut stream: Streaming<LayerChunk>, call: F) -> Result<Vec<R>, Status>
     where
         F: Fn(usize, StageClient<Channel>, ReceiverStream<LayerChunk>) -> Fut,
@@ -194,6 +195,27 @@ impl Relay {
         replies
     }
 
+    /// A backward layer through a node with one child: the child's gradient is the whole sum, so its chunks go
+    /// up as they arrive, metered against the plan like any reply, and are neither gathered nor decoded here.
+    /// The parent (in the end MemoryX) decodes and checks the gradient as it would a sum.
+    async fn pass_up(&self, layer: Streaming<LayerChunk>) -> Result<Response<GradStream>, Status> {
+        let mut replies = self
+            .relay_down(layer, |i, mut client, chunks| async move {
+                let child = &self.children[i];
+                client.backward(chunks).await.map_err(|s| Self::child_error(child, s)).map(|r| (child.clone(), r.into_inner()))
+            })
+            .await?;
+        let (child, stream) = replies.pop().ok_or_else(|| Status::internal("SwarmX node has no children"))?;
+        let limits = self.limits.clone();
+        let mut meter = GradMeter::new(&limits);
+        let relayed = futures::StreamExt::map(stream, move |c| {
+            let c = c.map_err(|s| Self::child_error(&child, s))?;
+            meter.check(&c, &limits).map_err(|e| Self::child_refused(&child, e))?;
+            Ok(c)
+        });
+        Ok(Response::new(Box::pin(relayed)))
+    }
+
     /// A child's reply stream of gradients, metered against the plan as it arrives (a child is a peer of the
     /// job, but what it sends is bounded like anything else).
     async fn child_grads<T>(
@@ -217,29 +239,6 @@ impl Relay {
 }
 
 type GradStream = Pin<Box<dyn Stream<Item = Result<GradChunk, Status>> + Send>>;
-
-impl Relay {
-    /// A backward layer through a node with one child: the child's gradient is the whole sum, so its chunks go
-    /// up as they arrive, metered against the plan like any reply, and are neither gathered nor decoded here.
-    /// The parent (in the end MemoryX) decodes and checks the gradient as it would a sum.
-    async fn pass_up(&self, layer: Streaming<LayerChunk>) -> Result<Response<GradStream>, Status> {
-        let mut replies = self
-            .relay_down(layer, |i, mut client, chunks| async move {
-                let child = &self.children[i];
-                client.backward(chunks).await.map_err(|s| Self::child_error(child, s)).map(|r| (child.clone(), r.into_inner()))
-            })
-            .await?;
-        let (child, stream) = replies.pop().ok_or_else(|| Status::internal("SwarmX node has no children"))?;
-        let limits = self.limits.clone();
-        let mut meter = GradMeter::new(&limits);
-        let relayed = futures::StreamExt::map(stream, move |c| {
-            let c = c.map_err(|s| Self::child_error(&child, s))?;
-            meter.check(&c, &limits).map_err(|e| Self::child_refused(&child, e))?;
-            Ok(c)
-        });
-        Ok(Response::new(Box::pin(relayed)))
-    }
-}
 
 #[tonic::async_trait]
 impl Stage for Relay {
