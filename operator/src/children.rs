@@ -713,7 +713,8 @@ pub fn memoryx_args(job: &TrainingJob, plan: &Plan) -> MemoryxArgs {
 /// its own checkpoint volume that outlives its pod, so a server's restart, a resume or a rescale continues from
 /// the last checkpoint of its slice. Server 0 is also the job's coordinator: it drives the training loop
 /// through the SwarmX root and reaches the others on their weight-server port. Each server's default memory
-/// request is its memory budget (the plan's `memory_bytes`), not the whole state. `config_hash` is the hash of
+/// request is its memory budget (the plan's `memory_bytes`), not the whole state, plus the layers the coordinator
+/// holds in transit (`coordinator_transit_bytes`): the servers share one pod template, and server 0 is the hub. `config_hash` is the hash of
 /// what the servers read at start: a change (a rescale) rolls them.
 pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash: &str) -> Result<StatefulSet, Error> {
     let name = job.name_any();
@@ -724,7 +725,7 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash:
         job,
         settings,
         &memoryx_args(job, plan),
-        job.spec.resources.memoryx.clone().or_else(|| memory_request(plan.memoryx.memory_bytes)),
+        job.spec.resources.memoryx.clone().or_else(|| memory_request(plan.memoryx.memory_bytes + plan.coordinator_transit_bytes)),
         mounts,
     );
     c.env = Some(vec![EnvVar {
@@ -1545,16 +1546,17 @@ mod tests {
         j.spec.model.layers = vec![784, 64, 512, 512, 512, 512, 512, 10];
         j.spec.checkpoint.volume_size = "10Gi".into();
         let (p, _) = plan(&j, 2, 2).unwrap();
-        let mib = |b: u64| format!("{}Mi", (b + (128 << 20)).div_ceil(1 << 20));
-        assert_eq!(request(&j), mib(p.memoryx.memory_bytes));
+        let mib = |p: &Plan| format!("{}Mi", (p.memoryx.memory_bytes + p.coordinator_transit_bytes + (128 << 20)).div_ceil(1 << 20));
+        assert!(p.coordinator_transit_bytes >= 3 * 4 * 512 * 512, "three of the largest layer: {p:?}");
+        assert_eq!(request(&j), mib(&p));
         j.spec.memoryx.servers = Some(4);
         let (q, _) = plan(&j, 2, 2).unwrap();
-        assert_eq!(request(&j), mib(q.memoryx.memory_bytes));
+        assert_eq!(request(&j), mib(&q));
         assert!(q.memoryx.memory_bytes < p.memoryx.memory_bytes / 3, "a quarter of the state each");
         j.spec.memoryx.memory_bytes = Some(q.memoryx.min_memory_bytes);
         let (t, _) = plan(&j, 2, 2).unwrap();
         assert_eq!(t.memoryx.memory_bytes, q.memoryx.min_memory_bytes);
-        assert_eq!(request(&j), mib(t.memoryx.memory_bytes));
+        assert_eq!(request(&j), mib(&t));
         assert!(t.memoryx.disk_bytes > 0, "{:?}", t.memoryx);
     }
 

@@ -51,6 +51,10 @@ pub struct Plan {
     pub memoryx_bytes: u64,
     /// How MemoryX's weight servers share that state, and what each keeps in memory and on disk.
     pub memoryx: MemoryxPlan,
+    /// The most MemoryX's coordinator holds at once beside its own server's slice, as the hub between the weight
+    /// servers and SwarmX ([`coordinator_transit_bytes`]): what its process needs on top of
+    /// [`MemoryxPlan::memory_bytes`].
+    pub coordinator_transit_bytes: u64,
     /// SRAM of each engine.
     pub engine_sram_bytes: u64,
     /// Bytes of one shard's activations, resident for a whole step.
@@ -178,6 +182,7 @@ impl Plan {
         let memoryx = MemoryxPlan::for_spec(spec)?;
         let sparse_index_bytes: u64 = (0..n).filter(|&l| layout.linears[l].sparse).map(|l| 8 * layers[l].weights as u64).sum();
         let input_workers_per_cs2 = spec.data.workers.max(1);
+        let coordinator_transit_bytes = coordinator_transit_bytes(&layout, &layers, execution_mode);
         Ok(Plan {
             cs2: spec.cs2,
             batch: spec.training.batch_size as usize,
@@ -189,6 +194,7 @@ impl Plan {
             weight_bytes: layout.weight_bytes(),
             memoryx_bytes: 4 * stored * (1 + opt) + sparse_index_bytes,
             memoryx,
+            coordinator_transit_bytes,
             engine_sram_bytes: sram_bytes,
             activation_bytes,
             peak_engine_bytes,
@@ -201,6 +207,25 @@ impl Plan {
             sparse: spec.model.sparsity > 0.0,
         })
     }
+}
+
+/// Layers MemoryX's coordinator holds whole while streaming: the one on its way to SwarmX, the next gathered
+/// from the servers behind it (one ahead, no more), and a layer's summed gradient on its way to the servers
+/// (scattered from the buffer it arrived in, a few chunks copied ahead per server).
+pub const COORDINATOR_WHOLE_LAYERS: u64 = 3;
+
+/// The most MemoryX's coordinator holds at once beside its own server's slice. Streaming, it is
+/// [`COORDINATOR_WHOLE_LAYERS`] of the largest layer as streamed, plus a tied layer's weight gradient, which waits
+/// for its target's through the backward pass. Pipelined, the engines' replicas send a step's gradients at
+/// once: the model's weights' worth. The operator reserves it for the MemoryX pod and the bench holds the
+/// coordinator's process to it.
+pub fn coordinator_transit_bytes(layout: &ModelLayout, layers: &[LayerPlan], mode: ExecutionMode) -> u64 {
+    if mode == ExecutionMode::Pipelined {
+        return layout.weight_bytes();
+    }
+    let largest = layers.iter().map(|l| l.stream_bytes).max().unwrap_or(0);
+    let tied: u64 = layout.linears.iter().filter(|s| s.tied_to.is_some()).map(|s| 4 * s.dense_weights() as u64).sum();
+    COORDINATOR_WHOLE_LAYERS * largest + tied
 }
 
 /// Bytes one training step moves between MemoryX and the fabric: every layer forward (values, indices and

@@ -61,6 +61,14 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
         units::bytes(m.min_memory_bytes)
     );
     println!(
+        "              the coordinator (server 0) holds up to {} more in transit: {}",
+        units::bytes(plan.coordinator_transit_bytes),
+        match plan.execution_mode {
+            crds::ExecutionMode::Pipelined => "a step's gradients from the engines' replicas",
+            _ => "a layer going out to SwarmX, the next behind it, a gradient going back to the servers",
+        }
+    );
+    println!(
         "  SwarmX      {} node(s) in {} level(s), fan-out {}: broadcast to {} engine(s), sum on the way back",
         plan.swarmx.nodes().count(),
         plan.swarmx.depth(),

@@ -2,17 +2,20 @@
 //! gRPC call over mutual TLS, bounded by the call timeout, with every tensor that comes back metered against the
 //! slice's lengths (which the coordinator derives from the plan) before it is kept.
 
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 use super::server::{check_room, ServerUsage, WeightServer};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
-use super::service::{chunks, Assembler, Filler};
-use crate::protocol::codec::chunk::Recycled;
+use super::service::{chunks, copied_chunks, Assembler, Filler};
 use wire::error::{Error, Result};
 use crate::protocol::pb::weights_client::WeightsClient;
 use crate::protocol::pb::{TensorChunk, WeightsRequest};
 use wire::grpc::{channel, Dial};
 use wire::status::from_status;
+
+/// Chunks of a gradient slice copied ahead of its send ([`RemoteServer::send_copied`]).
+const IN_FLIGHT: usize = 4;
 
 /// Weight server `slice` at `url`.
 pub struct RemoteServer {
@@ -86,6 +89,26 @@ impl RemoteServer {
         let stream = futures::stream::iter(chunks(&self.job, layer, step, tensors));
         self.handle.block_on(call(self.client.clone(), stream)).map(|_| ()).map_err(|s| self.failed(s))
     }
+
+    /// Sends a layer's gradient slices, which the caller keeps, as a client stream to `call`: each chunk is
+    /// copied as the call takes it, at most [`IN_FLIGHT`] ahead, so the coordinator scattering a layer to
+    /// its servers at once holds a few megabytes per server beside the layer, not a copy of it.
+    fn send_copied<F, Fut>(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32], call: F) -> Result<()>
+    where
+        F: FnOnce(WeightsClient<Channel>, ReceiverStream<TensorChunk>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<crate::protocol::pb::Ack>, tonic::Status>>,
+    {
+        let (tx, rx) = tokio::sync::mpsc::channel(IN_FLIGHT);
+        let feed = async move {
+            for c in copied_chunks(&self.job, layer, step, [weights, bias]) {
+                if tx.send(c).await.is_err() {
+                    return; // The call ended early; its answer says why.
+                }
+            }
+        };
+        let (_, answer) = self.handle.block_on(async { tokio::join!(feed, call(self.client.clone(), ReceiverStream::new(rx))) });
+        answer.map(|_| ()).map_err(|s| self.failed(s))
+    }
 }
 
 impl WeightServer for RemoteServer {
@@ -115,11 +138,11 @@ impl WeightServer for RemoteServer {
     }
 
     fn update(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
-        self.send(layer, step, [Recycled::layers().copy_of(weights), bias.to_vec()], |mut c, s| async move { c.update(s).await })
+        self.send_copied(layer, step, weights, bias, |mut c, s| async move { c.update(s).await })
     }
 
     fn stage(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
-        self.send(layer, step, [Recycled::layers().copy_of(weights), bias.to_vec()], |mut c, s| async move { c.stage(s).await })
+        self.send_copied(layer, step, weights, bias, |mut c, s| async move { c.stage(s).await })
     }
 
     fn commit(&self, step: u64) -> Result<()> {

@@ -13,7 +13,7 @@ use super::slice::{LayerLengths, LayerTensors};
 use wire::error::{Error, Result};
 use crate::protocol::pb::weights_server::Weights;
 use crate::protocol::pb::{Ack, TensorChunk, WeightsInfo, WeightsRequest};
-use crate::protocol::codec::chunk::{extend_words, pieces, Recycled};
+use crate::protocol::codec::chunk::{extend_words, pieces, Recycled, CHUNK_BYTES};
 use wire::grpc::JobGuard;
 use wire::status::to_status;
 
@@ -33,6 +33,18 @@ pub(super) fn chunks(job: &str, layer: usize, step: u64, tensors: impl IntoItera
         out.extend(pieces(Recycled::layers().bytes(t)).map(|data| chunk(k, data)));
     }
     out
+}
+
+/// The same chunks as [`chunks`] of tensors the caller keeps: each piece copied as it is taken, so a sender that
+/// takes them as it sends holds a few pieces at once, never a copy of the whole tensor (the coordinator scatters
+/// a layer's gradient to its servers from the one buffer it arrived in).
+pub(super) fn copied_chunks<'a>(job: &'a str, layer: usize, step: u64, tensors: [&'a [f32]; 2]) -> impl Iterator<Item = TensorChunk> + 'a {
+    tensors.into_iter().enumerate().flat_map(move |(k, t)| {
+        let bytes: &[u8] = bytemuck::cast_slice(t);
+        let empty = bytes.is_empty().then(bytes::Bytes::new);
+        let pieces = bytes.chunks(CHUNK_BYTES).map(bytes::Bytes::copy_from_slice);
+        empty.into_iter().chain(pieces).map(move |data| TensorChunk { job: job.to_string(), layer: layer as u64, step, tensor: k as u32, data })
+    })
 }
 
 /// Puts the first `count` tensors of a layer back together from its chunks, refusing another job's, a chunk
@@ -270,6 +282,16 @@ mod tests {
 
     fn layer() -> [Vec<f32>; 2] {
         [(0..600_000).map(|i| i as f32 * 0.5).collect(), vec![1.0, -2.0, 3.0]]
+    }
+
+    #[test]
+    fn copied_chunks_are_the_chunks_of_the_same_tensors() {
+        let [w, b] = layer();
+        let whole = chunks("job", 3, 7, [w.clone(), b.clone()]);
+        let copied: Vec<_> = copied_chunks("job", 3, 7, [&w, &b]).collect();
+        assert_eq!(copied, whole);
+        let empty: Vec<_> = copied_chunks("job", 3, 7, [&w, &[]]).collect();
+        assert_eq!(empty.last().map(|c| (c.tensor, c.data.len())), Some((1, 0)), "an empty tensor sends one empty chunk");
     }
 
     #[test]
