@@ -713,9 +713,9 @@ pub fn memoryx_args(job: &TrainingJob, plan: &Plan) -> MemoryxArgs {
 /// its own checkpoint volume that outlives its pod, so a server's restart, a resume or a rescale continues from
 /// the last checkpoint of its slice. Server 0 is also the job's coordinator: it drives the training loop
 /// through the SwarmX root and reaches the others on their weight-server port. Each server's default memory
-/// request is its memory budget (the plan's `memory_bytes`), not the whole state, plus the layers the coordinator
-/// holds in transit (`coordinator_transit_bytes`): the servers share one pod template, and server 0 is the hub. `config_hash` is the hash of
-/// what the servers read at start: a change (a rescale) rolls them.
+/// request is its memory budget (the plan's `memory_bytes`), not the whole state, plus the layers the
+/// coordinator holds in transit (`coordinator_transit_bytes`): the servers share one pod template, and server 0
+/// is the hub. `config_hash` is the hash of what the servers read at start: a change (a rescale) rolls them.
 pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash: &str) -> Result<StatefulSet, Error> {
     let name = job.name_any();
     let servers = plan.memoryx.servers.max(1);

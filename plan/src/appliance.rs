@@ -216,8 +216,8 @@ pub const COORDINATOR_WHOLE_LAYERS: u64 = 3;
 
 /// The most MemoryX's coordinator holds at once beside its own server's slice. Streaming, it is
 /// [`COORDINATOR_WHOLE_LAYERS`] of the largest layer as streamed, plus a tied layer's weight gradient, which waits
-/// for its target's through the backward pass. Pipelined, the engines' replicas send a step's gradients at
-/// once: the model's weights' worth. The operator reserves it for the MemoryX pod and the bench holds the
+/// for its target's through the backward pass. Pipelined, a step's gradients from the engines' replicas arrive
+/// together: the model's weights' worth. The operator reserves it for the MemoryX pod and the bench holds the
 /// coordinator's process to it.
 pub fn coordinator_transit_bytes(layout: &ModelLayout, layers: &[LayerPlan], mode: ExecutionMode) -> u64 {
     if mode == ExecutionMode::Pipelined {
