@@ -14,7 +14,7 @@ use crate::protocol::pb::{TensorChunk, WeightsRequest};
 use wire::grpc::{channel, Dial};
 use wire::status::from_status;
 
-/// Chunks of a gradient slice copied ahead of its send ([`RemoteServer::send_copied`]).
+/// Chunks a call to a weight server is fed ahead of what it has sent ([`RemoteServer::send`]).
 const IN_FLIGHT: usize = 4;
 
 /// Weight server `slice` at `url`.
@@ -80,27 +80,17 @@ impl RemoteServer {
         })
     }
 
-    /// Sends a layer's tensors as a client stream to `call`.
-    fn send<F, Fut>(&self, layer: usize, step: u64, tensors: impl IntoIterator<Item = Vec<f32>>, call: F) -> Result<()>
-    where
-        F: FnOnce(WeightsClient<Channel>, futures::stream::Iter<std::vec::IntoIter<TensorChunk>>) -> Fut,
-        Fut: std::future::Future<Output = Result<tonic::Response<crate::protocol::pb::Ack>, tonic::Status>>,
-    {
-        let stream = futures::stream::iter(chunks(&self.job, layer, step, tensors));
-        self.handle.block_on(call(self.client.clone(), stream)).map(|_| ()).map_err(|s| self.failed(s))
-    }
-
-    /// Sends a layer's gradient slices, which the caller keeps, as a client stream to `call`: each chunk is
-    /// copied as the call takes it, at most [`IN_FLIGHT`] ahead, so the coordinator scattering a layer to
-    /// its servers at once holds a few megabytes per server beside the layer, not a copy of it.
-    fn send_copied<F, Fut>(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32], call: F) -> Result<()>
+    /// Sends a layer's `chunks` as a client stream to `call`, taken as the call takes them, at most
+    /// [`IN_FLIGHT`] ahead: for a gradient's slices ([`copied_chunks`]) the coordinator scattering a layer to its
+    /// servers at once holds a few megabytes per server beside the layer, not a copy of it.
+    fn send<F, Fut>(&self, chunks: impl Iterator<Item = TensorChunk>, call: F) -> Result<()>
     where
         F: FnOnce(WeightsClient<Channel>, ReceiverStream<TensorChunk>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<crate::protocol::pb::Ack>, tonic::Status>>,
     {
         let (tx, rx) = tokio::sync::mpsc::channel(IN_FLIGHT);
         let feed = async move {
-            for c in copied_chunks(&self.job, layer, step, [weights, bias]) {
+            for c in chunks {
                 if tx.send(c).await.is_err() {
                     return; // The call ended early; its answer says why.
                 }
@@ -138,11 +128,11 @@ impl WeightServer for RemoteServer {
     }
 
     fn update(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
-        self.send_copied(layer, step, weights, bias, |mut c, s| async move { c.update(s).await })
+        self.send(copied_chunks(&self.job, layer, step, [weights, bias]), |mut c, s| async move { c.update(s).await })
     }
 
     fn stage(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
-        self.send_copied(layer, step, weights, bias, |mut c, s| async move { c.stage(s).await })
+        self.send(copied_chunks(&self.job, layer, step, [weights, bias]), |mut c, s| async move { c.stage(s).await })
     }
 
     fn commit(&self, step: u64) -> Result<()> {
@@ -167,6 +157,6 @@ impl WeightServer for RemoteServer {
     }
 
     fn put(&self, layer: usize, step: u64, tensors: LayerTensors) -> Result<()> {
-        self.send(layer, step, tensors, |mut c, s| async move { c.put(s).await })
+        self.send(chunks(&self.job, layer, step, tensors).into_iter(), |mut c, s| async move { c.put(s).await })
     }
 }

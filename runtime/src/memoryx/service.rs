@@ -19,18 +19,20 @@ use wire::status::to_status;
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<TensorChunk, Status>> + Send>>;
 
-/// The chunks of `tensors`, each cut to at most [`CHUNK_BYTES`](crate::protocol::codec::chunk::CHUNK_BYTES)
-/// as slices of the tensor's own buffer (no copy), which goes back to [`Recycled::layers`] once sent; every
-/// tensor sends at least one chunk, so an empty one is seen too.
+/// Tensor `k` of a layer as chunks carrying `pieces` of its bytes, or one empty chunk when the tensor is empty
+/// (`empty`), so an empty one is seen too: the one framing [`chunks`] and [`copied_chunks`] share.
+fn tagged<'a>(job: &'a str, layer: usize, step: u64, k: usize, empty: bool, pieces: impl Iterator<Item = bytes::Bytes> + 'a) -> impl Iterator<Item = TensorChunk> + 'a {
+    empty.then(bytes::Bytes::new).into_iter().chain(pieces).map(move |data| TensorChunk { job: job.to_string(), layer: layer as u64, step, tensor: k as u32, data })
+}
+
+/// The chunks of `tensors`, each cut to at most [`CHUNK_BYTES`] as slices of the tensor's own buffer (no copy),
+/// which goes back to [`Recycled::layers`] once sent; every tensor sends at least one chunk, so an empty one is
+/// seen too.
 pub(super) fn chunks(job: &str, layer: usize, step: u64, tensors: impl IntoIterator<Item = Vec<f32>>) -> Vec<TensorChunk> {
-    let chunk = |k: usize, data: bytes::Bytes| TensorChunk { job: job.to_string(), layer: layer as u64, step, tensor: k as u32, data };
     let mut out = Vec::new();
     for (k, t) in tensors.into_iter().enumerate() {
-        if t.is_empty() {
-            out.push(chunk(k, bytes::Bytes::new()));
-            continue;
-        }
-        out.extend(pieces(Recycled::layers().bytes(t)).map(|data| chunk(k, data)));
+        let empty = t.is_empty();
+        out.extend(tagged(job, layer, step, k, empty, pieces(Recycled::layers().bytes(t))));
     }
     out
 }
@@ -41,9 +43,7 @@ pub(super) fn chunks(job: &str, layer: usize, step: u64, tensors: impl IntoItera
 pub(super) fn copied_chunks<'a>(job: &'a str, layer: usize, step: u64, tensors: [&'a [f32]; 2]) -> impl Iterator<Item = TensorChunk> + 'a {
     tensors.into_iter().enumerate().flat_map(move |(k, t)| {
         let bytes: &[u8] = bytemuck::cast_slice(t);
-        let empty = bytes.is_empty().then(bytes::Bytes::new);
-        let pieces = bytes.chunks(CHUNK_BYTES).map(bytes::Bytes::copy_from_slice);
-        empty.into_iter().chain(pieces).map(move |data| TensorChunk { job: job.to_string(), layer: layer as u64, step, tensor: k as u32, data })
+        tagged(job, layer, step, k, bytes.is_empty(), bytes.chunks(CHUNK_BYTES).map(bytes::Bytes::copy_from_slice))
     })
 }
 
