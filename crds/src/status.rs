@@ -182,9 +182,10 @@ pub struct PlanStatus {
 pub struct SwarmxTreeStatus {
     /// Children per node (engines under a leaf, nodes under an inner node).
     pub fan_out: u32,
-    /// Levels of nodes from the root (1 when a single node reaches every engine).
+    /// Levels of nodes from the root (1 when a single node reaches every engine, 0 when a one-engine job's
+    /// MemoryX drives its engine directly).
     pub depth: u32,
-    /// SwarmX node pods, root first.
+    /// SwarmX node pods, root first (none for one engine).
     pub nodes: Vec<String>,
 }
 

@@ -1356,7 +1356,7 @@ mod tests {
         let d = build(&job(4), &settings(false), 4);
         let c = &d.memoryx.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
         let a: MemoryxArgs = parse(c);
-        assert_eq!(a.swarmx, "https://mnist-swarmx-0-0.mnist-swarmx.ml.svc:7100");
+        assert_eq!(a.stage, "https://mnist-swarmx-0-0.mnist-swarmx.ml.svc:7100");
         assert_eq!(a.checkpoint_dir.as_deref(), Some(std::path::Path::new(CHECKPOINT_DIR)));
         assert!(a.linger, "MemoryX must keep serving its final status");
         let pods = role_pods(&d, Role::Swarmx);
@@ -1373,6 +1373,16 @@ mod tests {
         );
         let claim = &d.memoryx.spec.as_ref().unwrap().volume_claim_templates.as_ref().unwrap()[0];
         assert_eq!(claim.spec.as_ref().unwrap().resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"].0, "1Gi");
+    }
+
+    #[test]
+    fn one_engine_is_driven_by_memoryx_with_no_swarmx_pod_between() {
+        let d = build(&job(1), &settings(false), 1);
+        let c = &d.memoryx.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
+        assert_eq!(parse::<MemoryxArgs>(c).stage, "https://mnist-engine-0.mnist-engine.ml.svc:7200");
+        assert!(role_pods(&d, Role::Swarmx).is_empty());
+        assert_eq!((d.plan.swarmx.depth, d.plan.swarmx.nodes.len()), (0, 0));
+        assert_eq!(role_pods(&d, Role::Engine).len(), 1);
     }
 
     #[test]

@@ -150,19 +150,24 @@ impl<'a> Wiring<'a> {
         SwarmxArgs::new(site.common(), site.listen(Role::Swarmx), children)
     }
 
-    /// MemoryX's arguments: it drives the SwarmX root, asks input worker 0 what the data holds and, as the
-    /// coordinator, reaches weight servers `1..` at the addresses given (`weight_servers`, in server order: a
-    /// site whose servers' addresses are learned only once they run passes them when it has them).
+    /// The component MemoryX drives: the SwarmX root, or engine 0 itself when the job has one engine and so no
+    /// tree (both serve the `Stage` service).
+    pub fn stage(&self) -> Component {
+        match self.plan.swarmx.root() {
+            Some(root) => Component::Swarmx { level: root.level, index: root.index },
+            None => Component::Engine(0),
+        }
+    }
+
+    /// MemoryX's arguments: it drives the [stage](Self::stage), asks input worker 0 what the data holds and, as
+    /// the coordinator, reaches weight servers `1..` at the addresses given (`weight_servers`, in server order:
+    /// a site whose servers' addresses are learned only once they run passes them when it has them).
     pub fn memoryx(&self, site: &impl Site, weight_servers: Vec<String>) -> MemoryxArgs {
         MemoryxArgs {
             weight_servers,
             listen: site.listen(Role::Memoryx),
             data_root: site.data_root().filter(|_| self.plan.reads_pretrained(Role::Memoryx)),
-            ..MemoryxArgs::new(
-                site.common(),
-                site.address(Component::Swarmx { level: 0, index: 0 }),
-                site.address(Component::Input(0)),
-            )
+            ..MemoryxArgs::new(site.common(), site.address(self.stage()), site.address(Component::Input(0)))
         }
     }
 

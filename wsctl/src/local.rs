@@ -594,8 +594,8 @@ mod tests {
                     (Component::WeightServer(i), Args::Memoryx(l)) => {
                         let k = &memoryx;
                         assert_eq!(
-                            (named[&l.swarmx], named[&l.input], l.connect_timeout, l.retry_seconds, l.hold_seconds, l.crash_after_steps),
-                            (named[&k.swarmx], named[&k.input], k.connect_timeout, k.retry_seconds, k.hold_seconds, k.crash_after_steps),
+                            (named[&l.stage], named[&l.input], l.connect_timeout, l.retry_seconds, l.hold_seconds, l.crash_after_steps),
+                            (named[&k.stage], named[&k.input], k.connect_timeout, k.retry_seconds, k.hold_seconds, k.crash_after_steps),
                             "{c:?}"
                         );
                         assert_eq!(l.server_index, i);

@@ -65,16 +65,19 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
         units::bytes(plan.coordinator_transit_bytes),
         match plan.execution_mode {
             crds::ExecutionMode::Pipelined => "a step's gradients from the engines' replicas",
-            _ => "a layer going out to SwarmX, the next behind it, a gradient going back to the servers",
+            _ => "a layer going out to the engines, the next behind it, a gradient going back to the servers",
         }
     );
-    println!(
-        "  SwarmX      {} node(s) in {} level(s), fan-out {}: broadcast to {} engine(s), sum on the way back",
-        plan.swarmx.nodes().count(),
-        plan.swarmx.depth(),
-        plan.swarmx.fan_out,
-        plan.cs2
-    );
+    match plan.swarmx.depth() {
+        0 => println!("  SwarmX      none: one engine, which MemoryX streams to directly"),
+        depth => println!(
+            "  SwarmX      {} node(s) in {} level(s), fan-out {}: broadcast to {} engine(s), sum on the way back",
+            plan.swarmx.nodes().count(),
+            depth,
+            plan.swarmx.fan_out,
+            plan.cs2
+        ),
+    }
     println!(
         "  input       {} worker(s), {} per CS-2: read, tokenize and shard {} for the engines{}",
         plan.input_workers,

@@ -223,7 +223,7 @@ fn memoryx(job: &Path, sx: &Node, input: &Node, extra: &[&str], log: &Path) -> (
         .arg(job)
         .arg("--identity")
         .arg(common::identity(job))
-        .args(["--swarmx", &sx.url(), "--input", &input.url(), "--progress"])
+        .args(["--stage", &sx.url(), "--input", &input.url(), "--progress"])
         .args(extra)
         .current_dir(repo())
         .stdout(Stdio::piped())
@@ -435,7 +435,7 @@ fn memoryx_restarts_from_its_checkpoint() {
     let ckpt = dir.join("ckpt-b");
     let identity = common::identity(&job);
     let (sx_url, input_url) = (sx.url(), input.url());
-    let args = ["--identity", identity.to_str().unwrap(), "--swarmx", &sx_url, "--input", &input_url, "--out", out.to_str().unwrap(), "--checkpoint-dir", ckpt.to_str().unwrap()];
+    let args = ["--identity", identity.to_str().unwrap(), "--stage", &sx_url, "--input", &input_url, "--out", out.to_str().unwrap(), "--checkpoint-dir", ckpt.to_str().unwrap()];
     // Crash after 12 steps: the newest checkpoint holds step 10.
     let crashed = Command::new(env!("CARGO_BIN_EXE_wsctl"))
         .args(["node", "memoryx", "--job"])
@@ -481,7 +481,7 @@ fn a_killed_weight_server_takes_every_server_back_to_the_last_complete_checkpoin
     let (sx_url, input_url, ck) = (sx.url(), input.url(), ckpt.to_str().unwrap().to_string());
     let server = |index: &str, extra: &[&str]| {
         let args: Vec<&str> =
-            ["--server-index", index, "--swarmx", &sx_url, "--input", &input_url, "--checkpoint-dir", &ck].into_iter().chain(extra.iter().copied()).collect();
+            ["--server-index", index, "--stage", &sx_url, "--input", &input_url, "--checkpoint-dir", &ck].into_iter().chain(extra.iter().copied()).collect();
         node("memoryx", &job, &args)
     };
     let (s1, s2) = (server("1", &[]), server("2", &[]));

@@ -111,9 +111,10 @@ pub struct MemoryxArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub common: CommonArgs,
-    /// The root SwarmX node.
-    #[arg(long, env = "WS_SWARMX")]
-    pub swarmx: String,
+    /// The `Stage` service MemoryX drives: the SwarmX root, or the engine itself when the job has one engine and
+    /// so no SwarmX tree.
+    #[arg(long, env = "WS_STAGE")]
+    pub stage: String,
     /// An input worker (any of the job's): MemoryX asks it how many samples the data has, to plan the steps
     /// and the evaluation, and never opens the data itself.
     #[arg(long, env = "WS_INPUT")]
@@ -168,12 +169,12 @@ pub struct MemoryxArgs {
 }
 
 impl MemoryxArgs {
-    /// MemoryX for the job at `job`, driving the tree whose root is at `swarmx` and describing the data through
-    /// the input worker at `input`; every other flag at its default.
-    pub fn new(common: CommonArgs, swarmx: impl Into<String>, input: impl Into<String>) -> Self {
+    /// MemoryX for the job at `job`, driving the stage at `stage` (the SwarmX root, or a one-engine job's
+    /// engine) and describing the data through the input worker at `input`; every other flag at its default.
+    pub fn new(common: CommonArgs, stage: impl Into<String>, input: impl Into<String>) -> Self {
         MemoryxArgs {
             common,
-            swarmx: swarmx.into(),
+            stage: stage.into(),
             input: input.into(),
             checkpoint_dir: None,
             out: None,
@@ -199,7 +200,7 @@ impl RoleArgs for MemoryxArgs {
     fn argv(&self) -> Vec<String> {
         let mut v = Vec::new();
         self.common.render(&mut v);
-        v.extend(["--swarmx".into(), self.swarmx.clone()]);
+        v.extend(["--stage".into(), self.stage.clone()]);
         v.extend(["--input".into(), self.input.clone()]);
         if let Some(d) = &self.checkpoint_dir {
             v.extend(["--checkpoint-dir".into(), d.display().to_string()]);
@@ -420,7 +421,7 @@ mod tests {
         assert!(err.contains("--children"), "{err}");
         let err = EngineArgs::try_parse_from(["sim-wse", "--job", "j", "--index", "x"]).unwrap_err().to_string();
         assert!(err.contains("--index"), "{err}");
-        let err = MemoryxArgs::try_parse_from(["memoryx", "--job", "j", "--swarmx", "https://x:1", "--input", "https://y:2"]).unwrap_err().to_string();
+        let err = MemoryxArgs::try_parse_from(["memoryx", "--job", "j", "--stage", "https://x:1", "--input", "https://y:2"]).unwrap_err().to_string();
         assert!(err.contains("--identity"), "{err}");
     }
 }

@@ -1,6 +1,8 @@
 //! The SwarmX tree: which nodes a job's fabric has and what each one's children are. The plan holds it; the
 //! operator names pods after it, the local runner starts processes from it and the cost model prices its
 //! depth, so the three always agree. Level 0 is the root; the deepest level's nodes have engines as children.
+//! A job of one engine has no tree: there is nothing to broadcast to or sum, so MemoryX drives the engine
+//! itself (both speak the same `Stage` service), and no process relays bytes it does not need to touch.
 
 use serde::{Deserialize, Serialize};
 
@@ -46,11 +48,14 @@ pub struct SwarmxTree {
 
 impl SwarmxTree {
     /// The tree over `engines` engines with up to `fan_out` children per node: leaves take up to `fan_out`
-    /// engines each, inner nodes up to `fan_out` nodes, and the root is one node (also for a single engine, so
-    /// MemoryX always talks to a SwarmX node).
+    /// engines each, inner nodes up to `fan_out` nodes, and the root is one node. One engine (or none) gets no
+    /// node at all: a node over a single engine would only pass its bytes on.
     pub fn new(engines: u32, fan_out: u32) -> SwarmxTree {
         let fan_out = fan_out.max(2);
-        let mut widths = vec![engines.max(1).div_ceil(fan_out) as usize];
+        if engines <= 1 {
+            return SwarmxTree { fan_out, levels: Vec::new() };
+        }
+        let mut widths = vec![engines.div_ceil(fan_out) as usize];
         while let Some(&w) = widths.last() {
             if w <= 1 {
                 break;
@@ -81,9 +86,15 @@ impl SwarmxTree {
         SwarmxTree { fan_out, levels }
     }
 
-    /// Levels of nodes from the root (1 when a single node reaches every engine): the hops a layer takes.
+    /// Levels of nodes from the root (1 when a single node reaches every engine, 0 for a one-engine job): the
+    /// relays a layer passes between MemoryX and an engine.
     pub fn depth(&self) -> u32 {
         self.levels.len() as u32
+    }
+
+    /// The node MemoryX drives, when the job has a tree.
+    pub fn root(&self) -> Option<&SwarmxNode> {
+        self.levels.first().and_then(|l| l.first())
     }
 
     /// Every node, root first, level by level.
@@ -103,7 +114,7 @@ mod tests {
 
     #[test]
     fn every_engine_hangs_under_exactly_one_leaf_and_every_node_under_one_parent() {
-        for (engines, fan_out) in [(1, 8), (4, 2), (8, 8), (9, 8), (64, 8), (192, 8), (192, 4), (5, 1)] {
+        for (engines, fan_out) in [(2, 8), (4, 2), (8, 8), (9, 8), (64, 8), (192, 8), (192, 4), (5, 1)] {
             let t = SwarmxTree::new(engines, fan_out);
             assert_eq!(t.levels[0].len(), 1, "one root");
             let mut seen_engines = Vec::new();
@@ -125,7 +136,16 @@ mod tests {
         }
         assert_eq!(SwarmxTree::new(192, 8).depth(), 3);
         assert_eq!(SwarmxTree::new(8, 8).depth(), 1);
+        assert_eq!(SwarmxTree::new(2, 8).root().map(|r| r.children.len()), Some(2));
         let bottom: Vec<usize> = SwarmxTree::new(20, 2).nodes_bottom_up().map(|n| n.level).collect();
         assert!(bottom.windows(2).all(|w| w[0] >= w[1]));
+    }
+
+    #[test]
+    fn one_engine_has_no_tree_to_relay_through() {
+        for engines in [0, 1] {
+            let t = SwarmxTree::new(engines, 8);
+            assert_eq!((t.depth(), t.nodes().count(), t.root()), (0, 0, None));
+        }
     }
 }

@@ -155,7 +155,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         driver.stop_on(program.stop_gracefully());
         let mut swarm = RemoteSwarm::connect(
             rt.handle().clone(),
-            &args.swarmx,
+            &args.stage,
             &driver.job().id,
             program.dial(args.connect_timeout),
             program.limits.clone(),
