@@ -188,7 +188,7 @@ def render(r):
              "interleaved rounds. Disk, from `wsctl bench machine`: write to fsync "
              f"{r['disk']['write_mb_s']:.0f} MB/s, read with the cache dropped {r['disk']['read_mb_s']:.0f} MB/s.", ""]
     lines += [f"{note}\n" for note in r.get("notes", [])]
-    head = ("| run | tokens/s | vs reference | engines busy | MemoryX→SwarmX a step | engine in / out a step "
+    head = ("| run | tokens/s | vs reference | engines busy | MemoryX out + in a step | engine in / out a step "
             "| disk tier read / write | weight servers' peak RSS (budget) |")
     for title, section, ref_name in (("The ~100M GPT", "100m", "resident, in process"),
                                      ("The 1 B example", "1b", "PyTorch eager, in RAM")):
@@ -225,7 +225,7 @@ def render_3b(x, r):
     servers = ", ".join(f"{gib(s['peak_rss'])} ({gib(s['budget'])} + {gib(s['allowance'])})" for s in x["servers"])
     losses = " → ".join(f"{v:.4f}" for v in x["losses"])
     return ["## The 3 B example (2,048 tokens a step, AdamW state larger than the machine's memory)", "",
-            "| tokens/s | its compute alone | ratio | engines busy | step | MemoryX→SwarmX a step "
+            "| tokens/s | its compute alone | ratio | engines busy | step | MemoryX out + in a step "
             "| engine in / out a step | disk tier read / write | engine SRAM peak (budget) "
             "| weight servers' peak RSS (budget + allowance) |",
             "|" + " --- |" * 10,
