@@ -712,7 +712,7 @@ pub fn memoryx_args(job: &TrainingJob, plan: &Plan) -> MemoryxArgs {
 /// MemoryX: a StatefulSet of the plan's weight servers (scaled to zero while the job holds no CS-2s), each with
 /// its own checkpoint volume that outlives its pod, so a server's restart, a resume or a rescale continues from
 /// the last checkpoint of its slice. Server 0 is also the job's coordinator: it drives the training loop
-/// through the SwarmX root and reaches the others on their weight-server port. Each server's default memory
+/// through the SwarmX root (a one-engine job's engine) and reaches the others on their weight-server port. Each server's default memory
 /// request is its memory budget (the plan's `memory_bytes`), not the whole state, plus the layers the
 /// coordinator holds in transit (`coordinator_transit_bytes`): the servers share one pod template, and server 0
 /// is the hub. `config_hash` is the hash of what the servers read at start: a change (a rescale) rolls them.
@@ -936,9 +936,9 @@ mod tests {
         plan(j, j.spec.cs2, 2).expect("a plan").0
     }
 
-    /// MemoryX's arguments as the operator wires `j` (with its `spec.memoryx.servers`, which `_servers` names).
-    fn memoryx_args(j: &TrainingJob, _servers: u32) -> MemoryxArgs {
-        super::memoryx_args(j, &plan_of(j))
+    /// MemoryX's arguments as the operator wires `j` on `cs2` allocated CS-2s (one has no SwarmX tree).
+    fn memoryx_args(j: &TrainingJob, cs2: u32) -> MemoryxArgs {
+        super::memoryx_args(j, &plan(j, cs2, 2).expect("a plan").0)
     }
 
     /// Engine `index`'s arguments as the operator wires `j`.
@@ -971,7 +971,7 @@ mod tests {
                 let http = match role {
                     Role::Memoryx => {
                         let a: MemoryxArgs = parse(c);
-                        assert_eq!(a, memoryx_args(&j, 1));
+                        assert_eq!(a, memoryx_args(&j, n));
                         a.common.http
                     }
                     Role::Swarmx => {
@@ -1509,7 +1509,7 @@ mod tests {
         let pod = sts.template.spec.clone().unwrap();
         let c = &pod.containers[0];
         let a: MemoryxArgs = parse(c);
-        assert_eq!(a, memoryx_args(&j, 3));
+        assert_eq!(a, memoryx_args(&j, 4));
         assert_eq!(
             a.weight_servers,
             ["https://mnist-memoryx-1.mnist-memoryx.ml.svc:7400", "https://mnist-memoryx-2.mnist-memoryx.ml.svc:7400"]
