@@ -111,7 +111,7 @@ class TrainingJob:
         checkpoint_dir: str | Path | None = None,
         progress: bool = True,
     ) -> "RunResult":
-        """Trains the job on this machine (MemoryX, SwarmX, engines and input workers as local processes, or
+        """Trains the job on this machine (MemoryX, the SwarmX tree, engines and input workers as local processes, or
         with ``in_process`` as threads of one), evaluates it and returns the summary and per-step metrics. A
         ``tqdm.auto`` bar shows step/total, loss, throughput and ETA unless ``progress=False``. ``out`` defaults to
         ``runs/<name>``; ``volumes`` maps a claim the data names to a folder standing in for it. As with ``wsctl
