@@ -206,9 +206,10 @@ def render(r):
                 continue
             rss = ", ".join(f"{gib(s['peak_rss'])} ({gib(s['budget']) if s['budget'] else 'no budget'})"
                             for s in x["servers"]) or "—"
+            limit = x.get("disk", r["disk"])  # a section merged from another run keeps that run's disk figures
             disk = "—" if not x["tier_read_mb_s"] else (f"{x['tier_read_mb_s']:.0f} / {x['tier_written_mb_s']:.0f} MB/s "
-                    f"({100 * x['tier_read_mb_s'] / r['disk']['read_mb_s']:.1f}% / "
-                    f"{100 * x['tier_written_mb_s'] / r['disk']['write_mb_s']:.1f}% of the disk)")
+                    f"({100 * x['tier_read_mb_s'] / limit['read_mb_s']:.1f}% / "
+                    f"{100 * x['tier_written_mb_s'] / limit['write_mb_s']:.1f}% of the disk)")
             lines.append(f"| {name} | {x['tokens_per_s']:.1f} | {ratio:.2f}× | {100 * x['busy']:.0f}% "
                          f"| {gib(x['memoryx_to_swarmx_per_step'])} | {gib(x['engine_received_per_step'])} / "
                          f"{gib(x['engine_sent_per_step'])} | {disk} | {rss} |")
