@@ -712,10 +712,10 @@ pub fn memoryx_args(job: &TrainingJob, plan: &Plan) -> MemoryxArgs {
 /// MemoryX: a StatefulSet of the plan's weight servers (scaled to zero while the job holds no CS-2s), each with
 /// its own checkpoint volume that outlives its pod, so a server's restart, a resume or a rescale continues from
 /// the last checkpoint of its slice. Server 0 is also the job's coordinator: it drives the training loop
-/// through the SwarmX root (a one-engine job's engine) and reaches the others on their weight-server port. Each server's default memory
-/// request is its memory budget (the plan's `memory_bytes`), not the whole state, plus the layers the
-/// coordinator holds in transit (`coordinator_transit_bytes`): the servers share one pod template, and server 0
-/// is the hub. `config_hash` is the hash of what the servers read at start: a change (a rescale) rolls them.
+/// through the SwarmX root (a one-engine job's engine) and reaches the others on their weight-server port. Each
+/// server's default memory request is its memory budget (the plan's `memory_bytes`), not the whole state, plus
+/// the layers the coordinator holds in transit (`coordinator_transit_bytes`): the servers share one pod
+/// template, and server 0 is the hub. `config_hash` is the hash of what the servers read at start: a change (a rescale) rolls them.
 pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash: &str) -> Result<StatefulSet, Error> {
     let name = job.name_any();
     let servers = plan.memoryx.servers.max(1);
@@ -933,12 +933,17 @@ mod tests {
 
     /// The plan of `j` as the operator makes it (its CS-2s, a fan-out of 2).
     fn plan_of(j: &TrainingJob) -> Plan {
-        plan(j, j.spec.cs2, 2).expect("a plan").0
+        plan_at(j, j.spec.cs2)
+    }
+
+    /// The plan of `j` on `cs2` allocated CS-2s.
+    fn plan_at(j: &TrainingJob, cs2: u32) -> Plan {
+        plan(j, cs2, 2).expect("a plan").0
     }
 
     /// MemoryX's arguments as the operator wires `j` on `cs2` allocated CS-2s (one has no SwarmX tree).
     fn memoryx_args(j: &TrainingJob, cs2: u32) -> MemoryxArgs {
-        super::memoryx_args(j, &plan(j, cs2, 2).expect("a plan").0)
+        super::memoryx_args(j, &plan_at(j, cs2))
     }
 
     /// Engine `index`'s arguments as the operator wires `j`.

@@ -21,8 +21,16 @@ type ChunkStream = Pin<Box<dyn Stream<Item = Result<TensorChunk, Status>> + Send
 
 /// Tensor `k` of a layer as chunks carrying `pieces` of its bytes, or one empty chunk when the tensor is empty
 /// (`empty`), so an empty one is seen too: the one framing [`chunks`] and [`copied_chunks`] share.
-fn tagged<'a>(job: &'a str, layer: usize, step: u64, k: usize, empty: bool, pieces: impl Iterator<Item = bytes::Bytes> + 'a) -> impl Iterator<Item = TensorChunk> + 'a {
-    empty.then(bytes::Bytes::new).into_iter().chain(pieces).map(move |data| TensorChunk { job: job.to_string(), layer: layer as u64, step, tensor: k as u32, data })
+fn tagged<'a>(
+    job: &'a str,
+    layer: usize,
+    step: u64,
+    k: usize,
+    empty: bool,
+    pieces: impl Iterator<Item = bytes::Bytes> + 'a,
+) -> impl Iterator<Item = TensorChunk> + 'a {
+    let chunk = move |data| TensorChunk { job: job.to_string(), layer: layer as u64, step, tensor: k as u32, data };
+    empty.then(bytes::Bytes::new).into_iter().chain(pieces).map(chunk)
 }
 
 /// The chunks of `tensors`, each cut to at most [`CHUNK_BYTES`] as slices of the tensor's own buffer (no copy),
@@ -31,8 +39,7 @@ fn tagged<'a>(job: &'a str, layer: usize, step: u64, k: usize, empty: bool, piec
 pub(super) fn chunks(job: &str, layer: usize, step: u64, tensors: impl IntoIterator<Item = Vec<f32>>) -> Vec<TensorChunk> {
     let mut out = Vec::new();
     for (k, t) in tensors.into_iter().enumerate() {
-        let empty = t.is_empty();
-        out.extend(tagged(job, layer, step, k, empty, pieces(Recycled::layers().bytes(t))));
+        out.extend(tagged(job, layer, step, k, t.is_empty(), pieces(Recycled::layers().bytes(t))));
     }
     out
 }
