@@ -633,9 +633,27 @@ async fn a_sliced_checkpoint_leaves_the_cluster_and_its_job_resumes_on_fewer_ser
         (j, path.display().to_string())
     };
 
-    // Undisturbed, on three weight servers.
+    // Undisturbed, on three weight servers, watched to its end while the job below (2 CS-2s each: both are
+    // admitted at once) is moved.
     let (j, path) = job("whole");
-    wsctl_ok(&kc, &["submit", &path, "-n", &ns, "--watch", "--timeout", "900"]).await;
+    let watched = {
+        let (kc, args) = (kc.clone(), ["submit", &path, "-n", &ns, "--watch", "--timeout", "900"].map(String::from));
+        tokio::spawn(async move { wsctl_ok(&kc, &args.each_ref().map(String::as_str)).await })
+    };
+
+    // The same job, suspended mid-run, moved to two weight servers and resumed.
+    let (_, path) = job("moved");
+    wsctl_ok(&kc, &["submit", &path, "-n", &ns]).await;
+    training_past(&jobs, "moved", 50).await;
+    wsctl_ok(&kc, &["suspend", "moved", "-n", &ns, "--timeout", "180"]).await;
+    let s = ok(jobs.get("moved").await, "get").status.unwrap_or_default();
+    let at = s.progress.last_checkpoint.map(|c| c.step).unwrap_or_else(|| panic!("suspended without a checkpoint"));
+    assert!(at > 0 && at < steps, "suspended at step {at}");
+    let patch = serde_json::json!({ "spec": { "memoryx": { "servers": 2 } } });
+    ok(jobs.patch("moved", &PatchParams::default(), &Patch::Merge(&patch)).await, "two weight servers");
+    wsctl_ok(&kc, &["resume", "moved", "-n", &ns, "--timeout", "180"]).await;
+
+    ok(watched.await, "submit --watch");
     let whole = ok(jobs.get("whole").await, "job").status.unwrap_or_default();
     assert_eq!((whole.phase, whole.progress.step), (Some(Phase::Succeeded), Some(steps)));
     let reported = whole.progress.eval_loss.expect("the job reports its held-out loss");
@@ -670,17 +688,7 @@ async fn a_sliced_checkpoint_leaves_the_cluster_and_its_job_resumes_on_fewer_ser
     eprintln!("transformers' held-out loss of the export: {transformers:.7}; the job reported {reported:.7}");
     assert!((transformers - reported).abs() <= 1e-4 * reported, "transformers gives {transformers}, the job reported {reported}");
 
-    // The same job, suspended mid-run, moved to two weight servers and resumed.
-    let (_, path) = job("moved");
-    wsctl_ok(&kc, &["submit", &path, "-n", &ns]).await;
-    training_past(&jobs, "moved", 50).await;
-    wsctl_ok(&kc, &["suspend", "moved", "-n", &ns, "--timeout", "180"]).await;
-    let s = ok(jobs.get("moved").await, "get").status.unwrap_or_default();
-    let at = s.progress.last_checkpoint.map(|c| c.step).unwrap_or_else(|| panic!("suspended without a checkpoint"));
-    assert!(at > 0 && at < steps, "suspended at step {at}");
-    let patch = serde_json::json!({ "spec": { "memoryx": { "servers": 2 } } });
-    ok(jobs.patch("moved", &PatchParams::default(), &Patch::Merge(&patch)).await, "two weight servers");
-    wsctl_ok(&kc, &["resume", "moved", "-n", &ns, "--timeout", "180"]).await;
+    // The moved job, resumed above on two weight servers, ends as the undisturbed one did.
     let moved = finished(&jobs, "moved").await;
     assert_eq!((moved.phase, moved.progress.step), (Some(Phase::Succeeded), Some(steps)), "{moved:#?}");
     assert_eq!(role_pods(&client, &ns, "moved", "memoryx").await.len(), 2, "two weight servers after the move");
