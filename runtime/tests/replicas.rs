@@ -230,6 +230,68 @@ fn a_step_larger_than_the_shard_is_refused_before_anything_is_gathered() {
     let err = rt.block_on(server.begin_step(tonic::Request::new(begin(2_000_000)))).unwrap_err();
     assert_eq!(err.code(), tonic::Code::ResourceExhausted);
     assert!(err.message().contains("shard of the batch) is 2000000, beyond the 16"), "{}", err.message());
-    assert!(server.stats().is_some_and(|s| s.peak_sram_bytes == 0), "nothing was held for the refused step");
+    assert!(server.stats_if_free().is_some_and(|s| s.peak_sram_bytes == 0), "nothing was held for the refused step");
     rt.block_on(server.begin_step(tonic::Request::new(begin(16)))).expect("a step within the shard");
+}
+
+/// An engine whose `begin_step` keeps the engine until the test lets it go, as a pipelined step keeps it for
+/// the whole step.
+struct Held {
+    inner: Box<dyn EngineRole>,
+    began: std::sync::mpsc::Sender<()>,
+    release: std::sync::mpsc::Receiver<()>,
+}
+
+impl EngineRole for Held {
+    fn begin_step(&mut self, shard: data::shard::Shard, work: runtime::engine::role::ShardWork) -> wire::error::Result<()> {
+        let _ = self.began.send(());
+        let _ = self.release.recv_timeout(Duration::from_secs(60));
+        self.inner.begin_step(shard, work)
+    }
+    fn forward(&mut self, stream: &runtime::protocol::LayerStream) -> wire::error::Result<()> {
+        self.inner.forward(stream)
+    }
+    fn loss(&mut self) -> wire::error::Result<runtime::model::loss::LossSum> {
+        self.inner.loss()
+    }
+    fn backward(&mut self, stream: &runtime::protocol::LayerStream) -> wire::error::Result<LayerGrad> {
+        self.inner.backward(stream)
+    }
+    fn stats(&self) -> runtime::engine::role::EngineStats {
+        self.inner.stats()
+    }
+}
+
+/// The engine's counters never make an async worker wait for the engine: while a computation holds it,
+/// `stats_if_free` answers at once with nothing (an async worker waiting there stopped the engine process
+/// answering its health checks through a pipelined step, and the local appliance stopped the run as frozen);
+/// once the engine is free the counters come back, and the `Stats` call waits for them off the async workers.
+#[test]
+fn the_counters_never_wait_for_a_busy_engine() {
+    use runtime::protocol::pb::stage_server::Stage;
+    // One async worker: a task that blocked it would stop every other.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let data = data();
+    let ((began_tx, began), (release, release_rx)) = (std::sync::mpsc::channel(), std::sync::mpsc::channel());
+    let held = Held { inner: engine(), began: began_tx, release: release_rx };
+    let server = Arc::new(EngineServer::new(JOB.into(), limits(16), Box::new(held), Arc::new(LocalFeed::new(data.clone(), data.clone()))));
+    let begin = pb::BeginStepRequest { job: JOB.into(), step: 0, samples: (0..8).collect(), split: pb::Split::Train as i32, grad_scale: 1.0, micro_batch: 0 };
+    let busy = rt.spawn({
+        let server = server.clone();
+        async move { server.begin_step(tonic::Request::new(begin)).await }
+    });
+    began.recv_timeout(Duration::from_secs(60)).expect("the step began");
+    assert!(server.stats_if_free().is_none(), "the engine is held: no counters, and no wait");
+    let stats = rt.spawn({
+        let server = server.clone();
+        async move { server.stats(tonic::Request::new(pb::StatsRequest { job: JOB.into() })).await }
+    });
+    // The worker stays free while `Stats` waits: another task still runs on it.
+    let other = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), tokio::spawn(async { 7 })).await });
+    assert_eq!(other.expect("the worker answered").expect("task"), 7);
+    release.send(()).expect("the engine waits");
+    rt.block_on(busy).expect("task").expect("the step begins once let go");
+    let reply = rt.block_on(stats).expect("task").expect("the counters once free").into_inner();
+    assert_eq!(reply.engines.len(), 1);
+    assert!(server.stats_if_free().is_some(), "free: the counters");
 }

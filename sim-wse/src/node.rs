@@ -60,7 +60,7 @@ pub fn main(args: EngineArgs) -> Result<()> {
     let (watched, started) = (server.clone(), std::time::Instant::now());
     program.runtime.spawn(async move {
         loop {
-            if let Some(s) = watched.stats() {
+            if let Some(s) = watched.stats_if_free() {
                 gauges.update(&s, started.elapsed().as_secs_f64());
             }
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;

@@ -220,12 +220,19 @@ fn remote_store(job: &Job, args: &MemoryxArgs, outputs: &Outputs, program: &Prog
     MemoryX::over(layout, &masking, lengths, servers, Some(local))
 }
 
-/// Keeps layer buffers for reuse ([`Recycled::layers`]) only in a MemoryX process without a memory budget.
+/// Keeps layer buffers for reuse ([`Recycled::layers`]) only in a MemoryX process without a memory budget, and
+/// there as many as a step holds at once: a staged gradient per layer, and a few layers in transit.
 fn keep_layers_within(spec: &crds::TrainingJobSpec) {
     if spec.memoryx.memory_bytes.is_some() {
         Recycled::layers().keep_none();
+    } else {
+        Recycled::layers().keep_up_to(plan::layout::ModelLayout::from_spec(&spec.model).linears.len() + LAYERS_IN_TRANSIT);
     }
 }
+
+/// Layer buffers a MemoryX process has in transit besides its staged gradients: the layer being sent and the one
+/// prepared behind it, the gradient being received, each a weight and a bias buffer.
+const LAYERS_IN_TRANSIT: usize = 6;
 
 /// A weight server other than the coordinator: it asks an input worker how long the run is (the learning-rate
 /// schedule needs it), builds its slice, and serves it on `--listen` until stopped.

@@ -89,11 +89,24 @@ impl EngineServer {
         self
     }
 
-    /// Counters of the engine, for this process's metrics.
-    pub fn stats(&self) -> Option<EngineStats> {
-        let mut s = self.engine.lock().ok().map(|e| e.stats())?;
-        s.compute_s += self.update_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
-        Some(s)
+    /// Counters of the engine for this process's metrics, or `None` while a computation holds the engine (a
+    /// pipelined step holds it for the whole step). Async code calls it: an async worker waiting on the
+    /// engine's lock stopped the process answering anything else, its health checks among them, and the local
+    /// appliance's watchdog stopped a pipelined ~100M run as frozen.
+    pub fn stats_if_free(&self) -> Option<EngineStats> {
+        let engine = self.engine.try_lock().ok()?;
+        Some(with_updates(engine.stats(), &self.update_nanos))
+    }
+
+    /// Counters of the engine once it is free, waited for off the async threads.
+    async fn stats_when_free(&self) -> Result<EngineStats, Status> {
+        let (engine, nanos) = (self.engine.clone(), self.update_nanos.clone());
+        tokio::task::spawn_blocking(move || {
+            let engine = engine.lock().map_err(|_| Status::internal("engine state poisoned"))?;
+            Ok(with_updates(engine.stats(), &nanos))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("engine task failed: {e}")))?
     }
 
     /// Waits until operation `op` of `step` is next, so concurrently received layers compute in order.
@@ -203,7 +216,7 @@ type StepChunkStream = Pin<Box<dyn Stream<Item = Result<StepChunk, Status>> + Se
 impl Stage for EngineServer {
     async fn info(&self, request: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
         self.job.check(&request.get_ref().job)?;
-        let sram_bytes = self.stats().map_or(0, |s| s.sram_bytes);
+        let sram_bytes = self.stats_when_free().await?.sram_bytes;
         Ok(Response::new(InfoReply { job: self.job.job().to_string(), engines: 1, sram_bytes }))
     }
 
@@ -246,7 +259,7 @@ impl Stage for EngineServer {
 
     async fn stats(&self, request: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
         self.job.check(&request.get_ref().job)?;
-        let s = self.stats().ok_or_else(|| Status::internal("engine state poisoned"))?;
+        let s = self.stats_when_free().await?;
         Ok(Response::new(pb::StatsReply { engines: vec![stats_to_pb(&s)] }))
     }
 
@@ -346,6 +359,12 @@ impl Stage for EngineServer {
         .map_err(to_status)?;
         Ok(Response::new(Ack {}))
     }
+}
+
+/// `stats` with the time the optimizer ran on the replica counted as compute.
+fn with_updates(mut stats: EngineStats, update_nanos: &AtomicU64) -> EngineStats {
+    stats.compute_s += update_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+    stats
 }
 
 /// A step or an update reached an engine without a replica: it was replaced (its pod restarted) since the

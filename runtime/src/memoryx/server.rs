@@ -81,6 +81,13 @@ pub trait WeightServer: Send + Sync {
     /// Holds the matching slices of layer `layer`'s summed gradient of step `step` until [`WeightServer::commit`]
     /// (a rerun step's replaces them): in memory for a layer in memory, in the disk tier for one on disk.
     fn stage(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()>;
+    /// [`WeightServer::stage`] of buffers the server may keep: one in this process holds a layer in memory's
+    /// gradient as given instead of copying it (a step's gradients are the size of the model).
+    fn stage_owned(&self, layer: usize, step: u64, weights: Vec<f32>, bias: Vec<f32>) -> Result<()> {
+        let staged = self.stage(layer, step, &weights, &bias);
+        Recycled::layers().give(weights);
+        staged
+    }
     /// Runs the optimizer on every layer staged for `step`, in the order staged; refused unless every layer is.
     fn commit(&self, step: u64) -> Result<()>;
     /// Updates applied so far to every layer (all layers agree between steps).
@@ -467,10 +474,65 @@ impl LocalSlice {
         }))
     }
 
+    /// Holds a gradient slice of `step` until the commit: a layer in memory's as given, or a copy of one lent; a
+    /// layer on disk's in its file (a given buffer then goes back to the pool).
+    fn stage_grad(&self, layer: usize, step: u64, grad: GradSlice<'_>) -> Result<()> {
+        let (weights, bias) = grad.parts();
+        self.check_grad_slice(layer, weights, bias)?;
+        let on_disk = self.tier.as_ref().filter(|t| t.on_disk(layer));
+        let mut staged = self.staged.lock().map_err(|_| Error::Protocol("the staged gradients were poisoned".into()))?;
+        if staged.step != step {
+            *staged = Staged { step, layers: Vec::new() };
+        }
+        staged.layers.retain(|(l, _)| *l != layer);
+        match on_disk {
+            Some(tier) => {
+                tier.write_grad(layer, weights, bias)?;
+                staged.layers.push((layer, None));
+                grad.release();
+            }
+            None => staged.layers.push((layer, Some(grad.into_owned()))),
+        }
+        Ok(())
+    }
+
     /// Hints that layer `layer` is wanted next, so the disk tier reads it ahead.
     pub fn prefetch(&self, layer: usize) {
         if let Some(t) = &self.tier {
             t.prefetch(layer, true);
+        }
+    }
+}
+
+/// A gradient slice handed to [`LocalSlice::stage_grad`]: lent by the caller (copied if kept), or given to keep.
+enum GradSlice<'a> {
+    /// Weights and bias the caller keeps: the coordinator's own slice of a gradient it cuts for several servers.
+    Lent(&'a [f32], &'a [f32]),
+    /// Weights and bias the server may keep: the whole gradient of a one-server MemoryX, or one received.
+    Given(Vec<f32>, Vec<f32>),
+}
+
+impl GradSlice<'_> {
+    /// The weights and bias.
+    fn parts(&self) -> (&[f32], &[f32]) {
+        match self {
+            GradSlice::Lent(w, b) => (w, b),
+            GradSlice::Given(w, b) => (w, b),
+        }
+    }
+
+    /// Buffers to keep: the given ones, or copies of the lent ones.
+    fn into_owned(self) -> (Vec<f32>, Vec<f32>) {
+        match self {
+            GradSlice::Lent(w, b) => (Recycled::layers().copy_of(w), Recycled::layers().copy_of(b)),
+            GradSlice::Given(w, b) => (w, b),
+        }
+    }
+
+    /// Done with: a given weight buffer goes back to the pool.
+    fn release(self) {
+        if let GradSlice::Given(w, _) = self {
+            Recycled::layers().give(w);
         }
     }
 }
@@ -520,21 +582,11 @@ impl WeightServer for LocalSlice {
     }
 
     fn stage(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
-        self.check_grad_slice(layer, weights, bias)?;
-        let on_disk = self.tier.as_ref().filter(|t| t.on_disk(layer));
-        let mut staged = self.staged.lock().map_err(|_| Error::Protocol("the staged gradients were poisoned".into()))?;
-        if staged.step != step {
-            *staged = Staged { step, layers: Vec::new() };
-        }
-        staged.layers.retain(|(l, _)| *l != layer);
-        match on_disk {
-            Some(tier) => {
-                tier.write_grad(layer, weights, bias)?;
-                staged.layers.push((layer, None));
-            }
-            None => staged.layers.push((layer, Some((Recycled::layers().copy_of(weights), Recycled::layers().copy_of(bias))))),
-        }
-        Ok(())
+        self.stage_grad(layer, step, GradSlice::Lent(weights, bias))
+    }
+
+    fn stage_owned(&self, layer: usize, step: u64, weights: Vec<f32>, bias: Vec<f32>) -> Result<()> {
+        self.stage_grad(layer, step, GradSlice::Given(weights, bias))
     }
 
     fn commit(&self, step: u64) -> Result<()> {

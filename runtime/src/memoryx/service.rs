@@ -248,7 +248,7 @@ impl Weights for WeightsService {
     async fn stage(&self, request: Request<Streaming<TensorChunk>>) -> Result<Response<Ack>, Status> {
         let (layer, step, t) = self.receive(request.into_inner(), 2).await?;
         let [w, b, ..] = t;
-        self.blocking(move |s| s.stage(layer, step, &w, &b).map(|()| Recycled::layers().give(w))).await?;
+        self.blocking(move |s| s.stage_owned(layer, step, w, b)).await?;
         Ok(Response::new(Ack {}))
     }
 

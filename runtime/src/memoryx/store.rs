@@ -449,6 +449,25 @@ impl WeightStore for MemoryX {
 
     fn stage(&self, grad: LayerGrad, step: u64) -> Result<()> {
         let reordered = self.prepare(&grad, step, false)?;
+        if let [only] = self.servers.as_slice() {
+            // One server holds the whole layer: it is handed the gradient's own buffer (a dense layer's) or the
+            // reordered one to keep, with no copy.
+            let whole = |w: &[f32]| std::ptr::eq(w, &grad.weights[..]);
+            let weights = match reordered {
+                Cow::Owned(v) => Some(v),
+                Cow::Borrowed(w) if whole(w) => None,
+                Cow::Borrowed(w) => Some(w.to_vec()),
+            };
+            let LayerGrad { layer, weights: own, bias } = grad;
+            let weights = match weights {
+                Some(v) => {
+                    Recycled::layers().give(own);
+                    v
+                }
+                None => own,
+            };
+            return only.stage_owned(layer, step, weights, bias);
+        }
         let staged = self.to_each_slice(&reordered, &grad.bias, |s, w, b| s.stage(grad.layer, step, w, b));
         // Each server has taken its slice (a copy, or on the wire): the buffer serves the next gradient.
         drop(reordered);

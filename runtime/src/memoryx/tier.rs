@@ -15,6 +15,7 @@
 //! them from its checkpoint.
 
 use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -163,7 +164,7 @@ impl Tier {
     /// Layer `l`'s tensors (all of them with `all`, else only the weights and bias), from the read-ahead when it
     /// holds them, and starts reading the layer expected next.
     pub fn read(&self, l: usize, all: bool) -> Result<LayerTensors> {
-        let next = self.next_after(l);
+        let next = self.next_after(l, all);
         let ahead = self.take_ahead(l, all);
         let tensors = match ahead {
             Some(t) => t,
@@ -190,9 +191,9 @@ impl Tier {
     pub fn read_grad(&self, l: usize) -> Result<(Vec<f32>, Vec<f32>)> {
         let file = self.grads.get(l).and_then(Option::as_ref).ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
         let (nw, nb) = (self.lengths[l][0], self.lengths[l][1]);
-        let (mut w, mut b) = (self.recycled.zeroed(nw), self.recycled.zeroed(nb));
-        file.read_exact_at(bytemuck::cast_slice_mut(&mut w), 0)
-            .and_then(|()| file.read_exact_at(bytemuck::cast_slice_mut(&mut b), 4 * nw as u64))
+        let (mut w, mut b) = (self.recycled.take(nw), self.recycled.take(nb));
+        read_values(file, &mut w, nw, 0)
+            .and_then(|()| read_values(file, &mut b, nb, 4 * nw as u64))
             .map_err(|e| Error::io(format!("reading layer {l}'s staged gradient from the disk tier"), e))?;
         self.read.fetch_add(4 * (nw + nb) as u64, Ordering::Relaxed);
         Ok((w, b))
@@ -235,17 +236,19 @@ impl Tier {
         Ok(())
     }
 
-    /// The layer expected after `l`, from the direction of travel, and whether all its tensors will be wanted:
-    /// on up the forward pass (weights and bias only), down the backward pass and the updates (everything),
-    /// and from the bottom back to the top (the updates follow the backward pass).
-    fn next_after(&self, l: usize) -> Option<(usize, bool)> {
+    /// The layer expected after `l` (read whole when `all`), from the direction of travel, and whether all its
+    /// tensors will be wanted: on up the forward pass (weights and bias only); down the backward pass (weights
+    /// and bias only, as `l` was) and the updates (everything, as `l` was); and from the bottom back to the top
+    /// (the updates follow the backward pass). Reading the moments ahead in the backward pass, which does not
+    /// use them, was a quarter of the tier's reads.
+    fn next_after(&self, l: usize, all: bool) -> Option<(usize, bool)> {
         let n = self.lengths.len();
         let mut last = self.last.lock().ok()?;
         let prev = last.replace(l);
         let (next, all) = match prev {
             Some(p) if p < l => (l + 1, false),
             _ if l == 0 => (n - 1, true),
-            _ => (l - 1, true),
+            _ => (l - 1, all),
         };
         (next < n && next != l && self.on_disk(next)).then_some((next, all))
     }
@@ -314,19 +317,48 @@ fn read_layer(file: &File, lengths: &LayerLengths, all: bool, counter: &AtomicU6
     let wanted = |k: usize| all || k < 2;
     let mut out: LayerTensors = Default::default();
     for (k, &len) in lengths.iter().enumerate().filter(|(k, _)| wanted(*k)) {
-        out[k] = recycled.zeroed(len);
+        out[k] = recycled.take(len);
     }
     recycled.clear();
     let mut at = 0u64;
     for (k, &len) in lengths.iter().enumerate() {
         if wanted(k) {
-            file.read_exact_at(bytemuck::cast_slice_mut(&mut out[k]), at)
-                .map_err(|e| Error::io("reading a layer from the disk tier", e))?;
+            read_values(file, &mut out[k], len, at).map_err(|e| Error::io("reading a layer from the disk tier", e))?;
             counter.fetch_add(4 * len as u64, Ordering::Relaxed);
         }
         at += 4 * len as u64;
     }
     Ok(out)
+}
+
+/// Reads `len` values at byte `offset` of `file` into `out` (emptied first), straight into its spare room: a
+/// kept buffer zero-filled only for the read to overwrite it was a tenth of a tiered step's update phase.
+fn read_values(file: &File, out: &mut Vec<f32>, len: usize, offset: u64) -> std::io::Result<()> {
+    out.clear();
+    out.reserve_exact(len);
+    let bytes = len * std::mem::size_of::<f32>();
+    let room = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+    let mut done = 0;
+    while done < bytes {
+        let at = libc::off_t::try_from(offset + done as u64)
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a disk tier offset past the file API's range"))?;
+        // SAFETY: `room + done .. room + bytes` lies within the spare capacity reserved above, which `pread`
+        // only writes; nothing else holds the buffer.
+        let n = unsafe { libc::pread(file.as_raw_fd(), room.add(done).cast(), bytes - done, at) };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 => return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the disk tier file ends before the layer does")),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    // SAFETY: the reads above wrote all `len` values.
+    unsafe { out.set_len(len) };
+    Ok(())
 }
 
 #[cfg(test)]

@@ -34,8 +34,9 @@ pub struct Recycled {
     buffers: std::sync::Mutex<Vec<Vec<f32>>>,
     /// Buffers of fewer values are not kept: they come from the allocator's heap, already mapped.
     least: usize,
-    /// Whether it keeps any ([`Recycled::keep_none`]).
-    keeps: std::sync::atomic::AtomicBool,
+    /// Buffers it keeps at most: [`Recycled::KEEP`], none in a process under a memory budget
+    /// ([`Recycled::keep_none`]), a step's worth in a MemoryX process without one ([`Recycled::keep_up_to`]).
+    keep: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for Recycled {
@@ -62,7 +63,7 @@ impl Recycled {
 
     /// A pool that keeps buffers of at least `least` values.
     const fn keeping_from(least: usize) -> Self {
-        Recycled { buffers: std::sync::Mutex::new(Vec::new()), least, keeps: std::sync::atomic::AtomicBool::new(true) }
+        Recycled { buffers: std::sync::Mutex::new(Vec::new()), least, keep: std::sync::atomic::AtomicUsize::new(Self::KEEP) }
     }
 
     /// Keeps no buffer from now on, and frees those kept: for a process under a memory budget, whose allowance
@@ -70,8 +71,17 @@ impl Recycled {
     /// (4 servers, a quarter in memory) peaked at 1.15 GiB keeping its gathered layers and gradients, against
     /// 0.95 GiB of budget plus allowance; it peaked at 0.92 GiB mapping them fresh.
     pub fn keep_none(&self) {
-        self.keeps.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.keep.store(0, std::sync::atomic::Ordering::Relaxed);
         self.clear();
+    }
+
+    /// Keeps up to `buffers` (never fewer than [`Recycled::KEEP`]): for a MemoryX process without a memory
+    /// budget, which holds a step's staged gradients until the step commits and then receives the next step's.
+    /// Keeping only a few, it mapped every other gradient fresh each step: a streamed ~100M GPT's coordinator
+    /// spent over a quarter of its CPU zeroing those pages. What it keeps between steps is what it held at the
+    /// step's peak, so its peak does not grow.
+    pub fn keep_up_to(&self, buffers: usize) {
+        self.keep.store(buffers.max(Self::KEEP), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The pool of MemoryX's processes, for the buffers that carry a layer through them: the layers the
@@ -138,18 +148,18 @@ impl Recycled {
         }
     }
 
-    /// Keeps `buffer` (emptied) for a later [`Recycled::take`]; when full, the smallest kept one makes room.
+    /// Keeps `buffer` (emptied) for a later [`Recycled::take`]; when full, the smallest kept ones make room.
     pub fn give(&self, mut buffer: Vec<f32>) {
-        if buffer.capacity() == 0 || buffer.capacity() < self.least || !self.keeps.load(std::sync::atomic::Ordering::Relaxed) {
+        let keep = self.keep.load(std::sync::atomic::Ordering::Relaxed);
+        if buffer.capacity() == 0 || buffer.capacity() < self.least || keep == 0 {
             return;
         }
         buffer.clear();
         let Ok(mut kept) = self.buffers.lock() else { return };
         kept.push(buffer);
-        if kept.len() > Self::KEEP {
-            if let Some(i) = kept.iter().enumerate().min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i) {
-                kept.swap_remove(i);
-            }
+        while kept.len() > keep {
+            let Some(i) = kept.iter().enumerate().min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i) else { break };
+            kept.swap_remove(i);
         }
     }
 }
@@ -221,8 +231,8 @@ mod tests {
         assert!(copy.as_ptr() == at && copy == vec![1.5; 2_000], "a copy into the kept buffer");
     }
 
-    /// A pool keeps no buffer below its least size (the heap serves those warm), and at most `KEEP`, the
-    /// smallest making room.
+    /// A pool keeps no buffer below its least size (the heap serves those warm), and at most `KEEP` (or as many
+    /// as it is asked to keep), the smallest making room.
     #[test]
     fn a_pool_keeps_few_and_only_large_buffers() {
         let pool = Recycled::keeping_from(1_000);
@@ -233,6 +243,14 @@ mod tests {
         }
         assert_eq!(kept(&pool), Recycled::KEEP);
         assert!(pool.take(1_000).capacity() >= 3_000, "the smallest were dropped");
+        pool.keep_up_to(Recycled::KEEP + 2);
+        for n in 1..=4 {
+            pool.give(Vec::with_capacity(10_000 * n));
+        }
+        assert_eq!(kept(&pool), Recycled::KEEP + 2, "as many as asked, the smallest making room beyond");
+        pool.keep_up_to(1);
+        pool.give(Vec::with_capacity(50_000));
+        assert_eq!(kept(&pool), Recycled::KEEP, "never fewer than KEEP");
         pool.keep_none();
         assert_eq!(kept(&pool), 0, "freed");
         pool.give(Vec::with_capacity(10_000));
