@@ -452,19 +452,15 @@ impl WeightStore for MemoryX {
         if let [only] = self.servers.as_slice() {
             // One server holds the whole layer: it is handed the gradient's own buffer (a dense layer's) or the
             // reordered one to keep, with no copy.
-            let whole = |w: &[f32]| std::ptr::eq(w, &grad.weights[..]);
+            let own = matches!(&reordered, Cow::Borrowed(w) if std::ptr::eq(*w, &grad.weights[..]));
+            let reordered = (!own).then(|| reordered.into_owned());
+            let LayerGrad { layer, weights, bias } = grad;
             let weights = match reordered {
-                Cow::Owned(v) => Some(v),
-                Cow::Borrowed(w) if whole(w) => None,
-                Cow::Borrowed(w) => Some(w.to_vec()),
-            };
-            let LayerGrad { layer, weights: own, bias } = grad;
-            let weights = match weights {
                 Some(v) => {
-                    Recycled::layers().give(own);
+                    Recycled::layers().give(weights);
                     v
                 }
-                None => own,
+                None => weights,
             };
             return only.stage_owned(layer, step, weights, bias);
         }
