@@ -85,13 +85,20 @@ async fn pods_of(pods: &Api<Pod>, job: &str, role: &str) -> Vec<Pod> {
     v
 }
 
-/// Plays the kubelet for every engine, SwarmX and input pod of `job`: waits until `count` engines exist, then
-/// marks all of them, the SwarmX pods and the input workers Running and Ready.
+/// Plays the kubelet for every engine, SwarmX and input pod of `job`: waits until `engines` engines and as many
+/// input workers (the test jobs' one per CS-2) exist, then marks all of them and the SwarmX pods Running and Ready.
 async fn start_pods(pods: &Api<Pod>, job: &str, engines: usize) {
-    let what = format!("{engines} engine pods of {job}");
+    // The operator creates the SwarmX nodes, then the engines, then the input workers (one per engine), one by
+    // one: waiting for the engines alone left input workers that were not created yet Pending, and the job short
+    // of Running.
+    let what = format!("{engines} engine pods and {engines} input workers of {job}");
     ok(
-        wait_for(WAIT, &what, || async { (pods_of(pods, job, "engine").await.len() == engines).then_some(()) }).await,
-        "engines",
+        wait_for(WAIT, &what, || async {
+            let all = pods_of(pods, job, "engine").await.len() == engines && pods_of(pods, job, "input").await.len() == engines;
+            all.then_some(())
+        })
+        .await,
+        "engines and input workers",
     );
     for role in ["engine", "swarmx", "input"] {
         for p in pods_of(pods, job, role).await {
