@@ -257,7 +257,7 @@ def main():
     ap.add_argument("--skip-1b", action="store_true", help="not the 1 B pair")
     ap.add_argument("--skip-100m", action="store_true", help="not the ~100M shape")
     ap.add_argument("--with-3b", action="store_true",
-                    help="also the 3 B example (about an hour; ~30 GiB of scratch disk, removed after)")
+                    help="also the 3 B example (15-60 min; ~40 GiB of scratch disk, removed after)")
     ap.add_argument("--out", type=Path, default=harness.BENCH)
     ap.add_argument("--from-json", type=Path, metavar="RESULTS_JSON", help="only write RESULTS-larger.md from it")
     a = ap.parse_args()
