@@ -230,10 +230,12 @@ async fn a_job_whose_engine_pod_is_killed_mid_run_still_finishes() {
     let (client, ns) = setup("kill").await;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let total = cluster::steps(DEFAULT_STEPS);
+    // Four times the default: on an AVX-512 machine one engine ran the default 500 steps in about a second, and
+    // the job ended between two of the operator's status writes, before the kill.
+    let total = cluster::steps(DEFAULT_STEPS) * 4;
     // One engine, so MemoryX drives it with no SwarmX node between (a tree's engines are killed in chaos.rs):
     // the coordinator itself must find the engine gone and carry on with its replacement.
-    create(&jobs, &sparse("victim", 1)).await;
+    create(&jobs, &job_from("fc-mnist-sparse.yaml", "victim", 1, total)).await;
     let step = wait_training(&client, &ns, "victim", total / 5).await;
     let old = ok(pods.get("victim-engine-0").await, "engine pod");
     ok(
@@ -306,8 +308,9 @@ async fn a_suspended_job_gives_its_cs2_back_and_resumes_from_its_checkpoint() {
     let (client, ns) = setup("suspend").await;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let total = cluster::steps(DEFAULT_STEPS);
-    create(&jobs, &sparse("pausable", 2)).await;
+    // Four times the default, so the job is still training when the suspension takes effect (see the kill test).
+    let total = cluster::steps(DEFAULT_STEPS) * 4;
+    create(&jobs, &job_from("fc-mnist-sparse.yaml", "pausable", 2, total)).await;
     wait_training(&client, &ns, "pausable", total / 4).await;
     let patch = serde_json::json!({ "spec": { "suspend": true } });
     ok(jobs.patch("pausable", &PatchParams::default(), &Patch::Merge(&patch)).await, "suspend");
