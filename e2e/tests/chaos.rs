@@ -336,7 +336,7 @@ fn pod_faults() -> Vec<Fault> {
 
 // Each job's steps leave two to three times what its faults take, so the job is still running at every fault,
 // and no more, since the tail after the last fault costs CI time (the undisturbed run computes beside the
-// faults). Measured: the weight-streaming job's last fault at step ~290; the pipelined job's at step 1,170 to
+// faults). Measured: the weight-streaming job's last fault at step ~290–355; the pipelined job's at step 1,170 to
 // ~1,700, since it trains on through the cluster's faults (~600 steps while the API server restarts) at ~100
 // steps a second. (It stepped at a fraction of that while an engine's metrics task waited on the engine's lock
 // for a whole step: its last fault came at step ~700 of 1,500, and with that fixed the job ended first.)
@@ -378,7 +378,7 @@ async fn a_job_that_loses_two_cs2s_goes_on_with_two_and_grows_back() {
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let name = "elastic";
     // At ~100 steps a second the CS-2s' loss took ~2,000 steps to act on (31 s) and their return ~800 (6 s): the
-    // job is on 4 again by step ~3,100, and 4,000 steps left too little room should either take longer.
+    // job was on 4 again by step ~3,100–3,400, which left 4,000 steps too little room should either take longer.
     let steps = 6_000;
     let mut j = job(name, steps, ExecutionMode::Pipelined, 10);
     j.spec.min_cs2 = Some(2);
