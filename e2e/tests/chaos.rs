@@ -336,10 +336,11 @@ fn pod_faults() -> Vec<Fault> {
 
 // Each job's steps leave two to three times what its faults take, so the job is still running at every fault,
 // and no more, since the tail after the last fault costs CI time (the undisturbed run computes beside the
-// faults). Measured: the weight-streaming job's last fault at step ~290–355; the pipelined job's at step 1,170 to
-// ~1,700, since it trains on through the cluster's faults (~600 steps while the API server restarts) at ~100
-// steps a second. (It stepped at a fraction of that while an engine's metrics task waited on the engine's lock
-// for a whole step: its last fault came at step ~700 of 1,500, and with that fixed the job ended first.)
+// faults). Measured: the weight-streaming job's last fault at step ~290–380 (of 720); the pipelined job's at
+// step 1,170 to ~1,700, since it trains on through the cluster's faults (~600 steps while the API server
+// restarts) at ~100 steps a second. (It stepped at a fraction of that while an engine's metrics task waited on
+// the engine's lock for a whole step: its last fault came at step ~700 of 1,500, and with that fixed the job
+// ended first.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_pipelined_every_role_killed_and_frozen_then_the_cluster_itself() {
     let mut faults = pod_faults();
@@ -349,7 +350,7 @@ async fn chaos_pipelined_every_role_killed_and_frozen_then_the_cluster_itself() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_weight_streaming_every_role_killed_and_frozen() {
-    matrix(ExecutionMode::WeightStreaming, &pod_faults(), 600).await;
+    matrix(ExecutionMode::WeightStreaming, &pod_faults(), 720).await;
 }
 
 /// The device plugin advertises `n` CS-2s on the node (the chart's value, rolled out).
