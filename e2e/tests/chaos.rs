@@ -262,19 +262,16 @@ async fn inject(client: &Client, ns: &str, name: &str, fault: Fault) -> Option<c
         }
         Fault::Drain => {
             let mine = ListParams::default().labels(&format!("weightstream.dev/job={name}"));
-            let evicted: Vec<(String, Option<String>)> = ok(pods.list(&mine).await, "the job's pods").items.iter().map(|p| (p.name_any(), p.uid())).collect();
-            for (p, _) in &evicted {
-                ok(pods.evict(p, &EvictParams::default()).await, &format!("evict {p}"));
+            let evicted = ok(pods.list(&mine).await, "the job's pods").items;
+            for p in &evicted {
+                ok(pods.evict(&p.name_any(), &EvictParams::default()).await, &format!("evict {}", p.name_any()));
             }
-            // The fault has struck once every evicted pod is gone or replaced: the steps counted after it are
-            // then the replacements' (the status went on counting the old pods' steps for a moment).
+            // The fault has struck once none of the evicted pods is listed any more (gone, or replaced under its
+            // name): the steps counted after it are then the replacements' (the status went on counting the old
+            // pods' steps for a moment).
             let replaced = wait_for(RECOVERY, "every evicted pod gone or replaced", || async {
-                for (name, uid) in &evicted {
-                    if pods.get_opt(name).await.ok()?.is_some_and(|p| p.uid() == *uid) {
-                        return None;
-                    }
-                }
-                Some(())
+                let now = pods.list(&mine).await.ok()?.items;
+                (!now.iter().any(|p| evicted.iter().any(|e| e.uid() == p.uid()))).then_some(())
             });
             ok(replaced.await, "the drain");
             None

@@ -79,6 +79,13 @@ fn job_from(file: &str, name: &str, cs2: u32, steps: u64) -> TrainingJob {
     j
 }
 
+/// Steps of a job that a test acts on mid-run (kills a pod of, suspends): four times the default, since on an
+/// AVX-512 machine one engine ran the default 500 in about a second and such a job ended between two of the
+/// operator's status writes, before the test could act.
+fn mid_run_steps() -> u64 {
+    cluster::steps(DEFAULT_STEPS) * 4
+}
+
 fn sparse(name: &str, cs2: u32) -> TrainingJob {
     job_from("fc-mnist-sparse.yaml", name, cs2, cluster::steps(DEFAULT_STEPS))
 }
@@ -230,9 +237,7 @@ async fn a_job_whose_engine_pod_is_killed_mid_run_still_finishes() {
     let (client, ns) = setup("kill").await;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    // Four times the default: on an AVX-512 machine one engine ran the default 500 steps in about a second, and
-    // the job ended between two of the operator's status writes, before the kill.
-    let total = cluster::steps(DEFAULT_STEPS) * 4;
+    let total = mid_run_steps();
     // One engine, so MemoryX drives it with no SwarmX node between (a tree's engines are killed in chaos.rs):
     // the coordinator itself must find the engine gone and carry on with its replacement.
     create(&jobs, &job_from("fc-mnist-sparse.yaml", "victim", 1, total)).await;
@@ -308,8 +313,7 @@ async fn a_suspended_job_gives_its_cs2_back_and_resumes_from_its_checkpoint() {
     let (client, ns) = setup("suspend").await;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    // Four times the default, so the job is still training when the suspension takes effect (see the kill test).
-    let total = cluster::steps(DEFAULT_STEPS) * 4;
+    let total = mid_run_steps();
     create(&jobs, &job_from("fc-mnist-sparse.yaml", "pausable", 2, total)).await;
     wait_training(&client, &ns, "pausable", total / 4).await;
     let patch = serde_json::json!({ "spec": { "suspend": true } });
