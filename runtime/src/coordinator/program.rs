@@ -220,11 +220,12 @@ fn remote_store(job: &Job, args: &MemoryxArgs, outputs: &Outputs, program: &Prog
     MemoryX::over(layout, &masking, lengths, servers, Some(local))
 }
 
-/// Keeps layer buffers for reuse ([`Recycled::layers`]) only in a MemoryX process without a memory budget, and
-/// there as many as a step holds at once: a staged gradient per layer, and a few layers in transit.
+/// Keeps layer buffers for reuse ([`Recycled::layers`]): in a MemoryX process under a memory budget only within
+/// what it has had in use at once, and in one without as many as a step holds at once: a staged gradient per
+/// layer, and a few layers in transit.
 fn keep_layers_within(spec: &crds::TrainingJobSpec) {
     if spec.memoryx.memory_bytes.is_some() {
-        Recycled::layers().keep_none();
+        Recycled::layers().keep_within_peak();
     } else {
         Recycled::layers().keep_up_to(plan::layout::ModelLayout::from_spec(&spec.model).linears.len() + LAYERS_IN_TRANSIT);
     }

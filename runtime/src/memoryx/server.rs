@@ -88,7 +88,9 @@ pub trait WeightServer: Send + Sync {
         Recycled::layers().give(weights);
         staged
     }
-    /// Runs the optimizer on every layer staged for `step`, in the order staged; refused unless every layer is.
+    /// Makes every gradient staged for `step` part of the state (refused unless every layer's is): each is
+    /// applied before its layer is next read, so the optimizer of a layer runs beside the engines' next forward
+    /// pass, when that layer is fetched, instead of all layers' in a pause between the steps.
     fn commit(&self, step: u64) -> Result<()>;
     /// Updates applied so far to every layer (all layers agree between steps).
     fn step(&self) -> Result<u64>;
@@ -114,6 +116,28 @@ struct Slot {
     /// `None` while the layer lives in the disk tier.
     tensors: Option<LayerTensors>,
     updates: u64,
+    /// A committed gradient of step `updates` not applied yet: applied the next time the layer is read
+    /// ([`LocalSlice::settle`]), which for a training run is its fetch for the next step's forward pass.
+    pending: Option<Pending>,
+}
+
+impl Slot {
+    fn new(tensors: Option<LayerTensors>) -> Slot {
+        Slot { tensors, updates: 0, pending: None }
+    }
+
+    /// The updates the layer has had once its committed gradient is applied.
+    fn committed(&self) -> u64 {
+        self.updates + u64::from(self.pending.is_some())
+    }
+}
+
+/// Where a committed, not yet applied gradient waits: beside a layer in memory, or in the disk tier's
+/// gradient file of a layer on disk.
+#[derive(Debug)]
+enum Pending {
+    InMemory(Vec<f32>, Vec<f32>),
+    OnDisk,
 }
 
 /// A weight server in this process.
@@ -337,9 +361,9 @@ impl LocalSlice {
             let slot = match &tier {
                 Some(t) if t.on_disk(l) => {
                     t.write(l, &tensors)?;
-                    Slot { tensors: None, updates: 0 }
+                    Slot::new(None)
                 }
-                _ => Slot { tensors: Some(tensors), updates: 0 },
+                _ => Slot::new(Some(tensors)),
             };
             layers.push(Mutex::new(slot));
         }
@@ -365,7 +389,7 @@ impl LocalSlice {
         let Recipe { optimizer, schedule, total_steps, seed, from: _ } = recipe;
         let baseline_rss = crate::process::rss_bytes();
         let layers = (0..lengths.len())
-            .map(|l| Mutex::new(Slot { tensors: Some(initial(layout, lengths, seed, slice, l)), updates: 0 }))
+            .map(|l| Mutex::new(Slot::new(Some(initial(layout, lengths, seed, slice, l)))))
             .collect();
         LocalSlice {
             slice,
@@ -417,13 +441,15 @@ impl LocalSlice {
     }
 
     /// Runs `f` on layer `layer`'s tensors, reading them from the disk tier (and writing them back when
-    /// `write`) if they live there.
+    /// `write`) if they live there, its committed gradient applied first.
     fn with_layer<T>(&self, layer: usize, write: bool, f: impl FnOnce(&mut Slot, &mut LayerTensors) -> Result<T>) -> Result<T> {
         self.with_layer_parts(layer, write, true, f)
     }
 
     /// [`LocalSlice::with_layer`], reading only the weights and bias from the disk tier unless `all` (they are all
-    /// a stream needs; the moments stay on disk).
+    /// a stream needs; the moments stay on disk). A layer on disk with a committed gradient is read whole,
+    /// updated and written back once, and what `f` reads (the next forward pass's weights) comes from that
+    /// read, not a second one.
     fn with_layer_parts<T>(
         &self,
         layer: usize,
@@ -433,18 +459,62 @@ impl LocalSlice {
     ) -> Result<T> {
         let mut slot = self.lock(layer)?;
         if let Some(mut t) = slot.tensors.take() {
-            let out = f(&mut slot, &mut t);
+            let out = self.settle(layer, &mut slot, &mut t).and_then(|()| f(&mut slot, &mut t));
             slot.tensors = Some(t);
             return out;
         }
         let tier = self.tier.as_ref().ok_or_else(|| Error::Protocol(format!("layer {layer} has no tensors")))?;
-        let mut t = tier.read(layer, all || write)?;
+        let settling = slot.pending.is_some();
+        let mut t = tier.read(layer, all || write || settling)?;
+        self.settle(layer, &mut slot, &mut t)?;
         let out = f(&mut slot, &mut t)?;
-        if write {
+        if write || settling {
             tier.write(layer, &t)?;
         }
         tier.recycle(t);
         Ok(out)
+    }
+
+    /// Applies layer `layer`'s committed gradient, if it has one, to its tensors `t` (all six, read whole).
+    /// Taken out first: a gradient that fails to apply (its file unreadable) is not applied twice, and the
+    /// layer stays at its step, which the coordinator's next call then refuses.
+    fn settle(&self, layer: usize, slot: &mut Slot, t: &mut LayerTensors) -> Result<()> {
+        match slot.pending.take() {
+            None => Ok(()),
+            Some(Pending::InMemory(w, b)) => {
+                let applied = self.apply_grad(layer, slot.updates, slot, t, &w, &b);
+                Recycled::layers().give(w);
+                applied
+            }
+            Some(Pending::OnDisk) => {
+                let tier = self.tier.as_ref().ok_or_else(|| Error::Protocol(format!("layer {layer}'s gradient is in no disk tier")))?;
+                let (w, b) = tier.read_grad(layer)?;
+                let applied = self.apply_grad(layer, slot.updates, slot, t, &w, &b);
+                tier.recycle([w, b]);
+                applied
+            }
+        }
+    }
+
+    /// Runs the optimizer on layer `layer`'s tensors `t` with its gradient of step `step`, which must be the
+    /// next one the layer expects.
+    fn apply_grad(&self, layer: usize, step: u64, slot: &mut Slot, t: &mut LayerTensors, weights: &[f32], bias: &[f32]) -> Result<()> {
+        if step != slot.updates {
+            return Err(Error::Protocol(format!(
+                "{}: gradient of step {step} for layer {layer} refused: the layer expects step {}",
+                self.slice, slot.updates
+            )));
+        }
+        let lr = optim::learning_rate(&self.optimizer, &self.schedule, step, self.total_steps);
+        let tt = slot.updates + 1;
+        let [w, b, wm, wv, bm, bv] = t;
+        let mut wopt = OptState { m: std::mem::take(wm), v: std::mem::take(wv) };
+        let mut bopt = OptState { m: std::mem::take(bm), v: std::mem::take(bv) };
+        optim::update(&self.optimizer, w, weights, &mut wopt, lr, tt, true);
+        optim::update(&self.optimizer, b, bias, &mut bopt, lr, tt, false);
+        (*wm, *wv, *bm, *bv) = (wopt.m, wopt.v, bopt.m, bopt.v);
+        slot.updates += 1;
+        Ok(())
     }
 
     /// Bytes of state this server keeps in memory (its resident layers), and on disk.
@@ -468,10 +538,14 @@ impl LocalSlice {
     /// Returns `None` (and does not call `f`) when it lives on disk.
     pub fn lend<T>(&self, layer: usize, f: impl FnOnce(&mut Vec<f32>, &mut Vec<f32>) -> T) -> Result<Option<T>> {
         let mut slot = self.lock(layer)?;
-        Ok(slot.tensors.as_mut().map(|t| {
-            let [w, b, ..] = t;
+        let Some(mut t) = slot.tensors.take() else { return Ok(None) };
+        let settled = self.settle(layer, &mut slot, &mut t);
+        let out = settled.map(|()| {
+            let [w, b, ..] = &mut t;
             f(w, b)
-        }))
+        });
+        slot.tensors = Some(t);
+        out.map(Some)
     }
 
     /// Holds a gradient slice of `step` until the commit: a layer in memory's as given, or a copy of one lent; a
@@ -480,6 +554,11 @@ impl LocalSlice {
         let (weights, bias) = grad.parts();
         self.check_grad_slice(layer, weights, bias)?;
         let on_disk = self.tier.as_ref().filter(|t| t.on_disk(layer));
+        if on_disk.is_some() && self.lock(layer)?.pending.is_some() {
+            // The layer's committed gradient waits in the file this one is about to take: applied first. (The
+            // coordinator reads every layer between two steps' gradients, so this is a guard, not a path.)
+            self.with_layer(layer, true, |_, _| Ok(()))?;
+        }
         let mut staged = self.staged.lock().map_err(|_| Error::Protocol("the staged gradients were poisoned".into()))?;
         if staged.step != step {
             *staged = Staged { step, layers: Vec::new() };
@@ -561,24 +640,7 @@ impl WeightServer for LocalSlice {
 
     fn update(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
         self.check_grad_slice(layer, weights, bias)?;
-        let lr = optim::learning_rate(&self.optimizer, &self.schedule, step, self.total_steps);
-        self.with_layer(layer, true, |slot, t| {
-            if step != slot.updates {
-                return Err(Error::Protocol(format!(
-                    "{}: gradient of step {step} for layer {layer} refused: the layer expects step {}",
-                    self.slice, slot.updates
-                )));
-            }
-            let tt = slot.updates + 1;
-            let [w, b, wm, wv, bm, bv] = t;
-            let mut wopt = OptState { m: std::mem::take(wm), v: std::mem::take(wv) };
-            let mut bopt = OptState { m: std::mem::take(bm), v: std::mem::take(bv) };
-            optim::update(&self.optimizer, w, weights, &mut wopt, lr, tt, true);
-            optim::update(&self.optimizer, b, bias, &mut bopt, lr, tt, false);
-            (*wm, *wv, *bm, *bv) = (wopt.m, wopt.v, bopt.m, bopt.v);
-            slot.updates += 1;
-            Ok(())
-        })
+        self.with_layer(layer, true, |slot, t| self.apply_grad(layer, step, slot, t, weights, bias))
     }
 
     fn stage(&self, layer: usize, step: u64, weights: &[f32], bias: &[f32]) -> Result<()> {
@@ -599,25 +661,33 @@ impl WeightServer for LocalSlice {
                 self.layers.len()
             )));
         }
-        for (layer, values) in staged.layers {
-            match values {
-                Some((w, b)) => {
-                    self.update(layer, step, &w, &b)?;
-                    Recycled::layers().give(w);
-                }
-                None => {
-                    let tier = self.tier.as_ref().ok_or_else(|| Error::Protocol(format!("layer {layer}'s gradient is in no disk tier")))?;
-                    let (w, b) = tier.read_grad(layer)?;
-                    self.update(layer, step, &w, &b)?;
-                    tier.recycle([w, b]);
-                }
+        // Every layer must be at `step` (counting a committed gradient not applied yet) before any is touched:
+        // a refused commit changes nothing.
+        for (layer, _) in &staged.layers {
+            let slot = self.lock(*layer)?;
+            if slot.committed() != step {
+                return Err(Error::Protocol(format!(
+                    "{}: step {step} cannot be applied: layer {layer} has had {} updates",
+                    self.slice,
+                    slot.committed()
+                )));
             }
+        }
+        for (layer, values) in staged.layers {
+            if self.lock(layer)?.pending.is_some() {
+                // The previous step's gradient of a layer not read since (a guard: every step reads every layer).
+                self.with_layer(layer, true, |_, _| Ok(()))?;
+            }
+            self.lock(layer)?.pending = Some(match values {
+                Some((w, b)) => Pending::InMemory(w, b),
+                None => Pending::OnDisk,
+            });
         }
         Ok(())
     }
 
     fn step(&self) -> Result<u64> {
-        Ok(self.lock(0).map(|s| s.updates).unwrap_or(0))
+        Ok(self.lock(0).map(|s| s.committed()).unwrap_or(0))
     }
 
     fn tensors(&self, layer: usize) -> Result<(u64, LayerTensors)> {
@@ -639,6 +709,10 @@ impl WeightServer for LocalSlice {
             Some(tier) if slot.tensors.is_none() => tier.write(layer, &tensors)?,
             _ => slot.tensors = Some(tensors),
         }
+        // A committed gradient not yet applied belonged to the state these tensors replace.
+        if let Some(Pending::InMemory(w, _)) = slot.pending.take() {
+            Recycled::layers().give(w);
+        }
         slot.updates = step;
         Ok(())
     }
@@ -657,5 +731,86 @@ impl WeightServer for LocalSlice {
             baseline_rss_bytes: self.baseline_rss,
             peak_rss_bytes: crate::process::peak_rss_bytes(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crds::{Activation, OptimizerKind};
+    use plan::layout::{Arch, LinearShape};
+
+    /// Four layers; with a disk tier, a budget that keeps the first in memory and the others on disk.
+    fn slice(tier_dir: Option<PathBuf>) -> LocalSlice {
+        let layout = ModelLayout {
+            linears: vec![LinearShape::new(8, 16, false), LinearShape::new(16, 16, false), LinearShape::new(16, 32, false), LinearShape::new(32, 10, false)],
+            arch: Arch::Mlp,
+            activation: Activation::Relu,
+            sparsity: 0.0,
+        };
+        let optimizer = OptimizerSpec { kind: OptimizerKind::Adamw, learning_rate: 0.01, weight_decay: 0.01, momentum: 0.9, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
+        let recipe = Recipe { optimizer: optimizer.clone(), schedule: ScheduleSpec::default(), total_steps: 10, seed: 3, from: None };
+        let lengths = layer_lengths(&layout, &optimizer, &Masking::of(&recipe));
+        let storage = Storage { memory_bytes: tier_dir.as_ref().map(|_| 20_000), tier_dir };
+        LocalSlice::new(&layout, &lengths, recipe, SliceId { index: 0, count: 1 }, storage).unwrap()
+    }
+
+    fn grad(s: &LocalSlice, l: usize, step: u64) -> (Vec<f32>, Vec<f32>) {
+        let [w, b, ..] = s.lengths[l];
+        let v = |n: usize, k: u64| (0..n).map(|i| ((i as u64 * 31 + k * 7 + step * 13) % 17) as f32 / 17.0 - 0.5).collect::<Vec<_>>();
+        (v(w, 1), v(b, 2))
+    }
+
+    /// A committed step's gradients are applied when each layer is next read, in memory and on disk alike:
+    /// what is read (a fetch, a checkpoint's tensors) equals a server that applied each gradient at once, to the
+    /// last bit; the server counts the step as applied from the commit on; a commit short of a layer changes
+    /// nothing; and state put in its place drops a gradient not applied yet.
+    #[test]
+    fn a_committed_step_is_applied_as_each_layer_is_next_read() {
+        let dir = std::env::temp_dir().join(format!("ws-commit-{}", std::process::id()));
+        let (lazy, eager) = (slice(Some(dir.clone())), slice(None));
+        assert_eq!((0..4).map(|l| lazy.resident(l)).collect::<Vec<_>>(), [true, false, false, false], "in memory and on disk");
+        let layers = lazy.lengths.len();
+        for step in 0..2 {
+            for l in (0..layers).rev() {
+                let (w, b) = grad(&lazy, l, step);
+                lazy.stage(l, step, &w, &b).unwrap();
+                eager.update(l, step, &w, &b).unwrap();
+            }
+            if step == 0 {
+                let refused = slice(None);
+                let (w, b) = grad(&refused, 1, 0);
+                refused.stage(1, 0, &w, &b).unwrap();
+                assert!(refused.commit(0).unwrap_err().to_string().contains("1 of its 4 layers"));
+                assert_eq!((refused.step().unwrap(), refused.tensors(1).unwrap().1), (0, slice(None).tensors(1).unwrap().1), "unchanged");
+            }
+            lazy.commit(step).unwrap();
+            assert_eq!(lazy.step().unwrap(), step + 1, "counted from the commit");
+            // Step 0's gradients are applied by the fetches of step 1's forward pass; step 1's by the
+            // checkpoint's reads.
+            for l in 0..layers {
+                if step == 0 {
+                    assert_eq!(lazy.fetch(l, step + 1).unwrap(), eager.fetch(l, step + 1).unwrap(), "layer {l} fetched");
+                } else {
+                    assert_eq!(lazy.tensors(l).unwrap(), eager.tensors(l).unwrap(), "layer {l}'s tensors");
+                }
+            }
+        }
+        // A commit then a put: the gradient not applied yet goes with the state the put replaces.
+        for l in (0..layers).rev() {
+            let (w, b) = grad(&lazy, l, 2);
+            lazy.stage(l, 2, &w, &b).unwrap();
+        }
+        lazy.commit(2).unwrap();
+        for l in 0..layers {
+            let (step, tensors) = eager.tensors(l).unwrap();
+            lazy.put(l, step, tensors).unwrap();
+        }
+        assert_eq!(lazy.step().unwrap(), 2);
+        for l in 0..layers {
+            assert_eq!(lazy.tensors(l).unwrap(), eager.tensors(l).unwrap(), "layer {l} as put");
+        }
+        drop(lazy);
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

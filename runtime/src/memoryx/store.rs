@@ -39,7 +39,8 @@ pub trait WeightStore: Sync {
     /// with the rest of the step's by [`WeightStore::commit`]: nothing changes until then, so a step that fails
     /// midway leaves the state as it was, yet no one holds a whole step's gradients at once.
     fn stage(&self, grad: LayerGrad, step: u64) -> Result<()>;
-    /// Applies every gradient staged for step `step` (one per layer, refused otherwise).
+    /// Makes every gradient staged for step `step` part of the state (one per layer, refused otherwise); each
+    /// server applies a layer's when the layer is next read, beside the next step's forward pass.
     fn commit(&self, step: u64) -> Result<()>;
     /// The whole state (weights and optimizer moments) and its step, as a checkpoint file's bytes: what
     /// pipelined engines are primed with.

@@ -1,9 +1,10 @@
 //! The disk tier of a weight server: the layers that do not fit its memory budget live in files on its volume,
 //! one per layer, and are read when the stream reaches them and written back after their update. The order
-//! layers are used in is known — forward 0..L, backward L..0, then the updates L..0 — so each read also starts
-//! reading the next layer in that order on a helper thread, while the engines compute (or the optimizer
-//! updates) the current one. At most two layers are out of their files at once — the one in use and the one
-//! read ahead — which is what [`TierLayout`] reserves in the budget.
+//! layers are used in is known — forward 0..L, each read whole, updated with the last step's committed gradient
+//! and written back, then backward L..0, weights and bias only — so each read also starts reading the next layer
+//! in that order on a helper thread, while the engines compute the current one. At most two layers are out of
+//! their files at once — the one in use and the one read ahead — which is what [`TierLayout`] reserves in the
+//! budget.
 //!
 //! Layers are read into the buffers of layers already used (a [`Recycled`] of the tier's): a fresh buffer costs
 //! a page fault per page, which on a machine whose freed memory goes back to its host is several times the read
@@ -236,21 +237,21 @@ impl Tier {
         Ok(())
     }
 
-    /// The layer expected after `l` (read whole when `all`), from the direction of travel, and whether all its
-    /// tensors will be wanted: on up the forward pass (weights and bias only); down the backward pass (weights
-    /// and bias only, as `l` was) and the updates (everything, as `l` was); and from the bottom back to the top
-    /// (the updates follow the backward pass). Reading the moments ahead in the backward pass, which does not
-    /// use them, was a quarter of the tier's reads.
+    /// The on-disk layer expected after `l` (read whole when `all`), from the direction of travel, and whether
+    /// all its tensors will be wanted (as for `l`): up the forward pass, where each layer is read whole to apply
+    /// its committed gradient (weights and bias only when there is none, as in evaluation), and down the
+    /// backward pass (weights and bias only). At a turn, where a layer is read twice, a whole read goes up (the
+    /// forward pass after the backward one) and a part one down. Reading the moments ahead in the backward pass,
+    /// which does not use them, was a quarter of the tier's reads.
     fn next_after(&self, l: usize, all: bool) -> Option<(usize, bool)> {
         let n = self.lengths.len();
-        let mut last = self.last.lock().ok()?;
-        let prev = last.replace(l);
-        let (next, all) = match prev {
-            Some(p) if p < l => (l + 1, false),
-            _ if l == 0 => (n - 1, true),
-            _ => (l - 1, all),
+        let prev = self.last.lock().ok()?.replace(l);
+        let up = match prev {
+            Some(p) if p != l => p < l,
+            _ => all,
         };
-        (next < n && next != l && self.on_disk(next)).then_some((next, all))
+        let next = if up { (l + 1..n).find(|&k| self.on_disk(k)) } else { (0..l).rev().find(|&k| self.on_disk(k)) };
+        next.map(|k| (k, all))
     }
 
     /// Starts reading layer `l` (all its tensors, or with `all` false its weights and bias) on a helper thread,
@@ -395,25 +396,45 @@ mod tests {
     #[test]
     fn a_layer_written_is_read_back_and_read_ahead_in_stream_order() {
         let dir = std::env::temp_dir().join(format!("ws-tier-{}", std::process::id()));
-        let lengths = vec![[3, 1, 3, 3, 1, 1]; 4];
-        let tier = Tier::create(dir.clone(), &lengths, TierLayout { on_disk: vec![true; 4], window: 0 }).unwrap();
-        for l in 0..4 {
+        let lengths = vec![[3, 1, 3, 3, 1, 1]; 5];
+        // Layer 1 stays in memory: read-ahead passes over it.
+        let on_disk = vec![true, false, true, true, true];
+        let tier = Tier::create(dir.clone(), &lengths, TierLayout { on_disk, window: 0 }).unwrap();
+        for l in [0, 2, 3, 4] {
             let v = |k: usize, n: usize| (0..n).map(|i| (100 * l + 10 * k + i) as f32).collect::<Vec<_>>();
             let t: LayerTensors = std::array::from_fn(|k| v(k, lengths[l][k]));
             tier.write(l, &t).unwrap();
         }
-        let first = tier.read(0, false).unwrap();
-        assert_eq!((first[0].clone(), first[2].len()), (vec![0.0, 1.0, 2.0], 0), "weights and bias only");
-        // Going up: layer 1 is read ahead and handed over whole.
-        let second = tier.read(1, true).unwrap();
-        assert_eq!(second[3], vec![130.0, 131.0, 132.0]);
-        let (read, _) = tier.traffic();
+        let ahead = |tier: &Tier| tier.ahead.0.lock().unwrap().layer;
+        // Up the forward pass, each layer read whole (its committed gradient applied): the next on disk is read
+        // ahead whole, and handed over.
+        let first = tier.read(0, true).unwrap();
+        assert_eq!((first[0].clone(), first[3].clone()), (vec![0.0, 1.0, 2.0], vec![30.0, 31.0, 32.0]));
+        assert_eq!(ahead(&tier), Some((2, true)), "the next layer on disk, whole");
+        let second = tier.read(2, true).unwrap();
+        assert_eq!(second[3], vec![230.0, 231.0, 232.0]);
+        assert_eq!(ahead(&tier), Some((3, true)));
+        tier.read(3, true).unwrap();
+        tier.read(4, true).unwrap();
+        assert_eq!(ahead(&tier), None, "nothing above the top");
+        // The turn at the top, then down the backward pass: weights and bias only.
+        let top = tier.read(4, false).unwrap();
+        assert_eq!((top[0].clone(), top[2].len()), (vec![400.0, 401.0, 402.0], 0), "weights and bias only");
+        assert_eq!(ahead(&tier), Some((3, false)));
+        tier.read(3, false).unwrap();
+        tier.read(2, false).unwrap();
+        assert_eq!(ahead(&tier), Some((0, false)), "past the layer in memory");
+        tier.read(0, false).unwrap();
+        assert_eq!(ahead(&tier), None, "nothing below the bottom");
+        // The turn at the bottom: the next step's forward pass goes up again, whole.
+        tier.read(0, true).unwrap();
+        assert_eq!(ahead(&tier), Some((2, true)));
         tier.read(2, true).unwrap();
-        assert!(tier.traffic().0 > read);
+
         // Buffers handed back are filled by the next reads, with that layer's values.
         tier.recycle(second);
-        let again = tier.read(1, true).unwrap();
-        assert_eq!((again[0].clone(), again[3].clone()), (vec![100.0, 101.0, 102.0], vec![130.0, 131.0, 132.0]));
+        let again = tier.read(2, true).unwrap();
+        assert_eq!((again[0].clone(), again[3].clone()), (vec![200.0, 201.0, 202.0], vec![230.0, 231.0, 232.0]));
 
         // A write drops a stale read-ahead: the value read is the one written.
         let mut t = tier.read(3, true).unwrap();

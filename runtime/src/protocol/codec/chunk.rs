@@ -31,12 +31,36 @@ pub(super) const MAX_RESERVE: u64 = 64 << 20;
 /// are kept, so what a receiver holds beyond its layers in flight is a few of the plan's layers.
 #[derive(Debug)]
 pub struct Recycled {
-    buffers: std::sync::Mutex<Vec<Vec<f32>>>,
+    pool: std::sync::Mutex<Pool>,
     /// Buffers of fewer values are not kept: they come from the allocator's heap, already mapped.
     least: usize,
-    /// Buffers it keeps at most: [`Recycled::KEEP`], none in a process under a memory budget
-    /// ([`Recycled::keep_none`]), a step's worth in a MemoryX process without one ([`Recycled::keep_up_to`]).
-    keep: std::sync::atomic::AtomicUsize,
+}
+
+/// What a [`Recycled`] keeps, and the values of its size lent out.
+#[derive(Debug)]
+struct Pool {
+    kept: Vec<Vec<f32>>,
+    keep: Keep,
+    /// Values of the buffers taken from the pool (or made by it) and not given back yet.
+    out: usize,
+    /// The most `out` has been: what the holder had in use at once.
+    peak: usize,
+}
+
+/// How many buffers a [`Recycled`] keeps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Keep {
+    /// At most this many.
+    Count(usize),
+    /// As many as fit beside those lent out within the most ever lent out at once
+    /// ([`Recycled::keep_within_peak`]).
+    WithinPeak,
+}
+
+impl Pool {
+    fn kept_values(&self) -> usize {
+        self.kept.iter().map(Vec::capacity).sum()
+    }
 }
 
 impl Default for Recycled {
@@ -63,16 +87,23 @@ impl Recycled {
 
     /// A pool that keeps buffers of at least `least` values.
     const fn keeping_from(least: usize) -> Self {
-        Recycled { buffers: std::sync::Mutex::new(Vec::new()), least, keep: std::sync::atomic::AtomicUsize::new(Self::KEEP) }
+        let pool = Pool { kept: Vec::new(), keep: Keep::Count(Self::KEEP), out: 0, peak: 0 };
+        Recycled { pool: std::sync::Mutex::new(pool), least }
     }
 
-    /// Keeps no buffer from now on, and frees those kept: for a process under a memory budget, whose allowance
-    /// has room for the layers in transit but not for buffers kept beside them. The 1 B example's coordinator
-    /// (4 servers, a quarter in memory) peaked at 1.15 GiB keeping its gathered layers and gradients, against
-    /// 0.95 GiB of budget plus allowance; it peaked at 0.92 GiB mapping them fresh.
-    pub fn keep_none(&self) {
-        self.keep.store(0, std::sync::atomic::Ordering::Relaxed);
-        self.clear();
+    /// Keeps buffers only within the most this pool has had lent out at once: for a process under a memory
+    /// budget, whose allowance has room for the layers in transit but not for buffers kept beside them. What it
+    /// keeps and what is out never add up to more than that peak, so keeping does not raise the process's
+    /// peak; a buffer too small for what is asked makes room for the fresh one by being freed. The 1 B
+    /// example's coordinator (4 servers, a quarter in memory) peaked at 1.15 GiB keeping a fixed count of its
+    /// gathered layers and gradients, against 0.95 GiB of budget plus allowance; mapping them all fresh
+    /// instead, a 3 B-shaped run's coordinator spent a twelfth of the machine zeroing fresh pages.
+    pub fn keep_within_peak(&self) {
+        if let Ok(mut pool) = self.pool.lock() {
+            pool.keep = Keep::WithinPeak;
+            let room = pool.peak.saturating_sub(pool.out);
+            Self::trim(&mut pool, room);
+        }
     }
 
     /// Keeps up to `buffers` (never fewer than [`Recycled::KEEP`]): for a MemoryX process without a memory
@@ -81,7 +112,9 @@ impl Recycled {
     /// spent over a quarter of its CPU zeroing those pages. What it keeps between steps is what it held at the
     /// step's peak, so its peak does not grow.
     pub fn keep_up_to(&self, buffers: usize) {
-        self.keep.store(buffers.max(Self::KEEP), std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut pool) = self.pool.lock() {
+            pool.keep = Keep::Count(buffers.max(Self::KEEP));
+        }
     }
 
     /// The pool of MemoryX's processes, for the buffers that carry a layer through them: the layers the
@@ -90,8 +123,8 @@ impl Recycled {
     /// freed in another (a chunk that went out on the wire, a gradient the optimizer has applied), so one pool
     /// per process serves them all. A weight server maps every buffer of a huge page or more fresh
     /// (`process::tighten_allocator`), and those are what it keeps; the 1 B example's MemoryX spent ~30% of its
-    /// CPU zeroing such fresh pages. It keeps [`Recycled::KEEP`] of them, and none in a process under a memory
-    /// budget ([`Recycled::keep_none`]).
+    /// CPU zeroing such fresh pages. It keeps [`Recycled::KEEP`] of them, and in a process under a memory budget
+    /// only what fits its peak ([`Recycled::keep_within_peak`]).
     pub fn layers() -> &'static Recycled {
         static LAYERS: Recycled = Recycled::keeping_from(Recycled::LAYER_SIZED);
         &LAYERS
@@ -117,14 +150,39 @@ impl Recycled {
         }
     }
 
-    /// The smallest kept buffer with room for `capacity` values, taken out of the pool.
+    /// The smallest kept buffer with room for `capacity` values, taken out of the pool; `None` when the caller
+    /// is to make a new one, which is then counted as lent out (room for it made first under
+    /// [`Keep::WithinPeak`]).
     fn kept(&self, capacity: usize) -> Option<Vec<f32>> {
         if capacity < self.least {
             return None;
         }
-        let mut kept = self.buffers.lock().ok()?;
-        let fits = kept.iter().enumerate().filter(|(_, b)| b.capacity() >= capacity).min_by_key(|(_, b)| b.capacity());
-        fits.map(|(i, _)| i).map(|i| kept.swap_remove(i))
+        let mut pool = self.pool.lock().ok()?;
+        let fits = pool.kept.iter().enumerate().filter(|(_, b)| b.capacity() >= capacity).min_by_key(|(_, b)| b.capacity());
+        match fits.map(|(i, _)| i) {
+            Some(i) => {
+                let buffer = pool.kept.swap_remove(i);
+                pool.out += buffer.capacity();
+                Some(buffer)
+            }
+            None => {
+                pool.out += capacity;
+                pool.peak = pool.peak.max(pool.out);
+                if pool.keep == Keep::WithinPeak {
+                    let room = pool.peak - pool.out;
+                    Self::trim(&mut pool, room);
+                }
+                None
+            }
+        }
+    }
+
+    /// Frees the smallest kept buffers until those left hold at most `room` values.
+    fn trim(pool: &mut Pool, room: usize) {
+        while pool.kept_values() > room {
+            let Some(i) = pool.kept.iter().enumerate().min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i) else { break };
+            pool.kept.swap_remove(i);
+        }
     }
 
     /// A copy of `values` in a buffer from this pool.
@@ -143,23 +201,34 @@ impl Recycled {
     /// Frees every kept buffer: for a holder whose budget has room for them only until its next buffers are
     /// taken.
     pub fn clear(&self) {
-        if let Ok(mut kept) = self.buffers.lock() {
-            kept.clear();
+        if let Ok(mut pool) = self.pool.lock() {
+            pool.kept.clear();
         }
     }
 
-    /// Keeps `buffer` (emptied) for a later [`Recycled::take`]; when full, the smallest kept ones make room.
+    /// Keeps `buffer` (emptied) for a later [`Recycled::take`]; when full, the smallest kept ones make room
+    /// (under [`Keep::WithinPeak`], it is kept only if it fits beside those kept and lent out).
     pub fn give(&self, mut buffer: Vec<f32>) {
-        let keep = self.keep.load(std::sync::atomic::Ordering::Relaxed);
-        if buffer.capacity() == 0 || buffer.capacity() < self.least || keep == 0 {
+        if buffer.capacity() == 0 || buffer.capacity() < self.least {
             return;
         }
         buffer.clear();
-        let Ok(mut kept) = self.buffers.lock() else { return };
-        kept.push(buffer);
-        while kept.len() > keep {
-            let Some(i) = kept.iter().enumerate().min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i) else { break };
-            kept.swap_remove(i);
+        let Ok(mut pool) = self.pool.lock() else { return };
+        pool.out = pool.out.saturating_sub(buffer.capacity());
+        match pool.keep {
+            Keep::Count(0) => {}
+            Keep::Count(keep) => {
+                pool.kept.push(buffer);
+                while pool.kept.len() > keep {
+                    let Some(i) = pool.kept.iter().enumerate().min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i) else { break };
+                    pool.kept.swap_remove(i);
+                }
+            }
+            Keep::WithinPeak => {
+                if pool.kept_values() + pool.out + buffer.capacity() <= pool.peak {
+                    pool.kept.push(buffer);
+                }
+            }
         }
     }
 }
@@ -206,7 +275,7 @@ mod tests {
     use super::*;
 
     fn kept(pool: &Recycled) -> usize {
-        pool.buffers.lock().map(|b| b.len()).unwrap_or(usize::MAX)
+        pool.pool.lock().map(|p| p.kept.len()).unwrap_or(usize::MAX)
     }
 
     /// A buffer lent to message bytes comes back to its pool when the last piece cut from it is dropped, not
@@ -251,9 +320,47 @@ mod tests {
         pool.keep_up_to(1);
         pool.give(Vec::with_capacity(50_000));
         assert_eq!(kept(&pool), Recycled::KEEP, "never fewer than KEEP");
-        pool.keep_none();
-        assert_eq!(kept(&pool), 0, "freed");
-        pool.give(Vec::with_capacity(10_000));
-        assert_eq!(kept(&pool), 0, "none kept after keep_none");
+    }
+
+    /// Under a budget a pool keeps buffers only within the most it ever had lent out at once: a buffer given
+    /// back is kept while it and those out fit that peak, is handed out again, and one too small for what is
+    /// asked is freed to make room for the fresh one, so what is kept and out never passes the peak.
+    #[test]
+    fn a_pool_within_its_peak_never_holds_more_than_was_once_in_use() {
+        let pool = Recycled::keeping_from(1_000);
+        pool.keep_within_peak();
+        let held = |pool: &Recycled| pool.pool.lock().map(|p| (p.kept_values() + p.out, p.peak)).unwrap();
+        // Two layers in use at once, then given back: both kept (they are the peak).
+        let (a, b) = (pool.take(4_000), pool.take(3_000));
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        pool.give(a);
+        pool.give(b);
+        assert_eq!(kept(&pool), 2);
+        assert_eq!(held(&pool), (7_000, 7_000));
+        // Reused, the smallest that fits: no new buffer.
+        let c = pool.take(2_500);
+        assert_eq!(c.as_ptr(), pb, "the 3,000 one");
+        let d = pool.zeroed(3_500);
+        assert!(d.as_ptr() == pa && d.len() == 3_500 && d.iter().all(|&x| x == 0.0), "the 4,000 one, zeroed");
+        pool.give(c);
+        pool.give(d);
+        // Asked for more than any kept holds: the kept are freed to make room, and the peak is what is out.
+        let e = pool.take(6_000);
+        assert_eq!(kept(&pool), 0, "both freed: 6,000 out beside either kept one would pass the peak of 7,000");
+        assert_eq!(held(&pool), (6_000, 7_000));
+        let f = pool.take(5_000);
+        assert_eq!(held(&pool), (11_000, 11_000), "both out: the peak grew by what is out, nothing kept");
+        pool.give(e);
+        pool.give(f);
+        assert_eq!(held(&pool), (11_000, 11_000), "both kept within the peak");
+        // A buffer made elsewhere and given back beyond the room is not kept.
+        pool.give(Vec::with_capacity(2_000));
+        assert_eq!(held(&pool), (11_000, 11_000));
+        // A count-limited pool that is told to keep within its peak frees what is beyond it.
+        let counted = Recycled::keeping_from(1_000);
+        counted.give(Vec::with_capacity(5_000));
+        assert_eq!(kept(&counted), 1);
+        counted.keep_within_peak();
+        assert_eq!(kept(&counted), 0, "nothing was ever lent out, so nothing fits");
     }
 }
