@@ -86,7 +86,7 @@ pub struct Tier {
     layout: TierLayout,
     lengths: Vec<LayerLengths>,
     files: Vec<Option<Arc<File>>>,
-    /// Per on-disk layer, the file its staged gradient waits in until the step is committed.
+    /// Per on-disk layer, the file its staged gradient waits in until it is applied (after the step's commit).
     grads: Vec<Option<File>>,
     ahead: Arc<(Mutex<Ahead>, Condvar)>,
     /// The last layer used, to tell the direction of travel.
@@ -177,7 +177,7 @@ impl Tier {
         tensors
     }
 
-    /// Keeps layer `l`'s staged gradient (weights and bias) in its file until the step is committed.
+    /// Keeps layer `l`'s staged gradient (weights and bias) in its file until it is applied.
     pub fn write_grad(&self, l: usize, weights: &[f32], bias: &[f32]) -> Result<()> {
         let file = self.grads.get(l).and_then(Option::as_ref).ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
         let w: &[u8] = bytemuck::cast_slice(weights);

@@ -28,7 +28,8 @@ pub(super) const MAX_RESERVE: u64 = 64 << 20;
 /// Value buffers of layers a receiver (or a weight server's disk tier) has finished with, kept for the next layer
 /// it assembles (or reads). A fresh buffer of a large layer is a fresh mapping whose every page faults on first
 /// touch (for a 64 MiB layer, about as long as the copy into it); a kept one is warm. At most [`Recycled::KEEP`]
-/// are kept, so what a receiver holds beyond its layers in flight is a few of the plan's layers.
+/// are kept, so what a receiver holds beyond its layers in flight is a few of the plan's layers (a MemoryX
+/// process keeps more: [`Recycled::keep_up_to`], [`Recycled::keep_within_peak`]).
 #[derive(Debug)]
 pub struct Recycled {
     pool: std::sync::Mutex<Pool>,
@@ -107,7 +108,8 @@ impl Recycled {
     }
 
     /// Keeps up to `buffers` (never fewer than [`Recycled::KEEP`]): for a MemoryX process without a memory
-    /// budget, which holds a step's staged gradients until the step commits and then receives the next step's.
+    /// budget, which holds a step's staged gradients until each is applied (its layer's fetch for the next
+    /// step's forward pass) and then receives the next step's.
     /// Keeping only a few, it mapped every other gradient fresh each step: a streamed ~100M GPT's coordinator
     /// spent over a quarter of its CPU zeroing those pages. What it keeps between steps is what it held at the
     /// step's peak, so its peak does not grow.
