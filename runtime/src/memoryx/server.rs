@@ -92,7 +92,8 @@ pub trait WeightServer: Send + Sync {
     /// applied before its layer is next read, so the optimizer of a layer runs beside the engines' next forward
     /// pass, when that layer is fetched, instead of all layers' in a pause between the steps.
     fn commit(&self, step: u64) -> Result<()>;
-    /// Updates applied so far to every layer (all layers agree between steps).
+    /// Steps committed so far to every layer (all layers agree between steps), their gradients applied or
+    /// pending.
     fn step(&self) -> Result<u64>;
     /// Its slice of layer `layer`'s every tensor, with the layer's step: snapshots and pipelined replicas.
     fn tensors(&self, layer: usize) -> Result<(u64, LayerTensors)>;
@@ -466,13 +467,19 @@ impl LocalSlice {
         let tier = self.tier.as_ref().ok_or_else(|| Error::Protocol(format!("layer {layer} has no tensors")))?;
         let settling = slot.pending.is_some();
         let mut t = tier.read(layer, all || write || settling)?;
+        // What the file holds: the count goes back to it if the layer cannot be written back.
+        let on_file = slot.updates;
         self.settle(layer, &mut slot, &mut t)?;
-        let out = f(&mut slot, &mut t)?;
-        if write || settling {
-            tier.write(layer, &t)?;
+        let out = f(&mut slot, &mut t);
+        // A settled gradient is written back even when `f` fails (a fetch refused for naming another step).
+        if settling || (write && out.is_ok()) {
+            if let Err(e) = tier.write(layer, &t) {
+                slot.updates = on_file;
+                return Err(e);
+            }
         }
         tier.recycle(t);
-        Ok(out)
+        out
     }
 
     /// Applies layer `layer`'s committed gradient, if it has one, to its tensors `t` (all six, read whole).
@@ -661,23 +668,22 @@ impl WeightServer for LocalSlice {
                 self.layers.len()
             )));
         }
-        // Every layer must be at `step` (counting a committed gradient not applied yet) before any is touched:
-        // a refused commit changes nothing.
+        // Every layer must be at `step` before any is marked: a refused commit changes nothing. An earlier
+        // step's gradient still pending (a layer not read since: a guard, as every step reads every layer) is
+        // applied first, in this pass.
         for (layer, _) in &staged.layers {
+            if self.lock(*layer)?.pending.is_some() {
+                self.with_layer(*layer, true, |_, _| Ok(()))?;
+            }
             let slot = self.lock(*layer)?;
-            if slot.committed() != step {
+            if slot.updates != step {
                 return Err(Error::Protocol(format!(
                     "{}: step {step} cannot be applied: layer {layer} has had {} updates",
-                    self.slice,
-                    slot.committed()
+                    self.slice, slot.updates
                 )));
             }
         }
         for (layer, values) in staged.layers {
-            if self.lock(layer)?.pending.is_some() {
-                // The previous step's gradient of a layer not read since (a guard: every step reads every layer).
-                self.with_layer(layer, true, |_, _| Ok(()))?;
-            }
             self.lock(layer)?.pending = Some(match values {
                 Some((w, b)) => Pending::InMemory(w, b),
                 None => Pending::OnDisk,
@@ -763,8 +769,9 @@ mod tests {
 
     /// A committed step's gradients are applied when each layer is next read, in memory and on disk alike:
     /// what is read (a fetch, a checkpoint's tensors) equals a server that applied each gradient at once, to the
-    /// last bit; the server counts the step as applied from the commit on; a commit short of a layer changes
-    /// nothing; and state put in its place drops a gradient not applied yet.
+    /// last bit, even after a refused fetch applied one; the server counts the step as applied from the commit
+    /// on; a commit short of a layer changes nothing; and state put in its place drops a gradient not applied
+    /// yet.
     #[test]
     fn a_committed_step_is_applied_as_each_layer_is_next_read() {
         let dir = std::env::temp_dir().join(format!("ws-commit-{}", std::process::id()));
@@ -786,6 +793,12 @@ mod tests {
             }
             lazy.commit(step).unwrap();
             assert_eq!(lazy.step().unwrap(), step + 1, "counted from the commit");
+            if step == 0 {
+                // A fetch that names the old step is refused, but the gradient it applied on the way is kept:
+                // written back to the layer's file, not lost.
+                let refused = lazy.fetch(3, 0).unwrap_err().to_string();
+                assert!(refused.contains("has had 1 updates"), "{refused}");
+            }
             // Step 0's gradients are applied by the fetches of step 1's forward pass; step 1's by the
             // checkpoint's reads.
             for l in 0..layers {

@@ -238,20 +238,20 @@ impl Tier {
     }
 
     /// The on-disk layer expected after `l` (read whole when `all`), from the direction of travel, and whether
-    /// all its tensors will be wanted (as for `l`): up the forward pass, where each layer is read whole to apply
-    /// its committed gradient (weights and bias only when there is none, as in evaluation), and down the
-    /// backward pass (weights and bias only). At a turn, where a layer is read twice, a whole read goes up (the
-    /// forward pass after the backward one) and a part one down. Reading the moments ahead in the backward pass,
-    /// which does not use them, was a quarter of the tier's reads.
+    /// all its tensors will be wanted. A whole read goes up the forward pass, where each layer is read whole to
+    /// apply its committed gradient, and so do part reads that rise (evaluation). Part reads go down the
+    /// backward pass (weights and bias only), which reads no weights of layer 0 (no gradient flows past it):
+    /// below layer 1 the next read is the next step's forward pass, from its lowest layer on disk, whole (the
+    /// one just read, if it is that layer). Reading the moments ahead in the backward pass, which does not use
+    /// them, was a quarter of the tier's reads.
     fn next_after(&self, l: usize, all: bool) -> Option<(usize, bool)> {
         let n = self.lengths.len();
         let prev = self.last.lock().ok()?.replace(l);
-        let up = match prev {
-            Some(p) if p != l => p < l,
-            _ => all,
-        };
-        let next = if up { (l + 1..n).find(|&k| self.on_disk(k)) } else { (0..l).rev().find(|&k| self.on_disk(k)) };
-        next.map(|k| (k, all))
+        let up = all || matches!(prev, Some(p) if p < l);
+        if up {
+            return (l + 1..n).find(|&k| self.on_disk(k)).map(|k| (k, all));
+        }
+        (1..l).rev().find(|&k| self.on_disk(k)).map(|k| (k, false)).or_else(|| (0..n).find(|&k| self.on_disk(k)).map(|k| (k, true)))
     }
 
     /// Starts reading layer `l` (all its tensors, or with `all` false its weights and bias) on a helper thread,
@@ -423,9 +423,9 @@ mod tests {
         assert_eq!(ahead(&tier), Some((3, false)));
         tier.read(3, false).unwrap();
         tier.read(2, false).unwrap();
-        assert_eq!(ahead(&tier), Some((0, false)), "past the layer in memory");
-        tier.read(0, false).unwrap();
-        assert_eq!(ahead(&tier), None, "nothing below the bottom");
+        // Past the layer in memory, the backward pass reads no weights of layer 0: next is the next step's
+        // forward pass, from its lowest layer on disk, whole.
+        assert_eq!(ahead(&tier), Some((0, true)), "the next step's first layer");
         // The turn at the bottom: the next step's forward pass goes up again, whole.
         tier.read(0, true).unwrap();
         assert_eq!(ahead(&tier), Some((2, true)));

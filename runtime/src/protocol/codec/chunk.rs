@@ -94,8 +94,10 @@ impl Recycled {
 
     /// Keeps buffers only within the most this pool has had lent out at once: for a process under a memory
     /// budget, whose allowance has room for the layers in transit but not for buffers kept beside them. What it
-    /// keeps and what is out never add up to more than that peak, so keeping does not raise the process's
-    /// peak; a buffer too small for what is asked makes room for the fresh one by being freed. The 1 B
+    /// keeps and what it counts as out never add up to more than that peak, so keeping does not raise the
+    /// process's peak by more than the buffers it cannot count (given back without having been lent: those it
+    /// does not keep when they are larger than all it counts out); a buffer too small for what is asked makes
+    /// room for the fresh one by being freed. The 1 B
     /// example's coordinator (4 servers, a quarter in memory) peaked at 1.15 GiB keeping a fixed count of its
     /// gathered layers and gradients, against 0.95 GiB of budget plus allowance; mapping them all fresh
     /// instead, a 3 B-shaped run's coordinator spent a twelfth of the machine zeroing fresh pages.
@@ -216,9 +218,11 @@ impl Recycled {
         }
         buffer.clear();
         let Ok(mut pool) = self.pool.lock() else { return };
+        // A buffer larger than all that is counted out was not lent by this pool (a clone sent on, a buffer made
+        // elsewhere): under a peak it is not kept.
+        let lent = pool.out >= buffer.capacity();
         pool.out = pool.out.saturating_sub(buffer.capacity());
         match pool.keep {
-            Keep::Count(0) => {}
             Keep::Count(keep) => {
                 pool.kept.push(buffer);
                 while pool.kept.len() > keep {
@@ -227,7 +231,7 @@ impl Recycled {
                 }
             }
             Keep::WithinPeak => {
-                if pool.kept_values() + pool.out + buffer.capacity() <= pool.peak {
+                if lent && pool.kept_values() + pool.out + buffer.capacity() <= pool.peak {
                     pool.kept.push(buffer);
                 }
             }
