@@ -503,6 +503,16 @@ impl LocalSlice {
         }
     }
 
+    /// Applies layer `layer`'s committed gradient now, if it still has one: before another gradient of the layer
+    /// is staged in its place or committed. A guard rather than a path: the coordinator reads every layer between
+    /// two steps' gradients, which applies them.
+    fn settle_now(&self, layer: usize) -> Result<()> {
+        if self.lock(layer)?.pending.is_some() {
+            self.with_layer(layer, true, |_, _| Ok(()))?;
+        }
+        Ok(())
+    }
+
     /// Runs the optimizer on layer `layer`'s tensors `t` with its gradient of step `step`, which must be the
     /// next one the layer expects.
     fn apply_grad(&self, layer: usize, step: u64, slot: &mut Slot, t: &mut LayerTensors, weights: &[f32], bias: &[f32]) -> Result<()> {
@@ -561,10 +571,9 @@ impl LocalSlice {
         let (weights, bias) = grad.parts();
         self.check_grad_slice(layer, weights, bias)?;
         let on_disk = self.tier.as_ref().filter(|t| t.on_disk(layer));
-        if on_disk.is_some() && self.lock(layer)?.pending.is_some() {
-            // The layer's committed gradient waits in the file this one is about to take: applied first. (The
-            // coordinator reads every layer between two steps' gradients, so this is a guard, not a path.)
-            self.with_layer(layer, true, |_, _| Ok(()))?;
+        if on_disk.is_some() {
+            // The layer's committed gradient may wait in the file this one is about to take: applied first.
+            self.settle_now(layer)?;
         }
         let mut staged = self.staged.lock().map_err(|_| Error::Protocol("the staged gradients were poisoned".into()))?;
         if staged.step != step {
@@ -669,12 +678,9 @@ impl WeightServer for LocalSlice {
             )));
         }
         // Every layer must be at `step` before any is marked: a refused commit changes nothing. An earlier
-        // step's gradient still pending (a layer not read since: a guard, as every step reads every layer) is
-        // applied first, in this pass.
+        // step's gradient still pending is applied first, in this pass.
         for (layer, _) in &staged.layers {
-            if self.lock(*layer)?.pending.is_some() {
-                self.with_layer(*layer, true, |_, _| Ok(()))?;
-            }
+            self.settle_now(*layer)?;
             let slot = self.lock(*layer)?;
             if slot.updates != step {
                 return Err(Error::Protocol(format!(

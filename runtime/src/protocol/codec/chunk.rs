@@ -97,15 +97,15 @@ impl Recycled {
     /// keeps and what it counts as out never add up to more than that peak, so keeping does not raise the
     /// process's peak by more than the buffers it cannot count (given back without having been lent: those it
     /// does not keep when they are larger than all it counts out); a buffer too small for what is asked makes
-    /// room for the fresh one by being freed. The 1 B
-    /// example's coordinator (4 servers, a quarter in memory) peaked at 1.15 GiB keeping a fixed count of its
-    /// gathered layers and gradients, against 0.95 GiB of budget plus allowance; mapping them all fresh
-    /// instead, a 3 B-shaped run's coordinator spent a twelfth of the machine zeroing fresh pages.
+    /// room for the fresh one by being freed. The 1 B example's coordinator (4 servers, a quarter in memory)
+    /// peaked at 1.15 GiB keeping a fixed count of its gathered layers and gradients, against 0.95 GiB of budget
+    /// plus allowance; mapping them all fresh instead, a 3 B-shaped run's coordinator spent a twelfth of the
+    /// machine zeroing fresh pages.
     pub fn keep_within_peak(&self) {
         if let Ok(mut pool) = self.pool.lock() {
             pool.keep = Keep::WithinPeak;
             let room = pool.peak.saturating_sub(pool.out);
-            Self::trim(&mut pool, room);
+            Self::trim_while(&mut pool, |p| p.kept_values() > room);
         }
     }
 
@@ -174,16 +174,16 @@ impl Recycled {
                 pool.peak = pool.peak.max(pool.out);
                 if pool.keep == Keep::WithinPeak {
                     let room = pool.peak - pool.out;
-                    Self::trim(&mut pool, room);
+                    Self::trim_while(&mut pool, |p| p.kept_values() > room);
                 }
                 None
             }
         }
     }
 
-    /// Frees the smallest kept buffers until those left hold at most `room` values.
-    fn trim(pool: &mut Pool, room: usize) {
-        while pool.kept_values() > room {
+    /// Frees the smallest kept buffers while `over` says the pool keeps too much.
+    fn trim_while(pool: &mut Pool, over: impl Fn(&Pool) -> bool) {
+        while over(pool) {
             let Some(i) = pool.kept.iter().enumerate().min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i) else { break };
             pool.kept.swap_remove(i);
         }
@@ -225,10 +225,7 @@ impl Recycled {
         match pool.keep {
             Keep::Count(keep) => {
                 pool.kept.push(buffer);
-                while pool.kept.len() > keep {
-                    let Some(i) = pool.kept.iter().enumerate().min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i) else { break };
-                    pool.kept.swap_remove(i);
-                }
+                Self::trim_while(&mut pool, |p| p.kept.len() > keep);
             }
             Keep::WithinPeak => {
                 if lent && pool.kept_values() + pool.out + buffer.capacity() <= pool.peak {
