@@ -46,6 +46,8 @@ struct Pool {
     out: usize,
     /// The most `out` has been: what the holder had in use at once.
     peak: usize,
+    /// Buffers the pool could not lend from those kept, so its caller made them new.
+    misses: usize,
 }
 
 /// How many buffers a [`Recycled`] keeps.
@@ -88,7 +90,7 @@ impl Recycled {
 
     /// A pool that keeps buffers of at least `least` values.
     const fn keeping_from(least: usize) -> Self {
-        let pool = Pool { kept: Vec::new(), keep: Keep::Count(Self::KEEP), out: 0, peak: 0 };
+        let pool = Pool { kept: Vec::new(), keep: Keep::Count(Self::KEEP), out: 0, peak: 0, misses: 0 };
         Recycled { pool: std::sync::Mutex::new(pool), least }
     }
 
@@ -170,6 +172,7 @@ impl Recycled {
                 Some(buffer)
             }
             None => {
+                pool.misses += 1;
                 pool.out += capacity;
                 pool.peak = pool.peak.max(pool.out);
                 if pool.keep == Keep::WithinPeak {
@@ -179,6 +182,18 @@ impl Recycled {
                 None
             }
         }
+    }
+
+    /// How many buffers of its size the pool could not lend from those it kept: each one a fresh mapping.
+    #[cfg(test)]
+    pub(crate) fn misses(&self) -> usize {
+        self.pool.lock().map(|p| p.misses).unwrap_or(0)
+    }
+
+    /// Values lent out at once at most, and those kept beside those out now.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> (usize, usize) {
+        self.pool.lock().map(|p| (p.kept_values() + p.out, p.peak)).unwrap_or((0, 0))
     }
 
     /// Frees the smallest kept buffers while `over` says the pool keeps too much.
@@ -200,14 +215,6 @@ impl Recycled {
     /// any of it is dropped (sent).
     pub fn bytes(&'static self, values: Vec<f32>) -> Bytes {
         Bytes::from_owner(Pooled { values, home: self })
-    }
-
-    /// Frees every kept buffer: for a holder whose budget has room for them only until its next buffers are
-    /// taken.
-    pub fn clear(&self) {
-        if let Ok(mut pool) = self.pool.lock() {
-            pool.kept.clear();
-        }
     }
 
     /// Keeps `buffer` (emptied) for a later [`Recycled::take`]; when full, the smallest kept ones make room
@@ -332,7 +339,7 @@ mod tests {
     fn a_pool_within_its_peak_never_holds_more_than_was_once_in_use() {
         let pool = Recycled::keeping_from(1_000);
         pool.keep_within_peak();
-        let held = |pool: &Recycled| pool.pool.lock().map(|p| (p.kept_values() + p.out, p.peak)).unwrap();
+        let held = Recycled::held;
         // Two layers in use at once, then given back: both kept (they are the peak).
         let (a, b) = (pool.take(4_000), pool.take(3_000));
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
