@@ -404,10 +404,10 @@ mod tests {
     fn after_one_step_layers_and_gradients_are_read_into_kept_buffers() {
         let dir = std::env::temp_dir().join(format!("ws-tier-keep-{}", std::process::id()));
         let n = Recycled::LAYER_SIZED;
-        let lengths = vec![[n, 1, n, n, 1, 1]; 4];
-        let tier = Tier::create(dir.clone(), &lengths, TierLayout { on_disk: vec![true; 4], window: 0 }).unwrap();
+        let shape = [n, 1, n, n, 1, 1];
+        let tier = Tier::create(dir.clone(), &[shape; 4], TierLayout { on_disk: vec![true; 4], window: 0 }).unwrap();
         for l in 0..4 {
-            tier.write(l, &std::array::from_fn(|k| vec![l as f32; lengths[l][k]])).unwrap();
+            tier.write(l, &std::array::from_fn(|k| vec![l as f32; shape[k]])).unwrap();
             tier.write_grad(l, &vec![1.0; n], &[1.0]).unwrap();
         }
         // Each read's read-ahead has taken its buffers before the caller goes on, as a fetch then takes its time.
