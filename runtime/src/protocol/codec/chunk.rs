@@ -217,6 +217,14 @@ impl Recycled {
         Bytes::from_owner(Pooled { values, home: self })
     }
 
+    /// Frees the smallest kept buffers until at most `buffers` are kept: for a holder whose budget has room for
+    /// them only until its next buffers are taken.
+    pub fn keep_at_most(&self, buffers: usize) {
+        if let Ok(mut pool) = self.pool.lock() {
+            Self::trim_while(&mut pool, |p| p.kept.len() > buffers);
+        }
+    }
+
     /// Keeps `buffer` (emptied) for a later [`Recycled::take`]; when full, the smallest kept ones make room
     /// (under [`Keep::WithinPeak`], it is kept only if it fits beside those kept and lent out).
     pub fn give(&self, mut buffer: Vec<f32>) {
