@@ -8,10 +8,11 @@
 //!
 //! Layers and staged gradients are read into the buffers of those already used (a [`Recycled`] of the tier's):
 //! a fresh buffer costs a page fault per page, which on a machine whose freed memory goes back to its host is
-//! several times the read itself. Each read frees what is kept beyond what the layer's staged gradient, read
-//! beside a whole read, takes: beyond the layer in use, the one read ahead (the window its budget reserves) and
-//! that gradient, the tier keeps at most the last layer used until the next read, within the allowance a
-//! server's budget grants layers in transit (`wsctl/tests/servers.rs`).
+//! several times the read itself. Once a read has taken its buffers it frees the others kept, but for one after a
+//! whole read: the buffer the layer's staged gradient takes when it is read to be applied. So beyond the layer
+//! in use, the one read ahead (the window its budget reserves) and that gradient, the tier keeps at most the
+//! last layer used until the next read, within the allowance a server's budget grants layers in transit
+//! (`wsctl/tests/servers.rs`).
 //!
 //! The files are scratch: the state they hold is checkpointed like any other, and a restarted server rebuilds
 //! them from its checkpoint.
