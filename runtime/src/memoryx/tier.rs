@@ -324,7 +324,7 @@ fn read_layer(file: &File, lengths: &LayerLengths, all: bool, counter: &AtomicU6
     for (k, &len) in lengths.iter().enumerate().filter(|(k, _)| wanted(*k)) {
         out[k] = recycled.take(len);
     }
-    recycled.keep_at_most(usize::from(all));
+    recycled.free_all_but(usize::from(all));
     let mut at = 0u64;
     for (k, &len) in lengths.iter().enumerate() {
         if wanted(k) {

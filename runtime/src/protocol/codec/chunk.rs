@@ -190,7 +190,7 @@ impl Recycled {
         self.pool.lock().map(|p| p.misses).unwrap_or(0)
     }
 
-    /// Values lent out at once at most, and those kept beside those out now.
+    /// Values kept and lent out now, and the most ever lent out at once.
     #[cfg(test)]
     pub(crate) fn held(&self) -> (usize, usize) {
         self.pool.lock().map(|p| (p.kept_values() + p.out, p.peak)).unwrap_or((0, 0))
@@ -217,9 +217,10 @@ impl Recycled {
         Bytes::from_owner(Pooled { values, home: self })
     }
 
-    /// Frees the smallest kept buffers until at most `buffers` are kept: for a holder whose budget has room for
-    /// them only until its next buffers are taken.
-    pub fn keep_at_most(&self, buffers: usize) {
+    /// Frees the smallest kept buffers until at most `buffers` are left, once (unlike [`Recycled::keep_up_to`],
+    /// which sets how many it keeps from then on): for a holder whose budget has room for them only until its
+    /// next buffers are taken.
+    pub fn free_all_but(&self, buffers: usize) {
         if let Ok(mut pool) = self.pool.lock() {
             Self::trim_while(&mut pool, |p| p.kept.len() > buffers);
         }
