@@ -276,10 +276,11 @@ pub struct ModelSpec {
     #[serde(default)]
     #[schemars(range(min = 0.0, max = 0.99))]
     pub sparsity: f64,
-    /// Tokens a `gpt` reads: 256 for text read as bytes (no tokenizer to download); with `spec.data.tokenizer`
-    /// at least the tokenizer's vocabulary, and for `tokens` more than the largest id in the files.
+    /// Tokens a `gpt` or `llama` reads: 256 for text read as bytes (no tokenizer to download); with
+    /// `spec.data.tokenizer` at least the tokenizer's vocabulary, and for `tokens` more than the largest id in the
+    /// files. Up to 262,144 (Llama 3 has 128,256, Gemma 256,000); a pretrained model's is taken from its config.
     #[serde(default = "default_vocab", skip_serializing_if = "is_default_vocab")]
-    #[schemars(range(min = 2, max = 65536))]
+    #[schemars(range(min = 2, max = 262144))]
     pub vocab_size: u32,
     /// Tokens a `gpt` attends over: each training sample is a window of this many bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -101,6 +101,9 @@ pub const MAX_SEED: u64 = (1 << 53) - 1;
 pub const MAX_SRAM_BYTES: u64 = 64 << 30;
 /// A layer's width.
 pub const MAX_WIDTH: u32 = 1 << 20;
+/// Tokens of a vocabulary: 2^18 = 262,144, room for Llama 3's 128,256 and Gemma's 256,000. What a vocabulary
+/// costs in memory (its embedding and head, their optimizer state) the plan then bounds like any layer.
+pub const MAX_VOCAB: u32 = 1 << 18;
 
 /// Whether `s` is a Kubernetes quantity as volume sizes are written: digits, an optional fraction and an optional
 /// binary or decimal suffix (the schema's pattern is the same).
@@ -312,9 +315,6 @@ impl TrainingJobSpec {
         if m.kind == ModelKind::Mlp && m.layer_norm.is_some() {
             return Err(invalid("spec.model.layerNorm", "is for a gpt; an mlp has no norms"));
         }
-        if m.kind == ModelKind::Mlp && m.from.is_some() {
-            return Err(invalid("spec.model.from", "pretrained weights are read for a gpt or llama; an mlp starts from random weights"));
-        }
         if let (Some(from), Some(_)) = (&m.from, &self.data.volume) {
             if escapes(from) {
                 return Err(invalid("spec.model.from", "must be relative to spec.data.volume and stay inside it (no leading '/', no '..')"));
@@ -368,6 +368,25 @@ impl TrainingJobSpec {
 
     /// The rules of a decoder-only language model, `gpt` or `llama`: its shape, and what applies to one
     /// family only.
+    /// A pretrained model reads text through its own tokenizer: text with none would be read as bytes, ids
+    /// 0–255 of a vocabulary made for other tokens, and train without a word of warning. Only a byte-level
+    /// model (256 tokens) may read bytes. A local run has already passed on the folder's own `tokenizer.json`.
+    fn validate_pretrained_text(&self) -> Result<(), ApiError> {
+        let (m, d) = (&self.model, &self.data);
+        let reads_text = matches!(d.kind, DataKind::Text | DataKind::Jsonl);
+        let Some(from) = m.from.as_deref().filter(|_| reads_text && d.tokenizer.is_none() && m.vocab_size != 256) else {
+            return Ok(());
+        };
+        Err(invalid(
+            "spec.data.tokenizer",
+            format!(
+                "the job starts from the pretrained model {from} ({} tokens) but names no tokenizer for its text, and                  {from} holds no {}: text read as bytes would train ids 0-255 of that vocabulary. Name the model's                  tokenizer (spec.data.tokenizer: {from}/{1} once it is there), or save it into the folder                  (tokenizer.save_pretrained(folder), or from_torch(model, tokenizer=...) in Python)",
+                m.vocab_size,
+                crate::pretrained::TOKENIZER_FILE,
+            ),
+        ))
+    }
+
     fn validate_decoder(&self) -> Result<(), ApiError> {
         let m = &self.model;
         let family = if m.kind == ModelKind::Llama { "llama" } else { "gpt" };
@@ -396,9 +415,10 @@ impl TrainingJobSpec {
                 format!("width {width} is not divisible by {heads} heads: each head takes an equal slice of the width"),
             ));
         }
-        if !(2..=65_536).contains(&m.vocab_size) {
-            return Err(invalid("spec.model.vocabSize", format!("{} is out of range: use 2 to 65536", m.vocab_size)));
+        if !(2..=MAX_VOCAB).contains(&m.vocab_size) {
+            return Err(invalid("spec.model.vocabSize", format!("{} is out of range: use 2 to {MAX_VOCAB}", m.vocab_size)));
         }
+        self.validate_pretrained_text()?;
         // Text read as bytes has 256 tokens; a tokenizer's or a token file's vocabulary is checked on loading.
         let bytes = matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) && self.data.tokenizer.is_none();
         if bytes && m.vocab_size < 256 {
@@ -612,6 +632,67 @@ spec:
     optimizer: {kind: adamw, learningRate: 0.001}
 "#;
 
+    /// A Llama job starting from the folder `smol`, whose config gives the shape below.
+    const PRETRAINED: &str = r#"
+apiVersion: weightstream.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: smol}
+spec:
+  model: {kind: llama, from: smol, contextLength: 64}
+  data: {kind: text, path: examples/data/moby-dick/moby-dick.txt.gz}
+  training:
+    batchSize: 8
+    steps: 10
+    optimizer: {kind: adamw, learningRate: 0.001}
+"#;
+
+    fn smol(vocab_size: u32, has_tokenizer: bool) -> crate::pretrained::PretrainedShape {
+        crate::pretrained::PretrainedShape {
+            kind: ModelKind::Llama,
+            vocab_size,
+            width: 64,
+            heads: 4,
+            kv_heads: 2,
+            blocks: 2,
+            intermediate_size: 128,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-5,
+            tied_embeddings: true,
+            has_tokenizer,
+            max_context: 2048,
+            layers: Vec::new(),
+            activation: crate::spec::Activation::Relu,
+        }
+    }
+
+    fn parse_from(text: &str, shape: crate::pretrained::PretrainedShape) -> Result<TrainingJob, ApiError> {
+        parse_training_job_with(text, &|_| Ok(Some((shape.clone(), "smol/config.json".into()))))
+    }
+
+    #[test]
+    fn a_pretrained_model_reads_text_through_its_tokenizer_or_is_refused() {
+        // The folder's own tokenizer is passed on.
+        let job = parse_from(PRETRAINED, smol(49_152, true)).expect("the folder's tokenizer");
+        assert_eq!(job.spec.data.tokenizer.as_deref(), Some("smol/tokenizer.json"));
+        // None in the folder and none named: refused, naming the tokenizer, instead of training on bytes.
+        let e = parse_from(PRETRAINED, smol(49_152, false)).expect_err("no tokenizer").to_string();
+        assert!(e.contains("spec.data.tokenizer") && e.contains("tokenizer.json") && e.contains("49152 tokens"), "{e}");
+        assert!(e.contains("from_torch(model, tokenizer=...)"), "{e}");
+        // Where the folder is not at hand (a submission), the job must name it too.
+        let shaped = PRETRAINED.replace("contextLength: 64", "contextLength: 64, width: 64, heads: 4, kvHeads: 2, blocks: 2, intermediateSize: 128, vocabSize: 49152");
+        assert!(err(&shaped).contains("spec.data.tokenizer"));
+        let named = shaped.replace("kind: text,", "kind: text, tokenizer: smol/tokenizer.json,");
+        assert_eq!(parse_training_job(&named).expect("named").spec.data.tokenizer.as_deref(), Some("smol/tokenizer.json"));
+        // A byte-level model (256 tokens) reads bytes; a token file has no tokenizer to name.
+        assert!(parse_from(PRETRAINED, smol(256, false)).is_ok());
+        let tokens = PRETRAINED.replace("kind: text, path: examples/data/moby-dick/moby-dick.txt.gz", "kind: tokens, path: t.bin");
+        assert!(parse_from(&tokens, smol(49_152, false)).is_ok());
+        // Llama 3's vocabulary is taken from its config; one past the ceiling is not.
+        assert_eq!(parse_from(PRETRAINED, smol(128_256, true)).expect("Llama 3").spec.model.vocab_size, 128_256);
+        let e = parse_from(PRETRAINED, smol(MAX_VOCAB + 1, true)).expect_err("too large").to_string();
+        assert!(e.contains("spec.model.vocabSize") && e.contains("262144"), "{e}");
+    }
+
     #[test]
     fn a_gpt_job_needs_its_shape_and_text() {
         let job = parse_training_job(GPT).expect("valid");
@@ -621,9 +702,14 @@ spec:
         assert!(err(&GPT.replace("contextLength: 64", "contextLength: 1")).contains("contextLength"));
         assert!(err(&GPT.replace("kind: text", "kind: mnist")).contains("spec.data.kind"));
         assert!(err(&GPT.replace("blocks: 2", "blocks: 2, vocabSize: 100")).contains("vocabSize"));
-        assert!(err(&GPT.replace("blocks: 2", "blocks: 2, vocabSize: 70000")).contains("vocabSize"));
+        assert!(err(&GPT.replace("blocks: 2", "blocks: 2, vocabSize: 262145")).contains("use 2 to 262144"));
         let bpe = GPT.replace("blocks: 2", "blocks: 2, vocabSize: 1000").replace("kind: text,", "kind: text, tokenizer: t.json,");
         assert_eq!(parse_training_job(&bpe).expect("a tokenizer's vocabulary").spec.model.vocab_size, 1000);
+        // Llama 3's and Gemma's vocabularies, and the ceiling itself.
+        for vocab in [128_256, 256_000, MAX_VOCAB] {
+            let big = bpe.replace("vocabSize: 1000", &format!("vocabSize: {vocab}"));
+            assert_eq!(parse_training_job(&big).expect("a large vocabulary").spec.model.vocab_size, vocab);
+        }
         assert!(err(&GPT.replace("blocks: 2", "blocks: 2, layers: [1, 2]")).contains("spec.model.layers"));
     }
 

@@ -305,7 +305,7 @@ pub(crate) mod tests {
         spec
     }
 
-    fn ids(d: &Dataset) -> Vec<u16> {
+    fn ids(d: &Dataset) -> Vec<u32> {
         match d {
             Dataset::Text(text::TextWindows { tokens: text::Tokens::Ids(t), .. }) => t.clone(),
             other => panic!("expected token ids, got {other:?}"),
@@ -374,8 +374,8 @@ pub(crate) mod tests {
         spec.data.tokenizer = Some(dir.join("tokenizer.json").to_string_lossy().into_owned());
         spec.data.held_out_path = Some(dir.join("val.txt").to_string_lossy().into_owned());
         let (train, test) = load(&spec, None).unwrap();
-        assert_eq!(ids(&train), [1u16, 2, 3, 4].repeat(50));
-        assert_eq!(ids(&test), [5u16, 5, 4].repeat(5));
+        assert_eq!(ids(&train), [1u32, 2, 3, 4].repeat(50));
+        assert_eq!(ids(&test), [5u32, 5, 4].repeat(5));
         assert_eq!((train.len(), test.len()), (49, 3));
 
         // The same documents as JSON Lines (joined by line breaks) give the same ids.
@@ -388,7 +388,7 @@ pub(crate) mod tests {
         j.data.held_out_path = None;
         let (jt, jh) = load(&j, None).unwrap();
         let all = [ids(&jt), ids(&jh)].concat();
-        assert_eq!(all, [1u16, 2, 3, 4].repeat(50));
+        assert_eq!(all, [1u32, 2, 3, 4].repeat(50));
         assert_eq!(ids(&jh).len(), 10, "the last 5% of 200 tokens");
         // Without a tokenizer, JSON Lines are bytes.
         j.data.tokenizer = None;

@@ -17,18 +17,17 @@ pub const HELD_OUT: f64 = 0.05;
 /// streamed at a small batch is evaluated in seconds.
 pub const EVAL_TOKENS: usize = 16_384;
 
-/// The largest vocabulary a token store holds: ids are kept as `u16`, half the memory of `u32`, and
-/// `spec.model.vocabSize` allows no more.
-pub const MAX_VOCAB: usize = 1 << 16;
+/// The largest vocabulary a token store holds: `spec.model.vocabSize`'s ceiling ([`crds::MAX_VOCAB`]).
+pub const MAX_VOCAB: usize = crds::MAX_VOCAB as usize;
 
 /// The token ids of a split, stored as narrowly as their vocabulary allows: a byte corpus stays one byte a
-/// token (as large as the file, no more), any other vocabulary two.
+/// token (as large as the file, no more), any other vocabulary four (Llama 3's and Gemma's exceed `u16`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Tokens {
     /// Byte-level text: each byte is its own token (vocabulary 256).
     Bytes(Vec<u8>),
     /// Ids from a tokenizer or a token file, each below [`MAX_VOCAB`].
-    Ids(Vec<u16>),
+    Ids(Vec<u32>),
 }
 
 impl Tokens {
@@ -91,8 +90,9 @@ impl TextWindows {
                     labels.extend(b[start + 1..start + t + 1].iter().map(|&b| u32::from(b)));
                 }
                 Tokens::Ids(ids) => {
-                    tokens.extend(ids[start..start + t].iter().map(|&b| f32::from(b)));
-                    labels.extend(ids[start + 1..start + t + 1].iter().map(|&b| u32::from(b)));
+                    // Exact: every id is below MAX_VOCAB, far below f32's 2^24 integers.
+                    tokens.extend(ids[start..start + t].iter().map(|&b| b as f32));
+                    labels.extend_from_slice(&ids[start + 1..start + t + 1]);
                 }
             }
         }
@@ -110,7 +110,7 @@ impl TextWindows {
         let mut n = 0usize;
         match &train.tokens {
             Tokens::Bytes(b) => b.iter().for_each(|&b| counts[usize::from(b) % vocab] += 1.0),
-            Tokens::Ids(t) => t.iter().for_each(|&b| counts[usize::from(b) % vocab] += 1.0),
+            Tokens::Ids(t) => t.iter().for_each(|&b| counts[b as usize % vocab] += 1.0),
         }
         let total: f64 = counts.iter().sum();
         match &self.tokens {
@@ -119,7 +119,7 @@ impl TextWindows {
                 n = end - 1;
             }
             Tokens::Ids(t) if end > 1 => {
-                sum = t[1..end].iter().map(|&b| -(counts[usize::from(b) % vocab] / total).ln()).sum();
+                sum = t[1..end].iter().map(|&b| -(counts[b as usize % vocab] / total).ln()).sum();
                 n = end - 1;
             }
             _ => {}
@@ -218,7 +218,7 @@ mod tests {
     #[test]
     fn id_windows_shard_like_byte_windows() {
         let text: Vec<u8> = (0..5_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let ids: Vec<u16> = text.iter().map(|&b| u16::from(b)).collect();
+        let ids: Vec<u32> = text.iter().map(|&b| u32::from(b)).collect();
         let (bt, bh) = split(Tokens::Bytes(text), 256, 16).unwrap();
         let (it, ih) = split(Tokens::Ids(ids), 256, 16).unwrap();
         assert_eq!(bt.len(), it.len());
@@ -226,7 +226,7 @@ mod tests {
         assert_eq!(bt.shard(&idx), it.shard(&idx));
         assert_eq!(bh.unigram_loss(&bt), ih.unigram_loss(&it));
         // Ids above a byte are held and shifted like any other.
-        let (t, _) = split(Tokens::Ids((0..4_000u16).map(|i| 300 + i % 700).collect()), 1000, 4).unwrap();
+        let (t, _) = split(Tokens::Ids((0..4_000u32).map(|i| 300 + i % 700).collect()), 1000, 4).unwrap();
         let s = t.shard(&[1]);
         assert_eq!(s.inputs.data, vec![304.0, 305.0, 306.0, 307.0]);
         assert_eq!(s.labels, vec![305, 306, 307, 308]);

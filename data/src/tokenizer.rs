@@ -78,7 +78,7 @@ impl TextTokenizer {
 
     /// Encodes `text` (the contents of `source`) into token ids, piece by piece at line breaks, without
     /// special tokens: a corpus is one stream, not a sequence of model inputs.
-    pub fn encode(&self, text: &[u8], source: &Path, model_vocab: usize) -> Result<Vec<u16>> {
+    pub fn encode(&self, text: &[u8], source: &Path, model_vocab: usize) -> Result<Vec<u32>> {
         let text = std::str::from_utf8(text).map_err(|e| {
             Error::Data(format!(
                 "{} is not UTF-8 text (at byte {}); a tokenizer reads UTF-8: convert the file, or drop \
@@ -89,7 +89,7 @@ impl TextTokenizer {
         })?;
         let pieces = chunks(text, CHUNK_BYTES);
         // Most tokenizers give 3–5 bytes a token; the capacity is a hint and grows if needed.
-        let mut ids: Vec<u16> = Vec::with_capacity(text.len() / 3);
+        let mut ids: Vec<u32> = Vec::with_capacity(text.len() / 3);
         let limit = model_vocab.min(MAX_VOCAB);
         for batch in pieces.chunks(BATCH_CHUNKS) {
             let encodings = self.inner.encode_batch(batch.to_vec(), false).map_err(|e| {
@@ -106,7 +106,7 @@ impl TextTokenizer {
                             id as usize + 1
                         )));
                     }
-                    ids.push(id as u16);
+                    ids.push(id);
                 }
             }
         }
@@ -243,7 +243,7 @@ pub(crate) mod tests {
         assert_eq!(decoded.as_bytes(), text);
         // Pieces cut at line breaks encode as the whole text does.
         let whole = tok.inner.encode(std::str::from_utf8(text).unwrap(), false).unwrap();
-        assert_eq!(whole.get_ids().iter().map(|&i| i as u16).collect::<Vec<_>>(), ids);
+        assert_eq!(whole.get_ids().to_vec(), ids);
     }
 
     #[test]

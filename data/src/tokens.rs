@@ -8,13 +8,13 @@ use wire::error::{Error, Result};
 
 /// Reads a token file (gzip when it ends in `.gz`, bounded like any data file) and checks every id is below
 /// `vocab` (`spec.model.vocabSize`): an id past the embedding would otherwise fail deep inside a training step.
-pub fn read(path: &Path, token_type: crds::TokenType, vocab: usize) -> Result<Vec<u16>> {
+pub fn read(path: &Path, token_type: crds::TokenType, vocab: usize) -> Result<Vec<u32>> {
     let bytes = crate::file::read_data_file(path)?;
     decode(&bytes, token_type, vocab).map_err(|e| Error::Data(format!("{}: {e}", path.display())))
 }
 
 /// The ids of a token file's bytes, each checked against `vocab`.
-pub fn decode(bytes: &[u8], token_type: crds::TokenType, vocab: usize) -> std::result::Result<Vec<u16>, String> {
+pub fn decode(bytes: &[u8], token_type: crds::TokenType, vocab: usize) -> std::result::Result<Vec<u32>, String> {
     let (width, name) = match token_type {
         crds::TokenType::Uint16 => (2, "uint16"),
         crds::TokenType::Uint32 => (4, "uint32"),
@@ -37,9 +37,9 @@ pub fn decode(bytes: &[u8], token_type: crds::TokenType, vocab: usize) -> std::r
     };
     if width == 2 {
         for (position, pair) in bytes.chunks_exact(2).enumerate() {
-            let id = u16::from_le_bytes([pair[0], pair[1]]);
-            if usize::from(id) >= limit {
-                return Err(beyond(u32::from(id), position));
+            let id = u32::from(u16::from_le_bytes([pair[0], pair[1]]));
+            if id as usize >= limit {
+                return Err(beyond(id, position));
             }
             ids.push(id);
         }
@@ -49,7 +49,7 @@ pub fn decode(bytes: &[u8], token_type: crds::TokenType, vocab: usize) -> std::r
             if id as usize >= limit {
                 return Err(beyond(id, position));
             }
-            ids.push(id as u16);
+            ids.push(id);
         }
     }
     Ok(ids)
@@ -61,13 +61,14 @@ mod tests {
 
     #[test]
     fn uint16_and_uint32_files_round_trip() {
-        let ids: Vec<u16> = (0..1000u16).map(|i| i * 37 % 1024).collect();
-        let le16: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
-        let le32: Vec<u8> = ids.iter().flat_map(|&i| u32::from(i).to_le_bytes()).collect();
+        let ids: Vec<u32> = (0..1000u32).map(|i| i * 37 % 1024).collect();
+        let le16: Vec<u8> = ids.iter().flat_map(|&i| (i as u16).to_le_bytes()).collect();
+        let le32: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
         assert_eq!(decode(&le16, crds::TokenType::Uint16, 1024).unwrap(), ids);
         assert_eq!(decode(&le32, crds::TokenType::Uint32, 1024).unwrap(), ids);
         // The full 16-bit range fits a 65,536-token vocabulary.
         assert_eq!(decode(&[0xff, 0xff], crds::TokenType::Uint16, 65_536).unwrap(), vec![65_535]);
+        assert_eq!(decode(&128_255u32.to_le_bytes(), crds::TokenType::Uint32, 128_256).unwrap(), vec![128_255]);
     }
 
     #[test]
@@ -83,6 +84,10 @@ mod tests {
         le = [5u32, 70_000].iter().flat_map(|i| i.to_le_bytes()).collect();
         let err = decode(&le, crds::TokenType::Uint32, 65_536).unwrap_err();
         assert!(err.contains("token id 70000 at position 1"), "{err}");
+        // Beyond the largest vocabulary the appliance takes, whatever the job says.
+        le = [5u32, 300_000].iter().flat_map(|i| i.to_le_bytes()).collect();
+        let err = decode(&le, crds::TokenType::Uint32, 1 << 20).unwrap_err();
+        assert!(err.contains("token id 300000 at position 1") && err.contains("at most 262144"), "{err}");
 
         let dir = std::env::temp_dir().join(format!("ws-tokens-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
