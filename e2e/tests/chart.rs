@@ -205,7 +205,7 @@ fn the_default_operator_is_locked_down_probed_and_elects_a_leader() {
     let pod_ns = c.env.as_ref().unwrap().iter().find(|e| e.name == "POD_NAMESPACE").unwrap();
     assert_eq!(pod_ns.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "metadata.namespace");
     // The labels every job's NetworkPolicy admits are the operator pods' own selector labels.
-    let admitted = operator::children::OperatorPeer::parse_labels(env(&c, "WS_OPERATOR_POD_LABELS").unwrap()).unwrap();
+    let admitted = operator::children::settings::OperatorPeer::parse_labels(env(&c, "WS_OPERATOR_POD_LABELS").unwrap()).unwrap();
     let pod_labels = spec.template.metadata.clone().unwrap().labels.unwrap();
     assert_eq!(admitted, spec.selector.match_labels.clone().unwrap(), "exactly the Deployment's selector");
     assert!(admitted.iter().all(|(k, v)| pod_labels.get(k) == Some(v)), "{admitted:?} ⊄ {pod_labels:?}");

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use crate::{children, DEFAULT_RUNTIME_IMAGE};
+use crate::children::settings::OperatorPeer;
+use crate::DEFAULT_RUNTIME_IMAGE;
 
 /// How the operator runs; flags and environment of the binary, or set directly by tests.
 #[derive(Clone, Debug)]
@@ -18,7 +19,7 @@ pub struct Config {
     /// How often a live job is reconciled (and MemoryX polled) without any change to trigger it.
     pub poll: Duration,
     /// The operator's own pods (namespace and labels), admitted by every job's NetworkPolicy.
-    pub operator: children::OperatorPeer,
+    pub operator: OperatorPeer,
 }
 
 impl Default for Config {
@@ -29,7 +30,7 @@ impl Default for Config {
             default_image: DEFAULT_RUNTIME_IMAGE.into(),
             fan_out: crds::contract::DEFAULT_FAN_OUT,
             poll: Duration::from_secs(3),
-            operator: children::OperatorPeer::default(),
+            operator: OperatorPeer::default(),
         }
     }
 }

@@ -64,7 +64,7 @@ impl HttpCoordinator {
         let (name, ns) = (job.name_any(), job.namespace().unwrap_or_default());
         match &self.template {
             Some(t) => t.replace("{job}", &name).replace("{namespace}", &ns).trim_end_matches('/').to_string(),
-            None => crate::children::memoryx_http(&name, &ns),
+            None => crate::children::site::memoryx_http(&name, &ns),
         }
     }
 
@@ -88,7 +88,7 @@ impl HttpCoordinator {
                 let secret = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns)
                     .get_opt(&name)
                     .await?
-                    .filter(|s| crate::children::identity_belongs_to(s, job))
+                    .filter(|s| crate::children::identity::identity_belongs_to(s, job))
                     .ok_or_else(|| unreachable(url, format!("the job's identity Secret {ns}/{name} does not exist yet")))?;
                 let file = |f: &str| {
                     let bytes = secret.data.as_ref().and_then(|d| d.get(f)).map(|b| b.0.clone()).unwrap_or_default();

@@ -89,9 +89,9 @@ async fn run(args: Args) -> Result<(), Error> {
         default_image: args.runtime_image,
         fan_out: args.swarmx_fan_out,
         poll: Duration::from_secs(args.poll_seconds.max(1)),
-        operator: operator::children::OperatorPeer {
+        operator: operator::children::settings::OperatorPeer {
             namespace: args.lease_namespace.clone(),
-            labels: operator::children::OperatorPeer::parse_labels(&args.operator_pod_labels)?,
+            labels: operator::children::settings::OperatorPeer::parse_labels(&args.operator_pod_labels)?,
         },
     };
     let coordinator = match args.memoryx_url {

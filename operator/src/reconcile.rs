@@ -33,7 +33,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::admission::{self, PriorityClasses, Verdict};
-use crate::children::{self, Desired, SPEC_HASH_ANNOTATION, Settings};
+use crate::children::desired::{self, Desired};
+use crate::children::pods::engine::CS2_RESOURCE;
+use crate::children::pods::SPEC_HASH_ANNOTATION;
+use crate::children::settings::Settings;
+use crate::children::{identity, names};
 use crds::contract::{JOB_LABEL, ROLE_LABEL};
 use crate::coordinator::Coordinator;
 use crate::decode::{self, Stored};
@@ -233,14 +237,14 @@ pub fn pool_of(nodes: &[Node], configured: Option<u32>) -> Option<(u32, bool)> {
     for node in nodes {
         let status = node.status.as_ref();
         let has = |r: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
-            r.is_some_and(|r| r.contains_key(children::CS2_RESOURCE))
+            r.is_some_and(|r| r.contains_key(CS2_RESOURCE))
         };
         known |= has(status.and_then(|s| s.capacity.as_ref())) || has(status.and_then(|s| s.allocatable.as_ref()));
         // A cordoned node takes no new engines: its CS-2s are not the pool's (a job on it goes on with fewer).
         if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
             continue;
         }
-        let q = status.and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get(children::CS2_RESOURCE));
+        let q = status.and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get(CS2_RESOURCE));
         if let Some(q) = q {
             total = total.saturating_add(q.0.trim().parse::<u32>().unwrap_or(0));
         }
@@ -384,7 +388,7 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
     let existing = pods.list(&ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any()))).await?.items;
     let (desired, plan_refusal) = match holds {
         0 => (None, None),
-        _ => match children::desired(job, &settings, holds) {
+        _ => match desired::desired(job, &settings, holds) {
             Ok(d) => (Some(d), None),
             // The plan refuses the size the job holds (its spec changed, say spec.memoryx): not a failed pass
             // retried for ever, but a decision, which says why in the status and gives the CS-2s back.
@@ -416,7 +420,7 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
 /// while fewer server pods exist than the job's plan has servers; a failure to read is logged, never fatal.
 async fn memoryx_refusal(job: &TrainingJob, existing: &[Pod], servers: u32, ctx: &Context) -> Option<Refusal> {
     let ns = job.namespace()?;
-    let name = children::names::memoryx(&job.name_any());
+    let name = names::memoryx(&job.name_any());
     let present = existing.iter().filter(|p| is_weight_server(&p.name_any(), &name)).count();
     if present >= servers as usize {
         return None;
@@ -464,11 +468,11 @@ fn decide(job: &TrainingJob, all: &[Stored], r: &Reading, ctx: &Context, now: Ti
     });
     let may_grow = job.spec.cs2 <= holds || admission::may_grow(pool_size, &claims, job.spec.cs2 - holds);
     let desired_pods = r.desired.as_ref().map_or(&[][..], |d| &d.pods[..]);
-    let pods = census(&r.existing, desired_pods, &children::names::memoryx(&job.name_any()));
+    let pods = census(&r.existing, desired_pods, &names::memoryx(&job.name_any()));
     let plan = match (&r.desired, &r.plan_refusal) {
         (_, Some(why)) => Err(why.clone()),
         (Some(d), None) if d.plan.cs2 == job.spec.cs2 => Ok(d.plan.clone()),
-        _ => children::plan(job, job.spec.cs2, ctx.config.fan_out).map(|(_, s)| s).map_err(|e| e.to_string()),
+        _ => crate::children::plan::plan(job, job.spec.cs2, ctx.config.fan_out).map(|(_, s)| s).map_err(|e| e.to_string()),
     };
     let observed = Observed {
         queue_position: admission.as_ref().and_then(|_| admission::position(&claims, &key)),
@@ -649,7 +653,7 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
             let desired = match &reading.desired {
                 Some(d) if n == holds => d,
                 _ => {
-                    built = children::desired(&job, &reading.settings, n)?;
+                    built = desired::desired(&job, &reading.settings, n)?;
                     &built
                 }
             };
@@ -731,7 +735,7 @@ async fn assemble(
     let census = match census_at_n {
         Some(c) => c,
         None => {
-            owned = census(existing, &desired.pods, &children::names::memoryx(&job.name_any()));
+            owned = census(existing, &desired.pods, &names::memoryx(&job.name_any()));
             &owned
         }
     };
@@ -750,17 +754,17 @@ async fn assemble(
 /// Secret of a deleted namesake (another uid) is replaced, since it is another job's identity.
 async fn ensure_identity(client: &Client, job: &TrainingJob, ns: &str) -> Result<(), Error> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let name = children::names::identity(&job.name_any());
+    let name = names::identity(&job.name_any());
     if let Some(existing) = secrets.get_opt(&name).await? {
-        if children::identity_belongs_to(&existing, job) {
+        if identity::identity_belongs_to(&existing, job) {
             return Ok(());
         }
         tracing::info!(job = %job.name_any(), "replacing the identity of an earlier job of the same name");
         delete_ignoring_absent(&secrets, &name).await?;
     }
-    let issued = wire::identity::issue(&job.name_any(), &children::identity_names(&job.name_any(), ns))
+    let issued = wire::identity::issue(&job.name_any(), &identity::identity_names(&job.name_any(), ns))
         .map_err(|e| Error::Config(format!("cannot issue the job's identity: {e}")))?;
-    match secrets.create(&kube::api::PostParams::default(), &children::identity_secret(job, &issued)?).await {
+    match secrets.create(&kube::api::PostParams::default(), &identity::identity_secret(job, &issued)?).await {
         Ok(_) => Ok(()),
         // Another pass created it meanwhile: that one stands.
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
@@ -774,7 +778,7 @@ async fn ensure_identity(client: &Client, job: &TrainingJob, ns: &str) -> Result
 async fn release(ctx: &Context, job: &TrainingJob, phase: Option<Phase>, existing: &[Pod]) -> Result<(), Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
-    let memoryx = children::names::memoryx(&job.name_any());
+    let memoryx = names::memoryx(&job.name_any());
     if let Some(sts) = sets.get_opt(&memoryx).await? {
         if phase != Some(Phase::Succeeded) && sts.spec.as_ref().and_then(|s| s.replicas) != Some(0) {
             let scale = serde_json::json!({ "spec": { "replicas": 0 } });
@@ -844,7 +848,7 @@ mod tests {
     fn desired(n: u32) -> Vec<Pod> {
         let j = crds::testing::mlp_job("j", "ns", 2);
         let s = Settings { default_image: "i".into(), fan_out: 2, request_cs2: false, operator: Default::default() };
-        children::desired(&j, &s, n).unwrap().pods
+        desired::desired(&j, &s, n).unwrap().pods
     }
 
     #[test]
@@ -865,7 +869,7 @@ mod tests {
     #[test]
     fn the_pool_is_the_schedulable_nodes_cs2s_and_requesting_them_does_not_flicker() {
         let node = |allocatable: Option<&str>, capacity: Option<&str>, cordoned: bool| {
-            let q = |v: Option<&str>| v.map(|v| BTreeMap::from([(children::CS2_RESOURCE.to_string(), Quantity(v.into()))]));
+            let q = |v: Option<&str>| v.map(|v| BTreeMap::from([(CS2_RESOURCE.to_string(), Quantity(v.into()))]));
             Node {
                 spec: Some(k8s_openapi::api::core::v1::NodeSpec { unschedulable: cordoned.then_some(true), ..Default::default() }),
                 status: Some(k8s_openapi::api::core::v1::NodeStatus { allocatable: q(allocatable), capacity: q(capacity), ..Default::default() }),

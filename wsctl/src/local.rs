@@ -530,7 +530,9 @@ mod tests {
     fn the_operator_and_the_local_runner_wire_every_role_alike() {
         use k8s_openapi::api::core::v1::Container;
         use kube::ResourceExt;
-        use operator::children::{desired, ClusterSite, OperatorPeer, Settings};
+        use operator::children::desired::desired;
+        use operator::children::settings::{OperatorPeer, Settings};
+        use operator::children::site::ClusterSite;
 
         fn parse<A: RoleArgs>(c: &Container) -> A {
             let argv = c.command.iter().flatten().take(1).cloned().chain(c.args.clone().unwrap_or_default());

@@ -15,7 +15,7 @@ struct Args {
     #[arg(long, env = "WS_CS2_DEVICES", default_value_t = 1)]
     devices: u32,
     /// The extended resource to advertise.
-    #[arg(long, env = "WS_CS2_RESOURCE", default_value = operator::children::CS2_RESOURCE)]
+    #[arg(long, env = "WS_CS2_RESOURCE", default_value = operator::children::pods::engine::CS2_RESOURCE)]
     resource: String,
     /// The kubelet's device-plugin directory, where this plugin's socket goes.
     #[arg(long, env = "WS_DEVICE_PLUGIN_DIR", default_value = deviceplugin::DEFAULT_PLUGIN_DIR)]

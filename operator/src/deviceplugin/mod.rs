@@ -92,7 +92,7 @@ impl Config {
     pub fn new(devices: u32) -> Self {
         let plugin_dir = PathBuf::from(DEFAULT_PLUGIN_DIR);
         Config {
-            resource: crate::children::CS2_RESOURCE.into(),
+            resource: crate::children::pods::engine::CS2_RESOURCE.into(),
             devices,
             kubelet_socket: plugin_dir.join(KUBELET_SOCKET),
             plugin_dir,
