@@ -9,6 +9,7 @@ pub mod contract;
 mod error;
 mod execution;
 pub mod pretrained;
+mod reason_guide;
 mod spec;
 mod status;
 pub mod testing;
