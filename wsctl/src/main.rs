@@ -12,6 +12,8 @@ mod failure;
 mod generate;
 mod local;
 mod manifest;
+#[cfg(test)]
+mod reference;
 mod run;
 mod simulate;
 
