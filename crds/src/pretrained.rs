@@ -1,9 +1,10 @@
 //! A pretrained model a job starts from (`spec.model.from`): the shape its `config.json` gives, and how that
-//! shape fills in the job's model. Reading the folder is the runtime's business
+//! shape fills in the job's model (a Hugging Face GPT-2 or Llama, or an MLP as `wsctl export --format
+//! safetensors` writes it). Reading the folder is the runtime's business
 //! (`runtime::memoryx::huggingface`); deciding what the job then is happens here, once, so a local run, a
 //! submission and a test all get the same spec and the same errors.
 
-use crate::spec::{LayerNorm, ModelKind, ModelSpec};
+use crate::spec::{Activation, LayerNorm, ModelKind, ModelSpec};
 use crate::error::ApiError;
 
 /// What a pretrained model's `config.json` says about its shape, in the job's terms.
@@ -36,6 +37,11 @@ pub struct PretrainedShape {
     /// The longest sequence the model was trained for (`max_position_embeddings`, GPT-2's `n_positions`): the
     /// job's context may not exceed it.
     pub max_context: u32,
+    /// An `mlp`'s widths from input to output (its `config.json`'s `layers`); empty for a decoder. An mlp's
+    /// folder has none of the decoder's fields above: they are 0 (and `false`) for it.
+    pub layers: Vec<u32>,
+    /// An `mlp`'s non-linearity (its `config.json`'s `activation`); the default, and not read, for a decoder.
+    pub activation: Activation,
 }
 
 impl PretrainedShape {
@@ -66,6 +72,9 @@ impl ModelSpec {
         };
         if self.kind != shape.kind {
             return Err(clash("kind", format!("{:?}", self.kind).to_lowercase(), format!("{:?}", shape.kind).to_lowercase()));
+        }
+        if shape.kind == ModelKind::Mlp {
+            return self.adopt_mlp(shape, &clash);
         }
         let agree = |field: &str, have: &mut Option<u32>, want: u32| match *have {
             Some(v) if v != want => Err(clash(field, v.to_string(), want.to_string())),
@@ -108,6 +117,21 @@ impl ModelSpec {
             Some(_) => {}
             None => self.context_length = Some(shape.max_context.min(DEFAULT_PRETRAINED_CONTEXT)),
         }
+        Ok(())
+    }
+
+    /// An MLP's widths and activation: taken when the job leaves them out, else they must agree.
+    fn adopt_mlp(&mut self, shape: &PretrainedShape, clash: &dyn Fn(&str, String, String) -> ApiError) -> Result<(), ApiError> {
+        if !self.layers.is_empty() && self.layers != shape.layers {
+            return Err(clash("layers", format!("{:?}", self.layers), format!("{:?}", shape.layers)));
+        }
+        self.layers = shape.layers.clone();
+        // The default yields to the folder's; another the job names must agree.
+        if self.activation != Activation::default() && self.activation != shape.activation {
+            let name = |a: Activation| format!("{a:?}").to_lowercase();
+            return Err(clash("activation", name(self.activation), name(shape.activation)));
+        }
+        self.activation = shape.activation;
         Ok(())
     }
 
@@ -168,6 +192,8 @@ mod tests {
             tied_embeddings: true,
             max_context: 8192,
             has_tokenizer: true,
+            layers: Vec::new(),
+            activation: Activation::Relu,
         }
     }
 
@@ -186,6 +212,20 @@ mod tests {
         assert!(m.adopt(&gpt2(), "g").unwrap_err().to_string().contains("spec.model.layerNorm"));
         let mut m = ModelSpec { kind: ModelKind::Gpt, ..llama() };
         assert!(m.adopt(&PretrainedShape { intermediate_size: 1000, ..gpt2() }, "g").unwrap_err().to_string().contains("whole multiple"));
+    }
+
+    #[test]
+    fn an_mlp_takes_its_widths_and_activation_and_refuses_others() {
+        let folder = PretrainedShape { kind: ModelKind::Mlp, layers: vec![784, 64, 10], activation: Activation::Gelu, ..smollm2() };
+        let mut m = ModelSpec::mlp(Vec::new(), Activation::Relu, 0.0);
+        m.adopt(&folder, "net/config.json").unwrap();
+        assert_eq!((m.layers.as_slice(), m.activation, m.width, m.vocab_size), (&[784, 64, 10][..], Activation::Gelu, None, 256));
+        let e = ModelSpec::mlp(vec![784, 32, 10], Activation::Relu, 0.0).adopt(&folder, "net/config.json").unwrap_err().to_string();
+        assert!(e.contains("spec.model.layers") && e.contains("[784, 32, 10]") && e.contains("[784, 64, 10]"), "{e}");
+        let relu = PretrainedShape { activation: Activation::Relu, ..folder.clone() };
+        let e = ModelSpec::mlp(Vec::new(), Activation::Gelu, 0.0).adopt(&relu, "n").unwrap_err().to_string();
+        assert!(e.contains("spec.model.activation") && e.contains("the job says gelu but n says relu"), "{e}");
+        assert!(llama().adopt(&folder, "n").unwrap_err().to_string().contains("the job says llama but n says mlp"));
     }
 
     fn llama() -> ModelSpec {

@@ -311,7 +311,7 @@ fn plain(layout: &ModelLayout, model: &ModelSpec, tensors: &Tensors, masking: Op
     let mut widths: Vec<usize> = layout.linears.first().map(|l| l.inputs).into_iter().collect();
     widths.extend(layout.linears.iter().map(|l| l.outputs));
     let config = serde_json::json!({
-        "model_type": "weightstream-mlp",
+        "model_type": huggingface::MLP_MODEL_TYPE,
         "layers": widths,
         "activation": model.activation,
         "forward": "y = layers.{i}.weight @ x + layers.{i}.bias, the activation after every layer but the last",

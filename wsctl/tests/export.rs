@@ -209,3 +209,48 @@ fn an_mlp_exports_plainly_and_bad_exports_write_nothing() {
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a usable checkpoint"));
     assert!(!target.exists());
 }
+
+/// An MLP exported with `--format safetensors` is a folder another job starts from (`spec.model.from`): with a
+/// learning rate too small to move a weight, the new job evaluates what the first one did and exports the same
+/// weights back; a job whose widths disagree with the folder's is refused, naming both.
+#[test]
+fn an_exported_mlp_is_a_folder_a_job_starts_from() {
+    let dense = MLP.replace(", sparsity: 0.5", "");
+    let (_dir, job, out, first) = train("mlp-from", &dense);
+    let dir = job.parent().unwrap().to_path_buf();
+    let plain = dir.join("plain");
+    let ckpt = out.join("checkpoints").join("step-00000010.safetensors");
+    let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "safetensors", "-o", plain.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let again = dense
+        .replace("metadata: {name: export-mlp}", "metadata: {name: export-mlp-again}")
+        .replace("layers: [784, 32, 10]", &format!("layers: [784, 32, 10], from: {}", plain.display()))
+        .replace("steps: 10", "steps: 1")
+        .replace("learningRate: 0.002", "learningRate: 1.0e-12")
+        .replace("intervalSteps: 10", "intervalSteps: 1");
+    let (_dir2, _, out2, second) = train("mlp-from-again", &again);
+    let (a, b) = (first["eval"]["loss"].as_f64().unwrap(), second["eval"]["loss"].as_f64().unwrap());
+    assert!((a - b).abs() < 1e-6 * a, "held-out loss {a} then {b}: the second job did not start from the folder");
+    let back = dir.join("back");
+    let ckpt2 = out2.join("checkpoints").join("step-00000001.safetensors");
+    let o = wsctl(&["export", ckpt2.to_str().unwrap(), "--format", "safetensors", "-o", back.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (x, y) = (std::fs::read(plain.join("model.safetensors")).unwrap(), std::fs::read(back.join("model.safetensors")).unwrap());
+    let (x, y) = (safetensors::SafeTensors::deserialize(&x).unwrap(), safetensors::SafeTensors::deserialize(&y).unwrap());
+    for name in ["layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"] {
+        let values = |st: &safetensors::SafeTensors, n: &str| -> Vec<f32> {
+            st.tensor(n).unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        };
+        let (u, v) = (values(&x, name), values(&y, name));
+        assert_eq!(u.len(), v.len(), "{name}");
+        let worst = u.iter().zip(&v).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-6, "{name} moved by {worst}");
+    }
+
+    let wrong = dir.join("wrong.yaml");
+    std::fs::write(&wrong, again.replace("layers: [784, 32, 10]", "layers: [784, 16, 10]")).unwrap();
+    let o = wsctl(&["plan", wrong.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.contains("spec.model.layers") && stderr.contains("[784, 32, 10]"), "{stderr}");
+}

@@ -3,7 +3,9 @@
 //! stream unit at a time, so
 //! a model larger than a weight server's memory never sits whole in one process; and the same names write a
 //! job's checkpoint back out (`wsctl export`). The mapping between Hugging Face's parameters and the stream
-//! units is [`unit_tensors`], the one place it is written.
+//! units is [`unit_tensors`], the one place it is written. An MLP's folder is the one `wsctl export --format
+//! safetensors` writes (`config.json` of model type [`MLP_MODEL_TYPE`], `layers.{i}.weight` and
+//! `layers.{i}.bias`), so a model exported, or built in PyTorch and saved alike, is a folder a job starts from.
 //!
 //! Nothing in the folder is trusted: every header is bounded before it is read, every tensor's byte range is
 //! checked against its file, and every shape against the job's model before any value is used.
@@ -25,6 +27,8 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const WEIGHTS_FILE: &str = "model.safetensors";
 /// The index naming each tensor's shard in a sharded model.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// The `model_type` of an MLP's `config.json`, as `wsctl export --format safetensors` writes it.
+pub const MLP_MODEL_TYPE: &str = "weightstream-mlp";
 /// Most bytes of a `config.json` or an index read: far more than any real one.
 const MAX_JSON_BYTES: u64 = 16 << 20;
 /// Most bytes of a safetensors header: the format's own limit.
@@ -56,6 +60,9 @@ pub fn shape_of(dir: &Path) -> Result<PretrainedShape> {
     let int = |key: &str| -> Result<u32> {
         c[key].as_u64().and_then(|v| u32::try_from(v).ok()).ok_or_else(|| bad(dir, format!("config.json has no {key} (a whole number)")))
     };
+    if c["model_type"].as_str() == Some(MLP_MODEL_TYPE) {
+        return mlp_shape(dir, &c);
+    }
     if c["model_type"].as_str() == Some("gpt2") || arch == "GPT2LMHeadModel" {
         return gpt2_shape(dir, &c, &int);
     }
@@ -106,6 +113,34 @@ pub fn shape_of(dir: &Path) -> Result<PretrainedShape> {
         tied_embeddings: c["tie_word_embeddings"].as_bool().unwrap_or(false),
         max_context: int("max_position_embeddings")?,
         has_tokenizer: dir.join(crds::pretrained::TOKENIZER_FILE).is_file(),
+        layers: Vec::new(),
+        activation: crds::Activation::default(),
+    })
+}
+
+/// An MLP's shape: its `config.json`'s `layers` (the widths from input to output) and `activation`.
+fn mlp_shape(dir: &Path, c: &serde_json::Value) -> Result<PretrainedShape> {
+    let widths = c["layers"].as_array().map(|a| a.iter().map(|w| w.as_u64().and_then(|w| u32::try_from(w).ok())).collect::<Option<Vec<u32>>>());
+    let layers = widths.flatten().filter(|l| l.len() >= 2 && !l.contains(&0)).ok_or_else(|| {
+        bad(dir, "config.json has no layers: an mlp's are its widths from input to output, e.g. [784, 512, 10]")
+    })?;
+    let activation = serde_json::from_value(c["activation"].clone())
+        .map_err(|_| bad(dir, format!("config.json's activation is {}: an mlp's is \"relu\" or \"gelu\"", c["activation"])))?;
+    Ok(PretrainedShape {
+        kind: ModelKind::Mlp,
+        vocab_size: 0,
+        width: 0,
+        heads: 0,
+        kv_heads: 0,
+        blocks: 0,
+        intermediate_size: 0,
+        rope_theta: 0.0,
+        norm_eps: 0.0,
+        tied_embeddings: false,
+        max_context: 0,
+        has_tokenizer: false,
+        layers,
+        activation,
     })
 }
 
@@ -142,6 +177,8 @@ fn gpt2_shape(dir: &Path, c: &serde_json::Value, int: &dyn Fn(&str) -> Result<u3
         tied_embeddings: c["tie_word_embeddings"].as_bool().unwrap_or(true),
         max_context: int("n_positions")?,
         has_tokenizer: dir.join(crds::pretrained::TOKENIZER_FILE).is_file(),
+        layers: Vec::new(),
+        activation: crds::Activation::default(),
     })
 }
 
@@ -195,15 +232,20 @@ pub struct UnitTensors {
     pub constants: Vec<(String, usize, f32)>,
 }
 
-/// The Hugging Face tensors of stream unit `l` of a decoder `layout`: `LlamaForCausalLM`'s names for a Llama,
-/// `GPT2LMHeadModel`'s for a GPT. `None` for an MLP.
+/// The tensors of stream unit `l` of `layout` in a model folder: `LlamaForCausalLM`'s names for a Llama,
+/// `GPT2LMHeadModel`'s for a GPT, `layers.{l}.weight` and `layers.{l}.bias` for an MLP (as `wsctl export
+/// --format safetensors` names them); `None` past the last unit.
 pub fn unit_tensors(layout: &ModelLayout, l: usize) -> Option<UnitTensors> {
     let shape = layout.linears.get(l)?;
     let tied = shape.tied_to.is_some();
     let matrix = |name: String, rows: usize, transposed: bool| Matrix { name, rows, transposed };
     let unit = |weights: Vec<Matrix>, vector: Vec<(String, usize)>, constants: Vec<(String, usize, f32)>| Some(UnitTensors { weights, vector, constants });
     match layout.arch {
-        Arch::Mlp => None,
+        Arch::Mlp => unit(
+            vec![matrix(format!("layers.{l}.weight"), shape.outputs, false)],
+            vec![(format!("layers.{l}.bias"), shape.outputs)],
+            Vec::new(),
+        ),
         Arch::Llama(g) => {
             let layer = |b: usize, name: &str| format!("model.layers.{b}.{name}.weight");
             let (d, dh) = (g.width, g.head_dim());
