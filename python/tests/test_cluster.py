@@ -148,7 +148,7 @@ def test_an_unreachable_cluster_is_one_typed_error(tmp_path: Path) -> None:
     with pytest.raises(ws.ClusterUnreachableError, match="no usable kubeconfig"):
         ws.Cluster(kubeconfig=tmp_path / "missing").list()
     with pytest.raises(ws.ClusterUnreachableError):
-        mnist_job("py-never").submit(gone)
+        gone.submit(mnist_job("py-never"))
 
 
 def test_a_handle_by_name_reads_the_same_job_and_a_missing_one_is_not_found(cluster: ws.Cluster) -> None:

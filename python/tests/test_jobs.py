@@ -97,6 +97,18 @@ def test_checkpoints_of_a_run_are_listed(tmp_path: Path) -> None:
     result = job.run_local(out=tmp_path / "run", progress=False)
     names = [p.name for p in result.checkpoints()]
     assert names == ["step-00000010.safetensors", "step-00000020.safetensors"], names
+    assert result.checkpoint_dir == tmp_path / "run" / "checkpoints"
+
+
+def test_checkpoints_are_listed_where_the_run_put_them(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "kept"
+    job = mnist_job(steps=20, checkpoint={"intervalSteps": 10, "keep": 5})
+    result = job.run_local(out=tmp_path / "run", checkpoint_dir=elsewhere, progress=False, in_process=True)
+    assert result.checkpoint_dir == elsewhere and not (tmp_path / "run" / "checkpoints").exists()
+    assert result.checkpoints() == [elsewhere / "step-00000010.safetensors", elsewhere / "step-00000020.safetensors"]
+    # A run that keeps none says so: no folder, no checkpoints.
+    bare = mnist_job(steps=5).run_local(out=tmp_path / "bare", progress=False, in_process=True)
+    assert bare.checkpoint_dir is None and bare.checkpoints() == []
 
 
 def test_a_missing_wsctl_is_one_error_saying_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:

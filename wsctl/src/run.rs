@@ -232,6 +232,8 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     );
     let checkpoints =
         opts.checkpoint_dir.clone().or_else(|| (spec.checkpoint.interval_steps > 0).then(|| out.join("checkpoints")));
+    // Where the checkpoints went, for the summary line: `null` when the run kept none.
+    let checkpoint_folder = checkpoints.clone();
     let json = opts.json;
     let show = |m: &ProgressReport| {
         if json {
@@ -260,7 +262,7 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     bar.finish_and_clear();
     let s = result?;
     if opts.json {
-        println!("{}", serde_json::json!({ "summary": s, "out": out }));
+        println!("{}", serde_json::json!({ "summary": s, "out": out, "checkpoints": checkpoint_folder }));
         return Ok(());
     }
     let held_out = match s.eval.perplexity {

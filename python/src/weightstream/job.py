@@ -1,11 +1,13 @@
 """A TrainingJob as Python holds it: the manifest (a dict, exactly the YAML's), built from keyword arguments, a
 dict or a file, and handed to ``wsctl`` to plan or run. Python never validates it: ``wsctl`` does (the same code
-as the operator), and a refusal comes back as :class:`~weightstream.errors.InvalidJobError` with wsctl's line."""
+as the operator), and a refusal comes back as :class:`~weightstream.errors.InvalidJobError` with wsctl's line.
+A job knows nothing of clusters: :meth:`weightstream.Cluster.submit` takes one."""
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
 
 API_VERSION = "weightstream.dev/v1alpha1"
 KIND = "TrainingJob"
+#: A checkpoint's file as MemoryX names it: one file, or the manifest of one spread over several weight servers.
+_CHECKPOINT = re.compile(r"step-(\d+)\.(?:safetensors|manifest\.json)")
 
 
 class TrainingJob:
@@ -132,6 +136,7 @@ class TrainingJob:
         tokens: int | None = None
         summary: dict[str, Any] | None = None
         out_dir: Path | None = None
+        checkpoints: Path | None = None
         try:
             with _wsctl.Lines(args, stdin=stdin) as lines:
                 for line in lines:
@@ -145,18 +150,14 @@ class TrainingJob:
                         bar.update(int(p["step"]), loss=f"{p['loss']:.4f}", rate=rate(p.get("samples_per_s"), tokens) or "")
                     elif "summary" in event:
                         summary, out_dir = event["summary"], Path(event["out"])
+                        # Where wsctl put the checkpoints (``--checkpoint-dir``, else OUT/checkpoints), if anywhere.
+                        checkpoints = Path(event["checkpoints"]) if event.get("checkpoints") else None
         finally:
             if bar is not None:
                 bar.close()
         if summary is None or out_dir is None:
             raise RunFailedError(f"wsctl run {path} ended without a summary")
-        return RunResult(summary=summary, metrics=_metrics(out_dir / "metrics.jsonl"), out=out_dir)
-
-    def submit(self, cluster: "Cluster | None" = None) -> "ClusterJob":
-        """Creates the job on a cluster (default: ``Cluster()``, the user's kubeconfig) and returns its handle."""
-        from .cluster import Cluster
-
-        return (cluster or Cluster()).submit(self)
+        return RunResult(summary=summary, metrics=_metrics(out_dir / "metrics.jsonl"), out=out_dir, checkpoint_dir=checkpoints)
 
     def __repr__(self) -> str:
         return f"TrainingJob({self.name!r}, spec={self.spec!r})"
@@ -179,11 +180,14 @@ def _metrics(path: Path) -> list[dict[str, Any]]:
 @dataclass
 class RunResult:
     """What a local run gives back: wsctl's ``summary.json`` (final loss, held-out evaluation, throughput, bytes
-    streamed, engines' utilisation), the per-step metrics (``metrics.jsonl``) and the folder they are in."""
+    streamed, engines' utilisation), the per-step metrics (``metrics.jsonl``), the folder they are in and the
+    folder the checkpoints went to (as wsctl reports it: ``checkpoint_dir=`` when given, else ``out/checkpoints``
+    when the job checkpoints, else None)."""
 
     summary: dict[str, Any]
     metrics: list[dict[str, Any]] = field(default_factory=list)
     out: Path = Path(".")
+    checkpoint_dir: Path | None = None
 
     @property
     def final_loss(self) -> float:
@@ -197,16 +201,20 @@ class RunResult:
         return dict(self.summary["eval"])
 
     def checkpoints(self) -> list[Path]:
-        """The checkpoints the run wrote (when ``spec.checkpoint.intervalSteps`` > 0), oldest first."""
-        folder = self.out / "checkpoints"
-        return sorted(p for p in folder.glob("step-*") if p.is_file()) if folder.is_dir() else []
+        """The checkpoints in the folder the run used (:attr:`checkpoint_dir`), oldest first: those it wrote, and
+        any a run before it left there."""
+        folder = self.checkpoint_dir
+        if folder is None or not folder.is_dir():
+            return []
+        found = ((_CHECKPOINT.fullmatch(p.name), p) for p in folder.iterdir() if p.is_file())
+        return [p for m, p in sorted((int(m[1]), p) for m, p in found if m)]
 
     def dataframe(self) -> "pandas.DataFrame":
         """The per-step metrics as a ``pandas.DataFrame`` indexed by step (needs pandas)."""
         try:
             import pandas
         except ImportError:
-            raise RunFailedError("dataframe() needs pandas: pip install 'weightstream[notebook]'") from None
+            raise RunFailedError("dataframe() needs pandas: install the package with its notebook extra, pip install './python[notebook]'") from None
         return pandas.DataFrame(self.metrics).set_index("step")
 
     def plot_loss(self, ax: Any = None) -> Any:
@@ -215,6 +223,3 @@ class RunResult:
 
         return plot_loss(self.metrics, ax=ax, title=self.out.name)
 
-
-if TYPE_CHECKING:
-    from .cluster import Cluster, ClusterJob
