@@ -27,6 +27,7 @@ from .errors import (
 from .job import RunResult, TrainingJob
 from .plot import plot_loss
 from .pytorch import from_torch, to_torch, to_transformers
+from .text import generate
 
 __all__ = [
     "Cluster",
@@ -46,6 +47,7 @@ __all__ = [
     "WaitTimeoutError",
     "WeightstreamError",
     "from_torch",
+    "generate",
     "plot_loss",
     "to_torch",
     "to_transformers",

@@ -13,7 +13,7 @@ def plot_loss(metrics: Sequence[dict[str, Any]], ax: Any = None, title: str | No
     try:
         import matplotlib.pyplot as plt
     except ImportError:
-        raise RunFailedError("plot_loss() needs matplotlib: pip install 'weightstream[notebook]'") from None
+        raise RunFailedError("plot_loss() needs matplotlib: install the package with its notebook extra, pip install './python[notebook]'") from None
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     steps = [m["step"] for m in metrics]

@@ -1,30 +1,42 @@
 """PyTorch models in and out. :func:`from_torch` turns a ``torch.nn.Sequential`` of ``Linear`` layers and one
 kind of activation into an MLP job, and a Hugging Face GPT-2 or Llama (a model, its config, or a folder) into a
-decoder job whose shape wsctl reads from the config (``wsctl model``) and whose weights, where there are any,
-the job starts from (``spec.model.from``). :func:`to_torch` and :func:`to_transformers` give a checkpoint back
-as a PyTorch module, through ``wsctl export``: the names and layouts are wsctl's, never re-derived here."""
+decoder job whose shape wsctl reads from the config (``wsctl model``); either starts from the model's own
+weights (``spec.model.from``: a Hugging Face folder, or for an MLP the folder ``wsctl export --format
+safetensors`` writes), and a tokenizer given goes with the model. :func:`to_torch` and :func:`to_transformers`
+give a checkpoint back as a PyTorch module, through ``wsctl export``: the names and layouts are wsctl's, never
+re-derived here."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from . import _wsctl
-from .errors import RunFailedError, UnsupportedModelError
+from .errors import InvalidJobError, RunFailedError, UnsupportedModelError
 from .job import TrainingJob
 
-#: The folder inside a pretrained model folder that holds its weights, as ``save_pretrained`` writes them.
+#: The file of a model folder that describes the model.
+CONFIG_FILE = "config.json"
+#: The ``model_type`` of an MLP folder's ``config.json``, as ``wsctl export --format safetensors`` writes it.
+MLP_MODEL_TYPE = "weightstream-mlp"
+#: The file of a model folder that holds its weights, as ``save_pretrained`` and ``wsctl export`` write them.
 WEIGHTS_FILE = "model.safetensors"
+#: The file of a model folder that holds its tokenizer, which a job reading text then uses unless its data names
+#: another.
+TOKENIZER_FILE = "tokenizer.json"
+#: How a job from :func:`from_torch` starts: from the module's own weights, or drawn from ``spec.training.seed``.
+INITS = ("module", "seed")
 
 
 def _torch() -> Any:
     try:
         import torch
     except ImportError:
-        raise RunFailedError("this needs PyTorch: pip install 'weightstream[torch]'") from None
+        raise RunFailedError("this needs PyTorch: install the package with its torch extra, pip install './python[torch]'") from None
     return torch
 
 
@@ -80,31 +92,106 @@ def mlp_model(module: Any, sparsity: float = 0.0) -> dict[str, Any]:
     return {"kind": "mlp", "layers": widths, "activation": activation or "relu", "sparsity": sparsity}
 
 
-def decoder_model(source: Any, save_to: str | Path | None = None) -> dict[str, Any]:
-    """``spec.model`` for a Hugging Face decoder: a ``PreTrainedModel`` (saved to ``save_to``, a new temporary
-    folder by default, and started from), a ``PretrainedConfig`` (shape only), or a folder (started from when
-    it holds ``model.safetensors``). The shape is wsctl's reading of the config."""
-    folder: Path
-    weights = False
+def mlp_folder(module: Any, folder: str | Path) -> Path:
+    """Writes ``module`` (a Sequential :func:`mlp_model` takes) into ``folder`` as ``wsctl export --format
+    safetensors`` writes an MLP, the names :func:`to_torch` reads back: ``model.safetensors`` with each Linear's
+    ``layers.{i}.weight`` (outputs × inputs) and ``layers.{i}.bias`` in float32, and a ``config.json`` with the
+    widths and the activation. A job whose ``spec.model.from`` names the folder starts from these weights."""
+    torch = _torch()
+    from safetensors.torch import save_file
+
+    model = mlp_model(module)
+    linears = [layer for layer in module if isinstance(layer, torch.nn.Linear)]
+    tensors: dict[str, Any] = {}
+    for i, linear in enumerate(linears):
+        tensors[f"layers.{i}.weight"] = linear.weight.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        tensors[f"layers.{i}.bias"] = linear.bias.detach().to(device="cpu", dtype=torch.float32).contiguous()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / WEIGHTS_FILE))
+    config = {"model_type": MLP_MODEL_TYPE, "layers": model["layers"], "activation": model["activation"]}
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+def _new_folder(save_to: str | Path | None, what: str) -> Path:
+    folder = Path(save_to) if save_to is not None else Path(tempfile.mkdtemp(prefix=f"weightstream-{what}-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _decoder_folder(source: Any, save_to: str | Path | None, weights: bool) -> tuple[Path, bool, bool]:
+    """The folder a Hugging Face decoder is read from, whether it has weights to start from, and whether it is
+    this package's to write into (saved here) rather than the user's."""
     if isinstance(source, (str, Path)):
         folder = Path(source)
-        weights = (folder / WEIGHTS_FILE).is_file()
-    elif hasattr(source, "save_pretrained") and hasattr(source, "config") and hasattr(source, "state_dict"):
-        folder = Path(save_to) if save_to is not None else Path(tempfile.mkdtemp(prefix="weightstream-model-"))
+        return folder, weights and (folder / WEIGHTS_FILE).is_file(), False
+    if hasattr(source, "save_pretrained") and hasattr(source, "config") and hasattr(source, "state_dict"):
+        if not weights:
+            return _decoder_folder(source.config, save_to, False)
+        folder = _new_folder(save_to, "model")
         source.save_pretrained(folder, safe_serialization=True)
-        weights = True
-    elif hasattr(source, "to_dict") and hasattr(source, "model_type"):
-        folder = Path(save_to) if save_to is not None else Path(tempfile.mkdtemp(prefix="weightstream-config-"))
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(source.to_dict()))
-    else:
-        raise UnsupportedModelError(
-            f"{type(source).__name__} is neither a torch.nn.Sequential nor a Hugging Face model, config or folder"
-        )
+        return folder, True, True
+    if hasattr(source, "to_dict") and hasattr(source, "model_type"):
+        folder = _new_folder(save_to, "config")
+        (folder / CONFIG_FILE).write_text(json.dumps(source.to_dict()))
+        return folder, False, True
+    raise UnsupportedModelError(
+        f"{type(source).__name__} is neither a torch.nn.Sequential nor a Hugging Face model, config or folder"
+    )
+
+
+def decoder_model(source: Any, save_to: str | Path | None = None, weights: bool = True) -> dict[str, Any]:
+    """``spec.model`` for a Hugging Face decoder: a ``PreTrainedModel`` (saved to ``save_to``, a new temporary
+    folder by default, and started from), a ``PretrainedConfig`` (shape only), or a folder (started from when
+    it holds ``model.safetensors``); with ``weights=False`` the shape alone. The shape is wsctl's reading of the
+    config."""
+    folder, has_weights, _ = _decoder_folder(source, save_to, weights)
+    return _decoder_spec(folder, has_weights)
+
+
+def _decoder_spec(folder: Path, has_weights: bool) -> dict[str, Any]:
     model = dict(_wsctl.run_json(["model", str(folder)]))
-    if weights:
+    if has_weights:
         model["from"] = str(folder)
     return model
+
+
+def _tokenizer_file(path: str | Path) -> Path:
+    """The ``tokenizer.json`` a path names: the file, or the one in the folder."""
+    given = Path(path)
+    found = given / TOKENIZER_FILE if given.is_dir() else given
+    if not found.is_file():
+        raise UnsupportedModelError(f"tokenizer {given} is neither a tokenizer.json file nor a folder holding one")
+    return found
+
+
+def save_tokenizer(tokenizer: Any, folder: str | Path) -> Path:
+    """Writes ``tokenizer`` into ``folder`` as ``tokenizer.json`` and returns its path: a ``transformers``
+    tokenizer (a fast one: its ``save_pretrained`` writes ``tokenizer.json``), a ``tokenizers.Tokenizer``, or a
+    ``tokenizer.json`` file (or a folder holding one), copied."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / TOKENIZER_FILE
+    if isinstance(tokenizer, (str, Path)):
+        source = _tokenizer_file(tokenizer)
+        if source.resolve() != target.resolve():
+            shutil.copyfile(source, target)
+    elif hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(str(folder))
+    elif hasattr(tokenizer, "save") and hasattr(tokenizer, "encode"):
+        tokenizer.save(str(target))
+    else:
+        raise UnsupportedModelError(
+            f"{type(tokenizer).__name__} is not a tokenizer: give a transformers tokenizer, a tokenizers.Tokenizer or "
+            "the path of a tokenizer.json"
+        )
+    if not target.is_file():
+        raise UnsupportedModelError(
+            f"{type(tokenizer).__name__} wrote no {TOKENIZER_FILE} (a slow tokenizer): load it with "
+            "AutoTokenizer.from_pretrained(..., use_fast=True), or give the path of its tokenizer.json"
+        )
+    return target
 
 
 def from_torch(
@@ -116,20 +203,52 @@ def from_torch(
     cs2: int = 1,
     sparsity: float = 0.0,
     save_to: str | Path | None = None,
+    tokenizer: Any = None,
+    init: str = "module",
     **spec: Any,
 ) -> TrainingJob:
-    """A job training ``module``: a ``torch.nn.Sequential`` becomes an MLP job (its weights drawn from the job's
-    seed, as every MLP job's), a Hugging Face GPT-2 or Llama model, config or folder a decoder job that starts
-    from its weights where it has them. ``data``, ``training`` and any other ``spec`` field are the YAML's."""
+    """A job training ``module`` from its own weights. A ``torch.nn.Sequential`` becomes an MLP job started from
+    its Linear layers (written to ``save_to``, a new temporary folder by default, by :func:`mlp_folder`); a
+    Hugging Face GPT-2 or Llama model (saved to ``save_to``), config (the shape only) or folder a decoder job,
+    started from its weights where it has them. ``init="seed"`` takes the shape alone and draws the weights from
+    ``spec.training.seed``, exactly as the same job written in YAML does.
+
+    ``tokenizer`` (a ``transformers`` tokenizer, a ``tokenizers.Tokenizer`` or a ``tokenizer.json`` path) goes with
+    a decoder: saved into the folder the job starts from as ``tokenizer.json``, which wsctl uses for text whose
+    ``data`` names no tokenizer (as it does a pretrained folder's own); where the job starts from no folder of
+    this package's (a config, your own folder, ``init="seed"``) it is named in ``data.tokenizer`` instead.
+    ``data``, ``training`` and any other ``spec`` field are the YAML's."""
     torch = _torch()
+    if init not in INITS:
+        raise InvalidJobError(
+            f"init={init!r}: use 'module' (start from the model's own weights) or 'seed' (draw them from "
+            "spec.training.seed, as the YAML job does)"
+        )
+    data = dict(data)
+    if tokenizer is not None and data.get("tokenizer"):
+        raise InvalidJobError(
+            f"the tokenizer is given twice (tokenizer= and data.tokenizer {data['tokenizer']!r}): give it once"
+        )
     hugging_face = isinstance(module, (str, Path)) or hasattr(module, "save_pretrained") or hasattr(module, "model_type")
     if isinstance(module, torch.nn.Module) and not hugging_face:
+        if tokenizer is not None:
+            raise UnsupportedModelError("tokenizer= is for a language model: an MLP reads features, not text")
         model = mlp_model(module, sparsity)
+        if init == "module":
+            model["from"] = str(mlp_folder(module, _new_folder(save_to, "mlp")))
     else:
-        model = decoder_model(module, save_to)
+        folder, has_weights, ours = _decoder_folder(module, save_to, init == "module")
+        model = _decoder_spec(folder, has_weights)
         if sparsity:
             model["sparsity"] = sparsity
-    return TrainingJob(name, cs2=cs2, model=model, data=dict(data), training=dict(training), **spec)
+        if tokenizer is not None:
+            if ours and has_weights:
+                save_tokenizer(tokenizer, folder)  # The job's folder: wsctl passes it on to the data.
+            elif isinstance(tokenizer, (str, Path)):
+                data["tokenizer"] = str(_tokenizer_file(tokenizer))
+            else:
+                data["tokenizer"] = str(save_tokenizer(tokenizer, folder if ours else _new_folder(None, "tokenizer")))
+    return TrainingJob(name, cs2=cs2, model=model, data=data, training=dict(training), **spec)
 
 
 def _export(checkpoint: str | Path, fmt: str, out: str | Path | None, job: TrainingJob | None, tokenizer: str | Path | None) -> Path:
@@ -151,8 +270,8 @@ def to_torch(checkpoint: str | Path, job: TrainingJob | None = None, out: str | 
     appliance evaluated; a GPT or Llama as its ``transformers`` model (see :func:`to_transformers`)."""
     torch = _torch()
     folder = _export(checkpoint, "safetensors", out, job, None)
-    config = json.loads((folder / "config.json").read_text())
-    if config.get("model_type") != "weightstream-mlp" or config.get("model", {}).get("kind") != "mlp":
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    if config.get("model_type") != MLP_MODEL_TYPE or config.get("model", {}).get("kind") != "mlp":
         return to_transformers(checkpoint, job=job)
     from safetensors.torch import load_file
 
@@ -182,6 +301,8 @@ def to_transformers(
     try:
         from transformers import AutoModelForCausalLM
     except ImportError:
-        raise RunFailedError("to_transformers needs transformers: pip install transformers") from None
+        raise RunFailedError(
+            "to_transformers needs transformers: install the package with its torch extra, pip install './python[torch]'"
+        ) from None
     folder = _export(checkpoint, "huggingface", out, job, tokenizer)
     return AutoModelForCausalLM.from_pretrained(str(folder)).eval()
