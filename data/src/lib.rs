@@ -348,7 +348,7 @@ pub(crate) mod tests {
         let u = test.unigram_loss(&train).unwrap();
         assert!(u > 4.0 && u < 1024f64.ln(), "{u}");
         let shard = train.shard(&[2]);
-        assert_eq!(shard.inputs.data, tr[256..384].iter().map(|&i| f32::from(i)).collect::<Vec<_>>());
+        assert_eq!(shard.inputs.data, tr[256..384].iter().map(|&i| i as f32).collect::<Vec<_>>());
         assert_eq!(shard.labels, tr[257..385].iter().map(|&i| u32::from(i)).collect::<Vec<_>>());
         // The PVC variant reads the same files inside a volume: locally, `--volume weightstream-data=examples/data`.
         let pvc = example("gpt-bpe-pvc.yaml");
