@@ -6,7 +6,6 @@
 //! It is written against the [`WeightStore`] and [`Swarm`] traits only, so the same loop drives roles in one
 //! process or across the network.
 
-use std::cell::{Cell, RefCell};
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -266,16 +265,19 @@ impl RetryPolicy {
     /// After each unavailable attempt it pauses, then asks `recover` whether to go on (`Ok(false)` returns
     /// `Ok(None)`: the caller falls back, and its recovery goes on). `what` names the work in the log and in
     /// the error that ends the run, with the last failure (which names the component and its address).
-    pub fn retry<T>(
+    ///
+    /// Both `attempt` and `recover` are handed `state` in turn (the fabric they both drive).
+    pub fn retry<S: ?Sized, T>(
         &self,
         what: &str,
         step: u64,
         recovery: &mut Option<Recovery>,
-        mut attempt: impl FnMut() -> Result<T>,
-        mut recover: impl FnMut() -> Result<bool>,
+        state: &mut S,
+        mut attempt: impl FnMut(&mut S) -> Result<T>,
+        mut recover: impl FnMut(&mut S) -> Result<bool>,
     ) -> Result<Option<T>> {
         loop {
-            match attempt() {
+            match attempt(state) {
                 Err(Error::Unavailable(why)) => {
                     let r = recovery.get_or_insert_with(|| Recovery { step, since: Instant::now(), attempts: 0 });
                     r.attempts += 1;
@@ -292,7 +294,7 @@ impl RetryPolicy {
                     }
                     tracing::warn!(attempt = r.attempts, step, "{what} aborted, rerunning: {why}");
                     std::thread::sleep(self.pause.min(self.budget - spent));
-                    if !recover()? {
+                    if !recover(state)? {
                         return Ok(None);
                     }
                 }
@@ -306,31 +308,6 @@ impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy { budget: std::time::Duration::from_secs(60), pause: std::time::Duration::from_millis(500) }
     }
-}
-
-/// One step of pipelined execution: the engines hold the model, so only the batch goes down and the loss comes
-/// up; the gradients are summed and applied inside the fabric. Engines are primed with MemoryX's state first
-/// when they need it (at the start, and after a fault).
-fn resident_step(
-    store: &dyn WeightStore,
-    swarm: &mut dyn Swarm,
-    primed: &mut bool,
-    job: &str,
-    shape: StepShape,
-    samples: Vec<u32>,
-    step: u64,
-) -> Result<(LossSum, u64)> {
-    let mut bytes = 0;
-    if !*primed {
-        let (at, state) = store.state(job)?;
-        if at != step {
-            return Err(Error::Protocol(format!("MemoryX holds step {at} but the loop is at step {step}")));
-        }
-        swarm.prime(&state)?;
-        bytes += state.len() as u64;
-        *primed = true;
-    }
-    Ok((swarm.resident_step(&shape.train(step, samples))?, bytes))
 }
 
 /// Brings MemoryX up to the engines' replicas, which hold `step` (steps applied). Returns whether it did: a
@@ -355,6 +332,136 @@ enum Mode {
     Resident,
 }
 
+/// What pipelined execution keeps beside the engines' replicas: whether they are primed with MemoryX's state,
+/// and the step MemoryX's copy holds, which a fault that loses every replica goes back to.
+struct Resident {
+    /// Whether the engines hold MemoryX's state (not at the start, nor after a fault).
+    primed: bool,
+    /// The step MemoryX's copy holds.
+    copy_at: u64,
+    /// When it was last brought up to the replicas: at least every `snapshotSeconds`, so a fault that loses
+    /// every replica costs at most that much work.
+    copied: Instant,
+    /// `spec.checkpoint.snapshotSeconds`.
+    snapshot_every: std::time::Duration,
+}
+
+impl Resident {
+    /// The replicas of a run starting at step `start` (which MemoryX's copy holds), not yet primed.
+    fn new(start: u64, checkpoint: &crds::CheckpointSpec) -> Self {
+        Resident {
+            primed: false,
+            copy_at: start,
+            copied: Instant::now(),
+            snapshot_every: std::time::Duration::from_secs(checkpoint.snapshot_seconds.max(1)),
+        }
+    }
+
+    /// One step of pipelined execution: the engines hold the model, so only the batch goes down and the loss
+    /// comes up; the gradients are summed and applied inside the fabric. Engines are primed with MemoryX's state
+    /// first when they need it (at the start, and after a fault).
+    fn step(&mut self, store: &dyn WeightStore, swarm: &mut dyn Swarm, job: &str, request: &StepRequest) -> Result<(LossSum, u64)> {
+        let mut bytes = 0;
+        if !self.primed {
+            let (at, state) = store.state(job)?;
+            if at != request.step {
+                return Err(Error::Protocol(format!("MemoryX holds step {at} but the loop is at step {}", request.step)));
+            }
+            swarm.prime(&state)?;
+            bytes += state.len() as u64;
+            self.primed = true;
+        }
+        Ok((swarm.resident_step(request)?, bytes))
+    }
+
+    /// Between attempts of `step`: the replacement engine has no replica, so the state is taken from a
+    /// surviving one (or, if none survived, the run goes back to MemoryX's copy: `Ok(false)`) and they are all
+    /// primed again. MemoryX's copy of this very step needs nothing taken back.
+    fn recover(&mut self, store: &dyn WeightStore, swarm: &mut dyn Swarm, step: u64) -> Result<bool> {
+        self.primed = false;
+        if self.copy_at == step {
+            return Ok(true);
+        }
+        match take_back(store, swarm, step) {
+            Ok(taken) => {
+                if taken {
+                    self.copy_at = step;
+                }
+                Ok(taken)
+            }
+            Err(e) => {
+                tracing::warn!("no replica to take back: {e}");
+                Ok(false)
+            }
+        }
+    }
+
+    /// Brings MemoryX's copy up to the replicas after step `done` (steps applied) when it is due: `sync_at`
+    /// asks, the run ends there, or the last copy is `snapshotSeconds` old. Returns `false` when the replicas
+    /// could not be taken back: the run goes back to MemoryX's copy.
+    fn sync(&mut self, steps: &Steps<'_>, swarm: &mut dyn Swarm, recovery: &mut Option<Recovery>, done: u64) -> Result<bool> {
+        let due = (steps.sync_at)(done) || done == steps.range.end || self.copied.elapsed() >= self.snapshot_every;
+        if !due {
+            return Ok(true);
+        }
+        let (store, stop, copy_at) = (steps.store, steps.stop, self.copy_at);
+        let synced = steps.retry.retry(
+            "taking the replicas back after step",
+            done,
+            recovery,
+            swarm,
+            |s| take_back(store, s, done),
+            |_| if stop() { Err(Error::Stopped { step: copy_at, checkpoint: None }) } else { Ok(true) },
+        )?;
+        if synced != Some(true) {
+            self.primed = false;
+            return Ok(false);
+        }
+        self.copy_at = done;
+        self.copied = Instant::now();
+        Ok(true)
+    }
+}
+
+/// What a step's attempts drive, and what the recovery between them changes: MemoryX, the engines through
+/// SwarmX, the shape of every step and, when the engines hold the model, their replicas' state.
+struct Fabric<'r> {
+    store: &'r dyn WeightStore,
+    swarm: &'r mut dyn Swarm,
+    shape: StepShape,
+    /// The replicas' state in pipelined execution; `None` streams every layer every step.
+    resident: Option<Resident>,
+}
+
+impl Fabric<'_> {
+    /// One attempt of training step `step` (steps applied before it) over `samples`.
+    fn attempt(&mut self, job: &str, samples: Vec<u32>, step: u64) -> Result<(LossSum, u64)> {
+        match &mut self.resident {
+            None => train_step(self.store, self.swarm, self.shape, samples, step),
+            Some(r) => r.step(self.store, self.swarm, job, &self.shape.train(step, samples)),
+        }
+    }
+
+    /// Between attempts of `step`: whether to run it again (`Ok(false)`: go back to MemoryX's copy), or
+    /// [`Error::Stopped`] at the step MemoryX holds when the run is asked to stop. Every rerun draws on the
+    /// step's one recovery budget.
+    fn recover(&mut self, step: u64, stop: &dyn Fn() -> bool) -> Result<bool> {
+        if stop() {
+            return Err(Error::Stopped { step: self.back_to(step), checkpoint: None });
+        }
+        match &mut self.resident {
+            None => Ok(true),
+            Some(r) => r.recover(self.store, self.swarm, step),
+        }
+    }
+
+    /// The step MemoryX holds while the loop is at `step`: its copy's when the engines hold the model, else
+    /// `step` itself (a streamed step leaves MemoryX as it was until it commits).
+    fn back_to(&self, step: u64) -> u64 {
+        self.resident.as_ref().map_or(step, |r| r.copy_at)
+    }
+}
+
 /// What [`run`] trains: the job, its store and data, and the steps to run.
 pub struct Steps<'a> {
     /// The job's spec.
@@ -377,6 +484,16 @@ pub struct Steps<'a> {
     pub stop: &'a dyn Fn() -> bool,
 }
 
+/// What the step loop leaves for the summary.
+struct Trained {
+    /// The mean loss of the last step reported (NaN when none was run).
+    final_loss: f64,
+    /// Bytes moved between MemoryX and the fabric over the steps reported.
+    bytes: u64,
+    /// Wall time of the training steps.
+    wall_s: f64,
+}
+
 /// Trains `steps.range` and evaluates. `on_step` sees every step's metrics as it finishes (and may
 /// checkpoint); a step that fails because a component is unavailable is rerun whole, so no gradient is lost or
 /// applied twice.
@@ -390,8 +507,7 @@ pub fn run(
     swarm: &mut dyn Swarm,
     on_step: &mut dyn FnMut(&ProgressReport) -> Result<()>,
 ) -> Result<Summary> {
-    let Steps { spec, job, store, data, retry, sync_at, stop, .. } = *steps;
-    let (start, total) = (steps.range.start, steps.range.end);
+    let spec = steps.spec;
     // The tree's shape does not bear on the mode; the mode is all the loop takes from the plan.
     let plan = plan::appliance::Plan::new(spec, swarm.sram_bytes(), crds::contract::DEFAULT_FAN_OUT)?;
     let mode = if plan.execution_mode == crds::ExecutionMode::Pipelined && swarm.holds_replicas() {
@@ -400,27 +516,30 @@ pub fn run(
         Mode::Streaming
     };
     tracing::info!(?mode, "execution");
-    let train_samples = data.train_samples;
-    let test_samples = &data.eval_samples;
-    let batch = plan.batch;
-    let sampler = Sampler::new(train_samples, batch, spec.training.seed);
     let layout = plan::layout::ModelLayout::from_spec(&spec.model);
-    let shape = StepShape::of(&plan, &layout);
-    let dense_step = plan::appliance::step_bytes(&layout, true);
+    let resident = (mode == Mode::Resident).then(|| Resident::new(steps.range.start, &spec.checkpoint));
+    let mut fabric = Fabric { store: steps.store, swarm: &mut *swarm, shape: StepShape::of(&plan, &layout), resident };
     let started = Instant::now();
+    let (final_loss, bytes) = train_steps(steps, &mut fabric, plan.batch, on_step)?;
+    let trained = Trained { final_loss, bytes, wall_s: started.elapsed().as_secs_f64() };
+    summarize(steps, swarm, &plan, &layout, mode, trained)
+}
+
+/// The step loop of [`run`]: runs `steps.range` over `fabric`, reporting each step once to `on_step`, and
+/// returns the last step's mean loss and the bytes streamed.
+fn train_steps(
+    steps: &Steps<'_>,
+    fabric: &mut Fabric<'_>,
+    batch: usize,
+    on_step: &mut dyn FnMut(&ProgressReport) -> Result<()>,
+) -> Result<(f64, u64)> {
+    let Steps { spec, job, retry, stop, .. } = *steps;
+    let (start, total) = (steps.range.start, steps.range.end);
+    let sampler = Sampler::new(steps.data.train_samples, batch, spec.training.seed);
     let (mut bytes, mut final_loss) = (0u64, f64::NAN);
     // Steps already reported: a rerun after a lost replica does not report them twice.
     let mut reported = start;
     let mut step = start;
-    // Both the attempt and the recovery between attempts need the fabric and the priming flag.
-    let fabric = RefCell::new(swarm);
-    let primed = Cell::new(false);
-    // The step MemoryX's copy holds: a fault that loses every replica goes back to it.
-    let mut copy_at = start;
-    // When it was last brought up to the replicas: at least every `snapshotSeconds`, so a fault that loses
-    // every replica costs at most that much work.
-    let snapshot_every = std::time::Duration::from_secs(spec.checkpoint.snapshot_seconds.max(1));
-    let mut copied = Instant::now();
     let mut recovery: Option<Recovery> = None;
     while step < total {
         let step_started = Instant::now();
@@ -428,65 +547,22 @@ pub fn run(
             "step",
             step + 1,
             &mut recovery,
-            || {
-                let swarm = &mut **fabric.borrow_mut();
-                match mode {
-                    Mode::Streaming => train_step(store, swarm, shape, sampler.batch(step), step),
-                    Mode::Resident => {
-                        let mut p = primed.get();
-                        let r = resident_step(store, swarm, &mut p, job, shape, sampler.batch(step), step);
-                        primed.set(p);
-                        r
-                    }
-                }
-            },
-            || {
-                if stop() {
-                    return Err(Error::Stopped { step: if mode == Mode::Streaming { step } else { copy_at }, checkpoint: None });
-                }
-                if mode == Mode::Streaming {
-                    return Ok(true);
-                }
-                // The replacement engine has no replica: take the state from a surviving one (or, if none
-                // survived, go back to MemoryX's copy) and prime them all again. MemoryX's copy of this very step
-                // needs nothing taken back. Every rerun draws on the step's one recovery budget.
-                primed.set(false);
-                if copy_at == step {
-                    return Ok(true);
-                }
-                match take_back(store, &mut **fabric.borrow_mut(), step) {
-                    Ok(taken) => {
-                        copy_at = if taken { step } else { copy_at };
-                        Ok(taken)
-                    }
-                    Err(e) => {
-                        tracing::warn!("no replica to take back: {e}");
-                        Ok(false)
-                    }
-                }
-            },
+            &mut *fabric,
+            |f| f.attempt(job, sampler.batch(step), step),
+            |f| f.recover(step, stop),
         )?;
         let Some((loss, step_bytes)) = outcome else {
-            tracing::warn!(from = step, to = copy_at, "every replica was lost; rerunning from MemoryX's copy");
-            step = copy_at;
+            let to = fabric.back_to(step);
+            tracing::warn!(from = step, to, "every replica was lost; rerunning from MemoryX's copy");
+            step = to;
             continue;
         };
-        if mode == Mode::Resident && (sync_at(step + 1) || step + 1 == total || copied.elapsed() >= snapshot_every) {
-            let synced = retry.retry(
-                "taking the replicas back after step",
-                step + 1,
-                &mut recovery,
-                || take_back(store, &mut **fabric.borrow_mut(), step + 1),
-                || if stop() { Err(Error::Stopped { step: copy_at, checkpoint: None }) } else { Ok(true) },
-            )?;
-            if synced != Some(true) {
-                primed.set(false);
-                tracing::warn!(from = step + 1, to = copy_at, "the replicas could not be taken back; rerunning from MemoryX's copy");
-                step = copy_at;
-                continue;
-            }
-            copy_at = step + 1;
-            copied = Instant::now();
+        if let Some(r) = &mut fabric.resident
+            && !r.sync(steps, fabric.swarm, &mut recovery, step + 1)?
+        {
+            tracing::warn!(from = step + 1, to = r.copy_at, "the replicas could not be taken back; rerunning from MemoryX's copy");
+            step = r.copy_at;
+            continue;
         }
         step += 1;
         // A step past the one that failed first ends its recovery.
@@ -514,15 +590,36 @@ pub fn run(
             learning_rate: crate::optim::learning_rate(&spec.training.optimizer, &spec.training.schedule, step, total),
         })?;
     }
-    let swarm = fabric.into_inner();
-    let wall_s = started.elapsed().as_secs_f64();
+    Ok((final_loss, bytes))
+}
+
+/// A run's [`Summary`] once `trained`: the engines' counters, then the held-out evaluation (rerun like a step
+/// if a component drops out), and the rates and totals of the steps run.
+fn summarize(
+    steps: &Steps<'_>,
+    swarm: &mut dyn Swarm,
+    plan: &plan::appliance::Plan,
+    layout: &plan::layout::ModelLayout,
+    mode: Mode,
+    trained: Trained,
+) -> Result<Summary> {
+    let (start, total) = (steps.range.start, steps.range.end);
+    let (shape, batch, wall_s) = (StepShape::of(plan, layout), plan.batch, trained.wall_s);
     let engines = swarm.stats()?;
     let eval_batch = batch.max(swarm.engines());
-    let eval = retry
-        .retry("evaluation after step", total, &mut None, || evaluate(store, swarm, shape, test_samples, eval_batch, total), || Ok(true))?
+    let test_samples = &steps.data.eval_samples;
+    let mut eval = steps
+        .retry
+        .retry(
+            "evaluation after step",
+            total,
+            &mut None,
+            swarm,
+            |s| evaluate(steps.store, s, shape, test_samples, eval_batch, total),
+            |_| Ok(true),
+        )?
         .ok_or_else(|| Error::Unavailable("evaluation gave up".into()))?;
-    let mut eval = eval;
-    if let Some(unigram) = data.unigram_loss {
+    if let Some(unigram) = steps.data.unigram_loss {
         eval.perplexity = Some(eval.loss.exp());
         eval.unigram_loss = Some(unigram);
     }
@@ -530,15 +627,15 @@ pub fn run(
     let samples_per_s = (steps_run as usize * batch) as f64 / wall_s.max(1e-9);
     Ok(Summary {
         steps: total,
-        final_loss,
+        final_loss: trained.final_loss,
         eval,
         wall_s,
         samples_per_s,
         tokens_per_s: samples_per_s * shape.tokens_per_sample as f64,
         model_weight_bytes: layout.weight_bytes(),
-        bytes_streamed: bytes,
-        dense_equivalent_bytes: dense_step * steps_run,
-        cs2: spec.cs2,
+        bytes_streamed: trained.bytes,
+        dense_equivalent_bytes: plan::appliance::step_bytes(layout, true) * steps_run,
+        cs2: steps.spec.cs2,
         execution_mode: match mode {
             Mode::Resident => crds::ExecutionMode::Pipelined,
             Mode::Streaming => crds::ExecutionMode::WeightStreaming,
@@ -570,8 +667,9 @@ mod retry_tests {
                 "step",
                 7,
                 &mut recovery,
-                || Err(Error::Unavailable("engine-0 at 127.0.0.1:9: transport error".into())),
-                || Ok(false),
+                &mut (),
+                |_| Err(Error::Unavailable("engine-0 at 127.0.0.1:9: transport error".into())),
+                |_| Ok(false),
             );
             match r {
                 Ok(None) => fallbacks += 1,
@@ -592,16 +690,16 @@ mod retry_tests {
     fn a_component_that_comes_back_is_waited_for_and_other_errors_are_not_retried() {
         let policy = RetryPolicy { budget: Duration::from_secs(5), pause: Duration::from_millis(1) };
         let mut calls = 0;
-        let got = policy.retry("step", 1, &mut None, || {
-            calls += 1;
-            if calls < 3 { Err(Error::Unavailable("not yet".into())) } else { Ok(calls) }
-        }, || Ok(true));
+        let got = policy.retry("step", 1, &mut None, &mut calls, |calls| {
+            *calls += 1;
+            if *calls < 3 { Err(Error::Unavailable("not yet".into())) } else { Ok(*calls) }
+        }, |_| Ok(true));
         assert_eq!(got.unwrap(), Some(3));
         let mut calls = 0;
-        let got: Result<Option<()>> = policy.retry("step", 1, &mut None, || {
-            calls += 1;
+        let got: Result<Option<()>> = policy.retry("step", 1, &mut None, &mut calls, |calls| {
+            *calls += 1;
             Err(Error::Protocol("wrong shape".into()))
-        }, || Ok(true));
+        }, |_| Ok(true));
         assert!(got.is_err() && calls == 1);
     }
 }
