@@ -22,7 +22,7 @@ use runtime::engine::role::{EngineRole, ShardWork};
 use runtime::engine::wse::Wse;
 use runtime::input::LocalFeed;
 use runtime::memoryx::huggingface;
-use runtime::memoryx::server::Storage;
+use runtime::memoryx::weight_server::Storage;
 use runtime::memoryx::store::{MemoryX, WeightStore};
 use runtime::optim::Recipe;
 use runtime::swarmx::LocalSwarm;

@@ -22,7 +22,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use wire::identity::{Identity, SERVER_NAME};
 use runtime::memoryx::checkpoint;
 use runtime::memoryx::manifest;
-use runtime::memoryx::serve::Entry;
+use runtime::memoryx::checkpoint_routes::Entry;
 
 /// Most bytes of a `GET /checkpoints` answer read: a listing of thousands of checkpoints is a few hundred KiB,
 /// so more is not a listing.
@@ -318,7 +318,7 @@ fn runtime_block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Resul
 
 #[cfg(test)]
 mod tests {
-    use runtime::memoryx::serve::{Entry, SliceFile};
+    use runtime::memoryx::checkpoint_routes::{Entry, SliceFile};
 
     #[test]
     fn the_list_is_a_table_of_steps_sizes_and_files() {

@@ -27,7 +27,7 @@ use runtime::memoryx::checkpoint::{self, Tensors};
 use runtime::memoryx::manifest;
 use plan::layout::{Arch, GptShape, LlamaShape, ModelLayout};
 use runtime::memoryx::huggingface;
-use runtime::memoryx::server::Masking;
+use runtime::memoryx::weight_server::Masking;
 use safetensors::tensor::{Dtype, TensorView};
 
 /// GPT-2's layer-norm ε, which is also ours ([`runtime::model::norm::EPS`]).
@@ -108,7 +108,7 @@ fn dense_weights(layout: &ModelLayout, tensors: &Tensors, masking: Option<&Maski
                 );
             }
         }
-        let mask = runtime::memoryx::server::mask(layout, masking, l)?.ok_or_else(|| anyhow!("layer {l} has no mask"))?;
+        let mask = runtime::memoryx::weight_server::mask(layout, masking, l)?.ok_or_else(|| anyhow!("layer {l} has no mask"))?;
         if mask.nnz() != values.len() {
             bail!("{name} has {} values but its mask {}: the checkpoint is not of this model and seed", values.len(), mask.nnz());
         }

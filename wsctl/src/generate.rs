@@ -10,7 +10,7 @@ use plan::layout::ModelLayout;
 use runtime::coordinator::sample::{self, Decoding};
 use runtime::memoryx::checkpoint;
 use runtime::memoryx::huggingface;
-use runtime::memoryx::server::Storage;
+use runtime::memoryx::weight_server::Storage;
 use runtime::memoryx::store::MemoryX;
 use runtime::optim::Recipe;
 

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use runtime::memoryx::checkpoint::{self, Owner};
-use runtime::memoryx::server::Storage;
+use runtime::memoryx::weight_server::Storage;
 use runtime::memoryx::store::MemoryX;
 use runtime::optim::Recipe;
 

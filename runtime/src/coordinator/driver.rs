@@ -15,7 +15,7 @@ use crds::{CheckpointRef, TrainingJobSpec};
 use crate::input::DataInfo;
 use wire::error::{Error, Result};
 use crate::memoryx::{checkpoint, manifest};
-use crate::memoryx::server::Masking;
+use crate::memoryx::weight_server::Masking;
 use crate::memoryx::store::MemoryX;
 use crate::coordinator::train::MemoryxUsage;
 use plan::layout::ModelLayout;
@@ -82,25 +82,25 @@ impl Job {
 
     /// How weight server `slice` of this job stores its slice: the memory budget, and a disk tier under
     /// `outputs.tier_dir` (or the checkpoint directory's `tier`, or a scratch directory).
-    pub fn storage(&self, outputs: &Outputs, slice: crate::memoryx::slice::SliceId) -> crate::memoryx::server::Storage {
+    pub fn storage(&self, outputs: &Outputs, slice: crate::memoryx::slice::SliceId) -> crate::memoryx::weight_server::Storage {
         let tier_base = outputs
             .tier_dir
             .clone()
             .or_else(|| outputs.checkpoint_dir.as_ref().map(|c| c.join("tier")))
             .unwrap_or_else(|| std::env::temp_dir().join(format!("weightstream-tier-{}", std::process::id())));
-        crate::memoryx::server::Storage {
+        crate::memoryx::weight_server::Storage {
             memory_bytes: self.spec.memoryx.memory_bytes,
             tier_dir: Some(tier_base.join(format!("server-{}", slice.index))),
         }
     }
 
     /// Weight server `slice` of this job, built in this process and stored as [`Job::storage`] says.
-    pub fn local_slice(&self, outputs: &Outputs, slice: crate::memoryx::slice::SliceId) -> Result<crate::memoryx::server::LocalSlice> {
+    pub fn local_slice(&self, outputs: &Outputs, slice: crate::memoryx::slice::SliceId) -> Result<crate::memoryx::weight_server::LocalSlice> {
         let t = &self.spec.training;
         let layout = self.layout();
-        let lengths = crate::memoryx::server::layer_lengths(&layout, &t.optimizer, &Masking::of(&self.recipe()));
+        let lengths = crate::memoryx::weight_server::layer_lengths(&layout, &t.optimizer, &Masking::of(&self.recipe()));
         let storage = self.storage(outputs, slice);
-        crate::memoryx::server::LocalSlice::new(&layout, &lengths, self.recipe(), slice, storage)
+        crate::memoryx::weight_server::LocalSlice::new(&layout, &lengths, self.recipe(), slice, storage)
     }
 
     /// The job's MemoryX with every weight server in this process, as the plan spreads it: one in memory

@@ -1,7 +1,7 @@
 //! The MemoryX program. It is also the job's coordinator: it runs the [`crate::coordinator::driver`] against the SwarmX
 //! tree, and reports progress on `GET /status` (what the operator reads, [`crds::contract::MemoryxStatus`]) and
 //! `/metrics`. `POST /checkpoint` asks for a checkpoint at the next step boundary; `GET /checkpoints` and
-//! `GET /checkpoints/{file}` hand the checkpoints back ([`crate::memoryx::serve`]).
+//! `GET /checkpoints/{file}` hand the checkpoints back ([`crate::memoryx::checkpoint_routes`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,8 +16,8 @@ use prometheus_client::registry::Registry;
 
 use crate::coordinator::driver::{Driver, Job, Outputs};
 use crate::memoryx::remote::RemoteServer;
-use crate::memoryx::service::{weights_service, WeightsService};
-use crate::memoryx::server::{layer_lengths, LocalSlice, Masking, WeightServer};
+use crate::memoryx::grpc_service::{weights_service, WeightsService};
+use crate::memoryx::weight_server::{layer_lengths, LocalSlice, Masking, WeightServer};
 use crate::memoryx::slice::SliceId;
 use crate::memoryx::store::MemoryX;
 use crate::protocol::codec::chunk::Recycled;
@@ -123,7 +123,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
                 want.store(true, Ordering::SeqCst);
                 async { (axum::http::StatusCode::ACCEPTED, "checkpoint requested\n") }
             }))
-            .merge(crate::memoryx::serve::routes(args.checkpoint_dir.clone()))
+            .merge(crate::memoryx::checkpoint_routes::routes(args.checkpoint_dir.clone()))
     };
     let http_task = program.serve_http(http, registry, routes);
 

@@ -88,7 +88,7 @@ pub struct Summary {
 pub struct MemoryxUsage {
     /// Each weight server's slice in memory and on disk, its disk tier's traffic and its process's memory
     /// (server 0 is the coordinator's process).
-    pub servers: Vec<crate::memoryx::server::ServerUsage>,
+    pub servers: Vec<crate::memoryx::weight_server::ServerUsage>,
     /// The coordinator process's peak resident memory (VmHWM), in bytes; 0 where the system does not say.
     pub peak_rss_bytes: u64,
 }

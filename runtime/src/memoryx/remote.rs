@@ -5,9 +5,9 @@
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
-use super::server::{check_room, ServerUsage, WeightServer};
+use super::weight_server::{check_room, ServerUsage, WeightServer};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
-use super::service::{chunks, copied_chunks, Assembler, Filler};
+use super::grpc_service::{chunks, copied_chunks, Assembler, Filler};
 use wire::error::{Error, Result};
 use crate::protocol::pb::weights_client::WeightsClient;
 use crate::protocol::pb::{TensorChunk, WeightsRequest};

@@ -1,5 +1,5 @@
 //! MemoryX as the coordinator sees it: the model's masks, and its state spread over weight servers
-//! ([`super::server`]). A layer streams as the servers' slices put back together (and reordered by column for
+//! ([`super::weight_server`]). A layer streams as the servers' slices put back together (and reordered by column for
 //! a sparse layer's backward pass); a gradient is reordered, joined with a tied layer's, cut into the same
 //! slices and handed to each server's optimizer. With one server in this process it is the whole MemoryX of
 //! earlier versions, lending its weights to a pipelined replica without copying them.
@@ -13,7 +13,7 @@ use crds::{OptimizerSpec, ScheduleSpec};
 
 use super::checkpoint::{self, Tensors};
 use super::manifest;
-use super::server::{layer_lengths, mask, random_mask, LocalSlice, Masking, WeightServer};
+use super::weight_server::{layer_lengths, mask, random_mask, LocalSlice, Masking, WeightServer};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::tied::TiedGrad;
 use wire::error::{Error, Result};
@@ -214,7 +214,7 @@ impl MemoryX {
         layout: ModelLayout,
         recipe: &Recipe,
         count: u32,
-        storage: &dyn Fn(SliceId) -> super::server::Storage,
+        storage: &dyn Fn(SliceId) -> super::weight_server::Storage,
     ) -> Result<Self> {
         let masking = Masking::of(recipe);
         let lengths = layer_lengths(&layout, &recipe.optimizer, &masking);
@@ -680,7 +680,7 @@ impl MemoryX {
     }
 
     /// What each server holds and has moved.
-    pub fn usage(&self) -> Vec<Result<super::server::ServerUsage>> {
+    pub fn usage(&self) -> Vec<Result<super::weight_server::ServerUsage>> {
         self.servers.iter().map(|s| s.usage()).collect()
     }
 }

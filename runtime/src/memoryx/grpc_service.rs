@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::server::{LocalSlice, WeightServer};
+use super::weight_server::{LocalSlice, WeightServer};
 use super::slice::{LayerLengths, LayerTensors};
 use wire::error::{Error, Result};
 use crate::protocol::pb::weights_server::Weights;
