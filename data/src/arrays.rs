@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::array::{Array, ArrayRef, Dtype};
 use crate::shard::Shard;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use kernels::tensor::Mat;
 
 /// Share of the samples held out when no held-out file is named, taken from the end (at least one sample).

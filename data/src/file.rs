@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 /// The most bytes a data file may hold, compressed or not: data sets live in memory, so more is refused before
 /// it is read rather than found out by the kernel's OOM killer (or never, for `/dev/zero`).

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 /// Reads a `.jsonl` file (gzip when it ends in `.gz`) and returns its documents' texts joined by `\n`.
 pub fn read(path: &Path, field: &str) -> Result<Vec<u8>> {

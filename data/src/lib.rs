@@ -21,7 +21,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use images::Images;
 use shard::Shard;
 

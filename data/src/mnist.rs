@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::images::Images;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 /// The two halves of the data set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::io::Read;
 use std::path::Path;
 
 use super::array::{Array, Dtype};
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 /// The largest header accepted: NumPy pads headers to 64 bytes and real ones are under 200; a longer one is
 /// not a `.npy` file this reader can trust.

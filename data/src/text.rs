@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use crate::shard::Shard;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use kernels::tensor::Mat;
 
 /// Share of the text held out for evaluation, taken from its end.

@@ -8,7 +8,7 @@ use std::path::Path;
 use tokenizers::Tokenizer;
 
 use super::text::MAX_VOCAB;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 /// The largest `tokenizer.json` read: real ones are a few MiB (GPT-2's is 1.4 MiB, large multilingual ones
 /// tens), and the file is parsed in memory, so anything bigger is refused before it is read.

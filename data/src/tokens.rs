@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::text::MAX_VOCAB;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 /// Reads a token file (gzip when it ends in `.gz`, bounded like any data file) and checks every id is below
 /// `vocab` (`spec.model.vocabSize`): an id past the embedding would otherwise fail deep inside a training step.

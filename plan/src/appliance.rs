@@ -6,7 +6,7 @@ use crds::contract::SwarmxTree;
 use crds::{ExecutionMode, TrainingJobSpec};
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use errors::{Error, Result};
 use crate::layout::ModelLayout;
 use crate::memoryx::{optimizer_values, MemoryxPlan};
 

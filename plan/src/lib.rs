@@ -11,10 +11,8 @@
 #![warn(missing_docs)]
 
 pub mod appliance;
-pub mod error;
 pub mod layout;
 pub mod limits;
 pub mod memoryx;
 pub mod preset;
-pub mod units;
 pub mod wiring;

@@ -3,7 +3,7 @@
 use crds::TrainingJobSpec;
 
 use crate::appliance::shard_of;
-use crate::error::{Error, Result};
+use errors::{Error, Result};
 use crate::layout::{LinearShape, ModelLayout};
 use crate::memoryx::optimizer_values;
 

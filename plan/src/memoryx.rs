@@ -4,7 +4,7 @@
 use crds::TrainingJobSpec;
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use errors::{Error, Result};
 use crate::layout::ModelLayout;
 
 /// Values the optimizer `kind` keeps beside each parameter (momentum 1, Adam's two moments 2): what MemoryX
@@ -91,9 +91,9 @@ impl MemoryxPlan {
                     "spec.memoryx.memoryBytes is {} but each of the {servers} weight servers needs at least {} in \
                      memory: its slice of the largest layer ({}) being updated while the next one is read ahead; \
                      raise memoryBytes to {min_memory_bytes} or more, or add weight servers (spec.memoryx.servers)",
-                    crate::units::bytes(budget),
-                    crate::units::bytes(min_memory_bytes),
-                    crate::units::bytes(largest)
+                    errors::units::bytes(budget),
+                    errors::units::bytes(min_memory_bytes),
+                    errors::units::bytes(largest)
                 )));
             }
         }

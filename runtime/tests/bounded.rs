@@ -345,7 +345,7 @@ fn no_message_or_file_makes_a_role_allocate_beyond_the_plan() {
     std::fs::write(&absurd, bytes).expect("write");
     let (read, growth) = peak_growth(|| checkpoint::read(&huge, state_limit));
     match read {
-        Err(wire::error::Error::OverLimit { what, value, limit }) => {
+        Err(errors::Error::OverLimit { what, value, limit }) => {
             assert!(what.contains("step-00000030.safetensors (bytes on disk)"), "{what}");
             assert_eq!((value, limit), (64 << 30, state_limit));
         }

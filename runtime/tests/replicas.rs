@@ -26,7 +26,7 @@ use runtime::swarmx::remote::RemoteSwarm;
 use data::shard::Split;
 use runtime::swarmx::{LocalSwarm, StepRequest, Swarm};
 use runtime::coordinator::train;
-use wire::error::Error;
+use errors::Error;
 
 const JOB: &str = "replica-test";
 
@@ -243,18 +243,18 @@ struct Held {
 }
 
 impl EngineRole for Held {
-    fn begin_step(&mut self, shard: data::shard::Shard, work: runtime::engine::role::ShardWork) -> wire::error::Result<()> {
+    fn begin_step(&mut self, shard: data::shard::Shard, work: runtime::engine::role::ShardWork) -> errors::Result<()> {
         let _ = self.began.send(());
         let _ = self.release.recv_timeout(Duration::from_secs(60));
         self.inner.begin_step(shard, work)
     }
-    fn forward(&mut self, stream: &runtime::protocol::LayerStream) -> wire::error::Result<()> {
+    fn forward(&mut self, stream: &runtime::protocol::LayerStream) -> errors::Result<()> {
         self.inner.forward(stream)
     }
-    fn loss(&mut self) -> wire::error::Result<runtime::model::loss::LossSum> {
+    fn loss(&mut self) -> errors::Result<runtime::model::loss::LossSum> {
         self.inner.loss()
     }
-    fn backward(&mut self, stream: &runtime::protocol::LayerStream) -> wire::error::Result<LayerGrad> {
+    fn backward(&mut self, stream: &runtime::protocol::LayerStream) -> errors::Result<LayerGrad> {
         self.inner.backward(stream)
     }
     fn stats(&self) -> runtime::engine::role::EngineStats {

@@ -16,7 +16,7 @@ use runtime::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
 use runtime::swarmx::LocalSwarm;
 use kernels::tensor::Mat;
 use runtime::coordinator::train;
-use wire::error::Error;
+use errors::Error;
 
 fn layout(widths: &[u32], sparsity: f64, activation: Activation) -> ModelLayout {
     ModelLayout::from_spec(&ModelSpec::mlp(widths.to_vec(), activation, sparsity))

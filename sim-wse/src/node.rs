@@ -14,7 +14,7 @@ use plan::layout::ModelLayout;
 use crds::contract::{EngineArgs, Role};
 use runtime::input::remote::RemoteFeed;
 use runtime::input::{Feed, ShardBound};
-use wire::error::Result;
+use errors::Result;
 use wire::program::Program;
 
 /// Seconds an engine waits for its input workers to answer when it first needs data: they may still be loading

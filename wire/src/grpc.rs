@@ -9,7 +9,7 @@ use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Status;
 
-use crate::error::{Error, Result};
+use errors::{Error, Result};
 use crate::identity::{Identity, SERVER_NAME};
 use crate::tls::HANDSHAKE_TIMEOUT;
 

@@ -16,7 +16,7 @@ use axum::serve::{IncomingStream, Listener};
 use axum::Router;
 use tokio_rustls::server::TlsStream;
 
-use crate::error::Result;
+use errors::Result;
 use crate::tls::Socket;
 use crate::identity::Identity;
 
@@ -41,7 +41,7 @@ const HTTP_READ_BUFFER: usize = 16 << 10;
 impl TlsListener {
     /// Starts accepting on `listener` with `identity`'s server configuration (client certificates optional).
     pub fn new(listener: tokio::net::TcpListener, identity: &Identity) -> Result<TlsListener> {
-        let local = listener.local_addr().map_err(|e| crate::error::Error::io("reading the bound address", e))?;
+        let local = listener.local_addr().map_err(|e| errors::Error::io("reading the bound address", e))?;
         let ready = crate::tls::accept(listener, crate::tls::buffered(identity.server_config(true)?, HTTP_READ_BUFFER));
         Ok(TlsListener { local, ready })
     }
@@ -93,5 +93,5 @@ pub async fn serve(listener: tokio::net::TcpListener, identity: &Identity, open:
     };
     axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
         .await
-        .map_err(|e| crate::error::Error::io("serving HTTP", e))
+        .map_err(|e| errors::Error::io("serving HTTP", e))
 }

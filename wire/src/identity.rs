@@ -24,7 +24,7 @@ use rcgen::{
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::error::{Error, Result};
+use errors::{Error, Result};
 
 /// The CA's certificate: what every role trusts, and nothing else.
 pub const CA_CERT: &str = "ca.crt";

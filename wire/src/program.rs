@@ -15,7 +15,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
-use crate::error::{Error, Result};
+use errors::{Error, Result};
 use crate::grpc::Dial;
 use crate::identity::Identity;
 

@@ -15,7 +15,7 @@
 use tonic::metadata::{AsciiMetadataValue, BinaryMetadataValue, MetadataMap};
 use tonic::{Code, Status};
 
-use crate::error::Error;
+use errors::Error;
 
 /// The metadata entry that names the error's kind.
 pub const KIND_KEY: &str = "ws-error-kind";

@@ -291,7 +291,7 @@ pub fn table(entries: &[Entry]) -> String {
     let line = |e: &Entry| {
         let bytes = e.bytes + e.slices.iter().map(|s| s.bytes).sum::<u64>();
         let how = if e.slices.is_empty() { String::new() } else { format!("  ({} slices)", e.slices.len()) };
-        format!("{:>10}  {:>12}  {}{how}\n", e.step, plan::units::bytes(bytes), e.file)
+        format!("{:>10}  {:>12}  {}{how}\n", e.step, errors::units::bytes(bytes), e.file)
     };
     entries.iter().map(line).collect()
 }

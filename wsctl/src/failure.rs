@@ -56,15 +56,15 @@ pub fn kind(e: &anyhow::Error) -> Kind {
                 cluster::Error::Invalid(_) | cluster::Error::Checkpoint { .. } | cluster::Error::Io { .. } => Kind::Failed,
             };
         }
-        if cause.is::<crds::ApiError>() || cause.is::<plan::error::Error>() {
+        if cause.is::<crds::ApiError>() {
             return Kind::InvalidJob;
         }
-        if let Some(w) = cause.downcast_ref::<wire::error::Error>() {
+        if let Some(w) = cause.downcast_ref::<errors::Error>() {
             return match w {
-                wire::error::Error::Spec(_)
-                | wire::error::Error::Data(_)
-                | wire::error::Error::Plan(_)
-                | wire::error::Error::OutOfSram { .. } => Kind::InvalidJob,
+                errors::Error::Spec(_)
+                | errors::Error::Data(_)
+                | errors::Error::Plan(_)
+                | errors::Error::OutOfSram { .. } => Kind::InvalidJob,
                 _ => Kind::Failed,
             };
         }

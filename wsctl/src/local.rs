@@ -31,7 +31,7 @@ pub fn node(role: &str, args: Vec<String>) -> Result<()> {
     match Role::from_name(role) {
         Some(Role::Memoryx) => match runtime::coordinator::program::main(parse(args)) {
             // Stopped on a signal with its state saved: the status a stopped role program ends with.
-            Err(e @ wire::error::Error::Stopped { .. }) => {
+            Err(e @ errors::Error::Stopped { .. }) => {
                 eprintln!("{e}");
                 std::process::exit(wire::program::STOPPED_STATUS);
             }

@@ -12,7 +12,7 @@ use runtime::input::{Feed, LocalFeed};
 use plan::appliance::Plan;
 use runtime::swarmx::LocalSwarm;
 use runtime::coordinator::train::Summary;
-use plan::units;
+use errors::units;
 
 /// Reads and validates a manifest, applying a `--cs2` override. A pretrained folder (`spec.model.from`) is
 /// looked for inside the folders standing in for volumes (`--volume CLAIM=DIR`), where a cluster finds it,

@@ -13,7 +13,7 @@ use crds::contract::{MemoryxPhase, MemoryxStatus, ProgressReport};
 use crds::{CheckpointRef, TrainingJobSpec};
 
 use crate::input::DataInfo;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::memoryx::{checkpoint, manifest};
 use crate::memoryx::weight_server::Masking;
 use crate::memoryx::store::MemoryX;

@@ -21,7 +21,7 @@ use crate::memoryx::weight_server::{layer_lengths, LocalSlice, Masking, WeightSe
 use crate::memoryx::slice::SliceId;
 use crate::memoryx::store::MemoryX;
 use crate::protocol::codec::chunk::Recycled;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::swarmx::remote::RemoteSwarm;
 use crate::coordinator::train::RetryPolicy;
 use wire::program::Program;

@@ -9,7 +9,7 @@ use data::shard::Shard;
 use crate::engine::hw::CountingHw;
 use crate::engine::role::{EngineRole, ShardWork};
 use crate::engine::wse::Wse;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::memoryx::store::WeightStore;
 use plan::layout::{Arch, ModelLayout};
 use kernels::tensor::Mat;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use data::Sampler;
 use crate::input::DataInfo;
 use crate::engine::role::EngineStats;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::memoryx::store::WeightStore;
 use crate::model::loss::LossSum;
 use crate::protocol::LayerStream;

@@ -9,7 +9,7 @@ use crds::Activation;
 use super::hw::Work;
 use super::linear::{Grads, StreamedLinear};
 use super::net::{missing_input_grad, Net};
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::model::attention::{self, Geometry};
 use kernels::sparse;
 use crate::model::{activation, norm};

@@ -3,7 +3,7 @@
 //! noting the work it took for the hardware model happen once, here.
 
 use super::hw::Work;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::model::linear;
 use plan::layout::LinearShape;
 use crate::protocol::{LayerStream, WeightPayload};

@@ -15,7 +15,7 @@ use crate::protocol::WeightPayload;
 use kernels::small;
 use kernels::tensor::{Mat, Spare};
 use plan::layout::{DecoderUnit, LlamaShape};
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 /// An RMSNorm's state for the backward pass: the normalised stream before its gain, each token's reciprocal
 /// root mean square, the gain as it streamed and the gained stream the next matrix read.

@@ -5,7 +5,7 @@ use crds::Activation;
 use super::hw::Work;
 use super::linear::{Grads, StreamedLinear};
 use super::net::Net;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::model::activation;
 use plan::layout::ModelLayout;
 use kernels::tensor::Mat;

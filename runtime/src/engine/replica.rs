@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kernels::on_workers;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 use super::role::EngineRole;
 use crate::memoryx::store::MemoryX;

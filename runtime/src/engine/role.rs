@@ -8,7 +8,7 @@ use serde::Serialize;
 use data::shard::Shard;
 
 use super::hw::EngineCounters;
-use wire::error::Result;
+use errors::Result;
 use crate::model::loss::LossSum;
 use crate::protocol::{LayerGrad, LayerStream};
 

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::replica::{apply_all, resident_pass, ReplicaFactory};
 use super::role::{EngineRole, EngineStats, ShardWork};
 use crate::input::Feed;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::protocol::pb::stage_server::Stage;
 use kernels::on_workers;
 use crate::memoryx::checkpoint;

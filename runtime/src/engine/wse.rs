@@ -10,7 +10,7 @@ use super::role::{EngineRole, EngineStats, ShardWork};
 use data::shard::Shard;
 use super::net::Net;
 use super::{gpt, llama, mlp};
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::model::loss::{softmax_cross_entropy, LossSum};
 use plan::layout::{Arch, ModelLayout};
 use crate::protocol::reduce::Pairwise;

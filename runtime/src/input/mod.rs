@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use data::{split_even, Dataset};
 use data::shard::Shard;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use data::shard::{check_samples, Split};
 use kernels::tensor::Mat;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crds::contract::{InputArgs, Role};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use wire::error::Result;
+use errors::Result;
 use wire::program::Program;
 
 use super::server::{input_service, InputServer};

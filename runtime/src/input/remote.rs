@@ -10,7 +10,7 @@ use tonic::transport::Channel;
 
 use super::{join_shards, per_worker, DataInfo, Feed, ShardBound};
 use data::shard::Shard;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::protocol::pb::input_client::InputClient;
 use crate::protocol::pb::{self, DescribeRequest, ShardRequest};
 use wire::grpc::{channel, Dial};

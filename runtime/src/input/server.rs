@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{DataInfo, Feed, LocalFeed};
-use wire::error::Error;
+use errors::Error;
 use plan::limits::Limits;
 use crate::protocol::pb::input_server::Input;
 use crate::protocol::pb::{self, DescribeReply, DescribeRequest, ShardReply, ShardRequest};
@@ -27,7 +27,7 @@ pub struct InputServer {
 
 impl InputServer {
     /// Serves `feed` (or the error loading it gave) for `job`, refusing requests beyond the job's `limits`.
-    pub fn new(job: String, feed: wire::error::Result<LocalFeed>, limits: Limits) -> InputServer {
+    pub fn new(job: String, feed: errors::Result<LocalFeed>, limits: Limits) -> InputServer {
         InputServer { job: JobGuard::new(job, "an input worker"), feed: feed.map(Arc::new).map_err(to_status), limits: Arc::new(limits) }
     }
 

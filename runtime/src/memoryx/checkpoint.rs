@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 /// MemoryX's whole state as named tensors, for checkpoints.
 pub type Tensors = Vec<(String, Vec<f32>)>;

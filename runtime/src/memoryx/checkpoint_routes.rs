@@ -64,7 +64,7 @@ fn regular(path: &Path) -> Option<(String, u64)> {
 /// The complete checkpoints in `dir`, newest first, with the path of every file they list (the manifest and
 /// slices of a sliced one): regular files only, each with its size. A manifest whose slices are not all there
 /// (or unreadable) is left out. A missing directory (no checkpoint written yet) lists nothing.
-pub fn entries(dir: &Path) -> wire::error::Result<Vec<(Entry, Vec<PathBuf>)>> {
+pub fn entries(dir: &Path) -> errors::Result<Vec<(Entry, Vec<PathBuf>)>> {
     let mut found: Vec<(Entry, Vec<PathBuf>)> = checkpoint::list(dir)?
         .into_iter()
         .filter_map(|(step, path)| {
@@ -93,7 +93,7 @@ pub fn entries(dir: &Path) -> wire::error::Result<Vec<(Entry, Vec<PathBuf>)>> {
 }
 
 /// The file the listing names `name` (a checkpoint, a manifest or a slice), with its listed size.
-fn listed(dir: &Path, name: &str) -> wire::error::Result<Option<(PathBuf, u64)>> {
+fn listed(dir: &Path, name: &str) -> errors::Result<Option<(PathBuf, u64)>> {
     for (entry, paths) in entries(dir)? {
         let sizes = std::iter::once((&entry.file, entry.bytes)).chain(entry.slices.iter().map(|s| (&s.file, s.bytes)));
         for ((file, bytes), path) in sizes.zip(paths) {

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::weight_server::{LocalSlice, WeightServer};
 use super::slice::{LayerLengths, LayerTensors};
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::protocol::pb::weights_server::Weights;
 use crate::protocol::pb::{Ack, TensorChunk, WeightsInfo, WeightsRequest};
 use crate::protocol::codec::chunk::{extend_words, pieces, Recycled, CHUNK_BYTES};

@@ -19,7 +19,7 @@ use crds::pretrained::PretrainedShape;
 use crds::ModelKind;
 use plan::layout::{Arch, DecoderUnit, ModelLayout};
 use safetensors::tensor::Dtype;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 /// The folder's model description.
 pub const CONFIG_FILE: &str = "config.json";

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::checkpoint::{self, Tensors};
 use super::slice::SliceId;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 /// What a complete checkpoint of a sliced state holds: the step, the servers, and each slice's checksum.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

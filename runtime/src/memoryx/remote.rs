@@ -8,7 +8,7 @@ use tonic::transport::Channel;
 use super::weight_server::{check_room, ServerUsage, WeightServer};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::grpc_service::{chunks, copied_chunks, Assembler, Filler};
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::protocol::pb::weights_client::WeightsClient;
 use crate::protocol::pb::{TensorChunk, WeightsRequest};
 use wire::grpc::{channel, Dial};

@@ -16,7 +16,7 @@ use super::manifest;
 use super::weight_server::{layer_lengths, mask, random_mask, LocalSlice, Masking, WeightServer};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::tied::TiedGrad;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use kernels::sparse::SparsePattern;
 use plan::layout::ModelLayout;
 use crate::optim::Recipe;

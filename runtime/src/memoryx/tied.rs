@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::sync::Mutex;
 
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::protocol::LayerGrad;
 
 /// A tied layer's weight gradient waiting for its target layer's.

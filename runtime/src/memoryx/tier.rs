@@ -26,7 +26,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use super::slice::{LayerLengths, LayerTensors};
 use crate::protocol::codec::chunk::Recycled;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 /// Which layers of a slice live on disk under a memory budget.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,8 +52,8 @@ impl TierLayout {
                 "a weight server's memory budget ({}) is too small for one layer: its slice of the largest layer ({}) \
                  must fit twice, one being updated while the next is read ahead; raise spec.memoryx.memoryBytes to {} \
                  or more, or add weight servers",
-                plan::units::bytes(budget),
-                plan::units::bytes(largest),
+                errors::units::bytes(budget),
+                errors::units::bytes(largest),
                 window
             )));
         }

@@ -19,7 +19,7 @@ use rand_chacha::ChaCha8Rng;
 use super::huggingface::Folder;
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::tier::{Tier, TierLayout};
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use plan::layout::ModelLayout;
 use crate::optim::{self, OptState, Recipe};
 use crate::protocol::codec::chunk::Recycled;

@@ -21,7 +21,7 @@ pub async fn serve_stage<S: pb::stage_server::Stage>(
     service: Arc<S>,
     listener: tokio::net::TcpListener,
     identity: &wire::identity::Identity,
-) -> wire::error::Result<()> {
+) -> errors::Result<()> {
     let svc = pb::stage_server::StageServer::from_arc(service)
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20);

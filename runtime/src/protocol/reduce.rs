@@ -10,7 +10,7 @@
 
 use super::LayerGrad;
 use crate::model::loss::LossSum;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 impl LayerGrad {
     /// Adds another engine's gradients: the reduction SwarmX performs.

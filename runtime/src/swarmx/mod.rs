@@ -20,7 +20,7 @@ use crate::engine::role::{EngineRole, EngineStats, ShardWork};
 use crate::memoryx::checkpoint;
 use crate::memoryx::store::MemoryX;
 use crate::protocol::reduce::Pairwise;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::model::loss::LossSum;
 use crate::protocol::{LayerGrad, LayerStream};
 

@@ -6,7 +6,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crds::contract::{Role, SwarmxArgs};
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use wire::program::Program;
 
 use super::relay::{connect, Relay};

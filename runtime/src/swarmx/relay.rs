@@ -14,7 +14,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 use data::split_even;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use wire::grpc::{channel, Dial};
 use crate::protocol::reduce::Pairwise;
 use crate::model::loss::LossSum;

@@ -13,7 +13,7 @@ use wire::grpc::Dial;
 use super::{Split, StepRequest, StreamSource, Swarm};
 use crate::engine::server::stats_from_pb;
 use crate::engine::role::EngineStats;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use crate::model::loss::LossSum;
 use crate::protocol::pb::{self, BeginStepRequest};
 use plan::limits::Limits;

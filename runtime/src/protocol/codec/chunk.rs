@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 
 /// Payload bytes per chunk: just under 1 MiB, leaving room for the header and framing.
 pub const CHUNK_BYTES: usize = 1_000_000;

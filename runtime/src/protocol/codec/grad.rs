@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::chunk::{extend_words, pieces, Recycled, Words, MAX_RESERVE};
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use plan::limits::Limits;
 use crate::protocol::pb::GradChunk;
 use crate::protocol::LayerGrad;

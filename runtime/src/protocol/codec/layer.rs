@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::chunk::{extend_words, Recycled, Words, CHUNK_BYTES, MAX_RESERVE};
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use plan::limits::Limits;
 use kernels::sparse::SparsePattern;
 use crate::protocol::pb::{Encoding, LayerChunk, Pass as PbPass};

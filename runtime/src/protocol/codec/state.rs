@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::chunk::pieces;
-use wire::error::{Error, Result};
+use errors::{Error, Result};
 use plan::limits::Limits;
 use crate::protocol::pb::StateChunk;
 

@@ -1,5 +1,11 @@
-//! The data plane's one error type: every failure a job can meet in a role, each worded so the user knows what
-//! to change, and its kind kept across the gRPC boundary ([`crate::status`]).
+//! The data plane's one error type: every failure a job can meet in its plan, its data or a role, each worded
+//! so the user knows what to change. Its kind is kept across the gRPC boundary (`wire::status`), so a refusal
+//! reads the same to the caller however many hops it crossed.
+//!
+//! - [`units`]: the quantities its messages (and plans and reports) are written in.
+#![warn(missing_docs)]
+
+pub mod units;
 
 /// Why a job could not run or continue.
 #[derive(Debug, thiserror::Error)]
@@ -10,11 +16,11 @@ pub enum Error {
     /// The data set is missing, truncated or not what the job says it is.
     #[error("data: {0}")]
     Data(String),
-    /// An engine was asked to hold more than its SRAM.
+    /// An engine was asked to hold more than its SRAM (or a plan would ask it to).
     #[error(
         "{engine}: SRAM budget exceeded: {what} needs {} but the engine has {}; lower spec.training.batchSize, \
          raise spec.cs2 to split the batch over more engines, or raise spec.engine.sramBytes",
-        plan::units::bytes(*needed), plan::units::bytes(*available)
+        units::bytes(*needed), units::bytes(*available)
     )]
     OutOfSram {
         /// Which engine.
@@ -30,7 +36,8 @@ pub enum Error {
     /// model); the message gives the numbers and what to change.
     #[error("plan: {0}")]
     Plan(String),
-    /// A role received a message that does not fit the job (unknown layer, wrong shape, out of order).
+    /// A role received a message that does not fit the job (unknown layer, wrong shape, out of order), or one
+    /// names a layer, a shape or a count the plan does not have.
     #[error("protocol: {0}")]
     Protocol(String),
     /// A message, a stream or a file asked a role to hold more than the job's plan allows (more samples than
@@ -96,17 +103,5 @@ impl Error {
     /// An I/O error with the path or action it happened on.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { context: context.into(), source }
-    }
-}
-
-impl From<plan::error::Error> for Error {
-    /// A plan's refusal keeps its kind (and so its words) in the data plane's error.
-    fn from(e: plan::error::Error) -> Self {
-        match e {
-            plan::error::Error::Spec(e) => Error::Spec(e),
-            plan::error::Error::OutOfSram { engine, what, needed, available } => Error::OutOfSram { engine, what, needed, available },
-            plan::error::Error::Plan(why) => Error::Plan(why),
-            plan::error::Error::Protocol(why) => Error::Protocol(why),
-        }
     }
 }
