@@ -168,11 +168,6 @@ impl Mat {
         &self.data[r * self.cols..(r + 1) * self.cols]
     }
 
-    /// Row `r`, mutable.
-    pub fn row_mut(&mut self, r: usize) -> &mut [f32] {
-        &mut self.data[r * self.cols..(r + 1) * self.cols]
-    }
-
     /// The bytes this matrix occupies in engine SRAM.
     pub fn bytes(&self) -> u64 {
         (self.data.len() * std::mem::size_of::<f32>()) as u64

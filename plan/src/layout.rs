@@ -414,14 +414,6 @@ impl ModelLayout {
         self.linears.last().map_or(0, |l| l.outputs)
     }
 
-    /// Parameters of the dense model (weights and biases); a tied head counts once, with the embedding.
-    pub fn dense_parameters(&self) -> usize {
-        self.linears
-            .iter()
-            .map(|l| if l.tied_to.is_some() { 0 } else { l.dense_weights() } + l.vector_len())
-            .sum()
-    }
-
     /// Engine bytes for one shard's activations (`shard` samples), all kept resident from the forward pass
     /// until the backward pass has used them: for an MLP the input plus each layer's pre-activation and
     /// output; for a GPT see [`GptShape::resident_floats_per_token`].

@@ -196,11 +196,6 @@ impl Driver {
         self.status.clone()
     }
 
-    /// Set it to have a checkpoint written after the step in flight (`POST /checkpoint`).
-    pub fn checkpoint_trigger(&self) -> Arc<AtomicBool> {
-        self.want_checkpoint.clone()
-    }
-
     fn update(&self, f: impl FnOnce(&mut MemoryxStatus)) {
         if let Ok(mut s) = self.status.lock() {
             f(&mut s);

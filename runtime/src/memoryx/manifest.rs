@@ -196,16 +196,6 @@ impl SliceWriter {
     }
 }
 
-/// Writes a server's slice of the checkpoint of `step` from tensors in memory; returns its checksum for the
-/// manifest.
-pub fn write_slice(dir: &Path, step: u64, tensors: &Tensors, job: &str, slice: SliceId) -> Result<u32> {
-    let mut w = SliceWriter::create(dir, step, job, slice, tensors.iter().map(|(n, v)| (n.clone(), v.len())).collect())?;
-    for (_, v) in tensors {
-        w.push(v)?;
-    }
-    w.finish()
-}
-
 /// A server's slice of a checkpoint, opened for reading one tensor at a time: its header is checked against
 /// the size on disk and its checksum verified in one streaming pass before any tensor is handed out, so a
 /// damaged or partial file is refused whole and the slice is never held in memory at once.

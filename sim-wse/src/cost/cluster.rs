@@ -14,7 +14,6 @@
 //!   MemoryX shards), attention's activation-by-activation products, and whether the batch fits the SRAM (the
 //!   plan checks that for real jobs).
 
-use kernels::sparse::SparsePattern;
 use plan::layout::ModelLayout;
 use serde::Serialize;
 
@@ -94,23 +93,6 @@ impl LayerWork {
         sort_heaviest_first(&mut input_counts);
         sort_heaviest_first(&mut output_counts);
         LayerWork { inputs, outputs, sparse: true, nnz, input_grad, input_counts, output_counts }
-    }
-
-    /// A layer with an actual forward mask (stored by output line, as MemoryX streams it).
-    pub fn from_pattern(forward: &SparsePattern, input_grad: bool) -> Self {
-        let mut input_counts = super::feature_counts(forward);
-        let mut output_counts = forward.line_counts();
-        sort_heaviest_first(&mut input_counts);
-        sort_heaviest_first(&mut output_counts);
-        LayerWork {
-            inputs: forward.inner(),
-            outputs: forward.outer(),
-            sparse: true,
-            nnz: forward.nnz() as u64,
-            input_grad,
-            input_counts,
-            output_counts,
-        }
     }
 
     /// Cycles of the layer's forward and backward passes over `tokens` tokens, as the engine program records
