@@ -138,7 +138,7 @@ impl ModelSpec {
     /// A GPT-2's MLP width (a whole multiple of the width, `mlpRatio`) and its affine layer norms.
     fn adopt_gpt2(&mut self, shape: &PretrainedShape, clash: &dyn Fn(&str, String, String) -> ApiError) -> Result<(), ApiError> {
         let width = shape.width.max(1);
-        if shape.intermediate_size % width != 0 {
+        if !shape.intermediate_size.is_multiple_of(width) {
             return Err(ApiError::Invalid {
                 field: "spec.model.from".into(),
                 message: format!(

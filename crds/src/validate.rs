@@ -13,6 +13,11 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> ApiError {
     ApiError::Invalid { field: field.into(), message: message.into() }
 }
 
+/// What [`parse_training_job_with`] asks of a program that can read pretrained folders: the shape the config of
+/// the folder `from` names gives, and where it was read (for errors), or `None` where the folder is not at hand.
+pub type PretrainedResolver<'a> =
+    dyn Fn(&str) -> Result<Option<(crate::pretrained::PretrainedShape, String)>, ApiError> + 'a;
+
 /// Reads a `TrainingJob` manifest and validates it, so every entry point rejects the same things the same way.
 pub fn parse_training_job(text: &str) -> Result<TrainingJob, ApiError> {
     parse_training_job_with(text, &|_| Ok(None))
@@ -23,7 +28,7 @@ pub fn parse_training_job(text: &str) -> Result<TrainingJob, ApiError> {
 /// volume the caller cannot see), which fills in the job's model before it is validated.
 pub fn parse_training_job_with(
     text: &str,
-    pretrained: &dyn Fn(&str) -> Result<Option<(crate::pretrained::PretrainedShape, String)>, ApiError>,
+    pretrained: &PretrainedResolver<'_>,
 ) -> Result<TrainingJob, ApiError> {
     if text.trim().is_empty() {
         return Err(ApiError::Syntax {
@@ -58,26 +63,26 @@ pub fn parse_training_job_with(
         ));
     }
     let job: TrainingJob = serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(syntax)?;
-    if let Some(name) = &job.metadata.name {
-        if !is_dns_label(name) || name.len() > 40 {
-            return Err(invalid(
-                "metadata.name",
-                format!(
-                    "'{name}' cannot name the appliance's pods: use at most 40 lowercase letters, digits and '-', \
-                     starting with a letter (e.g. fc-mnist)"
-                ),
-            ));
-        }
+    if let Some(name) = &job.metadata.name
+        && (!is_dns_label(name) || name.len() > 40)
+    {
+        return Err(invalid(
+            "metadata.name",
+            format!(
+                "'{name}' cannot name the appliance's pods: use at most 40 lowercase letters, digits and '-', \
+                 starting with a letter (e.g. fc-mnist)"
+            ),
+        ));
     }
     let mut job = job;
-    if let Some(from) = job.spec.model.from.clone() {
-        if let Some((shape, source)) = pretrained(&from)? {
-            job.spec.model.adopt(&shape, &source)?;
-            // Text is read with the pretrained model's own tokenizer unless the job names another.
-            let d = &mut job.spec.data;
-            if d.tokenizer.is_none() && shape.has_tokenizer && matches!(d.kind, DataKind::Text | DataKind::Jsonl) {
-                d.tokenizer = Some(format!("{}/{}", from.trim_end_matches('/'), crate::pretrained::TOKENIZER_FILE));
-            }
+    if let Some(from) = job.spec.model.from.clone()
+        && let Some((shape, source)) = pretrained(&from)?
+    {
+        job.spec.model.adopt(&shape, &source)?;
+        // Text is read with the pretrained model's own tokenizer unless the job names another.
+        let d = &mut job.spec.data;
+        if d.tokenizer.is_none() && shape.has_tokenizer && matches!(d.kind, DataKind::Text | DataKind::Jsonl) {
+            d.tokenizer = Some(format!("{}/{}", from.trim_end_matches('/'), crate::pretrained::TOKENIZER_FILE));
         }
     }
     job.spec.validate()?;
@@ -186,7 +191,7 @@ impl TrainingJobSpec {
     /// least `spec.minCs2` and divides `spec.cs2` (each CS-2 then takes whole shards of the full job, as
     /// micro-batches, so the curve stays the full job's); `None` below `spec.minCs2`.
     pub fn elastic_size(&self, available: u32) -> Option<u32> {
-        (self.min_cs2()..=self.cs2.min(available)).rev().find(|n| *n > 0 && self.cs2 % n == 0)
+        (self.min_cs2()..=self.cs2.min(available)).rev().find(|n| *n > 0 && self.cs2.is_multiple_of(*n))
     }
 
     /// Samples per micro-batch on an engine: `spec.training.microBatchSize`, or else the full job's shard
@@ -203,17 +208,17 @@ impl TrainingJobSpec {
         }
         self.validate_model()?;
         self.validate_training()?;
-        if let Some(min) = self.min_cs2 {
-            if min == 0 || min > self.cs2 || self.cs2 % min != 0 {
-                return Err(invalid(
-                    "spec.minCs2",
-                    format!(
-                        "{min} must be from 1 to spec.cs2 = {} and divide it: the job shrinks only to a count that takes \
-                         whole shards of the full job, so its curve stays the same",
-                        self.cs2
-                    ),
-                ));
-            }
+        if let Some(min) = self.min_cs2
+            && (min == 0 || min > self.cs2 || !self.cs2.is_multiple_of(min))
+        {
+            return Err(invalid(
+                "spec.minCs2",
+                format!(
+                    "{min} must be from 1 to spec.cs2 = {} and divide it: the job shrinks only to a count that takes \
+                     whole shards of the full job, so its curve stays the same",
+                    self.cs2
+                ),
+            ));
         }
         if self.checkpoint.keep == 0 {
             return Err(invalid("spec.checkpoint.keep", "must keep at least 1 checkpoint"));
@@ -315,25 +320,23 @@ impl TrainingJobSpec {
         if m.kind == ModelKind::Mlp && m.layer_norm.is_some() {
             return Err(invalid("spec.model.layerNorm", "is for a gpt; an mlp has no norms"));
         }
-        if let (Some(from), Some(_)) = (&m.from, &self.data.volume) {
-            if escapes(from) {
-                return Err(invalid("spec.model.from", "must be relative to spec.data.volume and stay inside it (no leading '/', no '..')"));
-            }
+        if let (Some(from), Some(_)) = (&m.from, &self.data.volume)
+            && escapes(from)
+        {
+            return Err(invalid("spec.model.from", "must be relative to spec.data.volume and stay inside it (no leading '/', no '..')"));
         }
-        match self.data.kind {
-            DataKind::Mnist => {
-                let (first, last) = (m.layers[0], m.layers[m.layers.len() - 1]);
-                if first != 784 || last != 10 {
-                    return Err(invalid(
-                        "spec.model.layers",
-                        format!(
-                            "mnist has 784 input pixels and 10 classes, so layers must start with 784 and end \
-                             with 10 (found {first} … {last})"
-                        ),
-                    ));
-                }
-            }
-            _ => {}
+        // An mnist job is an mlp (checked above), whose layers are at least two.
+        let ends = (m.layers.first().copied().unwrap_or(0), m.layers.last().copied().unwrap_or(0));
+        if let (DataKind::Mnist, (first, last)) = (self.data.kind, ends)
+            && (first != 784 || last != 10)
+        {
+            return Err(invalid(
+                "spec.model.layers",
+                format!(
+                    "mnist has 784 input pixels and 10 classes, so layers must start with 784 and end with 10 \
+                     (found {first} … {last})"
+                ),
+            ));
         }
         self.validate_data()
     }
@@ -352,10 +355,10 @@ impl TrainingJobSpec {
                 }
             }
         }
-        if let Some(v) = &d.volume {
-            if !is_dns_subdomain(v) {
-                return Err(invalid("spec.data.volume", format!("'{v}' is not a PersistentVolumeClaim name (a DNS subdomain)")));
-            }
+        if let Some(v) = &d.volume
+            && !is_dns_subdomain(v)
+        {
+            return Err(invalid("spec.data.volume", format!("'{v}' is not a PersistentVolumeClaim name (a DNS subdomain)")));
         }
         if d.tokenizer.is_some() && !matches!(d.kind, DataKind::Text | DataKind::Jsonl) {
             return Err(invalid("spec.data.tokenizer", "applies to text and jsonl only (tokens are already token ids)"));
@@ -489,7 +492,7 @@ impl TrainingJobSpec {
         if t.seed > MAX_SEED {
             return Err(invalid("spec.training.seed", format!("{} is out of range: at most {MAX_SEED} (2^53 - 1)", t.seed)));
         }
-        if t.batch_size % self.cs2 != 0 {
+        if !t.batch_size.is_multiple_of(self.cs2) {
             return Err(invalid(
                 "spec.training.batchSize",
                 format!(
@@ -500,7 +503,7 @@ impl TrainingJobSpec {
         }
         if let Some(micro) = t.micro_batch_size {
             let shard = t.batch_size / self.cs2;
-            if micro == 0 || shard % micro != 0 {
+            if micro == 0 || !shard.is_multiple_of(micro) {
                 return Err(invalid(
                     "spec.training.microBatchSize",
                     format!(

@@ -1,5 +1,6 @@
 //! The checked-in CRD must be exactly what the types generate; run with `WS_UPDATE_CRD=1` to rewrite it (and
 //! the Helm chart's copy, which `e2e/tests/chart.rs` holds to the same text).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 use std::path::Path;
 

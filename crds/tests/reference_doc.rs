@@ -1,6 +1,7 @@
 //! The reference documents generated from the API types — `docs/reference/trainingjob.md` (every field of the
 //! CRD's OpenAPI schema) and `docs/reference/status-reasons.md` (every condition reason, its cause and what to
 //! do) — and the tests that hold the checked-in copies to them. `WS_UPDATE_DOCS=1` rewrites them.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 use std::collections::BTreeMap;
 use std::fmt::Write;

@@ -724,6 +724,7 @@ fn prefetch_lane(lane: *const Lane) {
 
 /// `sum += v · x` over one lane: the wafer's AXPY of one non-zero weight over a tile of tokens.
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // one index over lanes the compiler vectorises
 fn axpy<const FMA: bool>(sum: &mut [f32; TILE], v: f32, x: &Lane) {
     for j in 0..TILE {
         sum[j] = if FMA { v.mul_add(x.0[j], sum[j]) } else { sum[j] + v * x.0[j] };
@@ -873,6 +874,7 @@ struct Partial([f32; PARTIAL]);
 /// Adds the dot product of two lanes to a register-wide partial sum: the lane's register-wide pieces multiplied and added
 /// element-wise, every operation a whole-register one.
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // one index over lanes the compiler vectorises
 fn dot_lane_into<const FMA: bool>(sum: &mut [f32; PARTIAL], a: &Lane, b: &Lane) {
     for j in 0..PARTIAL {
         // Two chains, the even pieces onto the running sum and the odd ones onto the first odd product, joined

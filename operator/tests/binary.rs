@@ -1,6 +1,7 @@
 //! The `weightstream-operator` binary as a cluster runs it: it reaches the API server from a kubeconfig, takes
 //! the leader Lease, serves `/healthz` `/readyz` `/metrics`, logs JSON, and admits a job from its configured
 //! pool. Uses `KUBECONFIG` when set, else the local API server of `e2e/apiserver/up.sh` (built on first use).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -2,6 +2,7 @@
 //! socket in a temporary directory, runs the plugin against it, checks what it registered, then dials the
 //! plugin's own socket as the kubelet would and checks the device list and allocation. It also restarts the
 //! "kubelet" (a new socket, the plugin's socket wiped) and sees the plugin register again.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

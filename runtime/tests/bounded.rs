@@ -13,6 +13,7 @@
 //! high-water mark (`/proc/self/clear_refs`, value 5) and reading `VmHWM` after the case against `VmRSS`
 //! before it; so that no other test's allocations are counted, this file has a single test and the cases run in
 //! turn.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 use std::path::Path;
 use std::sync::Arc;

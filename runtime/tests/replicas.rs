@@ -1,5 +1,6 @@
 //! Pipelined execution over gRPC: an engine holding the model as a replica trains exactly as MemoryX would, and
 //! refuses bad `Prime`, `Step` and `Apply` messages without its replica changing.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,4 +1,5 @@
 //! The training loop end to end in one process: MemoryX, SwarmX and engines on real MNIST digits.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 use std::path::Path;
 use std::sync::Arc;

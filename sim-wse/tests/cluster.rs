@@ -1,5 +1,6 @@
 //! The cluster model against the rest of the appliance: the bytes it streams are the plan's, its estimate of a
 //! job agrees with what a simulated engine charges for a real step, and more engines or more sparsity help.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 use data::shard::Shard;
 use runtime::engine::role::{EngineRole, ShardWork};

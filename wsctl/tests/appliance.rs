@@ -1,5 +1,6 @@
 //! The appliance as separate processes on loopback: the same loss curve for any engine count, an engine
 //! killed mid-run and replaced, and MemoryX restarted from its checkpoint.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 mod common;
 use common::{losses, repo, run_ok};

@@ -1,5 +1,6 @@
 //! `wsctl bench machine` and `wsctl bench transport` at tiny sizes: they report positive, finite ceilings,
 //! really move the bytes they claim over both paths, and refuse bad sizes with one clear error line.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

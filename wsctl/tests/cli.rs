@@ -1,5 +1,6 @@
 //! `wsctl` as a user runs it: the shipped examples reach their accuracy bars, and bad input gets one clear
 //! error line and a non-zero exit, never a panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 mod common;
 use common::{repo, wsctl};

@@ -3,6 +3,7 @@
 //! tensors, by GPT-2's names and config.json) gives the held-out loss the job reported. Also: an MLP is refused
 //! by `--format huggingface` with one clear error and exported plainly instead, and a corrupt checkpoint is
 //! refused, in both cases with nothing half-written.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 mod common;
 #[path = "common/gpt2.rs"]

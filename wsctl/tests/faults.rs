@@ -4,6 +4,7 @@
 //!   component, and leaves no process behind;
 //! - MemoryX stopped with SIGTERM (its pod evicted, its node drained) or the run interrupted with Ctrl-C saves
 //!   the step in flight, and the same command resumes it on the undisturbed curve, every step exactly once.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 mod common;
 use common::{losses, repo, run_ok};

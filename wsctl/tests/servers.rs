@@ -1,6 +1,7 @@
 //! MemoryX as weight servers: any number of servers trains the same model bit for bit (the update is
 //! elementwise), a disk tier under a memory budget changes nothing but where the state lives, and a budget,
 //! server count or checkpoint that cannot work is one clear error that loses nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 mod common;
 use common::{losses, repo, run, run_ok, summary};

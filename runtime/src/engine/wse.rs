@@ -140,10 +140,10 @@ impl<H: EngineHw> Wse<H> {
             }
             _ => {}
         }
-        if let Some(p) = stream.weights.pattern() {
-            if (p.outer(), p.inner()) != (outer, inner) {
-                return fail(format!("mask is {}x{}, {outer}x{inner} expected", p.outer(), p.inner()));
-            }
+        if let Some(p) = stream.weights.pattern()
+            && (p.outer(), p.inner()) != (outer, inner)
+        {
+            return fail(format!("mask is {}x{}, {outer}x{inner} expected", p.outer(), p.inner()));
         }
         let need_values = stream.pass == Pass::Forward || l > 0;
         if need_values && stream.weights.weights().is_none() {
@@ -178,7 +178,7 @@ impl<H: EngineHw> EngineRole for Wse<H> {
         let per_sample = self.layout.tokens_per_sample();
         if shard.inputs.rows != self.layout.inputs()
             || shard.inputs.cols != shard.labels.len()
-            || shard.inputs.cols % per_sample != 0
+            || !shard.inputs.cols.is_multiple_of(per_sample)
         {
             return Err(Error::Protocol(format!(
                 "shard of {}x{} inputs with {} labels does not fit a model of {} input rows and {per_sample} \
@@ -197,12 +197,12 @@ impl<H: EngineHw> EngineRole for Wse<H> {
             )));
         }
         // A language model's inputs are token ids, looked up in an embedding of `classes` (the vocabulary) rows.
-        if self.layout.is_language_model() {
-            if let Some(bad) = shard.inputs.data.iter().find(|&&t| !(t >= 0.0 && (t as usize) < classes && t.fract() == 0.0)) {
-                return Err(Error::Data(format!(
-                    "token id {bad} is beyond the vocabulary of {classes}; set spec.model.vocabSize to the tokenizer's"
-                )));
-            }
+        if self.layout.is_language_model()
+            && let Some(bad) = shard.inputs.data.iter().find(|&&t| !(t >= 0.0 && (t as usize) < classes && t.fract() == 0.0))
+        {
+            return Err(Error::Data(format!(
+                "token id {bad} is beyond the vocabulary of {classes}; set spec.model.vocabSize to the tokenizer's"
+            )));
         }
         self.end_step();
         let samples = shard.labels.len() / per_sample;

@@ -12,7 +12,7 @@ use kernels::tensor::{written_once, Mat, TOKENS_PER_TASK};
 use kernels::tiles::{self, Acts, ActsRef, Layout, Tiles, TILE};
 
 // `backward_add` splits a task's tokens at tile boundaries, which needs a task to be whole tiles.
-const _: () = assert!(TOKENS_PER_TASK % TILE == 0);
+const _: () = assert!(TOKENS_PER_TASK.is_multiple_of(TILE));
 
 /// Added to the variance so a constant token does not divide by zero.
 pub const EPS: f32 = 1e-5;

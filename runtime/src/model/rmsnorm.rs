@@ -51,6 +51,7 @@ pub fn apply_gain(xhat: &Mat, gain: &[f32]) -> Mat {
 /// The backward pass given `da`, the gradient of the gained output: returns the gain's gradient
 /// (`Σ_tokens da ⊙ x̂` per feature) and adds the input's, `rstd · (g ⊙ da − x̂ · mean(g ⊙ da ⊙ x̂))` per token, to
 /// `dx`.
+#[allow(clippy::needless_range_loop)] // `r` indexes the gain and picks the rows: one loop over features
 pub fn backward_add(xhat: &Mat, rstd: &[f32], gain: &[f32], da: &Mat, dx: &mut Mat) -> Vec<f32> {
     let (d, n) = (xhat.rows, xhat.cols);
     let shape = |m: &Mat| (m.rows, m.cols, m.data.len());

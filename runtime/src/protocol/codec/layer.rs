@@ -12,6 +12,9 @@ use kernels::sparse::SparsePattern;
 use crate::protocol::pb::{Encoding, LayerChunk, Pass as PbPass};
 use crate::protocol::{LayerStream, Pass, WeightPayload};
 
+/// Where one of a chunk's byte arrays goes in its message.
+type ChunkField = fn(&mut LayerChunk) -> &mut Bytes;
+
 /// Cuts a layer stream into chunks for `job` and `step`, taking it over: every chunk's arrays are slices of the
 /// stream's own buffers (the values and bias it owned, the mask it shares), so no byte of the layer is copied
 /// before the transport writes it. The values' buffer goes back to [`Recycled::layers`] once the last chunk is
@@ -42,7 +45,7 @@ pub fn encode_layer(stream: LayerStream, job: &str, step: u64) -> Vec<LayerChunk
         ..LayerChunk::default()
     };
     let mask = |part: MaskPart| pattern.clone().map_or_else(Bytes::new, |p| Bytes::from_owner(MaskWords(p, part)));
-    let arrays: [(Bytes, fn(&mut LayerChunk) -> &mut Bytes); 5] = [
+    let arrays: [(Bytes, ChunkField); 5] = [
         (mask(MaskPart::Order), |c| &mut c.order),
         (mask(MaskPart::Ptr), |c| &mut c.ptr),
         (mask(MaskPart::Indices), |c| &mut c.indices),
