@@ -85,17 +85,18 @@ impl MemoryxPlan {
         let largest = layer_values.iter().map(|&v| values_with_grad(v, servers, per_value)).max().unwrap_or(0);
         let min_memory_bytes = 2 * largest;
         let memory_bytes = spec.memory_bytes.map_or(server_bytes, |b| b.min(server_bytes));
-        if let Some(budget) = spec.memory_bytes {
-            if budget < server_bytes && budget < min_memory_bytes {
-                return Err(Error::Plan(format!(
-                    "spec.memoryx.memoryBytes is {} but each of the {servers} weight servers needs at least {} in \
-                     memory: its slice of the largest layer ({}) being updated while the next one is read ahead; \
-                     raise memoryBytes to {min_memory_bytes} or more, or add weight servers (spec.memoryx.servers)",
-                    errors::units::bytes(budget),
-                    errors::units::bytes(min_memory_bytes),
-                    errors::units::bytes(largest)
-                )));
-            }
+        if let Some(budget) = spec.memory_bytes
+            && budget < server_bytes
+            && budget < min_memory_bytes
+        {
+            return Err(Error::Plan(format!(
+                "spec.memoryx.memoryBytes is {} but each of the {servers} weight servers needs at least {} in \
+                 memory: its slice of the largest layer ({}) being updated while the next one is read ahead; \
+                 raise memoryBytes to {min_memory_bytes} or more, or add weight servers (spec.memoryx.servers)",
+                errors::units::bytes(budget),
+                errors::units::bytes(min_memory_bytes),
+                errors::units::bytes(largest)
+            )));
         }
         Ok(MemoryxPlan { servers, server_bytes, memory_bytes, disk_bytes: server_bytes - memory_bytes, min_memory_bytes })
     }
