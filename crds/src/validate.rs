@@ -383,7 +383,10 @@ impl TrainingJobSpec {
         Err(invalid(
             "spec.data.tokenizer",
             format!(
-                "the job starts from the pretrained model {from} ({} tokens) but names no tokenizer for its text, and                  {from} holds no {}: text read as bytes would train ids 0-255 of that vocabulary. Name the model's                  tokenizer (spec.data.tokenizer: {from}/{1} once it is there), or save it into the folder                  (tokenizer.save_pretrained(folder), or from_torch(model, tokenizer=...) in Python)",
+                "the job starts from the pretrained model {from} ({} tokens) but names no tokenizer for its text, and \
+                 {from} holds no {}: text read as bytes would train ids 0-255 of that vocabulary. Name the model's \
+                 tokenizer (spec.data.tokenizer: {from}/{1} once it is there), or save it into the folder \
+                 (tokenizer.save_pretrained(folder), or from_torch(model, tokenizer=...) in Python)",
                 m.vocab_size,
                 crate::pretrained::TOKENIZER_FILE,
             ),

@@ -76,7 +76,8 @@ impl MemoryxPlan {
         };
         if u64::from(servers) > total_values {
             return Err(Error::Plan(format!(
-                "spec.memoryx.servers is {servers} but the model stores only {total_values} parameters: every weight                  server must own at least one; use at most {total_values} servers"
+                "spec.memoryx.servers is {servers} but the model stores only {total_values} parameters: every weight \
+                 server must own at least one; use at most {total_values} servers"
             )));
         }
         let slice = |values: u64| values.div_ceil(u64::from(servers)) * per_value;
