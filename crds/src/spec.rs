@@ -738,6 +738,31 @@ pub struct CheckpointSpec {
     #[serde(default = "default_snapshot_seconds", skip_serializing_if = "is_default_snapshot_seconds")]
     #[schemars(range(min = 1, max = 86400))]
     pub snapshot_seconds: u64,
+    /// What becomes of the checkpoint volumes when the job is deleted (`wsctl cancel`, `kubectl delete`).
+    /// `Retain` (the default): each weight server's PersistentVolumeClaim outlives the job, labelled with its
+    /// name (`weightstream.dev/job`) and uid (`weightstream.dev/job-uid`), and `wsctl checkpoint list|pull JOB`
+    /// still reads it; remove it yourself with `kubectl delete pvc -l weightstream.dev/job-uid=UID`. `Delete`:
+    /// the claims go with the job. A job submitted again under the same name gets claims of its own (their
+    /// names carry its uid): it never resumes from, nor overwrites, a retained one.
+    #[serde(default, skip_serializing_if = "RetainPolicy::is_retain")]
+    #[schemars(extend("default" = "Retain"))]
+    pub retain: RetainPolicy,
+}
+
+/// What becomes of a job's checkpoint volumes when the job is deleted.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RetainPolicy {
+    /// Keep them: the claims outlive the job, labelled with its name and uid.
+    #[default]
+    Retain,
+    /// Delete them with the job.
+    Delete,
+}
+
+impl RetainPolicy {
+    fn is_retain(&self) -> bool {
+        *self == RetainPolicy::Retain
+    }
 }
 
 fn default_snapshot_seconds() -> u64 {
@@ -763,6 +788,7 @@ impl Default for CheckpointSpec {
             volume_size: default_volume_size(),
             storage_class_name: None,
             snapshot_seconds: default_snapshot_seconds(),
+            retain: RetainPolicy::Retain,
         }
     }
 }

@@ -545,7 +545,9 @@ async fn memoryx_is_assembled_as_a_statefulset_of_weight_servers() {
         metadata: kube::api::ObjectMeta { name: Some("ws-memoryx-2".into()), labels: Some(labels), ..Default::default() },
         spec: Some({
             let mut spec = pod.clone();
-            let scratch = serde_json::json!({ "name": "checkpoints", "emptyDir": {} });
+            // The controller would add the claim's volume, named after its template; an emptyDir stands in for it.
+            let volume = spec_claim_name(&spec_of(&sts));
+            let scratch = serde_json::json!({ "name": volume, "emptyDir": {} });
             spec.volumes.get_or_insert_with(Vec::new).push(ok(serde_json::from_value(scratch), "volume"));
             spec
         }),
@@ -665,16 +667,18 @@ async fn too_many_failures_fail_the_job_and_free_its_cs2s() {
     // Made from the StatefulSet's template, as the controller would: the namespace enforces Pod Security
     // "restricted", so this also shows the template passes it.
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-    let template = ok(sets.get("flaky-memoryx").await, "memoryx statefulset").spec.map(|s| s.template).unwrap_or_default();
+    let set = ok(sets.get("flaky-memoryx").await, "memoryx statefulset");
+    let volume = spec_claim_name(&spec_of(&set));
+    let template = set.spec.map(|s| s.template).unwrap_or_default();
     let memoryx = Pod {
         metadata: kube::api::ObjectMeta {
             name: Some("flaky-memoryx-0".into()),
             labels: template.metadata.and_then(|m| m.labels),
             ..Default::default()
         },
-        // The controller would add the claim's volume; an emptyDir stands in for it.
+        // The controller would add the claim's volume, named after its template; an emptyDir stands in for it.
         spec: template.spec.map(|mut spec| {
-            let scratch = serde_json::json!({ "name": "checkpoints", "emptyDir": {} });
+            let scratch = serde_json::json!({ "name": volume, "emptyDir": {} });
             spec.volumes.get_or_insert_with(Vec::new).push(ok(serde_json::from_value(scratch), "volume"));
             spec
         }),
@@ -880,4 +884,16 @@ async fn refused_pods_are_reported_in_the_status_and_an_event() {
     op.stop().await;
     let _ = bindings.delete(&name, &DeleteParams::default()).await;
     let _ = policies.delete(&name, &DeleteParams::default()).await;
+}
+
+/// A StatefulSet's spec (empty when it has none).
+fn spec_of(sts: &StatefulSet) -> k8s_openapi::api::apps::v1::StatefulSetSpec {
+    sts.spec.clone().unwrap_or_default()
+}
+
+/// The name of the first claim template of `spec`: the volume its pods mount the claim as (`checkpoints-<uid>`
+/// for MemoryX's).
+fn spec_claim_name(spec: &k8s_openapi::api::apps::v1::StatefulSetSpec) -> String {
+    let name = spec.volume_claim_templates.iter().flatten().find_map(|t| t.metadata.name.clone());
+    name.unwrap_or_else(|| panic!("no claim template in {spec:?}"))
 }

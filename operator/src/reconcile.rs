@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crds::conditions::{ConditionType, Reason};
 use crds::contract::{MemoryxStatus, Role};
-use crds::{Phase, TrainingJob, TrainingJobStatus};
+use crds::{Phase, RetainPolicy, TrainingJob, TrainingJobStatus};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
@@ -33,6 +33,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::admission::{self, PriorityClasses, Verdict};
+use crate::children::checkpoints;
 use crate::children::desired::{self, Desired};
 use crate::children::pods::engine::CS2_RESOURCE;
 use crate::children::pods::SPEC_HASH_ANNOTATION;
@@ -41,7 +42,7 @@ use crate::children::{identity, names};
 use crds::contract::{JOB_LABEL, ROLE_LABEL};
 use crate::coordinator::Coordinator;
 use crate::decode::{self, Stored};
-use crate::status::{self, Children, Observed, Refusal};
+use crate::status::{self, Children, Observed, Refusal, Unready};
 use crate::config::Config;
 use crate::metrics::Shared;
 use crate::{Error, FINALIZER, MANAGER, job_key};
@@ -173,7 +174,7 @@ pub async fn reconcile(obj: Arc<Watched>, ctx: Arc<Context>) -> Result<Action, E
                         Ok(job) => apply(job, ctx.clone()).await,
                         Err(_) => undecodable(&obj, &ctx).await,
                     },
-                    FinalizerEvent::Cleanup(m) => cleanup(&m.metadata, ctx.clone()).await,
+                    FinalizerEvent::Cleanup(m) => cleanup(&m.metadata, retain_of(&obj), ctx.clone()).await,
                 }
             })
             .await
@@ -262,6 +263,8 @@ struct PodCensus {
     delete: Vec<String>,
     missing: Vec<Pod>,
     memoryx_restarts: Option<u32>,
+    /// The first desired pod that is not ready, and why.
+    unready: Option<Unready>,
 }
 
 fn pod_ready(p: &Pod) -> bool {
@@ -319,16 +322,21 @@ fn census(existing: &[Pod], desired: &[Pod], memoryx_set: &str) -> PodCensus {
     }
     for d in desired {
         let name = d.name_any();
+        let ns = d.namespace().unwrap_or_default();
         let current = existing.iter().find(|p| p.name_any() == name);
-        match current {
+        let unready = match current {
             Some(p) if !c.delete.contains(&name) && p.metadata.deletion_timestamp.is_none() => {
-                c.ready &= pod_ready(p);
+                (!pod_ready(p)).then(|| Unready::of(p, &ns))
             }
-            Some(_) => c.ready = false,
+            Some(_) => Some(Unready { pod: name, namespace: ns, why: "being replaced".into() }),
             None => {
-                c.ready = false;
                 c.missing.push(d.clone());
+                Some(Unready { pod: name, namespace: ns, why: "not created yet".into() })
             }
+        };
+        if let Some(u) = unready {
+            c.ready = false;
+            c.unready.get_or_insert(u);
         }
     }
     c
@@ -482,6 +490,7 @@ fn decide(job: &TrainingJob, all: &[Stored], r: &Reading, ctx: &Context, now: Ti
         plan,
         pods_ready: holds > 0 && pods.ready,
         failed_pods: pods.failed.clone(),
+        unready: pods.unready.clone(),
         memoryx_restarts: pods.memoryx_restarts,
         coordinator: r.coordinator.clone(),
         now,
@@ -729,7 +738,12 @@ async fn assemble(
     }
     // The policy before any pod: a job's pods never run unprotected.
     apply_one(&Api::<NetworkPolicy>::namespaced(client.clone(), &ns), &desired.network_policy).await?;
-    apply_one(&Api::<StatefulSet>::namespaced(client.clone(), &ns), &desired.memoryx).await?;
+    let sets = Api::<StatefulSet>::namespaced(client.clone(), &ns);
+    let mut memoryx = desired.memoryx.clone();
+    if let Some(existing) = sets.get_opt(&names::memoryx(&job.name_any())).await? {
+        checkpoints::keep_existing_claims(&mut memoryx, &existing)?;
+    }
+    apply_one(&sets, &memoryx).await?;
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let owned;
     let census = match census_at_n {
@@ -796,10 +810,18 @@ async fn release(ctx: &Context, job: &TrainingJob, phase: Option<Phase>, existin
     Ok(())
 }
 
+/// What becomes of a deleted job's checkpoint claims: its `spec.checkpoint.retain`, or `Retain` for a job that
+/// does not decode (nothing is deleted that the job might not have meant to give up).
+fn retain_of(obj: &Watched) -> RetainPolicy {
+    obj.0.as_ref().map_or(RetainPolicy::Retain, |job| job.spec.checkpoint.retain)
+}
+
 /// Removes every child of a deleted job by label (owner references would do it too, given a garbage collector;
-/// this does not depend on one), including MemoryX's checkpoint volume. It needs only the job's metadata, so
-/// a job that no longer decodes is cleaned up too.
-async fn cleanup(job: &ObjectMeta, ctx: Arc<Context>) -> Result<Action, Error> {
+/// this does not depend on one), but MemoryX's checkpoint claims only under `retain: Delete`, and then only the
+/// job's own (by its uid): under `Retain` they outlive the job, and a claim an earlier job of the same name left
+/// is never this job's to delete. It needs only the job's metadata, so a job that no longer decodes is cleaned
+/// up too.
+async fn cleanup(job: &ObjectMeta, retain: RetainPolicy, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = job.namespace.clone().ok_or(Error::MissingField("metadata.namespace"))?;
     let name = job.name.clone().ok_or(Error::MissingField("metadata.name"))?;
     let selector = ListParams::default().labels(&format!("{JOB_LABEL}={name}"));
@@ -809,7 +831,13 @@ async fn cleanup(job: &ObjectMeta, ctx: Arc<Context>) -> Result<Action, Error> {
     delete_labelled(&Api::<Service>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<ConfigMap>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<Secret>::namespaced(c.clone(), &ns), &selector).await?;
-    delete_labelled(&Api::<PersistentVolumeClaim>::namespaced(c.clone(), &ns), &selector).await?;
+    match (retain, job.uid.as_deref()) {
+        (RetainPolicy::Delete, Some(uid)) => {
+            let own = ListParams::default().labels(&checkpoints::claims_selector(&name, uid));
+            delete_labelled(&Api::<PersistentVolumeClaim>::namespaced(c.clone(), &ns), &own).await?;
+        }
+        _ => tracing::info!(job = %name, namespace = %ns, "checkpoint claims kept (spec.checkpoint.retain: Retain)"),
+    }
     delete_labelled(&Api::<NetworkPolicy>::namespaced(c.clone(), &ns), &selector).await?;
     tracing::info!(job = %name, namespace = %ns, "job deleted; children removed");
     Ok(Action::await_change())
@@ -898,10 +926,17 @@ mod tests {
         let c = census(&[], &want, "j-memoryx");
         // The root, two engines and their two input workers.
         assert_eq!((c.ready, c.missing.len()), (false, 5));
+        let first = c.unready.clone().expect("an unready pod named");
+        assert_eq!((first.pod.as_str(), first.namespace.as_str(), first.why.as_str()), ("j-swarmx-0-0", "ns", "not created yet"));
 
         let all_ready: Vec<Pod> = want.iter().cloned().map(|p| with_status(p, "Running", true)).collect();
         let c = census(&all_ready, &want, "j-memoryx");
         assert!(c.ready && c.missing.is_empty() && c.delete.is_empty());
+        assert_eq!(c.unready, None);
+        let mut one_starting = all_ready.clone();
+        one_starting[1] = with_status(one_starting[1].clone(), "Running", false);
+        let c = census(&one_starting, &want, "j-memoryx");
+        assert_eq!(c.unready.map(|u| (u.pod, u.why)), Some(("j-engine-0".to_string(), "Running, its readiness probe not passed yet".to_string())));
 
         let mut one_failed = all_ready.clone();
         one_failed[2] = with_status(one_failed[2].clone(), "Failed", false);

@@ -5,8 +5,10 @@
 
 use crds::conditions::{ConditionStatus, ConditionType, Reason};
 use crds::{Phase, PlanStatus, TrainingJob, TrainingJobSpec, TrainingJobStatus};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 
 use crate::admission::Verdict;
 use crds::contract::{MemoryxPhase, MemoryxStatus};
@@ -37,12 +39,69 @@ pub struct Observed {
     pub pods_ready: bool,
     /// Names of engine, SwarmX and input-worker pods that failed this pass (the operator replaces them).
     pub failed_pods: Vec<String>,
+    /// The first of those pods that is not ready, and why, when one is not.
+    pub unready: Option<Unready>,
     /// Container restarts of the current MemoryX pod, when it exists.
     pub memoryx_restarts: Option<u32>,
     /// MemoryX's `/status`, or why it could not be read; `None` when it was not asked (nothing assembled).
     pub coordinator: Option<Result<MemoryxStatus, String>>,
     /// Now, for condition and start/completion times.
     pub now: Timestamp,
+}
+
+/// A pod of the job that is not ready, as the status names it: a job stuck `Starting` says which pod holds it,
+/// why where Kubernetes says so, and the command that shows more.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unready {
+    /// The pod's name.
+    pub pod: String,
+    /// Its namespace (the job's).
+    pub namespace: String,
+    /// What holds it, in Kubernetes' words ([`why_unready`]), or that it does not exist yet.
+    pub why: String,
+}
+
+impl Unready {
+    /// `pod` (of `namespace`) as it stands.
+    pub fn of(pod: &Pod, namespace: &str) -> Unready {
+        Unready { pod: pod.name_any(), namespace: namespace.to_string(), why: why_unready(pod) }
+    }
+
+    /// The status message: the pod, why, and how to see more.
+    pub fn message(&self) -> String {
+        let Unready { pod, namespace, why } = self;
+        format!("waiting for pod {pod} to be ready ({why}); `kubectl describe pod {pod} -n {namespace}` shows why")
+    }
+}
+
+/// The most a reason's message from Kubernetes adds to a status message.
+const MAX_WHY: usize = 200;
+
+/// Why `pod` is not ready, in Kubernetes' own words: a container's waiting reason and message
+/// (`ImagePullBackOff: …`, `ContainerCreating`), else the scheduler's (`Unschedulable: 0/1 nodes are
+/// available: …`), else its phase.
+pub fn why_unready(pod: &Pod) -> String {
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.clone()).unwrap_or_else(|| "Pending".into());
+    let said = |reason: &str, message: Option<&String>| match message.filter(|m| !m.is_empty()) {
+        Some(m) if m.chars().count() > MAX_WHY => format!("{reason}: {}…", m.chars().take(MAX_WHY).collect::<String>()),
+        Some(m) => format!("{reason}: {m}"),
+        None => reason.to_string(),
+    };
+    let containers = status.into_iter().flat_map(|s| s.init_container_statuses.iter().flatten().chain(s.container_statuses.iter().flatten()));
+    let waiting = containers.filter_map(|c| c.state.as_ref()?.waiting.as_ref()).find(|w| w.reason.is_some());
+    if let Some(w) = waiting {
+        return format!("{phase}, {}", said(w.reason.as_deref().unwrap_or_default(), w.message.as_ref()));
+    }
+    let conditions = status.and_then(|s| s.conditions.as_ref());
+    let unscheduled = conditions.into_iter().flatten().find(|c| c.type_ == "PodScheduled" && c.status == "False");
+    if let Some(c) = unscheduled {
+        return format!("{phase}, {}", said(c.reason.as_deref().unwrap_or("not scheduled"), c.message.as_ref()));
+    }
+    match phase.as_str() {
+        "Running" => "Running, its readiness probe not passed yet".into(),
+        _ => phase,
+    }
 }
 
 /// What to do with the children.
@@ -473,10 +532,10 @@ fn holding(d: &mut Pass, spec: &TrainingJobSpec, obs: &Observed, holds: u32, gro
             d.cond_with(ConditionType::Ready, true, Reason::Training, "every child is ready and MemoryX reports progress");
         }
         (_, false) => {
-            let msg = if obs.failed_pods.is_empty() {
-                "waiting for engine and SwarmX pods to be ready".to_string()
-            } else {
-                format!("replacing failed pods: {}", obs.failed_pods.join(", "))
+            let msg = match &obs.unready {
+                _ if !obs.failed_pods.is_empty() => format!("replacing failed pods: {}", obs.failed_pods.join(", ")),
+                Some(u) => u.message(),
+                None => "waiting for engine, SwarmX and input-worker pods to be ready".to_string(),
             };
             let reason = if obs.failed_pods.is_empty() { Reason::PodsNotReady } else { Reason::ReplacingFailedPods };
             d.phase(Phase::Starting, reason, msg.clone());
@@ -573,6 +632,7 @@ mod tests {
             }),
             pods_ready: false,
             failed_pods: vec![],
+            unready: None,
             memoryx_restarts: None,
             coordinator: None,
             now: Timestamp::from_second(1_000_000).unwrap(),
@@ -596,6 +656,58 @@ mod tests {
 
     fn cond<'a>(j: &'a TrainingJob, t: ConditionType) -> &'a Condition {
         j.status.as_ref().unwrap().conditions.iter().find(|c| t.of(c)).unwrap()
+    }
+
+    /// A job stuck Starting names the pod that holds it, why in Kubernetes' words, and the command that shows more.
+    #[test]
+    fn a_starting_job_names_the_pod_it_waits_for_and_how_to_see_why() {
+        use k8s_openapi::api::core::v1::{ContainerState, ContainerStateWaiting, ContainerStatus, PodCondition, PodStatus};
+        let mut j = job(2);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        step(&mut j, &o);
+        o.admission = None;
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("j-engine-1".into());
+        pod.status = Some(PodStatus {
+            phase: Some("Pending".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "PodScheduled".into(),
+                status: "False".into(),
+                reason: Some("Unschedulable".into()),
+                message: Some("0/1 nodes are available: 1 Insufficient weightstream.dev/cs2.".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        o.unready = Some(Unready::of(&pod, "ml"));
+        let d = step(&mut j, &o);
+        let ready = cond(&j, ConditionType::Ready);
+        assert_eq!((d.status.phase, ready.reason.as_str()), (Some(Phase::Starting), "PodsNotReady"));
+        assert_eq!(
+            ready.message,
+            "waiting for pod j-engine-1 to be ready (Pending, Unschedulable: 0/1 nodes are available: 1 Insufficient \
+             weightstream.dev/cs2.); `kubectl describe pod j-engine-1 -n ml` shows why"
+        );
+        // A container waiting says so before the scheduler's old news; a running pod waits for its probe.
+        let status = pod.status.get_or_insert_with(Default::default);
+        status.container_statuses = Some(vec![ContainerStatus {
+            name: "engine".into(),
+            state: Some(ContainerState {
+                waiting: Some(ContainerStateWaiting { reason: Some("ImagePullBackOff".into()), message: Some("x".repeat(500)) }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]);
+        let why = why_unready(&pod);
+        assert!(why.starts_with("Pending, ImagePullBackOff: xxx") && why.ends_with('…') && why.len() < 300, "{why}");
+        let mut running = Pod::default();
+        running.status = Some(PodStatus { phase: Some("Running".into()), ..Default::default() });
+        assert_eq!(why_unready(&running), "Running, its readiness probe not passed yet");
+        // Failed pods being replaced are named as before.
+        o.failed_pods = vec!["j-engine-0".into()];
+        step(&mut j, &o);
+        assert_eq!(cond(&j, ConditionType::Ready).message, "replacing failed pods: j-engine-0");
     }
 
     #[test]

@@ -102,8 +102,9 @@ app.kubernetes.io/component: device-plugin
   resources: [secrets]
   verbs: [get, list, create, delete]
 - apiGroups: [""]
-  # MemoryX's checkpoint claims come from its StatefulSet; the operator only removes them with the job, and
-  # reads a job's data claim (spec.data.volume) to say when it is missing.
+  # MemoryX's checkpoint claims come from its StatefulSet; the operator removes them with the job only under
+  # spec.checkpoint.retain: Delete (they outlive it by default), and reads a job's data claim
+  # (spec.data.volume) to say when it is missing.
   resources: [persistentvolumeclaims]
   verbs: [get, list, delete]
 - apiGroups: [networking.k8s.io]

@@ -14,6 +14,9 @@ mod tree;
 
 pub use args::{CommonArgs, EngineArgs, InputArgs, MemoryxArgs, RoleArgs, SwarmxArgs};
 pub use handshake::{Handshake, ProgressReport};
-pub use role::{input_workers_of, Role, DATA_MOUNT, HTTP_PORT, JOB_LABEL, METRICS_SCRAPER_LABEL, ROLE_LABEL};
+pub use role::{
+    input_workers_of, Role, DATA_MOUNT, HTTP_PORT, JOB_LABEL, JOB_UID_LABEL, METRICS_SCRAPER_LABEL, PULL_POLICY_ANNOTATION, ROLE_LABEL,
+    RUNTIME_IMAGE_ANNOTATION,
+};
 pub use status::{MemoryxPhase, MemoryxStatus};
 pub use tree::{SwarmxChild, SwarmxNode, SwarmxTree, DEFAULT_FAN_OUT};

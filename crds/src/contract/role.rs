@@ -8,6 +8,14 @@ pub const HTTP_PORT: u16 = 8080;
 pub const JOB_LABEL: &str = "weightstream.dev/job";
 /// Label naming a pod's role ([`Role::as_str`]), for the same selectors and for people.
 pub const ROLE_LABEL: &str = "weightstream.dev/role";
+/// Label a job's checkpoint claims carry with the job's uid: a claim kept after its job was deleted
+/// (`spec.checkpoint.retain: Retain`) is told from a later namesake's by it, and `wsctl` finds it by it.
+pub const JOB_UID_LABEL: &str = "weightstream.dev/job-uid";
+/// Annotation on a job's checkpoint claims naming the runtime image its MemoryX ran, and
+/// [`PULL_POLICY_ANNOTATION`] its pull policy: `wsctl checkpoint` reads a deleted job's claim with that image.
+pub const RUNTIME_IMAGE_ANNOTATION: &str = "weightstream.dev/runtime-image";
+/// See [`RUNTIME_IMAGE_ANNOTATION`].
+pub const PULL_POLICY_ANNOTATION: &str = "weightstream.dev/image-pull-policy";
 
 /// Where an input worker's pod mounts the job's data volume (`spec.data.volume`), read-only: the paths of
 /// `spec.data` are taken inside it.

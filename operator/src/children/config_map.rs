@@ -19,8 +19,9 @@ pub const CONFIG_DIR: &str = "/etc/weightstream";
 /// and hashed into the pods: a new operator whose plan gains a field restarts no running job.
 pub fn config_map(job: &TrainingJob, cs2: u32) -> Result<ConfigMap, Error> {
     // Only what the data plane reads: the fields that concern the operator alone (suspension, priority, the
-    // restart limit, images and resources) are left at their defaults, so changing them — suspending above
-    // all — does not change the configuration hash and replace running pods.
+    // restart limit, images and resources, what becomes of the checkpoints after the job) are left at their
+    // defaults, so changing them — suspending above all — does not change the configuration hash and replace
+    // running pods.
     let defaults: crds::TrainingJobSpec = serde_json::from_value(serde_json::json!({
         "model": job.spec.model,
         "data": job.spec.data,
@@ -36,6 +37,7 @@ pub fn config_map(job: &TrainingJob, cs2: u32) -> Result<ConfigMap, Error> {
         min_cs2: defaults.min_cs2,
         images: defaults.images,
         resources: defaults.resources,
+        checkpoint: crds::CheckpointSpec { retain: defaults.checkpoint.retain, ..job.spec.checkpoint.clone() },
         ..at_size(&job.spec, cs2)
     };
     let manifest = serde_json::json!({
@@ -97,6 +99,7 @@ mod tests {
         k.spec.priority = 7;
         k.spec.priority_class_name = Some("high".into());
         k.spec.restart_limit = 9;
+        k.spec.checkpoint.retain = crds::RetainPolicy::Delete;
         assert_eq!(config_hash(&k, 4), before, "no pod is replaced by a suspend");
         k.spec.training.seed += 1;
         assert_ne!(config_hash(&k, 4), before, "training changes do reach the pods");

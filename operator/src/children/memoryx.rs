@@ -5,17 +5,14 @@ use std::collections::BTreeMap;
 
 use crds::contract::{MemoryxArgs, Role};
 use crds::TrainingJob;
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec};
-use k8s_openapi::api::core::v1::{
-    EnvVar, EnvVarSource, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec,
-    VolumeMount, VolumeResourceRequirements,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, PodTemplateSpec, VolumeMount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::ResourceExt;
 use plan::appliance::Plan;
 use plan::wiring::Wiring;
 
+use super::checkpoints::{claim_template, retention, volume_name, CHECKPOINT_DIR};
 use super::container::{container, memory_request};
 use super::hash::spec_hash;
 use super::metadata::{labels, meta};
@@ -30,9 +27,6 @@ use crate::Error;
 /// Annotation on MemoryX's pod template with the hash of its configuration: a rescale changes `job.yaml`, which
 /// changes the template, so the StatefulSet restarts MemoryX, which resumes from its checkpoint at the new size.
 pub const CONFIG_HASH_ANNOTATION: &str = "weightstream.dev/config-hash";
-
-/// Where MemoryX keeps its checkpoints (a persistent volume, so restarts and resumes continue from them).
-pub const CHECKPOINT_DIR: &str = "/var/lib/weightstream/checkpoints";
 
 /// The environment variable through which each weight server learns its index (`--server-index`'s).
 pub const SERVER_INDEX_ENV: &str = "WS_SERVER_INDEX";
@@ -65,7 +59,7 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash:
     let name = job.name_any();
     let servers = plan.memoryx.servers.max(1);
     let (volumes, mut mounts) = volumes_of(job, plan, Role::Memoryx);
-    mounts.push(VolumeMount { name: "checkpoints".into(), mount_path: CHECKPOINT_DIR.into(), ..Default::default() });
+    mounts.push(VolumeMount { name: volume_name(job)?, mount_path: CHECKPOINT_DIR.into(), ..Default::default() });
     let mut c = container(
         job,
         settings,
@@ -91,26 +85,6 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash:
     // period is the plan's time for that, so the job resumes with no step lost.
     pod_spec.termination_grace_period_seconds = Some(i64::try_from(plan.stop_seconds()).unwrap_or(i64::MAX));
     let hash = spec_hash(&pod_spec)?;
-    let claim = PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: Some("checkpoints".into()),
-            labels: Some(labels(&name, Some(Role::Memoryx))),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            storage_class_name: job.spec.checkpoint.storage_class_name.clone(),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_string(),
-                    Quantity(job.spec.checkpoint.volume_size.clone()),
-                )])),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
     Ok(StatefulSet {
         metadata: meta(job, names::memoryx(&name), Some(Role::Memoryx))?,
         spec: Some(StatefulSetSpec {
@@ -118,10 +92,7 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash:
             service_name: Some(names::memoryx(&name)),
             pod_management_policy: Some("Parallel".into()),
             selector: LabelSelector { match_labels: Some(labels(&name, Some(Role::Memoryx))), ..Default::default() },
-            persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
-                when_deleted: Some("Delete".into()),
-                when_scaled: Some("Retain".into()),
-            }),
+            persistent_volume_claim_retention_policy: Some(retention(job)),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels(&name, Some(Role::Memoryx))),
@@ -133,7 +104,7 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash:
                 }),
                 spec: Some(pod_spec),
             },
-            volume_claim_templates: Some(vec![claim]),
+            volume_claim_templates: Some(vec![claim_template(job, settings)?]),
             ..Default::default()
         }),
         ..Default::default()

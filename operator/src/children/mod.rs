@@ -4,9 +4,11 @@
 //!
 //! One concept per module: [`desired`] assembles the whole appliance at one size from the [`plan`]; [`names`],
 //! [`site`] (addresses) and [`metadata`] (labels, owner) say how the children are called and found; one module
-//! per kind of child ([`config_map`], [`services`], [`network_policy`], [`identity`], [`memoryx`], [`pods`]);
+//! per kind of child ([`config_map`], [`services`], [`network_policy`], [`identity`], [`memoryx`] and its
+//! [`checkpoints`] volumes, [`pods`]);
 //! and the parts a pod is made of ([`container`], [`pod_security`], [`volumes`], [`hash`]).
 
+pub mod checkpoints;
 pub mod config_map;
 pub mod container;
 pub mod desired;
