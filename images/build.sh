@@ -136,7 +136,7 @@ binary_image() {
 }
 
 binary_image operator '["weightstream-operator"]' '[]' weightstream-operator weightstream-device-plugin
-binary_image runtime null "$(json_array memoryx --help)" memoryx swarmx sim-wse input
+binary_image runtime null "$(json_array memoryx --help)" memoryx swarmx sim-wse input checkpoint-server
 
 # The sandbox image: one static binary, run as the conventional nobody-like 65535.
 pause_root="$work/rootfs-pause"

@@ -67,6 +67,8 @@ fn job(name: &str, steps: u64, mode: ExecutionMode, restart_limit: u32) -> Train
     j.spec.training.steps = Some(steps);
     j.spec.memoryx.servers = Some(2);
     j.spec.checkpoint.interval_steps = 100;
+    // Its claims go with it, so the matrix's end finds nothing of it left (the default keeps them).
+    j.spec.checkpoint.retain = crds::RetainPolicy::Delete;
     j.spec.restart_limit = restart_limit;
     j.spec.execution_mode = mode;
     j

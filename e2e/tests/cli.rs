@@ -6,9 +6,11 @@
 //!   JSON) shows the job Succeeded at its step, also through a `kubectl-ws` symlink and `kubectl ws`; a manifest
 //!   that does not parse is one error and nothing is created.
 //! - `suspend` returns once the status says Suspended (CS-2s free), `resume` once it has left it, and the job
-//!   finishes; `cancel` returns once the job is gone, and none of its children is left.
+//!   finishes; `cancel` returns once the job is gone, and none of its children is left but its checkpoint claims.
 //! - `checkpoint list` and `checkpoint pull` fetch a running job's checkpoint through a port-forward with the
 //!   job's identity, and the file reads back as the runtime's checkpoint of the listed step.
+//! - A deleted or cancelled job's checkpoints are kept in its claims and pull bit for bit as before the
+//!   deletion (a reader pod mounts the claim); `retain: Delete` removes them with the job.
 //!
 //! The binary is `target/release/wsctl` beside this test's own (`cargo build --release -p wsctl` first), or
 //! `WS_WSCTL`. Tests share the node's 4 CS-2s, so they take turns.
@@ -256,11 +258,14 @@ async fn suspend_resume_and_cancel_take_effect_before_they_return() {
     let out = wsctl_run(&kc, &["suspend", "pausable", "-n", &ns]).await;
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("nothing to suspend"));
 
-    // cancel: a running job and every child of it go before it returns (pods may take their grace period).
+    // cancel: a running job and every child of it but its checkpoint claims go before it returns (pods may take
+    // their grace period); it says which claims it keeps (`spec.checkpoint.retain: Retain`, the default).
     wsctl_ok(&kc, &["submit", &manifest(&dir, "doomed", steps, 0).display().to_string(), "-n", &ns]).await;
     training_past(&jobs, "doomed", 1).await;
+    let uid = ok(jobs.get("doomed").await, "get").uid().unwrap_or_default();
     let out = wsctl_ok(&kc, &["cancel", "doomed", "-n", &ns, "--timeout", "180"]).await;
     assert!(out.contains(&format!("trainingjob {ns}/doomed deleted")), "{out}");
+    assert!(out.contains("checkpoints kept in claim") && out.contains(&format!("weightstream.dev/job-uid={uid}")), "{out}");
     assert!(ok(jobs.get_opt("doomed").await, "get").is_none(), "cancel returned with the job still there");
     let sel = ListParams::default().labels("weightstream.dev/job=doomed");
     let left = || async {
@@ -280,11 +285,13 @@ async fn suspend_resume_and_cancel_take_effect_before_they_return() {
         v.extend(names(secrets.list(&sel).await.ok()?.items.iter().map(|o| o.name_any()).collect(), "secret"));
         Some(v)
     };
-    // The pods and volume claims are gone by the time cancel returns: the name can be used again at once.
-    let at_return: Vec<String> = left().await.unwrap_or_default().into_iter().filter(|c| c.starts_with("pod/") || c.starts_with("pvc/")).collect();
+    // The pods are gone by the time cancel returns: the name can be used again at once. The claims stay.
+    let at_return: Vec<String> = left().await.unwrap_or_default().into_iter().filter(|c| c.starts_with("pod/")).collect();
     assert!(at_return.is_empty(), "cancel returned with {at_return:?} still there");
-    let r = wait_for(Duration::from_secs(120), "every child of doomed to go", || async {
-        left().await.filter(|v| v.is_empty()).map(|_| ())
+    let kept: Vec<String> = left().await.unwrap_or_default().into_iter().filter(|c| c.starts_with("pvc/")).collect();
+    assert!(!kept.is_empty() && kept.iter().all(|c| c.contains(&uid)), "the claims kept are the job's own: {kept:?}");
+    let r = wait_for(Duration::from_secs(120), "every child of doomed but its claims to go", || async {
+        left().await.filter(|v| v.iter().all(|c| c.starts_with("pvc/"))).map(|_| ())
     })
     .await;
     if let Err(e) = r {
@@ -355,6 +362,95 @@ async fn checkpoint_pull_fetches_a_running_jobs_checkpoint_through_the_api_serve
     let out = wsctl_run(&kc, &["checkpoint", "pull", "saved", "-n", &ns, "--step", "7", "-o", &out_arg]).await;
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no checkpoint of step 7"));
     wsctl_ok(&kc, &["cancel", "saved", "-n", &ns]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    done(&client, &ns).await;
+}
+
+/// Nothing lost: a finished job's checkpoint pulled, the job deleted, its claim still there (labelled with the
+/// job's name and uid, owned by nobody), and `wsctl checkpoint pull` of the deleted job gives the same file bit
+/// for bit through a short-lived reader pod, which goes when the command ends. A cancelled job keeps its
+/// checkpoints too and they list; a job submitted again under a deleted one's name gets claims of its own; a
+/// `retain: Delete` job's claims go with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_outlive_a_deleted_or_cancelled_job_unless_retain_is_delete() {
+    let _serial = SERIAL.lock().await;
+    let (kc, client, ns) = setup("cli-retain").await;
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let dir = scratch(&ns);
+    let claims_of = |job: &str| {
+        let (claims, sel) = (claims.clone(), ListParams::default().labels(&format!("weightstream.dev/job={job}")));
+        async move { claims.list(&sel).await.map(|l| l.items).unwrap_or_default() }
+    };
+    let gone = |job: &'static str| {
+        let jobs = jobs.clone();
+        async move { ok(wait_for(Duration::from_secs(120), &format!("{job} to be gone"), || async { jobs.get_opt(job).await.ok()?.is_none().then_some(()) }).await, "deletion") }
+    };
+
+    // A finished job, its newest checkpoint pulled from its MemoryX.
+    wsctl_ok(&kc, &["submit", &manifest(&dir, "kept", 3000, 1000).display().to_string(), "-n", &ns, "--watch", "--timeout", "300"]).await;
+    let uid = ok(jobs.get("kept").await, "get").uid().unwrap_or_default();
+    let before = dir.join("before");
+    let printed = wsctl_ok(&kc, &["checkpoint", "pull", "kept", "-n", &ns, "-o", &before.display().to_string()]).await;
+    let live = ok(std::fs::read(printed.trim()), "the pulled checkpoint");
+
+    // Deleted (as kubectl does): the claim stays, with the job's name and uid, owned by nobody.
+    ok(jobs.delete("kept", &DeleteParams::default()).await, "delete kept");
+    gone("kept").await;
+    let left = claims_of("kept").await;
+    assert!(!left.is_empty(), "the deleted job's claims went with it");
+    for c in &left {
+        assert_eq!(c.labels().get("weightstream.dev/job-uid"), Some(&uid), "{}", c.name_any());
+        assert!(c.owner_references().is_empty(), "{} is owned: {:?}", c.name_any(), c.owner_references());
+        assert!(c.metadata.deletion_timestamp.is_none(), "{} is being deleted", c.name_any());
+    }
+    // The deleted job's checkpoints list and pull, the same bytes as before the deletion.
+    let listed = wsctl_ok(&kc, &["checkpoint", "list", "kept", "-n", &ns]).await;
+    assert!(listed.contains("step-00003000"), "{listed}");
+    let after = dir.join("after");
+    let printed = wsctl_ok(&kc, &["checkpoint", "pull", "kept", "-n", &ns, "-o", &after.display().to_string()]).await;
+    assert!(ok(std::fs::read(printed.trim()), "the checkpoint pulled after the deletion") == live, "not the same file bit for bit");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let readers = ListParams::default().labels("weightstream.dev/checkpoint-reader=kept");
+    ok(
+        wait_for(Duration::from_secs(60), "the reader pods to go", || async { pods.list(&readers).await.ok()?.items.is_empty().then_some(()) }).await,
+        "reader cleanup",
+    );
+
+    // Submitted again under the same name: claims of its own, the retained one untouched.
+    wsctl_ok(&kc, &["submit", &manifest(&dir, "kept", 1000, 1000).display().to_string(), "-n", &ns, "--watch", "--timeout", "300"]).await;
+    let again = ok(jobs.get("kept").await, "get").uid().unwrap_or_default();
+    let now: Vec<(String, Option<String>)> =
+        claims_of("kept").await.iter().map(|c| (c.name_any(), c.labels().get("weightstream.dev/job-uid").cloned())).collect();
+    assert!(left.iter().all(|c| now.iter().any(|(n, u)| *n == c.name_any() && u.as_deref() == Some(uid.as_str()))), "{now:?}");
+    assert!(now.iter().any(|(_, u)| u.as_deref() == Some(again.as_str())), "the new job has no claim of its own: {now:?}");
+    ok(jobs.delete("kept", &DeleteParams::default()).await, "delete kept again");
+
+    // Cancelled while running: it says where its checkpoints are, and they list.
+    wsctl_ok(&kc, &["submit", &manifest(&dir, "stopped", 60_000, 1000).display().to_string(), "-n", &ns]).await;
+    let r = wait_for(Duration::from_secs(300), "a checkpoint of stopped", || async {
+        let s = jobs.get("stopped").await.ok()?.status?;
+        (s.progress.last_checkpoint?.step >= 1000).then_some(())
+    })
+    .await;
+    ok(r, "checkpoint");
+    let out = wsctl_ok(&kc, &["cancel", "stopped", "-n", &ns, "--timeout", "180"]).await;
+    assert!(out.contains("checkpoints kept in claim"), "{out}");
+    let listed = wsctl_ok(&kc, &["checkpoint", "list", "stopped", "-n", &ns]).await;
+    assert!(listed.contains(".safetensors"), "no checkpoint listed: {listed}");
+
+    // retain: Delete: the claims go with the job.
+    let path = manifest(&dir, "dropped", 60_000, 1000);
+    let text = ok(std::fs::read_to_string(&path), "manifest");
+    let mut j: TrainingJob = ok(serde_yaml::from_str(&text), "manifest");
+    j.spec.checkpoint.retain = crds::RetainPolicy::Delete;
+    ok(std::fs::write(&path, ok(serde_yaml::to_string(&j), "yaml")), "manifest");
+    wsctl_ok(&kc, &["submit", &path.display().to_string(), "-n", &ns]).await;
+    ok(wait_for(Duration::from_secs(300), "a claim of dropped", || async { (!claims_of("dropped").await.is_empty()).then_some(()) }).await, "claim");
+    let out = wsctl_ok(&kc, &["cancel", "dropped", "-n", &ns, "--timeout", "180"]).await;
+    assert!(out.contains("deleted with it"), "{out}");
+    let left = claims_of("dropped").await;
+    assert!(left.iter().all(|c| c.metadata.deletion_timestamp.is_some()), "retain: Delete kept {:?}", left.iter().map(|c| c.name_any()).collect::<Vec<_>>());
     let _ = std::fs::remove_dir_all(&dir);
     done(&client, &ns).await;
 }

@@ -362,7 +362,10 @@ async fn a_deleted_job_leaves_nothing_behind() {
     let _serial = SERIAL.lock().await;
     let (client, ns) = setup("delete").await;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    create(&jobs, &sparse("doomed", 2)).await;
+    // `retain: Delete`: its checkpoint claims go with it too (the default keeps them: `cli.rs` shows that).
+    let mut doomed = sparse("doomed", 2);
+    doomed.spec.checkpoint.retain = crds::RetainPolicy::Delete;
+    create(&jobs, &doomed).await;
     wait_training(&client, &ns, "doomed", 1).await;
     ok(jobs.delete("doomed", &DeleteParams::default()).await, "delete the job");
     let sel = ListParams::default().labels("weightstream.dev/job=doomed");

@@ -2,8 +2,9 @@
 //! so the trained weights come back to the user from a volume nobody else can read.
 //!
 //! [`list`] and [`pull`] take any base URL (`https://HOST:PORT`) and any [`Identity`]: a local run's MemoryX on
-//! loopback, or a port-forward through the API server to a cluster job's MemoryX pod with the identity read
-//! from the job's Secret. Whatever the address, the server must prove it holds a certificate of the job's CA
+//! loopback, a port-forward through the API server to a cluster job's MemoryX pod with the identity read
+//! from the job's Secret, or one to the reader pod of a deleted job's retained claim with the identity issued
+//! for that pod. Whatever the address, the server must prove it holds a certificate of the job's CA
 //! for [`SERVER_NAME`], which every job certificate carries: the address only says where to connect.
 //!
 //! Nothing the server sends is trusted beyond what it can be checked against: the listing is bounded and its

@@ -3,7 +3,8 @@
 //! identity from the Secret the operator made for it: MemoryX trusts that job's CA and nothing else, so reading
 //! the Secret (RBAC on the namespace) is what grants access. The transfer itself is [`crate::checkpoint`]'s
 //! (bounded, verified, renamed into place); with `--url` and `--identity` instead of a job, that client is
-//! used directly on any MemoryX (a local run's).
+//! used directly on any MemoryX (a local run's). A deleted job's checkpoints, kept in its claims
+//! (`spec.checkpoint.retain: Retain`), are read the same way from a short-lived reader pod ([`retained`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,7 +16,7 @@ use kube::api::{Api, ListParams};
 use wire::identity::{CA_CERT, CERT, Identity, KEY};
 
 use super::portforward::Forward;
-use super::{Cluster, Error, Namespace, progress};
+use super::{Cluster, Error, Namespace, progress, retained};
 use crds::contract::{JOB_LABEL, ROLE_LABEL};
 
 /// Whose checkpoints: a cluster job's by name (through the API server), or any MemoryX's by its address and the
@@ -91,57 +92,107 @@ pub async fn run(command: Command) -> Result<(), Error> {
     };
     let cluster = Cluster::connect(ns).await?;
     let work = async {
-        let (job, forward, base, identity) = connect(&cluster, &name).await?;
-        let failed = |what: &str, e: anyhow::Error| {
-            let why = forward.failure().map(|f| format!(" ({f})")).unwrap_or_default();
-            Error::Checkpoint { what: format!("{what} of {}/{name}", cluster.namespace), message: format!("{e:#}{why}") }
-        };
-        match &command {
-            Command::List { json, .. } => {
-                let entries = crate::checkpoint::list(&base, &identity).await.map_err(|e| failed("list", e))?;
-                print!("{}", crate::checkpoint::listing(&entries, *json));
-            }
-            Command::Pull { step, out, .. } => {
-                let max = crate::checkpoint::planned_bytes(&job.spec);
-                let path =
-                    crate::checkpoint::pull(&base, &identity, *step, out, Some(max)).await.map_err(|e| failed("pull", e))?;
-                println!("{}", path.display());
-            }
+        let source = connect(&cluster, &name, timeout).await?;
+        let done = transfer(&command, &source, &cluster.namespace, &name).await;
+        if let Some(reader) = source.reader {
+            reader.close().await;
         }
-        Ok(())
+        done
     };
     tokio::time::timeout(timeout, work)
         .await
         .unwrap_or_else(|_| Err(Error::Timeout { after: timeout, what: "the checkpoint transfer".into(), last: None }))
 }
 
-/// The job, a local forward to its running MemoryX pod's HTTP port, the base URL to call through it
-/// (`https://127.0.0.1:PORT`: the client asks for `job.weightstream.internal` there), and the job's identity.
-async fn connect(cluster: &Cluster, name: &str) -> Result<(crds::TrainingJob, Forward, String, Identity), Error> {
+/// Where the checkpoints are read: a live job's MemoryX, or a deleted job's retained claim through a reader pod.
+struct Origin {
+    /// The job, when it still exists: its plan bounds a download.
+    job: Option<crds::TrainingJob>,
+    /// The forward to a live job's MemoryX (a reader holds its own).
+    forward: Option<Forward>,
+    /// The reader of a deleted job's claim.
+    reader: Option<retained::Reader>,
+    /// The base URL to call.
+    base: String,
+    /// The identity to present.
+    identity: Identity,
+}
+
+impl Origin {
+    fn failure(&self) -> Option<String> {
+        self.forward.as_ref().or(self.reader.as_ref().map(|r| &r.forward)).and_then(Forward::failure)
+    }
+}
+
+/// Lists or pulls from `source`.
+async fn transfer(command: &Command, source: &Origin, ns: &str, name: &str) -> Result<(), Error> {
+    let failed = |what: &str, e: anyhow::Error| {
+        let why = source.failure().map(|f| format!(" ({f})")).unwrap_or_default();
+        Error::Checkpoint { what: format!("{what} of {ns}/{name}"), message: format!("{e:#}{why}") }
+    };
+    match command {
+        Command::List { json, .. } => {
+            let entries = crate::checkpoint::list(&source.base, &source.identity).await.map_err(|e| failed("list", e))?;
+            print!("{}", crate::checkpoint::listing(&entries, *json));
+        }
+        Command::Pull { step, out, .. } => {
+            // A deleted job's plan is gone with it: the listing's announced size bounds the download then.
+            let max = source.job.as_ref().map(|j| crate::checkpoint::planned_bytes(&j.spec));
+            let path = crate::checkpoint::pull(&source.base, &source.identity, *step, out, max).await.map_err(|e| failed("pull", e))?;
+            println!("{}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// The job's checkpoints: from its running MemoryX pod when the job exists (a local forward to its HTTP port,
+/// called as `https://127.0.0.1:PORT` with the job's identity), else from its claim through a reader pod
+/// ([`retained`]): the claim a deleted job left, or that of a job whose MemoryX is scaled to zero.
+async fn connect(cluster: &Cluster, name: &str, timeout: Duration) -> Result<Origin, Error> {
     let ns = &cluster.namespace;
-    let job = cluster.job(name).await?;
+    let action = format!("read TrainingJob {ns}/{name}");
+    let Some(job) = cluster.jobs().get_opt(name).await.map_err(Error::api(action, ns, name))? else {
+        let reader = retained::open(cluster, name, None, timeout).await.map_err(|e| match e {
+            Error::NotFound { .. } => Error::Invalid(format!(
+                "no TrainingJob {name} in namespace {ns}, and no checkpoint claim left by a deleted one (label \
+                 {JOB_LABEL}={name}): `wsctl get -n {ns}` lists the jobs, `kubectl get pvc -n {ns} -l {JOB_LABEL}` \
+                 the claims jobs left"
+            )),
+            other => other,
+        })?;
+        eprintln!("wsctl: TrainingJob {ns}/{name} is gone; reading the checkpoints it left in claim {}", reader.claim);
+        let (base, identity) = (reader.base.clone(), reader.identity.clone());
+        return Ok(Origin { job: None, forward: None, reader: Some(reader), base, identity });
+    };
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
     let selector = format!("{JOB_LABEL}={name},{ROLE_LABEL}={}", Role::Memoryx);
     let list = pods
         .list(&ListParams::default().labels(&selector))
         .await
         .map_err(Error::other(format!("list the MemoryX pod of {ns}/{name}")))?;
-    let pod = list
+    let running = list
         .items
         .iter()
         .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && p.metadata.deletion_timestamp.is_none())
-        .map(|p| p.name_any())
-        .ok_or_else(|| {
-            Error::Invalid(format!(
-                "TrainingJob {ns}/{name} ({}) has no running MemoryX pod: its checkpoints are served by MemoryX while the \
-                 job holds its CS-2s (a finished or suspended job's MemoryX is scaled to zero)",
+        .map(|p| p.name_any());
+    let Some(pod) = running else {
+        // A suspended or failed job's MemoryX is scaled to zero, and its claim free: read it as a deleted job's.
+        let uid = job.uid().unwrap_or_default();
+        let reader = retained::open(cluster, name, Some(&uid), timeout).await.map_err(|e| match e {
+            Error::NotFound { .. } => Error::Invalid(format!(
+                "TrainingJob {ns}/{name} ({}) has no running MemoryX pod and no checkpoint claim yet",
                 progress::phase(&job)
-            ))
+            )),
+            other => other,
         })?;
+        eprintln!("wsctl: MemoryX of {ns}/{name} is not running; reading its checkpoints from claim {}", reader.claim);
+        let (base, identity) = (reader.base.clone(), reader.identity.clone());
+        return Ok(Origin { job: Some(job), forward: None, reader: Some(reader), base, identity });
+    };
     let identity = identity(cluster, name).await?;
     let forward = Forward::start(pods, &pod, HTTP_PORT).await?;
     let base = format!("https://{}", forward.addr);
-    Ok((job, forward, base, identity))
+    Ok(Origin { job: Some(job), forward: Some(forward), reader: None, base, identity })
 }
 
 /// The job's identity from the Secret `<job>-identity` the operator created.

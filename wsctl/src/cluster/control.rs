@@ -3,49 +3,77 @@
 
 use std::time::Duration;
 
-use crds::Phase;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use crds::contract::{JOB_LABEL, JOB_UID_LABEL};
+use crds::{Phase, RetainPolicy};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 
 use super::{Cluster, Error, progress, watch};
 
 /// Deletes the job (its finalizer makes the operator remove the children) and, with a deadline, waits for it
-/// to be gone and then for its pods and volumes (what the operator deleted may still be terminating), so a job
-/// submitted again under the same name right away starts clean.
+/// to be gone and then for its pods (what the operator deleted may still be terminating), so a job submitted
+/// again under the same name right away starts clean. Its checkpoint claims are kept (`spec.checkpoint.retain:
+/// Retain`, the default), and it says where and how to read or delete them; with `Delete` it waits for them to go
+/// too.
 pub async fn cancel(cluster: &Cluster, name: &str, wait: Option<Duration>) -> Result<(), Error> {
     let ns = &cluster.namespace;
+    let job = cluster.job(name).await?;
+    let (retain, uid) = (job.spec.checkpoint.retain, job.uid().unwrap_or_default());
+    let claims = claims_of(cluster, name, &uid).await?;
     let action = format!("delete TrainingJob {ns}/{name}");
     cluster.jobs().delete(name, &DeleteParams::default()).await.map_err(Error::api(action, ns, name))?;
     println!("trainingjob {ns}/{name} deletion requested");
+    println!("{}", kept(ns, name, &uid, retain, &claims));
     let Some(timeout) = wait else { return Ok(()) };
     let started = tokio::time::Instant::now();
     let what = format!("TrainingJob {ns}/{name} and its children to be removed");
     watch::until(cluster, name, timeout, &what, |job| job.is_none().then_some(Ok(()))).await?;
-    children_gone(cluster, name, started + timeout, &what).await?;
+    let claims_go = (retain == RetainPolicy::Delete).then_some(uid.as_str());
+    children_gone(cluster, name, claims_go, started + timeout, &what).await?;
     println!("trainingjob {ns}/{name} deleted");
     Ok(())
 }
 
-/// Waits until no pod and no volume claim of job `name` is left (terminating ones included), until `deadline`.
-async fn children_gone(cluster: &Cluster, name: &str, deadline: tokio::time::Instant, what: &str) -> Result<(), Error> {
-    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-    use kube::api::{Api, ListParams};
-    use kube::ResourceExt;
+/// The names of job `name`'s checkpoint claims (those labelled with its `uid`).
+async fn claims_of(cluster: &Cluster, name: &str, uid: &str) -> Result<Vec<String>, Error> {
     let ns = &cluster.namespace;
-    let selector = ListParams::default().labels(&format!("{}={name}", crds::contract::JOB_LABEL));
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client.clone(), ns);
+    let selector = ListParams::default().labels(&format!("{JOB_LABEL}={name},{JOB_UID_LABEL}={uid}"));
+    let list = claims.list(&selector).await.map_err(Error::api(format!("list the volume claims of TrainingJob {ns}/{name}"), ns, name))?;
+    Ok(list.items.iter().map(|c| c.name_any()).collect())
+}
+
+/// What a cancel keeps of job `name` (uid `uid`): its checkpoint claims under `Retain`, with how to read and
+/// how to delete them; nothing under `Delete`.
+pub fn kept(ns: &str, name: &str, uid: &str, retain: RetainPolicy, claims: &[String]) -> String {
+    match (retain, claims) {
+        (RetainPolicy::Delete, _) => "its checkpoints are deleted with it (spec.checkpoint.retain: Delete)".into(),
+        (RetainPolicy::Retain, []) => "it wrote no checkpoint volume (it never ran): nothing is kept".into(),
+        (RetainPolicy::Retain, claims) => format!(
+            "checkpoints kept in claim {} (spec.checkpoint.retain: Retain): `wsctl checkpoint pull {name} -n {ns}` fetches \
+             the newest; delete them with `kubectl delete pvc -n {ns} -l {JOB_UID_LABEL}={uid}`",
+            claims.join(", ")
+        ),
+    }
+}
+
+/// Waits until no pod of job `name` is left (terminating ones included), nor, with `claims_of` (the job's uid),
+/// a volume claim of that job, until `deadline`.
+async fn children_gone(cluster: &Cluster, name: &str, claims_of: Option<&str>, deadline: tokio::time::Instant, what: &str) -> Result<(), Error> {
+    let ns = &cluster.namespace;
+    let selector = ListParams::default().labels(&format!("{JOB_LABEL}={name}"));
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client.clone(), ns);
     let started = tokio::time::Instant::now();
     loop {
         let list = |action: &str| Error::api(format!("list the {action} of TrainingJob {ns}/{name}"), ns, name);
-        let left: Vec<String> = pods
-            .list(&selector)
-            .await
-            .map_err(list("pods"))?
-            .items
-            .iter()
-            .map(|p| format!("pod {}", p.name_any()))
-            .chain(claims.list(&selector).await.map_err(list("volume claims"))?.items.iter().map(|c| format!("volume claim {}", c.name_any())))
-            .collect();
+        let mut left: Vec<String> = pods.list(&selector).await.map_err(list("pods"))?.items.iter().map(|p| format!("pod {}", p.name_any())).collect();
+        if let Some(uid) = claims_of {
+            let theirs = ListParams::default().labels(&format!("{JOB_LABEL}={name},{JOB_UID_LABEL}={uid}"));
+            let found = claims.list(&theirs).await.map_err(list("volume claims"))?.items;
+            left.extend(found.iter().map(|c| format!("volume claim {}", c.name_any())));
+        }
         if left.is_empty() {
             return Ok(());
         }
@@ -89,4 +117,25 @@ pub async fn suspend(cluster: &Cluster, name: &str, suspend: bool, wait: Option<
     .await?;
     println!("{name}: {}", progress::line(&job));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cancel says which claims it keeps and the commands that read and delete them, or that it keeps none.
+    #[test]
+    fn cancel_says_what_it_keeps() {
+        let claims = vec!["checkpoints-u1-mnist-memoryx-0".to_string(), "checkpoints-u1-mnist-memoryx-1".to_string()];
+        let kept_two = kept("ml", "mnist", "u1", RetainPolicy::Retain, &claims);
+        for part in [
+            "checkpoints-u1-mnist-memoryx-0, checkpoints-u1-mnist-memoryx-1",
+            "wsctl checkpoint pull mnist -n ml",
+            "kubectl delete pvc -n ml -l weightstream.dev/job-uid=u1",
+        ] {
+            assert!(kept_two.contains(part), "{kept_two}");
+        }
+        assert!(kept("ml", "mnist", "u1", RetainPolicy::Delete, &claims).contains("deleted with it"));
+        assert!(kept("ml", "mnist", "u1", RetainPolicy::Retain, &[]).contains("nothing is kept"));
+    }
 }

@@ -6,8 +6,9 @@
 //! One module per concept: [`submit`] (create, then optionally watch), [`progress`] (status to text: the bar and
 //! the per-change lines), [`watch`] (waiting on a job through the API's watch with a deadline), [`get`] (the
 //! table), [`logs`] (the job's pods by the operator's labels), [`control`] (cancel, suspend, resume),
-//! [`portforward`] (a local port bridged to a pod through the API server) and [`checkpoints`] (list and pull
-//! over that bridge with the job's mutual-TLS identity).
+//! [`portforward`] (a local port bridged to a pod through the API server), [`checkpoints`] (list and pull
+//! over that bridge with the job's mutual-TLS identity) and [`retained`] (a deleted job's checkpoints, read from
+//! the claim it left through a short-lived reader pod).
 
 mod checkpoints;
 mod control;
@@ -16,6 +17,7 @@ mod get;
 mod logs;
 mod portforward;
 mod progress;
+mod retained;
 mod submit;
 #[cfg(test)]
 mod testing;
@@ -101,7 +103,8 @@ pub enum Command {
         #[arg(long, default_value = DEFAULT_TIMEOUT)]
         timeout: u64,
     },
-    /// Delete a job: the operator removes its pods, volumes and Secret; waits until it is gone.
+    /// Delete a job: the operator removes its pods and Secret, and keeps its checkpoint claims unless
+    /// spec.checkpoint.retain is Delete (it says which and how to remove them); waits until it is gone.
     Cancel {
         /// The job.
         job: String,
@@ -140,8 +143,9 @@ pub enum Command {
         #[arg(long, default_value = "300")]
         timeout: u64,
     },
-    /// List or fetch a running job's checkpoints from its MemoryX: a cluster job's through the API server (a
-    /// port-forward with the job's identity), or any MemoryX's by --url and --identity.
+    /// List or fetch a job's checkpoints: a running cluster job's from its MemoryX through the API server (a
+    /// port-forward with the job's identity), a deleted job's from the claim it left (through a short-lived
+    /// reader pod), or any MemoryX's by --url and --identity.
     Checkpoint {
         #[command(subcommand)]
         what: checkpoints::Command,
