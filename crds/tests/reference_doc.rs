@@ -313,9 +313,6 @@ fn every_enum_value_has_a_meaning() {
             out.push(values.iter().filter_map(|v| v.as_str().map(String::from)).collect());
         }
         s["properties"].as_object().into_iter().flatten().for_each(|(_, f)| enums(f, out));
-        enums_in_items(s, out);
-    }
-    fn enums_in_items(s: &Value, out: &mut Vec<Vec<String>>) {
         if s["items"].is_object() {
             enums(&s["items"], out);
         }

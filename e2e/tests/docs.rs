@@ -191,15 +191,15 @@ fn violations(key: &str, v: &Json, s: &Json, out: &mut Vec<String>) {
     if let Some(allowed) = s["enum"].as_array().filter(|a| !a.contains(v)) {
         out.push(format!("`{key}` = {v} is not one of {allowed:?}"));
     }
-    if let (Some(x), Some(min)) = (v.as_f64(), s["minimum"].as_f64()) {
-        if x < min {
-            out.push(format!("`{key}` = {x} is below its minimum {min}"));
-        }
+    if let (Some(x), Some(min)) = (v.as_f64(), s["minimum"].as_f64())
+        && x < min
+    {
+        out.push(format!("`{key}` = {x} is below its minimum {min}"));
     }
-    if let (Some(x), Some(max)) = (v.as_f64(), s["maximum"].as_f64()) {
-        if x > max {
-            out.push(format!("`{key}` = {x} is above its maximum {max}"));
-        }
+    if let (Some(x), Some(max)) = (v.as_f64(), s["maximum"].as_f64())
+        && x > max
+    {
+        out.push(format!("`{key}` = {x} is above its maximum {max}"));
     }
     if let Some(obj) = v.as_object() {
         for r in s["required"].as_array().into_iter().flatten().filter_map(Json::as_str) {
@@ -340,7 +340,7 @@ fn repo_path(span: &str) -> Option<String> {
     let path = span.split(':').next().unwrap_or_default();
     let first = path.split('/').next().unwrap_or_default();
     let last = path.rsplit('/').next().unwrap_or_default();
-    let file_like = path.ends_with('/') || last.contains('.') && !last.starts_with('.');
+    let file_like = path.ends_with('/') || (last.contains('.') && !last.starts_with('.'));
     let top_level = !first.is_empty() && !first.starts_with('.') && root().join(first).is_dir() && path.contains('/');
     (file_like && top_level && !ignored(first)).then(|| path.to_string())
 }
@@ -362,11 +362,9 @@ fn links_and_paths_in_the_docs_exist() {
                     broken.push(format!("{doc}:{n}: link `{target}` points at nothing"));
                 }
             }
-            for span in code_spans(line) {
-                if let Some(path) = repo_path(span) {
-                    if !root().join(&path).exists() && !ignored(&path) {
-                        broken.push(format!("{doc}:{n}: path `{path}` does not exist"));
-                    }
+            for path in code_spans(line).into_iter().filter_map(repo_path) {
+                if !root().join(&path).exists() && !ignored(&path) {
+                    broken.push(format!("{doc}:{n}: path `{path}` does not exist"));
                 }
             }
         }

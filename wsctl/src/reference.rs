@@ -84,9 +84,10 @@ fn row(a: &Arg) -> String {
     if let Some(env) = a.get_env() {
         notes.push(format!("env `{}`", env.to_string_lossy()));
     }
-    let default: Vec<String> = match a.get_action().takes_values() {
-        true => a.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect(),
-        false => vec![],
+    let default: Vec<String> = if a.get_action().takes_values() {
+        a.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect()
+    } else {
+        vec![]
     };
     let default = if default.is_empty() { String::new() } else { format!("`{}`", default.join(",")) };
     let mut help = help_of(a);
