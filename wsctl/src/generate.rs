@@ -33,14 +33,14 @@ pub struct Options {
 
 /// Text in, token ids out, and back: a Hugging Face tokenizer, or bytes.
 enum Codec {
-    Tokenizer(data::tokenizer::TextTokenizer),
+    Tokenizer(Box<data::tokenizer::TextTokenizer>),
     Bytes,
 }
 
 impl Codec {
     fn load(path: Option<&Path>, vocab: usize) -> Result<Codec> {
         match path {
-            Some(p) => Ok(Codec::Tokenizer(data::tokenizer::TextTokenizer::load(p, vocab)?)),
+            Some(p) => Ok(Codec::Tokenizer(Box::new(data::tokenizer::TextTokenizer::load(p, vocab)?))),
             None if vocab == 256 => Ok(Codec::Bytes),
             None => bail!("the model reads {vocab} tokens, not bytes: name its tokenizer with --tokenizer FILE"),
         }
@@ -48,7 +48,7 @@ impl Codec {
 
     fn encode(&self, text: &str, vocab: usize) -> Result<Vec<u32>> {
         Ok(match self {
-            Codec::Tokenizer(t) => t.encode(text.as_bytes(), Path::new("the prompt"), vocab)?.into_iter().map(u32::from).collect(),
+            Codec::Tokenizer(t) => t.encode(text.as_bytes(), Path::new("the prompt"), vocab)?,
             Codec::Bytes => text.bytes().map(u32::from).collect(),
         })
     }

@@ -77,7 +77,7 @@ impl Job {
 
     /// How this job's MemoryX is spread over weight servers, memory and disk.
     pub fn memoryx_plan(&self) -> Result<plan::memoryx::MemoryxPlan> {
-        Ok(plan::memoryx::MemoryxPlan::for_spec(&self.spec)?)
+        plan::memoryx::MemoryxPlan::for_spec(&self.spec)
     }
 
     /// How weight server `slice` of this job stores its slice: the memory budget, and a disk tier under
@@ -375,7 +375,7 @@ impl Driver {
         tracing::info!(engines = swarm.engines(), servers = store.servers(), start, total, "training");
         let mut metrics = self.metrics_file(start)?;
         let interval = spec.checkpoint.interval_steps;
-        let due = |step: u64| interval > 0 && step % interval == 0;
+        let due = |step: u64| interval > 0 && step.is_multiple_of(interval);
         let stopping = || self.stop.load(Ordering::SeqCst);
         // With the model resident on the engines, MemoryX's copy is brought up to date for each checkpoint.
         let sync_at = |step: u64| due(step) || self.want_checkpoint.load(Ordering::SeqCst) || stopping();

@@ -209,7 +209,7 @@ pub(crate) fn list_steps(dir: &Path, suffix: &str) -> Result<Vec<(u64, PathBuf)>
             Some((step, e.path()))
         })
         .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
     Ok(found)
 }
 

@@ -88,7 +88,7 @@ pub fn entries(dir: &Path) -> errors::Result<Vec<(Entry, Vec<PathBuf>)>> {
             found.push((Entry { step, file, bytes, slices }, paths));
         }
     }
-    found.sort_by(|a, b| b.0.step.cmp(&a.0.step));
+    found.sort_by_key(|f| std::cmp::Reverse(f.0.step));
     Ok(found)
 }
 

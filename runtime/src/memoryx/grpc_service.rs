@@ -92,7 +92,7 @@ impl<'a> Assembler<'a> {
         if k >= self.count {
             return Err(Error::Protocol(format!("tensor {k} of a stream of {} tensors", self.count)));
         }
-        if c.data.len() % 4 != 0 {
+        if !c.data.len().is_multiple_of(4) {
             return Err(Error::Protocol(format!("a chunk of {} bytes is not whole 4-byte values", c.data.len())));
         }
         let have = self.tensors[k].len() + c.data.len() / 4;
@@ -106,12 +106,11 @@ impl<'a> Assembler<'a> {
     /// The layer, its step and its tensors, once every tensor is complete.
     pub(super) fn finish(self) -> Result<(usize, u64, LayerTensors)> {
         let (layer, step, want) = self.head.ok_or_else(|| Error::Protocol("an empty tensor stream".into()))?;
-        for k in 0..self.count {
-            if self.tensors[k].len() != want[k] {
+        for (k, (got, want)) in self.tensors.iter().zip(&want).take(self.count).enumerate() {
+            if got.len() != *want {
                 return Err(Error::Protocol(format!(
-                    "tensor {k} of layer {layer}'s slice ended after {} values; {} expected",
-                    self.tensors[k].len(),
-                    want[k]
+                    "tensor {k} of layer {layer}'s slice ended after {} values; {want} expected",
+                    got.len()
                 )));
             }
         }

@@ -108,8 +108,11 @@ pub trait WeightServer: Send + Sync {
 #[derive(Debug, Default)]
 struct Staged {
     step: u64,
-    layers: Vec<(usize, Option<(Vec<f32>, Vec<f32>)>)>,
+    layers: Vec<(usize, Option<StagedGradient>)>,
 }
+
+/// A layer slice's staged gradient: its weights' and its vector's.
+type StagedGradient = (Vec<f32>, Vec<f32>);
 
 /// A layer as a [`LocalSlice`] holds it: its slice of each tensor and the updates applied.
 #[derive(Debug)]
