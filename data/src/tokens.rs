@@ -66,7 +66,7 @@ mod tests {
         let le32: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
         assert_eq!(decode(&le16, crds::TokenType::Uint16, 1024).unwrap(), ids);
         assert_eq!(decode(&le32, crds::TokenType::Uint32, 1024).unwrap(), ids);
-        // The full 16-bit range fits a 65,536-token vocabulary.
+        // The full 16-bit range fits a 65,536-token vocabulary; Llama 3's 128,256 tokens need 32-bit ids.
         assert_eq!(decode(&[0xff, 0xff], crds::TokenType::Uint16, 65_536).unwrap(), vec![65_535]);
         assert_eq!(decode(&128_255u32.to_le_bytes(), crds::TokenType::Uint32, 128_256).unwrap(), vec![128_255]);
     }
