@@ -306,6 +306,9 @@ mod tests {
         for s in [ConditionStatus::True, ConditionStatus::False, ConditionStatus::Unknown] {
             assert_eq!(s.as_str(), format!("{s:?}"));
         }
-        assert_eq!((ConditionStatus::from(true), ConditionStatus::from(false)), (ConditionStatus::True, ConditionStatus::False));
+        assert_eq!(
+            (ConditionStatus::from(true), ConditionStatus::from(false)),
+            (ConditionStatus::True, ConditionStatus::False)
+        );
     }
 }

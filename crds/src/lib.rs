@@ -15,12 +15,16 @@ mod status;
 pub mod testing;
 mod validate;
 
+pub use error::ApiError;
 pub use execution::ExecutionMode;
 pub use spec::*;
 pub use status::*;
-pub use error::ApiError;
-pub use validate::{escapes, is_dns_label, is_dns_subdomain, is_quantity, parse_training_job, parse_training_job_with, quantity_bytes};
-pub use validate::{MAX_BATCH, MAX_EPOCHS, MAX_KEEP, MAX_SEED, MAX_SERVERS, MAX_SRAM_BYTES, MAX_STEPS, MAX_VOCAB, MAX_WIDTH};
+pub use validate::{
+    MAX_BATCH, MAX_EPOCHS, MAX_KEEP, MAX_SEED, MAX_SERVERS, MAX_SRAM_BYTES, MAX_STEPS, MAX_VOCAB, MAX_WIDTH,
+};
+pub use validate::{
+    escapes, is_dns_label, is_dns_subdomain, is_quantity, parse_training_job, parse_training_job_with, quantity_bytes,
+};
 
 /// The CustomResourceDefinition as YAML, generated from the types so the checked-in copy can be compared with it.
 pub fn crd_yaml() -> Result<String, ApiError> {

@@ -4,8 +4,8 @@
 //! (`runtime::memoryx::huggingface`); deciding what the job then is happens here, once, so a local run, a
 //! submission and a test all get the same spec and the same errors.
 
-use crate::spec::{Activation, LayerNorm, ModelKind, ModelSpec};
 use crate::error::ApiError;
+use crate::spec::{Activation, LayerNorm, ModelKind, ModelSpec};
 
 /// What a pretrained model's `config.json` says about its shape, in the job's terms.
 #[derive(Clone, Debug, PartialEq)]
@@ -71,7 +71,11 @@ impl ModelSpec {
             ),
         };
         if self.kind != shape.kind {
-            return Err(clash("kind", format!("{:?}", self.kind).to_lowercase(), format!("{:?}", shape.kind).to_lowercase()));
+            return Err(clash(
+                "kind",
+                format!("{:?}", self.kind).to_lowercase(),
+                format!("{:?}", shape.kind).to_lowercase(),
+            ));
         }
         if shape.kind == ModelKind::Mlp {
             return self.adopt_mlp(shape, &clash);
@@ -105,7 +109,11 @@ impl ModelSpec {
         match self.context_length {
             // A GPT's position table is part of its weights: the job reads all of it.
             Some(c) if shape.kind == ModelKind::Gpt && c != shape.max_context => {
-                return Err(clash("contextLength", c.to_string(), format!("{} positions (n_positions)", shape.max_context)));
+                return Err(clash(
+                    "contextLength",
+                    c.to_string(),
+                    format!("{} positions (n_positions)", shape.max_context),
+                ));
             }
             None if shape.kind == ModelKind::Gpt => self.context_length = Some(shape.max_context),
             Some(c) if c > shape.max_context => {
@@ -121,7 +129,11 @@ impl ModelSpec {
     }
 
     /// An MLP's widths and activation: taken when the job leaves them out, else they must agree.
-    fn adopt_mlp(&mut self, shape: &PretrainedShape, clash: &dyn Fn(&str, String, String) -> ApiError) -> Result<(), ApiError> {
+    fn adopt_mlp(
+        &mut self,
+        shape: &PretrainedShape,
+        clash: &dyn Fn(&str, String, String) -> ApiError,
+    ) -> Result<(), ApiError> {
         if !self.layers.is_empty() && self.layers != shape.layers {
             return Err(clash("layers", format!("{:?}", self.layers), format!("{:?}", shape.layers)));
         }
@@ -136,7 +148,11 @@ impl ModelSpec {
     }
 
     /// A GPT-2's MLP width (a whole multiple of the width, `mlpRatio`) and its affine layer norms.
-    fn adopt_gpt2(&mut self, shape: &PretrainedShape, clash: &dyn Fn(&str, String, String) -> ApiError) -> Result<(), ApiError> {
+    fn adopt_gpt2(
+        &mut self,
+        shape: &PretrainedShape,
+        clash: &dyn Fn(&str, String, String) -> ApiError,
+    ) -> Result<(), ApiError> {
         let width = shape.width.max(1);
         if !shape.intermediate_size.is_multiple_of(width) {
             return Err(ApiError::Invalid {
@@ -160,7 +176,11 @@ impl ModelSpec {
     }
 
     /// A Llama's rotary base and norm epsilon.
-    fn adopt_rope_and_eps(&mut self, shape: &PretrainedShape, clash: &dyn Fn(&str, String, String) -> ApiError) -> Result<(), ApiError> {
+    fn adopt_rope_and_eps(
+        &mut self,
+        shape: &PretrainedShape,
+        clash: &dyn Fn(&str, String, String) -> ApiError,
+    ) -> Result<(), ApiError> {
         let agree_f = |field: &str, have: &mut Option<f64>, want: f64| match *have {
             Some(v) if (v - want).abs() > 1e-9 * want.abs() => Err(clash(field, v.to_string(), want.to_string())),
             _ => {
@@ -198,29 +218,58 @@ mod tests {
     }
 
     fn gpt2() -> PretrainedShape {
-        PretrainedShape { kind: ModelKind::Gpt, vocab_size: 50_257, width: 768, heads: 12, kv_heads: 12, blocks: 12, intermediate_size: 3072, max_context: 1024, ..smollm2() }
+        PretrainedShape {
+            kind: ModelKind::Gpt,
+            vocab_size: 50_257,
+            width: 768,
+            heads: 12,
+            kv_heads: 12,
+            blocks: 12,
+            intermediate_size: 3072,
+            max_context: 1024,
+            ..smollm2()
+        }
     }
 
     #[test]
     fn a_gpt2_takes_its_mlp_ratio_affine_norms_and_whole_position_table() {
         let mut m = ModelSpec { kind: ModelKind::Gpt, ..llama() };
         m.adopt(&gpt2(), "g").unwrap();
-        assert_eq!((m.mlp_ratio, m.layer_norm, m.context_length, m.kv_heads), (4, Some(LayerNorm::Affine), Some(1024), None));
+        assert_eq!(
+            (m.mlp_ratio, m.layer_norm, m.context_length, m.kv_heads),
+            (4, Some(LayerNorm::Affine), Some(1024), None)
+        );
         let mut m = ModelSpec { kind: ModelKind::Gpt, context_length: Some(256), ..llama() };
         assert!(m.adopt(&gpt2(), "g").unwrap_err().to_string().contains("n_positions"));
         let mut m = ModelSpec { kind: ModelKind::Gpt, layer_norm: Some(LayerNorm::Plain), ..llama() };
         assert!(m.adopt(&gpt2(), "g").unwrap_err().to_string().contains("spec.model.layerNorm"));
         let mut m = ModelSpec { kind: ModelKind::Gpt, ..llama() };
-        assert!(m.adopt(&PretrainedShape { intermediate_size: 1000, ..gpt2() }, "g").unwrap_err().to_string().contains("whole multiple"));
+        assert!(
+            m.adopt(&PretrainedShape { intermediate_size: 1000, ..gpt2() }, "g")
+                .unwrap_err()
+                .to_string()
+                .contains("whole multiple")
+        );
     }
 
     #[test]
     fn an_mlp_takes_its_widths_and_activation_and_refuses_others() {
-        let folder = PretrainedShape { kind: ModelKind::Mlp, layers: vec![784, 64, 10], activation: Activation::Gelu, ..smollm2() };
+        let folder = PretrainedShape {
+            kind: ModelKind::Mlp,
+            layers: vec![784, 64, 10],
+            activation: Activation::Gelu,
+            ..smollm2()
+        };
         let mut m = ModelSpec::mlp(Vec::new(), Activation::Relu, 0.0);
         m.adopt(&folder, "net/config.json").unwrap();
-        assert_eq!((m.layers.as_slice(), m.activation, m.width, m.vocab_size), (&[784, 64, 10][..], Activation::Gelu, None, 256));
-        let e = ModelSpec::mlp(vec![784, 32, 10], Activation::Relu, 0.0).adopt(&folder, "net/config.json").unwrap_err().to_string();
+        assert_eq!(
+            (m.layers.as_slice(), m.activation, m.width, m.vocab_size),
+            (&[784, 64, 10][..], Activation::Gelu, None, 256)
+        );
+        let e = ModelSpec::mlp(vec![784, 32, 10], Activation::Relu, 0.0)
+            .adopt(&folder, "net/config.json")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("spec.model.layers") && e.contains("[784, 32, 10]") && e.contains("[784, 64, 10]"), "{e}");
         let relu = PretrainedShape { activation: Activation::Relu, ..folder.clone() };
         let e = ModelSpec::mlp(Vec::new(), Activation::Gelu, 0.0).adopt(&relu, "n").unwrap_err().to_string();
@@ -236,15 +285,24 @@ mod tests {
     fn an_empty_model_takes_the_whole_shape() {
         let mut m = llama();
         m.adopt(&smollm2(), "smol/config.json").unwrap();
-        assert_eq!((m.width, m.heads, m.kv_heads, m.blocks, m.intermediate_size), (Some(576), Some(9), Some(3), Some(30), Some(1536)));
-        assert_eq!((m.vocab_size, m.context_length, m.rope_theta, m.tied_embeddings), (49_152, Some(1024), Some(100_000.0), true));
+        assert_eq!(
+            (m.width, m.heads, m.kv_heads, m.blocks, m.intermediate_size),
+            (Some(576), Some(9), Some(3), Some(30), Some(1536))
+        );
+        assert_eq!(
+            (m.vocab_size, m.context_length, m.rope_theta, m.tied_embeddings),
+            (49_152, Some(1024), Some(100_000.0), true)
+        );
     }
 
     #[test]
     fn a_field_that_disagrees_is_named_with_both_values() {
         let mut m = ModelSpec { width: Some(512), ..llama() };
         let e = m.adopt(&smollm2(), "smol/config.json").unwrap_err().to_string();
-        assert!(e.contains("spec.model.width") && e.contains("512") && e.contains("576") && e.contains("smol/config.json"), "{e}");
+        assert!(
+            e.contains("spec.model.width") && e.contains("512") && e.contains("576") && e.contains("smol/config.json"),
+            "{e}"
+        );
         let mut m = ModelSpec { context_length: Some(9000), ..llama() };
         assert!(m.adopt(&smollm2(), "c").unwrap_err().to_string().contains("contextLength"));
         let mut m = ModelSpec { kind: ModelKind::Gpt, ..llama() };

@@ -14,7 +14,9 @@ impl Reason {
                  exist, so the job is never admitted."
             }
             Reason::ExceedsPool => "`Admitted=False`: the job wants more CS-2s (`spec.cs2`) than the whole pool has.",
-            Reason::InsufficientCapacity => "`Admitted=False`: the job is next in the queue but not enough CS-2s are free.",
+            Reason::InsufficientCapacity => {
+                "`Admitted=False`: the job is next in the queue but not enough CS-2s are free."
+            }
             Reason::WaitingForEarlierJobs => {
                 "`Admitted=False`: jobs ahead in the queue (`status.queuePosition`) wait for CS-2s first."
             }
@@ -28,7 +30,9 @@ impl Reason {
                  (`cs2.pool`)."
             }
             Reason::Admitted => "`Admitted=True`: all the job's CS-2s were free and it got them.",
-            Reason::Resumed => "`Suspended=False`: a suspended job was admitted again and continues from its checkpoint.",
+            Reason::Resumed => {
+                "`Suspended=False`: a suspended job was admitted again and continues from its checkpoint."
+            }
             Reason::Rescaled => "`Admitted=True`: the job was reassembled at its new `spec.cs2`.",
             Reason::RescaleWaitingForCapacity => {
                 "`Admitted=True`: the job runs at its old size while growing to `spec.cs2` waits for free CS-2s."
@@ -37,12 +41,20 @@ impl Reason {
                 "A Warning Event and the `Checkpointing`/`Starting` transitions: CS-2s the job held were lost for good \
                  (a node gone or cordoned, the pool shrunk); it goes on with fewer, down to `spec.minCs2`."
             }
-            Reason::Suspending => "Phase `Checkpointing`: a checkpoint is written before a suspend gives back the CS-2s.",
-            Reason::Rescaling => "Phase `Checkpointing`: a checkpoint is written before the job is reassembled at a new size.",
-            Reason::Suspended => "`Suspended=True`: the job was suspended on request (`spec.suspend`); its CS-2s are free.",
+            Reason::Suspending => {
+                "Phase `Checkpointing`: a checkpoint is written before a suspend gives back the CS-2s."
+            }
+            Reason::Rescaling => {
+                "Phase `Checkpointing`: a checkpoint is written before the job is reassembled at a new size."
+            }
+            Reason::Suspended => {
+                "`Suspended=True`: the job was suspended on request (`spec.suspend`); its CS-2s are free."
+            }
             Reason::Released => "`Admitted=False`: the job is over (succeeded or failed) and its CS-2s are free.",
             Reason::Assembling => "`Ready=False`: the appliance is being assembled after admission or a rescale.",
-            Reason::PodsNotReady => "`Ready=False`, phase `Starting`: engine, SwarmX or input-worker pods are not ready yet.",
+            Reason::PodsNotReady => {
+                "`Ready=False`, phase `Starting`: engine, SwarmX or input-worker pods are not ready yet."
+            }
             Reason::ReplacingFailedPods => {
                 "`Ready=False`, phase `Starting`: failed pods are being replaced; each counts as a restart."
             }
@@ -57,7 +69,9 @@ impl Reason {
                 "`Ready=False` and a Warning Event: the API server refused a child with 403 (Pod Security admission, \
                  RBAC or a ResourceQuota)."
             }
-            Reason::ChildInvalid => "`Ready=False` and a Warning Event: the API server refused a child as invalid (422).",
+            Reason::ChildInvalid => {
+                "`Ready=False` and a Warning Event: the API server refused a child as invalid (422)."
+            }
             Reason::PodCreateFailed => {
                 "`Ready=False` and a Warning Event: MemoryX's pod was refused for another reason, as its StatefulSet \
                  says."

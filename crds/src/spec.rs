@@ -124,7 +124,10 @@ pub struct TrainingJobSpec {
     /// (reason `PriorityClassNotFound`); without a name, the cluster's `globalDefault` class (or 0) applies, as
     /// for pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub priority_class_name: Option<String>,
     /// Container images of the appliance, for clusters that mirror or pin them.
     #[serde(default, skip_serializing_if = "ImagesSpec::is_default")]
@@ -326,7 +329,8 @@ pub struct ModelSpec {
     /// A pretrained Hugging Face model folder (`config.json` and `model.safetensors`, or a sharded
     /// `model.safetensors.index.json`) the job starts from instead of random weights. A local path for
     /// `wsctl run`; inside the cluster a path in `spec.data.volume`. Its `config.json` shapes the model: fields
-    /// the job also sets must agree with it.
+    /// the job also sets must agree with it. An `mlp` starts from a folder as `wsctl export --format safetensors`
+    /// writes one (its `config.json` names `weightstream-mlp`, its layers and activation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 4096))]
     pub from: Option<String>,
@@ -456,7 +460,10 @@ pub struct DataSpec {
     /// workers (never into the other roles); `path`, `heldOutPath` and `tokenizer` are taken inside it. A local
     /// `wsctl run` maps the claim to a folder with `--volume CLAIM=DIR`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub volume: Option<String>,
     /// The held-out split, in the same format as `path`. Without it the last 5% of the data is held out (for
     /// `mnist`, the `t10k-` files).

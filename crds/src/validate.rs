@@ -26,10 +26,7 @@ pub fn parse_training_job(text: &str) -> Result<TrainingJob, ApiError> {
 /// [`parse_training_job`] for a program that can read the job's pretrained model (`spec.model.from`):
 /// `pretrained` returns the shape its config gives (or `None` where the folder is not at hand, e.g. inside a
 /// volume the caller cannot see), which fills in the job's model before it is validated.
-pub fn parse_training_job_with(
-    text: &str,
-    pretrained: &PretrainedResolver<'_>,
-) -> Result<TrainingJob, ApiError> {
+pub fn parse_training_job_with(text: &str, pretrained: &PretrainedResolver<'_>) -> Result<TrainingJob, ApiError> {
     if text.trim().is_empty() {
         return Err(ApiError::Syntax {
             path: "the document".into(),
@@ -62,7 +59,8 @@ pub fn parse_training_job_with(
             ),
         ));
     }
-    let job: TrainingJob = serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(syntax)?;
+    let job: TrainingJob =
+        serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(syntax)?;
     if let Some(name) = &job.metadata.name
         && (!is_dns_label(name) || name.len() > 40)
     {
@@ -118,7 +116,9 @@ pub fn is_quantity(s: &str) -> bool {
     let mut parts = number.split('.');
     let whole_ok = parts.next().is_some_and(|w| !w.is_empty());
     let frac_ok = parts.next().is_none_or(|f| !f.is_empty());
-    whole_ok && frac_ok && parts.next().is_none()
+    whole_ok
+        && frac_ok
+        && parts.next().is_none()
         && ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E"].contains(&suffix)
 }
 
@@ -227,7 +227,10 @@ impl TrainingJobSpec {
             return Err(invalid("spec.restartLimit", format!("{} is out of range: use 0 to 100", self.restart_limit)));
         }
         if let Some(t) = self.active_deadline_seconds.filter(|t| !(1..=31_536_000).contains(t)) {
-            return Err(invalid("spec.activeDeadlineSeconds", format!("{t} is out of range: use 1 to 31536000 (a year)")));
+            return Err(invalid(
+                "spec.activeDeadlineSeconds",
+                format!("{t} is out of range: use 1 to 31536000 (a year)"),
+            ));
         }
         if !(-1000..=1000).contains(&self.priority) {
             return Err(invalid("spec.priority", format!("{} is out of range: use -1000 to 1000", self.priority)));
@@ -254,7 +257,10 @@ impl TrainingJobSpec {
             ));
         }
         if self.checkpoint.keep > MAX_KEEP {
-            return Err(invalid("spec.checkpoint.keep", format!("{} is out of range: keep 1 to {MAX_KEEP}", self.checkpoint.keep)));
+            return Err(invalid(
+                "spec.checkpoint.keep",
+                format!("{} is out of range: keep 1 to {MAX_KEEP}", self.checkpoint.keep),
+            ));
         }
         for (field, v) in [
             ("spec.checkpoint.intervalSteps", self.checkpoint.interval_steps),
@@ -273,7 +279,9 @@ impl TrainingJobSpec {
         if let Some(b) = self.engine.sram_bytes.filter(|&b| b > MAX_SRAM_BYTES) {
             return Err(invalid(
                 "spec.engine.sramBytes",
-                format!("{b} is more SRAM than any engine has (at most {MAX_SRAM_BYTES}, 64 GiB); omit it to use the preset's"),
+                format!(
+                    "{b} is more SRAM than any engine has (at most {MAX_SRAM_BYTES}, 64 GiB); omit it to use the preset's"
+                ),
             ));
         }
         Ok(())
@@ -323,7 +331,10 @@ impl TrainingJobSpec {
         if let (Some(from), Some(_)) = (&m.from, &self.data.volume)
             && escapes(from)
         {
-            return Err(invalid("spec.model.from", "must be relative to spec.data.volume and stay inside it (no leading '/', no '..')"));
+            return Err(invalid(
+                "spec.model.from",
+                "must be relative to spec.data.volume and stay inside it (no leading '/', no '..')",
+            ));
         }
         // An mnist job is an mlp (checked above), whose layers are at least two.
         let ends = (m.layers.first().copied().unwrap_or(0), m.layers.last().copied().unwrap_or(0));
@@ -346,7 +357,11 @@ impl TrainingJobSpec {
     fn validate_data(&self) -> Result<(), ApiError> {
         let d = &self.data;
         if d.volume.is_some() {
-            for (field, path) in [("path", Some(&d.path)), ("heldOutPath", d.held_out_path.as_ref()), ("tokenizer", d.tokenizer.as_ref())] {
+            for (field, path) in [
+                ("path", Some(&d.path)),
+                ("heldOutPath", d.held_out_path.as_ref()),
+                ("tokenizer", d.tokenizer.as_ref()),
+            ] {
                 if path.is_some_and(|p| escapes(p)) {
                     return Err(invalid(
                         format!("spec.data.{field}"),
@@ -358,13 +373,22 @@ impl TrainingJobSpec {
         if let Some(v) = &d.volume
             && !is_dns_subdomain(v)
         {
-            return Err(invalid("spec.data.volume", format!("'{v}' is not a PersistentVolumeClaim name (a DNS subdomain)")));
+            return Err(invalid(
+                "spec.data.volume",
+                format!("'{v}' is not a PersistentVolumeClaim name (a DNS subdomain)"),
+            ));
         }
         if d.tokenizer.is_some() && !matches!(d.kind, DataKind::Text | DataKind::Jsonl) {
-            return Err(invalid("spec.data.tokenizer", "applies to text and jsonl only (tokens are already token ids)"));
+            return Err(invalid(
+                "spec.data.tokenizer",
+                "applies to text and jsonl only (tokens are already token ids)",
+            ));
         }
         if !(1..=16).contains(&d.workers) {
-            return Err(invalid("spec.data.workers", format!("{} is out of range: use 1 to 16 input workers per CS-2", d.workers)));
+            return Err(invalid(
+                "spec.data.workers",
+                format!("{} is out of range: use 1 to 16 input workers per CS-2", d.workers),
+            ));
         }
         Ok(())
     }
@@ -377,7 +401,8 @@ impl TrainingJobSpec {
     fn validate_pretrained_text(&self) -> Result<(), ApiError> {
         let (m, d) = (&self.model, &self.data);
         let reads_text = matches!(d.kind, DataKind::Text | DataKind::Jsonl);
-        let Some(from) = m.from.as_deref().filter(|_| reads_text && d.tokenizer.is_none() && m.vocab_size != 256) else {
+        let Some(from) = m.from.as_deref().filter(|_| reads_text && d.tokenizer.is_none() && m.vocab_size != 256)
+        else {
             return Ok(());
         };
         Err(invalid(
@@ -422,7 +447,10 @@ impl TrainingJobSpec {
             ));
         }
         if !(2..=MAX_VOCAB).contains(&m.vocab_size) {
-            return Err(invalid("spec.model.vocabSize", format!("{} is out of range: use 2 to {MAX_VOCAB}", m.vocab_size)));
+            return Err(invalid(
+                "spec.model.vocabSize",
+                format!("{} is out of range: use 2 to {MAX_VOCAB}", m.vocab_size),
+            ));
         }
         self.validate_pretrained_text()?;
         // Text read as bytes has 256 tokens; a tokenizer's or a token file's vocabulary is checked on loading.
@@ -438,10 +466,16 @@ impl TrainingJobSpec {
             ));
         }
         if !(1..=16).contains(&m.mlp_ratio) {
-            return Err(invalid("spec.model.mlpRatio", format!("{} is out of range: use 1 to 16 (4 is usual)", m.mlp_ratio)));
+            return Err(invalid(
+                "spec.model.mlpRatio",
+                format!("{} is out of range: use 1 to 16 (4 is usual)", m.mlp_ratio),
+            ));
         }
         if !m.layers.is_empty() {
-            return Err(invalid("spec.model.layers", format!("is for an mlp; a {family} is shaped by width, heads and blocks")));
+            return Err(invalid(
+                "spec.model.layers",
+                format!("is for an mlp; a {family} is shaped by width, heads and blocks"),
+            ));
         }
         if m.kind == ModelKind::Gpt {
             let llama_only = [
@@ -451,7 +485,10 @@ impl TrainingJobSpec {
                 ("normEps", m.norm_eps.is_some()),
             ];
             if let Some((name, _)) = llama_only.iter().find(|(_, set)| *set) {
-                return Err(invalid(format!("spec.model.{name}"), "is for a llama; leave it out of a gpt (or use kind: llama)"));
+                return Err(invalid(
+                    format!("spec.model.{name}"),
+                    "is for a llama; leave it out of a gpt (or use kind: llama)",
+                ));
             }
             return Ok(());
         }
@@ -459,21 +496,32 @@ impl TrainingJobSpec {
         if kv == 0 || heads % kv != 0 {
             return Err(invalid(
                 "spec.model.kvHeads",
-                format!("{heads} heads are not divisible by {kv} key/value heads: each key/value head serves an equal group"),
+                format!(
+                    "{heads} heads are not divisible by {kv} key/value heads: each key/value head serves an equal group"
+                ),
             ));
         }
         need("intermediateSize", m.intermediate_size, 1, 65_536, "1536")?;
         if (width / heads) % 2 != 0 {
             return Err(invalid(
                 "spec.model.heads",
-                format!("each head has {} features, an odd number: rotary positions rotate features in pairs", width / heads),
+                format!(
+                    "each head has {} features, an odd number: rotary positions rotate features in pairs",
+                    width / heads
+                ),
             ));
         }
         if let Some(theta) = m.rope_theta.filter(|t| !(t.is_finite() && *t > 1.0)) {
-            return Err(invalid("spec.model.ropeTheta", format!("{theta} is not a rotary base: use a number above 1, e.g. 10000")));
+            return Err(invalid(
+                "spec.model.ropeTheta",
+                format!("{theta} is not a rotary base: use a number above 1, e.g. 10000"),
+            ));
         }
         if let Some(eps) = m.norm_eps.filter(|e| !(e.is_finite() && *e > 0.0 && *e < 1.0)) {
-            return Err(invalid("spec.model.normEps", format!("{eps} is out of range: use a small positive number, e.g. 1e-5")));
+            return Err(invalid(
+                "spec.model.normEps",
+                format!("{eps} is out of range: use a small positive number, e.g. 1e-5"),
+            ));
         }
         if m.mlp_ratio != crate::spec::default_mlp_ratio() {
             return Err(invalid("spec.model.mlpRatio", "is for a gpt; a llama's MLP is sized by intermediateSize"));
@@ -490,10 +538,16 @@ impl TrainingJobSpec {
             return Err(invalid("spec.training.batchSize", "must be at least 1"));
         }
         if t.batch_size > MAX_BATCH {
-            return Err(invalid("spec.training.batchSize", format!("{} is out of range: at most {MAX_BATCH}", t.batch_size)));
+            return Err(invalid(
+                "spec.training.batchSize",
+                format!("{} is out of range: at most {MAX_BATCH}", t.batch_size),
+            ));
         }
         if t.seed > MAX_SEED {
-            return Err(invalid("spec.training.seed", format!("{} is out of range: at most {MAX_SEED} (2^53 - 1)", t.seed)));
+            return Err(invalid(
+                "spec.training.seed",
+                format!("{} is out of range: at most {MAX_SEED} (2^53 - 1)", t.seed),
+            ));
         }
         if !t.batch_size.is_multiple_of(self.cs2) {
             return Err(invalid(
@@ -601,14 +655,22 @@ mod tests {
         assert!(err(&GOOD.replace("kind: mnist", "kind: text")).contains("spec.data.kind"));
         // The holes a tenant could use to store what nothing can run or read back.
         for name in ["a.b", "FcMnist", "-x", "x-", "9lives", "a_b"] {
-            assert!(err(&GOOD.replace("{name: small}", &format!("{{name: '{name}'}}"))).contains("metadata.name"), "{name}");
+            assert!(
+                err(&GOOD.replace("{name: small}", &format!("{{name: '{name}'}}"))).contains("metadata.name"),
+                "{name}"
+            );
         }
-        assert!(err(&GOOD.replace("{name: small}", &format!("{{name: {}}}", "a".repeat(41)))).contains("metadata.name"));
+        assert!(
+            err(&GOOD.replace("{name: small}", &format!("{{name: {}}}", "a".repeat(41)))).contains("metadata.name")
+        );
         for size in ["1GB", "1.5.0Gi", "Gi", "-1Gi", "1 Gi"] {
             let e = err(&GOOD.replace("cs2: 2", &format!("cs2: 2\n  checkpoint: {{volumeSize: '{size}'}}")));
             assert!(e.contains("spec.checkpoint.volumeSize") && e.contains("quantity"), "{size}: {e}");
         }
-        assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  engine: {sramBytes: 18446744073709551615}")).contains("more SRAM than any engine"));
+        assert!(
+            err(&GOOD.replace("cs2: 2", "cs2: 2\n  engine: {sramBytes: 18446744073709551615}"))
+                .contains("more SRAM than any engine")
+        );
         assert!(err(&GOOD.replace("batchSize: 64", "batchSize: 4294967296")).contains("batchSize"));
         assert!(err(&GOOD.replace("batchSize: 64", "batchSize: 2097152")).contains("at most 1048576"));
         assert!(err(&GOOD.replace("steps: 30", "steps: 1000000001")).contains("spec.training.steps"));
@@ -685,13 +747,20 @@ spec:
         assert!(e.contains("spec.data.tokenizer") && e.contains("tokenizer.json") && e.contains("49152 tokens"), "{e}");
         assert!(e.contains("from_torch(model, tokenizer=...)"), "{e}");
         // Where the folder is not at hand (a submission), the job must name it too.
-        let shaped = PRETRAINED.replace("contextLength: 64", "contextLength: 64, width: 64, heads: 4, kvHeads: 2, blocks: 2, intermediateSize: 128, vocabSize: 49152");
+        let shaped = PRETRAINED.replace(
+            "contextLength: 64",
+            "contextLength: 64, width: 64, heads: 4, kvHeads: 2, blocks: 2, intermediateSize: 128, vocabSize: 49152",
+        );
         assert!(err(&shaped).contains("spec.data.tokenizer"));
         let named = shaped.replace("kind: text,", "kind: text, tokenizer: smol/tokenizer.json,");
-        assert_eq!(parse_training_job(&named).expect("named").spec.data.tokenizer.as_deref(), Some("smol/tokenizer.json"));
+        assert_eq!(
+            parse_training_job(&named).expect("named").spec.data.tokenizer.as_deref(),
+            Some("smol/tokenizer.json")
+        );
         // A byte-level model (256 tokens) reads bytes; a token file has no tokenizer to name.
         assert!(parse_from(PRETRAINED, smol(256, false)).is_ok());
-        let tokens = PRETRAINED.replace("kind: text, path: examples/data/moby-dick/moby-dick.txt.gz", "kind: tokens, path: t.bin");
+        let tokens = PRETRAINED
+            .replace("kind: text, path: examples/data/moby-dick/moby-dick.txt.gz", "kind: tokens, path: t.bin");
         assert!(parse_from(&tokens, smol(49_152, false)).is_ok());
         // Llama 3's vocabulary is taken from its config; one past the ceiling is not.
         assert_eq!(parse_from(PRETRAINED, smol(128_256, true)).expect("Llama 3").spec.model.vocab_size, 128_256);
@@ -702,14 +771,19 @@ spec:
     #[test]
     fn a_gpt_job_needs_its_shape_and_text() {
         let job = parse_training_job(GPT).expect("valid");
-        assert_eq!((job.spec.model.vocab_size, job.spec.model.mlp_ratio, job.spec.model.tied_embeddings), (256, 4, true));
+        assert_eq!(
+            (job.spec.model.vocab_size, job.spec.model.mlp_ratio, job.spec.model.tied_embeddings),
+            (256, 4, true)
+        );
         assert!(err(&GPT.replace("heads: 4", "heads: 3")).contains("spec.model.heads"));
         assert!(err(&GPT.replace("width: 64, ", "")).contains("spec.model.width"));
         assert!(err(&GPT.replace("contextLength: 64", "contextLength: 1")).contains("contextLength"));
         assert!(err(&GPT.replace("kind: text", "kind: mnist")).contains("spec.data.kind"));
         assert!(err(&GPT.replace("blocks: 2", "blocks: 2, vocabSize: 100")).contains("vocabSize"));
         assert!(err(&GPT.replace("blocks: 2", "blocks: 2, vocabSize: 262145")).contains("use 2 to 262144"));
-        let bpe = GPT.replace("blocks: 2", "blocks: 2, vocabSize: 1000").replace("kind: text,", "kind: text, tokenizer: t.json,");
+        let bpe = GPT
+            .replace("blocks: 2", "blocks: 2, vocabSize: 1000")
+            .replace("kind: text,", "kind: text, tokenizer: t.json,");
         assert_eq!(parse_training_job(&bpe).expect("a tokenizer's vocabulary").spec.model.vocab_size, 1000);
         // Llama 3's and Gemma's vocabularies, and the ceiling itself.
         for vocab in [128_256, 256_000, MAX_VOCAB] {
@@ -726,15 +800,25 @@ spec:
             assert!(e.contains("spec.priorityClassName"), "{bad:?}: {e}");
         }
         let long = format!("{}.b", "a".repeat(251));
-        assert!(err(&GOOD.replace("cs2: 2", &format!("cs2: 2\n  priorityClassName: '{long}'"))).contains("spec.priorityClassName"));
-        assert!(err(&GOOD.replace("cs2: 2", &format!("cs2: 2\n  priorityClassName: '{}'", "a".repeat(64)))).contains("spec.priorityClassName"), "a label of 64");
+        assert!(
+            err(&GOOD.replace("cs2: 2", &format!("cs2: 2\n  priorityClassName: '{long}'")))
+                .contains("spec.priorityClassName")
+        );
+        assert!(
+            err(&GOOD.replace("cs2: 2", &format!("cs2: 2\n  priorityClassName: '{}'", "a".repeat(64))))
+                .contains("spec.priorityClassName"),
+            "a label of 64"
+        );
         for good in ["high", "team-a.high", "system-cluster-critical", "0", "a.b.c-d"] {
             let job = parse_training_job(&GOOD.replace("cs2: 2", &format!("cs2: 2\n  priorityClassName: '{good}'")))
                 .unwrap_or_else(|e| panic!("{good}: {e}"));
             assert_eq!(job.spec.priority_class_name.as_deref(), Some(good));
         }
         assert!(is_dns_subdomain(&format!("{}.{}", "a".repeat(63), "b".repeat(63))));
-        assert!(!is_dns_subdomain(&format!("{}.{}.{}.{}", "a".repeat(63), "b".repeat(63), "c".repeat(63), "d".repeat(63))), "254 characters");
+        assert!(
+            !is_dns_subdomain(&format!("{}.{}.{}.{}", "a".repeat(63), "b".repeat(63), "c".repeat(63), "d".repeat(63))),
+            "254 characters"
+        );
         assert_eq!(parse_training_job(GOOD).expect("valid").spec.priority_class_name, None);
     }
 
@@ -761,11 +845,18 @@ spec:
         let mut spec = crate::testing::mlp_job("j", "ns", 8).spec;
         spec.training.batch_size = 48;
         spec.cs2 = 12;
-        assert_eq!((spec.min_cs2(), spec.elastic_size(12), spec.elastic_size(11)), (12, Some(12), None), "no minCs2: all or nothing");
+        assert_eq!(
+            (spec.min_cs2(), spec.elastic_size(12), spec.elastic_size(11)),
+            (12, Some(12), None),
+            "no minCs2: all or nothing"
+        );
         spec.min_cs2 = Some(2);
         let sizes: Vec<Option<u32>> = (0..=13).map(|n| spec.elastic_size(n)).collect();
         let six = Some(6);
-        assert_eq!(sizes, [None, None, Some(2), Some(3), Some(4), Some(4), six, six, six, six, six, six, Some(12), Some(12)]);
+        assert_eq!(
+            sizes,
+            [None, None, Some(2), Some(3), Some(4), Some(4), six, six, six, six, six, six, Some(12), Some(12)]
+        );
         spec.validate().expect("minCs2 2 of 12 over a batch of 48");
         assert_eq!(spec.micro_batch(), 4, "the full job's shard");
         spec.min_cs2 = Some(5);
@@ -776,5 +867,4 @@ spec:
         spec.training.micro_batch_size = Some(2);
         assert_eq!((spec.validate().is_ok(), spec.micro_batch()), (true, 2));
     }
-
 }

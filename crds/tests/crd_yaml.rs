@@ -43,7 +43,9 @@ fn crd_carries_the_cross_field_rules_and_the_status_schema() {
     ] {
         assert!(yaml.contains(rule), "missing CEL rule `{rule}`");
     }
-    for field in ["allocatedCs2:", "conditions:", "lastCheckpoint:", "simulatedStepSeconds:", "completionTime:", "plan:"] {
+    for field in
+        ["allocatedCs2:", "conditions:", "lastCheckpoint:", "simulatedStepSeconds:", "completionTime:", "plan:"]
+    {
         assert!(yaml.contains(field), "status lacks `{field}`");
     }
 }

@@ -217,9 +217,13 @@ impl Walk {
         if let Some(d) = s.get("default").filter(|d| !d.is_object()) {
             facts.push(format!("**Default:** {}", inline(d)));
         }
-        let values: Vec<String> = s["enum"].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(String::from)).collect();
+        let values: Vec<String> =
+            s["enum"].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(String::from)).collect();
         if !values.is_empty() {
-            facts.push(format!("**One of:** {}", values.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(", ")));
+            facts.push(format!(
+                "**One of:** {}",
+                values.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(", ")
+            ));
         }
         let b = bounds(s);
         if !b.is_empty() {
@@ -237,14 +241,22 @@ impl Walk {
         if let Some(k) = kubernetes_type(s) {
             let _ = writeln!(self.out, "Its value is {k}.\n");
         } else if s["properties"].is_object() {
-            let _ = writeln!(self.out, "Its fields are in [`{path}`](#{}) below.\n", path.replace('.', "").to_lowercase());
+            let _ =
+                writeln!(self.out, "Its fields are in [`{path}`](#{}) below.\n", path.replace('.', "").to_lowercase());
             return;
         } else if s["items"]["properties"].is_object() {
-            let _ = writeln!(self.out, "Its items' fields are in [`{path}[]`](#{}) below.\n", path.replace('.', "").to_lowercase());
+            let _ = writeln!(
+                self.out,
+                "Its items' fields are in [`{path}[]`](#{}) below.\n",
+                path.replace('.', "").to_lowercase()
+            );
             return;
         }
         if path.ends_with("conditions[].reason") {
-            let _ = writeln!(self.out, "The reasons, their causes and what to do are in [status-reasons.md](status-reasons.md).\n");
+            let _ = writeln!(
+                self.out,
+                "The reasons, their causes and what to do are in [status-reasons.md](status-reasons.md).\n"
+            );
         }
         if let Some(meanings) = self.meanings.get(&values) {
             let _ = writeln!(self.out, "| Value | Meaning |\n| --- | --- |");
@@ -297,7 +309,10 @@ fn every_spec_field_has_a_description() {
     }
     let mut missing = Vec::new();
     walk("spec", &crd_schema()["properties"]["spec"], &mut missing);
-    assert!(missing.is_empty(), "these spec fields have no doc comment, so the reference cannot say what they do: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "these spec fields have no doc comment, so the reference cannot say what they do: {missing:?}"
+    );
 }
 
 #[test]

@@ -13,7 +13,6 @@ use kernels::tensor::Mat;
 /// Share of the samples held out when no held-out file is named, taken from the end (at least one sample).
 pub const HELD_OUT: f64 = 0.05;
 
-
 /// Samples of `features` values each with one class each: what an MLP trains on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Arrays {
@@ -62,8 +61,11 @@ impl Arrays {
         }
         let held = ((n as f64 * HELD_OUT) as usize).max(1);
         let cut = n - held;
-        let test =
-            Arrays { features: self.features, inputs: self.inputs.split_off(cut * self.features), labels: self.labels.split_off(cut) };
+        let test = Arrays {
+            features: self.features,
+            inputs: self.inputs.split_off(cut * self.features),
+            labels: self.labels.split_off(cut),
+        };
         Ok((self, test))
     }
 }
@@ -75,12 +77,14 @@ pub fn load(path: &Path, spec: &crds::TrainingJobSpec) -> Result<Arrays> {
     let layers = &spec.model.layers;
     let (Some(&width), Some(&classes)) = (layers.first(), layers.last()) else {
         return Err(Error::Data(
-            "spec.data.kind arrays trains an mlp: give spec.model.layers from the input width to the class count".into(),
+            "spec.data.kind arrays trains an mlp: give spec.model.layers from the input width to the class count"
+                .into(),
         ));
     };
     let shown = path.display();
     let checked = |inputs: ArrayRef, labels: ArrayRef| {
-        from_arrays(&inputs, &labels, width as usize, classes as usize).map_err(|e| Error::Data(format!("{shown}: {e}")))
+        from_arrays(&inputs, &labels, width as usize, classes as usize)
+            .map_err(|e| Error::Data(format!("{shown}: {e}")))
     };
     if path.is_dir() {
         let (inputs, labels) = (npy_in(path, inputs_name)?, npy_in(path, labels_name)?);
@@ -118,7 +122,10 @@ pub fn load(path: &Path, spec: &crds::TrainingJobSpec) -> Result<Arrays> {
 /// Reads `NAME.npy` from the folder `dir`, listing the arrays it holds when `NAME.npy` is missing.
 fn npy_in(dir: &Path, name: &str) -> Result<Array> {
     if name.contains(['/', '\\']) || name == ".." {
-        return Err(Error::Data(format!("the array name '{name}' is a path; give a plain name (NAME.npy in {})", dir.display())));
+        return Err(Error::Data(format!(
+            "the array name '{name}' is a path; give a plain name (NAME.npy in {})",
+            dir.display()
+        )));
     }
     let path = dir.join(format!("{name}.npy"));
     if !path.exists() {
@@ -235,8 +242,12 @@ fn to_labels(a: &ArrayRef, classes: usize) -> std::result::Result<Vec<u32>, Stri
         Dtype::I8 => d.iter().try_for_each(|&b| push(i128::from(b as i8)))?,
         Dtype::I16 => d.chunks_exact(2).try_for_each(|b| push(i128::from(i16::from_le_bytes([b[0], b[1]]))))?,
         Dtype::U16 => d.chunks_exact(2).try_for_each(|b| push(i128::from(u16::from_le_bytes([b[0], b[1]]))))?,
-        Dtype::I32 => d.chunks_exact(4).try_for_each(|b| push(i128::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))))?,
-        Dtype::U32 => d.chunks_exact(4).try_for_each(|b| push(i128::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))))?,
+        Dtype::I32 => {
+            d.chunks_exact(4).try_for_each(|b| push(i128::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))))?
+        }
+        Dtype::U32 => {
+            d.chunks_exact(4).try_for_each(|b| push(i128::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))))?
+        }
         Dtype::I64 => d.chunks_exact(8).try_for_each(|b| push(i128::from(i64::from_le_bytes(b8(b)))))?,
         Dtype::U64 => d.chunks_exact(8).try_for_each(|b| push(i128::from(u64::from_le_bytes(b8(b)))))?,
     }
@@ -279,7 +290,10 @@ mod tests {
         let st = dir.join("data.safetensors");
         write_safetensors(
             &st,
-            &[("inputs", safetensors::Dtype::F32, vec![10, 3], xb.clone()), ("labels", safetensors::Dtype::I64, vec![10], yb.clone())],
+            &[
+                ("inputs", safetensors::Dtype::F32, vec![10, 3], xb.clone()),
+                ("labels", safetensors::Dtype::I64, vec![10], yb.clone()),
+            ],
         );
         let a = load(&st, &spec(&st, vec![3, 8, 3])).unwrap();
         assert_eq!((a.features, a.len()), (3, 10));
@@ -328,7 +342,10 @@ mod tests {
         assert_eq!(load(&st, &s).unwrap().len(), 4);
         write_safetensors(
             &st,
-            &[("x", safetensors::Dtype::F32, vec![4, 3], x.clone()), ("y", safetensors::Dtype::U8, vec![3], y[..3].to_vec())],
+            &[
+                ("x", safetensors::Dtype::F32, vec![4, 3], x.clone()),
+                ("y", safetensors::Dtype::U8, vec![3], y[..3].to_vec()),
+            ],
         );
         let err = load(&st, &s).unwrap_err().to_string();
         assert!(err.contains("4 samples but the labels 3"), "{err}");
@@ -339,7 +356,10 @@ mod tests {
         assert!(load(&st, &s).unwrap_err().to_string().contains("[samples, features]"));
         write_safetensors(
             &st,
-            &[("x", safetensors::Dtype::BF16, vec![4, 3], x[..24].to_vec()), ("y", safetensors::Dtype::U8, vec![4], y.clone())],
+            &[
+                ("x", safetensors::Dtype::BF16, vec![4, 3], x[..24].to_vec()),
+                ("y", safetensors::Dtype::U8, vec![4], y.clone()),
+            ],
         );
         assert!(load(&st, &s).unwrap_err().to_string().contains("BF16"));
         let yf: Vec<u8> = [0f32, 1.0, 2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();

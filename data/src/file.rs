@@ -12,9 +12,8 @@ pub const MAX_DATA_BYTES: u64 = 2 << 30;
 /// gunzipped when its name ends in `.gz` (and the gunzipped bytes bounded alike, so a gzip bomb stops early).
 pub fn read_data_file(path: &Path) -> Result<Vec<u8>> {
     use std::io::Read;
-    let meta = std::fs::metadata(path).map_err(|e| {
-        Error::Data(format!("cannot open {} ({e}); check spec.data.path", path.display()))
-    })?;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| Error::Data(format!("cannot open {} ({e}); check spec.data.path", path.display())))?;
     if !meta.is_file() {
         return Err(Error::Data(format!(
             "{} is not a regular file; point spec.data.path at a data file (or, for mnist, a folder of them)",

@@ -33,8 +33,10 @@ impl Images {
         const STD: f32 = 0.3081;
         let n = indices.len();
         let normalised: [f32; 256] = std::array::from_fn(|p| (p as f32 / 255.0 - MEAN) / STD);
-        let images: Vec<&[u8]> =
-            indices.iter().map(|&i| &self.pixels[i as usize * self.features..(i as usize + 1) * self.features]).collect();
+        let images: Vec<&[u8]> = indices
+            .iter()
+            .map(|&i| &self.pixels[i as usize * self.features..(i as usize + 1) * self.features])
+            .collect();
         let mut inputs = Mat::zeros(self.features, n);
         // Feature by feature, so the writes run along a row of the features × samples matrix.
         for (f, row) in inputs.data.chunks_exact_mut(n.max(1)).enumerate() {

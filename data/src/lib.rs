@@ -4,9 +4,9 @@
 #![warn(missing_docs)]
 
 pub mod array;
+pub mod arrays;
 pub mod file;
 pub mod images;
-pub mod arrays;
 pub mod jsonl;
 pub mod mnist;
 pub mod npy;
@@ -17,8 +17,8 @@ pub mod tokens;
 
 use std::path::Path;
 
-use rand::seq::SliceRandom;
 use rand::SeedableRng;
+use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use errors::{Error, Result};
@@ -114,7 +114,10 @@ pub fn check_path(spec: &crds::TrainingJobSpec) -> Result<()> {
     if let Some(tokenizer) = &spec.data.tokenizer {
         let path = Path::new(tokenizer);
         if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
-            return Err(Error::Data(format!("spec.data.tokenizer {} is not a regular file (a tokenizer.json)", path.display())));
+            return Err(Error::Data(format!(
+                "spec.data.tokenizer {} is not a regular file (a tokenizer.json)",
+                path.display()
+            )));
         }
     }
     Ok(())
@@ -269,7 +272,6 @@ pub fn split_even(indices: &[u32], parts: usize) -> Vec<&[u32]> {
     out
 }
 
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -349,7 +351,7 @@ pub(crate) mod tests {
         assert!(u > 4.0 && u < 1024f64.ln(), "{u}");
         let shard = train.shard(&[2]);
         assert_eq!(shard.inputs.data, tr[256..384].iter().map(|&i| i as f32).collect::<Vec<_>>());
-        assert_eq!(shard.labels, tr[257..385].iter().map(|&i| u32::from(i)).collect::<Vec<_>>());
+        assert_eq!(shard.labels, tr[257..385].to_vec());
         // The PVC variant reads the same files inside a volume: locally, `--volume weightstream-data=examples/data`.
         let pvc = example("gpt-bpe-pvc.yaml");
         assert_eq!(pvc.data.volume.as_deref(), Some("weightstream-data"));
@@ -408,7 +410,10 @@ pub(crate) mod tests {
         assert!(th.unigram_loss(&tt).is_some());
         t.model.vocab_size = 4;
         let err = load(&t, None).unwrap_err().to_string();
-        assert!(err.contains("train.bin") && err.contains("token id 4 at position 3 is beyond the vocabulary of 4"), "{err}");
+        assert!(
+            err.contains("train.bin") && err.contains("token id 4 at position 3 is beyond the vocabulary of 4"),
+            "{err}"
+        );
         t.data.token_type = crds::TokenType::Uint16;
         std::fs::write(dir.join("train.bin"), [0u8; 401]).unwrap();
         let err = load(&t, None).unwrap_err().to_string();

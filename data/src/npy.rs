@@ -19,11 +19,13 @@ pub fn read(path: &Path) -> Result<Array> {
     let bad = |what: String| {
         Error::Data(format!("{shown} is not a NumPy .npy file this reader takes: {what}; save it with numpy.save"))
     };
-    let meta = std::fs::metadata(path).map_err(|e| Error::Data(format!("cannot open {shown} ({e}); check spec.data.path")))?;
+    let meta =
+        std::fs::metadata(path).map_err(|e| Error::Data(format!("cannot open {shown} ({e}); check spec.data.path")))?;
     if !meta.is_file() {
         return Err(Error::Data(format!("{shown} is not a regular file; save the array with numpy.save")));
     }
-    let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| Error::io(format!("opening {shown}"), e))?);
+    let mut file =
+        std::io::BufReader::new(std::fs::File::open(path).map_err(|e| Error::io(format!("opening {shown}"), e))?);
     let mut magic = [0u8; 8];
     file.read_exact(&mut magic).map_err(|_| bad("shorter than the magic bytes".into()))?;
     if &magic[..6] != b"\x93NUMPY" {

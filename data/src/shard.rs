@@ -1,7 +1,7 @@
 //! What a step takes from the data: which split it draws from, and an engine's shard of the batch.
 
-use kernels::tensor::Mat;
 use errors::{Error, Result};
+use kernels::tensor::Mat;
 
 /// One engine's shard of a step's batch: its samples, features first. (A weight server's part of a layer is
 /// a *slice*, never a shard.)

@@ -141,7 +141,9 @@ pub fn with_chart() -> Result<PathBuf, String> {
             let kc = kubeconfig().map_err(|e| format!("no cluster for the e2e suite: {e}"))?;
             match install_chart(&kc) {
                 Ok(()) => Ok(kc),
-                Err(e) => Err(format!("cannot install charts/weightstream: {e}\nthe nodes report: {}", node_trouble(&kc))),
+                Err(e) => {
+                    Err(format!("cannot install charts/weightstream: {e}\nthe nodes report: {}", node_trouble(&kc)))
+                }
             }
         })
         .clone()

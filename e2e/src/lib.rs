@@ -18,8 +18,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, CustomResourceExt, ResourceExt};
-use operator::coordinator::ScriptedCoordinator;
 use operator::config::Config;
+use operator::coordinator::ScriptedCoordinator;
 use operator::metrics::Shared;
 
 /// Why the test environment could not be set up: every variant ends the test with a loud failure, never a

@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
+use crds::contract::{MemoryxPhase, MemoryxStatus};
 use crds::{Phase, TrainingJob};
 use e2e::{RunningOperator, install_crd, job, namespace, set_pod_phase, wait_for};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use operator::leader::Election;
-use crds::contract::{MemoryxPhase, MemoryxStatus};
 
 const INSTANCE: &str = "restart";
 const WAIT: Duration = Duration::from_secs(60);
@@ -32,7 +32,8 @@ async fn own_server() -> Client {
 async fn phase_is(api: &Api<TrainingJob>, name: &str, phase: Phase) {
     let what = format!("{name} to reach {phase}");
     ok(
-        wait_for(WAIT, &what, || async { (api.get(name).await.ok()?.status?.phase == Some(phase)).then_some(()) }).await,
+        wait_for(WAIT, &what, || async { (api.get(name).await.ok()?.status?.phase == Some(phase)).then_some(()) })
+            .await,
         "phase",
     );
 }
@@ -54,7 +55,8 @@ async fn the_operator_carries_on_after_the_api_server_restarts() {
     ok(
         wait_for(WAIT, "pods", || async {
             // The SwarmX root, two engines and their two input workers.
-            (pods.list(&ListParams::default().labels("weightstream.dev/job=r")).await.ok()?.items.len() == 5).then_some(())
+            (pods.list(&ListParams::default().labels("weightstream.dev/job=r")).await.ok()?.items.len() == 5)
+                .then_some(())
         })
         .await,
         "pods",
@@ -67,7 +69,8 @@ async fn the_operator_carries_on_after_the_api_server_restarts() {
     phase_is(&jobs, "r", Phase::Running).await;
 
     // The API server (and etcd) go away for a while; progress made meanwhile must still reach the status.
-    ok(tokio::task::spawn_blocking(|| e2e::down(INSTANCE, false)).await, "down.sh task").unwrap_or_else(|e| panic!("{e}"));
+    ok(tokio::task::spawn_blocking(|| e2e::down(INSTANCE, false)).await, "down.sh task")
+        .unwrap_or_else(|e| panic!("{e}"));
     op.coordinator.set(&key, MemoryxStatus::at(MemoryxPhase::Running, 42));
     tokio::time::sleep(Duration::from_secs(3)).await;
     let _client_again = own_server().await;

@@ -92,7 +92,8 @@ fn undisturbed_loss(job: &TrainingJob) -> (f64, f64) {
         .output()
         .expect("wsctl runs (cargo build --release -p wsctl first)");
     assert!(out.status.success(), "the undisturbed run: {}", String::from_utf8_lossy(&out.stderr));
-    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("out/summary.json")).unwrap()).unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("out/summary.json")).unwrap()).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     (summary["final_loss"].as_f64().expect("a final loss"), summary["eval"]["loss"].as_f64().expect("a held-out loss"))
 }
@@ -116,7 +117,9 @@ async fn steps_on(jobs: &Api<TrainingJob>, name: &str, from: u64, past: u64, wha
     let r = wait_for(RECOVERY, what, || async {
         let s = jobs.get(name).await.ok()?.status?;
         match s.phase {
-            Some(Phase::Failed) => Some(Err(s.conditions.iter().map(|c| c.message.clone()).collect::<Vec<_>>().join(" | "))),
+            Some(Phase::Failed) => {
+                Some(Err(s.conditions.iter().map(|c| c.message.clone()).collect::<Vec<_>>().join(" | ")))
+            }
             Some(Phase::Succeeded) => Some(Ok(s.progress.step.unwrap_or(0))),
             _ => s.progress.step.filter(|&st| st >= from + past).map(Ok),
         }
@@ -136,7 +139,8 @@ async fn pid_of(pods: &Api<Pod>, name: &str) -> u32 {
     ok(
         wait_for(RECOVERY, &format!("{name} to be ready, with its container's process on this machine"), || async {
             let p = pods.get(name).await.ok()?;
-            let ready = p.status.as_ref()?.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+            let ready =
+                p.status.as_ref()?.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
             if !ready || p.metadata.deletion_timestamp.is_some() {
                 return None;
             }
@@ -149,11 +153,20 @@ async fn pid_of(pods: &Api<Pod>, name: &str) -> u32 {
 
 /// SIGKILL to host process `pid`.
 fn kill(pid: u32) {
-    assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().is_ok_and(|s| s.success()), "kill -KILL {pid}");
+    assert!(
+        Command::new("kill").args(["-KILL", &pid.to_string()]).status().is_ok_and(|s| s.success()),
+        "kill -KILL {pid}"
+    );
 }
 
 /// Waits (up to `timeout`) until the job's status satisfies `reached` or the job has ended; returns that status.
-async fn until(jobs: &Api<TrainingJob>, name: &str, timeout: Duration, what: &str, reached: impl Fn(&crds::TrainingJobStatus) -> bool) -> crds::TrainingJobStatus {
+async fn until(
+    jobs: &Api<TrainingJob>,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    reached: impl Fn(&crds::TrainingJobStatus) -> bool,
+) -> crds::TrainingJobStatus {
     ok(
         wait_for(timeout, what, || async {
             let s = jobs.get(name).await.ok()?.status?;
@@ -222,6 +235,8 @@ fn restart_cluster_part(name: &str) {
         .stdout(ok(log.try_clone(), "its log"))
         .stderr(log);
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    // Not waited for: it outlives this test, as the process it replaces did (the cluster's down.sh stops it).
+    #[allow(clippy::zombie_processes)]
     let child = ok(cmd.spawn(), &format!("{name} started again"));
     ok(std::fs::write(&pid_file, format!("{}\n", child.id())), "its pid file");
     eprintln!("{name}: pid {pid} killed, {} started with the same command", child.id());
@@ -251,7 +266,11 @@ async fn inject(client: &Client, ns: &str, name: &str, fault: Fault) -> Option<c
         Fault::OperatorLeaderKill => {
             let leases: Api<Lease> = Api::namespaced(client.clone(), cluster::SYSTEM_NAMESPACE);
             let system: Api<Pod> = Api::namespaced(client.clone(), cluster::SYSTEM_NAMESPACE);
-            let operators: Vec<String> = ok(system.list(&ListParams::default()).await, "operator pods").items.iter().map(|p| p.name_any()).collect();
+            let operators: Vec<String> = ok(system.list(&ListParams::default()).await, "operator pods")
+                .items
+                .iter()
+                .map(|p| p.name_any())
+                .collect();
             let leader = ok(leases.list(&ListParams::default()).await, "leases")
                 .items
                 .iter()
@@ -298,7 +317,8 @@ async fn matrix(mode: ExecutionMode, faults: &[Fault], steps: u64) {
     for &fault in faults {
         assert!(at < steps, "{mode:?}: the job finished before {fault:?}; give it more steps");
         let frozen = inject(&client, &ns, name, fault).await;
-        let (reached, took) = steps_on(&jobs, name, at, 20, &format!("{mode:?}: the job to step on after {fault:?} at step {at}")).await;
+        let (reached, took) =
+            steps_on(&jobs, name, at, 20, &format!("{mode:?}: the job to step on after {fault:?} at step {at}")).await;
         eprintln!("{mode:?}: {fault:?} at step {at}: stepped on to {reached} in {took:.1?}");
         thawed.extend(frozen);
         at = reached;
@@ -389,24 +409,41 @@ async fn a_job_that_loses_two_cs2s_goes_on_with_two_and_grows_back() {
     let (at, _) = steps_on(&jobs, name, 0, 200, "the job to train").await;
     cs2_per_node(&kc, 2);
     let lost = Instant::now();
-    let s = until(&jobs, name, Duration::from_secs(300), "the job to go on with 2 CS-2s", |s| s.allocated_cs2 == Some(2)).await;
+    let s =
+        until(&jobs, name, Duration::from_secs(300), "the job to go on with 2 CS-2s", |s| s.allocated_cs2 == Some(2))
+            .await;
     assert_eq!(s.allocated_cs2, Some(2), "the job goes on with 2: {s:?}");
-    eprintln!("elastic: lost 2 of 4 CS-2s at step {at}; on 2 from step {:?}, {:.0?} later", s.progress.step, lost.elapsed());
+    eprintln!(
+        "elastic: lost 2 of 4 CS-2s at step {at}; on 2 from step {:?}, {:.0?} later",
+        s.progress.step,
+        lost.elapsed()
+    );
     let events: Api<Event> = Api::namespaced(client.clone(), &ns);
-    let said = ok(events.list(&ListParams::default()).await, "events").items.iter().any(|e| e.reason.as_deref() == Some("CapacityLost"));
+    let said = ok(events.list(&ListParams::default()).await, "events")
+        .items
+        .iter()
+        .any(|e| e.reason.as_deref() == Some("CapacityLost"));
     assert!(said, "a CapacityLost Event");
     let (at, _) = steps_on(&jobs, name, s.progress.step.unwrap_or(0), 100, "the job to train on 2").await;
     cs2_per_node(&kc, cluster::CS2_PER_NODE);
     let returned = Instant::now();
-    let grown = until(&jobs, name, Duration::from_secs(300), "the job to grow back to 4", |s| s.allocated_cs2 == Some(4)).await;
+    let grown =
+        until(&jobs, name, Duration::from_secs(300), "the job to grow back to 4", |s| s.allocated_cs2 == Some(4)).await;
     assert_eq!(grown.allocated_cs2, Some(4), "the job grows back to 4 before it ends: {grown:?}");
-    eprintln!("elastic: the CS-2s back after step {at}; on 4 from step {:?}, {:.0?} later", grown.progress.step, returned.elapsed());
+    eprintln!(
+        "elastic: the CS-2s back after step {at}; on 4 from step {:?}, {:.0?} later",
+        grown.progress.step,
+        returned.elapsed()
+    );
     let done = until(&jobs, name, Duration::from_secs(900), "the job to end", |_| false).await;
     assert_eq!((done.phase, done.progress.step), (Some(Phase::Succeeded), Some(steps)), "{done:?}");
     let loss = done.progress.loss.expect("a final loss");
     let eval = done.progress.eval_loss.expect("a held-out loss");
     let want = ok(want.await, "the undisturbed run");
-    eprintln!("elastic: final loss {loss} (undisturbed on 4 CS-2s {}), held-out {eval} (undisturbed {})", want.0, want.1);
+    eprintln!(
+        "elastic: final loss {loss} (undisturbed on 4 CS-2s {}), held-out {eval} (undisturbed {})",
+        want.0, want.1
+    );
     // On 2 CS-2s each engine runs the 4-CS-2 shards as micro-batches and every sum is pairwise, so the curve is
     // the full job's: the acceptance bound is 1e-6 relative, and it is in fact bit for bit.
     let rel = |a: f64, b: f64| ((a - b) / b).abs();

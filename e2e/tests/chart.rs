@@ -70,7 +70,10 @@ fn typed<T: serde::de::DeserializeOwned>(objects: &[Value], kind: &str, name: &s
 }
 
 fn kinds(objects: &[Value]) -> Vec<String> {
-    objects.iter().map(|o| format!("{}/{}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["name"].as_str().unwrap_or("?"))).collect()
+    objects
+        .iter()
+        .map(|o| format!("{}/{}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["name"].as_str().unwrap_or("?")))
+        .collect()
 }
 
 fn operator_container(objects: &[Value]) -> Container {
@@ -98,9 +101,7 @@ fn grants(rules: &[PolicyRule]) -> BTreeSet<(String, String, String)> {
 }
 
 fn expect_grants(spec: &[(&str, &str, &[&str])]) -> BTreeSet<(String, String, String)> {
-    spec.iter()
-        .flat_map(|(g, r, vs)| vs.iter().map(move |v| (g.to_string(), r.to_string(), v.to_string())))
-        .collect()
+    spec.iter().flat_map(|(g, r, vs)| vs.iter().map(move |v| (g.to_string(), r.to_string(), v.to_string()))).collect()
 }
 
 #[test]
@@ -169,7 +170,10 @@ fn the_operator_may_do_exactly_what_it_does() {
             }
         }
         if rule["resources"].as_array().is_some_and(|r| r.iter().any(|v| v == "secrets")) {
-            assert!(rule["verbs"].as_array().unwrap().iter().all(|v| v != "update" && v != "patch" && v != "watch"), "{rule}");
+            assert!(
+                rule["verbs"].as_array().unwrap().iter().all(|v| v != "update" && v != "patch" && v != "watch"),
+                "{rule}"
+            );
         }
     }
 }
@@ -205,7 +209,8 @@ fn the_default_operator_is_locked_down_probed_and_elects_a_leader() {
     let pod_ns = c.env.as_ref().unwrap().iter().find(|e| e.name == "POD_NAMESPACE").unwrap();
     assert_eq!(pod_ns.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "metadata.namespace");
     // The labels every job's NetworkPolicy admits are the operator pods' own selector labels.
-    let admitted = operator::children::settings::OperatorPeer::parse_labels(env(&c, "WS_OPERATOR_POD_LABELS").unwrap()).unwrap();
+    let admitted =
+        operator::children::settings::OperatorPeer::parse_labels(env(&c, "WS_OPERATOR_POD_LABELS").unwrap()).unwrap();
     let pod_labels = spec.template.metadata.clone().unwrap().labels.unwrap();
     assert_eq!(admitted, spec.selector.match_labels.clone().unwrap(), "exactly the Deployment's selector");
     assert!(admitted.iter().all(|(k, v)| pod_labels.get(k) == Some(v)), "{admitted:?} ⊄ {pod_labels:?}");
@@ -240,17 +245,22 @@ fn overrides_reach_the_objects() {
     assert_eq!(env(&c, "WS_CS2_POOL"), None, "no fallback pool when cs2.pool is null");
     // One namespace: the job permissions are bound there only (see the watch-namespace test), and no Lease
     // permission without an election.
-    let binding = find(&objects, "RoleBinding", "weightstream-operator").expect("a RoleBinding in the watched namespace");
+    let binding =
+        find(&objects, "RoleBinding", "weightstream-operator").expect("a RoleBinding in the watched namespace");
     assert_eq!(binding["metadata"]["namespace"], "ml");
     // What it binds grants the job's NetworkPolicy there too.
     let bound_kind = binding["roleRef"]["kind"].as_str().unwrap_or_default().to_string();
     let bound_name = binding["roleRef"]["name"].as_str().unwrap_or_default().to_string();
-    let bound = find(&objects, &bound_kind, &bound_name).unwrap_or_else(|| panic!("{bound_kind} {bound_name} is not rendered"));
+    let bound =
+        find(&objects, &bound_kind, &bound_name).unwrap_or_else(|| panic!("{bound_kind} {bound_name} is not rendered"));
     let rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule> = serde_json::from_value(bound["rules"].clone()).unwrap();
     let want = expect_grants(&[("networking.k8s.io", "networkpolicies", &["list", "create", "patch", "delete"])]);
     assert!(want.is_subset(&grants(&rules)), "the watched namespace's binding lacks networkpolicies");
     assert!(find(&objects, "ClusterRoleBinding", "weightstream-operator").is_none());
-    assert!(find(&objects, "ClusterRoleBinding", "weightstream-operator-cluster-reads").is_some(), "nodes stay readable");
+    assert!(
+        find(&objects, "ClusterRoleBinding", "weightstream-operator-cluster-reads").is_some(),
+        "nodes stay readable"
+    );
     assert!(find(&objects, "Role", "weightstream-operator-leader-election").is_none());
 
     let ds: DaemonSet = typed(&objects, "DaemonSet", "weightstream-device-plugin");
@@ -282,7 +292,10 @@ fn with_a_watch_namespace_only_a_role_and_role_binding_grant_namespaced_objects(
     assert_eq!(grants(&role.rules.unwrap_or_default()), namespaced_grants());
     let binding = find(&objects, "RoleBinding", "weightstream-operator").expect("a RoleBinding");
     assert_eq!(binding["metadata"]["namespace"], "ml");
-    assert_eq!((binding["roleRef"]["kind"].as_str(), binding["roleRef"]["name"].as_str()), (Some("Role"), Some("weightstream-operator")));
+    assert_eq!(
+        (binding["roleRef"]["kind"].as_str(), binding["roleRef"]["name"].as_str()),
+        (Some("Role"), Some("weightstream-operator"))
+    );
     assert_eq!(binding["subjects"][0]["name"], "weightstream-operator");
     assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
     // Nothing cluster-wide but the read-only cluster-scoped lists: no ClusterRole grants any namespaced object.

@@ -55,7 +55,11 @@ fn wsctl() -> PathBuf {
         let exe = ok(std::env::current_exe(), "this test's path");
         exe.parent().and_then(Path::parent).map(|d| d.join("wsctl")).unwrap_or_default()
     });
-    assert!(path.is_file(), "no wsctl at {}: build it first (cargo build --release -p wsctl) or set WS_WSCTL", path.display());
+    assert!(
+        path.is_file(),
+        "no wsctl at {}: build it first (cargo build --release -p wsctl) or set WS_WSCTL",
+        path.display()
+    );
     path
 }
 
@@ -143,7 +147,10 @@ async fn submit_watch_logs_and_get_follow_a_job_to_success() {
     let out = wsctl_run(&kc, &["submit", &bad.display().to_string(), "-n", &ns, "--watch"]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "an invalid manifest was accepted");
-    assert!(stderr.contains("bad.yaml") && stderr.contains("batchSize") && stderr.contains("nothing was sent"), "{stderr}");
+    assert!(
+        stderr.contains("bad.yaml") && stderr.contains("batchSize") && stderr.contains("nothing was sent"),
+        "{stderr}"
+    );
     assert_eq!(stderr.lines().count(), 1, "one error: {stderr}");
     assert!(ok(jobs.get_opt("broken").await, "get").is_none(), "the invalid job was created");
 
@@ -151,11 +158,22 @@ async fn submit_watch_logs_and_get_follow_a_job_to_success() {
     let path = manifest(&dir, "watched", steps, 0);
     let watch = tokio::spawn({
         let kc = kc.clone();
-        let args = ["submit".to_string(), path.display().to_string(), "-n".into(), ns.clone(), "--watch".into(), "--timeout".into(), "300".into()];
+        let args = [
+            "submit".to_string(),
+            path.display().to_string(),
+            "-n".into(),
+            ns.clone(),
+            "--watch".into(),
+            "--timeout".into(),
+            "300".into(),
+        ];
         async move { run_as(&wsctl(), &kc, &args.iter().map(String::as_str).collect::<Vec<_>>()).await }
     });
     ok(
-        wait_for(Duration::from_secs(30), "the job to be created", || async { jobs.get_opt("watched").await.ok()?.map(|_| ()) }).await,
+        wait_for(Duration::from_secs(30), "the job to be created", || async {
+            jobs.get_opt("watched").await.ok()?.map(|_| ())
+        })
+        .await,
         "submit",
     );
     let follow = |role: &'static str, index: Option<&'static str>| {
@@ -188,7 +206,10 @@ async fn submit_watch_logs_and_get_follow_a_job_to_success() {
     let mx_log = String::from_utf8_lossy(&mx.stdout);
     assert!(mx.status.success(), "logs -f memoryx: {}", String::from_utf8_lossy(&mx.stderr));
     assert!(mx_log.contains(&format!("\"total\":{steps}")), "MemoryX's log does not start training: {mx_log}");
-    assert!(mx_log.contains(&format!("\"event\":\"done\",\"steps\":{steps}")), "MemoryX's log does not finish: {mx_log}");
+    assert!(
+        mx_log.contains(&format!("\"event\":\"done\",\"steps\":{steps}")),
+        "MemoryX's log does not finish: {mx_log}"
+    );
     let eng = ok(engine.await, "logs task");
     let eng_log = String::from_utf8_lossy(&eng.stdout);
     assert!(eng.status.success(), "logs -f engine 1: {}", String::from_utf8_lossy(&eng.stderr));
@@ -196,10 +217,12 @@ async fn submit_watch_logs_and_get_follow_a_job_to_success() {
 
     // get: the table, JSON, and the same through the kubectl plugin's name.
     let table = wsctl_ok(&kc, &["get", "-n", &ns]).await;
-    let row = table.lines().find(|l| l.starts_with("watched ")).unwrap_or_else(|| panic!("no row for the job: {table}"));
+    let row =
+        table.lines().find(|l| l.starts_with("watched ")).unwrap_or_else(|| panic!("no row for the job: {table}"));
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(&cells[..4], ["watched", "Succeeded", "0/2", &format!("{steps}/{steps}")], "{table}");
-    let json: serde_json::Value = ok(serde_json::from_str(&wsctl_ok(&kc, &["get", "watched", "-n", &ns, "-o", "json"]).await), "get -o json");
+    let json: serde_json::Value =
+        ok(serde_json::from_str(&wsctl_ok(&kc, &["get", "watched", "-n", &ns, "-o", "json"]).await), "get -o json");
     assert_eq!((json["status"]["phase"].as_str(), json["status"]["step"].as_u64()), (Some("Succeeded"), Some(steps)));
     let plugin_dir = dir.join("bin");
     ok(std::fs::create_dir_all(&plugin_dir), "plugin folder");
@@ -207,10 +230,19 @@ async fn submit_watch_logs_and_get_follow_a_job_to_success() {
     let _ = std::fs::remove_file(&plugin);
     ok(std::os::unix::fs::symlink(wsctl(), &plugin), "kubectl-ws symlink");
     let out = run_as(&plugin, &kc, &["get", "-n", &ns]).await;
-    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout) == table, "kubectl-ws get differs from wsctl get");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout) == table,
+        "kubectl-ws get differs from wsctl get"
+    );
     // kubectl finds plugins on the PATH: `kubectl ws get` runs the same binary.
     let path_var = format!("{}:{}", plugin_dir.display(), std::env::var("PATH").unwrap_or_default());
-    match tokio::process::Command::new("kubectl").args(["ws", "get", "-n", &ns]).env("KUBECONFIG", &kc).env("PATH", &path_var).output().await {
+    match tokio::process::Command::new("kubectl")
+        .args(["ws", "get", "-n", &ns])
+        .env("KUBECONFIG", &kc)
+        .env("PATH", &path_var)
+        .output()
+        .await
+    {
         Ok(out) => {
             assert!(out.status.success(), "kubectl ws get: {}", String::from_utf8_lossy(&out.stderr));
             assert_eq!(String::from_utf8_lossy(&out.stdout), table, "kubectl ws get");
@@ -265,7 +297,10 @@ async fn suspend_resume_and_cancel_take_effect_before_they_return() {
     let uid = ok(jobs.get("doomed").await, "get").uid().unwrap_or_default();
     let out = wsctl_ok(&kc, &["cancel", "doomed", "-n", &ns, "--timeout", "180"]).await;
     assert!(out.contains(&format!("trainingjob {ns}/doomed deleted")), "{out}");
-    assert!(out.contains("checkpoints kept in claim") && out.contains(&format!("weightstream.dev/job-uid={uid}")), "{out}");
+    assert!(
+        out.contains("checkpoints kept in claim") && out.contains(&format!("weightstream.dev/job-uid={uid}")),
+        "{out}"
+    );
     assert!(ok(jobs.get_opt("doomed").await, "get").is_none(), "cancel returned with the job still there");
     let sel = ListParams::default().labels("weightstream.dev/job=doomed");
     let left = || async {
@@ -286,7 +321,8 @@ async fn suspend_resume_and_cancel_take_effect_before_they_return() {
         Some(v)
     };
     // The pods are gone by the time cancel returns: the name can be used again at once. The claims stay.
-    let at_return: Vec<String> = left().await.unwrap_or_default().into_iter().filter(|c| c.starts_with("pod/")).collect();
+    let at_return: Vec<String> =
+        left().await.unwrap_or_default().into_iter().filter(|c| c.starts_with("pod/")).collect();
     assert!(at_return.is_empty(), "cancel returned with {at_return:?} still there");
     let kept: Vec<String> = left().await.unwrap_or_default().into_iter().filter(|c| c.starts_with("pvc/")).collect();
     assert!(!kept.is_empty() && kept.iter().all(|c| c.contains(&uid)), "the claims kept are the job's own: {kept:?}");
@@ -348,7 +384,10 @@ async fn checkpoint_pull_fetches_a_running_jobs_checkpoint_through_the_api_serve
         let (at, tensors) = ok(runtime::memoryx::checkpoint::read(&path, 1 << 30), "read the pulled checkpoint");
         assert!(!tensors.is_empty(), "an empty checkpoint");
         match step {
-            Some(s) => assert_eq!((at, path.file_name().map(|f| f.to_string_lossy().into_owned())), (s, Some(older_file.clone()))),
+            Some(s) => assert_eq!(
+                (at, path.file_name().map(|f| f.to_string_lossy().into_owned())),
+                (s, Some(older_file.clone()))
+            ),
             None => assert!(at >= rows[0].0, "the newest pulled is step {at}, older than the listed {}", rows[0].0),
         }
     }
@@ -384,11 +423,31 @@ async fn checkpoints_outlive_a_deleted_or_cancelled_job_unless_retain_is_delete(
     };
     let gone = |job: &'static str| {
         let jobs = jobs.clone();
-        async move { ok(wait_for(Duration::from_secs(120), &format!("{job} to be gone"), || async { jobs.get_opt(job).await.ok()?.is_none().then_some(()) }).await, "deletion") }
+        async move {
+            ok(
+                wait_for(Duration::from_secs(120), &format!("{job} to be gone"), || async {
+                    jobs.get_opt(job).await.ok()?.is_none().then_some(())
+                })
+                .await,
+                "deletion",
+            )
+        }
     };
 
     // A finished job, its newest checkpoint pulled from its MemoryX.
-    wsctl_ok(&kc, &["submit", &manifest(&dir, "kept", 3000, 1000).display().to_string(), "-n", &ns, "--watch", "--timeout", "300"]).await;
+    wsctl_ok(
+        &kc,
+        &[
+            "submit",
+            &manifest(&dir, "kept", 3000, 1000).display().to_string(),
+            "-n",
+            &ns,
+            "--watch",
+            "--timeout",
+            "300",
+        ],
+    )
+    .await;
     let uid = ok(jobs.get("kept").await, "get").uid().unwrap_or_default();
     let before = dir.join("before");
     let printed = wsctl_ok(&kc, &["checkpoint", "pull", "kept", "-n", &ns, "-o", &before.display().to_string()]).await;
@@ -409,21 +468,48 @@ async fn checkpoints_outlive_a_deleted_or_cancelled_job_unless_retain_is_delete(
     assert!(listed.contains("step-00003000"), "{listed}");
     let after = dir.join("after");
     let printed = wsctl_ok(&kc, &["checkpoint", "pull", "kept", "-n", &ns, "-o", &after.display().to_string()]).await;
-    assert!(ok(std::fs::read(printed.trim()), "the checkpoint pulled after the deletion") == live, "not the same file bit for bit");
+    assert!(
+        ok(std::fs::read(printed.trim()), "the checkpoint pulled after the deletion") == live,
+        "not the same file bit for bit"
+    );
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let readers = ListParams::default().labels("weightstream.dev/checkpoint-reader=kept");
     ok(
-        wait_for(Duration::from_secs(60), "the reader pods to go", || async { pods.list(&readers).await.ok()?.items.is_empty().then_some(()) }).await,
+        wait_for(Duration::from_secs(60), "the reader pods to go", || async {
+            pods.list(&readers).await.ok()?.items.is_empty().then_some(())
+        })
+        .await,
         "reader cleanup",
     );
 
     // Submitted again under the same name: claims of its own, the retained one untouched.
-    wsctl_ok(&kc, &["submit", &manifest(&dir, "kept", 1000, 1000).display().to_string(), "-n", &ns, "--watch", "--timeout", "300"]).await;
+    wsctl_ok(
+        &kc,
+        &[
+            "submit",
+            &manifest(&dir, "kept", 1000, 1000).display().to_string(),
+            "-n",
+            &ns,
+            "--watch",
+            "--timeout",
+            "300",
+        ],
+    )
+    .await;
     let again = ok(jobs.get("kept").await, "get").uid().unwrap_or_default();
-    let now: Vec<(String, Option<String>)> =
-        claims_of("kept").await.iter().map(|c| (c.name_any(), c.labels().get("weightstream.dev/job-uid").cloned())).collect();
-    assert!(left.iter().all(|c| now.iter().any(|(n, u)| *n == c.name_any() && u.as_deref() == Some(uid.as_str()))), "{now:?}");
-    assert!(now.iter().any(|(_, u)| u.as_deref() == Some(again.as_str())), "the new job has no claim of its own: {now:?}");
+    let now: Vec<(String, Option<String>)> = claims_of("kept")
+        .await
+        .iter()
+        .map(|c| (c.name_any(), c.labels().get("weightstream.dev/job-uid").cloned()))
+        .collect();
+    assert!(
+        left.iter().all(|c| now.iter().any(|(n, u)| *n == c.name_any() && u.as_deref() == Some(uid.as_str()))),
+        "{now:?}"
+    );
+    assert!(
+        now.iter().any(|(_, u)| u.as_deref() == Some(again.as_str())),
+        "the new job has no claim of its own: {now:?}"
+    );
     ok(jobs.delete("kept", &DeleteParams::default()).await, "delete kept again");
 
     // Cancelled while running: it says where its checkpoints are, and they list.
@@ -446,11 +532,21 @@ async fn checkpoints_outlive_a_deleted_or_cancelled_job_unless_retain_is_delete(
     j.spec.checkpoint.retain = crds::RetainPolicy::Delete;
     ok(std::fs::write(&path, ok(serde_yaml::to_string(&j), "yaml")), "manifest");
     wsctl_ok(&kc, &["submit", &path.display().to_string(), "-n", &ns]).await;
-    ok(wait_for(Duration::from_secs(300), "a claim of dropped", || async { (!claims_of("dropped").await.is_empty()).then_some(()) }).await, "claim");
+    ok(
+        wait_for(Duration::from_secs(300), "a claim of dropped", || async {
+            (!claims_of("dropped").await.is_empty()).then_some(())
+        })
+        .await,
+        "claim",
+    );
     let out = wsctl_ok(&kc, &["cancel", "dropped", "-n", &ns, "--timeout", "180"]).await;
     assert!(out.contains("deleted with it"), "{out}");
     let left = claims_of("dropped").await;
-    assert!(left.iter().all(|c| c.metadata.deletion_timestamp.is_some()), "retain: Delete kept {:?}", left.iter().map(|c| c.name_any()).collect::<Vec<_>>());
+    assert!(
+        left.iter().all(|c| c.metadata.deletion_timestamp.is_some()),
+        "retain: Delete kept {:?}",
+        left.iter().map(|c| c.name_any()).collect::<Vec<_>>()
+    );
     let _ = std::fs::remove_dir_all(&dir);
     done(&client, &ns).await;
 }
@@ -545,7 +641,16 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
     ok(std::fs::create_dir_all(&dir), "test folder");
 
     let examples = cluster::repo_root().join("examples/data/moby-dick");
-    let root = fill_claim(&client, &ns, "corpus", &[(examples.join("moby-dick.txt.gz"), "moby-dick/moby-dick.txt.gz"), (examples.join("tokenizer.json"), "moby-dick/tokenizer.json")]).await;
+    let root = fill_claim(
+        &client,
+        &ns,
+        "corpus",
+        &[
+            (examples.join("moby-dick.txt.gz"), "moby-dick/moby-dick.txt.gz"),
+            (examples.join("tokenizer.json"), "moby-dick/tokenizer.json"),
+        ],
+    )
+    .await;
     let corpus = root.join("moby-dick");
 
     // A small GPT over the BPE corpus on the claim, two input workers per CS-2.
@@ -581,7 +686,10 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
     for role in ["engine", "swarmx", "memoryx"] {
         for p in role_pods(&client, &ns, "bpe", role).await {
             let mounts = p.spec.unwrap_or_default().volumes.unwrap_or_default();
-            assert!(mounts.iter().all(|v| v.persistent_volume_claim.as_ref().is_none_or(|c| c.claim_name != "corpus")), "a {role} pod mounts the data");
+            assert!(
+                mounts.iter().all(|v| v.persistent_volume_claim.as_ref().is_none_or(|c| c.claim_name != "corpus")),
+                "a {role} pod mounts the data"
+            );
         }
     }
     let out = ok(submit.await, "submit task");
@@ -595,11 +703,23 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
     let ckpt = PathBuf::from(printed.trim());
     let hf = dir.join("hf");
     let tokenizer = examples.join("tokenizer.json");
-    let args = ["export", &ckpt.display().to_string(), "--format", "huggingface", "-o", &hf.display().to_string(), "--tokenizer", &tokenizer.display().to_string()];
+    let args = [
+        "export",
+        &ckpt.display().to_string(),
+        "--format",
+        "huggingface",
+        "-o",
+        &hf.display().to_string(),
+        "--tokenizer",
+        &tokenizer.display().to_string(),
+    ];
     let out = wsctl_run(&kc, &args).await;
     assert!(out.status.success(), "export: {}", String::from_utf8_lossy(&out.stderr));
     // The tokenizer travels with the model, for `AutoTokenizer.from_pretrained`.
-    assert_eq!(ok(std::fs::read(hf.join("tokenizer.json")), "exported tokenizer"), ok(std::fs::read(&tokenizer), "tokenizer"));
+    assert_eq!(
+        ok(std::fs::read(hf.join("tokenizer.json")), "exported tokenizer"),
+        ok(std::fs::read(&tokenizer), "tokenizer")
+    );
     let model = gpt2::Gpt2::load(&hf);
     assert_eq!((model.vocab, model.positions, model.embd), (1024, 32, 64));
 
@@ -640,7 +760,10 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
         .await,
         "failed job",
     );
-    let said = failed.conditions.iter().any(|c| c.message.contains("broken-tokenizer.json") && c.message.contains("tokenizer"));
+    let said = failed
+        .conditions
+        .iter()
+        .any(|c| c.message.contains("broken-tokenizer.json") && c.message.contains("tokenizer"));
     assert!(said, "the status names the bad file: {failed:#?}");
     wsctl_ok(&kc, &["cancel", "badtok", "-n", &ns]).await;
 
@@ -682,7 +805,13 @@ async fn transformers_loss(model: &Path, windows: Vec<serde_json::Value>) -> f64
     let mut stdin = child.stdin.take().expect("stdin");
     ok(stdin.write_all(request.to_string().as_bytes()).await, "the request");
     drop(stdin);
-    let out = ok(ok(tokio::time::timeout(Duration::from_secs(600), child.wait_with_output()).await, "reference.py ran 10 minutes"), "reference.py");
+    let out = ok(
+        ok(
+            tokio::time::timeout(Duration::from_secs(600), child.wait_with_output()).await,
+            "reference.py ran 10 minutes",
+        ),
+        "reference.py",
+    );
     assert!(out.status.success(), "reference.py: {}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = ok(serde_json::from_slice(&out.stdout), "reference.py's answer");
     v["eval_loss"].as_f64().expect("eval_loss")
@@ -758,11 +887,17 @@ async fn a_sliced_checkpoint_leaves_the_cluster_and_its_job_resumes_on_fewer_ser
     // Gathered from the coordinator's volume into one checkpoint, exported, and read by GPT-2's forward pass.
     let listing = wsctl_ok(&kc, &["checkpoint", "list", "whole", "-n", &ns]).await;
     assert!(listing.contains(&format!("step-{steps:08}.manifest.json")) && listing.contains("(3 slices)"), "{listing}");
-    let printed = wsctl_ok(&kc, &["checkpoint", "pull", "whole", "-n", &ns, "-o", &dir.join("pulled").display().to_string()]).await;
+    let printed =
+        wsctl_ok(&kc, &["checkpoint", "pull", "whole", "-n", &ns, "-o", &dir.join("pulled").display().to_string()])
+            .await;
     let ckpt = PathBuf::from(printed.trim());
     assert!(ckpt.ends_with(format!("step-{steps:08}.safetensors")), "{printed}");
     let hf = dir.join("hf");
-    let out = wsctl_run(&kc, &["export", &ckpt.display().to_string(), "--format", "huggingface", "-o", &hf.display().to_string()]).await;
+    let out = wsctl_run(
+        &kc,
+        &["export", &ckpt.display().to_string(), "--format", "huggingface", "-o", &hf.display().to_string()],
+    )
+    .await;
     assert!(out.status.success(), "export: {}", String::from_utf8_lossy(&out.stderr));
     let model = gpt2::Gpt2::load(&hf);
     let mut local = j.spec.clone();
@@ -782,13 +917,19 @@ async fn a_sliced_checkpoint_leaves_the_cluster_and_its_job_resumes_on_fewer_ser
         .collect();
     let transformers = transformers_loss(&hf, windows).await;
     eprintln!("transformers' held-out loss of the export: {transformers:.7}; the job reported {reported:.7}");
-    assert!((transformers - reported).abs() <= 1e-4 * reported, "transformers gives {transformers}, the job reported {reported}");
+    assert!(
+        (transformers - reported).abs() <= 1e-4 * reported,
+        "transformers gives {transformers}, the job reported {reported}"
+    );
 
     // The moved job, resumed above on two weight servers, ends as the undisturbed one did.
     let moved = finished(&jobs, "moved").await;
     assert_eq!((moved.phase, moved.progress.step), (Some(Phase::Succeeded), Some(steps)), "{moved:#?}");
     assert_eq!(role_pods(&client, &ns, "moved", "memoryx").await.len(), 2, "two weight servers after the move");
-    eprintln!("moved at step {at}: final loss {:?} / held-out {:?}; undisturbed {:?} / {:?}", moved.progress.loss, moved.progress.eval_loss, whole.progress.loss, whole.progress.eval_loss);
+    eprintln!(
+        "moved at step {at}: final loss {:?} / held-out {:?}; undisturbed {:?} / {:?}",
+        moved.progress.loss, moved.progress.eval_loss, whole.progress.loss, whole.progress.eval_loss
+    );
     assert_eq!(moved.progress.loss, whole.progress.loss, "the final step's loss, bit for bit");
     assert_eq!(moved.progress.eval_loss, whole.progress.eval_loss, "the held-out loss, bit for bit");
 
@@ -812,7 +953,11 @@ async fn a_pretrained_model_on_a_data_volume_fine_tunes_in_the_cluster() {
     let folder = dir.join("tiny");
     tiny_llama::write_folder(&folder, false, false);
     let corpus = cluster::repo_root().join("examples/data/moby-dick/moby-dick.txt.gz");
-    let files = [(folder.join("config.json"), "models/tiny/config.json"), (folder.join("model.safetensors"), "models/tiny/model.safetensors"), (corpus, "moby-dick.txt.gz")];
+    let files = [
+        (folder.join("config.json"), "models/tiny/config.json"),
+        (folder.join("model.safetensors"), "models/tiny/model.safetensors"),
+        (corpus, "moby-dick.txt.gz"),
+    ];
     let root = fill_claim(&client, &ns, "models", &files).await;
 
     let text = "apiVersion: weightstream.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: tiny}\nspec:\n  cs2: 2\n  executionMode: pipelined\n  \
@@ -824,8 +969,19 @@ async fn a_pretrained_model_on_a_data_volume_fine_tunes_in_the_cluster() {
     wsctl_ok(&kc, &["submit", &path.display().to_string(), "-n", &ns]).await;
     let mounts_models = |p: &Pod| {
         let spec = p.spec.clone().unwrap_or_default();
-        let claim = spec.volumes.iter().flatten().filter_map(|v| v.persistent_volume_claim.clone()).find(|c| c.claim_name == "models");
-        let mount = spec.containers.first().and_then(|c| c.volume_mounts.clone()).unwrap_or_default().into_iter().find(|m| m.name == "data");
+        let claim = spec
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| v.persistent_volume_claim.clone())
+            .find(|c| c.claim_name == "models");
+        let mount = spec
+            .containers
+            .first()
+            .and_then(|c| c.volume_mounts.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .find(|m| m.name == "data");
         match (claim, mount) {
             (Some(c), Some(m)) => c.read_only == Some(true) && m.read_only == Some(true),
             _ => false,
@@ -833,7 +989,8 @@ async fn a_pretrained_model_on_a_data_volume_fine_tunes_in_the_cluster() {
     };
     let readers = ok(
         wait_for(Duration::from_secs(300), "two weight servers and two engines", || async {
-            let (mx, engines) = (role_pods(&client, &ns, "tiny", "memoryx").await, role_pods(&client, &ns, "tiny", "engine").await);
+            let (mx, engines) =
+                (role_pods(&client, &ns, "tiny", "memoryx").await, role_pods(&client, &ns, "tiny", "engine").await);
             (mx.len() == 2 && engines.len() == 2).then_some((mx, engines))
         })
         .await,
@@ -851,7 +1008,11 @@ async fn a_pretrained_model_on_a_data_volume_fine_tunes_in_the_cluster() {
     // The same job on this machine, the claim's folder standing in for the volume.
     let out = dir.join("local");
     let claim = format!("models={}", root.display());
-    wsctl_ok(&kc, &["run", &path.display().to_string(), "--volume", &claim, "--in-process", "--out", &out.display().to_string()]).await;
+    wsctl_ok(
+        &kc,
+        &["run", &path.display().to_string(), "--volume", &claim, "--in-process", "--out", &out.display().to_string()],
+    )
+    .await;
     let metrics = ok(std::fs::read_to_string(out.join("metrics.jsonl")), "metrics");
     let last: serde_json::Value = ok(serde_json::from_str(metrics.lines().last().unwrap_or("{}")), "a metrics line");
     eprintln!("cluster final loss {:?}, local {:?}", s.progress.loss, last["loss"].as_f64());

@@ -224,7 +224,10 @@ async fn a_gpt_trains_through_the_operator_on_four_cs2() {
     create(&jobs, &j).await;
     let done_job = wait_phase(&client, &ns, "gpt", Phase::Succeeded, finish_timeout()).await;
     let s = done_job.status.clone().unwrap_or_default();
-    eprintln!("gpt: steps={:?} loss={:?} next-byte accuracy={:?}", s.progress.step, s.progress.loss, s.progress.eval_accuracy);
+    eprintln!(
+        "gpt: steps={:?} loss={:?} next-byte accuracy={:?}",
+        s.progress.step, s.progress.loss, s.progress.eval_accuracy
+    );
     assert_eq!(s.plan.as_ref().map(|p| p.engines.len()), Some(4));
     let loss = s.progress.loss.unwrap_or(f64::NAN);
     assert!(loss < UNIGRAM_LOSS - 0.3, "training loss {loss} is not clearly below the unigram baseline");
@@ -512,15 +515,28 @@ async fn network_policy_keeps_other_namespaces_out_of_a_running_job() {
     // The job's own pods reach both (the positive control: the ports listen, and the policy lets the job in).
     let insider = running_pid(&pods, "guarded-swarmx-0-0").await;
     for (what, ip, port) in targets {
-        assert_eq!(reach_settled(insider, ip, port, true).await, cluster::Reach::Connected, "{what} from the job's own SwarmX pod");
+        assert_eq!(
+            reach_settled(insider, ip, port, true).await,
+            cluster::Reach::Connected,
+            "{what} from the job's own SwarmX pod"
+        );
     }
     // The operator reaches MemoryX's HTTP port (it polls /status), not the engines.
     let system: Api<Pod> = Api::namespaced(client.clone(), cluster::SYSTEM_NAMESPACE);
-    let operators = ok(system.list(&ListParams::default().labels("app.kubernetes.io/component=operator")).await, "operators");
+    let operators =
+        ok(system.list(&ListParams::default().labels("app.kubernetes.io/component=operator")).await, "operators");
     let operator = operators.items.first().map(|p| p.name_any()).unwrap_or_else(|| panic!("no operator pod"));
     let operator = running_pid(&system, &operator).await;
-    assert_eq!(reach_settled(operator, &memoryx, http, true).await, cluster::Reach::Connected, "the operator polls MemoryX");
-    assert_ne!(reach_settled(operator, &engine, grpc, false).await, cluster::Reach::Connected, "the operator has no business with engines");
+    assert_eq!(
+        reach_settled(operator, &memoryx, http, true).await,
+        cluster::Reach::Connected,
+        "the operator polls MemoryX"
+    );
+    assert_ne!(
+        reach_settled(operator, &engine, grpc, false).await,
+        cluster::Reach::Connected,
+        "the operator has no business with engines"
+    );
     // The other namespace reaches neither.
     for (what, ip, port) in targets {
         let r = reach_settled(stranger, ip, port, false).await;
@@ -528,8 +544,16 @@ async fn network_policy_keeps_other_namespaces_out_of_a_running_job() {
         assert_ne!(r, cluster::Reach::Connected, "{what} reached from another namespace");
     }
     // The scraper namespace reaches the HTTP port (/metrics) and nothing else.
-    assert_eq!(reach_settled(scraper, &memoryx, http, true).await, cluster::Reach::Connected, "a labelled namespace scrapes /metrics");
-    assert_ne!(reach_settled(scraper, &engine, grpc, false).await, cluster::Reach::Connected, "a scraper reaches an engine's gRPC port");
+    assert_eq!(
+        reach_settled(scraper, &memoryx, http, true).await,
+        cluster::Reach::Connected,
+        "a labelled namespace scrapes /metrics"
+    );
+    assert_ne!(
+        reach_settled(scraper, &engine, grpc, false).await,
+        cluster::Reach::Connected,
+        "a scraper reaches an engine's gRPC port"
+    );
     // All of it while the job ran (else a refusal could be a finished pod's).
     let phase = ok(jobs.get("guarded").await, "guarded").status.and_then(|s| s.phase);
     assert_eq!(phase, Some(Phase::Running), "the job ended before the probes did: raise WS_E2E_STEPS");
@@ -568,19 +592,20 @@ async fn a_frozen_engine_pod_is_found_within_a_deadline() {
     let stalled = ok(jobs.get("frozen").await, "frozen").status.and_then(|s| s.progress.step).unwrap_or(at);
     eprintln!("frozen: SIGSTOPped frozen-engine-1 (pid {pid}) after step {at}; at step {stalled} 5 s later");
     let deadline = Duration::from_secs(240);
-    let outcome = wait_for(deadline, "the frozen engine to be found (the job fails naming it, or steps on)", || async {
-        let s = jobs.get("frozen").await.ok()?.status?;
-        match s.phase {
-            Some(Phase::Failed) => {
-                let why = s.conditions.iter().map(|c| c.message.clone()).collect::<Vec<_>>().join(" | ");
-                Some(Err(why))
+    let outcome =
+        wait_for(deadline, "the frozen engine to be found (the job fails naming it, or steps on)", || async {
+            let s = jobs.get("frozen").await.ok()?.status?;
+            match s.phase {
+                Some(Phase::Failed) => {
+                    let why = s.conditions.iter().map(|c| c.message.clone()).collect::<Vec<_>>().join(" | ");
+                    Some(Err(why))
+                }
+                Some(Phase::Succeeded) => Some(Ok(total)),
+                // Progress well past the freeze while the engine is still stopped: the job recovered without it.
+                _ => s.progress.step.filter(|&st| st > stalled + 20).map(Ok),
             }
-            Some(Phase::Succeeded) => Some(Ok(total)),
-            // Progress well past the freeze while the engine is still stopped: the job recovered without it.
-            _ => s.progress.step.filter(|&st| st > stalled + 20).map(Ok),
-        }
-    })
-    .await;
+        })
+        .await;
     let elapsed = since.elapsed();
     drop(frozen);
     match outcome {
@@ -592,7 +617,9 @@ async fn a_frozen_engine_pod_is_found_within_a_deadline() {
                 "the failure does not name the frozen engine: {why}"
             );
         }
-        Err(e) => panic!("{e} (nothing happened {elapsed:?} after the freeze); {}", describe(&client, &ns, "frozen").await),
+        Err(e) => {
+            panic!("{e} (nothing happened {elapsed:?} after the freeze); {}", describe(&client, &ns, "frozen").await)
+        }
     }
     assert!(elapsed < deadline);
     done(&client, &ns).await;

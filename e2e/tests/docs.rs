@@ -85,7 +85,8 @@ fn flow(v: &Yaml) -> String {
         Yaml::Null => "null".into(),
         Yaml::String(s) => format!("{s:?}"),
         Yaml::Mapping(m) => {
-            let items: Vec<String> = m.iter().map(|(k, v)| format!("{}: {}", k.as_str().unwrap_or_default(), flow(v))).collect();
+            let items: Vec<String> =
+                m.iter().map(|(k, v)| format!("{}: {}", k.as_str().unwrap_or_default(), flow(v))).collect();
             format!("{{{}}}", items.join(", "))
         }
         Yaml::Sequence(s) => format!("[{}]", s.iter().map(flow).collect::<Vec<_>>().join(", ")),
@@ -185,7 +186,8 @@ fn violations(key: &str, v: &Json, s: &Json, out: &mut Vec<String>) {
         Json::Array(_) => "array",
         Json::Object(_) => "object",
     };
-    if !types.is_empty() && !types.contains(&actual) && !(actual == "integer" && types.contains(&"number")) {
+    let allowed = types.is_empty() || types.contains(&actual) || (actual == "integer" && types.contains(&"number"));
+    if !allowed {
         out.push(format!("`{key}` is {actual}, the schema wants {types:?}"));
     }
     if let Some(allowed) = s["enum"].as_array().filter(|a| !a.contains(v)) {
@@ -210,7 +212,9 @@ fn violations(key: &str, v: &Json, s: &Json, out: &mut Vec<String>) {
         for (k, item) in obj {
             match s["properties"].get(k) {
                 Some(p) => violations(&format!("{key}.{k}"), item, p, out),
-                None if s["additionalProperties"] == Json::Bool(false) => out.push(format!("`{key}.{k}` is not allowed")),
+                None if s["additionalProperties"] == Json::Bool(false) => {
+                    out.push(format!("`{key}.{k}` is not allowed"))
+                }
                 None if s["additionalProperties"].is_object() => {
                     violations(&format!("{key}.{k}"), item, &s["additionalProperties"], out)
                 }
@@ -226,7 +230,10 @@ fn violations(key: &str, v: &Json, s: &Json, out: &mut Vec<String>) {
 #[test]
 fn the_chart_defaults_meet_the_schema_and_the_schema_refuses_mistakes() {
     let schema = schema();
-    assert!(schema["$schema"].as_str().is_some_and(|s| s.contains("json-schema.org")), "values.schema.json names its draft");
+    assert!(
+        schema["$schema"].as_str().is_some_and(|s| s.contains("json-schema.org")),
+        "values.schema.json names its draft"
+    );
     let values: Json = serde_yaml::from_str(&read("charts/weightstream/values.yaml")).expect("values.yaml is YAML");
     let mut problems = Vec::new();
     violations("", &values, &schema, &mut problems);
@@ -332,7 +339,10 @@ fn ignored(path: &str) -> bool {
 /// `*`, `…`).
 fn repo_path(span: &str) -> Option<String> {
     let span = span.trim();
-    if span.contains(char::is_whitespace) || span.contains(['<', '>', '*', '{', '$', '…', '=', '|', '@', '[']) || span.contains("..") {
+    if span.contains(char::is_whitespace)
+        || span.contains(['<', '>', '*', '{', '$', '…', '=', '|', '@', '['])
+        || span.contains("..")
+    {
         return None;
     }
     let span = span.split('#').next().unwrap_or_default();
@@ -353,11 +363,19 @@ fn links_and_paths_in_the_docs_exist() {
         let dir = Path::new(&doc).parent().unwrap_or(Path::new("")).to_path_buf();
         for (n, line) in prose(&text) {
             for target in link_targets(line) {
-                if target.is_empty() || target.starts_with('#') || target.contains("://") || target.starts_with("mailto:") {
+                if target.is_empty()
+                    || target.starts_with('#')
+                    || target.contains("://")
+                    || target.starts_with("mailto:")
+                {
                     continue;
                 }
                 let file = target.split(['#', '?']).next().unwrap_or_default();
-                let resolved = if let Some(abs) = file.strip_prefix('/') { root().join(abs) } else { root().join(&dir).join(file) };
+                let resolved = if let Some(abs) = file.strip_prefix('/') {
+                    root().join(abs)
+                } else {
+                    root().join(&dir).join(file)
+                };
                 if !resolved.exists() {
                     broken.push(format!("{doc}:{n}: link `{target}` points at nothing"));
                 }
@@ -374,7 +392,10 @@ fn links_and_paths_in_the_docs_exist() {
 
 #[test]
 fn the_link_checker_sees_links_and_paths() {
-    assert_eq!(link_targets("see [a](docs/x.md#y) and ![d](img.svg \"t\") <img src=\"a.svg\">"), ["docs/x.md#y", "img.svg", "a.svg"]);
+    assert_eq!(
+        link_targets("see [a](docs/x.md#y) and ![d](img.svg \"t\") <img src=\"a.svg\">"),
+        ["docs/x.md#y", "img.svg", "a.svg"]
+    );
     assert!(link_targets("a rule `self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')`").is_empty(), "code is not a link");
     assert_eq!(repo_path("examples/jobs/fc-mnist.yaml"), Some("examples/jobs/fc-mnist.yaml".into()));
     assert_eq!(repo_path("crds/src/spec.rs:42"), Some("crds/src/spec.rs".into()));
@@ -382,6 +403,8 @@ fn the_link_checker_sees_links_and_paths() {
     assert_eq!(repo_path("runs/fc-mnist/summary.json"), None, "runs/ is not a folder of the repository");
     assert_eq!(repo_path("spec.model.vocabSize"), None);
     assert_eq!(repo_path("examples/jobs/<name>.yaml"), None);
-    assert!(ignored("models/smollm2-135m/config.json") && ignored("runs/x/summary.json") && !ignored("crds/src/spec.rs"));
+    assert!(
+        ignored("models/smollm2-135m/config.json") && ignored("runs/x/summary.json") && !ignored("crds/src/spec.rs")
+    );
     assert_eq!(prose("a\n```\n[x](nowhere)\n```\nb").len(), 2);
 }

@@ -10,8 +10,8 @@ use crds::{Phase, TrainingJob};
 use e2e::{install_crd, job, namespace, wait_for};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use operator::coordinator::ScriptedCoordinator;
 use operator::config::Config;
+use operator::coordinator::ScriptedCoordinator;
 use operator::metrics::Shared;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -55,7 +55,8 @@ async fn the_pool_is_what_the_nodes_advertise() {
         }
     }
 
-    let config = Config { namespace: Some(ns.clone()), pool: None, poll: Duration::from_millis(300), ..Config::default() };
+    let config =
+        Config { namespace: Some(ns.clone()), pool: None, poll: Duration::from_millis(300), ..Config::default() };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(operator::reconcile::run(
         client.clone(),
@@ -80,10 +81,8 @@ async fn the_pool_is_what_the_nodes_advertise() {
 
     assert_eq!(reason_of(&jobs, "first", Phase::Starting).await, "Admitted");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let engine = ok(
-        wait_for(WAIT, "engine 0", || async { pods.get_opt("first-engine-0").await.ok()? }).await,
-        "engine pod",
-    );
+    let engine =
+        ok(wait_for(WAIT, "engine 0", || async { pods.get_opt("first-engine-0").await.ok()? }).await, "engine pod");
     let limits = engine.spec.and_then(|s| s.containers[0].resources.clone()).and_then(|r| r.limits);
     assert_eq!(limits.map(|l| l["weightstream.dev/cs2"].0.clone()).as_deref(), Some("1"), "engines request a CS-2");
 

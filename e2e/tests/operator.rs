@@ -10,6 +10,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crds::CheckpointRef;
+use crds::contract::{MemoryxPhase, MemoryxStatus};
 use crds::{Phase, TrainingJob};
 use e2e::{RunningOperator, install_crd, job, namespace, set_pod_phase, wait_for};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -17,8 +19,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Service};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
 use kube::{Client, ResourceExt};
-use crds::CheckpointRef;
-use crds::contract::{MemoryxPhase, MemoryxStatus};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -94,7 +94,8 @@ async fn start_pods(pods: &Api<Pod>, job: &str, engines: usize) {
     let what = format!("{engines} engine pods and {engines} input workers of {job}");
     ok(
         wait_for(WAIT, &what, || async {
-            let all = pods_of(pods, job, "engine").await.len() == engines && pods_of(pods, job, "input").await.len() == engines;
+            let all = pods_of(pods, job, "engine").await.len() == engines
+                && pods_of(pods, job, "input").await.len() == engines;
             all.then_some(())
         })
         .await,
@@ -143,9 +144,16 @@ async fn the_server_rejects_each_invalid_spec_with_its_message() {
     )
     .await;
     reject("pixels", &|v| v["spec"]["model"]["layers"] = serde_json::json!([700, 32, 10]), "must start with 784").await;
-    reject("short", &|v| v["spec"]["model"]["layers"] = serde_json::json!([784]), "at least an input and an output").await;
-    reject("width", &|v| v["spec"]["model"]["layers"] = serde_json::json!([784, 0, 10]), "greater than or equal to 1").await;
-    reject("lr", &|v| v["spec"]["training"]["optimizer"]["learningRate"] = 0.0.into(), "learningRate must be a positive").await;
+    reject("short", &|v| v["spec"]["model"]["layers"] = serde_json::json!([784]), "at least an input and an output")
+        .await;
+    reject("width", &|v| v["spec"]["model"]["layers"] = serde_json::json!([784, 0, 10]), "greater than or equal to 1")
+        .await;
+    reject(
+        "lr",
+        &|v| v["spec"]["training"]["optimizer"]["learningRate"] = 0.0.into(),
+        "learningRate must be a positive",
+    )
+    .await;
     reject("momentum", &|v| v["spec"]["training"]["optimizer"]["momentum"] = 1.0.into(), "must lie in [0, 1)").await;
     reject("eps", &|v| v["spec"]["training"]["optimizer"]["epsilon"] = 0.0.into(), "epsilon must be a positive").await;
     reject(
@@ -280,7 +288,10 @@ async fn a_job_is_assembled_runs_survives_a_failed_engine_completes_and_is_clean
     op.coordinator.set(&format!("{ns}/fc"), running(5, None));
     let j = wait_phase(&jobs, "fc", Phase::Running).await;
     let s = j.status.clone().unwrap_or_default();
-    assert_eq!((s.progress.step, s.progress.total_steps, s.progress.loss, s.progress.samples_per_second), (Some(5), Some(100), Some(0.75), Some(1234.5)));
+    assert_eq!(
+        (s.progress.step, s.progress.total_steps, s.progress.loss, s.progress.samples_per_second),
+        (Some(5), Some(100), Some(0.75), Some(1234.5))
+    );
     assert_eq!(s.progress.simulated_step_seconds, Some(0.002));
     assert_eq!(s.observed_generation, j.metadata.generation);
     op.coordinator.set(&format!("{ns}/fc"), running(12, Some(10)));
@@ -348,16 +359,15 @@ async fn a_job_is_assembled_runs_survives_a_failed_engine_completes_and_is_clean
     assert!(reasons.iter().any(|r| r == "ReplacingFailedPods"), "{reasons:?}");
 
     // MemoryX finishes: Succeeded, the CS-2s are given back, the checkpoint volume stays.
-    op.coordinator.set(
-        &format!("{ns}/fc"),
-        MemoryxStatus { phase: MemoryxPhase::Succeeded, ..running(100, Some(100)) },
-    );
+    op.coordinator
+        .set(&format!("{ns}/fc"), MemoryxStatus { phase: MemoryxPhase::Succeeded, ..running(100, Some(100)) });
     let j = wait_phase(&jobs, "fc", Phase::Succeeded).await;
     let s = j.status.clone().unwrap_or_default();
     assert_eq!((s.allocated_cs2, s.progress.step), (None, Some(100)));
     assert!(s.completion_time.is_some() && s.start_time.is_some());
     ok(
-        wait_for(WAIT, "engines released", || async { pods_of(&pods, "fc", "engine").await.is_empty().then_some(()) }).await,
+        wait_for(WAIT, "engines released", || async { pods_of(&pods, "fc", "engine").await.is_empty().then_some(()) })
+            .await,
         "release",
     );
     // A job that succeeded keeps its MemoryX (on no CS-2), so its checkpoints can still be pulled.
@@ -426,7 +436,8 @@ async fn admission_is_all_or_nothing_and_in_priority_then_arrival_order() {
     wait_phase(&jobs, "urgent", Phase::Queued).await;
 
     let finish = |name: &str| {
-        op.coordinator.set(&format!("{ns}/{name}"), MemoryxStatus { phase: MemoryxPhase::Succeeded, ..running(100, Some(100)) })
+        op.coordinator
+            .set(&format!("{ns}/{name}"), MemoryxStatus { phase: MemoryxPhase::Succeeded, ..running(100, Some(100)) })
     };
     finish("a");
     wait_phase(&jobs, "a", Phase::Succeeded).await;
@@ -443,7 +454,8 @@ async fn admission_is_all_or_nothing_and_in_priority_then_arrival_order() {
 
     // Deleting a job that holds CS-2s removes its pods and frees them for the next.
     ok(
-        wait_for(WAIT, "c's engines", || async { (pods_of(&pods, "c", "engine").await.len() == 2).then_some(()) }).await,
+        wait_for(WAIT, "c's engines", || async { (pods_of(&pods, "c", "engine").await.len() == 2).then_some(()) })
+            .await,
         "engines of c",
     );
     create(&jobs, &job("d", 4)).await;
@@ -474,7 +486,11 @@ async fn a_job_that_cannot_fit_an_engine_fails_with_the_reason() {
     let failed = j.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Failed")).cloned();
     let failed = failed.unwrap_or_else(|| panic!("no Failed condition"));
     assert_eq!(failed.reason, "PlanRejected");
-    assert!(failed.message.contains("SRAM budget exceeded"), "the message should say what it lacks: {}", failed.message);
+    assert!(
+        failed.message.contains("SRAM budget exceeded"),
+        "the message should say what it lacks: {}",
+        failed.message
+    );
     assert_eq!(j.status.and_then(|s| s.allocated_cs2), None, "a job that cannot run holds no CS-2s");
     op.stop().await;
 }
@@ -518,10 +534,8 @@ async fn memoryx_is_assembled_as_a_statefulset_of_weight_servers() {
     create(&jobs, &j).await;
     wait_phase(&jobs, "ws", Phase::Starting).await;
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-    let sts = ok(
-        wait_for(WAIT, "MemoryX's StatefulSet", || async { sets.get_opt("ws-memoryx").await.ok()? }).await,
-        "sts",
-    );
+    let sts =
+        ok(wait_for(WAIT, "MemoryX's StatefulSet", || async { sets.get_opt("ws-memoryx").await.ok()? }).await, "sts");
     let spec = sts.spec.clone().unwrap_or_default();
     assert_eq!(spec.replicas, Some(3));
     let pod = spec.template.spec.clone().unwrap_or_default();
@@ -534,7 +548,8 @@ async fn memoryx_is_assembled_as_a_statefulset_of_weight_servers() {
     let ports: Vec<i32> = c.ports.iter().flatten().map(|p| p.container_port).collect();
     assert_eq!(ports, [7400, 8080]);
     let svc = ok(Api::<Service>::namespaced(client.clone(), &ns).get("ws-memoryx").await, "MemoryX's Service");
-    let names: Vec<String> = svc.spec.and_then(|s| s.ports).unwrap_or_default().into_iter().filter_map(|p| p.name).collect();
+    let names: Vec<String> =
+        svc.spec.and_then(|s| s.ports).unwrap_or_default().into_iter().filter_map(|p| p.name).collect();
     assert_eq!(names, ["weights", "http"]);
     // The template as the StatefulSet controller would stamp it for server 2 (its ordinal label added): the
     // namespace enforces Pod Security "restricted", so this shows every server's pod is admitted.
@@ -542,7 +557,11 @@ async fn memoryx_is_assembled_as_a_statefulset_of_weight_servers() {
     let mut labels = spec.template.metadata.and_then(|m| m.labels).unwrap_or_default();
     labels.insert("apps.kubernetes.io/pod-index".into(), "2".into());
     let server = Pod {
-        metadata: kube::api::ObjectMeta { name: Some("ws-memoryx-2".into()), labels: Some(labels), ..Default::default() },
+        metadata: kube::api::ObjectMeta {
+            name: Some("ws-memoryx-2".into()),
+            labels: Some(labels),
+            ..Default::default()
+        },
         spec: Some({
             let mut spec = pod.clone();
             // The controller would add the claim's volume, named after its template; an emptyDir stands in for it.
@@ -607,10 +626,16 @@ async fn suspend_checkpoints_and_frees_the_cs2s_resume_and_rescale_continue_from
     let old_root = ok(pods.get("s-swarmx-0-0").await, "root").uid();
     let old_engine = ok(pods.get("s-engine-0").await, "engine 0").uid();
     let config_hash = |sts: StatefulSet| {
-        sts.spec.and_then(|s| s.template.metadata).and_then(|m| m.annotations).map(|a| a["weightstream.dev/config-hash"].clone())
+        sts.spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations)
+            .map(|a| a["weightstream.dev/config-hash"].clone())
     };
     let old_config = config_hash(ok(sets.get("s-memoryx").await, "sts"));
-    ok(jobs.patch("s", &PatchParams::default(), &Patch::Merge(&serde_json::json!({"spec": {"cs2": 4}}))).await, "rescale");
+    ok(
+        jobs.patch("s", &PatchParams::default(), &Patch::Merge(&serde_json::json!({"spec": {"cs2": 4}}))).await,
+        "rescale",
+    );
     ok(
         wait_for(WAIT, "the job to hold 4 CS-2s", || async {
             (jobs.get("s").await.ok()?.status?.allocated_cs2 == Some(4)).then_some(())
@@ -656,7 +681,8 @@ async fn too_many_failures_fail_the_job_and_free_its_cs2s() {
     let old = ok(pods.get("flaky-engine-0").await, "engine").uid();
     ok(set_pod_phase(&pods, "flaky-engine-0", "Failed").await, "fail");
     ok(
-        wait_for(WAIT, "replacement", || async { (pods.get("flaky-engine-0").await.ok()?.uid() != old).then_some(()) }).await,
+        wait_for(WAIT, "replacement", || async { (pods.get("flaky-engine-0").await.ok()?.uid() != old).then_some(()) })
+            .await,
         "replace",
     );
     ok(set_pod_phase(&pods, "flaky-engine-0", "Running").await, "run");
@@ -788,7 +814,11 @@ async fn a_slow_memoryx_does_not_delay_another_jobs_admission() {
     let took = asked.elapsed();
     assert!(took < Duration::from_secs(10), "admission waited {took:?} for another job's MemoryX");
     assert_eq!(admitted.status.and_then(|s| s.phase), Some(Phase::Starting));
-    let held: u32 = ok(jobs.list(&ListParams::default()).await, "jobs").items.iter().filter_map(|j| j.status.as_ref()?.allocated_cs2).sum();
+    let held: u32 = ok(jobs.list(&ListParams::default()).await, "jobs")
+        .items
+        .iter()
+        .filter_map(|j| j.status.as_ref()?.allocated_cs2)
+        .sum();
     assert_eq!(held, 4, "both jobs hold their CS-2s and the pool is not exceeded");
     op.stop().await;
 }
@@ -868,7 +898,10 @@ async fn refused_pods_are_reported_in_the_status_and_an_event() {
     .await;
     let c = match c {
         Ok(c) => c,
-        Err(e) => panic!("{e}; status now: {:#?}", jobs.get("blocked").await.ok().and_then(|j| j.status.map(|s| s.conditions))),
+        Err(e) => panic!(
+            "{e}; status now: {:#?}",
+            jobs.get("blocked").await.ok().and_then(|j| j.status.map(|s| s.conditions))
+        ),
     };
     assert_eq!(c.status, "False");
     assert!(c.message.contains("no pods may run here"), "{}", c.message);
@@ -876,7 +909,10 @@ async fn refused_pods_are_reported_in_the_status_and_an_event() {
     ok(
         wait_for(WAIT, "a PodsForbidden event", || async {
             let list = events.list(&ListParams::default()).await.ok()?;
-            list.items.iter().any(|e| e.reason.as_deref() == Some("PodsForbidden") && e.type_.as_deref() == Some("Warning")).then_some(())
+            list.items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("PodsForbidden") && e.type_.as_deref() == Some("Warning"))
+                .then_some(())
         })
         .await,
         "the refusal as an event",

@@ -141,10 +141,8 @@ fn buckets(metrics: &str) -> Vec<(f64, u64)> {
 /// The `q` quantile of the passes between two snapshots of the histogram, interpolated linearly inside its
 /// bucket (the buckets double from 1 ms, so this is an estimate within that bucket), and how many passes.
 fn quantile(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> (String, u64) {
-    let delta: Vec<(f64, u64)> = after
-        .iter()
-        .map(|&(le, n)| (le, n - before.iter().find(|b| b.0 == le).map_or(0, |b| b.1)))
-        .collect();
+    let delta: Vec<(f64, u64)> =
+        after.iter().map(|&(le, n)| (le, n - before.iter().find(|b| b.0 == le).map_or(0, |b| b.1))).collect();
     let total = delta.last().map_or(0, |d| d.1);
     if total == 0 {
         return ("n/a".into(), 0);
@@ -178,7 +176,8 @@ fn peak_rss_mib() -> f64 {
 
 /// The report: stderr (not captured by the test harness, so it stays in the test output) and a file.
 fn report(lines: &[String]) {
-    let text = format!("\n==== scale report (issue 16) ====\n{}\n=================================\n", lines.join("\n"));
+    let text =
+        format!("\n==== scale report (issue 16) ====\n{}\n=================================\n", lines.join("\n"));
     let _ = std::io::stderr().write_all(text.as_bytes());
     let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("scale-report.txt");
     let _ = std::fs::write(path, text);
@@ -218,7 +217,10 @@ fn is_kwok(n: &Node) -> bool {
 }
 
 fn ready(n: &Node) -> bool {
-    n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Removes what an earlier, interrupted run may have left: its fake nodes and volumes.
@@ -283,7 +285,10 @@ impl Fixture {
             })),
             "storage class",
         );
-        ok(classes.patch(STORAGE_CLASS, &PatchParams::apply("ws-scale").force(), &Patch::Apply(&class)).await, "storage class");
+        ok(
+            classes.patch(STORAGE_CLASS, &PatchParams::apply("ws-scale").force(), &Patch::Apply(&class)).await,
+            "storage class",
+        );
         let pvs: Api<PersistentVolume> = Api::all(client.clone());
         for i in 0..VOLUMES {
             let pv: PersistentVolume = ok(
@@ -393,7 +398,8 @@ fn pods_at(cs2: u32) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_192_cs2_job_assembles_rescales_to_96_and_three_large_jobs_queue() {
-    let kc = ok(ok(tokio::task::spawn_blocking(cluster::kubeconfig).await, "up.sh task"), "no cluster for the scale tests");
+    let kc =
+        ok(ok(tokio::task::spawn_blocking(cluster::kubeconfig).await, "up.sh task"), "no cluster for the scale tests");
     let client = ok(e2e::client_for(&kc).await, "client");
     ok(install_crd(&client).await, "install the CRD");
     let fixture = Fixture::set_up(&client).await;
@@ -414,24 +420,38 @@ async fn scenario(client: Client, kc: std::path::PathBuf) {
     for i in 0..NODES {
         ok(nodes.create(&PostParams::default(), &kwok_node(i)).await, "create a fake node");
     }
-    until(Duration::from_secs(120), Duration::from_millis(500), "kwok to make the fake nodes Ready (is kwok running? e2e/cluster/up.sh starts it)", || async {
-        let list = nodes.list(&ListParams::default()).await.ok()?;
-        let fakes = list.items.iter().filter(|n| is_kwok(n) && ready(n)).count();
-        (fakes == NODES as usize).then_some(())
-    })
+    until(
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        "kwok to make the fake nodes Ready (is kwok running? e2e/cluster/up.sh starts it)",
+        || async {
+            let list = nodes.list(&ListParams::default()).await.ok()?;
+            let fakes = list.items.iter().filter(|n| is_kwok(n) && ready(n)).count();
+            (fakes == NODES as usize).then_some(())
+        },
+    )
     .await;
     let pool: u64 = ok(nodes.list(&ListParams::default()).await, "nodes")
         .items
         .iter()
         .filter_map(|n| n.status.as_ref()?.allocatable.as_ref()?.get("weightstream.dev/cs2")?.0.parse::<u64>().ok())
         .sum();
-    out.push(format!("fake nodes: {NODES} × {CS2_PER_NODE} CS-2 Ready in {:.1} s; pool (all nodes) {pool} CS-2", started.elapsed().as_secs_f64()));
+    out.push(format!(
+        "fake nodes: {NODES} × {CS2_PER_NODE} CS-2 Ready in {:.1} s; pool (all nodes) {pool} CS-2",
+        started.elapsed().as_secs_f64()
+    ));
     assert!(pool >= u64::from(NODES * CS2_PER_NODE), "the pool is {pool}");
 
     let ns = ok(e2e::namespace(&client, "scale").await, "namespace");
     let calls = Arc::new(Calls::default());
     let op_client = counted_client(&kc, calls.clone()).await;
-    let config = Config { namespace: Some(ns.clone()), pool: None, fan_out: FAN_OUT, poll: Duration::from_secs(1), ..Config::default() };
+    let config = Config {
+        namespace: Some(ns.clone()),
+        pool: None,
+        fan_out: FAN_OUT,
+        poll: Duration::from_secs(1),
+        ..Config::default()
+    };
     let op = RunningOperator::start_with(&op_client, config);
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -487,7 +507,9 @@ async fn scenario(client: Client, kc: std::path::PathBuf) {
     let servers: Vec<String> = list
         .iter()
         .filter(|p| p.labels().get("weightstream.dev/role").map(String::as_str) == Some("memoryx"))
-        .map(|p| format!("{}#{}", p.name_any(), p.labels().get("apps.kubernetes.io/pod-index").cloned().unwrap_or_default()))
+        .map(|p| {
+            format!("{}#{}", p.name_any(), p.labels().get("apps.kubernetes.io/pod-index").cloned().unwrap_or_default())
+        })
         .collect();
     assert_eq!(servers.len(), SERVERS as usize, "{servers:?}");
 
@@ -523,14 +545,20 @@ async fn scenario(client: Client, kc: std::path::PathBuf) {
         job_running.as_secs_f64()
     ));
     out.push(format!("  assembling (apply → Running): {}", per(&m0, &m1, c0, c1)));
-    out.push(format!("  steady state (10 s Running, a step a second): {}", per(&steady0.0, &steady1.0, steady0.1, steady1.1)));
+    out.push(format!(
+        "  steady state (10 s Running, a step a second): {}",
+        per(&steady0.0, &steady1.0, steady0.1, steady1.1)
+    ));
     out.push(format!(
         "  peak RSS of the test process (operator in-process, VmHWM): {peak:.0} MiB (VmHWM {rss_before:.0} MiB just before apply)"
     ));
-    out.push(format!("  engines per fake host: {:?}", per_node.values().fold(BTreeMap::<u32, u32>::new(), |mut m, n| {
-        *m.entry(*n).or_default() += 1;
-        m
-    })));
+    out.push(format!(
+        "  engines per fake host: {:?}",
+        per_node.values().fold(BTreeMap::<u32, u32>::new(), |mut m, n| {
+            *m.entry(*n).or_default() += 1;
+            m
+        })
+    ));
 
     report(&out);
 
@@ -548,15 +576,22 @@ async fn scenario(client: Client, kc: std::path::PathBuf) {
     // The operator's pods at 96, replaced (every one reads the new job.yaml) and Running; MemoryX's StatefulSet
     // rolls its servers meanwhile, one at a time.
     let want_half = pods_at(HALF) - SERVERS as usize;
-    until(WAIT, Duration::from_secs(1), &format!("{want_half} SwarmX, engine and input pods at 96, all Running"), || async {
-        let (n, r) = pod_counts(&pods, "big", false).await;
-        (n == want_half && r == want_half).then_some(())
-    })
+    until(
+        WAIT,
+        Duration::from_secs(1),
+        &format!("{want_half} SwarmX, engine and input pods at 96, all Running"),
+        || async {
+            let (n, r) = pod_counts(&pods, "big", false).await;
+            (n == want_half && r == want_half).then_some(())
+        },
+    )
     .await;
     let reassembled = t1.elapsed();
     op.coordinator.set(&key("big"), running(16, Some(15)));
     let s = until(WAIT, Duration::from_millis(500), "the job Running at 96", || async {
-        status_of(&jobs, "big").await.filter(|s| s.phase == Some(Phase::Running) && s.plan.as_ref().is_some_and(|p| p.cs2 == HALF))
+        status_of(&jobs, "big")
+            .await
+            .filter(|s| s.phase == Some(Phase::Running) && s.plan.as_ref().is_some_and(|p| p.cs2 == HALF))
     })
     .await;
     let (m3, c3) = (op.shared.metrics.encode(), calls.snapshot());
@@ -580,10 +615,13 @@ async fn scenario(client: Client, kc: std::path::PathBuf) {
     let mut seen = Vec::new();
     for (name, position) in [("q1", 1), ("q2", 2), ("q3", 3)] {
         let s = until(WAIT, Duration::from_millis(500), &format!("{name} queued at position {position}"), || async {
-            status_of(&jobs, name).await.filter(|s| s.phase == Some(Phase::Queued) && s.queue_position == Some(position))
+            status_of(&jobs, name)
+                .await
+                .filter(|s| s.phase == Some(Phase::Queued) && s.queue_position == Some(position))
         })
         .await;
-        let admitted = s.conditions.iter().find(|c| c.type_ == "Admitted").map(|c| c.reason.clone()).unwrap_or_default();
+        let admitted =
+            s.conditions.iter().find(|c| c.type_ == "Admitted").map(|c| c.reason.clone()).unwrap_or_default();
         assert_eq!(s.allocated_cs2, None);
         seen.push(format!("{name}: Queued #{position} ({admitted})"));
     }
@@ -596,7 +634,9 @@ async fn scenario(client: Client, kc: std::path::PathBuf) {
     let admitted = t2.elapsed();
     for (name, position) in [("q2", 1), ("q3", 2)] {
         until(WAIT, Duration::from_millis(500), &format!("{name} to move up to {position}"), || async {
-            status_of(&jobs, name).await.filter(|s| s.phase == Some(Phase::Queued) && s.queue_position == Some(position))
+            status_of(&jobs, name)
+                .await
+                .filter(|s| s.phase == Some(Phase::Queued) && s.queue_position == Some(position))
         })
         .await;
     }

@@ -15,8 +15,8 @@ use e2e::{RunningOperator, install_crd, job, namespace, wait_for};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
 use kube::{Client, CustomResourceExt, ResourceExt};
@@ -149,7 +149,10 @@ async fn one_undecodable_job_does_not_stop_the_others() {
     // Deleting it is not held up by the operator.
     ok(raw.delete("broken", &DeleteParams::default()).await, "delete the broken job");
     ok(
-        wait_for(WAIT, "the broken job to be gone", || async { raw.get_opt("broken").await.ok()?.is_none().then_some(()) }).await,
+        wait_for(WAIT, "the broken job to be gone", || async {
+            raw.get_opt("broken").await.ok()?.is_none().then_some(())
+        })
+        .await,
         "gone",
     );
     assert!(jobs.list(&ListParams::default()).await.is_ok(), "the namespace lists again");
@@ -221,10 +224,8 @@ async fn a_refused_memoryx_pod_shows_in_the_jobs_ready_condition() {
     ok(jobs.create(&PostParams::default(), &job("mx", 2)).await, "create the job");
     wait_phase(&jobs, "mx", Phase::Starting).await;
     let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-    let memoryx = ok(
-        wait_for(WAIT, "MemoryX's StatefulSet", || async { sts.get("mx-memoryx").await.ok() }).await,
-        "StatefulSet",
-    );
+    let memoryx =
+        ok(wait_for(WAIT, "MemoryX's StatefulSet", || async { sts.get("mx-memoryx").await.ok() }).await, "StatefulSet");
     let words = "pods \"mx-memoryx-0\" is forbidden: violates PodSecurity \"restricted:latest\": seccompProfile";
     let event = Event {
         metadata: ObjectMeta { name: Some("mx-memoryx.failed".into()), ..Default::default() },
@@ -242,7 +243,10 @@ async fn a_refused_memoryx_pod_shows_in_the_jobs_ready_condition() {
         last_timestamp: Some(Time(k8s_openapi::jiff::Timestamp::now())),
         first_timestamp: Some(Time(k8s_openapi::jiff::Timestamp::now())),
         count: Some(1),
-        source: Some(k8s_openapi::api::core::v1::EventSource { component: Some("statefulset-controller".into()), ..Default::default() }),
+        source: Some(k8s_openapi::api::core::v1::EventSource {
+            component: Some("statefulset-controller".into()),
+            ..Default::default()
+        }),
         ..Default::default()
     };
     let events: Api<Event> = Api::namespaced(client.clone(), &ns);

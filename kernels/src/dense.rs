@@ -147,7 +147,11 @@ mod tests {
     use crate::tensor::Mat;
 
     fn mat(rows: usize, cols: usize, seed: usize) -> Mat {
-        Mat::from_vec(rows, cols, (0..rows * cols).map(|i| (((i + seed) * 7919 % 1013) as f32 - 506.0) * 1e-3).collect())
+        Mat::from_vec(
+            rows,
+            cols,
+            (0..rows * cols).map(|i| (((i + seed) * 7919 % 1013) as f32 - 506.0) * 1e-3).collect(),
+        )
     }
 
     fn close(got: &[f32], want: &[f32]) {

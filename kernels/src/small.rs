@@ -77,7 +77,10 @@ impl Dims {
         let a_need = if self.m == 0 || self.k == 0 {
             Some(0)
         } else {
-            (self.m - 1).checked_mul(self.a_row).zip((self.k - 1).checked_mul(self.a_col)).and_then(|(r, k)| r.checked_add(k)?.checked_add(1))
+            (self.m - 1)
+                .checked_mul(self.a_row)
+                .zip((self.k - 1).checked_mul(self.a_col))
+                .and_then(|(r, k)| r.checked_add(k)?.checked_add(1))
         };
         assert!(self.ldb >= self.n && self.ldc >= self.n, "matmul_banded: leading dimensions");
         assert!(a_need.is_some_and(|need| a.len() >= need), "matmul_banded: A is short");
@@ -211,7 +214,10 @@ fn pack_panel<const H: usize>(panel: &mut [f32], a: &[f32], d: Dims, i0: usize) 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 unsafe fn transpose8(dst: *mut f32, ldd: usize, src: *const f32, lds: usize) {
-    use std::arch::x86_64::{_mm256_loadu_ps, _mm256_permute2f128_ps, _mm256_shuffle_ps, _mm256_storeu_ps, _mm256_unpackhi_ps, _mm256_unpacklo_ps};
+    use std::arch::x86_64::{
+        _mm256_loadu_ps, _mm256_permute2f128_ps, _mm256_shuffle_ps, _mm256_storeu_ps, _mm256_unpackhi_ps,
+        _mm256_unpacklo_ps,
+    };
     // SAFETY: the caller's contract.
     let r: [_; 8] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.add(i * lds)) });
     let (t0, t1) = (_mm256_unpacklo_ps(r[0], r[1]), _mm256_unpackhi_ps(r[0], r[1]));
@@ -270,7 +276,14 @@ fn tile_ready<const H: usize>(
 /// The loop reads without bounds checks: with them, the checks and their spilled limits outnumber the
 /// eight multiply-adds of an iteration several times over.
 #[inline(always)]
-fn tile<const H: usize>(c: &mut [f32], panel: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), (k0, k1): (usize, usize)) {
+fn tile<const H: usize>(
+    c: &mut [f32],
+    panel: &[f32],
+    b: &[f32],
+    d: Dims,
+    (i0, j0): (usize, usize),
+    (k0, k1): (usize, usize),
+) {
     if !tile_ready::<H>(c, panel, b, d, (i0, j0, NR), (k0, k1)) {
         return;
     }
@@ -297,7 +310,14 @@ fn tile<const H: usize>(c: &mut [f32], panel: &[f32], b: &[f32], d: Dims, (i0, j
 /// sixteen independent sums, twice what the multiply-adds' latency needs to keep both units busy.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn tile_avx512<const V: usize>(c: &mut [f32], panel: &[f32], b: &[f32], d: Dims, (i0, j0): (usize, usize), ks: (usize, usize)) {
+fn tile_avx512<const V: usize>(
+    c: &mut [f32],
+    panel: &[f32],
+    b: &[f32],
+    d: Dims,
+    (i0, j0): (usize, usize),
+    ks: (usize, usize),
+) {
     use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps};
     const H: usize = MR_WIDE;
     const { assert!(V == 1 || V == 2, "one or two registers of sums a row") };
@@ -372,7 +392,9 @@ pub fn transpose_into(dst: &mut [f32], ldd: usize, src: &[f32], lds: usize, rows
     }
     assert!(cols <= lds && rows <= ldd, "transpose_into: leading dimensions");
     // Arithmetic that cannot wrap: the 8 × 8 blocks below read and write unchecked on the strength of these.
-    let fits = |len: usize, lines: usize, ld: usize, width: usize| (lines - 1).checked_mul(ld).and_then(|x| x.checked_add(width)).is_some_and(|need| need <= len);
+    let fits = |len: usize, lines: usize, ld: usize, width: usize| {
+        (lines - 1).checked_mul(ld).and_then(|x| x.checked_add(width)).is_some_and(|need| need <= len)
+    };
     assert!(fits(src.len(), rows, lds, cols) && fits(dst.len(), cols, ldd, rows), "transpose_into: out of bounds");
     // Whole 8 × 8 blocks through AVX where the CPU has it; the rest (everything elsewhere) value by value.
     #[cfg(target_arch = "x86_64")]
@@ -387,7 +409,9 @@ pub fn transpose_into(dst: &mut [f32], ldd: usize, src: &[f32], lds: usize, rows
                         // SAFETY: AVX was detected; rows r0..r0+8 of `src` hold columns c0..c0+8 and rows
                         // c0..c0+8 of `dst` hold columns r0..r0+8 (inside the bounds asserted above); the
                         // slices are distinct.
-                        unsafe { transpose8(dst.as_mut_ptr().add(c0 * ldd + r0), ldd, src.as_ptr().add(r0 * lds + c0), lds) };
+                        unsafe {
+                            transpose8(dst.as_mut_ptr().add(c0 * ldd + r0), ldd, src.as_ptr().add(r0 * lds + c0), lds)
+                        };
                     }
                 }
             }
@@ -462,9 +486,15 @@ mod tests {
                             continue;
                         }
                         let (got, want) = (c[i * n + j], r[i * n + j]);
-                        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{band:?} {m}x{n}x{k} [{i},{j}]: {got} vs {want}");
+                        assert!(
+                            (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                            "{band:?} {m}x{n}x{k} [{i},{j}]: {got} vs {want}"
+                        );
                         let got = narrow[i * n + j];
-                        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "4-row {band:?} {m}x{n}x{k} [{i},{j}]: {got} vs {want}");
+                        assert!(
+                            (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                            "4-row {band:?} {m}x{n}x{k} [{i},{j}]: {got} vs {want}"
+                        );
                         assert!((want - full[i * n + j]).abs() <= 1e-4 * (1.0 + want.abs()), "band skipped a non-zero");
                     }
                 }

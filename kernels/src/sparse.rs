@@ -18,7 +18,7 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 use crate::tensor::{Disjoint, Mat};
-use crate::tiles::{self, Acts, ActsRef, Lane, Layout, Tiles, TILE};
+use crate::tiles::{self, Acts, ActsRef, Lane, Layout, TILE, Tiles};
 
 /// Above this density a mask is multiplied as a dense matrix: one AXPY per non-zero cannot beat a tuned GEMM
 /// when most weights exist, so the sparse path is never much slower than the dense one.
@@ -111,7 +111,9 @@ impl SparsePattern {
         if let Some(&bad) = idx.iter().find(|&&i| i as usize >= inner) {
             return Err(format!("index {bad} is outside 0..{inner}"));
         }
-        if let Some(s) = (0..outer).find(|&s| idx[ptr[s] as usize..ptr[s + 1] as usize].windows(2).any(|w| w[0] >= w[1])) {
+        if let Some(s) =
+            (0..outer).find(|&s| idx[ptr[s] as usize..ptr[s + 1] as usize].windows(2).any(|w| w[0] >= w[1]))
+        {
             return Err(format!("the indices of line {} do not strictly increase", order[s]));
         }
         Ok(Self::finish(outer, inner, order, ptr, idx))
@@ -248,7 +250,10 @@ thread_local! {
 /// they hold it, and a rayon worker waiting at a join may start another job meanwhile (another engine's pass, on
 /// [`super::on_workers`]): that call finds the buffer taken and works in a new one, where a `RefCell` borrow held
 /// across the fork would panic.
-fn with_buffer<R>(key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<f32>>>, f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
+fn with_buffer<R>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<f32>>>,
+    f: impl FnOnce(&mut Vec<f32>) -> R,
+) -> R {
     let mut buffer = key.take();
     let result = f(&mut buffer);
     key.set(buffer);
@@ -331,7 +336,13 @@ fn lanes_of<'s>(src: ActsRef<'s>, scratch: &'s mut Vec<f32>) -> &'s [Lane] {
 /// activation in `layout`.
 fn gather_tiles(p: &SparsePattern, values: &[f32], tiles: &[Lane], tokens: usize, layout: Layout) -> Acts {
     // The writes below trust this shape: every tile holds a lane per source row.
-    assert_eq!(tiles.len(), Tiles::count(tokens) * p.inner, "gather: {} lanes for {tokens} tokens of {} rows", tiles.len(), p.inner);
+    assert_eq!(
+        tiles.len(),
+        Tiles::count(tokens) * p.inner,
+        "gather: {} lanes for {tokens} tokens of {} rows",
+        tiles.len(),
+        p.inner
+    );
     let run = |out: Out| {
         for_each_part(&p.schedule, p.nnz() * tokens, |part| {
             // SAFETY: `out` holds every line of the pattern (`written_by_parts`), each part writes only its own,
@@ -386,7 +397,13 @@ pub fn backward(p: &SparsePattern, values: &[f32], x: &Mat, dy: &Mat) -> (Vec<f3
 
 /// [`backward`] over operands in either layout (each read as it is when in tiles), `dx` in `layout` (see
 /// [`gather_as`]).
-pub fn backward_as(p: &SparsePattern, values: &[f32], x: ActsRef<'_>, dy: ActsRef<'_>, layout: Layout) -> (Vec<f32>, Acts) {
+pub fn backward_as(
+    p: &SparsePattern,
+    values: &[f32],
+    x: ActsRef<'_>,
+    dy: ActsRef<'_>,
+    layout: Layout,
+) -> (Vec<f32>, Acts) {
     assert_eq!(values.len(), p.nnz(), "backward: {} values for {} non-zeros", values.len(), p.nnz());
     assert_eq!(dy.rows(), p.inner, "backward: dy has {} rows, pattern needs {}", dy.rows(), p.inner);
     assert_eq!(x.rows(), p.outer, "backward: x has {} rows, pattern has {} lines", x.rows(), p.outer);
@@ -438,7 +455,9 @@ impl Schedule {
     /// equal work.
     fn new(p: &SparsePattern, parts: usize) -> Self {
         let (block, group) = (block_rows(p), group_lines(p));
-        Schedule { parts: (0..parts).map(|w| Part::new(p, (w..p.outer).step_by(parts).collect(), block, group)).collect() }
+        Schedule {
+            parts: (0..parts).map(|w| Part::new(p, (w..p.outer).step_by(parts).collect(), block, group)).collect(),
+        }
     }
 }
 
@@ -549,7 +568,14 @@ unsafe fn gather_part(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, 
 /// # Safety
 /// As [`gather_part`].
 #[inline(always)]
-unsafe fn gather_part_with<const FMA: bool>(part: &Part, values: &[f32], tiles: &[Lane], rows: usize, tokens: usize, out: Out) {
+unsafe fn gather_part_with<const FMA: bool>(
+    part: &Part,
+    values: &[f32],
+    tiles: &[Lane],
+    rows: usize,
+    tokens: usize,
+    out: Out,
+) {
     // The part's values in visiting order, gathered once for all tiles.
     let vals: Vec<f32> = part.at.iter().map(|&k| values[k as usize]).collect();
     // Each tile's sums are built in one compact scratch, reused from tile to tile, and then copied out, in rows or
@@ -604,9 +630,22 @@ unsafe fn copy_out(acc: &[Lane], lines: &[u32], t: usize, tokens: usize, out: Ou
 /// activation in `layout`, and the weight gradient into `dw` (one value per non-zero, length checked here).
 /// Each non-zero reads its lane of `dY` once for both products, where the gather and the SDDMM in turn read it
 /// twice; the sums are built in the same order as theirs, so the bits are the same.
-fn backward_tiles(p: &SparsePattern, values: &[f32], x_tiles: &[Lane], dy_tiles: &[Lane], tokens: usize, layout: Layout, dw: &mut [f32]) -> Acts {
+fn backward_tiles(
+    p: &SparsePattern,
+    values: &[f32],
+    x_tiles: &[Lane],
+    dy_tiles: &[Lane],
+    tokens: usize,
+    layout: Layout,
+    dw: &mut [f32],
+) -> Acts {
     let tiles = Tiles::count(tokens);
-    assert!(x_tiles.len() == tiles * p.outer && dy_tiles.len() == tiles * p.inner, "backward: operands are not {tiles} tiles of {}/{} rows", p.outer, p.inner);
+    assert!(
+        x_tiles.len() == tiles * p.outer && dy_tiles.len() == tiles * p.inner,
+        "backward: operands are not {tiles} tiles of {}/{} rows",
+        p.outer,
+        p.inner
+    );
     assert_eq!(dw.len(), p.nnz(), "backward: {} weight gradients for {} non-zeros", dw.len(), p.nnz());
     let dst = Disjoint(dw.as_mut_ptr());
     let run = |out: Out| {
@@ -628,7 +667,15 @@ fn backward_tiles(p: &SparsePattern, values: &[f32], x_tiles: &[Lane], dy_tiles:
 /// As [`gather_part`] for `out`, and as [`sddmm_part`] for `dw`; `x` and `dy` hold exactly
 /// `Tiles::count(tokens)` tiles each (of `x.1` and `dy.1` lanes), or some lines' lanes would go unwritten.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
-unsafe fn backward_part(part: &Part, values: &[f32], x: (&[Lane], usize), dy: (&[Lane], usize), tokens: usize, out: Out, dw: Disjoint<f32>) {
+unsafe fn backward_part(
+    part: &Part,
+    values: &[f32],
+    x: (&[Lane], usize),
+    dy: (&[Lane], usize),
+    tokens: usize,
+    out: Out,
+    dw: Disjoint<f32>,
+) {
     // Fused multiply-adds where the compiled version has them, as in `gather_part`.
     if multiversion::target::target_cfg_f!(target_feature = "fma") {
         unsafe { backward_part_with::<true>(part, values, x, dy, tokens, out, dw) }
@@ -642,7 +689,15 @@ unsafe fn backward_part(part: &Part, values: &[f32], x: (&[Lane], usize), dy: (&
 /// # Safety
 /// As [`backward_part`].
 #[inline(always)]
-unsafe fn backward_part_with<const FMA: bool>(part: &Part, values: &[f32], (x_tiles, x_rows): (&[Lane], usize), (dy_tiles, dy_rows): (&[Lane], usize), tokens: usize, out: Out, dw: Disjoint<f32>) {
+unsafe fn backward_part_with<const FMA: bool>(
+    part: &Part,
+    values: &[f32],
+    (x_tiles, x_rows): (&[Lane], usize),
+    (dy_tiles, dy_rows): (&[Lane], usize),
+    tokens: usize,
+    out: Out,
+    dw: Disjoint<f32>,
+) {
     let vals: Vec<f32> = part.at.iter().map(|&k| values[k as usize]).collect();
     let n = part.idx.len();
     // The runs end where the next begins and the last at the end of `idx` (see `Part::new`): every partial sum
@@ -678,7 +733,14 @@ unsafe fn backward_part_with<const FMA: bool>(part: &Part, values: &[f32], (x_ti
 /// `sums` points at room for a partial sum per non-zero of the part, initialised unless `FIRST`, which nothing
 /// else touches meanwhile.
 #[inline(always)]
-unsafe fn backward_tile<const FMA: bool, const FIRST: bool>(part: &Part, vals: &[f32], tx: &[Lane], tdy: &[Lane], acc: &mut [Lane], sums: *mut Partial) {
+unsafe fn backward_tile<const FMA: bool, const FIRST: bool>(
+    part: &Part,
+    vals: &[f32],
+    tx: &[Lane],
+    tdy: &[Lane],
+    acc: &mut [Lane],
+    sums: *mut Partial,
+) {
     let mut k = 0;
     for (j, end, next) in part.runs_ahead() {
         if let Some(next) = next {
@@ -715,7 +777,9 @@ fn prefetch_lane(lane: *const Lane) {
         // SAFETY: a prefetch reads nothing the program can observe and cannot fault, even at an address outside
         // any allocation; `wrapping_add` computes the address without claiming it is in bounds.
         unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((lane as *const i8).wrapping_add(64 * line))
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                (lane as *const i8).wrapping_add(64 * line),
+            )
         };
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -780,7 +844,12 @@ pub fn sddmm_as(p: &SparsePattern, a: ActsRef<'_>, b: ActsRef<'_>, out: &mut [f3
 /// `out`, one value per non-zero (length checked by the caller).
 fn sddmm_tiles(p: &SparsePattern, a_tiles: &[Lane], b_tiles: &[Lane], tokens: usize, out: &mut [f32]) {
     let tiles = Tiles::count(tokens);
-    assert!(a_tiles.len() == tiles * p.outer && b_tiles.len() == tiles * p.inner, "sddmm: operands are not {tiles} tiles of {}/{} rows", p.outer, p.inner);
+    assert!(
+        a_tiles.len() == tiles * p.outer && b_tiles.len() == tiles * p.inner,
+        "sddmm: operands are not {tiles} tiles of {}/{} rows",
+        p.outer,
+        p.inner
+    );
     let dst = Disjoint(out.as_mut_ptr());
     let run = |part: &Part| {
         // SAFETY: each part writes only `out[at]` for its own non-zeros; the parts deal the lines, so
@@ -799,7 +868,14 @@ fn sddmm_tiles(p: &SparsePattern, a_tiles: &[Lane], b_tiles: &[Lane], tokens: us
 /// reads or writes while this runs except other parts writing their own positions; the tiles hold `a_rows` and
 /// `b_rows` lanes each.
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
-unsafe fn sddmm_part(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint<f32>) {
+unsafe fn sddmm_part(
+    part: &Part,
+    a_tiles: &[Lane],
+    b_tiles: &[Lane],
+    a_rows: usize,
+    b_rows: usize,
+    out: Disjoint<f32>,
+) {
     // Fused multiply-adds where the compiled version has them, as in `gather_part`.
     if multiversion::target::target_cfg_f!(target_feature = "fma") {
         unsafe { sddmm_part_with::<true>(part, a_tiles, b_tiles, a_rows, b_rows, out) }
@@ -813,7 +889,14 @@ unsafe fn sddmm_part(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: us
 /// # Safety
 /// As [`sddmm_part`]: `out` is the output's buffer and the part's non-zeros are its own.
 #[inline(always)]
-unsafe fn sddmm_part_with<const FMA: bool>(part: &Part, a_tiles: &[Lane], b_tiles: &[Lane], a_rows: usize, b_rows: usize, out: Disjoint<f32>) {
+unsafe fn sddmm_part_with<const FMA: bool>(
+    part: &Part,
+    a_tiles: &[Lane],
+    b_tiles: &[Lane],
+    a_rows: usize,
+    b_rows: usize,
+    out: Disjoint<f32>,
+) {
     // One register-wide partial sum per non-zero, folded to a number once at the end: folding each tile's
     // product to a scalar cost more shuffles than the product had multiplies.
     let n = part.idx.len();
@@ -934,9 +1017,15 @@ mod tests {
     fn kernels_match_the_dense_reference() {
         // Token counts around the tile size exercise both the full-tile and the remainder paths; the large
         // case runs on several workers.
-        for &(rows, cols, tokens, density) in
-            &[(17, 23, 5, 0.3), (64, 48, 64, 0.5), (130, 70, 150, 0.1), (300, 500, 200, 0.2), (8, 9, 3, 0.0), (90, 80, 70, 0.95), (33, 41, 20, 1.0)]
-        {
+        for &(rows, cols, tokens, density) in &[
+            (17, 23, 5, 0.3),
+            (64, 48, 64, 0.5),
+            (130, 70, 150, 0.1),
+            (300, 500, 200, 0.2),
+            (8, 9, 3, 0.0),
+            (90, 80, 70, 0.95),
+            (33, 41, 20, 1.0),
+        ] {
             let p = SparsePattern::random(rows, cols, density, 3);
             let mut rng = ChaCha8Rng::seed_from_u64(5);
             let values: Vec<f32> = (0..p.nnz()).map(|_| rng.random_range(-1.0..1.0)).collect();
@@ -978,7 +1067,14 @@ mod tests {
     /// move. A mask dense enough for the dense path gives rows whatever is asked.
     #[test]
     fn kernels_give_the_same_bits_in_either_layout() {
-        for &(rows, cols, tokens, density) in &[(40, 30, 128, 0.1), (130, 70, 150, 0.1), (300, 500, 200, 0.2), (20, 10, 7, 0.9), (30, 20, 0, 0.1), (30, 0, 50, 0.1)] {
+        for &(rows, cols, tokens, density) in &[
+            (40, 30, 128, 0.1),
+            (130, 70, 150, 0.1),
+            (300, 500, 200, 0.2),
+            (20, 10, 7, 0.9),
+            (30, 20, 0, 0.1),
+            (30, 0, 50, 0.1),
+        ] {
             let p = SparsePattern::random(rows, cols, density, 3);
             let mut rng = ChaCha8Rng::seed_from_u64(5);
             let values: Vec<f32> = (0..p.nnz()).map(|_| rng.random_range(-1.0..1.0)).collect();
@@ -986,17 +1082,29 @@ mod tests {
             let (xt, dyt) = (Tiles::from_rows(&x), Tiles::from_rows(&dy));
             let y = gather(&p, &values, &x);
             for src in [ActsRef::Rows(&x), ActsRef::Tiles(&xt)] {
-                assert_eq!(gather_as(&p, &values, src, Layout::Rows), Acts::Rows(y.clone()), "{rows}x{cols}: forward to rows");
+                assert_eq!(
+                    gather_as(&p, &values, src, Layout::Rows),
+                    Acts::Rows(y.clone()),
+                    "{rows}x{cols}: forward to rows"
+                );
                 let tiled = gather_as(&p, &values, src, Layout::Tiles);
                 match &tiled {
-                    Acts::Tiles(t) => assert_eq!(t, &Tiles::from_rows(&y), "{rows}x{cols}: forward to tiles, zero padding"),
-                    Acts::Rows(m) => assert!((p.runs_dense() || p.full) && m == &y, "only a mask that runs dense writes rows"),
+                    Acts::Tiles(t) => {
+                        assert_eq!(t, &Tiles::from_rows(&y), "{rows}x{cols}: forward to tiles, zero padding")
+                    }
+                    Acts::Rows(m) => {
+                        assert!((p.runs_dense() || p.full) && m == &y, "only a mask that runs dense writes rows")
+                    }
                 }
             }
             let (t, perm) = p.transpose();
             let tvalues: Vec<f32> = perm.iter().map(|&k| values[k as usize]).collect();
             let (dw, dx) = backward(&t, &tvalues, &x, &dy);
-            for (xs, dys) in [(ActsRef::Tiles(&xt), ActsRef::Rows(&dy)), (ActsRef::Rows(&x), ActsRef::Tiles(&dyt)), (ActsRef::Tiles(&xt), ActsRef::Tiles(&dyt))] {
+            for (xs, dys) in [
+                (ActsRef::Tiles(&xt), ActsRef::Rows(&dy)),
+                (ActsRef::Rows(&x), ActsRef::Tiles(&dyt)),
+                (ActsRef::Tiles(&xt), ActsRef::Tiles(&dyt)),
+            ] {
                 for layout in [Layout::Rows, Layout::Tiles] {
                     let (dw2, dx2) = backward_as(&t, &tvalues, xs, dys, layout);
                     assert_eq!(dw2, dw, "{rows}x{cols}: dw");
@@ -1027,9 +1135,11 @@ mod tests {
             let (t, perm) = p.transpose();
             let tvalues: Vec<f32> = perm.iter().map(|&k| values[k as usize]).collect();
             let alone = (gather(&p, &values, &x), backward(&t, &tvalues, &x, &dy));
-            let nested = with_buffer(&PACKED, |_| with_buffer(&SCRATCH, |_| (gather(&p, &values, &x), backward(&t, &tvalues, &x, &dy))));
+            let nested = with_buffer(&PACKED, |_| {
+                with_buffer(&SCRATCH, |_| (gather(&p, &values, &x), backward(&t, &tvalues, &x, &dy)))
+            });
             assert_eq!(nested.0.data, alone.0.data, "density {density}: the forward product");
-            assert_eq!((nested.1 .0, nested.1 .1.data), (alone.1 .0, alone.1 .1.data), "density {density}: the gradients");
+            assert_eq!((nested.1.0, nested.1.1.data), (alone.1.0, alone.1.1.data), "density {density}: the gradients");
         }
     }
 

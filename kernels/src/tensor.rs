@@ -25,7 +25,11 @@ pub const TOKENS_PER_TASK: usize = 256;
 ///
 /// # Safety
 /// `write` must initialise every element of each piece it is given.
-pub unsafe fn written_once(len: usize, piece: usize, write: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync + Send) -> Vec<f32> {
+pub unsafe fn written_once(
+    len: usize,
+    piece: usize,
+    write: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync + Send,
+) -> Vec<f32> {
     use rayon::prelude::*;
     let piece = piece.max(1);
     let mut v = Vec::with_capacity(len);

@@ -22,7 +22,8 @@ pub const TILE: usize = 128;
 #[repr(C, align(64))]
 pub struct Lane(pub [f32; TILE]);
 
-const _: () = assert!(std::mem::size_of::<Lane>() == TILE * std::mem::size_of::<f32>() && std::mem::align_of::<Lane>() == 64);
+const _: () =
+    assert!(std::mem::size_of::<Lane>() == TILE * std::mem::size_of::<f32>() && std::mem::align_of::<Lane>() == 64);
 
 /// Lays the `rows × tokens` row-major `src` out in `out` as tiles (lane after lane, tile after tile, `out` as
 /// long as `Tiles::count(tokens) · rows` lanes), zero-padded past the last token.
@@ -42,7 +43,12 @@ pub fn pack(src: &[f32], rows: usize, tokens: usize, out: &mut [f32]) {
 /// last token is zeroed here. Each row is produced once, front to back, and dealt out to its lane in every tile:
 /// reading every row a lane at a time instead (tile after tile) strides 8 KiB between reads, which the
 /// prefetchers do not follow. Packing rows and the layer norm's output both go through here.
-pub fn deal_rows(rows: usize, tokens: usize, out: &mut [MaybeUninit<f32>], write: impl Fn(usize, usize, &mut [MaybeUninit<f32>]) + Sync) {
+pub fn deal_rows(
+    rows: usize,
+    tokens: usize,
+    out: &mut [MaybeUninit<f32>],
+    write: impl Fn(usize, usize, &mut [MaybeUninit<f32>]) + Sync,
+) {
     use rayon::prelude::*;
     let tiles = Tiles::count(tokens);
     assert_eq!(out.len(), tiles * rows * TILE, "tiles: {rows}x{tokens} into {} floats", out.len());
@@ -104,7 +110,12 @@ impl Tiles {
 
     /// Tiles from lanes a kernel wrote: `lanes` holds `Tiles::count(tokens) · rows` of them with zero padding.
     pub fn from_lanes(rows: usize, tokens: usize, lanes: Vec<Lane>) -> Self {
-        assert_eq!(lanes.len(), Self::count(tokens) * rows, "tiles: {} lanes for {rows} rows of {tokens} tokens", lanes.len());
+        assert_eq!(
+            lanes.len(),
+            Self::count(tokens) * rows,
+            "tiles: {} lanes for {rows} rows of {tokens} tokens",
+            lanes.len()
+        );
         Tiles { rows, tokens, lanes }
     }
 
@@ -321,7 +332,13 @@ impl<'a> ActsRef<'a> {
         match *self {
             ActsRef::Rows(m) => &m.row(r)[j0..j0 + w],
             ActsRef::Tiles(t) => {
-                assert!(r < t.rows && j0 + w <= t.tokens, "feature {r}, tokens {j0}..{} of a {}x{}", j0 + w, t.rows, t.tokens);
+                assert!(
+                    r < t.rows && j0 + w <= t.tokens,
+                    "feature {r}, tokens {j0}..{} of a {}x{}",
+                    j0 + w,
+                    t.rows,
+                    t.tokens
+                );
                 assert!(w == 0 || j0 / TILE == (j0 + w - 1) / TILE, "tokens {j0}..{} cross a tile", j0 + w);
                 &t.lanes[j0 / TILE * t.rows + r].0[j0 % TILE..j0 % TILE + w]
             }
@@ -370,7 +387,11 @@ mod tests {
         let mut plus = m.clone();
         plus.data.iter_mut().for_each(|v| *v += 1.0);
         assert_eq!(t.to_rows(), plus);
-        assert_eq!(t, { let mut u = Tiles::from_rows(&plus); u.clear_padding(); u });
+        assert_eq!(t, {
+            let mut u = Tiles::from_rows(&plus);
+            u.clear_padding();
+            u
+        });
         assert!(t.lanes()[3..].iter().all(|l| l.0[9..].iter().all(|&v| v == 0.0)));
     }
 }

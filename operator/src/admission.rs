@@ -91,14 +91,27 @@ impl Claim {
             created: job.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second()),
             holds,
             wants,
-            blocked: status.conditions.iter().any(|c| ConditionType::Admitted.of(c) && Reason::DataVolumeNotFound.of(c)),
+            blocked: status
+                .conditions
+                .iter()
+                .any(|c| ConditionType::Admitted.of(c) && Reason::DataVolumeNotFound.of(c)),
         }
     }
 
     /// The claim of a job the operator cannot decode: it keeps what its status says it holds (its pods may
     /// still run), and waits for nothing, since nothing can be assembled from a spec that cannot be read.
     pub fn undecodable(key: String, namespace: String, holds: u32) -> Claim {
-        Claim { key, namespace, class: None, class_name: None, priority: 0, created: 0, holds, wants: 0, blocked: false }
+        Claim {
+            key,
+            namespace,
+            class: None,
+            class_name: None,
+            priority: 0,
+            created: 0,
+            holds,
+            wants: 0,
+            blocked: false,
+        }
     }
 }
 
@@ -177,7 +190,10 @@ pub fn decide(pool: u32, claims: &[Claim], key: &str) -> Verdict {
             }
             return Verdict::Wait {
                 reason: Reason::WaitingForEarlierJobs,
-                message: format!("{} job(s) ahead in the queue wait for CS-2s first ({free} of {pool} free)", ahead + 1),
+                message: format!(
+                    "{} job(s) ahead in the queue wait for CS-2s first ({free} of {pool} free)",
+                    ahead + 1
+                ),
             };
         }
         if c.key == key {
@@ -193,8 +209,11 @@ pub fn decide(pool: u32, claims: &[Claim], key: &str) -> Verdict {
 /// admission would start first, so growing never jumps the queue.
 pub fn may_grow(pool: u32, claims: &[Claim], extra: u32) -> bool {
     let used: u32 = claims.iter().map(|c| c.holds).sum();
-    let waiting: u32 =
-        claims.iter().filter(|c| c.wants > 0 && c.wants <= pool && c.class.is_some() && !c.blocked).map(|c| c.wants).sum();
+    let waiting: u32 = claims
+        .iter()
+        .filter(|c| c.wants > 0 && c.wants <= pool && c.class.is_some() && !c.blocked)
+        .map(|c| c.wants)
+        .sum();
     pool.saturating_sub(used).saturating_sub(waiting) >= extra
 }
 
@@ -203,7 +222,17 @@ mod tests {
     use super::*;
 
     fn c(key: &str, priority: i32, created: i64, holds: u32, wants: u32) -> Claim {
-        Claim { key: key.into(), namespace: "ns".into(), class: Some(0), class_name: None, priority, created, holds, wants, blocked: false }
+        Claim {
+            key: key.into(),
+            namespace: "ns".into(),
+            class: Some(0),
+            class_name: None,
+            priority,
+            created,
+            holds,
+            wants,
+            blocked: false,
+        }
     }
 
     /// A job of namespace `ns` in a class of value `class`, waiting for `wants` CS-2s.
@@ -290,7 +319,10 @@ mod tests {
             ..Default::default()
         };
         let none = PriorityClasses::new(&[pc("high", 1000, false)]);
-        assert_eq!((none.value_of(Some("high")), none.value_of(None), none.value_of(Some("gone"))), (Some(1000), Some(0), None));
+        assert_eq!(
+            (none.value_of(Some("high")), none.value_of(None), none.value_of(Some("gone"))),
+            (Some(1000), Some(0), None)
+        );
         let defaults = PriorityClasses::new(&[pc("d1", 50, true), pc("d2", 20, true), pc("high", 1000, false)]);
         assert_eq!(defaults.value_of(None), Some(20));
         let mut j = crds::testing::mlp_job("j", "ns", 2);
@@ -301,7 +333,13 @@ mod tests {
         assert_eq!(Claim::of(&j, &defaults).class, Some(20));
         let broken = Claim::undecodable("ns/x".into(), "ns".into(), 3);
         assert_eq!((broken.holds, broken.wants), (3, 0));
-        assert!(matches!(decide(4, &[broken, Claim::of(&j, &defaults)], "ns/j"), Verdict::Wait { reason: Reason::InsufficientCapacity, .. }), "what a broken job holds stays taken");
+        assert!(
+            matches!(
+                decide(4, &[broken, Claim::of(&j, &defaults)], "ns/j"),
+                Verdict::Wait { reason: Reason::InsufficientCapacity, .. }
+            ),
+            "what a broken job holds stays taken"
+        );
     }
 
     #[test]

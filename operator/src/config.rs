@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use crate::children::settings::OperatorPeer;
 use crate::DEFAULT_RUNTIME_IMAGE;
+use crate::children::settings::OperatorPeer;
 
 /// How the operator runs; flags and environment of the binary, or set directly by tests.
 #[derive(Clone, Debug)]

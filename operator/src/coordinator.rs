@@ -89,7 +89,9 @@ impl HttpCoordinator {
                     .get_opt(&name)
                     .await?
                     .filter(|s| crate::children::identity::identity_belongs_to(s, job))
-                    .ok_or_else(|| unreachable(url, format!("the job's identity Secret {ns}/{name} does not exist yet")))?;
+                    .ok_or_else(|| {
+                        unreachable(url, format!("the job's identity Secret {ns}/{name} does not exist yet"))
+                    })?;
                 let file = |f: &str| {
                     let bytes = secret.data.as_ref().and_then(|d| d.get(f)).map(|b| b.0.clone()).unwrap_or_default();
                     String::from_utf8(bytes).map_err(|_| unreachable(url, format!("{name}: {f} is not PEM text")))
@@ -135,7 +137,8 @@ impl Coordinator for HttpCoordinator {
                 }
                 body.extend_from_slice(&chunk);
             }
-            serde_json::from_slice::<MemoryxStatus>(&body).map_err(|e| unreachable(&url, format!("bad /status body: {e}")))
+            serde_json::from_slice::<MemoryxStatus>(&body)
+                .map_err(|e| unreachable(&url, format!("bad /status body: {e}")))
         })
     }
 
@@ -259,13 +262,20 @@ mod tests {
         tokio::spawn(async move { wire::https::serve(listener, &server, axum::Router::new(), app).await });
         let template = format!("https://{addr}/{{job}}/{{namespace}}/");
         let c = HttpCoordinator::with_identity(issued.operator_identity()).with_url_template(template.clone());
-        let mut job = crds::TrainingJob::new("j", serde_json::from_value(serde_json::json!({
-            "model": {"kind": "mlp", "layers": [784, 10]}, "data": {"kind": "mnist", "path": "d"},
-            "training": {"batchSize": 1, "steps": 1, "optimizer": {"kind": "sgd", "learningRate": 0.1}}
-        })).unwrap());
+        let mut job = crds::TrainingJob::new(
+            "j",
+            serde_json::from_value(serde_json::json!({
+                "model": {"kind": "mlp", "layers": [784, 10]}, "data": {"kind": "mnist", "path": "d"},
+                "training": {"batchSize": 1, "steps": 1, "optimizer": {"kind": "sgd", "learningRate": 0.1}}
+            }))
+            .unwrap(),
+        );
         job.metadata.namespace = Some("ns".into());
         let s = c.status(&job).await.unwrap();
-        assert_eq!((s.phase, s.step(), s.progress.last_checkpoint.unwrap().step), (crds::contract::MemoryxPhase::Running, 7, 5));
+        assert_eq!(
+            (s.phase, s.step(), s.progress.last_checkpoint.unwrap().step),
+            (crds::contract::MemoryxPhase::Running, 7, 5)
+        );
         c.checkpoint(&job).await.unwrap();
         assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
         job.metadata.name = Some("huge".into());
@@ -280,6 +290,10 @@ mod tests {
         let stranger = HttpCoordinator::with_identity(other.operator_identity()).with_url_template(template);
         assert!(stranger.status(&job).await.is_err());
         assert!(stranger.checkpoint(&job).await.is_err());
-        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1, "the stranger's checkpoint request never arrived");
+        assert_eq!(
+            asked.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the stranger's checkpoint request never arrived"
+        );
     }
 }

@@ -48,6 +48,8 @@ impl Undecodable {
 pub type Stored = Result<TrainingJob, Undecodable>;
 
 /// Decodes one stored object into a [`TrainingJob`], or says why it cannot, naming the field.
+// Either side is a value the reconciler keeps in its list, not an error passed up: the same size by design.
+#[allow(clippy::result_large_err)]
 pub fn decode(obj: &DynamicObject) -> Stored {
     let broken = |error: String| {
         // No status yet is an empty one; a status that does not decode either is none the operator can build on.
@@ -95,7 +97,15 @@ pub fn invalid_spec_status(u: &Undecodable, now: Timestamp) -> Option<TrainingJo
          stored a value the TrainingJob type does not allow; fix the field or recreate the job)",
         u.error
     );
-    status::set_condition(&mut s.conditions, ConditionType::Ready, false, Reason::InvalidSpec, message, u.generation, now);
+    status::set_condition(
+        &mut s.conditions,
+        ConditionType::Ready,
+        false,
+        Reason::InvalidSpec,
+        message,
+        u.generation,
+        now,
+    );
     Some(s)
 }
 
@@ -142,11 +152,18 @@ mod tests {
         let items = serde_json::json!({ "items": [stored(&crds::testing::mlp_job("good", "ns", 2)), serde_json::to_value(broken("bad", Some(1))).unwrap()] });
         assert!(serde_json::from_value::<Vec<TrainingJob>>(items["items"].clone()).is_err());
         // Decoded one by one, the good job is admitted and the broken one keeps what it holds.
-        let all: Vec<Stored> = serde_json::from_value::<Vec<DynamicObject>>(items["items"].clone()).unwrap().iter().map(decode).collect();
+        let all: Vec<Stored> =
+            serde_json::from_value::<Vec<DynamicObject>>(items["items"].clone()).unwrap().iter().map(decode).collect();
         assert!(all[0].is_ok() && all[1].is_err());
         let claims = claims(&all, &PriorityClasses::default());
         assert_eq!(admission::decide(3, &claims, "ns/good"), Verdict::Admit);
-        assert!(matches!(admission::decide(2, &claims, "ns/good"), Verdict::Wait { reason: Reason::InsufficientCapacity, .. }), "its CS-2 stays taken");
+        assert!(
+            matches!(
+                admission::decide(2, &claims, "ns/good"),
+                Verdict::Wait { reason: Reason::InsufficientCapacity, .. }
+            ),
+            "its CS-2 stays taken"
+        );
     }
 
     #[test]

@@ -8,8 +8,8 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, PostParams};
 use kube::Client;
+use kube::api::{Api, PostParams};
 
 use crate::Error;
 
@@ -132,7 +132,10 @@ impl Election {
                 Ok(Ok(false)) => return Error::Leadership(format!("lease {} was taken by another replica", self.name)),
                 Ok(Err(e)) => tracing::warn!(error = %e, "leader election: renewing the lease failed"),
                 Err(_) => {
-                    return Error::Leadership(format!("renewing lease {} did not finish within {renew_deadline:?}", self.name));
+                    return Error::Leadership(format!(
+                        "renewing lease {} did not finish within {renew_deadline:?}",
+                        self.name
+                    ));
                 }
             }
         }
@@ -153,7 +156,12 @@ mod tests {
     }
 
     fn election() -> Election {
-        Election { namespace: "ns".into(), name: "l".into(), identity: "me".into(), lease_duration: Duration::from_secs(15) }
+        Election {
+            namespace: "ns".into(),
+            name: "l".into(),
+            identity: "me".into(),
+            lease_duration: Duration::from_secs(15),
+        }
     }
 
     /// On a paused clock: however renewals fail, the holder gives up before a follower may take the lease (15 s
@@ -184,7 +192,11 @@ mod tests {
                 async move { if ok { Ok(true) } else { Err(Error::Leadership("api down".into())) } }
             })
             .await;
-        assert!(last_ok.elapsed() <= lease * 2 / 3 && last_ok.elapsed() > Duration::ZERO, "{:?} {err}", last_ok.elapsed());
+        assert!(
+            last_ok.elapsed() <= lease * 2 / 3 && last_ok.elapsed() > Duration::ZERO,
+            "{:?} {err}",
+            last_ok.elapsed()
+        );
         // Another replica took it: stop at once.
         let t0 = tokio::time::Instant::now();
         let err = e.hold_with(|| async { Ok(false) }).await;

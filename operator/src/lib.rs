@@ -15,8 +15,6 @@ pub mod metrics;
 pub mod reconcile;
 pub mod status;
 
-
-
 /// JSON logs at `info` (or `RUST_LOG`), the same for the operator and the device plugin: both run as pods
 /// whose logs a cluster's collector parses.
 pub fn init_logging() {

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use operator::leader::Election;
-use operator::coordinator::HttpCoordinator;
-use operator::config::Config;
-use operator::metrics::Shared;
 use operator::Error;
+use operator::config::Config;
+use operator::coordinator::HttpCoordinator;
+use operator::leader::Election;
+use operator::metrics::Shared;
 
 /// Runs the weightstream operator.
 #[derive(Parser, Debug)]

@@ -35,17 +35,17 @@ use serde::de::DeserializeOwned;
 use crate::admission::{self, PriorityClasses, Verdict};
 use crate::children::checkpoints;
 use crate::children::desired::{self, Desired};
-use crate::children::pods::engine::CS2_RESOURCE;
 use crate::children::pods::SPEC_HASH_ANNOTATION;
+use crate::children::pods::engine::CS2_RESOURCE;
 use crate::children::settings::Settings;
 use crate::children::{identity, names};
-use crds::contract::{JOB_LABEL, ROLE_LABEL};
+use crate::config::Config;
 use crate::coordinator::Coordinator;
 use crate::decode::{self, Stored};
-use crate::status::{self, Children, Observed, Refusal, Unready};
-use crate::config::Config;
 use crate::metrics::Shared;
+use crate::status::{self, Children, Observed, Refusal, Unready};
 use crate::{Error, FINALIZER, MANAGER, job_key};
+use crds::contract::{JOB_LABEL, ROLE_LABEL};
 
 /// What every reconcile pass needs.
 pub struct Context {
@@ -179,20 +179,21 @@ pub async fn reconcile(obj: Arc<Watched>, ctx: Arc<Context>) -> Result<Action, E
             })
             .await
             .map_err(|e| match e {
-                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-                // Keep the API error itself, so a conflict is recognised by its status code.
-                kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
-                    Error::Kube(e)
+                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => {
+                    e
                 }
+                // Keep the API error itself, so a conflict is recognised by its status code.
+                kube::runtime::finalizer::Error::AddFinalizer(e)
+                | kube::runtime::finalizer::Error::RemoveFinalizer(e) => Error::Kube(e),
                 other => Error::Finalizer(other.to_string()),
             })
         }
     };
     ctx.shared.metrics.observe(result.is_ok(), started.elapsed());
-    if result.is_ok() {
-        if let (Ok(mut f), Some(uid)) = (ctx.failures.lock(), uid) {
-            f.remove(&uid);
-        }
+    if result.is_ok()
+        && let (Ok(mut f), Some(uid)) = (ctx.failures.lock(), uid)
+    {
+        f.remove(&uid);
     }
     result
 }
@@ -237,9 +238,9 @@ pub fn pool_of(nodes: &[Node], configured: Option<u32>) -> Option<(u32, bool)> {
     let mut known = false;
     for node in nodes {
         let status = node.status.as_ref();
-        let has = |r: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
-            r.is_some_and(|r| r.contains_key(CS2_RESOURCE))
-        };
+        let has = |r: Option<
+            &std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+        >| { r.is_some_and(|r| r.contains_key(CS2_RESOURCE)) };
         known |= has(status.and_then(|s| s.capacity.as_ref())) || has(status.and_then(|s| s.allocatable.as_ref()));
         // A cordoned node takes no new engines: its CS-2s are not the pool's (a job on it goes on with fewer).
         if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
@@ -270,7 +271,9 @@ struct PodCensus {
 fn pod_ready(p: &Pod) -> bool {
     let st = p.status.as_ref();
     st.and_then(|s| s.phase.as_deref()) == Some("Running")
-        && st.and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        && st
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn hash_of(p: &Pod) -> Option<&String> {
@@ -455,7 +458,13 @@ async fn memoryx_refusal(job: &TrainingJob, existing: &[Pod], servers: u32, ctx:
 
 /// Decide (pure): the job's next status and what to do with its children, from what was read and the current
 /// list of every job (whose allocations are what is taken from the pool).
-fn decide(job: &TrainingJob, all: &[Stored], r: &Reading, ctx: &Context, now: Timestamp) -> (status::Decision, PodCensus) {
+fn decide(
+    job: &TrainingJob,
+    all: &[Stored],
+    r: &Reading,
+    ctx: &Context,
+    now: Timestamp,
+) -> (status::Decision, PodCensus) {
     let mut claims = decode::claims(all, &r.classes);
     let (pool_size, _) = r.pool.unwrap_or((0, false));
     let key = job_key(&job.namespace().unwrap_or_default(), &job.name_any());
@@ -480,13 +489,17 @@ fn decide(job: &TrainingJob, all: &[Stored], r: &Reading, ctx: &Context, now: Ti
     let plan = match (&r.desired, &r.plan_refusal) {
         (_, Some(why)) => Err(why.clone()),
         (Some(d), None) if d.plan.cs2 == job.spec.cs2 => Ok(d.plan.clone()),
-        _ => crate::children::plan::plan(job, job.spec.cs2, ctx.config.fan_out).map(|(_, s)| s).map_err(|e| e.to_string()),
+        _ => crate::children::plan::plan(job, job.spec.cs2, ctx.config.fan_out)
+            .map(|(_, s)| s)
+            .map_err(|e| e.to_string()),
     };
     let observed = Observed {
         queue_position: admission.as_ref().and_then(|_| admission::position(&claims, &key)),
         admission,
         may_grow,
-        capacity: r.pool.map(|(size, _)| size.saturating_sub(claims.iter().filter(|c| c.key != key).map(|c| c.holds).sum())),
+        capacity: r
+            .pool
+            .map(|(size, _)| size.saturating_sub(claims.iter().filter(|c| c.key != key).map(|c| c.holds).sum())),
         plan,
         pods_ready: holds > 0 && pods.ready,
         failed_pods: pods.failed.clone(),
@@ -524,14 +537,15 @@ async fn undecodable(obj: &Watched, ctx: &Context) -> Result<Action, Error> {
     tracing::warn!(job = %key, error = %u.error, "cannot decode the TrainingJob; reconciling the others");
     let next = decode::invalid_spec_status(&u, Timestamp::now());
     let news = next.is_none() || next != u.status;
-    if let Some(status) = next.filter(|s| Some(s) != u.status.as_ref()) {
-        if let Err(e) = patch_status(&api, &u.name, u.resource_version.clone(), &status).await {
-            tracing::warn!(job = %key, error = %e, "cannot record InvalidSpec in the status");
-        }
+    if let Some(status) = next.filter(|s| Some(s) != u.status.as_ref())
+        && let Err(e) = patch_status(&api, &u.name, u.resource_version.clone(), &status).await
+    {
+        tracing::warn!(job = %key, error = %e, "cannot record InvalidSpec in the status");
     }
     if news {
         let note = format!("the operator cannot read this TrainingJob: {}", u.error);
-        publish(ctx, &obj.object_ref(&()), &key, EventType::Warning, Reason::InvalidSpec, EventAction::Decode, note).await;
+        publish(ctx, &obj.object_ref(&()), &key, EventType::Warning, Reason::InvalidSpec, EventAction::Decode, note)
+            .await;
     }
     Ok(Action::await_change())
 }
@@ -548,7 +562,12 @@ async fn write_status(ctx: &Context, job: &TrainingJob, status: &TrainingJobStat
 /// The one way the operator writes a job's status: a server-side apply of `status` alone as the operator's
 /// field manager, with `resource_version` in the patch so the API server refuses it (409) when the job
 /// changed since it was read. Through `api` of decoded jobs, or of stored ones for a job that does not decode.
-async fn patch_status<K>(api: &Api<K>, name: &str, resource_version: Option<String>, status: &TrainingJobStatus) -> Result<K, Error>
+async fn patch_status<K>(
+    api: &Api<K>,
+    name: &str,
+    resource_version: Option<String>,
+    status: &TrainingJobStatus,
+) -> Result<K, Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
@@ -599,7 +618,13 @@ async fn publish(
     action: EventAction,
     note: String,
 ) {
-    let event = Event { type_, reason: reason.as_str().into(), note: Some(note), action: action.as_str().into(), secondary: None };
+    let event = Event {
+        type_,
+        reason: reason.as_str().into(),
+        note: Some(note),
+        action: action.as_str().into(),
+        secondary: None,
+    };
     if let Err(e) = ctx.recorder.publish(&event, regarding).await {
         tracing::warn!(job = %key, error = %e, "cannot record event");
     }
@@ -648,7 +673,13 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
         _ => None,
     };
     if let Some(r) = refusal {
-        decision.status = status::children_refused(&decision.status, r.reason, r.message.clone(), job.metadata.generation, Timestamp::now());
+        decision.status = status::children_refused(
+            &decision.status,
+            r.reason,
+            r.message.clone(),
+            job.metadata.generation,
+            Timestamp::now(),
+        );
     }
     let refusal_is_news = refusal.is_some_and(|r| {
         let conditions = job.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
@@ -685,7 +716,16 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
     }
     if let Some(r) = refusal.filter(|_| refusal_is_news) {
         tracing::warn!(job = %key, reason = r.reason.as_str(), "{}", r.message);
-        publish(&ctx, &job.object_ref(&()), &key, EventType::Warning, r.reason, EventAction::Assemble, r.message.clone()).await;
+        publish(
+            &ctx,
+            &job.object_ref(&()),
+            &key,
+            EventType::Warning,
+            r.reason,
+            EventAction::Assemble,
+            r.message.clone(),
+        )
+        .await;
     }
     if let Some(t) = &decision.transition {
         tracing::info!(job = %key, phase = %t.phase, reason = %t.reason, message = %t.message, "phase changed");
@@ -793,11 +833,12 @@ async fn release(ctx: &Context, job: &TrainingJob, phase: Option<Phase>, existin
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
     let memoryx = names::memoryx(&job.name_any());
-    if let Some(sts) = sets.get_opt(&memoryx).await? {
-        if phase != Some(Phase::Succeeded) && sts.spec.as_ref().and_then(|s| s.replicas) != Some(0) {
-            let scale = serde_json::json!({ "spec": { "replicas": 0 } });
-            sets.patch(&memoryx, &PatchParams::default(), &Patch::Merge(&scale)).await?;
-        }
+    if let Some(sts) = sets.get_opt(&memoryx).await?
+        && phase != Some(Phase::Succeeded)
+        && sts.spec.as_ref().and_then(|s| s.replicas) != Some(0)
+    {
+        let scale = serde_json::json!({ "spec": { "replicas": 0 } });
+        sets.patch(&memoryx, &PatchParams::default(), &Patch::Merge(&scale)).await?;
     }
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     for p in existing {
@@ -899,16 +940,34 @@ mod tests {
         let node = |allocatable: Option<&str>, capacity: Option<&str>, cordoned: bool| {
             let q = |v: Option<&str>| v.map(|v| BTreeMap::from([(CS2_RESOURCE.to_string(), Quantity(v.into()))]));
             Node {
-                spec: Some(k8s_openapi::api::core::v1::NodeSpec { unschedulable: cordoned.then_some(true), ..Default::default() }),
-                status: Some(k8s_openapi::api::core::v1::NodeStatus { allocatable: q(allocatable), capacity: q(capacity), ..Default::default() }),
+                spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+                    unschedulable: cordoned.then_some(true),
+                    ..Default::default()
+                }),
+                status: Some(k8s_openapi::api::core::v1::NodeStatus {
+                    allocatable: q(allocatable),
+                    capacity: q(capacity),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }
         };
-        assert_eq!(pool_of(&[node(Some("4"), Some("4"), false), node(Some("2"), Some("2"), false)], Some(9)), Some((6, true)));
-        assert_eq!(pool_of(&[node(Some("4"), Some("4"), false), node(Some("2"), Some("2"), true)], None), Some((4, true)), "cordoned");
+        assert_eq!(
+            pool_of(&[node(Some("4"), Some("4"), false), node(Some("2"), Some("2"), false)], Some(9)),
+            Some((6, true))
+        );
+        assert_eq!(
+            pool_of(&[node(Some("4"), Some("4"), false), node(Some("2"), Some("2"), true)], None),
+            Some((4, true)),
+            "cordoned"
+        );
         assert_eq!(pool_of(&[node(Some("0"), Some("4"), false)], Some(9)), Some((0, true)), "a plugin restarting");
         assert_eq!(pool_of(&[node(None, Some("4"), false)], Some(9)), Some((0, true)));
-        assert_eq!(pool_of(&[node(None, None, false)], Some(9)), Some((9, false)), "no node knows CS-2s: the configured pool");
+        assert_eq!(
+            pool_of(&[node(None, None, false)], Some(9)),
+            Some((9, false)),
+            "no node knows CS-2s: the configured pool"
+        );
         assert_eq!(pool_of(&[], None), None);
     }
 
@@ -927,7 +986,10 @@ mod tests {
         // The root, two engines and their two input workers.
         assert_eq!((c.ready, c.missing.len()), (false, 5));
         let first = c.unready.clone().expect("an unready pod named");
-        assert_eq!((first.pod.as_str(), first.namespace.as_str(), first.why.as_str()), ("j-swarmx-0-0", "ns", "not created yet"));
+        assert_eq!(
+            (first.pod.as_str(), first.namespace.as_str(), first.why.as_str()),
+            ("j-swarmx-0-0", "ns", "not created yet")
+        );
 
         let all_ready: Vec<Pod> = want.iter().cloned().map(|p| with_status(p, "Running", true)).collect();
         let c = census(&all_ready, &want, "j-memoryx");
@@ -936,18 +998,28 @@ mod tests {
         let mut one_starting = all_ready.clone();
         one_starting[1] = with_status(one_starting[1].clone(), "Running", false);
         let c = census(&one_starting, &want, "j-memoryx");
-        assert_eq!(c.unready.map(|u| (u.pod, u.why)), Some(("j-engine-0".to_string(), "Running, its readiness probe not passed yet".to_string())));
+        assert_eq!(
+            c.unready.map(|u| (u.pod, u.why)),
+            Some(("j-engine-0".to_string(), "Running, its readiness probe not passed yet".to_string()))
+        );
 
         let mut one_failed = all_ready.clone();
         one_failed[2] = with_status(one_failed[2].clone(), "Failed", false);
         let c = census(&one_failed, &want, "j-memoryx");
-        assert_eq!((c.ready, c.failed.clone(), c.delete.clone()), (false, vec!["j-engine-1".to_string()], vec!["j-engine-1".to_string()]));
+        assert_eq!(
+            (c.ready, c.failed.clone(), c.delete.clone()),
+            (false, vec!["j-engine-1".to_string()], vec!["j-engine-1".to_string()])
+        );
 
         // Shrinking to one engine: the second engine and its input worker are surplus, and every pod reads
         // another job.yaml (the CS-2 count), so the rest are outdated.
         let c = census(&all_ready, &desired(1), "j-memoryx");
         assert!(c.delete.contains(&"j-engine-1".to_string()));
-        assert!(c.delete.contains(&"j-input-1".to_string()) && c.delete.contains(&"j-input-0".to_string()), "{:?}", c.delete);
+        assert!(
+            c.delete.contains(&"j-input-1".to_string()) && c.delete.contains(&"j-input-0".to_string()),
+            "{:?}",
+            c.delete
+        );
         // A failed input worker is replaced and counted like an engine.
         let mut input_failed = all_ready.clone();
         let i = input_failed.iter().position(|p| p.name_any() == "j-input-0").unwrap();

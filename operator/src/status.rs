@@ -88,7 +88,9 @@ pub fn why_unready(pod: &Pod) -> String {
         Some(m) => format!("{reason}: {m}"),
         None => reason.to_string(),
     };
-    let containers = status.into_iter().flat_map(|s| s.init_container_statuses.iter().flatten().chain(s.container_statuses.iter().flatten()));
+    let containers = status
+        .into_iter()
+        .flat_map(|s| s.init_container_statuses.iter().flatten().chain(s.container_statuses.iter().flatten()));
     let waiting = containers.filter_map(|c| c.state.as_ref()?.waiting.as_ref()).find(|w| w.reason.is_some());
     if let Some(w) = waiting {
         return format!("{phase}, {}", said(w.reason.as_deref().unwrap_or_default(), w.message.as_ref()));
@@ -177,7 +179,13 @@ pub fn set_condition(
 /// The status of a job whose children the API server refused to create (Pod Security, a quota, an admission
 /// webhook): its phase stays, and `Ready` says which object was refused and the server's own words, so the
 /// owner sees why the job cannot progress without reading controller logs.
-pub fn children_refused(status: &TrainingJobStatus, reason: Reason, message: String, generation: Option<i64>, now: Timestamp) -> TrainingJobStatus {
+pub fn children_refused(
+    status: &TrainingJobStatus,
+    reason: Reason,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> TrainingJobStatus {
     let mut s = status.clone();
     set_condition(&mut s.conditions, ConditionType::Ready, false, reason, message, generation, now);
     s
@@ -211,7 +219,10 @@ pub struct Refusal {
 /// `ReplicaFailure=True` condition, or else the newest `FailedCreate` event about this StatefulSet (by uid)
 /// when no `SuccessfulCreate` came after it. `None` when the StatefulSet wants no pod. The caller asks only
 /// while the pod is missing, so an old refusal that was since overcome is never reported.
-pub fn memoryx_refusal(sts: &k8s_openapi::api::apps::v1::StatefulSet, events: &[k8s_openapi::api::core::v1::Event]) -> Option<Refusal> {
+pub fn memoryx_refusal(
+    sts: &k8s_openapi::api::apps::v1::StatefulSet,
+    events: &[k8s_openapi::api::core::v1::Event],
+) -> Option<Refusal> {
     if sts.spec.as_ref().and_then(|s| s.replicas) == Some(0) {
         return None;
     }
@@ -246,7 +257,8 @@ pub fn memoryx_refusal(sts: &k8s_openapi::api::apps::v1::StatefulSet, events: &[
             .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0))
     };
     let newest = events.iter().filter(about_it).max_by_key(|e| when(e))?;
-    (newest.reason.as_deref() == Some("FailedCreate")).then(|| classify(newest.message.as_deref().unwrap_or("FailedCreate")))
+    (newest.reason.as_deref() == Some("FailedCreate"))
+        .then(|| classify(newest.message.as_deref().unwrap_or("FailedCreate")))
 }
 
 /// Decides the next status of `job` and what to do with its children: the common bookkeeping here, each phase
@@ -371,7 +383,12 @@ fn ended_by_memoryx(d: &mut Pass, obs: &Observed) -> Option<(Children, bool)> {
 
 /// Counts this pass's failures (failed pods, MemoryX restarts not yet counted) into `restarts`, then `Failed`
 /// when the job ran past `spec.activeDeadlineSeconds` or failed more often than `spec.restartLimit`.
-fn past_limits(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, obs: &Observed) -> Option<(Children, bool)> {
+fn past_limits(
+    d: &mut Pass,
+    spec: &TrainingJobSpec,
+    prev: &TrainingJobStatus,
+    obs: &Observed,
+) -> Option<(Children, bool)> {
     let mut restarts = prev.restarts + obs.failed_pods.len() as u32;
     if let Some(rc) = obs.memoryx_restarts {
         restarts += rc.saturating_sub(prev.memoryx_restarts_seen);
@@ -437,7 +454,11 @@ fn checkpoint_then_move(
     } else if lost {
         (
             Reason::CapacityLost,
-            format!("{} of its {holds} CS-2s were lost; checkpointing before going on with {target} (spec.minCs2 = {})", holds - target, spec.min_cs2()),
+            format!(
+                "{} of its {holds} CS-2s were lost; checkpointing before going on with {target} (spec.minCs2 = {})",
+                holds - target,
+                spec.min_cs2()
+            ),
         )
     } else {
         (Reason::Rescaling, format!("checkpointing before rescaling from {holds} to {target} CS-2s"))
@@ -447,7 +468,8 @@ fn checkpoint_then_move(
         _ => None,
     };
     let saved = |c: &MemoryxStatus| c.progress.last_checkpoint.as_ref().map_or(0, |k| k.step);
-    let waited = prev.checkpoint_requested_at.as_ref().map_or(0, |t| obs.now.duration_since(t.0).as_secs().max(0) as u64);
+    let waited =
+        prev.checkpoint_requested_at.as_ref().map_or(0, |t| obs.now.duration_since(t.0).as_secs().max(0) as u64);
     let mut late = false;
     match (reachable, prev.checkpoint_requested_at_step) {
         (Some(c), None) if c.step() > saved(c) => {
@@ -467,7 +489,8 @@ fn checkpoint_then_move(
     // time): act now, from the newest checkpoint there is.
     d.s.checkpoint_requested_at_step = None;
     d.s.checkpoint_requested_at = None;
-    let mut at = d.s.progress.last_checkpoint.as_ref().map_or("no checkpoint yet".to_string(), |k| format!("step {}", k.step));
+    let mut at =
+        d.s.progress.last_checkpoint.as_ref().map_or("no checkpoint yet".to_string(), |k| format!("step {}", k.step));
     if late {
         at = format!("{at} (MemoryX wrote no newer one within {CHECKPOINT_WAIT_SECONDS} s of being asked)");
     }
@@ -495,9 +518,18 @@ fn checkpoint_then_move(
                 spec.cs2
             ),
         );
-        d.cond_with(ConditionType::Admitted, true, Reason::CapacityLost, format!("holds {target} of {} CS-2s", spec.cs2));
+        d.cond_with(
+            ConditionType::Admitted,
+            true,
+            Reason::CapacityLost,
+            format!("holds {target} of {} CS-2s", spec.cs2),
+        );
     } else {
-        d.phase(Phase::Starting, Reason::Rescaled, format!("rescaled from {holds} to {target} CS-2s, continuing from {at}"));
+        d.phase(
+            Phase::Starting,
+            Reason::Rescaled,
+            format!("rescaled from {holds} to {target} CS-2s, continuing from {at}"),
+        );
         d.cond_with(ConditionType::Admitted, true, Reason::Rescaled, format!("holds {target} CS-2s"));
     }
     d.cond_with(ConditionType::Ready, false, Reason::Assembling, "the appliance is being reassembled");
@@ -528,8 +560,17 @@ fn holding(d: &mut Pass, spec: &TrainingJobSpec, obs: &Observed, holds: u32, gro
         }
         (Some(Ok(c)), true) => {
             let phase = if c.phase == MemoryxPhase::Checkpointing { Phase::Checkpointing } else { Phase::Running };
-            d.phase(phase, Reason::Training, format!("step {} of {}", c.step(), c.progress.total_steps.map_or("?".into(), |t| t.to_string())));
-            d.cond_with(ConditionType::Ready, true, Reason::Training, "every child is ready and MemoryX reports progress");
+            d.phase(
+                phase,
+                Reason::Training,
+                format!("step {} of {}", c.step(), c.progress.total_steps.map_or("?".into(), |t| t.to_string())),
+            );
+            d.cond_with(
+                ConditionType::Ready,
+                true,
+                Reason::Training,
+                "every child is ready and MemoryX reports progress",
+            );
         }
         (_, false) => {
             let msg = match &obs.unready {
@@ -654,14 +695,16 @@ mod tests {
         d
     }
 
-    fn cond<'a>(j: &'a TrainingJob, t: ConditionType) -> &'a Condition {
+    fn cond(j: &TrainingJob, t: ConditionType) -> &Condition {
         j.status.as_ref().unwrap().conditions.iter().find(|c| t.of(c)).unwrap()
     }
 
     /// A job stuck Starting names the pod that holds it, why in Kubernetes' words, and the command that shows more.
     #[test]
     fn a_starting_job_names_the_pod_it_waits_for_and_how_to_see_why() {
-        use k8s_openapi::api::core::v1::{ContainerState, ContainerStateWaiting, ContainerStatus, PodCondition, PodStatus};
+        use k8s_openapi::api::core::v1::{
+            ContainerState, ContainerStateWaiting, ContainerStatus, PodCondition, PodStatus,
+        };
         let mut j = job(2);
         let mut o = obs();
         o.admission = Some(Verdict::Admit);
@@ -694,15 +737,20 @@ mod tests {
         status.container_statuses = Some(vec![ContainerStatus {
             name: "engine".into(),
             state: Some(ContainerState {
-                waiting: Some(ContainerStateWaiting { reason: Some("ImagePullBackOff".into()), message: Some("x".repeat(500)) }),
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ImagePullBackOff".into()),
+                    message: Some("x".repeat(500)),
+                }),
                 ..Default::default()
             }),
             ..Default::default()
         }]);
         let why = why_unready(&pod);
         assert!(why.starts_with("Pending, ImagePullBackOff: xxx") && why.ends_with('…') && why.len() < 300, "{why}");
-        let mut running = Pod::default();
-        running.status = Some(PodStatus { phase: Some("Running".into()), ..Default::default() });
+        let running = Pod {
+            status: Some(PodStatus { phase: Some("Running".into()), ..Default::default() }),
+            ..Default::default()
+        };
         assert_eq!(why_unready(&running), "Running, its readiness probe not passed yet");
         // Failed pods being replaced are named as before.
         o.failed_pods = vec!["j-engine-0".into()];
@@ -748,11 +796,15 @@ mod tests {
         assert_eq!(cond(&j, ConditionType::Ready).status, "True");
 
         // MemoryX writing a periodic checkpoint shows as Checkpointing, then Running again.
-        o.coordinator = Some(Ok(MemoryxStatus { phase: MemoryxPhase::Checkpointing, ..running(10, None).unwrap().unwrap() }));
+        o.coordinator =
+            Some(Ok(MemoryxStatus { phase: MemoryxPhase::Checkpointing, ..running(10, None).unwrap().unwrap() }));
         assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Checkpointing));
         o.coordinator = running(11, Some(10));
         let d = step(&mut j, &o);
-        assert_eq!((d.status.phase, d.status.progress.last_checkpoint.map(|c| c.step)), (Some(Phase::Running), Some(10)));
+        assert_eq!(
+            (d.status.phase, d.status.progress.last_checkpoint.map(|c| c.step)),
+            (Some(Phase::Running), Some(10))
+        );
     }
 
     #[test]
@@ -804,10 +856,17 @@ mod tests {
         assert_eq!(refusal_reason(422), "ChildInvalid");
     }
 
-    fn memoryx_set(replicas: i32, conditions: Vec<k8s_openapi::api::apps::v1::StatefulSetCondition>) -> k8s_openapi::api::apps::v1::StatefulSet {
+    fn memoryx_set(
+        replicas: i32,
+        conditions: Vec<k8s_openapi::api::apps::v1::StatefulSetCondition>,
+    ) -> k8s_openapi::api::apps::v1::StatefulSet {
         use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
         StatefulSet {
-            metadata: kube::api::ObjectMeta { name: Some("j-memoryx".into()), uid: Some("sts-uid".into()), ..Default::default() },
+            metadata: kube::api::ObjectMeta {
+                name: Some("j-memoryx".into()),
+                uid: Some("sts-uid".into()),
+                ..Default::default()
+            },
             spec: Some(StatefulSetSpec { replicas: Some(replicas), ..Default::default() }),
             status: Some(StatefulSetStatus { conditions: Some(conditions), ..Default::default() }),
         }
@@ -845,12 +904,25 @@ mod tests {
         };
         let r = memoryx_refusal(&memoryx_set(1, vec![failure.clone()]), &[]).expect("a refusal");
         assert_eq!(r.reason, "PodsForbidden");
-        assert!(r.message.contains("violates PodSecurity \"restricted:latest\"") && r.message.contains("MemoryX"), "{}", r.message);
+        assert!(
+            r.message.contains("violates PodSecurity \"restricted:latest\"") && r.message.contains("MemoryX"),
+            "{}",
+            r.message
+        );
         // It reaches Ready with the API server's words, as a refused engine pod does.
         let mut j = job(2);
-        let s = children_refused(&TrainingJobStatus { phase: Some(Phase::Starting), ..Default::default() }, r.reason, r.message.clone(), Some(1), obs().now);
+        let s = children_refused(
+            &TrainingJobStatus { phase: Some(Phase::Starting), ..Default::default() },
+            r.reason,
+            r.message.clone(),
+            Some(1),
+            obs().now,
+        );
         j.status = Some(s);
-        assert_eq!((cond(&j, ConditionType::Ready).status.as_str(), cond(&j, ConditionType::Ready).reason.as_str()), ("False", "PodsForbidden"));
+        assert_eq!(
+            (cond(&j, ConditionType::Ready).status.as_str(), cond(&j, ConditionType::Ready).reason.as_str()),
+            ("False", "PodsForbidden")
+        );
         assert!(cond(&j, ConditionType::Ready).message.contains("allowPrivilegeEscalation"));
         // A condition that no longer holds, or a set scaled to zero, is no refusal.
         let over = StatefulSetCondition { status: "False".into(), ..failure.clone() };
@@ -869,7 +941,9 @@ mod tests {
     fn a_refused_memoryx_pod_is_read_from_the_statefulset_controllers_event() {
         let sts = memoryx_set(1, vec![]);
         let failed = sts_event("FailedCreate", 200, "sts-uid", FORBIDDEN);
-        let r = memoryx_refusal(&sts, &[sts_event("SuccessfulCreate", 100, "sts-uid", "create Pod ok"), failed.clone()]).expect("a refusal");
+        let r =
+            memoryx_refusal(&sts, &[sts_event("SuccessfulCreate", 100, "sts-uid", "create Pod ok"), failed.clone()])
+                .expect("a refusal");
         assert_eq!(r.reason, "PodsForbidden");
         assert!(r.message.contains("allowPrivilegeEscalation != false"), "{}", r.message);
         // A later successful create, another (older) StatefulSet of the same name, or no event: no refusal.
@@ -877,20 +951,29 @@ mod tests {
         assert_eq!(memoryx_refusal(&sts, &[sts_event("FailedCreate", 200, "old-uid", FORBIDDEN)]), None);
         assert_eq!(memoryx_refusal(&sts, &[]), None);
         let quota = sts_event("FailedCreate", 400, "sts-uid", "pods \"j-memoryx-0\" is forbidden: exceeded quota: q");
-        assert_eq!(memoryx_refusal(&sts, &[failed, quota]).unwrap().message, "the API server refused MemoryX's pod: pods \"j-memoryx-0\" is forbidden: exceeded quota: q");
+        assert_eq!(
+            memoryx_refusal(&sts, &[failed, quota]).unwrap().message,
+            "the API server refused MemoryX's pod: pods \"j-memoryx-0\" is forbidden: exceeded quota: q"
+        );
     }
 
     #[test]
     fn a_missing_priority_class_queues_the_job_with_a_warning_once() {
         let mut j = job(2);
         let mut o = obs();
-        let missing = Verdict::Wait { reason: Reason::PriorityClassNotFound, message: "spec.priorityClassName names PriorityClass 'gold', which does not exist".into() };
+        let missing = Verdict::Wait {
+            reason: Reason::PriorityClassNotFound,
+            message: "spec.priorityClassName names PriorityClass 'gold', which does not exist".into(),
+        };
         o.admission = Some(Verdict::Wait { reason: Reason::InsufficientCapacity, message: "needs 2".into() });
         assert!(!step(&mut j, &o).transition.unwrap().warning);
         o.admission = Some(missing);
         let d = step(&mut j, &o);
         assert_eq!((d.status.phase, d.children.clone()), (Some(Phase::Queued), Children::Nothing));
-        assert_eq!((cond(&j, ConditionType::Admitted).status.as_str(), cond(&j, ConditionType::Admitted).reason.as_str()), ("False", "PriorityClassNotFound"));
+        assert_eq!(
+            (cond(&j, ConditionType::Admitted).status.as_str(), cond(&j, ConditionType::Admitted).reason.as_str()),
+            ("False", "PriorityClassNotFound")
+        );
         let t = d.transition.expect("an Event although the phase stays Queued");
         assert!(t.warning && t.reason == "PriorityClassNotFound" && t.message.contains("'gold'"), "{t:?}");
         assert!(step(&mut j, &o).transition.is_none(), "announced once");
@@ -941,12 +1024,20 @@ mod tests {
         assert!(step(&mut j, &o).request_checkpoint);
         // MemoryX never writes it (a full disk, a hung store): the wait ends after the deadline.
         o.coordinator = running(41, Some(30));
-        o.now = o.now + std::time::Duration::from_secs(CHECKPOINT_WAIT_SECONDS - 1);
+        o.now += std::time::Duration::from_secs(CHECKPOINT_WAIT_SECONDS - 1);
         assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Checkpointing));
-        o.now = o.now + std::time::Duration::from_secs(2);
+        o.now += std::time::Duration::from_secs(2);
         let d = step(&mut j, &o);
-        assert_eq!((d.status.phase, d.status.allocated_cs2, d.children), (Some(Phase::Suspended), None, Children::Release));
-        assert!(cond(&j, ConditionType::Suspended).message.contains("step 30") && cond(&j, ConditionType::Suspended).message.contains("within 300 s"), "{:?}", cond(&j, ConditionType::Suspended));
+        assert_eq!(
+            (d.status.phase, d.status.allocated_cs2, d.children),
+            (Some(Phase::Suspended), None, Children::Release)
+        );
+        assert!(
+            cond(&j, ConditionType::Suspended).message.contains("step 30")
+                && cond(&j, ConditionType::Suspended).message.contains("within 300 s"),
+            "{:?}",
+            cond(&j, ConditionType::Suspended)
+        );
         assert_eq!(d.status.checkpoint_requested_at, None);
     }
 
@@ -958,11 +1049,14 @@ mod tests {
         o.admission = Some(Verdict::Admit);
         step(&mut j, &o);
         (o.admission, o.pods_ready, o.coordinator) = (None, true, running(40, None));
-        o.now = o.now + std::time::Duration::from_secs(600);
+        o.now += std::time::Duration::from_secs(600);
         assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Running));
-        o.now = o.now + std::time::Duration::from_secs(1);
+        o.now += std::time::Duration::from_secs(1);
         let d = step(&mut j, &o);
-        assert_eq!((d.status.phase, d.status.allocated_cs2, d.children), (Some(Phase::Failed), None, Children::Release));
+        assert_eq!(
+            (d.status.phase, d.status.allocated_cs2, d.children),
+            (Some(Phase::Failed), None, Children::Release)
+        );
         assert_eq!(cond(&j, ConditionType::Failed).reason, "DeadlineExceeded");
     }
 
@@ -1068,7 +1162,13 @@ mod tests {
         o.coordinator = running(12, Some(12));
         let d = step(&mut j, &o);
         assert_eq!((d.status.allocated_cs2, d.children.clone()), (Some(2), Children::Assemble(2)));
-        assert!(d.transition.as_ref().is_some_and(|t| t.reason == Reason::CapacityLost && t.message.contains("continuing on 2 of 4")), "{:?}", d.transition);
+        assert!(
+            d.transition
+                .as_ref()
+                .is_some_and(|t| t.reason == Reason::CapacityLost && t.message.contains("continuing on 2 of 4")),
+            "{:?}",
+            d.transition
+        );
         // Running on 2 with 2 left: no loss any more; growing back waits for free CS-2s, then happens.
         o.capacity = Some(2);
         o.may_grow = false;

@@ -51,7 +51,10 @@ fn serve_kubelet(socket: &Path) -> (mpsc::UnboundedReceiver<RegisterRequest>, to
 }
 
 async fn next_registration(rx: &mut mpsc::UnboundedReceiver<RegisterRequest>) -> RegisterRequest {
-    tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.expect("no registration in 20 s").expect("kubelet gone")
+    tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .expect("no registration in 20 s")
+        .expect("kubelet gone")
 }
 
 #[tokio::test]
@@ -107,7 +110,9 @@ async fn registers_lists_allocates_and_reregisters_after_a_kubelet_restart() {
     assert_eq!(alloc.container_responses[1].envs["WS_CS2_DEVICE"], "cs2-0,cs2-2");
 
     let refused = client
-        .allocate(AllocateRequest { container_requests: vec![ContainerAllocateRequest { devices_ids: vec!["gpu-9".into()] }] })
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest { devices_ids: vec!["gpu-9".into()] }],
+        })
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument);

@@ -6,9 +6,9 @@ use crds::contract::SwarmxTree;
 use crds::{ExecutionMode, TrainingJobSpec};
 use serde::Serialize;
 
-use errors::{Error, Result};
 use crate::layout::ModelLayout;
-use crate::memoryx::{optimizer_values, MemoryxPlan};
+use crate::memoryx::{MemoryxPlan, optimizer_values};
+use errors::{Error, Result};
 
 /// One layer's stream.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -155,8 +155,8 @@ impl Plan {
             ExecutionMode::Auto => ExecutionMode::WeightStreaming,
             mode => mode,
         };
-        let peak_engine_bytes = activation_bytes
-            + if execution_mode == ExecutionMode::Pipelined { all_weights } else { streaming_peak };
+        let peak_engine_bytes =
+            activation_bytes + if execution_mode == ExecutionMode::Pipelined { all_weights } else { streaming_peak };
         if peak_engine_bytes > sram_bytes {
             let what = match execution_mode {
                 ExecutionMode::Pipelined => format!(
@@ -180,7 +180,8 @@ impl Plan {
             .sum();
         let opt = optimizer_values(spec.training.optimizer.kind);
         let memoryx = MemoryxPlan::for_spec(spec)?;
-        let sparse_index_bytes: u64 = (0..n).filter(|&l| layout.linears[l].sparse).map(|l| 8 * layers[l].weights as u64).sum();
+        let sparse_index_bytes: u64 =
+            (0..n).filter(|&l| layout.linears[l].sparse).map(|l| 8 * layers[l].weights as u64).sum();
         let input_workers_per_cs2 = spec.data.workers.max(1);
         let coordinator_transit_bytes = coordinator_transit_bytes(&layout, &layers, execution_mode);
         Ok(Plan {
@@ -254,4 +255,3 @@ pub fn step_bytes(layout: &ModelLayout, dense: bool) -> u64 {
 pub fn shard_of(spec: &TrainingJobSpec) -> usize {
     (spec.training.batch_size / spec.cs2.max(1)) as usize
 }
-

@@ -68,11 +68,7 @@ impl LinearShape {
 
     /// Values of the unit's bias: `outputs` when it has one.
     pub fn bias_len(&self) -> usize {
-        if self.bias {
-            self.outputs
-        } else {
-            0
-        }
+        if self.bias { self.outputs } else { 0 }
     }
 
     /// Values of the unit's vector, which it stores and streams beside the weights: its bias, then its input
@@ -259,11 +255,8 @@ impl ModelLayout {
         match spec.kind {
             ModelKind::Mlp => {
                 let sparse = spec.sparsity > 0.0;
-                let linears = spec
-                    .layers
-                    .windows(2)
-                    .map(|w| LinearShape::new(w[0] as usize, w[1] as usize, sparse))
-                    .collect();
+                let linears =
+                    spec.layers.windows(2).map(|w| LinearShape::new(w[0] as usize, w[1] as usize, sparse)).collect();
                 ModelLayout { linears, arch: Arch::Mlp, activation: spec.activation, sparsity: spec.sparsity }
             }
             ModelKind::Gpt => Self::gpt(spec),
@@ -308,7 +301,10 @@ impl ModelLayout {
             linears.push(unit(g.width, 2 * g.intermediate, sparse, gain, std));
             linears.push(unit(g.intermediate, g.width, sparse, none, std));
         }
-        linears.push(LinearShape { tied_to: spec.tied_embeddings.then_some(0), ..unit(g.width, g.vocab, false, gain, 0.02) });
+        linears.push(LinearShape {
+            tied_to: spec.tied_embeddings.then_some(0),
+            ..unit(g.width, g.vocab, false, gain, 0.02)
+        });
         ModelLayout { linears, arch: Arch::Llama(g), activation: Activation::Gelu, sparsity: spec.sparsity }
     }
 
@@ -341,10 +337,7 @@ impl ModelLayout {
             tied_to: None,
             init_std: Some(init),
         };
-        let mut linears = vec![LinearShape {
-            bias: false,
-            ..unit(g.width, g.vocab + g.context, false, 0.02)
-        }];
+        let mut linears = vec![LinearShape { bias: false, ..unit(g.width, g.vocab + g.context, false, 0.02) }];
         for _ in 0..g.blocks {
             linears.push(LinearShape { norm: read_norm, ..unit(g.width, 3 * g.width, sparse, std) });
             linears.push(unit(g.width, g.width, sparse, residual_std));
@@ -429,7 +422,10 @@ impl ModelLayout {
     /// Bytes of weights MemoryX stores for the model as the engines receive them (values, plus indices when
     /// sparse, plus biases): what would have to sit on the engine to run it without streaming.
     pub fn weight_bytes(&self) -> u64 {
-        (0..self.linears.len()).filter(|&l| self.linears[l].tied_to.is_none()).map(|l| self.forward_stream_bytes(l)).sum()
+        (0..self.linears.len())
+            .filter(|&l| self.linears[l].tied_to.is_none())
+            .map(|l| self.forward_stream_bytes(l))
+            .sum()
     }
 }
 

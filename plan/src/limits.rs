@@ -3,9 +3,9 @@
 use crds::TrainingJobSpec;
 
 use crate::appliance::shard_of;
-use errors::{Error, Result};
 use crate::layout::{LinearShape, ModelLayout};
 use crate::memoryx::optimizer_values;
+use errors::{Error, Result};
 
 /// Bytes a checkpoint's safetensors header may take beside the tensor data: the metadata (format, job, uid,
 /// step, checksum) and, per tensor, its name, dtype, shape and offsets — generously, as a bound, not an estimate.
@@ -45,7 +45,8 @@ impl Limits {
     /// (a `Prime` or `Snapshot` carries it all; no other call carries more). Keepalives find a dead peer long
     /// before; this bounds a live one that never finishes.
     pub fn call_timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_secs(120).saturating_add(std::time::Duration::from_secs(self.state_bytes() / (16 << 20)))
+        std::time::Duration::from_secs(120)
+            .saturating_add(std::time::Duration::from_secs(self.state_bytes() / (16 << 20)))
     }
 
     /// Samples a `BeginStep` may carry to a stage with `engines` engines below it.
@@ -56,7 +57,10 @@ impl Limits {
     /// The shape of layer `layer`, or an error when the model has no such layer.
     pub fn layer(&self, layer: u64) -> Result<LinearShape> {
         usize::try_from(layer).ok().and_then(|l| self.layers.get(l).copied()).ok_or_else(|| {
-            Error::Protocol(format!("a stream for layer {layer} reached a stage of a model of {} layers", self.layers.len()))
+            Error::Protocol(format!(
+                "a stream for layer {layer} reached a stage of a model of {} layers",
+                self.layers.len()
+            ))
         })
     }
 
@@ -87,4 +91,3 @@ impl Limits {
             .saturating_add(tensors.saturating_mul(HEADER_PER_TENSOR))
     }
 }
-

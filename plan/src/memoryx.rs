@@ -4,8 +4,8 @@
 use crds::TrainingJobSpec;
 use serde::Serialize;
 
-use errors::{Error, Result};
 use crate::layout::ModelLayout;
+use errors::{Error, Result};
 
 /// Values the optimizer `kind` keeps beside each parameter (momentum 1, Adam's two moments 2): what MemoryX
 /// stores and checkpoints besides the weights, so the plan and the store count state alike.
@@ -99,7 +99,13 @@ impl MemoryxPlan {
                 errors::units::bytes(largest)
             )));
         }
-        Ok(MemoryxPlan { servers, server_bytes, memory_bytes, disk_bytes: server_bytes - memory_bytes, min_memory_bytes })
+        Ok(MemoryxPlan {
+            servers,
+            server_bytes,
+            memory_bytes,
+            disk_bytes: server_bytes - memory_bytes,
+            min_memory_bytes,
+        })
     }
 }
 
@@ -129,11 +135,13 @@ mod servers_tests {
         let auto = MemoryxPlan::new(&spec(None, Some(16_000)), &layers, 2).unwrap();
         assert_eq!((auto.servers, auto.server_bytes, auto.disk_bytes), (3, 16_032, 32), "48 kB over 16 kB servers");
         let tiered = MemoryxPlan::new(&spec(Some(2), Some(16_000)), &layers, 2).unwrap();
-        assert_eq!((tiered.server_bytes, tiered.memory_bytes, tiered.disk_bytes, tiered.min_memory_bytes), (24_000, 16_000, 8_000, 16_000));
+        assert_eq!(
+            (tiered.server_bytes, tiered.memory_bytes, tiered.disk_bytes, tiered.min_memory_bytes),
+            (24_000, 16_000, 8_000, 16_000)
+        );
         let err = MemoryxPlan::new(&spec(Some(2), Some(5_000)), &layers, 2).unwrap_err().to_string();
         assert!(err.contains("memoryBytes") && err.contains("largest layer"), "{err}");
         let err = MemoryxPlan::new(&spec(Some(5), None), &[2, 2], 2).unwrap_err().to_string();
         assert!(err.contains("only 4 parameters"), "{err}");
     }
 }
-

@@ -125,7 +125,6 @@ pub fn sram_bytes(spec: &crds::EngineSpec) -> u64 {
 /// whole weight stream at this rate, because SwarmX replicates it rather than dividing it.
 pub const MEMORYX_BANDWIDTH: f64 = 4e12;
 
-
 /// Seconds one hop of the SwarmX tree adds to the first byte of a broadcast or a reduction. Not in the seeds:
 /// an assumed switch-plus-wire latency, charged only for filling and draining the tree once per step.
 pub const SWARMX_HOP_LATENCY_S: f64 = 2e-6;

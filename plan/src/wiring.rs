@@ -6,7 +6,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crds::contract::{CommonArgs, EngineArgs, InputArgs, MemoryxArgs, Role, RoleArgs, SwarmxArgs, SwarmxChild, SwarmxNode};
+use crds::contract::{
+    CommonArgs, EngineArgs, InputArgs, MemoryxArgs, Role, RoleArgs, SwarmxArgs, SwarmxChild, SwarmxNode,
+};
 
 use crate::appliance::Plan;
 
@@ -182,7 +184,9 @@ impl<'a> Wiring<'a> {
                 let fallback = SwarmxNode { level, index, children: Vec::new() };
                 Args::Swarmx(self.swarmx(site, node.unwrap_or(&fallback)))
             }
-            Component::WeightServer(i) => Args::Memoryx(MemoryxArgs { server_index: i, ..self.memoryx(site, weight_servers) }),
+            Component::WeightServer(i) => {
+                Args::Memoryx(MemoryxArgs { server_index: i, ..self.memoryx(site, weight_servers) })
+            }
         }
     }
 

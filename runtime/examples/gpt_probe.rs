@@ -4,10 +4,10 @@
 
 use std::time::Instant;
 
-use kernels::dense::{matmul, MatView};
+use kernels::dense::{MatView, matmul};
+use kernels::tensor::Mat;
 use runtime::model::attention::{self, Geometry};
 use runtime::model::{activation, linear, norm};
-use kernels::tensor::Mat;
 
 fn time<T>(what: &str, reps: usize, mut f: impl FnMut() -> T) -> f64 {
     f();
@@ -27,7 +27,9 @@ fn main() {
     let d: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(256);
     let (n, t, heads) = (2048usize, 128usize, 4usize);
     let r = 4 * d;
-    let m = |rows: usize, cols: usize| Mat::from_vec(rows, cols, (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect());
+    let m = |rows: usize, cols: usize| {
+        Mat::from_vec(rows, cols, (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect())
+    };
     let x = m(d, n);
     let w_qkv = m(3 * d, d).data;
     let w_up = m(r, d).data;
@@ -53,7 +55,9 @@ fn main() {
         let tvalues: Vec<f32> = perm.iter().map(|&k| values[k as usize]).collect();
         let xin = m(ins, n);
         let dy = m(outs, n);
-        let f = time(&format!("{name} sparse fwd"), 5, || linear::forward(linear::Weights::Sparse { pattern: &p, values: &values }, &[], &xin));
+        let f = time(&format!("{name} sparse fwd"), 5, || {
+            linear::forward(linear::Weights::Sparse { pattern: &p, values: &values }, &[], &xin)
+        });
         let b = time(&format!("{name} sparse dX"), 5, || {
             linear::backward_input(linear::Weights::Sparse { pattern: &pt, values: &tvalues }, ins, &dy)
         });

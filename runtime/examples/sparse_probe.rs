@@ -5,9 +5,9 @@
 
 use std::time::Instant;
 
-use multiversion::multiversion;
 use kernels::sparse::{self, SparsePattern};
 use kernels::tensor::Mat;
+use multiversion::multiversion;
 
 /// Tokens per lane, as the kernels' tiles hold them.
 const TILE: usize = 128;
@@ -51,7 +51,9 @@ fn main() {
     runtime::process::keep_allocator_warm();
     let d: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(256);
     let n = 2048;
-    let m = |rows: usize, cols: usize| Mat::from_vec(rows, cols, (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect());
+    let m = |rows: usize, cols: usize| {
+        Mat::from_vec(rows, cols, (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect())
+    };
     println!("width {d}, 90% sparse, {n} tokens, both cores; GFLOP/s of useful work (2 per non-zero per token)");
     for (name, outs, ins) in [("qkv", 3 * d, d), ("proj", d, d), ("up", 4 * d, d), ("down", d, 4 * d)] {
         let p = SparsePattern::random(outs, ins, 0.1, 3);
@@ -67,7 +69,14 @@ fn main() {
         let gflops = |s: f64, products: f64| products * 2.0 * p.nnz() as f64 * n as f64 / s / 1e9;
         println!(
             "{name:5} {outs:5}x{ins:<5} forward {:6.2} ms {:5.0} | dX {:6.2} ms {:5.0} | dW (SDDMM) {:6.2} ms {:5.0} | backward (both) {:6.2} ms {:5.0}",
-            fwd * 1e3, gflops(fwd, 1.0), dx * 1e3, gflops(dx, 1.0), wgrad * 1e3, gflops(wgrad, 1.0), both * 1e3, gflops(both, 2.0)
+            fwd * 1e3,
+            gflops(fwd, 1.0),
+            dx * 1e3,
+            gflops(dx, 1.0),
+            wgrad * 1e3,
+            gflops(wgrad, 1.0),
+            both * 1e3,
+            gflops(both, 2.0)
         );
     }
     println!("the inner step alone, one core, lanes picked at random from a pool of:");
@@ -85,6 +94,10 @@ fn main() {
             .collect();
         let vals = vec![0.5f32; picks];
         let s = seconds(50, || axpy_runs(&lanes, &idx, &vals));
-        println!("  {lanes_in_pool:5} lanes ({:5} KB): {:6.1} GFLOP/s", lanes_in_pool * TILE * 4 / 1024, 2.0 * (picks * TILE) as f64 / s / 1e9);
+        println!(
+            "  {lanes_in_pool:5} lanes ({:5} KB): {:6.1} GFLOP/s",
+            lanes_in_pool * TILE * 4 / 1024,
+            2.0 * (picks * TILE) as f64 / s / 1e9
+        );
     }
 }

@@ -24,4 +24,3 @@ pub mod optim;
 pub mod process;
 pub mod protocol;
 pub mod swarmx;
-

@@ -161,7 +161,15 @@ mod tests {
     use super::*;
 
     fn spec(kind: OptimizerKind) -> OptimizerSpec {
-        OptimizerSpec { kind, learning_rate: 0.1, weight_decay: 0.0, momentum: 0.9, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 }
+        OptimizerSpec {
+            kind,
+            learning_rate: 0.1,
+            weight_decay: 0.0,
+            momentum: 0.9,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+        }
     }
 
     #[test]

@@ -23,21 +23,21 @@ use bytes::Bytes;
 mod common;
 // The client holds the job's own identity: the limits, not the credentials, must refuse.
 use common::{identity, layout, store};
-use runtime::input::LocalFeed;
-use data::{mnist, Dataset};
-use runtime::engine::server::EngineServer;
+use data::{Dataset, mnist};
+use plan::limits::Limits;
 use runtime::engine::hw::CountingHw;
+use runtime::engine::server::EngineServer;
 use runtime::engine::wse::Wse;
+use runtime::input::LocalFeed;
 use runtime::memoryx::checkpoint;
 use runtime::memoryx::store::WeightStore;
-use plan::limits::Limits;
-use runtime::protocol::pb::{self, stage_client::StageClient};
 use runtime::protocol::codec::layer::encode_layer;
 use runtime::protocol::codec::state::encode_state;
-use runtime::swarmx::relay::{connect, Relay};
-use wire::grpc::Dial;
+use runtime::protocol::pb::{self, stage_client::StageClient};
+use runtime::swarmx::relay::{Relay, connect};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
+use wire::grpc::Dial;
 
 const JOB: &str = "bounded-test";
 /// Samples per engine per step: the plan's shard.
@@ -78,23 +78,39 @@ fn appliance(rt: &tokio::runtime::Runtime) -> Appliance {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/mnist");
     let data = Arc::new(Dataset::Images(mnist::load(&path, mnist::Split::Train).expect("the shipped digits load")));
     let engine = Box::new(Wse::new("engine-0", layout(), CountingHw::new(1 << 30)));
-    let server = EngineServer::new(JOB.into(), limits(), engine, Arc::new(LocalFeed::new(data.clone(), data))).with_replicas(Arc::new(|| Ok(store())));
+    let server = EngineServer::new(JOB.into(), limits(), engine, Arc::new(LocalFeed::new(data.clone(), data)))
+        .with_replicas(Arc::new(|| Ok(store())));
     rt.block_on(async {
         let engine_url = serve(server).await;
-        let child = connect(&engine_url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect to the engine");
+        let child = connect(&engine_url, JOB, Dial::new(identity(), Duration::from_secs(10)))
+            .await
+            .expect("connect to the engine");
         let engine = child.client.clone();
         let swarmx_url = serve(Relay::new(JOB.into(), vec![child], limits())).await;
-        let swarmx = connect(&swarmx_url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect to SwarmX").client;
+        let swarmx = connect(&swarmx_url, JOB, Dial::new(identity(), Duration::from_secs(10)))
+            .await
+            .expect("connect to SwarmX")
+            .client;
         let liar_url = serve(Liar).await;
         let mut liars = Vec::new();
         for _ in 0..2 {
-            liars.push(connect(&liar_url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect to the liar"));
+            liars.push(
+                connect(&liar_url, JOB, Dial::new(identity(), Duration::from_secs(10)))
+                    .await
+                    .expect("connect to the liar"),
+            );
         }
         let one = vec![liars[0].clone()];
         let over_url = serve(Relay::new(JOB.into(), liars, limits())).await;
-        let over_liars = connect(&over_url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect to SwarmX").client;
+        let over_liars = connect(&over_url, JOB, Dial::new(identity(), Duration::from_secs(10)))
+            .await
+            .expect("connect to SwarmX")
+            .client;
         let over_one_url = serve(Relay::new(JOB.into(), one, limits())).await;
-        let over_liar = connect(&over_one_url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect to SwarmX").client;
+        let over_liar = connect(&over_one_url, JOB, Dial::new(identity(), Duration::from_secs(10)))
+            .await
+            .expect("connect to SwarmX")
+            .client;
         Appliance { engine, swarmx, over_liars, over_liar }
     })
 }
@@ -113,33 +129,54 @@ impl pb::stage_server::Stage for Liar {
     async fn begin_step(&self, _: tonic::Request<pb::BeginStepRequest>) -> Result<tonic::Response<pb::Ack>, Status> {
         Ok(tonic::Response::new(pb::Ack {}))
     }
-    async fn forward(&self, _: tonic::Request<tonic::Streaming<pb::LayerChunk>>) -> Result<tonic::Response<pb::Ack>, Status> {
+    async fn forward(
+        &self,
+        _: tonic::Request<tonic::Streaming<pb::LayerChunk>>,
+    ) -> Result<tonic::Response<pb::Ack>, Status> {
         Ok(tonic::Response::new(pb::Ack {}))
     }
     async fn loss(&self, _: tonic::Request<pb::LossRequest>) -> Result<tonic::Response<pb::LossReply>, Status> {
         Ok(tonic::Response::new(pb::LossReply::default()))
     }
     type BackwardStream = Reply<pb::GradChunk>;
-    async fn backward(&self, _: tonic::Request<tonic::Streaming<pb::LayerChunk>>) -> Result<tonic::Response<Self::BackwardStream>, Status> {
+    async fn backward(
+        &self,
+        _: tonic::Request<tonic::Streaming<pb::LayerChunk>>,
+    ) -> Result<tonic::Response<Self::BackwardStream>, Status> {
         Ok(tonic::Response::new(Box::pin(futures::StreamExt::map(endless_grads(), Ok))))
     }
     async fn stats(&self, _: tonic::Request<pb::StatsRequest>) -> Result<tonic::Response<pb::StatsReply>, Status> {
         Ok(tonic::Response::new(pb::StatsReply::default()))
     }
-    async fn prime(&self, _: tonic::Request<tonic::Streaming<pb::StateChunk>>) -> Result<tonic::Response<pb::Ack>, Status> {
+    async fn prime(
+        &self,
+        _: tonic::Request<tonic::Streaming<pb::StateChunk>>,
+    ) -> Result<tonic::Response<pb::Ack>, Status> {
         Ok(tonic::Response::new(pb::Ack {}))
     }
     type SnapshotStream = Reply<pb::StateChunk>;
-    async fn snapshot(&self, _: tonic::Request<pb::SnapshotRequest>) -> Result<tonic::Response<Self::SnapshotStream>, Status> {
+    async fn snapshot(
+        &self,
+        _: tonic::Request<pb::SnapshotRequest>,
+    ) -> Result<tonic::Response<Self::SnapshotStream>, Status> {
         Ok(tonic::Response::new(Box::pin(futures::StreamExt::map(endless_state(), Ok))))
     }
     type StepStream = Reply<pb::StepChunk>;
-    async fn step(&self, _: tonic::Request<pb::ResidentStepRequest>) -> Result<tonic::Response<Self::StepStream>, Status> {
+    async fn step(
+        &self,
+        _: tonic::Request<pb::ResidentStepRequest>,
+    ) -> Result<tonic::Response<Self::StepStream>, Status> {
         let loss = pb::StepChunk { loss: Some(pb::LossReply::default()), grad: None };
         let grads = futures::StreamExt::map(endless_grads(), |g| pb::StepChunk { loss: None, grad: Some(g) });
-        Ok(tonic::Response::new(Box::pin(futures::StreamExt::map(futures::StreamExt::chain(tokio_stream::iter([loss]), grads), Ok))))
+        Ok(tonic::Response::new(Box::pin(futures::StreamExt::map(
+            futures::StreamExt::chain(tokio_stream::iter([loss]), grads),
+            Ok,
+        ))))
     }
-    async fn apply(&self, _: tonic::Request<tonic::Streaming<pb::GradChunk>>) -> Result<tonic::Response<pb::Ack>, Status> {
+    async fn apply(
+        &self,
+        _: tonic::Request<tonic::Streaming<pb::GradChunk>>,
+    ) -> Result<tonic::Response<pb::Ack>, Status> {
         Ok(tonic::Response::new(pb::Ack {}))
     }
 }
@@ -147,7 +184,8 @@ impl pb::stage_server::Stage for Liar {
 /// A field of `/proc/self/status`, in bytes.
 fn status_bytes(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let line = status.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("no {field} in /proc/self/status"));
+    let line =
+        status.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("no {field} in /proc/self/status"));
     let kb: u64 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("a size in kB");
     kb << 10
 }
@@ -170,7 +208,14 @@ fn refused(what: &str, got: Result<(), Status>, code: Code, says: &str) {
 }
 
 fn begin(samples: Vec<u32>) -> pb::BeginStepRequest {
-    pb::BeginStepRequest { job: JOB.into(), step: 0, samples, split: pb::Split::Train as i32, grad_scale: 1.0, micro_batch: 0 }
+    pb::BeginStepRequest {
+        job: JOB.into(),
+        step: 0,
+        samples,
+        split: pb::Split::Train as i32,
+        grad_scale: 1.0,
+        micro_batch: 0,
+    }
 }
 
 /// A layer stream whose header announces `values_len` values of layer 0 and which then keeps sending values,
@@ -187,15 +232,27 @@ fn endless_layer(values_len: u64) -> impl futures::Stream<Item = pb::LayerChunk>
         bias_len: 32,
         ..pb::LayerChunk::default()
     };
-    let body = (0..ENDLESS).map(move |_| pb::LayerChunk { job: JOB.into(), values: piece.clone(), ..pb::LayerChunk::default() });
+    let body = (0..ENDLESS).map(move |_| pb::LayerChunk {
+        job: JOB.into(),
+        values: piece.clone(),
+        ..pb::LayerChunk::default()
+    });
     tokio_stream::iter(std::iter::once(header).chain(body))
 }
 
 /// An `Apply` stream whose first chunk announces `u64::MAX` weights of layer 1 and which then keeps sending.
 fn endless_grads() -> impl futures::Stream<Item = pb::GradChunk> + Send + 'static {
     let piece = Bytes::from(vec![0u8; 1 << 20]);
-    let header = pb::GradChunk { layer: 1, first: true, weights_len: u64::MAX, bias_len: 10, job: JOB.into(), ..pb::GradChunk::default() };
-    let body = (0..ENDLESS).map(move |_| pb::GradChunk { layer: 1, weights: piece.clone(), ..pb::GradChunk::default() });
+    let header = pb::GradChunk {
+        layer: 1,
+        first: true,
+        weights_len: u64::MAX,
+        bias_len: 10,
+        job: JOB.into(),
+        ..pb::GradChunk::default()
+    };
+    let body =
+        (0..ENDLESS).map(move |_| pb::GradChunk { layer: 1, weights: piece.clone(), ..pb::GradChunk::default() });
     tokio_stream::iter(std::iter::once(header).chain(body))
 }
 
@@ -212,7 +269,9 @@ fn no_message_or_file_makes_a_role_allocate_beyond_the_plan() {
     let limits = limits();
     let state_limit = limits.state_bytes();
     let call = |f: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Status>> + Send>>| {
-        rt.block_on(async { tokio::time::timeout(CALL_DEADLINE, f).await.unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer"))) })
+        rt.block_on(async {
+            tokio::time::timeout(CALL_DEADLINE, f).await.unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer")))
+        })
     };
     // The next legitimate call each role must still answer.
     let healthy = |who: &str, client: &StageClient<Channel>| {
@@ -243,7 +302,12 @@ fn no_message_or_file_makes_a_role_allocate_beyond_the_plan() {
             let mut c = client.clone();
             call(Box::pin(async move { c.forward(endless_layer(u64::MAX)).await.map(|_| ()) }))
         });
-        refused(&format!("{who}: u64::MAX layer"), got, Code::ResourceExhausted, "values_len is 18446744073709551615, beyond the 25088");
+        refused(
+            &format!("{who}: u64::MAX layer"),
+            got,
+            Code::ResourceExhausted,
+            "values_len is 18446744073709551615, beyond the 25088",
+        );
         healthy(who, client);
         report.push((format!("{who}: layer stream announcing u64::MAX values"), growth));
     }
@@ -265,7 +329,12 @@ fn no_message_or_file_makes_a_role_allocate_beyond_the_plan() {
             let mut c = client.clone();
             call(Box::pin(async move { c.apply(endless_grads()).await.map(|_| ()) }))
         });
-        refused(&format!("{who}: u64::MAX gradients"), got, Code::ResourceExhausted, "weights_len is 18446744073709551615, beyond the 320");
+        refused(
+            &format!("{who}: u64::MAX gradients"),
+            got,
+            Code::ResourceExhausted,
+            "weights_len is 18446744073709551615, beyond the 320",
+        );
         healthy(who, client);
         report.push((format!("{who}: gradient stream announcing u64::MAX values"), growth));
     }
@@ -309,7 +378,12 @@ fn no_message_or_file_makes_a_role_allocate_beyond_the_plan() {
             Ok(())
         }))
     });
-    refused("swarmx: endless step reply from a child", got, Code::ResourceExhausted, "weights_len is 18446744073709551615");
+    refused(
+        "swarmx: endless step reply from a child",
+        got,
+        Code::ResourceExhausted,
+        "weights_len is 18446744073709551615",
+    );
     report.push(("swarmx: a child's step reply announcing u64::MAX values".into(), growth));
     let (got, growth) = peak_growth(|| {
         let mut c = roles.over_liars.clone();
@@ -385,31 +459,49 @@ impl pb::stage_server::Stage for Silent {
     async fn begin_step(&self, _: tonic::Request<pb::BeginStepRequest>) -> Result<tonic::Response<pb::Ack>, Status> {
         never().await
     }
-    async fn forward(&self, _: tonic::Request<tonic::Streaming<pb::LayerChunk>>) -> Result<tonic::Response<pb::Ack>, Status> {
+    async fn forward(
+        &self,
+        _: tonic::Request<tonic::Streaming<pb::LayerChunk>>,
+    ) -> Result<tonic::Response<pb::Ack>, Status> {
         never().await
     }
     async fn loss(&self, _: tonic::Request<pb::LossRequest>) -> Result<tonic::Response<pb::LossReply>, Status> {
         never().await
     }
     type BackwardStream = Reply<pb::GradChunk>;
-    async fn backward(&self, _: tonic::Request<tonic::Streaming<pb::LayerChunk>>) -> Result<tonic::Response<Self::BackwardStream>, Status> {
+    async fn backward(
+        &self,
+        _: tonic::Request<tonic::Streaming<pb::LayerChunk>>,
+    ) -> Result<tonic::Response<Self::BackwardStream>, Status> {
         never().await
     }
     async fn stats(&self, _: tonic::Request<pb::StatsRequest>) -> Result<tonic::Response<pb::StatsReply>, Status> {
         never().await
     }
-    async fn prime(&self, _: tonic::Request<tonic::Streaming<pb::StateChunk>>) -> Result<tonic::Response<pb::Ack>, Status> {
+    async fn prime(
+        &self,
+        _: tonic::Request<tonic::Streaming<pb::StateChunk>>,
+    ) -> Result<tonic::Response<pb::Ack>, Status> {
         never().await
     }
     type SnapshotStream = Reply<pb::StateChunk>;
-    async fn snapshot(&self, _: tonic::Request<pb::SnapshotRequest>) -> Result<tonic::Response<Self::SnapshotStream>, Status> {
+    async fn snapshot(
+        &self,
+        _: tonic::Request<pb::SnapshotRequest>,
+    ) -> Result<tonic::Response<Self::SnapshotStream>, Status> {
         never().await
     }
     type StepStream = Reply<pb::StepChunk>;
-    async fn step(&self, _: tonic::Request<pb::ResidentStepRequest>) -> Result<tonic::Response<Self::StepStream>, Status> {
+    async fn step(
+        &self,
+        _: tonic::Request<pb::ResidentStepRequest>,
+    ) -> Result<tonic::Response<Self::StepStream>, Status> {
         never().await
     }
-    async fn apply(&self, _: tonic::Request<tonic::Streaming<pb::GradChunk>>) -> Result<tonic::Response<pb::Ack>, Status> {
+    async fn apply(
+        &self,
+        _: tonic::Request<tonic::Streaming<pb::GradChunk>>,
+    ) -> Result<tonic::Response<pb::Ack>, Status> {
         never().await
     }
 }

@@ -6,14 +6,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use data::{self, Sampler};
+use plan::layout::ModelLayout;
+use runtime::coordinator::train;
 use runtime::engine::hw::CountingHw;
 use runtime::engine::role::EngineRole;
 use runtime::engine::wse::Wse;
 use runtime::input::LocalFeed;
 use runtime::memoryx::store::MemoryX;
-use plan::layout::ModelLayout;
 use runtime::swarmx::LocalSwarm;
-use runtime::coordinator::train;
 
 fn example(name: &str) -> crds::TrainingJobSpec {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -30,7 +30,8 @@ fn train(spec: &crds::TrainingJobSpec, steps: u64) -> (train::EvalReport, Option
     let (train_set, test_set) = data::load(spec, None).expect("the data loads");
     let layout = ModelLayout::from_spec(&spec.model);
     let seed = spec.training.seed;
-    let store = MemoryX::new(layout.clone(), spec.training.optimizer.clone(), spec.training.schedule.clone(), steps, seed);
+    let store =
+        MemoryX::new(layout.clone(), spec.training.optimizer.clone(), spec.training.schedule.clone(), steps, seed);
     let engines: Vec<Box<dyn EngineRole>> =
         vec![Box::new(Wse::new("engine-0", layout.clone(), CountingHw::new(1 << 30))) as Box<dyn EngineRole>];
     let test_samples = test_set.eval_samples();

@@ -14,7 +14,8 @@ use runtime::memoryx::store::MemoryX;
 fn gpt(width: u32, heads: u32, blocks: u32, context: u32, sparsity: f64, tied: bool) -> ModelLayout {
     let mut spec = ModelSpec::mlp(Vec::new(), crds::Activation::Gelu, sparsity);
     spec.kind = ModelKind::Gpt;
-    (spec.width, spec.heads, spec.blocks, spec.context_length) = (Some(width), Some(heads), Some(blocks), Some(context));
+    (spec.width, spec.heads, spec.blocks, spec.context_length) =
+        (Some(width), Some(heads), Some(blocks), Some(context));
     spec.tied_embeddings = tied;
     ModelLayout::from_spec(&spec)
 }
@@ -30,7 +31,14 @@ fn every_gpt_parameter_gets_the_gradient_of_finite_differences() {
         // SGD with rate 1 and no decay: one step moves every stored weight by exactly its gradient.
         let store = MemoryX::new(layout.clone(), optimizer(OptimizerKind::Sgd, 1.0), constant(), 1, 5);
         let start = randomise(&store, 3, |rng| rng.random_range(-0.5..0.5));
-        let (checked, _) = assert_step_is_the_gradient(&store, &layout, &data, &[0, 3], &start, &format!("sparsity {sparsity}, tied {tied}"));
+        let (checked, _) = assert_step_is_the_gradient(
+            &store,
+            &layout,
+            &data,
+            &[0, 3],
+            &start,
+            &format!("sparsity {sparsity}, tied {tied}"),
+        );
         assert!(checked > 500, "only {checked} parameters probed");
     }
 }

@@ -23,8 +23,8 @@ use runtime::engine::role::{EngineRole, ShardWork};
 use runtime::engine::wse::Wse;
 use runtime::input::LocalFeed;
 use runtime::memoryx::huggingface;
-use runtime::memoryx::weight_server::Storage;
 use runtime::memoryx::store::{MemoryX, WeightStore};
+use runtime::memoryx::weight_server::Storage;
 use runtime::optim::Recipe;
 use runtime::swarmx::LocalSwarm;
 
@@ -35,18 +35,34 @@ fn repo() -> PathBuf {
 /// The reference's Python, from `models/setup.sh`.
 fn python() -> PathBuf {
     let p = repo().join("models/.venv/bin/python");
-    assert!(p.exists(), "{} is missing: run `bash models/setup.sh` (PyTorch and transformers, the reference)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run `bash models/setup.sh` (PyTorch and transformers, the reference)",
+        p.display()
+    );
     p
 }
 
 fn optimizer() -> OptimizerSpec {
-    OptimizerSpec { kind: OptimizerKind::Adamw, learning_rate: 1e-3, weight_decay: 0.1, momentum: 0.9, beta1: 0.9, beta2: 0.95, epsilon: 1e-8 }
+    OptimizerSpec {
+        kind: OptimizerKind::Adamw,
+        learning_rate: 1e-3,
+        weight_decay: 0.1,
+        momentum: 0.9,
+        beta1: 0.9,
+        beta2: 0.95,
+        epsilon: 1e-8,
+    }
 }
 
 /// The job's model for the folder `dir` at `context` tokens, its family and shape from the folder's config.
 fn model(dir: &Path, context: u32) -> ModelLayout {
     let shape = huggingface::shape_of(dir).unwrap();
-    let mut spec = ModelSpec { kind: shape.kind, context_length: Some(context), ..ModelSpec::mlp(Vec::new(), crds::Activation::Gelu, 0.0) };
+    let mut spec = ModelSpec {
+        kind: shape.kind,
+        context_length: Some(context),
+        ..ModelSpec::mlp(Vec::new(), crds::Activation::Gelu, 0.0)
+    };
     spec.from = Some(dir.display().to_string());
     spec.adopt(&shape, "config.json").unwrap();
     ModelLayout::from_spec(&spec)
@@ -54,7 +70,8 @@ fn model(dir: &Path, context: u32) -> ModelLayout {
 
 fn store(layout: &ModelLayout, dir: &Path, steps: u64) -> MemoryX {
     let schedule = ScheduleSpec { warmup_steps: 0, decay: Decay::Constant, min_learning_rate: 0.0 };
-    let recipe = Recipe { optimizer: optimizer(), schedule, total_steps: steps, seed: 1, from: Some(dir.to_path_buf()) };
+    let recipe =
+        Recipe { optimizer: optimizer(), schedule, total_steps: steps, seed: 1, from: Some(dir.to_path_buf()) };
     MemoryX::sharded(layout.clone(), &recipe, 1, &|_| Storage::default()).unwrap()
 }
 
@@ -83,7 +100,10 @@ fn reference(dir: &Path, data: &Dataset, eval: &[u32], steps: &[Vec<u32>]) -> (f
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "reference.py: {}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    (v["eval_loss"].as_f64().unwrap(), v["step_losses"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).collect())
+    (
+        v["eval_loss"].as_f64().unwrap(),
+        v["step_losses"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).collect(),
+    )
 }
 
 /// Weightstream's held-out loss and per-step losses on the same windows.
@@ -97,13 +117,16 @@ fn ours(layout: &ModelLayout, dir: &Path, data: &Arc<Dataset>, eval: &[u32], ste
         e.forward(&store.forward_stream(l).unwrap()).unwrap();
     }
     let eval_loss = e.loss().unwrap().loss / tokens;
-    let engines: Vec<Box<dyn EngineRole>> = vec![Box::new(Wse::new("engine-0", layout.clone(), CountingHw::new(1 << 34)))];
+    let engines: Vec<Box<dyn EngineRole>> =
+        vec![Box::new(Wse::new("engine-0", layout.clone(), CountingHw::new(1 << 34)))];
     let mut swarm = LocalSwarm::new(engines, Arc::new(LocalFeed::new(data.clone(), data.clone()))).unwrap();
     let losses = steps
         .iter()
         .enumerate()
         .map(|(step, batch)| {
-            let (loss, _) = train::train_step(&store, &mut swarm, train::StepShape::whole(&layout), batch.clone(), step as u64).unwrap();
+            let (loss, _) =
+                train::train_step(&store, &mut swarm, train::StepShape::whole(layout), batch.clone(), step as u64)
+                    .unwrap();
             loss.loss / loss.samples as f64
         })
         .collect();
@@ -119,10 +142,18 @@ fn compare(name: &str, dir: &Path, data: Arc<Dataset>, (context, batch): (u32, u
     let steps: Vec<Vec<u32>> = (0..10).map(|s| sampler.batch(s)).collect();
     let (want_eval, want_steps) = reference(dir, &data, &eval, &steps);
     let (eval_loss, losses) = ours(&layout, dir, &data, &eval, &steps);
-    eprintln!("{name}: held-out {eval_loss} (transformers {want_eval}); steps {losses:?} (transformers {want_steps:?})");
-    assert!((eval_loss - want_eval).abs() <= 1e-4 * want_eval.abs(), "{name}: held-out loss {eval_loss} vs transformers {want_eval}");
+    eprintln!(
+        "{name}: held-out {eval_loss} (transformers {want_eval}); steps {losses:?} (transformers {want_steps:?})"
+    );
+    assert!(
+        (eval_loss - want_eval).abs() <= 1e-4 * want_eval.abs(),
+        "{name}: held-out loss {eval_loss} vs transformers {want_eval}"
+    );
     for (s, (a, b)) in losses.iter().zip(&want_steps).enumerate() {
-        assert!((a - b).abs() <= 1e-3 * b.abs(), "{name}: step {s} loss {a} vs transformers {b} ({losses:?} vs {want_steps:?})");
+        assert!(
+            (a - b).abs() <= 1e-3 * b.abs(),
+            "{name}: step {s} loss {a} vs transformers {b} ({losses:?} vs {want_steps:?})"
+        );
     }
     assert!(!falls || losses[9] < losses[0], "{name}: training lowers the loss: {losses:?}");
 }
@@ -137,7 +168,12 @@ fn moby_dick() -> Vec<u8> {
 #[test]
 fn a_random_llama_computes_what_transformers_computes() {
     let dir = std::env::temp_dir().join(format!("ws-hf-llama-{}", std::process::id()));
-    let out = Command::new(python()).arg(repo().join("models/reference.py")).args(["create-llama"]).arg(&dir).output().unwrap();
+    let out = Command::new(python())
+        .arg(repo().join("models/reference.py"))
+        .args(["create-llama"])
+        .arg(&dir)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "create-llama: {}", String::from_utf8_lossy(&out.stderr));
     let data = Arc::new(Dataset::Text(TextWindows { tokens: Tokens::Bytes(moby_dick()), vocab: 256, context: 48 }));
     compare("random llama", &dir, data, (48, 4), true);
@@ -147,9 +183,17 @@ fn a_random_llama_computes_what_transformers_computes() {
 #[test]
 fn a_random_gpt2_computes_what_transformers_computes() {
     let dir = std::env::temp_dir().join(format!("ws-hf-gpt2-{}", std::process::id()));
-    let out = Command::new(python()).arg(repo().join("models/reference.py")).args(["create-gpt2"]).arg(&dir).output().unwrap();
+    let out = Command::new(python())
+        .arg(repo().join("models/reference.py"))
+        .args(["create-gpt2"])
+        .arg(&dir)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "create-gpt2: {}", String::from_utf8_lossy(&out.stderr));
-    assert!(matches!(model(&dir, 48).arch, plan::layout::Arch::Gpt(g) if g.affine_norms), "GPT-2's norms learn a gain and a bias");
+    assert!(
+        matches!(model(&dir, 48).arch, plan::layout::Arch::Gpt(g) if g.affine_norms),
+        "GPT-2's norms learn a gain and a bias"
+    );
     let data = Arc::new(Dataset::Text(TextWindows { tokens: Tokens::Bytes(moby_dick()), vocab: 256, context: 48 }));
     compare("random gpt2", &dir, data, (48, 4), true);
     std::fs::remove_dir_all(&dir).ok();

@@ -14,10 +14,17 @@ use rand::Rng;
 use runtime::memoryx::store::MemoryX;
 
 /// A Llama of `width` features, `heads` query heads over `kv_heads` key/value heads, `blocks` blocks.
-fn llama((width, heads, kv_heads): (u32, u32, u32), blocks: u32, context: u32, sparsity: f64, tied: bool) -> ModelLayout {
+fn llama(
+    (width, heads, kv_heads): (u32, u32, u32),
+    blocks: u32,
+    context: u32,
+    sparsity: f64,
+    tied: bool,
+) -> ModelLayout {
     let mut spec = ModelSpec::mlp(Vec::new(), crds::Activation::Gelu, sparsity);
     spec.kind = ModelKind::Llama;
-    (spec.width, spec.heads, spec.blocks, spec.context_length) = (Some(width), Some(heads), Some(blocks), Some(context));
+    (spec.width, spec.heads, spec.blocks, spec.context_length) =
+        (Some(width), Some(heads), Some(blocks), Some(context));
     (spec.kv_heads, spec.intermediate_size, spec.rope_theta) = (Some(kv_heads), Some(2 * width + 4), Some(100.0));
     spec.tied_embeddings = tied;
     ModelLayout::from_spec(&spec)
@@ -34,8 +41,18 @@ fn every_llama_parameter_gets_the_gradient_of_finite_differences() {
         let store = MemoryX::new(layout.clone(), optimizer(OptimizerKind::Sgd, 1.0), constant(), 1, 5);
         // Gains around 1.
         let start = randomise(&store, 3, |rng| rng.random_range(0.5..1.5));
-        let (checked, gains) = assert_step_is_the_gradient(&store, &layout, &data, &[0, 3], &start, &format!("sparsity {sparsity}, tied {tied}"));
-        assert!(checked > 500 && gains >= 16 * (2 * blocks as usize + 1), "only {checked} parameters probed, {gains} gains");
+        let (checked, gains) = assert_step_is_the_gradient(
+            &store,
+            &layout,
+            &data,
+            &[0, 3],
+            &start,
+            &format!("sparsity {sparsity}, tied {tied}"),
+        );
+        assert!(
+            checked > 500 && gains >= 16 * (2 * blocks as usize + 1),
+            "only {checked} parameters probed, {gains} gains"
+        );
     }
 }
 
@@ -50,7 +67,11 @@ fn one_and_four_engines_train_the_same_llama() {
         }
         assert!(one[5] < one[0] - 0.2, "the loss falls: {one:?}");
         // Fewer engines running the 4-engine shards as micro-batches: the 4-engine curve, bit for bit.
-        assert_eq!(curve_in(&layout, &data, 2, (8, 6), 2), four, "sparsity {sparsity}: 2 engines, 2 micro-batches each");
+        assert_eq!(
+            curve_in(&layout, &data, 2, (8, 6), 2),
+            four,
+            "sparsity {sparsity}: 2 engines, 2 micro-batches each"
+        );
     }
 }
 

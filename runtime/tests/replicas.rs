@@ -7,27 +7,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod common;
-use common::{identity, layout, store, SEED};
-use runtime::input::LocalFeed;
-use data::{mnist, Dataset, Sampler};
-use runtime::engine::server::EngineServer;
+use common::{SEED, identity, layout, store};
+use data::shard::Split;
+use data::{Dataset, Sampler, mnist};
+use errors::Error;
+use plan::limits::Limits;
+use runtime::coordinator::train;
 use runtime::engine::hw::CountingHw;
 use runtime::engine::role::EngineRole;
+use runtime::engine::server::EngineServer;
 use runtime::engine::wse::Wse;
+use runtime::input::LocalFeed;
 use runtime::memoryx::checkpoint;
 use runtime::memoryx::checkpoint::Tensors;
 use runtime::memoryx::store::WeightStore;
-use plan::limits::Limits;
-use runtime::protocol::pb::{self, stage_client::StageClient};
 use runtime::protocol::codec::grad::encode_grads;
 use runtime::protocol::codec::state::encode_state;
+use runtime::protocol::pb::{self, stage_client::StageClient};
 use runtime::protocol::{LayerGrad, WeightPayload};
-use wire::grpc::Dial;
 use runtime::swarmx::remote::RemoteSwarm;
-use data::shard::Split;
 use runtime::swarmx::{LocalSwarm, StepRequest, Swarm};
-use runtime::coordinator::train;
-use errors::Error;
+use wire::grpc::Dial;
 
 const JOB: &str = "replica-test";
 
@@ -48,12 +48,15 @@ fn engine() -> Box<dyn EngineRole> {
 /// An engine server with room for a replica on a loopback port, and a client of it.
 fn serve(rt: &tokio::runtime::Runtime, data: &Arc<Dataset>) -> (String, StageClient<tonic::transport::Channel>) {
     let server =
-        EngineServer::new(JOB.into(), limits(64), engine(), Arc::new(LocalFeed::new(data.clone(), data.clone()))).with_replicas(Arc::new(|| Ok(store())));
+        EngineServer::new(JOB.into(), limits(64), engine(), Arc::new(LocalFeed::new(data.clone(), data.clone())))
+            .with_replicas(Arc::new(|| Ok(store())));
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("https://{}", listener.local_addr().expect("addr"));
         tokio::spawn(async move { runtime::protocol::serve_stage(Arc::new(server), listener, identity()).await });
-        let child = runtime::swarmx::relay::connect(&url, JOB, Dial::new(identity(), Duration::from_secs(10))).await.expect("connect");
+        let child = runtime::swarmx::relay::connect(&url, JOB, Dial::new(identity(), Duration::from_secs(10)))
+            .await
+            .expect("connect");
         (url, child.client)
     })
 }
@@ -74,14 +77,21 @@ fn a_replica_trains_exactly_like_memoryx() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let data = data();
     let (url, _) = serve(&rt, &data);
-    let mut swarm =
-        RemoteSwarm::connect(rt.handle().clone(), &url, JOB, Dial::new(identity(), Duration::from_secs(10)), limits(64)).expect("swarm");
+    let mut swarm = RemoteSwarm::connect(
+        rt.handle().clone(),
+        &url,
+        JOB,
+        Dial::new(identity(), Duration::from_secs(10)),
+        limits(64),
+    )
+    .expect("swarm");
     assert!(swarm.holds_replicas());
     assert_eq!(swarm.sram_bytes(), 1 << 30, "the engine reports its SRAM for the plan");
 
     // The same steps streamed from MemoryX in this process, as the reference.
     let reference = store();
-    let mut local = LocalSwarm::new(vec![engine()], Arc::new(LocalFeed::new(data.clone(), data.clone()))).expect("engines");
+    let mut local =
+        LocalSwarm::new(vec![engine()], Arc::new(LocalFeed::new(data.clone(), data.clone()))).expect("engines");
     let coordinator = store();
     let sampler = Sampler::new(data.len(), 64, SEED);
     // An engine without a replica (a replacement pod) is a lost component: the loop primes it and reruns.
@@ -90,10 +100,20 @@ fn a_replica_trains_exactly_like_memoryx() {
         other => panic!("a step on an unprimed engine must be unavailable, got {other:?}"),
     }
     swarm.prime(&coordinator.state(JOB).expect("state").1).expect("prime");
-    assert!(decoded(&swarm.snapshot().expect("snapshot")) == decoded(&coordinator.state(JOB).expect("state").1), "the replica is MemoryX's state");
+    assert!(
+        decoded(&swarm.snapshot().expect("snapshot")) == decoded(&coordinator.state(JOB).expect("state").1),
+        "the replica is MemoryX's state"
+    );
 
     for step in 0..4 {
-        let (want, _) = train::train_step(&reference, &mut local, train::StepShape { layers: 2, tokens_per_sample: 1, micro_batch: 0 }, sampler.batch(step), step).expect("reference");
+        let (want, _) = train::train_step(
+            &reference,
+            &mut local,
+            train::StepShape { layers: 2, tokens_per_sample: 1, micro_batch: 0 },
+            sampler.batch(step),
+            step,
+        )
+        .expect("reference");
         let got = swarm.resident_step(&request(&sampler, step)).expect("resident step");
         assert_eq!((got.loss, got.correct, got.samples), (want.loss, want.correct, want.samples), "step {step}");
     }
@@ -218,7 +238,8 @@ fn a_step_larger_than_the_shard_is_refused_before_anything_is_gathered() {
     use runtime::protocol::pb::stage_server::Stage;
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let data = data();
-    let server = EngineServer::new(JOB.into(), limits(16), engine(), Arc::new(LocalFeed::new(data.clone(), data.clone())));
+    let server =
+        EngineServer::new(JOB.into(), limits(16), engine(), Arc::new(LocalFeed::new(data.clone(), data.clone())));
     let begin = |n: usize| pb::BeginStepRequest {
         job: JOB.into(),
         step: 0,
@@ -275,8 +296,20 @@ fn the_counters_never_wait_for_a_busy_engine() {
     let data = data();
     let ((began_tx, began), (release, release_rx)) = (std::sync::mpsc::channel(), std::sync::mpsc::channel());
     let held = Held { inner: engine(), began: began_tx, release: release_rx };
-    let server = Arc::new(EngineServer::new(JOB.into(), limits(16), Box::new(held), Arc::new(LocalFeed::new(data.clone(), data.clone()))));
-    let begin = pb::BeginStepRequest { job: JOB.into(), step: 0, samples: (0..8).collect(), split: pb::Split::Train as i32, grad_scale: 1.0, micro_batch: 0 };
+    let server = Arc::new(EngineServer::new(
+        JOB.into(),
+        limits(16),
+        Box::new(held),
+        Arc::new(LocalFeed::new(data.clone(), data.clone())),
+    ));
+    let begin = pb::BeginStepRequest {
+        job: JOB.into(),
+        step: 0,
+        samples: (0..8).collect(),
+        split: pb::Split::Train as i32,
+        grad_scale: 1.0,
+        micro_batch: 0,
+    };
     let busy = rt.spawn({
         let server = server.clone();
         async move { server.begin_step(tonic::Request::new(begin)).await }

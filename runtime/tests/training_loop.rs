@@ -5,19 +5,19 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crds::{Activation, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
-use runtime::input::LocalFeed;
-use data::{mnist, Dataset, Sampler};
+use data::{Dataset, Sampler, mnist};
+use errors::Error;
+use kernels::sparse::SparsePattern;
+use kernels::tensor::Mat;
+use plan::layout::ModelLayout;
+use runtime::coordinator::train;
 use runtime::engine::hw::CountingHw;
 use runtime::engine::role::{EngineRole, ShardWork};
 use runtime::engine::wse::Wse;
-use kernels::sparse::SparsePattern;
+use runtime::input::LocalFeed;
 use runtime::memoryx::store::{MemoryX, WeightStore};
-use plan::layout::ModelLayout;
 use runtime::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
 use runtime::swarmx::LocalSwarm;
-use kernels::tensor::Mat;
-use runtime::coordinator::train;
-use errors::Error;
 
 fn layout(widths: &[u32], sparsity: f64, activation: Activation) -> ModelLayout {
     ModelLayout::from_spec(&ModelSpec::mlp(widths.to_vec(), activation, sparsity))
@@ -44,7 +44,9 @@ fn train_set() -> Dataset {
 
 fn engines(layout: &ModelLayout, n: usize, data: &Arc<Dataset>) -> LocalSwarm {
     let engines: Vec<Box<dyn EngineRole>> = (0..n)
-        .map(|i| Box::new(Wse::new(format!("engine-{i}"), layout.clone(), CountingHw::new(1 << 30))) as Box<dyn EngineRole>)
+        .map(|i| {
+            Box::new(Wse::new(format!("engine-{i}"), layout.clone(), CountingHw::new(1 << 30))) as Box<dyn EngineRole>
+        })
         .collect();
     LocalSwarm::new(engines, Arc::new(LocalFeed::new(data.clone(), data.clone()))).expect("engines")
 }
@@ -59,7 +61,8 @@ fn curve(layout: &ModelLayout, n: usize, steps: u64, seed: u64) -> (Vec<f64>, Ve
     let mut bytes = Vec::new();
     for step in 0..steps {
         let (loss, b) =
-            train::train_step(&store, &mut swarm, train::StepShape::whole(&layout), sampler.batch(step), step).expect("step runs");
+            train::train_step(&store, &mut swarm, train::StepShape::whole(layout), sampler.batch(step), step)
+                .expect("step runs");
         losses.push(loss.loss / loss.samples as f64);
         bytes.push(b);
     }
@@ -87,7 +90,10 @@ fn more_engines_give_the_same_curve() {
         for n in [2, 4] {
             let (many, _) = curve(&l, n, 15, 3);
             for (step, (a, b)) in one.iter().zip(&many).enumerate() {
-                assert!((a - b).abs() < 1e-3 * (1.0 + a.abs()), "sparsity {sparsity}, {n} engines, step {step}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() < 1e-3 * (1.0 + a.abs()),
+                    "sparsity {sparsity}, {n} engines, step {step}: {a} vs {b}"
+                );
             }
         }
     }
@@ -116,15 +122,23 @@ fn engine_gradients_match_finite_differences() {
         .enumerate()
         .map(|(i, s)| Arc::new(SparsePattern::random(s.outputs, s.inputs, 0.6, 40 + i as u64)))
         .collect();
-    let mut values: Vec<Vec<f32>> =
-        patterns.iter().enumerate().map(|(i, p)| (0..p.nnz()).map(|k| ((k * 7 + i * 3) % 11) as f32 / 5.5 - 1.0).collect()).collect();
-    let biases: Vec<Vec<f32>> = l.linears.iter().map(|s| (0..s.outputs).map(|o| 0.1 * o as f32 - 0.1).collect()).collect();
+    let mut values: Vec<Vec<f32>> = patterns
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (0..p.nnz()).map(|k| ((k * 7 + i * 3) % 11) as f32 / 5.5 - 1.0).collect())
+        .collect();
+    let biases: Vec<Vec<f32>> =
+        l.linears.iter().map(|s| (0..s.outputs).map(|o| 0.1 * o as f32 - 0.1).collect()).collect();
     let inputs = Mat::from_vec(6, 4, (0..24).map(|i| ((i * 5) % 9) as f32 / 4.0 - 1.0).collect());
     let labels = vec![0u32, 2, 1, 2];
 
     let run = |values: &[Vec<f32>], train: bool| -> (f64, Vec<LayerGrad>) {
         let mut e = Wse::new("fd", l.clone(), CountingHw::new(1 << 20));
-        e.begin_step(data::shard::Shard { inputs: inputs.clone(), labels: labels.clone() }, ShardWork { grad_scale: 1.0, train, micro_batch: 0 }).unwrap();
+        e.begin_step(
+            data::shard::Shard { inputs: inputs.clone(), labels: labels.clone() },
+            ShardWork { grad_scale: 1.0, train, micro_batch: 0 },
+        )
+        .unwrap();
         for (i, p) in patterns.iter().enumerate() {
             let s = LayerStream {
                 layer: i,
@@ -140,7 +154,11 @@ fn engine_gradients_match_finite_differences() {
             for (i, p) in patterns.iter().enumerate().rev() {
                 let (t, perm) = p.transpose();
                 let tv: Vec<f32> = perm.iter().map(|&k| values[i][k as usize]).collect();
-                let w = if i == 0 { WeightPayload::Mask(Arc::new(t.clone())) } else { WeightPayload::Sparse { pattern: Arc::new(t.clone()), values: tv } };
+                let w = if i == 0 {
+                    WeightPayload::Mask(Arc::new(t.clone()))
+                } else {
+                    WeightPayload::Sparse { pattern: Arc::new(t.clone()), values: tv }
+                };
                 let g = e.backward(&LayerStream { layer: i, pass: Pass::Backward, weights: w, bias: vec![] }).unwrap();
                 // Back to row order for comparison.
                 let mut row = vec![0.0; p.nnz()];
@@ -216,7 +234,12 @@ fn bad_messages_are_refused_without_touching_state() {
     let mut short = store.forward_stream(0).unwrap();
     short.bias.pop();
     assert!(e.forward(&short).unwrap_err().to_string().contains("bias"));
-    let dense_for_sparse = LayerStream { layer: 0, pass: Pass::Forward, weights: WeightPayload::Dense(vec![0.0; 784 * 16]), bias: vec![0.0; 16] };
+    let dense_for_sparse = LayerStream {
+        layer: 0,
+        pass: Pass::Forward,
+        weights: WeightPayload::Dense(vec![0.0; 784 * 16]),
+        bias: vec![0.0; 16],
+    };
     assert!(e.forward(&dense_for_sparse).is_err());
     e.forward(&store.forward_stream(0).unwrap()).unwrap();
 }

@@ -9,10 +9,10 @@ pub mod cost;
 pub mod node;
 pub mod report;
 
-use runtime::engine::hw::{EngineCounters, EngineHw, Work};
-use runtime::engine::wse::Wse;
 use plan::layout::ModelLayout;
 use plan::preset::{self, EngineModel};
+use runtime::engine::hw::{EngineCounters, EngineHw, Work};
+use runtime::engine::wse::Wse;
 
 /// Time charged since the last layer boundary: streaming and computing overlap (the next layer is prefetched
 /// while this one computes), so a layer costs the longest of the three, not their sum.

@@ -6,15 +6,15 @@ use std::sync::Arc;
 
 use std::sync::atomic::AtomicU64;
 
+use crds::contract::{EngineArgs, Role};
+use errors::Result;
+use plan::layout::ModelLayout;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use runtime::engine::server::EngineServer;
-use runtime::memoryx::store::MemoryX;
-use plan::layout::ModelLayout;
-use crds::contract::{EngineArgs, Role};
 use runtime::input::remote::RemoteFeed;
 use runtime::input::{Feed, ShardBound};
-use errors::Result;
+use runtime::memoryx::store::MemoryX;
 use wire::program::Program;
 
 /// Seconds an engine waits for its input workers to answer when it first needs data: they may still be loading
@@ -48,7 +48,10 @@ pub fn main(args: EngineArgs) -> Result<()> {
     // when the first replica is made (they are up by then: MemoryX has already asked one).
     let replica = move || {
         let total = runtime::coordinator::train::total_steps(&spec.training, described.describe()?.train_samples)?;
-        MemoryX::replica(layout.clone(), &runtime::optim::Recipe { from: pretrained.clone(), ..runtime::optim::Recipe::of(&spec, total) })
+        MemoryX::replica(
+            layout.clone(),
+            &runtime::optim::Recipe { from: pretrained.clone(), ..runtime::optim::Recipe::of(&spec, total) },
+        )
     };
     let server = EngineServer::new(program.job_id.clone(), program.limits.clone(), Box::new(engine), feed)
         .with_replicas(Arc::new(replica));

@@ -66,13 +66,7 @@ pub struct Transformer {
 
 impl Transformer {
     fn gpt3(name: &str, d_model: usize, layers: usize, batch_tokens: usize) -> Self {
-        Transformer {
-            name: name.into(),
-            d_model,
-            layers,
-            batch_tokens,
-            batch_source: "GPT-3 paper".into(),
-        }
+        Transformer { name: name.into(), d_model, layers, batch_tokens, batch_source: "GPT-3 paper".into() }
     }
 
     /// Weights of the blocks (`12 · layers · d²`: attention's four `d × d` and the MLP's two `d × 4d`), the
@@ -92,7 +86,13 @@ impl Transformer {
             .enumerate()
             .map(|(i, &(inp, out))| LayerWork::sampled(inp, out, density, SEED + i as u64, true))
             .collect();
-        Workload { layers, repeat: self.layers, global_tokens: self.batch_tokens, tokens_per_sample: SEQ_LEN, loss_classes: 0 }
+        Workload {
+            layers,
+            repeat: self.layers,
+            global_tokens: self.batch_tokens,
+            tokens_per_sample: SEQ_LEN,
+            loss_classes: 0,
+        }
     }
 }
 
@@ -169,7 +169,12 @@ pub fn acceleration(engine: &EngineModel, model: &Transformer, sparsity: f64, en
 }
 
 /// Figure 1 for `models` at `sparsities` on each of `engine_counts`.
-pub fn sparsity_report(engine: &EngineModel, models: &[Transformer], sparsities: &[f64], engine_counts: &[u32]) -> SparsityReport {
+pub fn sparsity_report(
+    engine: &EngineModel,
+    models: &[Transformer],
+    sparsities: &[f64],
+    engine_counts: &[u32],
+) -> SparsityReport {
     let curves = models
         .iter()
         .map(|m| SparsityCurve {
@@ -223,7 +228,12 @@ pub struct ScalingReport {
 }
 
 /// Figure 2 for `models` at `sparsity` over `engine_counts` (which should start at 1, the reference).
-pub fn scaling_report(engine: &EngineModel, models: &[Transformer], sparsity: f64, engine_counts: &[u32]) -> ScalingReport {
+pub fn scaling_report(
+    engine: &EngineModel,
+    models: &[Transformer],
+    sparsity: f64,
+    engine_counts: &[u32],
+) -> ScalingReport {
     let curves = models
         .iter()
         .map(|m| {
@@ -376,7 +386,8 @@ fn finish<'a, CT: CoordTranslate>(
     root.present().map_err(|e| e.to_string())
 }
 
-const COLORS: [RGBColor; 4] = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
+const COLORS: [RGBColor; 4] =
+    [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
 
 fn draw_sparsity(r: &SparsityReport, engine: &str, path: &Path) -> Result<(), String> {
     let root = svg_root(path)?;
@@ -386,7 +397,10 @@ fn draw_sparsity(r: &SparsityReport, engine: &str, path: &Path) -> Result<(), St
         .flat_map(|c| c.points.iter().flat_map(|p| p.acceleration.iter().copied()))
         .fold(1.0f64, f64::max);
     let mut chart = ChartBuilder::on(&root)
-        .caption(format!("Sparsity to acceleration ({engine}, one GPT-3 block, forward + backward)"), ("sans-serif", 20))
+        .caption(
+            format!("Sparsity to acceleration ({engine}, one GPT-3 block, forward + backward)"),
+            ("sans-serif", 20),
+        )
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(60)
@@ -413,7 +427,8 @@ fn draw_sparsity(r: &SparsityReport, engine: &str, path: &Path) -> Result<(), St
         let color = COLORS[i % COLORS.len()];
         for (j, n) in r.engine_counts.iter().enumerate() {
             let pts: Vec<(f64, f64)> = c.points.iter().map(|p| (p.sparsity * 100.0, p.acceleration[j])).collect();
-            let label = format!("d={} ({}), {} engine{}", c.model.d_model, c.model.name, n, if *n == 1 { "" } else { "s" });
+            let label =
+                format!("d={} ({}), {} engine{}", c.model.d_model, c.model.name, n, if *n == 1 { "" } else { "s" });
             let style = color.stroke_width(2);
             if j == 0 {
                 chart.draw_series(LineSeries::new(pts, style)).map_err(|e| e.to_string())?
@@ -490,7 +505,8 @@ mod tests {
         let sparsities = [0.0, 0.5, 0.8, 0.9, 0.95, 0.99];
         let r = sparsity_report(&WSE2, &sparsity_models(), &sparsities, &[1, 16]);
         let widest = r.curves.iter().max_by_key(|c| c.model.d_model).map(|c| at(c, 0.9).to_vec()).unwrap_or_default();
-        let narrowest = r.curves.iter().min_by_key(|c| c.model.d_model).map(|c| at(c, 0.9).to_vec()).unwrap_or_default();
+        let narrowest =
+            r.curves.iter().min_by_key(|c| c.model.d_model).map(|c| at(c, 0.9).to_vec()).unwrap_or_default();
         assert_eq!((widest.len(), narrowest.len()), (2, 2));
         // About 10× at 90% for the widest layers on one engine: at least 8, never more than the 10× the skipped
         // zeros allow.
@@ -524,7 +540,14 @@ mod tests {
         for w in r.curves.windows(2) {
             assert!(w[1].params > w[0].params);
             assert!(eff(&w[1], 192) > eff(&w[0], 192), "{} vs {} at 192", w[1].model.name, w[0].model.name);
-            assert!(knee(&w[1]) >= knee(&w[0]), "{} knee {} vs {} knee {}", w[1].model.name, knee(&w[1]), w[0].model.name, knee(&w[0]));
+            assert!(
+                knee(&w[1]) >= knee(&w[0]),
+                "{} knee {} vs {} knee {}",
+                w[1].model.name,
+                knee(&w[1]),
+                w[0].model.name,
+                knee(&w[0])
+            );
         }
         let (small, large) = (&r.curves[0], &r.curves[r.curves.len() - 1]);
         assert!(eff(large, 192) >= 0.85, "1T at 192 engines: {}", eff(large, 192));

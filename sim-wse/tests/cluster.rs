@@ -3,12 +3,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test stops at the line that failed
 
 use data::shard::Shard;
+use kernels::tensor::Mat;
+use plan::layout::ModelLayout;
+use plan::preset::WSE2;
 use runtime::engine::role::{EngineRole, ShardWork};
 use runtime::memoryx::store::{MemoryX, WeightStore};
-use plan::layout::ModelLayout;
-use kernels::tensor::Mat;
-use sim_wse::cost::{estimate, Cluster, Workload};
-use plan::preset::WSE2;
+use sim_wse::cost::{Cluster, Workload, estimate};
 
 fn spec(layers: &[u32], sparsity: f64, batch: u32, cs2: u32) -> crds::TrainingJobSpec {
     serde_json::from_value(serde_json::json!({
@@ -92,6 +92,9 @@ fn a_simulated_engine_charges_what_the_estimate_predicts() {
         // Dense: the same products on the same mapping. Sparse: the estimate draws counts from the mask's
         // distribution, the engine sees the real mask, so they differ by the sampling only.
         let tolerance = if sparsity == 0.0 { 1e-9 } else { 0.03 };
-        assert!((ratio - 1.0).abs() <= tolerance, "sparsity {sparsity}: engine charged {charged}s, estimate {predicted}s");
+        assert!(
+            (ratio - 1.0).abs() <= tolerance,
+            "sparsity {sparsity}: engine charged {charged}s, estimate {predicted}s"
+        );
     }
 }

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_stream::StreamExt;
-use tonic::transport::{Channel, Endpoint};
 use tonic::Status;
+use tonic::transport::{Channel, Endpoint};
 
-use errors::{Error, Result};
 use crate::identity::{Identity, SERVER_NAME};
 use crate::tls::HANDSHAKE_TIMEOUT;
+use errors::{Error, Result};
 
 /// HTTP/2 flow-control window per stream: larger than any chunk, so a layer streams without waiting for
 /// window updates on every 64 KiB.
@@ -155,4 +155,3 @@ fn grpc_server() -> tonic::transport::Server {
         .initial_connection_window_size(4 * WINDOW)
         .max_frame_size(FRAME)
 }
-

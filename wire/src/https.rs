@@ -8,17 +8,17 @@
 
 use std::net::SocketAddr;
 
+use axum::Router;
 use axum::extract::{ConnectInfo, Request};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::serve::{IncomingStream, Listener};
-use axum::Router;
 use tokio_rustls::server::TlsStream;
 
-use errors::Result;
-use crate::tls::Socket;
 use crate::identity::Identity;
+use crate::tls::Socket;
+use errors::Result;
 
 /// Who is at the other end of a connection.
 #[derive(Clone, Copy, Debug)]
@@ -84,7 +84,12 @@ async fn require_identity(ConnectInfo(peer): ConnectInfo<Peer>, request: Request
 
 /// Serves `open` to anyone who completes the handshake and `protected` only to holders of the job's (or the
 /// operator's) certificate, on `listener`, until the process ends.
-pub async fn serve(listener: tokio::net::TcpListener, identity: &Identity, open: Router, protected: Router) -> Result<()> {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    identity: &Identity,
+    open: Router,
+    protected: Router,
+) -> Result<()> {
     let listener = TlsListener::new(listener, identity)?;
     let app = if protected.has_routes() {
         open.merge(protected.route_layer(axum::middleware::from_fn(require_identity)))

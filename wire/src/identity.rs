@@ -76,8 +76,10 @@ pub fn issue(job: &str, names: &[String]) -> Result<Issued> {
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(e("CA parameters"))?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca_params.distinguished_name.push(DnType::CommonName, format!("weightstream job {job} CA"));
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().map_err(e("CA key"))?).map_err(e("CA certificate"))?;
+    ca_params.key_usages =
+        vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().map_err(e("CA key"))?)
+        .map_err(e("CA certificate"))?;
 
     let mut sans = vec![SERVER_NAME.to_string(), "localhost".to_string(), "127.0.0.1".to_string()];
     sans.extend(names.iter().cloned());
@@ -159,7 +161,10 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     f.take(MAX_PEM_BYTES + 1).read_to_end(&mut buf).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
     if buf.len() as u64 > MAX_PEM_BYTES {
-        return Err(Error::Identity(format!("{} is larger than {MAX_PEM_BYTES} bytes: not a certificate or key", path.display())));
+        return Err(Error::Identity(format!(
+            "{} is larger than {MAX_PEM_BYTES} bytes: not a certificate or key",
+            path.display()
+        )));
     }
     Ok(buf)
 }
@@ -184,7 +189,11 @@ impl Identity {
     /// Reads `ca.crt`, `tls.crt` and `tls.key` from `dir` (a mounted Secret, or a local run's directory) and
     /// checks that they make a usable identity, so a role with a broken one fails at start, saying which file.
     pub fn load(dir: &Path) -> Result<Identity> {
-        let id = Identity { ca: read_bounded(&dir.join(CA_CERT))?, cert: read_bounded(&dir.join(CERT))?, key: read_bounded(&dir.join(KEY))? };
+        let id = Identity {
+            ca: read_bounded(&dir.join(CA_CERT))?,
+            cert: read_bounded(&dir.join(CERT))?,
+            key: read_bounded(&dir.join(KEY))?,
+        };
         id.server_config(false)?;
         Ok(id)
     }
@@ -230,7 +239,11 @@ impl Identity {
         Ok(config)
     }
 
-    fn server(&self, optional_clients: bool, versions: &[&'static rustls::SupportedProtocolVersion]) -> Result<rustls::ServerConfig> {
+    fn server(
+        &self,
+        optional_clients: bool,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> Result<rustls::ServerConfig> {
         let builder = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(self.roots()?), provider());
         let builder = if optional_clients { builder.allow_unauthenticated() } else { builder };
         let verifier = builder.build().map_err(|e| tls_error("client verifier", e))?;
@@ -267,7 +280,6 @@ impl Identity {
             .with_client_auth_cert(chain, key)
             .map_err(|e| tls_error("certificate and key", e))
     }
-
 }
 
 #[cfg(test)]

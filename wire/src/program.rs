@@ -7,17 +7,17 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use axum::routing::get;
 use axum::Router;
+use axum::routing::get;
 use crds::contract::{CommonArgs, Handshake, Role};
 use plan::limits::Limits;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
-use errors::{Error, Result};
 use crate::grpc::Dial;
 use crate::identity::Identity;
+use errors::{Error, Result};
 
 /// A started role program: its job, identity, limits and async runtime.
 pub struct Program {
@@ -71,7 +71,12 @@ impl Program {
 
     /// Serves HTTP on `http` in the background: `/healthz` and `/metrics` (from `registry`) to anyone,
     /// `protected` to the job's holders only.
-    pub fn serve_http(&self, http: TcpListener, registry: Registry, protected: Router) -> tokio::task::JoinHandle<Result<()>> {
+    pub fn serve_http(
+        &self,
+        http: TcpListener,
+        registry: Registry,
+        protected: Router,
+    ) -> tokio::task::JoinHandle<Result<()>> {
         let identity = self.identity.clone();
         self.runtime.spawn(async move { serve_http(http, Arc::new(Mutex::new(registry)), &identity, protected).await })
     }
@@ -100,7 +105,8 @@ impl Program {
     /// How this program dials other roles: its identity, `connect_seconds` for a peer to come up, and the
     /// per-call deadline from the command line or else from the plan's limits.
     pub fn dial(&self, connect_seconds: u64) -> Dial<'_> {
-        let call = self.common.call_timeout_seconds.map_or_else(|| self.limits.call_timeout(), std::time::Duration::from_secs);
+        let call =
+            self.common.call_timeout_seconds.map_or_else(|| self.limits.call_timeout(), std::time::Duration::from_secs);
         Dial::new(&self.identity, std::time::Duration::from_secs(connect_seconds)).with_call_timeout(call)
     }
 }
@@ -179,7 +185,9 @@ fn start(args: &CommonArgs) {
     let _ = ctrlc::set_handler(|| {
         let t = termination();
         if t.graceful.load(Ordering::SeqCst) && !t.requested.swap(true, Ordering::SeqCst) {
-            tracing::info!("asked to stop: finishing the step in flight and checkpointing (a second signal stops at once)");
+            tracing::info!(
+                "asked to stop: finishing the step in flight and checkpointing (a second signal stops at once)"
+            );
             return;
         }
         tracing::info!("stopping on a termination signal");
@@ -217,14 +225,9 @@ async fn bind(addr: SocketAddr, role: Role, what: &str) -> Result<tokio::net::Tc
 }
 
 /// Announces that `role` serves `grpc` (if it has a service) and `http`, for a local supervisor.
-fn announce_ready(
-    role: Role,
-    grpc: Option<&tokio::net::TcpListener>,
-    http: &tokio::net::TcpListener,
-) -> Result<()> {
+fn announce_ready(role: Role, grpc: Option<&tokio::net::TcpListener>, http: &tokio::net::TcpListener) -> Result<()> {
     let addr = |l: &tokio::net::TcpListener| l.local_addr().map_err(|e| Error::io("reading the bound address", e));
     let grpc = grpc.map(addr).transpose()?;
     Handshake::Ready { role, grpc, http: addr(http)? }.announce();
     Ok(())
 }
-

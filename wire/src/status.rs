@@ -267,13 +267,21 @@ mod tests {
             Error::Unavailable(m) => assert_eq!(m, format!("peer: {said}")),
             other => panic!("{other:?}"),
         }
-        let sram = Error::OutOfSram { engine: "wse-0".into(), what: "layer 3's weights".into(), needed: 1 << 40, available: 123 };
+        let sram = Error::OutOfSram {
+            engine: "wse-0".into(),
+            what: "layer 3's weights".into(),
+            needed: 1 << 40,
+            available: 123,
+        };
         let said = sram.to_string();
         match round_trip(sram) {
             e @ Error::OutOfSram { .. } => {
                 assert_eq!(e.to_string(), format!("peer: {said}"), "the message as before, with the peer");
                 let Error::OutOfSram { engine, what, needed, available } = e else { unreachable!() };
-                assert_eq!((engine.as_str(), what.as_str(), needed, available), ("peer: wse-0", "layer 3's weights", 1 << 40, 123));
+                assert_eq!(
+                    (engine.as_str(), what.as_str(), needed, available),
+                    ("peer: wse-0", "layer 3's weights", 1 << 40, 123)
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -334,7 +342,9 @@ mod tests {
         let sram = Error::OutOfSram { engine: "wse-0".into(), what: "activations".into(), needed: 10, available: 5 };
         let at_relay = from_status(over_the_wire(to_status(sram)), "http://wse-0");
         match from_status(over_the_wire(to_status(at_relay)), "http://swarmx") {
-            Error::OutOfSram { engine, needed: 10, available: 5, .. } => assert_eq!(engine, "http://swarmx: http://wse-0: wse-0"),
+            Error::OutOfSram { engine, needed: 10, available: 5, .. } => {
+                assert_eq!(engine, "http://swarmx: http://wse-0: wse-0")
+            }
             other => panic!("{other:?}"),
         }
     }

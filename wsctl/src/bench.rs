@@ -9,10 +9,10 @@ mod transport;
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{Result, bail};
 use clap::Subcommand;
-use kernels::{dense, sparse};
 use kernels::tensor::Mat;
+use kernels::{dense, sparse};
 use serde::Serialize;
 
 /// What to measure.
@@ -86,7 +86,9 @@ fn time_interleaved(repeats: usize, kernels: &mut [&mut dyn FnMut()]) -> Vec<f64
 
 fn filled(rows: usize, cols: usize, seed: u32) -> Mat {
     // A cheap deterministic fill; the kernels' speed does not depend on the values.
-    let data = (0..rows * cols).map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5).collect();
+    let data = (0..rows * cols)
+        .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
+        .collect();
     Mat::from_vec(rows, cols, data)
 }
 

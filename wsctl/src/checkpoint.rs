@@ -19,11 +19,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
-use wire::identity::{Identity, SERVER_NAME};
+use anyhow::{Context, Result, anyhow, bail};
 use runtime::memoryx::checkpoint;
-use runtime::memoryx::manifest;
 use runtime::memoryx::checkpoint_routes::Entry;
+use runtime::memoryx::manifest;
+use wire::identity::{Identity, SERVER_NAME};
 
 /// Most bytes of a `GET /checkpoints` answer read: a listing of thousands of checkpoints is a few hundred KiB,
 /// so more is not a listing.
@@ -100,10 +100,13 @@ async fn check(response: reqwest::Response, what: &str) -> Result<reqwest::Respo
     if status.is_success() {
         return Ok(response);
     }
-    let message = body_bounded(response, MAX_MESSAGE_BYTES, what).await.map(|b| String::from_utf8_lossy(&b).trim().to_string());
+    let message =
+        body_bounded(response, MAX_MESSAGE_BYTES, what).await.map(|b| String::from_utf8_lossy(&b).trim().to_string());
     let message = message.unwrap_or_default();
     if status == reqwest::StatusCode::UNAUTHORIZED {
-        bail!("{what}: MemoryX refused the identity ({status}: {message}); give the job's identity (ca.crt, tls.crt, tls.key)");
+        bail!(
+            "{what}: MemoryX refused the identity ({status}: {message}); give the job's identity (ca.crt, tls.crt, tls.key)"
+        );
     }
     bail!("{what}: {status}: {message}")
 }
@@ -140,9 +143,14 @@ pub async fn list(base: &str, identity: &Identity) -> Result<Vec<Entry>> {
         .map_err(|_| anyhow!("{what}: no answer within {}s", IDLE_TIMEOUT.as_secs()))?
         .with_context(|| format!("{what}: cannot reach MemoryX"))?;
     let body = body_bounded(check(response, &what).await?, MAX_LIST_BYTES, &what).await?;
-    let entries: Vec<Entry> = serde_json::from_slice(&body).with_context(|| format!("{what}: not a checkpoint listing"))?;
+    let entries: Vec<Entry> =
+        serde_json::from_slice(&body).with_context(|| format!("{what}: not a checkpoint listing"))?;
     if let Some(bad) = entries.iter().find(|e| !valid_name(&e.file, e.step)) {
-        bail!("{what}: the listing names {:?} for step {}, not a checkpoint file name; refusing it", bad.file, bad.step);
+        bail!(
+            "{what}: the listing names {:?} for step {}, not a checkpoint file name; refusing it",
+            bad.file,
+            bad.step
+        );
     }
     for e in &entries {
         let n = e.slices.len();
@@ -150,7 +158,11 @@ pub async fn list(base: &str, identity: &Identity) -> Result<Vec<Entry>> {
             bail!("{what}: the listing gives {} with {n} slices; refusing it", e.file);
         }
         if let Some((i, bad)) = e.slices.iter().enumerate().find(|(i, s)| !valid_slice_name(&s.file, e.step, *i, n)) {
-            bail!("{what}: the listing names {:?} as slice {i} of step {}, not a slice's name; refusing it", bad.file, e.step);
+            bail!(
+                "{what}: the listing names {:?} as slice {i} of step {}, not a slice's name; refusing it",
+                bad.file,
+                e.step
+            );
         }
     }
     Ok(entries)
@@ -166,7 +178,13 @@ pub fn planned_bytes(spec: &crds::TrainingJobSpec) -> u64 {
 /// job's [`planned_bytes`]): both before it starts and while it runs. It goes to a temporary file in `out_dir`,
 /// is verified (checksum) and only then renamed to the checkpoint's name; on any failure the temporary file is
 /// removed.
-pub async fn pull(base: &str, identity: &Identity, step: Option<u64>, out_dir: &Path, max_bytes: Option<u64>) -> Result<PathBuf> {
+pub async fn pull(
+    base: &str,
+    identity: &Identity,
+    step: Option<u64>,
+    out_dir: &Path,
+    max_bytes: Option<u64>,
+) -> Result<PathBuf> {
     let entries = list(base, identity).await?;
     let entry = match step {
         Some(s) => entries.iter().find(|e| e.step == s).ok_or_else(|| {
@@ -174,13 +192,18 @@ pub async fn pull(base: &str, identity: &Identity, step: Option<u64>, out_dir: &
             anyhow!("MemoryX at {base} has no checkpoint of step {s}; it has steps [{}]", steps.join(", "))
         })?,
         None => entries.first().ok_or_else(|| {
-            anyhow!("MemoryX at {base} has no checkpoint yet; a job writes them every spec.checkpoint.intervalSteps steps")
+            anyhow!(
+                "MemoryX at {base} has no checkpoint yet; a job writes them every spec.checkpoint.intervalSteps steps"
+            )
         })?,
     }
     .clone();
     let total = entry.bytes + entry.slices.iter().map(|s| s.bytes).sum::<u64>();
     if let Some(max) = max_bytes.filter(|&max| total > max) {
-        bail!("{} is {total} bytes, more than the {max} bytes the job's plan allows for its state; refusing it", entry.file);
+        bail!(
+            "{} is {total} bytes, more than the {max} bytes the job's plan allows for its state; refusing it",
+            entry.file
+        );
     }
     std::fs::create_dir_all(out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
     if !entry.slices.is_empty() {
@@ -188,7 +211,8 @@ pub async fn pull(base: &str, identity: &Identity, step: Option<u64>, out_dir: &
     }
     let tmp = out_dir.join(format!(".{}.{}.part", entry.file, std::process::id()));
     let result = download(base, identity, &entry.file, entry.bytes, &tmp).await.and_then(|()| {
-        checkpoint::read(&tmp, entry.bytes).with_context(|| format!("{} arrived damaged; nothing was kept", entry.file))?;
+        checkpoint::read(&tmp, entry.bytes)
+            .with_context(|| format!("{} arrived damaged; nothing was kept", entry.file))?;
         let path = out_dir.join(&entry.file);
         std::fs::rename(&tmp, &path).with_context(|| format!("cannot move the checkpoint to {}", path.display()))?;
         Ok(path)
@@ -203,7 +227,13 @@ pub async fn pull(base: &str, identity: &Identity, step: Option<u64>, out_dir: &
 /// MemoryX lays it out), checks every slice against the manifest, and writes the state joined into one
 /// checkpoint file in `out_dir`, recording the job, model and seed the manifest names. The temporary folder is
 /// removed whatever happens.
-async fn pull_sliced(base: &str, identity: &Identity, entry: &Entry, out_dir: &Path, max_bytes: u64) -> Result<PathBuf> {
+async fn pull_sliced(
+    base: &str,
+    identity: &Identity,
+    entry: &Entry,
+    out_dir: &Path,
+    max_bytes: u64,
+) -> Result<PathBuf> {
     let staging = out_dir.join(format!(".{}.{}.part", entry.file, std::process::id()));
     let result = async {
         let manifest_path = staging.join(&entry.file);
@@ -211,15 +241,27 @@ async fn pull_sliced(base: &str, identity: &Identity, entry: &Entry, out_dir: &P
         download(base, identity, &entry.file, entry.bytes, &manifest_path).await?;
         let m = manifest::read_manifest(&manifest_path)?;
         if m.step != entry.step || m.slices.len() != entry.slices.len() {
-            bail!("{}: the manifest names step {} with {} slices; the listing said step {} with {}", entry.file, m.step, m.slices.len(), entry.step, entry.slices.len());
+            bail!(
+                "{}: the manifest names step {} with {} slices; the listing said step {} with {}",
+                entry.file,
+                m.step,
+                m.slices.len(),
+                entry.step,
+                entry.slices.len()
+            );
         }
         for (i, slice) in entry.slices.iter().enumerate() {
             let dir = manifest::slice_dir(&staging, i as u32);
             std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
             download(base, identity, &slice.file, slice.bytes, &dir.join(&slice.file)).await?;
         }
-        let (m, tensors) = manifest::read_joined(&manifest_path, max_bytes).with_context(|| format!("{} arrived damaged; nothing was kept", entry.file))?;
-        let owner = checkpoint::Owner { job: &m.job, uid: m.uid.as_deref(), model: m.model.as_ref().map(|model| (model, m.seed)) };
+        let (m, tensors) = manifest::read_joined(&manifest_path, max_bytes)
+            .with_context(|| format!("{} arrived damaged; nothing was kept", entry.file))?;
+        let owner = checkpoint::Owner {
+            job: &m.job,
+            uid: m.uid.as_deref(),
+            model: m.model.as_ref().map(|model| (model, m.seed)),
+        };
         let bytes = checkpoint::encode(m.step, &tensors, &owner)?;
         drop(tensors);
         let joined = staging.join("joined.safetensors");
@@ -298,12 +340,19 @@ pub fn table(entries: &[Entry]) -> String {
 }
 
 /// `wsctl checkpoint pull`: fetches one checkpoint and prints where it went.
-pub fn pull_command(url: &str, identity_dir: &Path, step: Option<u64>, out_dir: &Path, job: Option<&Path>) -> Result<()> {
+pub fn pull_command(
+    url: &str,
+    identity_dir: &Path,
+    step: Option<u64>,
+    out_dir: &Path,
+    job: Option<&Path>,
+) -> Result<()> {
     let identity = Identity::load(identity_dir)?;
     let max_bytes = match job {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-            let job = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve).with_context(|| path.display().to_string())?;
+            let job = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve)
+                .with_context(|| path.display().to_string())?;
             Some(planned_bytes(&job.spec))
         }
         None => None,
@@ -314,7 +363,11 @@ pub fn pull_command(url: &str, identity_dir: &Path, step: Option<u64>, out_dir: 
 }
 
 fn runtime_block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?.block_on(f)
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(f)
 }
 
 #[cfg(test)]
@@ -329,9 +382,13 @@ mod tests {
         assert!(t.trim_start().starts_with("20 ") && t.trim_end().ends_with("step-00000020.safetensors"), "{t}");
         assert_eq!(super::table(&[]), "no checkpoints yet\n");
         let slice = |i: u32| SliceFile { file: format!("step-00000030.slice-{i}-of-2.safetensors"), bytes: 1000 };
-        let sliced = Entry { step: 30, file: "step-00000030.manifest.json".into(), bytes: 48, slices: vec![slice(0), slice(1)] };
+        let sliced =
+            Entry { step: 30, file: "step-00000030.manifest.json".into(), bytes: 48, slices: vec![slice(0), slice(1)] };
         let t = super::table(&[sliced]);
-        assert!(t.contains("2.0 KiB  step-00000030.manifest.json  (2 slices)"), "the manifest and its slices' bytes: {t}");
+        assert!(
+            t.contains("2.0 KiB  step-00000030.manifest.json  (2 slices)"),
+            "the manifest and its slices' bytes: {t}"
+        );
     }
 
     #[test]
@@ -349,7 +406,12 @@ mod tests {
         }
         assert!(super::valid_name("step-00000010.manifest.json", 10));
         assert!(super::valid_slice_name("step-00000010.slice-2-of-3.safetensors", 10, 2, 3));
-        for bad in ["step-00000010.slice-1-of-3.safetensors", "step-00000010.slice-2-of-4.safetensors", "step-10.slice-2-of-3/../x.safetensors", "server-2/step-00000010.slice-2-of-3.safetensors"] {
+        for bad in [
+            "step-00000010.slice-1-of-3.safetensors",
+            "step-00000010.slice-2-of-4.safetensors",
+            "step-10.slice-2-of-3/../x.safetensors",
+            "server-2/step-00000010.slice-2-of-3.safetensors",
+        ] {
             assert!(!super::valid_slice_name(bad, 10, 2, 3), "{bad}");
         }
     }

@@ -21,12 +21,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{Context, Result, anyhow, bail};
 use crds::{ModelKind, ModelSpec};
-use runtime::memoryx::checkpoint::{self, Tensors};
-use runtime::memoryx::manifest;
 use plan::layout::{Arch, GptShape, LlamaShape, ModelLayout};
+use runtime::memoryx::checkpoint::{self, Tensors};
 use runtime::memoryx::huggingface;
+use runtime::memoryx::manifest;
 use runtime::memoryx::weight_server::Masking;
 use safetensors::tensor::{Dtype, TensorView};
 
@@ -56,7 +56,8 @@ pub(crate) fn model_of(path: &Path, job: Option<&Path>) -> Result<(ModelSpec, Op
     }
     let meta = if manifest::is_manifest(path) { HashMap::new() } else { header_metadata(path)? };
     if let Some(json) = meta.get(checkpoint::MODEL_KEY) {
-        let model = serde_json::from_str(json).with_context(|| format!("{} records a model this wsctl cannot read", path.display()))?;
+        let model = serde_json::from_str(json)
+            .with_context(|| format!("{} records a model this wsctl cannot read", path.display()))?;
         return Ok((model, meta.get(checkpoint::SEED_KEY).and_then(|s| s.parse().ok())));
     }
     let Some(job) = job else {
@@ -66,7 +67,8 @@ pub(crate) fn model_of(path: &Path, job: Option<&Path>) -> Result<(ModelSpec, Op
         );
     };
     let text = std::fs::read_to_string(job).with_context(|| format!("cannot read {}", job.display()))?;
-    let job = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve).with_context(|| job.display().to_string())?;
+    let job = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve)
+        .with_context(|| job.display().to_string())?;
     Ok((job.spec.model, Some(job.spec.training.seed)))
 }
 
@@ -84,7 +86,8 @@ fn header_metadata(path: &Path) -> Result<HashMap<String, String>> {
     }
     let mut header = Vec::with_capacity(n as usize);
     file.take(n).read_to_end(&mut header).map_err(|e| unusable(e.to_string()))?;
-    let value: serde_json::Value = serde_json::from_slice(&header).map_err(|e| unusable(format!("its header is not JSON ({e})")))?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| unusable(format!("its header is not JSON ({e})")))?;
     let meta = value.get("__metadata__").cloned().unwrap_or_default();
     Ok(serde_json::from_value(meta).unwrap_or_default())
 }
@@ -95,27 +98,41 @@ fn dense_weights(layout: &ModelLayout, tensors: &Tensors, masking: Option<&Maski
     let shape = layout.linears[l];
     let l = shape.tied_to.unwrap_or(l);
     let name = checkpoint::tensor_name(l, "weight");
-    let values = tensors.iter().find(|(n, _)| *n == name).map(|(_, v)| v).ok_or_else(|| anyhow!("the checkpoint has no {name}"))?;
+    let values = tensors
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v)
+        .ok_or_else(|| anyhow!("the checkpoint has no {name}"))?;
     let want = shape.dense_weights();
     if layout.linears[l].sparse {
-        let masking = masking.ok_or_else(|| anyhow!("the checkpoint of a sparse model records no seed to draw its masks from; give --job JOB.yaml"))?;
-        if let Masking::Magnitude(dir) = masking {
-            if !dir.join(huggingface::CONFIG_FILE).is_file() {
-                bail!(
-                    "this sparse model was pruned by magnitude from {}, which is not here: export where that folder is \
+        let masking = masking.ok_or_else(|| {
+            anyhow!("the checkpoint of a sparse model records no seed to draw its masks from; give --job JOB.yaml")
+        })?;
+        if let Masking::Magnitude(dir) = masking
+            && !dir.join(huggingface::CONFIG_FILE).is_file()
+        {
+            bail!(
+                "this sparse model was pruned by magnitude from {}, which is not here: export where that folder is \
                      (the masks are chosen from it again)",
-                    dir.display()
-                );
-            }
+                dir.display()
+            );
         }
-        let mask = runtime::memoryx::weight_server::mask(layout, masking, l)?.ok_or_else(|| anyhow!("layer {l} has no mask"))?;
+        let mask = runtime::memoryx::weight_server::mask(layout, masking, l)?
+            .ok_or_else(|| anyhow!("layer {l} has no mask"))?;
         if mask.nnz() != values.len() {
-            bail!("{name} has {} values but its mask {}: the checkpoint is not of this model and seed", values.len(), mask.nnz());
+            bail!(
+                "{name} has {} values but its mask {}: the checkpoint is not of this model and seed",
+                values.len(),
+                mask.nnz()
+            );
         }
         return Ok(mask.to_dense(values).data);
     }
     if values.len() < want || (shape.tied_to.is_none() && values.len() != want) {
-        bail!("{name} has {} values; the model's layer needs {want}: the checkpoint is not of the model it records", values.len());
+        bail!(
+            "{name} has {} values; the model's layer needs {want}: the checkpoint is not of the model it records",
+            values.len()
+        );
     }
     Ok(values[..want].to_vec())
 }
@@ -144,7 +161,9 @@ fn hugging_face_tensors(layout: &ModelLayout, tensors: &Tensors, masking: Option
             let weights = dense_weights(layout, tensors, masking, l)?;
             let mut rows_done = 0;
             for m in &unit.weights {
-                let block = weights.get(rows_done * cols..(rows_done + m.rows) * cols).ok_or_else(|| anyhow!("layer {l} is smaller than {}", m.name))?;
+                let block = weights
+                    .get(rows_done * cols..(rows_done + m.rows) * cols)
+                    .ok_or_else(|| anyhow!("layer {l} is smaller than {}", m.name))?;
                 if m.transposed {
                     out.put(m.name.clone(), &[cols, m.rows], transpose(block, m.rows, cols));
                 } else {
@@ -156,7 +175,8 @@ fn hugging_face_tensors(layout: &ModelLayout, tensors: &Tensors, masking: Option
         let values = vector(layout, tensors, l)?;
         let mut done = 0;
         for (name, len) in &unit.vector {
-            let part = values.get(done..done + len).ok_or_else(|| anyhow!("layer {l}'s vector is shorter than {name}"))?;
+            let part =
+                values.get(done..done + len).ok_or_else(|| anyhow!("layer {l}'s vector is shorter than {name}"))?;
             out.put(name.clone(), &[*len], part.to_vec());
             done += len;
         }
@@ -249,13 +269,16 @@ impl Out {
     }
 
     fn serialize(&self, metadata: HashMap<String, String>) -> Result<Vec<u8>> {
-        let bytes: Vec<Vec<u8>> = self.0.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+        let bytes: Vec<Vec<u8>> =
+            self.0.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
         let views = self
             .0
             .iter()
             .zip(&bytes)
             .map(|((name, shape, _), data)| {
-                TensorView::new(Dtype::F32, shape.clone(), data).map(|v| (name.clone(), v)).map_err(|e| anyhow!("tensor {name}: {e}"))
+                TensorView::new(Dtype::F32, shape.clone(), data)
+                    .map(|v| (name.clone(), v))
+                    .map_err(|e| anyhow!("tensor {name}: {e}"))
             })
             .collect::<Result<Vec<_>>>()?;
         safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| anyhow!("serialising the export: {e}"))
@@ -300,10 +323,19 @@ fn gpt2_config(layout: &ModelLayout, g: GptShape, model: &ModelSpec) -> serde_js
 }
 
 /// Any model's layers under plain names, and a `config.json` saying how to run them.
-fn plain(layout: &ModelLayout, model: &ModelSpec, tensors: &Tensors, masking: Option<&Masking>) -> Result<(Out, serde_json::Value)> {
+fn plain(
+    layout: &ModelLayout,
+    model: &ModelSpec,
+    tensors: &Tensors,
+    masking: Option<&Masking>,
+) -> Result<(Out, serde_json::Value)> {
     let mut out = Out::default();
     for (l, shape) in layout.linears.iter().enumerate() {
-        out.put(format!("layers.{l}.weight"), &[shape.outputs, shape.inputs], dense_weights(layout, tensors, masking, l)?);
+        out.put(
+            format!("layers.{l}.weight"),
+            &[shape.outputs, shape.inputs],
+            dense_weights(layout, tensors, masking, l)?,
+        );
         if shape.bias {
             out.put(format!("layers.{l}.bias"), &[shape.outputs], bias(layout, tensors, l)?);
         }
@@ -327,15 +359,34 @@ fn check_model(m: &ModelSpec) -> std::result::Result<(), String> {
         ModelKind::Mlp if m.layers.len() < 2 || m.layers.contains(&0) => Err(format!("mlp layers {:?}", m.layers)),
         ModelKind::Gpt => {
             let (w, h) = (m.width.unwrap_or(0), m.heads.unwrap_or(0));
-            if w == 0 || h == 0 || w % h != 0 || m.blocks.unwrap_or(0) == 0 || m.context_length.unwrap_or(0) == 0 || m.vocab_size == 0 {
-                return Err(format!("gpt width {w}, heads {h}, blocks {:?}, contextLength {:?}", m.blocks, m.context_length));
+            if w == 0
+                || h == 0
+                || w % h != 0
+                || m.blocks.unwrap_or(0) == 0
+                || m.context_length.unwrap_or(0) == 0
+                || m.vocab_size == 0
+            {
+                return Err(format!(
+                    "gpt width {w}, heads {h}, blocks {:?}, contextLength {:?}",
+                    m.blocks, m.context_length
+                ));
             }
             Ok(())
         }
         ModelKind::Llama => {
             let (w, h, kv) = (m.width.unwrap_or(0), m.heads.unwrap_or(0), m.kv_heads.or(m.heads).unwrap_or(0));
-            if w == 0 || h == 0 || kv == 0 || w % h != 0 || h % kv != 0 || m.blocks.unwrap_or(0) == 0 || m.intermediate_size.unwrap_or(0) == 0 {
-                return Err(format!("llama width {w}, heads {h}, kvHeads {kv}, blocks {:?}, intermediateSize {:?}", m.blocks, m.intermediate_size));
+            if w == 0
+                || h == 0
+                || kv == 0
+                || w % h != 0
+                || h % kv != 0
+                || m.blocks.unwrap_or(0) == 0
+                || m.intermediate_size.unwrap_or(0) == 0
+            {
+                return Err(format!(
+                    "llama width {w}, heads {h}, kvHeads {kv}, blocks {:?}, intermediateSize {:?}",
+                    m.blocks, m.intermediate_size
+                ));
             }
             Ok(())
         }
@@ -346,7 +397,13 @@ fn check_model(m: &ModelSpec) -> std::result::Result<(), String> {
 
 /// Exports the checkpoint at `path` in `format` into the folder `out` (created; an existing one gets the files
 /// added), taking the model from `job` when the checkpoint does not record it. Returns the files written.
-pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>, tokenizer: Option<&Path>) -> Result<Vec<PathBuf>> {
+pub fn export(
+    path: &Path,
+    format: Format,
+    out: &Path,
+    job: Option<&Path>,
+    tokenizer: Option<&Path>,
+) -> Result<Vec<PathBuf>> {
     let (model, seed) = model_of(path, job)?;
     // The masks as the run chose them: by magnitude from the pretrained folder it started from, else from its seed.
     let masking = match &model.from {
@@ -356,9 +413,12 @@ pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>, token
     // The tokenizer travels with the model, so `AutoTokenizer.from_pretrained` finds it beside the weights; it is
     // read as the input workers read it, and must fit the model's vocabulary.
     // A model imported from a Hugging Face folder takes that folder's tokenizer when none is named.
-    let from_tokenizer = model.from.as_deref().map(|f| Path::new(f).join(crds::pretrained::TOKENIZER_FILE)).filter(|t| t.is_file());
+    let from_tokenizer =
+        model.from.as_deref().map(|f| Path::new(f).join(crds::pretrained::TOKENIZER_FILE)).filter(|t| t.is_file());
     let tokenizer = match tokenizer.or(from_tokenizer.as_deref()) {
-        Some(t) if !model.kind.is_language_model() => bail!("--tokenizer {}: only a language model reads tokens; leave it out for an MLP", t.display()),
+        Some(t) if !model.kind.is_language_model() => {
+            bail!("--tokenizer {}: only a language model reads tokens; leave it out for an MLP", t.display())
+        }
         Some(t) => {
             data::tokenizer::TextTokenizer::load(t, model.vocab_size as usize)?;
             Some(std::fs::read(t).with_context(|| format!("cannot read {}", t.display()))?)
@@ -379,8 +439,12 @@ pub fn export(path: &Path, format: Format, out: &Path, job: Option<&Path>, token
     let max_bytes = plan::limits::Limits::new(&layout, 1, 2).state_bytes();
     let (info, tensors) = manifest::read_checkpoint(path, max_bytes)?;
     let (tensors_out, mut config) = match (format, layout.arch) {
-        (Format::Huggingface, Arch::Gpt(g)) => (hugging_face_tensors(&layout, &tensors, masking.as_ref())?, gpt2_config(&layout, g, &model)),
-        (Format::Huggingface, Arch::Llama(g)) => (hugging_face_tensors(&layout, &tensors, masking.as_ref())?, llama_config(&layout, g, &model)),
+        (Format::Huggingface, Arch::Gpt(g)) => {
+            (hugging_face_tensors(&layout, &tensors, masking.as_ref())?, gpt2_config(&layout, g, &model))
+        }
+        (Format::Huggingface, Arch::Llama(g)) => {
+            (hugging_face_tensors(&layout, &tensors, masking.as_ref())?, llama_config(&layout, g, &model))
+        }
         (Format::Huggingface, Arch::Mlp) => bail!("an MLP cannot be exported as a Hugging Face GPT-2"),
         (Format::Safetensors, _) => plain(&layout, &model, &tensors, masking.as_ref())?,
     };
@@ -423,14 +487,16 @@ fn write_all(out: &Path, files: &[(&str, &[u8])]) -> Result<Vec<PathBuf>> {
         for (name, bytes) in files {
             let p = staging.join(name);
             let f = std::fs::File::create(&p).with_context(|| format!("cannot create {}", p.display()))?;
-            std::io::Write::write_all(&mut std::io::BufWriter::new(&f), bytes).with_context(|| format!("cannot write {}", p.display()))?;
+            std::io::Write::write_all(&mut std::io::BufWriter::new(&f), bytes)
+                .with_context(|| format!("cannot write {}", p.display()))?;
             f.sync_all().with_context(|| format!("cannot write {}", p.display()))?;
         }
         if !out.exists() {
             std::fs::rename(&staging, out).with_context(|| format!("cannot move the export to {}", out.display()))?;
         } else {
             for (name, _) in files {
-                std::fs::rename(staging.join(name), out.join(name)).with_context(|| format!("cannot move {name} into {}", out.display()))?;
+                std::fs::rename(staging.join(name), out.join(name))
+                    .with_context(|| format!("cannot move {name} into {}", out.display()))?;
             }
         }
         Ok(files.iter().map(|(name, _)| out.join(name)).collect())

@@ -53,7 +53,9 @@ pub fn kind(e: &anyhow::Error) -> Kind {
                 cluster::Error::Refused { .. } => Kind::Refused,
                 cluster::Error::Timeout { .. } => Kind::Timeout,
                 cluster::Error::JobFailed { .. } => Kind::JobFailed,
-                cluster::Error::Invalid(_) | cluster::Error::Checkpoint { .. } | cluster::Error::Io { .. } => Kind::Failed,
+                cluster::Error::Invalid(_) | cluster::Error::Checkpoint { .. } | cluster::Error::Io { .. } => {
+                    Kind::Failed
+                }
             };
         }
         if cause.is::<crds::ApiError>() {
@@ -95,7 +97,8 @@ mod tests {
 
     #[test]
     fn a_refused_spec_is_an_invalid_job_with_the_line_people_read() {
-        let e = crds::parse_training_job(&crds::testing::MLP_YAML.replace("batchSize: 64", "batchSize: 63")).unwrap_err();
+        let e =
+            crds::parse_training_job(&crds::testing::MLP_YAML.replace("batchSize: 64", "batchSize: 63")).unwrap_err();
         let e = anyhow::Error::from(e).context("job.yaml");
         let text = render(&e, ErrorFormat::Text);
         let json: serde_json::Value = serde_json::from_str(&render(&e, ErrorFormat::Json)).unwrap();
@@ -106,7 +109,8 @@ mod tests {
 
     #[test]
     fn cluster_errors_keep_their_kind_through_context() {
-        let e = anyhow::Error::from(cluster::Error::NotFound { namespace: "ml".into(), name: "x".into() }).context("get");
+        let e =
+            anyhow::Error::from(cluster::Error::NotFound { namespace: "ml".into(), name: "x".into() }).context("get");
         assert_eq!(kind(&e), Kind::NotFound);
         assert_eq!(kind(&anyhow::Error::from(cluster::Error::Kubeconfig("none".into()))), Kind::Unreachable);
         assert_eq!(kind(&anyhow::anyhow!("memoryx exited")), Kind::Failed);

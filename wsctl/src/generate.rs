@@ -4,14 +4,14 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{Context, Result, anyhow, bail};
 use crds::{ModelKind, ModelSpec, OptimizerKind};
 use plan::layout::ModelLayout;
 use runtime::coordinator::sample::{self, Decoding};
 use runtime::memoryx::checkpoint;
 use runtime::memoryx::huggingface;
-use runtime::memoryx::weight_server::Storage;
 use runtime::memoryx::store::MemoryX;
+use runtime::memoryx::weight_server::Storage;
 use runtime::optim::Recipe;
 
 /// What to generate and how.
@@ -73,7 +73,15 @@ fn window(model: &mut ModelSpec, prompt: usize, tokens: usize) {
 /// The model at `path` in memory, its tokenizer, and the layout it runs with.
 fn load(path: &Path, opts: &Options) -> Result<(MemoryX, ModelLayout, Codec, Vec<u32>)> {
     // No step is taken: plain SGD keeps no moments beside the weights.
-    let sgd = crds::OptimizerSpec { kind: OptimizerKind::Sgd, learning_rate: 0.0, weight_decay: 0.0, momentum: 0.0, beta1: 0.0, beta2: 0.0, epsilon: 0.0 };
+    let sgd = crds::OptimizerSpec {
+        kind: OptimizerKind::Sgd,
+        learning_rate: 0.0,
+        weight_decay: 0.0,
+        momentum: 0.0,
+        beta1: 0.0,
+        beta2: 0.0,
+        epsilon: 0.0,
+    };
     let schedule = crds::ScheduleSpec::default();
     if path.is_dir() {
         let shape = huggingface::shape_of(path)?;
@@ -81,7 +89,8 @@ fn load(path: &Path, opts: &Options) -> Result<(MemoryX, ModelLayout, Codec, Vec
         model.from = Some(path.display().to_string());
         model.context_length = Some(shape.max_context.min(crds::pretrained::DEFAULT_PRETRAINED_CONTEXT));
         model.adopt(&shape, &path.join(huggingface::CONFIG_FILE).display().to_string())?;
-        let tokenizer = opts.tokenizer.clone().or_else(|| shape.has_tokenizer.then(|| path.join(crds::pretrained::TOKENIZER_FILE)));
+        let tokenizer =
+            opts.tokenizer.clone().or_else(|| shape.has_tokenizer.then(|| path.join(crds::pretrained::TOKENIZER_FILE)));
         let codec = Codec::load(tokenizer.as_deref(), model.vocab_size as usize)?;
         let prompt = codec.encode(&opts.prompt, model.vocab_size as usize)?;
         window(&mut model, prompt.len(), opts.tokens);
@@ -94,7 +103,8 @@ fn load(path: &Path, opts: &Options) -> Result<(MemoryX, ModelLayout, Codec, Vec
     if !model.kind.is_language_model() {
         bail!("{} holds an MLP, which does not generate text", path.display());
     }
-    let from_tokenizer = model.from.as_deref().map(|f| Path::new(f).join(crds::pretrained::TOKENIZER_FILE)).filter(|t| t.is_file());
+    let from_tokenizer =
+        model.from.as_deref().map(|f| Path::new(f).join(crds::pretrained::TOKENIZER_FILE)).filter(|t| t.is_file());
     let codec = Codec::load(opts.tokenizer.as_deref().or(from_tokenizer.as_deref()), model.vocab_size as usize)?;
     let prompt = codec.encode(&opts.prompt, model.vocab_size as usize)?;
     let trained = ModelLayout::from_spec(&model);
@@ -104,14 +114,20 @@ fn load(path: &Path, opts: &Options) -> Result<(MemoryX, ModelLayout, Codec, Vec
     let (info, tensors) = runtime::memoryx::manifest::read_checkpoint(path, max_bytes)?;
     let step = info.step;
     // The weights and vectors only: the optimizer's moments play no part in generating.
-    let values: checkpoint::Tensors = tensors.into_iter().filter(|(n, _)| n.ends_with(".weight") || n.ends_with(".bias")).collect();
+    let values: checkpoint::Tensors =
+        tensors.into_iter().filter(|(n, _)| n.ends_with(".weight") || n.ends_with(".bias")).collect();
     let from = model.from.as_ref().map(PathBuf::from);
     let recipe = Recipe { optimizer: sgd, schedule, total_steps: 1, seed: seed.unwrap_or(0), from };
     if trained.linears.iter().any(|l| l.sparse) && seed.is_none() && recipe.from.is_none() {
-        bail!("{} is of a sparse model and records no seed to draw its masks from; give --job JOB.yaml", path.display());
+        bail!(
+            "{} is of a sparse model and records no seed to draw its masks from; give --job JOB.yaml",
+            path.display()
+        );
     }
     let store = MemoryX::replica(layout.clone(), &recipe)?;
-    store.restore(step, &values).with_context(|| format!("{} is not a checkpoint of the model it records", path.display()))?;
+    store
+        .restore(step, &values)
+        .with_context(|| format!("{} is not a checkpoint of the model it records", path.display()))?;
     Ok((store, layout, codec, prompt))
 }
 

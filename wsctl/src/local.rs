@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use std::collections::HashMap;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{Context, Result, anyhow, bail};
 use crds::contract::{CommonArgs, Handshake, MemoryxArgs, ProgressReport, Role, RoleArgs};
 use plan::appliance::Plan;
 use plan::wiring::{Args, Component, Site, Wiring};
@@ -61,7 +61,8 @@ impl LocalSite {
     /// The site of the run whose job copy is at `job`, known on the wire as `job_id`, with the identity at
     /// `identity`.
     fn new(job: &Path, job_id: &str, identity: &Path, data_root: Option<PathBuf>) -> LocalSite {
-        let common = CommonArgs { job_id: Some(job_id.to_string()), exit_with_stdin: true, ..CommonArgs::new(job, identity) };
+        let common =
+            CommonArgs { job_id: Some(job_id.to_string()), exit_with_stdin: true, ..CommonArgs::new(job, identity) };
         LocalSite { common, data_root, addresses: HashMap::new() }
     }
 }
@@ -115,7 +116,13 @@ impl MemoryxOutputs {
 
 /// Every component's arguments for a local run of `plan` at `site`, given the weight servers' addresses (known
 /// only once they run): what [`Appliance::start`] starts, and what the tests compare with the operator's pods.
-fn local_args(wiring: &Wiring, site: &LocalSite, component: Component, outputs: &MemoryxOutputs, servers: &[String]) -> Args {
+fn local_args(
+    wiring: &Wiring,
+    site: &LocalSite,
+    component: Component,
+    outputs: &MemoryxOutputs,
+    servers: &[String],
+) -> Args {
     let weight_servers = if component == Component::WeightServer(0) { servers.to_vec() } else { Vec::new() };
     match wiring.args(site, component, weight_servers) {
         Args::Memoryx(m) => Args::Memoryx(outputs.apply(m)),
@@ -182,10 +189,10 @@ impl Watchdog {
                     }
                     let (n, since) = missed.entry(name.clone()).or_insert((0, Instant::now()));
                     *n += 1;
-                    if *n >= Self::MISSES {
-                        if let Ok(mut f) = found.lock() {
-                            f.get_or_insert((name, since.elapsed() + Self::TIMEOUT));
-                        }
+                    if *n >= Self::MISSES
+                        && let Ok(mut f) = found.lock()
+                    {
+                        f.get_or_insert((name, since.elapsed() + Self::TIMEOUT));
                     }
                 }
             }
@@ -237,7 +244,8 @@ impl Drop for Appliance {
 /// Issues the run's ephemeral identity into a fresh directory only this user can read, so a local run is one
 /// command and still speaks mutual TLS like a job in a cluster.
 fn ephemeral_identity(job_id: &str) -> Result<PathBuf> {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     let dir = std::env::temp_dir().join(format!("wsctl-identity-{}-{nanos}", std::process::id()));
     let mut builder = std::fs::DirBuilder::new();
     #[cfg(unix)]
@@ -299,7 +307,18 @@ impl Appliance {
         let (tx, lines) = mpsc::channel();
         let identity = ephemeral_identity(&job_id)?;
         let watchdog = Watchdog::start()?;
-        Ok(Appliance { procs: Vec::new(), lines, tx, logs, job, job_id, identity, interrupted, watchdog, addresses: Vec::new() })
+        Ok(Appliance {
+            procs: Vec::new(),
+            lines,
+            tx,
+            logs,
+            job,
+            job_id,
+            identity,
+            interrupted,
+            watchdog,
+            addresses: Vec::new(),
+        })
     }
 
     /// Starts `wsctl node ROLE ARGS…` as `name`.
@@ -336,8 +355,13 @@ impl Appliance {
         self.procs.push(Proc { name: name.to_string(), child, log });
         // Which process is which, for whoever looks into a run (and the fault tests).
         let table = self.logs.join("processes");
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&table).with_context(|| format!("cannot write {}", table.display()))?;
-        std::io::Write::write_all(&mut f, line.as_bytes()).with_context(|| format!("cannot write {}", table.display()))?;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&table)
+            .with_context(|| format!("cannot write {}", table.display()))?;
+        std::io::Write::write_all(&mut f, line.as_bytes())
+            .with_context(|| format!("cannot write {}", table.display()))?;
         Ok(id)
     }
 
@@ -362,7 +386,10 @@ impl Appliance {
                     return Ok(Some(i));
                 }
                 let (line, blamed) = name_components(&last_line(&p.log), &self.addresses);
-                let logs: String = blamed.iter().map(|n| format!("; {n}'s log: {}", self.logs.join(format!("{n}.log")).display())).collect();
+                let logs: String = blamed
+                    .iter()
+                    .map(|n| format!("; {n}'s log: {}", self.logs.join(format!("{n}.log")).display()))
+                    .collect();
                 return Err(anyhow!(
                     "{} exited ({status}): {line} (log: {}{logs}); stopped the other components",
                     p.name,
@@ -418,7 +445,12 @@ impl Appliance {
 
     /// Starts MemoryX and follows its progress until it finishes, calling `on_progress` with each step's report.
     /// Interrupted, it gives MemoryX up to `stop` to checkpoint the step in flight ([`Appliance::stop_memoryx`]).
-    pub fn run_memoryx(&mut self, args: &MemoryxArgs, stop: Duration, mut on_progress: impl FnMut(&ProgressReport)) -> Result<()> {
+    pub fn run_memoryx(
+        &mut self,
+        args: &MemoryxArgs,
+        stop: Duration,
+        mut on_progress: impl FnMut(&ProgressReport),
+    ) -> Result<()> {
         let id = self.spawn(Role::Memoryx.as_str(), &Args::Memoryx(args.clone()))?;
         loop {
             if let Ok(Line { child, text }) = self.lines.recv_timeout(Duration::from_millis(100)) {
@@ -450,10 +482,11 @@ impl Appliance {
         let deadline = Instant::now() + patience;
         let mut stopped = None;
         let exited = loop {
-            if let Ok(Line { child, text }) = self.lines.recv_timeout(Duration::from_millis(100)) {
-                if let (true, Some(Handshake::Stopped { step, checkpoint })) = (child == id, Handshake::from_line(&text)) {
-                    stopped = Some((step, checkpoint));
-                }
+            if let Ok(Line { child, text }) = self.lines.recv_timeout(Duration::from_millis(100))
+                && let (true, Some(Handshake::Stopped { step, checkpoint })) =
+                    (child == id, Handshake::from_line(&text))
+            {
+                stopped = Some((step, checkpoint));
             }
             if matches!(self.procs[id].child.try_wait(), Ok(Some(_))) {
                 break true;
@@ -470,7 +503,9 @@ impl Appliance {
                 "interrupted after step {step}; nothing was saved (the run has no checkpoint folder: give --checkpoint-dir \
                  or spec.checkpoint.intervalSteps to make a run resumable)"
             ),
-            None if exited => anyhow!("interrupted; MemoryX exited without saving (log: {})", self.procs[id].log.display()),
+            None if exited => {
+                anyhow!("interrupted; MemoryX exited without saving (log: {})", self.procs[id].log.display())
+            }
             None => anyhow!(
                 "interrupted; MemoryX did not checkpoint within {:.0}s and was stopped: the run resumes from its last checkpoint",
                 patience.as_secs_f64()
@@ -486,7 +521,10 @@ mod tests {
     /// A failure naming an address names the component at it, and only a whole address does.
     #[test]
     fn a_failure_names_the_component_at_the_address_it_mentions() {
-        let addresses = vec![("127.0.0.1:4567".to_string(), "engine-0".to_string()), ("127.0.0.1:45".to_string(), "swarmx-0-0".to_string())];
+        let addresses = vec![
+            ("127.0.0.1:4567".to_string(), "engine-0".to_string()),
+            ("127.0.0.1:45".to_string(), "swarmx-0-0".to_string()),
+        ];
         let (line, named) = name_components("error: unavailable: https://127.0.0.1:4567: transport error", &addresses);
         assert_eq!(line, "error: unavailable: engine-0 at 127.0.0.1:4567: transport error");
         assert_eq!(named, vec!["engine-0".to_string()]);
@@ -546,13 +584,23 @@ mod tests {
             if volume {
                 job.spec.data.volume = Some("claim".into());
             }
-            let settings = Settings { default_image: "i".into(), fan_out: 2, request_cs2: false, operator: OperatorPeer::default() };
+            let settings = Settings {
+                default_image: "i".into(),
+                fan_out: 2,
+                request_cs2: false,
+                operator: OperatorPeer::default(),
+            };
             let d = desired(&job, &settings, cs2).expect("the operator's objects");
             let plan = Plan::for_spec(&job.spec, 2).expect("a plan");
             let wiring = Wiring::of(&plan);
             // Every component the local runner starts, at made-up loopback addresses, and the same in the cluster.
             let cluster = ClusterSite::of(&job);
-            let mut local = LocalSite::new(Path::new("/run/job.yaml"), "j-1", Path::new("/run/identity"), volume.then(|| "/data".into()));
+            let mut local = LocalSite::new(
+                Path::new("/run/job.yaml"),
+                "j-1",
+                Path::new("/run/identity"),
+                volume.then(|| "/data".into()),
+            );
             let mut named: HashMap<String, Component> = HashMap::new();
             for (port, c) in (40_000..).zip(wiring.components()) {
                 let url = format!("https://127.0.0.1:{port}");
@@ -566,7 +614,11 @@ mod tests {
             // The cluster's pods by component: the pods' names are the components' names after the job's.
             let mut pods: HashMap<Component, Args> = HashMap::new();
             for pod in &d.pods {
-                let c = wiring.components().into_iter().find(|c| pod.name_any() == format!("j-{}", c.name())).expect("a pod per component");
+                let c = wiring
+                    .components()
+                    .into_iter()
+                    .find(|c| pod.name_any() == format!("j-{}", c.name()))
+                    .expect("a pod per component");
                 let container = &pod.spec.as_ref().expect("a pod spec").containers[0];
                 let args = match c.role() {
                     Role::Input => Args::Input(parse(container)),
@@ -576,9 +628,14 @@ mod tests {
                 };
                 pods.insert(c, args);
             }
-            let template = &d.memoryx.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("a pod template").containers[0];
+            let template =
+                &d.memoryx.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("a pod template").containers[0];
             let memoryx: MemoryxArgs = parse(template);
-            assert_eq!(pods.len() + 1, wiring.components().len() - (servers as usize - 1), "one pod per component, MemoryX aside");
+            assert_eq!(
+                pods.len() + 1,
+                wiring.components().len() - (servers as usize - 1),
+                "one pod per component, MemoryX aside"
+            );
             for c in wiring.components() {
                 match (c, local_args(&wiring, &local, c, &outputs, &servers_urls)) {
                     (Component::Input(_), Args::Input(l)) => {
@@ -596,13 +653,31 @@ mod tests {
                     (Component::WeightServer(i), Args::Memoryx(l)) => {
                         let k = &memoryx;
                         assert_eq!(
-                            (named[&l.stage], named[&l.input], l.connect_timeout, l.retry_seconds, l.hold_seconds, l.crash_after_steps),
-                            (named[&k.stage], named[&k.input], k.connect_timeout, k.retry_seconds, k.hold_seconds, k.crash_after_steps),
+                            (
+                                named[&l.stage],
+                                named[&l.input],
+                                l.connect_timeout,
+                                l.retry_seconds,
+                                l.hold_seconds,
+                                l.crash_after_steps
+                            ),
+                            (
+                                named[&k.stage],
+                                named[&k.input],
+                                k.connect_timeout,
+                                k.retry_seconds,
+                                k.hold_seconds,
+                                k.crash_after_steps
+                            ),
                             "{c:?}"
                         );
                         assert_eq!(l.server_index, i);
                         if i == 0 {
-                            assert_eq!(to(&l.weight_servers), to(&k.weight_servers), "the coordinator reaches every other weight server");
+                            assert_eq!(
+                                to(&l.weight_servers),
+                                to(&k.weight_servers),
+                                "the coordinator reaches every other weight server"
+                            );
                         }
                     }
                     (c, args) => panic!("{c:?} rendered as {:?}", args.role()),

@@ -5,14 +5,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use crds::contract::ProgressReport;
+use errors::units;
 use indicatif::{ProgressBar, ProgressStyle};
+use plan::appliance::Plan;
 use runtime::coordinator::driver::{Driver, Job, Outputs};
+use runtime::coordinator::train::Summary;
 use runtime::engine::role::EngineRole;
 use runtime::input::{Feed, LocalFeed};
-use plan::appliance::Plan;
 use runtime::swarmx::LocalSwarm;
-use runtime::coordinator::train::Summary;
-use errors::units;
 
 /// Reads and validates a manifest, applying a `--cs2` override. A pretrained folder (`spec.model.from`) is
 /// looked for inside the folders standing in for volumes (`--volume CLAIM=DIR`), where a cluster finds it,
@@ -36,7 +36,6 @@ fn load_job(path: &Path, cs2: Option<u32>, volumes: &[(String, PathBuf)]) -> Res
     Ok(job)
 }
 
-
 /// `wsctl plan`.
 pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     let job = load_job(path, cs2, &[])?;
@@ -45,7 +44,7 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     let simulated = sim_wse::cost::estimate(&job.spec);
     if json {
         let mut value = serde_json::to_value(&plan)?;
-        value["simulated"] = serde_json::to_value(&simulated)?;
+        value["simulated"] = serde_json::to_value(simulated)?;
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
@@ -96,11 +95,17 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     println!(
         "  model       {} of weights as streamed{}",
         units::bytes(plan.weight_bytes),
-        if plan.weight_bytes > plan.engine_sram_bytes { ", more than an engine's SRAM: only streaming can run it" } else { "" }
+        if plan.weight_bytes > plan.engine_sram_bytes {
+            ", more than an engine's SRAM: only streaming can run it"
+        } else {
+            ""
+        }
     );
     match &plan.weights_from {
         Some(from) if job.spec.model.sparsity > 0.0 => {
-            println!("  weights     pretrained, read unit by unit from {from}; each matrix pruned to its largest magnitudes")
+            println!(
+                "  weights     pretrained, read unit by unit from {from}; each matrix pruned to its largest magnitudes"
+            )
         }
         Some(from) => println!("  weights     pretrained, read unit by unit from {from}"),
         None => println!("  weights     drawn from seed {}", job.spec.training.seed),
@@ -141,7 +146,8 @@ pub fn model(folder: &Path) -> Result<()> {
     let from = folder.display().to_string();
     let (shape, source) = runtime::memoryx::huggingface::resolve(&from)?
         .ok_or_else(|| anyhow::anyhow!("{from} does not exist: name a folder holding a Hugging Face config.json"))?;
-    let mut model = crds::ModelSpec { kind: shape.kind, ..crds::ModelSpec::mlp(Vec::new(), crds::Activation::Relu, 0.0) };
+    let mut model =
+        crds::ModelSpec { kind: shape.kind, ..crds::ModelSpec::mlp(Vec::new(), crds::Activation::Relu, 0.0) };
     model.adopt(&shape, &source)?;
     println!("{}", serde_json::to_string_pretty(&model)?);
     Ok(())
@@ -172,9 +178,10 @@ pub struct RunOptions {
 fn data_root(spec: &crds::TrainingJobSpec, volumes: &[(String, PathBuf)]) -> Result<Option<PathBuf>> {
     let Some(claim) = &spec.data.volume else { return Ok(None) };
     match volumes.iter().find(|(c, _)| c == claim) {
-        Some((_, dir)) => Ok(Some(std::fs::canonicalize(dir).with_context(|| {
-            format!("--volume {claim}={}: the folder cannot be read", dir.display())
-        })?)),
+        Some((_, dir)) => Ok(Some(
+            std::fs::canonicalize(dir)
+                .with_context(|| format!("--volume {claim}={}: the folder cannot be read", dir.display()))?,
+        )),
         None => Ok(None),
     }
 }
@@ -306,7 +313,8 @@ fn run_local(
 ) -> Result<Summary> {
     // The children read the job as this run sees it (with --cs2 applied), from the run's own folder.
     let job_file = std::fs::canonicalize(out)?.join("job.yaml");
-    std::fs::write(&job_file, serde_yaml::to_string(job)?).with_context(|| format!("cannot write {}", job_file.display()))?;
+    std::fs::write(&job_file, serde_yaml::to_string(job)?)
+        .with_context(|| format!("cannot write {}", job_file.display()))?;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
     let job_id = format!("{name}-{}", std::process::id());
     let mut appliance = crate::local::Appliance::new(job_file, job_id, out.join("logs"))?;

@@ -38,7 +38,6 @@ fn same_curve(a: &[(u64, f64)], b: &[(u64, f64)], what: &str) {
     }
 }
 
-
 #[test]
 fn one_two_and_four_engines_give_the_same_curve() {
     let dir = scratch("equivalence");
@@ -50,7 +49,11 @@ fn one_two_and_four_engines_give_the_same_curve() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("in-process/summary.json")).unwrap()).unwrap();
     assert_eq!(reference.len(), 24);
     let streaming = dir.join("streaming.yaml");
-    std::fs::write(&streaming, JOB.replace("intervalSteps: 5", "intervalSteps: 0") + "  executionMode: weightStreaming\n").unwrap();
+    std::fs::write(
+        &streaming,
+        JOB.replace("intervalSteps: 5", "intervalSteps: 0") + "  executionMode: weightStreaming\n",
+    )
+    .unwrap();
     // The model fits an engine, so `auto` keeps it resident (pipelined); weight streaming must give the same
     // curve. With a fan-out of 2, four engines sit under two SwarmX nodes under the root.
     for (job, mode) in [(&job, "pipelined"), (&streaming, "weightStreaming")] {
@@ -58,7 +61,8 @@ fn one_two_and_four_engines_give_the_same_curve() {
             let out = dir.join(format!("{mode}-cs2-{n}"));
             run_ok(job, &out, &["--cs2", n, "--fanout", "2"]);
             same_curve(&reference, &losses(&out), &format!("{n} engine processes ({mode}) vs in-process"));
-            let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+            let summary: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
             assert_eq!(summary["engines"].as_array().map(Vec::len), Some(n.parse().unwrap()));
             assert_eq!(summary["execution_mode"], mode);
             assert!(summary["wse_utilization"].as_f64().is_some_and(|u| u > 0.0 && u <= 1.0), "{summary}");
@@ -70,7 +74,12 @@ fn one_two_and_four_engines_give_the_same_curve() {
     }
     // Two input workers per CS-2 split each engine's shard between them: the engines see the same samples.
     let two = dir.join("two-workers.yaml");
-    std::fs::write(&two, JOB.replace("intervalSteps: 5", "intervalSteps: 0").replace("path: examples/data/mnist}", "path: examples/data/mnist, workers: 2}")).unwrap();
+    std::fs::write(
+        &two,
+        JOB.replace("intervalSteps: 5", "intervalSteps: 0")
+            .replace("path: examples/data/mnist}", "path: examples/data/mnist, workers: 2}"),
+    )
+    .unwrap();
     let out = dir.join("two-workers");
     run_ok(&two, &out, &["--cs2", "2"]);
     same_curve(&reference, &losses(&out), "two input workers per CS-2 vs one");
@@ -86,7 +95,10 @@ fn one_two_and_four_engines_give_the_same_curve() {
 fn a_killed_input_worker_is_replaced_and_the_step_reruns() {
     let dir = scratch("input-fault");
     let job = dir.join("job.yaml");
-    let long = JOB.replace("cs2: 1", "cs2: 2").replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 100")
+    let long = JOB
+        .replace("cs2: 1", "cs2: 2")
+        .replace("intervalSteps: 5", "intervalSteps: 0")
+        .replace("steps: 24", "steps: 100")
         + "  executionMode: weightStreaming\n";
     std::fs::write(&job, long).unwrap();
     run_ok(&job, &dir.join("undisturbed"), &[]);
@@ -141,10 +153,12 @@ fn in_process_runs_checkpoint_and_match_the_processes_in_both_modes() {
         }
         let want = if mode == "auto" { "pipelined" } else { "weightStreaming" };
         for out in [&inp, &procs] {
-            let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+            let summary: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
             assert_eq!(summary["execution_mode"], want, "{}", out.display());
             // intervalSteps 5 and keep 2 over 24 steps: 20 and the final 24 remain.
-            let mut files: Vec<String> = std::fs::read_dir(ck(out)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+            let mut files: Vec<String> =
+                std::fs::read_dir(ck(out)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
             files.sort();
             assert_eq!(files, ["step-00000020.safetensors", "step-00000024.safetensors"], "{}", out.display());
         }
@@ -212,7 +226,8 @@ impl Node {
 /// Engine `index` fed by the input worker `input`; `extra` adds flags.
 fn engine(job: &Path, index: usize, input: &Node, extra: &[&str]) -> Node {
     let (index, inputs) = (index.to_string(), input.url());
-    let args: Vec<&str> = ["--index", index.as_str(), "--inputs", inputs.as_str()].into_iter().chain(extra.iter().copied()).collect();
+    let args: Vec<&str> =
+        ["--index", index.as_str(), "--inputs", inputs.as_str()].into_iter().chain(extra.iter().copied()).collect();
     node("engine", job, &args)
 }
 
@@ -250,7 +265,10 @@ fn wait_for_step(progress: &mut BufReader<ChildStdout>, step: u64) {
 fn kill_and_replace_an_engine(name: &str, cs2: usize, mode: &str) -> String {
     let dir = scratch(name);
     let job = dir.join("job.yaml");
-    let long = JOB.replace("cs2: 1", &format!("cs2: {cs2}")).replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 120")
+    let long = JOB
+        .replace("cs2: 1", &format!("cs2: {cs2}"))
+        .replace("intervalSteps: 5", "intervalSteps: 0")
+        .replace("steps: 24", "steps: 120")
         + &format!("  executionMode: {mode}\n");
     std::fs::write(&job, long).unwrap();
     run_ok(&job, &dir.join("undisturbed"), &[]);
@@ -316,7 +334,9 @@ fn when_the_only_replica_is_lost_the_run_goes_back_to_memoryx_and_reruns() {
 fn a_lost_sole_replica_redoes_at_most_snapshot_seconds_of_work() {
     let dir = scratch("snapshot");
     let job = dir.join("job.yaml");
-    let text = JOB.replace("intervalSteps: 5", "intervalSteps: 0, snapshotSeconds: 1").replace("steps: 24", "steps: 5000") + "  executionMode: pipelined\n";
+    let text =
+        JOB.replace("intervalSteps: 5", "intervalSteps: 0, snapshotSeconds: 1").replace("steps: 24", "steps: 5000")
+            + "  executionMode: pipelined\n";
     std::fs::write(&job, text).unwrap();
     run_ok(&job, &dir.join("undisturbed"), &[]);
 
@@ -366,7 +386,10 @@ fn a_lost_sole_replica_redoes_at_most_snapshot_seconds_of_work() {
         }
         out
     };
-    let lost = plain.lines().find(|l| l.contains("every replica was lost")).unwrap_or_else(|| panic!("the replica was lost: {plain}"));
+    let lost = plain
+        .lines()
+        .find(|l| l.contains("every replica was lost"))
+        .unwrap_or_else(|| panic!("the replica was lost: {plain}"));
     let field = |name: &str| -> u64 {
         let at = lost.find(&format!("{name}=")).unwrap_or_else(|| panic!("{name} in {lost}")) + name.len() + 1;
         lost[at..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap()
@@ -376,7 +399,10 @@ fn a_lost_sole_replica_redoes_at_most_snapshot_seconds_of_work() {
     let (t_to, t_from) = (reported[&to], reported.get(&from).copied().unwrap_or_else(std::time::Instant::now));
     let redone = t_from.duration_since(t_to);
     eprintln!("steps {to}..{from} redone: {} steps, {redone:?} of work the first time", from - to);
-    assert!(redone <= std::time::Duration::from_millis(1500), "at most snapshotSeconds (1 s) of work redone, and a step: {redone:?} ({to}..{from})");
+    assert!(
+        redone <= std::time::Duration::from_millis(1500),
+        "at most snapshotSeconds (1 s) of work redone, and a step: {redone:?} ({to}..{from})"
+    );
     drop((sx, input));
 }
 
@@ -387,7 +413,13 @@ fn a_lost_sole_replica_redoes_at_most_snapshot_seconds_of_work() {
 fn a_frozen_engine_is_detected_and_named_within_the_deadline() {
     let dir = scratch("frozen");
     let job = dir.join("job.yaml");
-    std::fs::write(&job, JOB.replace("cs2: 1", "cs2: 2").replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 100000")).unwrap();
+    std::fs::write(
+        &job,
+        JOB.replace("cs2: 1", "cs2: 2")
+            .replace("intervalSteps: 5", "intervalSteps: 0")
+            .replace("steps: 24", "steps: 100000"),
+    )
+    .unwrap();
     let input = node("input", &job, &[]);
     let engines: Vec<Node> = (0..2).map(|i| engine(&job, i, &input, &[])).collect();
     let children: Vec<String> = engines.iter().map(Node::url).collect();
@@ -436,7 +468,18 @@ fn memoryx_restarts_from_its_checkpoint() {
     let ckpt = dir.join("ckpt-b");
     let identity = common::identity(&job);
     let (sx_url, input_url) = (sx.url(), input.url());
-    let args = ["--identity", identity.to_str().unwrap(), "--stage", &sx_url, "--input", &input_url, "--out", out.to_str().unwrap(), "--checkpoint-dir", ckpt.to_str().unwrap()];
+    let args = [
+        "--identity",
+        identity.to_str().unwrap(),
+        "--stage",
+        &sx_url,
+        "--input",
+        &input_url,
+        "--out",
+        out.to_str().unwrap(),
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+    ];
     // Crash after 12 steps: the newest checkpoint holds step 10.
     let crashed = Command::new(env!("CARGO_BIN_EXE_wsctl"))
         .args(["node", "memoryx", "--job"])
@@ -446,9 +489,15 @@ fn memoryx_restarts_from_its_checkpoint() {
         .current_dir(repo())
         .output()
         .unwrap();
-    assert_eq!(crashed.status.code(), Some(3), "fault injection exits abruptly: {}", String::from_utf8_lossy(&crashed.stderr));
+    assert_eq!(
+        crashed.status.code(),
+        Some(3),
+        "fault injection exits abruptly: {}",
+        String::from_utf8_lossy(&crashed.stderr)
+    );
     assert_eq!(losses(&out).len(), 12);
-    let steps: Vec<String> = std::fs::read_dir(&ckpt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    let steps: Vec<String> =
+        std::fs::read_dir(&ckpt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
     assert!(steps.iter().any(|s| s.contains("00000010")), "checkpoint of step 10 is there: {steps:?}");
     assert!(!steps.iter().any(|s| s.ends_with(".tmp")), "no half-written checkpoint: {steps:?}");
 
@@ -473,7 +522,11 @@ fn memoryx_restarts_from_its_checkpoint() {
 fn a_killed_weight_server_takes_every_server_back_to_the_last_complete_checkpoint() {
     let dir = scratch("weight-server-fault");
     let job = dir.join("job.yaml");
-    std::fs::write(&job, JOB.replace("  checkpoint:", "  memoryx: {servers: 3}\n  executionMode: weightStreaming\n  checkpoint:")).unwrap();
+    std::fs::write(
+        &job,
+        JOB.replace("  checkpoint:", "  memoryx: {servers: 3}\n  executionMode: weightStreaming\n  checkpoint:"),
+    )
+    .unwrap();
     run_ok(&job, &dir.join("undisturbed"), &["--checkpoint-dir", dir.join("ckpt-a").to_str().unwrap()]);
     let input = node("input", &job, &[]);
     let e0 = engine(&job, 0, &input, &[]);
@@ -482,7 +535,10 @@ fn a_killed_weight_server_takes_every_server_back_to_the_last_complete_checkpoin
     let (sx_url, input_url, ck) = (sx.url(), input.url(), ckpt.to_str().unwrap().to_string());
     let server = |index: &str, extra: &[&str]| {
         let args: Vec<&str> =
-            ["--server-index", index, "--stage", &sx_url, "--input", &input_url, "--checkpoint-dir", &ck].into_iter().chain(extra.iter().copied()).collect();
+            ["--server-index", index, "--stage", &sx_url, "--input", &input_url, "--checkpoint-dir", &ck]
+                .into_iter()
+                .chain(extra.iter().copied())
+                .collect();
         node("memoryx", &job, &args)
     };
     let (s1, s2) = (server("1", &[]), server("2", &[]));
@@ -508,7 +564,8 @@ fn a_killed_weight_server_takes_every_server_back_to_the_last_complete_checkpoin
     assert_eq!(curve, undisturbed, "bit for bit the undisturbed curve");
     // The complete checkpoints are the manifests; every server kept its slices of them.
     let names = |d: &Path| -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+        let mut v: Vec<String> =
+            std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
         v.sort();
         v
     };
@@ -558,10 +615,11 @@ fn every_server_has_health_and_metrics() {
 /// and scrapers. The job, meanwhile, trains to the end.
 #[test]
 fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
-    use wire::identity::{Identity, CERT, KEY, OPERATOR_CERT, OPERATOR_KEY};
+    use wire::identity::{CERT, Identity, KEY, OPERATOR_CERT, OPERATOR_KEY};
     let dir = scratch("identity");
     let job = dir.join("job.yaml");
-    std::fs::write(&job, JOB.replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 300")).unwrap();
+    std::fs::write(&job, JOB.replace("intervalSteps: 5", "intervalSteps: 0").replace("steps: 24", "steps: 300"))
+        .unwrap();
     let input = node("input", &job, &[]);
     let e0 = engine(&job, 0, &input, &[]);
     let sx = node("swarmx", &job, &["--children", &e0.url()]);
@@ -580,10 +638,13 @@ fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
         rt.block_on(runtime::swarmx::relay::connect(&format!("https://{addr}"), "plane", dial))
     };
     for (what, addr) in [("engine", &e0.addr), ("swarmx", &sx.addr)] {
-        let err = connect(addr, &other.job_identity()).err().unwrap_or_else(|| panic!("the {what} took another job's certificate"));
+        let err = connect(addr, &other.job_identity())
+            .err()
+            .unwrap_or_else(|| panic!("the {what} took another job's certificate"));
         assert!(err.to_string().contains(addr.as_str()), "{what}: {err}");
         let plaintext = rt.block_on(async {
-            let mut c = runtime::protocol::pb::stage_client::StageClient::connect(format!("http://{addr}")).await.ok()?;
+            let mut c =
+                runtime::protocol::pb::stage_client::StageClient::connect(format!("http://{addr}")).await.ok()?;
             c.info(runtime::protocol::pb::InfoRequest { job: "plane".into() }).await.ok()
         });
         assert!(plaintext.is_none(), "the {what} answered a plaintext call");
@@ -612,7 +673,10 @@ fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
         let anonymous = common::https(method, &mx_http, path, &ca, None).unwrap();
         assert!(anonymous.starts_with("HTTP/1.1 401"), "{path} without a certificate: {anonymous}");
         let stranger = common::https(method, &mx_http, path, &ca, Some((&other.job.cert, &other.job.key)));
-        assert!(stranger.as_ref().is_err() || !stranger.as_ref().unwrap().contains(" 200 "), "{path} with another job's certificate: {stranger:?}");
+        assert!(
+            stranger.as_ref().is_err() || !stranger.as_ref().unwrap().contains(" 200 "),
+            "{path} with another job's certificate: {stranger:?}"
+        );
     }
     let plain = {
         use std::io::{Read, Write};
@@ -624,7 +688,10 @@ fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
         String::from_utf8_lossy(&b).to_string()
     };
     assert!(!plain.contains("step"), "plaintext HTTP got the status: {plain}");
-    assert!(get("/status", Some((&op_cert, &op_key))).unwrap().starts_with("HTTP/1.1 200"), "the operator's identity reads /status");
+    assert!(
+        get("/status", Some((&op_cert, &op_key))).unwrap().starts_with("HTTP/1.1 200"),
+        "the operator's identity reads /status"
+    );
 
     // The job was never disturbed: it trains to the end.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
@@ -658,11 +725,16 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
     let input = node("input", &job, &[]);
     let e0 = engine(&job, 0, &input, &[]);
     let sx = node("swarmx", &job, &["--children", &e0.url()]);
-    let (mut mx, mut out) = memoryx(&job, &sx, &input, &["--linger", "--checkpoint-dir", ck.to_str().unwrap()], &dir.join("memoryx.log"));
+    let (mut mx, mut out) =
+        memoryx(&job, &sx, &input, &["--linger", "--checkpoint-dir", ck.to_str().unwrap()], &dir.join("memoryx.log"));
     let (_, mx_http) = ready("memoryx", &mut out);
     std::thread::spawn(move || for _ in out.lines() {});
     let ids = common::identity(&job);
-    let (ca, cert, key) = (common::ca(&job), std::fs::read_to_string(ids.join(CERT)).unwrap(), std::fs::read_to_string(ids.join(KEY)).unwrap());
+    let (ca, cert, key) = (
+        common::ca(&job),
+        std::fs::read_to_string(ids.join(CERT)).unwrap(),
+        std::fs::read_to_string(ids.join(KEY)).unwrap(),
+    );
     let get = |path: &str| common::https("GET", &mx_http, path, &ca, Some((&cert, &key))).expect("MemoryX answers");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while !get("/status").contains("Succeeded") {
@@ -686,7 +758,16 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
 
     let pulled = dir.join("pulled");
     let pull = |extra: &[&str], identity: &Path| {
-        let mut args = vec!["checkpoint", "pull", "--url", &url, "--identity", identity.to_str().unwrap(), "-o", pulled.to_str().unwrap()];
+        let mut args = vec![
+            "checkpoint",
+            "pull",
+            "--url",
+            &url,
+            "--identity",
+            identity.to_str().unwrap(),
+            "-o",
+            pulled.to_str().unwrap(),
+        ];
         args.extend_from_slice(extra);
         wsctl(&args)
     };
@@ -697,13 +778,21 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
     assert_eq!(std::fs::read(&newest).unwrap(), std::fs::read(ck.join("step-00000020.safetensors")).unwrap());
     let o = pull(&["--step", "15"], &ids);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(std::fs::read(pulled.join("step-00000015.safetensors")).unwrap(), std::fs::read(ck.join("step-00000015.safetensors")).unwrap());
+    assert_eq!(
+        std::fs::read(pulled.join("step-00000015.safetensors")).unwrap(),
+        std::fs::read(ck.join("step-00000015.safetensors")).unwrap()
+    );
     let o = pull(&["--step", "3"], &ids);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("no checkpoint of step 3") && err.contains("[20, 15]"), "{err}");
-    let mut names: Vec<String> = std::fs::read_dir(&pulled).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    let mut names: Vec<String> =
+        std::fs::read_dir(&pulled).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
     names.sort();
-    assert_eq!(names, vec!["step-00000015.safetensors", "step-00000020.safetensors"], "only verified checkpoints, no partial files");
+    assert_eq!(
+        names,
+        vec!["step-00000015.safetensors", "step-00000020.safetensors"],
+        "only verified checkpoints, no partial files"
+    );
 
     // A file damaged on MemoryX's volume arrives damaged: refused by its checksum, nothing kept.
     let damaged = ck.join("step-00000015.safetensors");
@@ -712,14 +801,36 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
     bytes[n - 7] ^= 0x20;
     std::fs::write(&damaged, bytes).unwrap();
     let fresh = dir.join("fresh");
-    let o = wsctl(&["checkpoint", "pull", "--url", &url, "--identity", ids.to_str().unwrap(), "--step", "15", "-o", fresh.to_str().unwrap()]);
+    let o = wsctl(&[
+        "checkpoint",
+        "pull",
+        "--url",
+        &url,
+        "--identity",
+        ids.to_str().unwrap(),
+        "--step",
+        "15",
+        "-o",
+        fresh.to_str().unwrap(),
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("arrived damaged") && err.contains("checksum"), "{err}");
     assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0, "nothing kept");
     // A job whose plan cannot hold this checkpoint (a smaller model) bounds the download before it starts.
     let small = dir.join("small.yaml");
     std::fs::write(&small, JOB.replace("[784, 64, 32, 10]", "[784, 8, 10]")).unwrap();
-    let o = wsctl(&["checkpoint", "pull", "--url", &url, "--identity", ids.to_str().unwrap(), "--job", small.to_str().unwrap(), "-o", fresh.to_str().unwrap()]);
+    let o = wsctl(&[
+        "checkpoint",
+        "pull",
+        "--url",
+        &url,
+        "--identity",
+        ids.to_str().unwrap(),
+        "--job",
+        small.to_str().unwrap(),
+        "-o",
+        fresh.to_str().unwrap(),
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("the job's plan allows"), "{err}");
     assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0, "nothing kept");
@@ -748,7 +859,10 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
     ] {
         let answer = get(path);
         assert!(answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
-        assert!(!answer.contains("root:") && !answer.contains("not yours") && !answer.contains("half"), "{path}: {answer}");
+        assert!(
+            !answer.contains("root:") && !answer.contains("not yours") && !answer.contains("half"),
+            "{path}: {answer}"
+        );
     }
     assert!(get("/checkpoints/..%2F..%2Fetc%2Fpasswd").contains("no checkpoint named"), "a clear message");
 
@@ -756,24 +870,57 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
     // them out) is listed with its slices and pulled joined into one checkpoint of the same state; a damaged
     // slice is refused by the manifest's checksum and nothing is kept.
     let two = dir.join("two.yaml");
-    std::fs::write(&two, JOB.replace("steps: 24", "steps: 10").replace("  checkpoint:", "  memoryx: {servers: 2}\n  checkpoint:")).unwrap();
+    std::fs::write(
+        &two,
+        JOB.replace("steps: 24", "steps: 10").replace("  checkpoint:", "  memoryx: {servers: 2}\n  checkpoint:"),
+    )
+    .unwrap();
     let two_ck = dir.join("two-ck");
-    let o = wsctl(&["run", two.to_str().unwrap(), "--in-process", "--out", dir.join("two").to_str().unwrap(), "--checkpoint-dir", two_ck.to_str().unwrap()]);
+    let o = wsctl(&[
+        "run",
+        two.to_str().unwrap(),
+        "--in-process",
+        "--out",
+        dir.join("two").to_str().unwrap(),
+        "--checkpoint-dir",
+        two_ck.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     std::fs::create_dir_all(ck.join("server-1")).unwrap();
-    for file in ["step-00000010.manifest.json", "step-00000010.slice-0-of-2.safetensors", "server-1/step-00000010.slice-1-of-2.safetensors"] {
+    for file in [
+        "step-00000010.manifest.json",
+        "step-00000010.slice-0-of-2.safetensors",
+        "server-1/step-00000010.slice-1-of-2.safetensors",
+    ] {
         std::fs::copy(two_ck.join(file), ck.join(file)).unwrap();
     }
     let o = wsctl(&["checkpoint", "list", "--url", &url, "--identity", ids.to_str().unwrap()]);
     let listing = String::from_utf8_lossy(&o.stdout).to_string();
-    assert!(listing.lines().any(|l| l.contains("step-00000010.manifest.json") && l.contains("(2 slices)")), "{listing}");
+    assert!(
+        listing.lines().any(|l| l.contains("step-00000010.manifest.json") && l.contains("(2 slices)")),
+        "{listing}"
+    );
     let sliced = dir.join("pulled-sliced");
-    let o = wsctl(&["checkpoint", "pull", "--url", &url, "--identity", ids.to_str().unwrap(), "--step", "10", "--job", two.to_str().unwrap(), "-o", sliced.to_str().unwrap()]);
+    let o = wsctl(&[
+        "checkpoint",
+        "pull",
+        "--url",
+        &url,
+        "--identity",
+        ids.to_str().unwrap(),
+        "--step",
+        "10",
+        "--job",
+        two.to_str().unwrap(),
+        "-o",
+        sliced.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let joined = sliced.join("step-00000010.safetensors");
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), joined.to_str().unwrap());
     let (step, mut got) = runtime::memoryx::checkpoint::read(&joined, 1 << 30).unwrap();
-    let (_, mut want) = runtime::memoryx::manifest::read_joined(&two_ck.join("step-00000010.manifest.json"), 1 << 30).unwrap();
+    let (_, mut want) =
+        runtime::memoryx::manifest::read_joined(&two_ck.join("step-00000010.manifest.json"), 1 << 30).unwrap();
     got.sort_by(|a, b| a.0.cmp(&b.0));
     want.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!((step, got.len()), (10, want.len()));
@@ -785,7 +932,18 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
     bytes[n - 3] ^= 0x10;
     std::fs::write(&slice, bytes).unwrap();
     let fresh = dir.join("fresh-sliced");
-    let o = wsctl(&["checkpoint", "pull", "--url", &url, "--identity", ids.to_str().unwrap(), "--step", "10", "-o", fresh.to_str().unwrap()]);
+    let o = wsctl(&[
+        "checkpoint",
+        "pull",
+        "--url",
+        &url,
+        "--identity",
+        ids.to_str().unwrap(),
+        "--step",
+        "10",
+        "-o",
+        fresh.to_str().unwrap(),
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("arrived damaged") && err.contains("checksum"), "{err}");
     assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0, "nothing kept");

@@ -131,11 +131,7 @@ fn bad_input_gets_one_clear_error() {
     refused("width", &SMALL.replace("[784, 32, 10]", "[784, 0, 10]"), "spec.model.layers[1]");
     refused("sparsity", &SMALL.replace("sparsity: 0.5", "sparsity: 1.5"), "outside [0, 0.99]");
     refused("batch", &SMALL.replace("batchSize: 64", "batchSize: 65"), "not divisible");
-    refused(
-        "sram",
-        &SMALL.replace("cs2: 2", "cs2: 2\n  engine: {sramBytes: 100000}"),
-        "SRAM budget exceeded",
-    );
+    refused("sram", &SMALL.replace("cs2: 2", "cs2: 2\n  engine: {sramBytes: 100000}"), "SRAM budget exceeded");
     refused("missing-data", &SMALL.replace("examples/data/mnist", "/nonexistent/mnist"), "not found");
     // Data that is not a regular file (a device that never ends, a folder) is refused before a byte is read,
     // by `wsctl plan` as by `wsctl run`.
@@ -148,7 +144,10 @@ fn bad_input_gets_one_clear_error() {
         std::fs::write(&job, &text).unwrap();
         let o = wsctl(&["plan", job.to_str().unwrap()]);
         let stderr = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success() && stderr.trim().lines().count() == 1 && stderr.contains("not a regular file"), "plan {name}: {stderr}");
+        assert!(
+            !o.status.success() && stderr.trim().lines().count() == 1 && stderr.contains("not a regular file"),
+            "plan {name}: {stderr}"
+        );
     }
 
     // A truncated copy of the data.

@@ -8,8 +8,8 @@
 mod common;
 #[path = "common/gpt2.rs"]
 mod gpt2;
-use gpt2::Gpt2;
 use common::wsctl;
+use gpt2::Gpt2;
 
 use std::path::{Path, PathBuf};
 
@@ -73,7 +73,8 @@ fn an_exported_gpt_computes_the_loss_the_job_reported() {
 /// The same with an LM head of its own (written as `lm_head.weight`) and dense layers.
 #[test]
 fn an_exported_gpt_with_its_own_head_computes_the_loss_the_job_reported() {
-    let untied = GPT.replace("sparsity: 0.5}", "sparsity: 0.0, tiedEmbeddings: false}").replace("steps: 60", "steps: 30");
+    let untied =
+        GPT.replace("sparsity: 0.5}", "sparsity: 0.0, tiedEmbeddings: false}").replace("steps: 60", "steps: 30");
     exported_loss_matches("untied", &untied, false);
 }
 
@@ -82,7 +83,11 @@ fn exported_loss_matches(name: &str, manifest: &str, tied: bool) {
     let reported = summary["eval"]["loss"].as_f64().unwrap();
     let steps = summary["steps"].as_u64().unwrap();
     let ckpt = out.join("checkpoints").join(format!("step-{steps:08}.safetensors"));
-    assert!(ckpt.exists(), "the last step is checkpointed: {:?}", std::fs::read_dir(out.join("checkpoints")).unwrap().collect::<Vec<_>>());
+    assert!(
+        ckpt.exists(),
+        "the last step is checkpointed: {:?}",
+        std::fs::read_dir(out.join("checkpoints")).unwrap().collect::<Vec<_>>()
+    );
     let hf = job.parent().unwrap().join("hf");
     let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", hf.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -90,11 +95,23 @@ fn exported_loss_matches(name: &str, manifest: &str, tied: bool) {
     // A byte model cannot take a 1024-token tokenizer: one error, and nothing written.
     let bpe = common::repo().join("examples/data/moby-dick/tokenizer.json");
     let hf2 = job.parent().unwrap().join("hf-bpe");
-    let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", hf2.to_str().unwrap(), "--tokenizer", bpe.to_str().unwrap()]);
+    let o = wsctl(&[
+        "export",
+        ckpt.to_str().unwrap(),
+        "--format",
+        "huggingface",
+        "-o",
+        hf2.to_str().unwrap(),
+        "--tokenizer",
+        bpe.to_str().unwrap(),
+    ]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && stderr.contains("vocabulary of 1024"), "{stderr}");
     assert!(!hf2.exists(), "nothing written");
-    assert_eq!((model.embd, model.heads, model.layers, model.positions, model.vocab, model.tied), (48, 4, 2, 32, 256, tied));
+    assert_eq!(
+        (model.embd, model.heads, model.layers, model.positions, model.vocab, model.tied),
+        (48, 4, 2, 32, 256, tied)
+    );
     assert_eq!(model.tensors.contains_key("lm_head.weight"), !tied, "a tied head is the token embedding");
 
     // The held-out windows the job evaluated: the same split, the same evenly spread windows.
@@ -128,7 +145,10 @@ fn transformers_check(hf: &Path, test: &data::Dataset, windows: &[u32], reported
         Ok(o) if o.status.success() => {}
         Ok(o) => {
             let why = String::from_utf8_lossy(&o.stderr);
-            eprintln!("transformers check skipped: {}", why.lines().last().unwrap_or("python3 cannot import transformers, torch"));
+            eprintln!(
+                "transformers check skipped: {}",
+                why.lines().last().unwrap_or("python3 cannot import transformers, torch")
+            );
             return;
         }
         Err(e) => {
@@ -136,10 +156,13 @@ fn transformers_check(hf: &Path, test: &data::Dataset, windows: &[u32], reported
             return;
         }
     }
-    let batches: Vec<(Vec<f32>, Vec<u32>)> = windows.iter().map(|&w| {
-        let s = test.shard(&[w]);
-        (s.inputs.data, s.labels)
-    }).collect();
+    let batches: Vec<(Vec<f32>, Vec<u32>)> = windows
+        .iter()
+        .map(|&w| {
+            let s = test.shard(&[w]);
+            (s.inputs.data, s.labels)
+        })
+        .collect();
     let data = hf.join("windows.json");
     std::fs::write(&data, serde_json::to_string(&batches).unwrap()).unwrap();
     let script = r#"
@@ -153,7 +176,10 @@ with torch.no_grad():
         n += len(y)
 print(total / n)
 "#;
-    let o = std::process::Command::new("python3").args(["-c", script, hf.to_str().unwrap(), data.to_str().unwrap()]).output().unwrap();
+    let o = std::process::Command::new("python3")
+        .args(["-c", script, hf.to_str().unwrap(), data.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "transformers: {}", String::from_utf8_lossy(&o.stderr));
     let loss: f64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
     assert!((loss - reported).abs() <= 0.01 * reported, "transformers gives {loss}, the job reported {reported}");
@@ -174,13 +200,21 @@ fn an_mlp_exports_plainly_and_bad_exports_write_nothing() {
     assert!(!o.status.success() && lines.len() == 1, "{stderr}");
     assert!(lines[0].contains("not a language model") && lines[0].contains("--format safetensors"), "{stderr}");
     assert!(!hf.exists(), "nothing written");
-    let leftovers = |d: &Path| std::fs::read_dir(d).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.contains("export")).collect::<Vec<_>>();
+    let leftovers = |d: &Path| {
+        std::fs::read_dir(d)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n.contains("export"))
+            .collect::<Vec<_>>()
+    };
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
 
     let plain = dir.join("plain");
     let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "safetensors", "-o", plain.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(plain.join("config.json")).unwrap()).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(plain.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["layers"], serde_json::json!([784, 32, 10]));
     assert_eq!(config["activation"], "relu");
     let bytes = std::fs::read(plain.join("model.safetensors")).unwrap();
@@ -237,8 +271,12 @@ fn an_exported_mlp_is_a_folder_a_job_starts_from() {
     let ckpt2 = out2.join("checkpoints").join("step-00000001.safetensors");
     let o = wsctl(&["export", ckpt2.to_str().unwrap(), "--format", "safetensors", "-o", back.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let (x, y) = (std::fs::read(plain.join("model.safetensors")).unwrap(), std::fs::read(back.join("model.safetensors")).unwrap());
-    let (x, y) = (safetensors::SafeTensors::deserialize(&x).unwrap(), safetensors::SafeTensors::deserialize(&y).unwrap());
+    let (x, y) = (
+        std::fs::read(plain.join("model.safetensors")).unwrap(),
+        std::fs::read(back.join("model.safetensors")).unwrap(),
+    );
+    let (x, y) =
+        (safetensors::SafeTensors::deserialize(&x).unwrap(), safetensors::SafeTensors::deserialize(&y).unwrap());
     for name in ["layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"] {
         let values = |st: &safetensors::SafeTensors, n: &str| -> Vec<f32> {
             st.tensor(n).unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
@@ -253,5 +291,8 @@ fn an_exported_mlp_is_a_folder_a_job_starts_from() {
     std::fs::write(&wrong, again.replace("layers: [784, 32, 10]", "layers: [784, 16, 10]")).unwrap();
     let o = wsctl(&["plan", wrong.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && stderr.contains("spec.model.layers") && stderr.contains("[784, 32, 10]"), "{stderr}");
+    assert!(
+        !o.status.success() && stderr.contains("spec.model.layers") && stderr.contains("[784, 32, 10]"),
+        "{stderr}"
+    );
 }

@@ -96,7 +96,10 @@ impl Run {
     }
 
     fn signal(&self, name: &str, signal: &str) {
-        assert!(Command::new("kill").args([signal, &self.pid(name)]).status().unwrap().success(), "kill {signal} {name}");
+        assert!(
+            Command::new("kill").args([signal, &self.pid(name)]).status().unwrap().success(),
+            "kill {signal} {name}"
+        );
     }
 
     /// Waits for the run to end, at most `limit`; its success and how long it took.
@@ -151,8 +154,14 @@ fn every_role_killed_and_frozen(mode: &str) {
                 "{mode}: the error names {role} ({what}): {stderr}"
             );
             if what == "frozen" {
-                assert!(last.contains("stopped answering its health check"), "{mode}: {role} is named as frozen: {last}");
-                assert!(took < Duration::from_secs(30), "{mode}: a frozen {role} is found in a few health checks: {took:?}");
+                assert!(
+                    last.contains("stopped answering its health check"),
+                    "{mode}: {role} is named as frozen: {last}"
+                );
+                assert!(
+                    took < Duration::from_secs(30),
+                    "{mode}: a frozen {role} is found in a few health checks: {took:?}"
+                );
             } else {
                 assert!(last.contains(&format!("{role} exited")), "{mode}: {role} is named as gone: {last}");
                 assert!(took < Duration::from_secs(10), "{mode}: a killed {role} is found at once: {took:?}");
@@ -198,7 +207,8 @@ fn stopped_and_resumed(mode: &str, how: &str) {
     let job = job(&dir, 300, mode);
     // In one process the engines' sums run in another order than through the tree: each is compared with its own.
     let in_process = how == "ctrl-c-in-process";
-    let undisturbed_args: Vec<&str> = ["--fanout", "2"].into_iter().chain(in_process.then_some("--in-process")).collect();
+    let undisturbed_args: Vec<&str> =
+        ["--fanout", "2"].into_iter().chain(in_process.then_some("--in-process")).collect();
     run_ok(&job, &dir.join("undisturbed"), &undisturbed_args);
     let undisturbed = losses(&dir.join("undisturbed"));
     assert_eq!(undisturbed.len(), 300);
@@ -218,23 +228,35 @@ fn stopped_and_resumed(mode: &str, how: &str) {
     assert!(!ok, "a stopped run is not a finished one: {stderr}");
     let saved = newest_checkpoint(&ckpt).unwrap_or_else(|| panic!("no checkpoint after the stop: {stderr}"));
     let recorded = losses(&out).last().map_or(0, |c| c.0);
-    eprintln!("{mode}, {how}: step {seen} seen, checkpoint of step {saved} written, {recorded} recorded, stopped in {took:.1?}");
+    eprintln!(
+        "{mode}, {how}: step {seen} seen, checkpoint of step {saved} written, {recorded} recorded, stopped in {took:.1?}"
+    );
     // How many steps pass between the test seeing one and the signal arriving depends on the machine's load (CI
     // once saw 4 where this machine sees 1 or 2): the stop promises that nothing seen is lost, that the run ends on
     // the step it saved, and that it ends soon, not at the end of the run; the margins are for a loaded machine.
     assert!(saved >= seen, "nothing seen is lost: step {saved} saved after {seen} seen");
     assert_eq!(recorded, saved, "the run ends on the step it saved, none run past it");
-    assert!(saved <= seen + 10 && took < Duration::from_secs(10), "the stop ends the run soon: step {saved} after {seen} seen, in {took:?}");
+    assert!(
+        saved <= seen + 10 && took < Duration::from_secs(10),
+        "the stop ends the run soon: step {saved} after {seen} seen, in {took:?}"
+    );
     let said = match how {
         "sigterm" | "ctrl-c-in-process" => format!("stopped on a termination signal after step {saved}"),
         _ => format!("interrupted after step {saved}; MemoryX saved it in"),
     };
     assert!(stderr.contains(&said), "the run says where it stopped ({said}): {stderr}");
 
-    let again: Vec<&str> = ["--fanout", "2", "--checkpoint-dir", ckpt.to_str().unwrap()].into_iter().chain(in_process.then_some("--in-process")).collect();
+    let again: Vec<&str> = ["--fanout", "2", "--checkpoint-dir", ckpt.to_str().unwrap()]
+        .into_iter()
+        .chain(in_process.then_some("--in-process"))
+        .collect();
     run_ok(&job, &out, &again);
     let resumed = losses(&out);
-    assert_eq!(resumed.iter().map(|c| c.0).collect::<Vec<_>>(), (1..=300).collect::<Vec<_>>(), "every step exactly once");
+    assert_eq!(
+        resumed.iter().map(|c| c.0).collect::<Vec<_>>(),
+        (1..=300).collect::<Vec<_>>(),
+        "every step exactly once"
+    );
     assert_eq!(resumed, undisturbed, "{mode}: the resumed run is the undisturbed one, bit for bit");
 }
 

@@ -39,7 +39,8 @@ fn the_mlp_arrays_example_reaches_95_percent() {
     let out = dir.join("out");
     let o = wsctl(&["run", "examples/jobs/mlp-arrays.yaml", "--out", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     let acc = s["eval"]["accuracy"].as_f64().unwrap();
     assert!(acc >= 0.95, "held-out accuracy {acc}: {s}");
     assert_eq!(s["eval"]["samples"], 600, "the held-out file, every sample");
@@ -57,7 +58,12 @@ fn bad_data_gets_one_clear_error() {
     let corrupt = gpt.replace("examples/data/moby-dick/tokenizer.json", &at("tokenizer.json"));
     refused("corrupt-tokenizer", &corrupt, &[], "is not a Hugging Face tokenizer.json");
     // A model too small for its tokenizer.
-    refused("small-vocab", &gpt.replace("vocabSize: 1024", "vocabSize: 512"), &[], "set spec.model.vocabSize to at least 1024");
+    refused(
+        "small-vocab",
+        &gpt.replace("vocabSize: 1024", "vocabSize: 512"),
+        &[],
+        "set spec.model.vocabSize to at least 1024",
+    );
 
     // Token files: a size that is not a multiple of the width, then an id beyond the vocabulary.
     let tokens = |path: &str| {
@@ -70,21 +76,44 @@ fn bad_data_gets_one_clear_error() {
     let mut ids: Vec<u8> = (0..20_000u32).flat_map(|i| ((i % 1000) as u16).to_le_bytes()).collect();
     ids[2 * 777..2 * 778].copy_from_slice(&5000u16.to_le_bytes());
     std::fs::write(at("beyond.bin"), ids).unwrap();
-    refused("tokens-beyond", &tokens(&at("beyond.bin")), &[], "token id 5000 at position 777 is beyond the vocabulary of 1024");
+    refused(
+        "tokens-beyond",
+        &tokens(&at("beyond.bin")),
+        &[],
+        "token id 5000 at position 777 is beyond the vocabulary of 1024",
+    );
 
     // Arrays whose width or classes disagree with the model.
     let arrays = example("mlp-arrays.yaml");
-    refused("arrays-width", &arrays.replace("[2, 128, 128, 3]", "[4, 128, 128, 3]"), &[], "set spec.model.layers[0] to 2");
-    refused("arrays-classes", &arrays.replace("[2, 128, 128, 3]", "[2, 128, 128, 2]"), &[], "is not a class of the model's last layer");
-    refused("arrays-name", &arrays.replace("inputs: inputs", "inputs: x"), &[], "has no tensor 'x' (it holds inputs, labels)");
+    refused(
+        "arrays-width",
+        &arrays.replace("[2, 128, 128, 3]", "[4, 128, 128, 3]"),
+        &[],
+        "set spec.model.layers[0] to 2",
+    );
+    refused(
+        "arrays-classes",
+        &arrays.replace("[2, 128, 128, 3]", "[2, 128, 128, 2]"),
+        &[],
+        "is not a class of the model's last layer",
+    );
+    refused(
+        "arrays-name",
+        &arrays.replace("inputs: inputs", "inputs: x"),
+        &[],
+        "has no tensor 'x' (it holds inputs, labels)",
+    );
 
     // Volumes: a missing claim, and a symbolic link out of the volume.
     let pvc = example("gpt-bpe-pvc.yaml");
     refused("no-claim", &pvc, &[], "--volume weightstream-data=DIR");
     let volume = scratch("volume");
     std::fs::create_dir_all(volume.join("moby-dick")).unwrap();
-    std::os::unix::fs::symlink(repo().join("examples/data/moby-dick/moby-dick.txt.gz"), volume.join("moby-dick/moby-dick.txt.gz"))
-        .unwrap();
+    std::os::unix::fs::symlink(
+        repo().join("examples/data/moby-dick/moby-dick.txt.gz"),
+        volume.join("moby-dick/moby-dick.txt.gz"),
+    )
+    .unwrap();
     let claim = format!("weightstream-data={}", volume.display());
     refused("symlink-out", &pvc, &["--volume", &claim], "through a symbolic link");
 }

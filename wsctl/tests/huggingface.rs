@@ -8,20 +8,23 @@ mod common;
 #[path = "common/tiny_llama.rs"]
 mod tiny_llama;
 use common::wsctl;
-use tiny_llama::{serialize, values, write_folder, CONFIG};
+use tiny_llama::{CONFIG, serialize, values, write_folder};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use runtime::memoryx::checkpoint::{self, Owner};
-use runtime::memoryx::weight_server::Storage;
 use runtime::memoryx::store::MemoryX;
+use runtime::memoryx::weight_server::Storage;
 use runtime::optim::Recipe;
 
 fn read_safetensors(path: &Path) -> HashMap<String, Vec<f32>> {
     let bytes = std::fs::read(path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors().into_iter().map(|(n, v)| (n, v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())).collect()
+    st.tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
+        .collect()
 }
 
 /// The job `spec` imported into a MemoryX of `servers` weight servers, checkpointed untrained and exported with
@@ -62,8 +65,12 @@ fn a_folder_read_into_memoryx_exports_bit_for_bit() {
         for (name, values) in &want {
             assert_eq!(got.get(name), Some(values), "{name} (tied {tied}, sharded {sharded})");
         }
-        let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
-        assert_eq!((config["architectures"][0].as_str(), config["num_key_value_heads"].as_u64()), (Some("LlamaForCausalLM"), Some(2)));
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        assert_eq!(
+            (config["architectures"][0].as_str(), config["num_key_value_heads"].as_u64()),
+            (Some("LlamaForCausalLM"), Some(2))
+        );
         assert_eq!(config["tie_word_embeddings"].as_bool(), Some(tied));
     }
 }
@@ -77,7 +84,8 @@ const GPT2_CONFIG: &str = r#"{"architectures": ["GPT2LMHeadModel"], "model_type"
 /// `inputs × outputs`).
 fn gpt2_tensors() -> Vec<(String, Vec<usize>)> {
     let (w, v, t) = (32, 256, 16);
-    let mut out = vec![("transformer.wte.weight".to_string(), vec![v, w]), ("transformer.wpe.weight".to_string(), vec![t, w])];
+    let mut out =
+        vec![("transformer.wte.weight".to_string(), vec![v, w]), ("transformer.wpe.weight".to_string(), vec![t, w])];
     for b in 0..2 {
         let h = |n: &str| format!("transformer.h.{b}.{n}");
         out.extend([
@@ -95,7 +103,11 @@ fn gpt2_tensors() -> Vec<(String, Vec<usize>)> {
             (h("mlp.c_proj.bias"), vec![w]),
         ]);
     }
-    out.extend([("transformer.ln_f.weight".into(), vec![w]), ("transformer.ln_f.bias".into(), vec![w]), ("lm_head.weight".into(), vec![v, w])]);
+    out.extend([
+        ("transformer.ln_f.weight".into(), vec![w]),
+        ("transformer.ln_f.bias".into(), vec![w]),
+        ("lm_head.weight".into(), vec![v, w]),
+    ]);
     out
 }
 
@@ -105,22 +117,43 @@ fn a_gpt2_folder_read_into_memoryx_exports_bit_for_bit() {
     let folder = dir.join("hf");
     std::fs::create_dir_all(&folder).unwrap();
     std::fs::write(folder.join("config.json"), GPT2_CONFIG).unwrap();
-    let named: Vec<(String, Vec<usize>, Vec<f32>)> =
-        gpt2_tensors().into_iter().enumerate().map(|(k, (n, s))| { let len = s.iter().product(); (n, s, values(k, len)) }).collect();
+    let named: Vec<(String, Vec<usize>, Vec<f32>)> = gpt2_tensors()
+        .into_iter()
+        .enumerate()
+        .map(|(k, (n, s))| {
+            let len = s.iter().product();
+            (n, s, values(k, len))
+        })
+        .collect();
     std::fs::write(folder.join("model.safetensors"), serialize(&named)).unwrap();
     let text = job("gpt2", &folder, "").replace("kind: llama", "kind: gpt").replace(", contextLength: 16", "");
     let spec = crds::parse_training_job_with(&text, &runtime::memoryx::huggingface::resolve).unwrap().spec;
-    assert_eq!((spec.model.width, spec.model.context_length, spec.model.layer_norm), (Some(32), Some(16), Some(crds::LayerNorm::Affine)));
+    assert_eq!(
+        (spec.model.width, spec.model.context_length, spec.model.layer_norm),
+        (Some(32), Some(16), Some(crds::LayerNorm::Affine))
+    );
     let (out, got) = import_and_export(&dir, &spec, 3);
     assert_eq!(got.len(), named.len(), "the same tensors: {:?}", got.keys().collect::<Vec<_>>());
     for (name, _, values) in &named {
         assert_eq!(got.get(name), Some(values), "{name}");
     }
-    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
-    assert_eq!((config["architectures"][0].as_str(), config["n_positions"].as_u64()), (Some("GPT2LMHeadModel"), Some(16)));
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (config["architectures"][0].as_str(), config["n_positions"].as_u64()),
+        (Some("GPT2LMHeadModel"), Some(16))
+    );
     // A plain job's own contradiction of the folder is one clear error.
-    refused(&dir, &text.replace("kind: gpt,", "kind: gpt, layerNorm: plain,"), &["spec.model.layerNorm", "plain", "affine"]);
-    refused(&dir, &text.replace("kind: gpt,", "kind: gpt, contextLength: 8,"), &["spec.model.contextLength", "n_positions"]);
+    refused(
+        &dir,
+        &text.replace("kind: gpt,", "kind: gpt, layerNorm: plain,"),
+        &["spec.model.layerNorm", "plain", "affine"],
+    );
+    refused(
+        &dir,
+        &text.replace("kind: gpt,", "kind: gpt, contextLength: 8,"),
+        &["spec.model.contextLength", "n_positions"],
+    );
 }
 
 /// Runs `wsctl run` on `text`, expecting a failure whose message holds every one of `says`.
@@ -155,12 +188,17 @@ fn a_bad_folder_or_job_is_one_clear_error() {
     // An architecture the appliance cannot run, named.
     let gpt2 = dir.join("gpt2");
     std::fs::create_dir_all(&gpt2).unwrap();
-    std::fs::write(gpt2.join("config.json"), r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}"#).unwrap();
+    std::fs::write(gpt2.join("config.json"), r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}"#)
+        .unwrap();
     refused(&dir, &job("bad", &gpt2, ""), &["Qwen2ForCausalLM", "LlamaForCausalLM"]);
     // Shapes that disagree with the config: the config says 3 blocks, the weights hold 2... and a wider MLP.
     let wrong = dir.join("wrong");
     write_folder(&wrong, false, false);
-    std::fs::write(wrong.join("config.json"), CONFIG.replace("TIED", "false").replace("\"intermediate_size\": 48", "\"intermediate_size\": 40")).unwrap();
+    std::fs::write(
+        wrong.join("config.json"),
+        CONFIG.replace("TIED", "false").replace("\"intermediate_size\": 48", "\"intermediate_size\": 40"),
+    )
+    .unwrap();
     refused(&dir, &job("bad", &wrong, ""), &["mlp.gate_proj", "[48, 32]", "[40, 32]"]);
     // A sharded index naming a missing shard.
     let shards = dir.join("shards");
@@ -189,7 +227,8 @@ fn a_job_from_a_folder_trains() {
     let out: PathBuf = dir.join("out");
     let o = wsctl(&["run", path.to_str().unwrap(), "--in-process", "--out", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["steps"].as_u64(), Some(4));
     assert!(summary["eval"]["loss"].as_f64().is_some_and(f64::is_finite));
 }
@@ -222,21 +261,34 @@ fn weight_servers_tiers_and_execution_modes_give_one_llama_curve() {
             assert_eq!(reference.len(), 8);
             let (three, three_out) = write("three", "  memoryx: {servers: 3}\n");
             common::run_ok(&three, &three_out, &[]);
-            assert_eq!(common::losses(&three_out), reference, "sparsity {sparsity}, {mode}: three weight servers against one");
+            assert_eq!(
+                common::losses(&three_out),
+                reference,
+                "sparsity {sparsity}, {mode}: three weight servers against one"
+            );
             if mode == "weightStreaming" && sparsity == 0.0 {
                 let state = common::summary(&three_out)["memoryx"]["servers"][1]["memoryBytes"].as_u64().unwrap();
                 // Two servers each with a slice half again as large as three servers' and the memory of one of those:
                 // a third of each slice on disk.
-                let (tiered, tiered_out) = write("tiered", &format!("  memoryx: {{servers: 2, memoryBytes: {state}}}\n"));
+                let (tiered, tiered_out) =
+                    write("tiered", &format!("  memoryx: {{servers: 2, memoryBytes: {state}}}\n"));
                 common::run_ok(&tiered, &tiered_out, &[]);
                 assert_eq!(common::losses(&tiered_out), reference, "sparsity {sparsity}: a disk tier changes nothing");
                 let s = common::summary(&tiered_out);
-                assert!(s["memoryx"]["servers"].as_array().unwrap().iter().all(|v| v["diskBytes"].as_u64() > Some(0)), "{s}");
+                assert!(
+                    s["memoryx"]["servers"].as_array().unwrap().iter().all(|v| v["diskBytes"].as_u64() > Some(0)),
+                    "{s}"
+                );
             }
             by_mode.push(reference);
         }
         for (a, b) in by_mode[0].iter().zip(&by_mode[1]) {
-            assert!(a.0 == b.0 && (a.1 - b.1).abs() <= 1e-6 * b.1.abs(), "sparsity {sparsity}: pipelined {:?} vs streaming {:?}", by_mode[0], by_mode[1]);
+            assert!(
+                a.0 == b.0 && (a.1 - b.1).abs() <= 1e-6 * b.1.abs(),
+                "sparsity {sparsity}: pipelined {:?} vs streaming {:?}",
+                by_mode[0],
+                by_mode[1]
+            );
         }
     }
 }
@@ -260,11 +312,22 @@ fn sparse_fine_tuning_prunes_each_matrix_by_magnitude() {
             assert_eq!(exported, source, "{name} is not pruned");
             continue;
         }
-        let kept: Vec<f32> = exported.iter().zip(source).filter(|(e, _)| **e != 0.0).map(|(e, s)| { assert_eq!(e, s); s.abs() }).collect();
+        let kept: Vec<f32> = exported
+            .iter()
+            .zip(source)
+            .filter(|(e, _)| **e != 0.0)
+            .map(|(e, s)| {
+                assert_eq!(e, s);
+                s.abs()
+            })
+            .collect();
         let dropped = source.iter().zip(exported).filter(|(_, e)| **e == 0.0).map(|(s, _)| s.abs());
         assert_eq!(kept.len(), source.len() / 2, "{name}: half kept");
         let smallest_kept = kept.iter().copied().fold(f32::INFINITY, f32::min);
-        assert!(dropped.fold(0.0f32, f32::max) <= smallest_kept, "{name}: every dropped weight is no larger than every kept one");
+        assert!(
+            dropped.fold(0.0f32, f32::max) <= smallest_kept,
+            "{name}: every dropped weight is no larger than every kept one"
+        );
         pruned += 1;
     }
     assert_eq!(pruned, 14, "seven matrices in each of two blocks");
@@ -277,7 +340,10 @@ fn sparse_fine_tuning_prunes_each_matrix_by_magnitude() {
 fn a_fine_tuned_smollm2_exports_to_transformers_and_generates_the_same_text() {
     let model = common::repo().join("models/smollm2-135m");
     let python = common::repo().join("models/.venv/bin/python");
-    assert!(model.join("config.json").exists() && python.exists(), "run `bash models/setup.sh` first (models/ is prepared by .ci/run)");
+    assert!(
+        model.join("config.json").exists() && python.exists(),
+        "run `bash models/setup.sh` first (models/ is prepared by .ci/run)"
+    );
     let dir = common::scratch("llama", "smollm2");
     let text = format!(
         "apiVersion: weightstream.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: smol}}\nspec:\n  cs2: 1\n  model: {{kind: llama, from: {}, contextLength: 32, sparsity: 0.5}}\n  data: {{kind: text, path: examples/data/moby-dick/moby-dick.txt.gz}}\n  training:\n    batchSize: 2\n    steps: 2\n    seed: 3\n    optimizer: {{kind: adamw, learningRate: 0.00002}}\n  checkpoint: {{intervalSteps: 2, keep: 1}}\n",
@@ -287,7 +353,12 @@ fn a_fine_tuned_smollm2_exports_to_transformers_and_generates_the_same_text() {
     std::fs::write(&job, text).unwrap();
     let out = dir.join("out");
     common::run_ok(&job, &out, &["--in-process"]);
-    let ckpt = std::fs::read_dir(out.join("checkpoints")).unwrap().flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|e| e == "safetensors")).unwrap();
+    let ckpt = std::fs::read_dir(out.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .unwrap();
     let hf = dir.join("hf");
     let o = wsctl(&["export", ckpt.to_str().unwrap(), "--format", "huggingface", "-o", hf.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -334,10 +405,20 @@ fn affine_norms_give_one_gpt_curve_over_servers_modes_and_engines() {
     let reference = run("streaming", text(4, "weightStreaming", ""));
     assert_eq!(reference.len(), 8);
     assert!(reference[7].1 < reference[0].1, "it learns: {reference:?}");
-    assert_eq!(run("three-servers", text(4, "weightStreaming", "  memoryx: {servers: 3}\n")), reference, "three weight servers against one");
-    for (name, other) in [("pipelined", run("pipelined", text(4, "pipelined", ""))), ("one-engine", run("one-engine", text(1, "weightStreaming", "")))] {
+    assert_eq!(
+        run("three-servers", text(4, "weightStreaming", "  memoryx: {servers: 3}\n")),
+        reference,
+        "three weight servers against one"
+    );
+    for (name, other) in [
+        ("pipelined", run("pipelined", text(4, "pipelined", ""))),
+        ("one-engine", run("one-engine", text(1, "weightStreaming", ""))),
+    ] {
         for (a, b) in other.iter().zip(&reference) {
-            assert!(a.0 == b.0 && (a.1 - b.1).abs() <= 1e-5 * b.1.abs(), "{name} {other:?} vs four engines streaming {reference:?}");
+            assert!(
+                a.0 == b.0 && (a.1 - b.1).abs() <= 1e-5 * b.1.abs(),
+                "{name} {other:?} vs four engines streaming {reference:?}"
+            );
         }
     }
 }
@@ -351,7 +432,8 @@ fn a_folder_inside_the_data_volume_trains_as_processes_and_in_one_process() {
     let dir = common::scratch("huggingface", "volume");
     let volume = dir.join("volume");
     write_folder(&volume.join("models/tiny"), false, false);
-    std::fs::copy(common::repo().join("examples/data/moby-dick/moby-dick.txt.gz"), volume.join("moby-dick.txt.gz")).unwrap();
+    std::fs::copy(common::repo().join("examples/data/moby-dick/moby-dick.txt.gz"), volume.join("moby-dick.txt.gz"))
+        .unwrap();
     let text = job("volume", Path::new("models/tiny"), ", sparsity: 0.5")
         .replace("path: examples/data/moby-dick/moby-dick.txt.gz", "path: moby-dick.txt.gz, volume: corpus")
         .replace("  cs2: 1\n", "  cs2: 2\n  executionMode: pipelined\n");
@@ -382,5 +464,8 @@ fn the_cluster_example_plans_with_the_model_from_its_volume() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(out.contains("pretrained") && out.contains("smollm2-135m"), "{out}");
     let job = crds::parse_training_job(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert_eq!((job.spec.data.volume.as_deref(), job.spec.model.from.as_deref()), (Some("corpus"), Some("smollm2-135m")));
+    assert_eq!(
+        (job.spec.data.volume.as_deref(), job.spec.model.from.as_deref()),
+        (Some("corpus"), Some("smollm2-135m"))
+    );
 }

@@ -60,13 +60,22 @@ fn one_two_and_three_weight_servers_give_the_same_curve_bit_for_bit() {
             let reference = losses(&reference_out);
             assert!(!reference.is_empty());
             for servers in [2, 3] {
-                let many = job(&dir, &format!("{model}-{mode}-{servers}"), base, &format!("  executionMode: {mode}\n  memoryx: {{servers: {servers}}}\n"));
+                let many = job(
+                    &dir,
+                    &format!("{model}-{mode}-{servers}"),
+                    base,
+                    &format!("  executionMode: {mode}\n  memoryx: {{servers: {servers}}}\n"),
+                );
                 let out = dir.join(format!("{model}-{mode}-{servers}"));
                 run_ok(&many, &out, &[]);
                 assert_eq!(losses(&out), reference, "{model}, {mode}: {servers} weight server processes against one");
                 let s = summary(&out);
                 assert_eq!(s["memoryx"]["servers"].as_array().map(Vec::len), Some(servers), "{s}");
-                assert_eq!(s["eval"]["loss"], summary(&reference_out)["eval"]["loss"], "{model}, {mode}: the same model at the end");
+                assert_eq!(
+                    s["eval"]["loss"],
+                    summary(&reference_out)["eval"]["loss"],
+                    "{model}, {mode}: the same model at the end"
+                );
                 assert!(out.join(format!("logs/memoryx-{}.log", servers - 1)).exists(), "the servers ran as processes");
             }
             // In one process the servers are objects: the same curve again.
@@ -104,12 +113,22 @@ fn a_tiered_run_gives_the_in_memory_curve_within_its_budget() {
         assert!(get("diskBytes") >= state - budget, "most of the slice is on disk: {server}");
         assert!(get("tierReadBytes") > 0 && get("tierWrittenBytes") > 0, "{server}");
         let overhead = get("baselineRssBytes") + (48 << 20) + 4 * get("largestLayerBytes");
-        eprintln!("weight server {}: peak RSS {} of {} allowed", server["index"], get("peakRssBytes"), budget + overhead);
-        assert!(get("peakRssBytes") <= budget + overhead, "peak RSS {} over budget {budget} + overhead {overhead}: {server}", get("peakRssBytes"));
+        eprintln!(
+            "weight server {}: peak RSS {} of {} allowed",
+            server["index"],
+            get("peakRssBytes"),
+            budget + overhead
+        );
+        assert!(
+            get("peakRssBytes") <= budget + overhead,
+            "peak RSS {} over budget {budget} + overhead {overhead}: {server}",
+            get("peakRssBytes")
+        );
     }
     // The tier's files are scratch: gone with the run, and never among the checkpoints.
     assert!(!out.join("tier").exists(), "the disk tier is removed at the end of the run");
-    let leftovers: Vec<_> = walk(&dir.join("ck")).into_iter().filter(|p| p.extension().is_some_and(|e| e == "f32")).collect();
+    let leftovers: Vec<_> =
+        walk(&dir.join("ck")).into_iter().filter(|p| p.extension().is_some_and(|e| e == "f32")).collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
@@ -140,8 +159,16 @@ fn one_error(o: &std::process::Output, wants: &[&str]) {
 #[test]
 fn a_budget_below_one_layer_and_more_servers_than_parameters_are_refused_by_the_plan() {
     let dir = scratch("refused");
-    let small = job(&dir, "small", &format!("{GPT}  executionMode: weightStreaming\n"), "  memoryx: {servers: 1, memoryBytes: 1048576}\n");
-    one_error(&common::wsctl(&["plan", small.to_str().unwrap()]), &["memoryBytes", "largest layer", "add weight servers"]);
+    let small = job(
+        &dir,
+        "small",
+        &format!("{GPT}  executionMode: weightStreaming\n"),
+        "  memoryx: {servers: 1, memoryBytes: 1048576}\n",
+    );
+    one_error(
+        &common::wsctl(&["plan", small.to_str().unwrap()]),
+        &["memoryBytes", "largest layer", "add weight servers"],
+    );
     one_error(&run(&small, &dir.join("small"), &[]), &["memoryBytes", "largest layer"]);
     let spirals = format!(
         "apiVersion: weightstream.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: tiny}}\nspec:\n  model: {{kind: mlp, layers: [2, 3]}}\n  \
@@ -161,7 +188,12 @@ fn a_missing_or_partial_checkpoint_slice_is_a_clear_error_and_nothing_is_lost() 
     let first = job(&dir, "first", MLP, "  memoryx: {servers: 2}\n  checkpoint: {intervalSteps: 4, keep: 2}\n");
     let ck = dir.join("ck");
     run_ok(&first, &dir.join("first"), &["--checkpoint-dir", ck.to_str().unwrap()]);
-    let longer = job(&dir, "longer", &MLP.replace("steps: 16", "steps: 24"), "  memoryx: {servers: 2}\n  checkpoint: {intervalSteps: 4, keep: 2}\n");
+    let longer = job(
+        &dir,
+        "longer",
+        &MLP.replace("steps: 16", "steps: 24"),
+        "  memoryx: {servers: 2}\n  checkpoint: {intervalSteps: 4, keep: 2}\n",
+    );
     let slice = ck.join("server-1/step-00000016.slice-1-of-2.safetensors");
     let kept = std::fs::read(&slice).unwrap();
     let before = walk(&ck);
@@ -212,7 +244,14 @@ fn tensors_of(path: &Path) -> std::collections::HashMap<String, Vec<u8>> {
 #[test]
 fn a_sliced_checkpoint_resumes_on_other_server_counts_and_exports() {
     let dir = scratch("recut");
-    let with = |name: &str, servers: u32| job(&dir, name, MLP, &format!("  memoryx: {{servers: {servers}}}\n  checkpoint: {{intervalSteps: 4, keep: 3}}\n"));
+    let with = |name: &str, servers: u32| {
+        job(
+            &dir,
+            name,
+            MLP,
+            &format!("  memoryx: {{servers: {servers}}}\n  checkpoint: {{intervalSteps: 4, keep: 3}}\n"),
+        )
+    };
     let reference_out = dir.join("reference");
     let three = dir.join("three-ck");
     run_ok(&with("reference", 3), &reference_out, &["--checkpoint-dir", three.to_str().unwrap()]);
@@ -236,7 +275,8 @@ fn a_sliced_checkpoint_resumes_on_other_server_counts_and_exports() {
     run_ok(&with("one", 1), &dir.join("one"), &["--checkpoint-dir", one.to_str().unwrap()]);
     let export = |from: PathBuf, to: &str| {
         let out = dir.join(to);
-        let o = common::wsctl(&["export", from.to_str().unwrap(), "--format", "safetensors", "-o", out.to_str().unwrap()]);
+        let o =
+            common::wsctl(&["export", from.to_str().unwrap(), "--format", "safetensors", "-o", out.to_str().unwrap()]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         tensors_of(&out.join("model.safetensors"))
     };

@@ -399,29 +399,53 @@ mod tests {
         m.connect_timeout = 9;
         round_trip(&m);
         m.server_index = 2;
-        m.weight_servers = vec!["https://j-memoryx-1.j-memoryx:7400".into(), "https://j-memoryx-2.j-memoryx:7400".into()];
+        m.weight_servers =
+            vec!["https://j-memoryx-1.j-memoryx:7400".into(), "https://j-memoryx-2.j-memoryx:7400".into()];
         m.listen = "0.0.0.0:7400".parse().unwrap();
         m.tier_dir = Some("/ckpt/tier".into());
         round_trip(&m);
         round_trip(&MemoryxArgs::new(CommonArgs::new("job.yaml", "id"), "https://127.0.0.1:1", "https://127.0.0.1:2"));
-        let mut s = SwarmxArgs::new(common(), "0.0.0.0:7100".parse().unwrap(), vec!["https://a:1".into(), "https://b:2".into()]);
+        let mut s = SwarmxArgs::new(
+            common(),
+            "0.0.0.0:7100".parse().unwrap(),
+            vec!["https://a:1".into(), "https://b:2".into()],
+        );
         round_trip(&s);
         s.connect_timeout = 3;
         s.common = CommonArgs::new("j.yaml", "id");
         round_trip(&s);
-        round_trip(&EngineArgs::new(common(), "0.0.0.0:7200".parse().unwrap(), 17, vec!["https://i-34:7300".into(), "https://i-35:7300".into()]));
-        round_trip(&EngineArgs::new(CommonArgs::new("j.yaml", "id"), "127.0.0.1:0".parse().unwrap(), 0, vec!["https://127.0.0.1:9".into()]));
-        round_trip(&InputArgs::new(common(), "0.0.0.0:7300".parse().unwrap(), 3, Some("/var/run/weightstream/data".into())));
+        round_trip(&EngineArgs::new(
+            common(),
+            "0.0.0.0:7200".parse().unwrap(),
+            17,
+            vec!["https://i-34:7300".into(), "https://i-35:7300".into()],
+        ));
+        round_trip(&EngineArgs::new(
+            CommonArgs::new("j.yaml", "id"),
+            "127.0.0.1:0".parse().unwrap(),
+            0,
+            vec!["https://127.0.0.1:9".into()],
+        ));
+        round_trip(&InputArgs::new(
+            common(),
+            "0.0.0.0:7300".parse().unwrap(),
+            3,
+            Some("/var/run/weightstream/data".into()),
+        ));
         round_trip(&InputArgs::new(CommonArgs::new("j.yaml", "id"), "127.0.0.1:0".parse().unwrap(), 0, None));
     }
 
     #[test]
     fn a_missing_required_flag_is_refused_by_name() {
-        let err = SwarmxArgs::try_parse_from(["swarmx", "--job", "j.yaml", "--identity", "id"]).unwrap_err().to_string();
+        let err =
+            SwarmxArgs::try_parse_from(["swarmx", "--job", "j.yaml", "--identity", "id"]).unwrap_err().to_string();
         assert!(err.contains("--children"), "{err}");
         let err = EngineArgs::try_parse_from(["sim-wse", "--job", "j", "--index", "x"]).unwrap_err().to_string();
         assert!(err.contains("--index"), "{err}");
-        let err = MemoryxArgs::try_parse_from(["memoryx", "--job", "j", "--stage", "https://x:1", "--input", "https://y:2"]).unwrap_err().to_string();
+        let err =
+            MemoryxArgs::try_parse_from(["memoryx", "--job", "j", "--stage", "https://x:1", "--input", "https://y:2"])
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("--identity"), "{err}");
     }
 }

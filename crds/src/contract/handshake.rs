@@ -99,9 +99,19 @@ mod tests {
     #[test]
     fn lines_round_trip_and_other_output_is_not_a_handshake() {
         let all = [
-            Handshake::Ready { role: Role::Engine, grpc: Some("127.0.0.1:4000".parse().unwrap()), http: "127.0.0.1:4001".parse().unwrap() },
+            Handshake::Ready {
+                role: Role::Engine,
+                grpc: Some("127.0.0.1:4000".parse().unwrap()),
+                http: "127.0.0.1:4001".parse().unwrap(),
+            },
             Handshake::Ready { role: Role::Memoryx, grpc: None, http: "0.0.0.0:8080".parse().unwrap() },
-            Handshake::Progress(ProgressReport { step: 3, loss: 0.5, samples_per_s: 10.0, bytes_streamed: 7, learning_rate: 0.1 }),
+            Handshake::Progress(ProgressReport {
+                step: 3,
+                loss: 0.5,
+                samples_per_s: 10.0,
+                bytes_streamed: 7,
+                learning_rate: 0.1,
+            }),
             Handshake::Done { steps: 9 },
             Handshake::Stopped { step: 4, checkpoint: Some("/c/step-00000004.ckpt".into()) },
         ];
@@ -109,6 +119,9 @@ mod tests {
             assert_eq!(Handshake::from_line(&h.to_line()), Some(h));
         }
         assert_eq!(Handshake::from_line("engine grpc listening on 127.0.0.1:1"), None);
-        assert_eq!(Handshake::from_line(r#"weightstream {"event":"ready","role":"cook","grpc":null,"http":"1.2.3.4:5"}"#), None);
+        assert_eq!(
+            Handshake::from_line(r#"weightstream {"event":"ready","role":"cook","grpc":null,"http":"1.2.3.4:5"}"#),
+            None
+        );
     }
 }

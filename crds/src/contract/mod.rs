@@ -15,8 +15,8 @@ mod tree;
 pub use args::{CommonArgs, EngineArgs, InputArgs, MemoryxArgs, RoleArgs, SwarmxArgs};
 pub use handshake::{Handshake, ProgressReport};
 pub use role::{
-    input_workers_of, Role, DATA_MOUNT, HTTP_PORT, JOB_LABEL, JOB_UID_LABEL, METRICS_SCRAPER_LABEL, PULL_POLICY_ANNOTATION, ROLE_LABEL,
-    RUNTIME_IMAGE_ANNOTATION,
+    DATA_MOUNT, HTTP_PORT, JOB_LABEL, JOB_UID_LABEL, METRICS_SCRAPER_LABEL, PULL_POLICY_ANNOTATION, ROLE_LABEL,
+    RUNTIME_IMAGE_ANNOTATION, Role, input_workers_of,
 };
 pub use status::{MemoryxPhase, MemoryxStatus};
-pub use tree::{SwarmxChild, SwarmxNode, SwarmxTree, DEFAULT_FAN_OUT};
+pub use tree::{DEFAULT_FAN_OUT, SwarmxChild, SwarmxNode, SwarmxTree};

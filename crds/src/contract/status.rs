@@ -58,7 +58,10 @@ mod tests {
             "evalAccuracy":0.9,"message":null}"#;
         let s: MemoryxStatus = serde_json::from_str(body).unwrap();
         assert_eq!(s.phase, MemoryxPhase::Checkpointing);
-        assert_eq!((s.step(), s.progress.total_steps, s.progress.last_checkpoint.as_ref().unwrap().step), (12, Some(100), 10));
+        assert_eq!(
+            (s.step(), s.progress.total_steps, s.progress.last_checkpoint.as_ref().unwrap().step),
+            (12, Some(100), 10)
+        );
         let minimal: MemoryxStatus = serde_json::from_str(r#"{"phase":"Starting","step":0,"totalSteps":0}"#).unwrap();
         assert_eq!((minimal.phase, minimal.progress.loss), (MemoryxPhase::Starting, None));
         assert!(serde_json::from_str::<MemoryxStatus>(r#"{"phase":"Sleeping"}"#).is_err());

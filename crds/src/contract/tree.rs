@@ -76,7 +76,10 @@ impl SwarmxTree {
                                 .take_while(|&j| j < below)
                                 .map(|j| SwarmxChild::Swarmx { level: level + 1, index: j })
                                 .collect(),
-                            None => span.take_while(|&e| e < engines as usize).map(|e| SwarmxChild::Engine(e as u32)).collect(),
+                            None => span
+                                .take_while(|&e| e < engines as usize)
+                                .map(|e| SwarmxChild::Engine(e as u32))
+                                .collect(),
                         };
                         SwarmxNode { level, index, children }
                     })
@@ -131,7 +134,8 @@ mod tests {
                 }
             }
             assert_eq!(seen_engines, (0..engines).collect::<Vec<_>>());
-            let parents: usize = t.nodes().map(|n| n.children.iter().filter(|c| matches!(c, SwarmxChild::Swarmx { .. })).count()).sum();
+            let parents: usize =
+                t.nodes().map(|n| n.children.iter().filter(|c| matches!(c, SwarmxChild::Swarmx { .. })).count()).sum();
             assert_eq!(parents, t.nodes().count() - 1);
         }
         assert_eq!(SwarmxTree::new(192, 8).depth(), 3);

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crds::contract::{Role, JOB_LABEL, JOB_UID_LABEL, PULL_POLICY_ANNOTATION, RUNTIME_IMAGE_ANNOTATION};
+use crds::contract::{JOB_LABEL, JOB_UID_LABEL, PULL_POLICY_ANNOTATION, RUNTIME_IMAGE_ANNOTATION, Role};
 use crds::{RetainPolicy, TrainingJob};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements};
@@ -58,7 +58,10 @@ pub fn claim_template(job: &TrainingJob, settings: &Settings) -> Result<Persiste
             access_modes: Some(vec!["ReadWriteOnce".into()]),
             storage_class_name: job.spec.checkpoint.storage_class_name.clone(),
             resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([("storage".to_string(), Quantity(job.spec.checkpoint.volume_size.clone()))])),
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity(job.spec.checkpoint.volume_size.clone()),
+                )])),
                 ..Default::default()
             }),
             ..Default::default()
@@ -74,7 +77,10 @@ pub fn retention(job: &TrainingJob) -> StatefulSetPersistentVolumeClaimRetention
         RetainPolicy::Retain => "Retain",
         RetainPolicy::Delete => "Delete",
     };
-    StatefulSetPersistentVolumeClaimRetentionPolicy { when_deleted: Some(when_deleted.into()), when_scaled: Some("Retain".into()) }
+    StatefulSetPersistentVolumeClaimRetentionPolicy {
+        when_deleted: Some(when_deleted.into()),
+        when_scaled: Some("Retain".into()),
+    }
 }
 
 /// The label selector of the claims of the job `name` of uid `uid`, and of no earlier job of that name.
@@ -91,7 +97,9 @@ pub fn keep_existing_claims(desired: &mut StatefulSet, existing: &StatefulSet) -
     let theirs = have.volume_claim_templates.clone().unwrap_or_default();
     let ours = want.volume_claim_templates.clone().unwrap_or_default();
     let same = |a: &PersistentVolumeClaim, b: &PersistentVolumeClaim| {
-        let spec = |c: &PersistentVolumeClaim| c.spec.as_ref().map(|s| (s.resources.clone(), s.storage_class_name.clone(), s.access_modes.clone()));
+        let spec = |c: &PersistentVolumeClaim| {
+            c.spec.as_ref().map(|s| (s.resources.clone(), s.storage_class_name.clone(), s.access_modes.clone()))
+        };
         a.metadata.name == b.metadata.name
             && a.metadata.labels == b.metadata.labels
             && a.metadata.annotations == b.metadata.annotations
@@ -100,10 +108,13 @@ pub fn keep_existing_claims(desired: &mut StatefulSet, existing: &StatefulSet) -
     if theirs.is_empty() || (theirs.len() == ours.len() && theirs.iter().zip(&ours).all(|(a, b)| same(a, b))) {
         return Ok(());
     }
-    let (Some(old), Some(new)) = (theirs.first().and_then(|t| t.metadata.name.clone()), ours.first().and_then(|t| t.metadata.name.clone())) else {
+    let (Some(old), Some(new)) =
+        (theirs.first().and_then(|t| t.metadata.name.clone()), ours.first().and_then(|t| t.metadata.name.clone()))
+    else {
         return Ok(());
     };
-    want.volume_claim_templates = Some(theirs.into_iter().map(|t| PersistentVolumeClaim { status: None, ..t }).collect());
+    want.volume_claim_templates =
+        Some(theirs.into_iter().map(|t| PersistentVolumeClaim { status: None, ..t }).collect());
     let Some(pod) = want.template.spec.as_mut() else { return Ok(()) };
     for mount in pod.containers.iter_mut().flat_map(|c| c.volume_mounts.iter_mut().flatten()) {
         if mount.name == new {
@@ -111,7 +122,12 @@ pub fn keep_existing_claims(desired: &mut StatefulSet, existing: &StatefulSet) -
         }
     }
     let hash = spec_hash(pod)?;
-    want.template.metadata.get_or_insert_with(Default::default).annotations.get_or_insert_with(BTreeMap::new).insert(SPEC_HASH_ANNOTATION.into(), hash);
+    want.template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(SPEC_HASH_ANNOTATION.into(), hash);
     Ok(())
 }
 
@@ -136,7 +152,10 @@ mod tests {
         assert_eq!((l[JOB_LABEL].as_str(), l[JOB_UID_LABEL].as_str()), ("mnist", "1234-abcd"));
         assert_eq!(claim.metadata.name.as_deref(), Some("checkpoints-1234-abcd"));
         let a = claim.metadata.annotations.clone().unwrap();
-        assert_eq!((a[RUNTIME_IMAGE_ANNOTATION].as_str(), a[PULL_POLICY_ANNOTATION].as_str()), ("weightstream/runtime:0.1.0", "IfNotPresent"));
+        assert_eq!(
+            (a[RUNTIME_IMAGE_ANNOTATION].as_str(), a[PULL_POLICY_ANNOTATION].as_str()),
+            ("weightstream/runtime:0.1.0", "IfNotPresent")
+        );
         // MemoryX mounts the volume by the template's name, where its --checkpoint-dir says.
         let pod = sts.template.spec.unwrap();
         let mount = pod.containers[0].volume_mounts.iter().flatten().find(|m| m.mount_path == CHECKPOINT_DIR).unwrap();
@@ -144,9 +163,13 @@ mod tests {
 
         let mut d = job(2);
         d.spec.checkpoint.retain = RetainPolicy::Delete;
-        let policy = build(&d, &settings(false), 2).memoryx.spec.unwrap().persistent_volume_claim_retention_policy.unwrap();
+        let policy =
+            build(&d, &settings(false), 2).memoryx.spec.unwrap().persistent_volume_claim_retention_policy.unwrap();
         assert_eq!((policy.when_deleted.as_deref(), policy.when_scaled.as_deref()), (Some("Delete"), Some("Retain")));
-        assert_eq!(claims_selector("mnist", "1234-abcd"), "weightstream.dev/job=mnist,weightstream.dev/job-uid=1234-abcd");
+        assert_eq!(
+            claims_selector("mnist", "1234-abcd"),
+            "weightstream.dev/job=mnist,weightstream.dev/job-uid=1234-abcd"
+        );
     }
 
     /// A job submitted again under a deleted one's name (another uid) gets claims of its own: the StatefulSet
@@ -156,7 +179,9 @@ mod tests {
         let first = job(2);
         let mut again = job(2);
         again.metadata.uid = Some("5678-ef01".into());
-        let template = |j: &TrainingJob| build(j, &settings(false), 2).memoryx.spec.unwrap().volume_claim_templates.unwrap()[0].clone();
+        let template = |j: &TrainingJob| {
+            build(j, &settings(false), 2).memoryx.spec.unwrap().volume_claim_templates.unwrap()[0].clone()
+        };
         assert_ne!(template(&first).metadata.name, template(&again).metadata.name);
         assert_eq!(template(&again).metadata.labels.unwrap()[JOB_UID_LABEL], "5678-ef01");
         let mut no_uid = job(2);
@@ -182,7 +207,12 @@ mod tests {
         template.metadata.labels.as_mut().unwrap().remove(JOB_UID_LABEL);
         template.metadata.annotations = None;
         let pod = spec.template.spec.as_mut().unwrap();
-        pod.containers[0].volume_mounts.iter_mut().flatten().filter(|m| m.mount_path == CHECKPOINT_DIR).for_each(|m| m.name = "checkpoints".into());
+        pod.containers[0]
+            .volume_mounts
+            .iter_mut()
+            .flatten()
+            .filter(|m| m.mount_path == CHECKPOINT_DIR)
+            .for_each(|m| m.name = "checkpoints".into());
         let old_hash = spec_hash(pod).unwrap();
 
         let mut kept = desired.clone();
@@ -192,7 +222,14 @@ mod tests {
         let pod = spec.template.spec.unwrap();
         let mount = pod.containers[0].volume_mounts.iter().flatten().find(|m| m.mount_path == CHECKPOINT_DIR).unwrap();
         assert_eq!(mount.name, "checkpoints");
-        assert_eq!(spec.template.metadata.unwrap().annotations.unwrap()[SPEC_HASH_ANNOTATION], old_hash, "the old pod, not rolled");
-        assert_eq!(spec.persistent_volume_claim_retention_policy.and_then(|p| p.when_deleted).as_deref(), Some("Retain"));
+        assert_eq!(
+            spec.template.metadata.unwrap().annotations.unwrap()[SPEC_HASH_ANNOTATION],
+            old_hash,
+            "the old pod, not rolled"
+        );
+        assert_eq!(
+            spec.persistent_volume_claim_retention_policy.and_then(|p| p.when_deleted).as_deref(),
+            Some("Retain")
+        );
     }
 }

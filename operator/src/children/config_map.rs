@@ -87,7 +87,10 @@ mod tests {
             crds::parse_training_job(&data["job.yaml"]).expect("parses").spec.training.micro_batch_size
         };
         assert_eq!((shrunk(2), shrunk(4)), (Some(16), None));
-        assert_eq!((plan(&elastic, 2, 2).unwrap().0.micro_batch, plan(&elastic, 4, 2).unwrap().0.micro_batch), (16, 16));
+        assert_eq!(
+            (plan(&elastic, 2, 2).unwrap().0.micro_batch, plan(&elastic, 4, 2).unwrap().0.micro_batch),
+            (16, 16)
+        );
     }
 
     #[test]

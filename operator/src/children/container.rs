@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crds::contract::{RoleArgs, HTTP_PORT};
+use crds::contract::{HTTP_PORT, RoleArgs};
 use crds::{PullPolicy, TrainingJob};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, HTTPGetAction, Probe, ResourceRequirements, SecurityContext, VolumeMount,
@@ -41,11 +41,25 @@ pub(crate) fn container<A: RoleArgs>(
 ) -> Container {
     let role = A::ROLE;
     let mut mounts = vec![
-        VolumeMount { name: "config".into(), mount_path: CONFIG_DIR.into(), read_only: Some(true), ..Default::default() },
-        VolumeMount { name: "identity".into(), mount_path: IDENTITY_DIR.into(), read_only: Some(true), ..Default::default() },
+        VolumeMount {
+            name: "config".into(),
+            mount_path: CONFIG_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "identity".into(),
+            mount_path: IDENTITY_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
     ];
     mounts.extend(extra_mounts);
-    let port = |(n, p): (&str, u16)| ContainerPort { name: Some(n.into()), container_port: i32::from(p), ..Default::default() };
+    let port = |(n, p): (&str, u16)| ContainerPort {
+        name: Some(n.into()),
+        container_port: i32::from(p),
+        ..Default::default()
+    };
     Container {
         name: role.as_str().into(),
         image: Some(image(job, settings)),
@@ -56,7 +70,12 @@ pub(crate) fn container<A: RoleArgs>(
         readiness_probe: Some(Probe { http_get: Some(healthz()), period_seconds: Some(2), ..Default::default() }),
         // Liveness is judged only once the program serves its health (up to 5 minutes for a slow start: a
         // busy node, a large pretrained model read before training).
-        startup_probe: Some(Probe { http_get: Some(healthz()), period_seconds: Some(2), failure_threshold: Some(150), ..Default::default() }),
+        startup_probe: Some(Probe {
+            http_get: Some(healthz()),
+            period_seconds: Some(2),
+            failure_threshold: Some(150),
+            ..Default::default()
+        }),
         // A frozen process (SIGSTOP, a hung host) stops answering while its pod still runs: the kubelet kills
         // it after three missed checks (about 15 s), without waiting out a grace period it cannot use. An engine,
         // SwarmX node or input worker then fails and the operator replaces it, counted against restartLimit;
@@ -108,8 +127,8 @@ pub(crate) fn memory_request(plan_bytes: u64) -> Option<ResourceRequirements> {
 
 #[cfg(test)]
 mod tests {
-    use crds::contract::{Role, HTTP_PORT};
     use crds::PullPolicy;
+    use crds::contract::{HTTP_PORT, Role};
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     use kube::ResourceExt;
 
@@ -127,9 +146,16 @@ mod tests {
         for c in containers(&d) {
             let probe = c.liveness_probe.as_ref().unwrap_or_else(|| panic!("{} has no liveness probe", c.name));
             let http = probe.http_get.as_ref().expect("an HTTP probe");
-            assert_eq!((http.path.as_deref(), &http.port, http.scheme.as_deref()), (Some("/healthz"), &IntOrString::Int(i32::from(HTTP_PORT)), Some("HTTPS")));
+            assert_eq!(
+                (http.path.as_deref(), &http.port, http.scheme.as_deref()),
+                (Some("/healthz"), &IntOrString::Int(i32::from(HTTP_PORT)), Some("HTTPS"))
+            );
             let window = probe.period_seconds.unwrap() * probe.failure_threshold.unwrap();
-            assert!(window <= 20 && probe.timeout_seconds.unwrap() >= 5, "{}: found within 20 s, a busy one not mistaken", c.name);
+            assert!(
+                window <= 20 && probe.timeout_seconds.unwrap() >= 5,
+                "{}: found within 20 s, a busy one not mistaken",
+                c.name
+            );
         }
         // A frozen engine, SwarmX node or input worker is killed by its pod's grace period (restartPolicy
         // Never), so that one must be as short as its probe's, or its replacement waits out 30 s.
@@ -137,7 +163,12 @@ mod tests {
             let spec = p.spec.as_ref().expect("a pod spec");
             let probe = spec.containers[0].liveness_probe.as_ref().and_then(|l| l.termination_grace_period_seconds);
             assert_eq!(spec.restart_policy.as_deref(), Some("Never"), "{}", p.name_any());
-            assert_eq!(spec.termination_grace_period_seconds, probe, "{}: killed as soon as its probe fails", p.name_any());
+            assert_eq!(
+                spec.termination_grace_period_seconds,
+                probe,
+                "{}: killed as soon as its probe fails",
+                p.name_any()
+            );
             assert!(probe.is_some_and(|g| g <= 5), "{}", p.name_any());
         }
     }
@@ -152,6 +183,9 @@ mod tests {
         assert_eq!(c.image.as_deref(), Some("registry.local/ws:dev"));
         assert_eq!(c.image_pull_policy.as_deref(), Some("Never"));
         let default = role_pods(&build(&job(1), &settings(false), 1), Role::Engine);
-        assert_eq!(default[0].spec.as_ref().unwrap().containers[0].image.as_deref(), Some("weightstream/runtime:0.1.0"));
+        assert_eq!(
+            default[0].spec.as_ref().unwrap().containers[0].image.as_deref(),
+            Some("weightstream/runtime:0.1.0")
+        );
     }
 }

@@ -55,7 +55,7 @@ pub fn desired(job: &TrainingJob, settings: &Settings, cs2: u32) -> Result<Desir
 
 #[cfg(test)]
 mod tests {
-    use crds::contract::{EngineArgs, InputArgs, MemoryxArgs, Role, SwarmxArgs, HTTP_PORT};
+    use crds::contract::{EngineArgs, HTTP_PORT, InputArgs, MemoryxArgs, Role, SwarmxArgs};
 
     use crate::children::site::grpc_port;
     use crate::children::testing::{build, containers, engine_args, input_args, job, memoryx_args, parse, settings};

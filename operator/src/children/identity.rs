@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use crds::TrainingJob;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 
 use super::metadata::meta;
@@ -42,7 +42,9 @@ pub fn identity_secret(job: &TrainingJob, issued: &wire::identity::Issued) -> Re
         metadata: m,
         type_: Some("Opaque".into()),
         immutable: Some(true),
-        data: Some(issued.files().into_iter().map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec()))).collect()),
+        data: Some(
+            issued.files().into_iter().map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec()))).collect(),
+        ),
         ..Default::default()
     })
 }

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use crds::contract::{MemoryxArgs, Role};
 use crds::TrainingJob;
+use crds::contract::{MemoryxArgs, Role};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, PodTemplateSpec, VolumeMount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use plan::appliance::Plan;
 use plan::wiring::Wiring;
 
-use super::checkpoints::{claim_template, retention, volume_name, CHECKPOINT_DIR};
+use super::checkpoints::{CHECKPOINT_DIR, claim_template, retention, volume_name};
 use super::container::{container, memory_request};
 use super::hash::spec_hash;
 use super::metadata::{labels, meta};
@@ -64,7 +64,11 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash:
         job,
         settings,
         &memoryx_args(job, plan),
-        job.spec.resources.memoryx.clone().or_else(|| memory_request(plan.memoryx.memory_bytes + plan.coordinator_transit_bytes)),
+        job.spec
+            .resources
+            .memoryx
+            .clone()
+            .or_else(|| memory_request(plan.memoryx.memory_bytes + plan.coordinator_transit_bytes)),
         mounts,
     );
     c.env = Some(vec![EnvVar {
@@ -114,7 +118,7 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crds::contract::{SwarmxArgs, HTTP_PORT};
+    use crds::contract::{HTTP_PORT, SwarmxArgs};
     use k8s_openapi::api::core::v1::Pod;
 
     use crate::children::plan::plan;
@@ -142,7 +146,10 @@ mod tests {
             ["https://mnist-engine-2.mnist-engine.ml.svc:7200", "https://mnist-engine-3.mnist-engine.ml.svc:7200"]
         );
         let claim = &d.memoryx.spec.as_ref().unwrap().volume_claim_templates.as_ref().unwrap()[0];
-        assert_eq!(claim.spec.as_ref().unwrap().resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"].0, "1Gi");
+        assert_eq!(
+            claim.spec.as_ref().unwrap().resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"].0,
+            "1Gi"
+        );
     }
 
     #[test]
@@ -181,7 +188,8 @@ mod tests {
         let index = env.iter().find(|e| e.name == SERVER_INDEX_ENV).expect("WS_SERVER_INDEX");
         let field = index.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).map(|f| f.field_path.clone());
         assert_eq!(field.as_deref(), Some("metadata.labels['apps.kubernetes.io/pod-index']"));
-        let ports: Vec<(String, i32)> = c.ports.iter().flatten().map(|p| (p.name.clone().unwrap(), p.container_port)).collect();
+        let ports: Vec<(String, i32)> =
+            c.ports.iter().flatten().map(|p| (p.name.clone().unwrap(), p.container_port)).collect();
         assert_eq!(ports, [("weights".to_string(), 7400), ("http".to_string(), i32::from(HTTP_PORT))]);
         let svc = d.services.iter().find(|s| s.name_any() == "mnist-memoryx").unwrap();
         let svc_ports: Vec<i32> = svc.spec.as_ref().unwrap().ports.iter().flatten().map(|p| p.port).collect();
@@ -197,7 +205,10 @@ mod tests {
         k.spec.memoryx.memory_bytes = Some(p.memoryx.server_bytes.div_ceil(2));
         k.spec.checkpoint.volume_size = "1Gi".into();
         let (q, _) = plan(&k, 4, 2).unwrap();
-        assert_eq!(build(&k, &settings(true), 4).memoryx.spec.unwrap().replicas, Some(i32::try_from(q.memoryx.servers).unwrap()));
+        assert_eq!(
+            build(&k, &settings(true), 4).memoryx.spec.unwrap().replicas,
+            Some(i32::try_from(q.memoryx.servers).unwrap())
+        );
         assert!(q.memoryx.servers >= 2);
     }
 
@@ -215,7 +226,9 @@ mod tests {
         j.spec.model.layers = vec![784, 64, 512, 512, 512, 512, 512, 10];
         j.spec.checkpoint.volume_size = "10Gi".into();
         let (p, _) = plan(&j, 2, 2).unwrap();
-        let mib = |p: &Plan| format!("{}Mi", (p.memoryx.memory_bytes + p.coordinator_transit_bytes + (128 << 20)).div_ceil(1 << 20));
+        let mib = |p: &Plan| {
+            format!("{}Mi", (p.memoryx.memory_bytes + p.coordinator_transit_bytes + (128 << 20)).div_ceil(1 << 20))
+        };
         assert!(p.coordinator_transit_bytes >= 3 * 4 * 512 * 512, "three of the largest layer: {p:?}");
         assert_eq!(request(&j), mib(&p));
         j.spec.memoryx.servers = Some(4);

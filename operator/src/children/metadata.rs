@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use crds::contract::{Role, JOB_LABEL, ROLE_LABEL};
 use crds::TrainingJob;
+use crds::contract::{JOB_LABEL, ROLE_LABEL, Role};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 

@@ -27,5 +27,3 @@ pub mod site;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod volumes;
-
-

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use crds::contract::{HTTP_PORT, JOB_LABEL, METRICS_SCRAPER_LABEL};
 use crds::TrainingJob;
+use crds::contract::{HTTP_PORT, JOB_LABEL, METRICS_SCRAPER_LABEL};
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
     NetworkPolicySpec,
@@ -86,7 +86,7 @@ pub fn network_policy(job: &TrainingJob, operator: &OperatorPeer) -> Result<Netw
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crds::contract::{Role, ROLE_LABEL};
+    use crds::contract::{ROLE_LABEL, Role};
     use kube::ResourceExt;
 
     use crate::children::metadata::labels;
@@ -134,7 +134,8 @@ mod tests {
     fn ingress_allowed(np: &NetworkPolicy, from: &Peer, port: u16) -> bool {
         let ns = np.metadata.namespace.as_deref().unwrap();
         np.spec.as_ref().unwrap().ingress.iter().flatten().any(|r| {
-            port_allowed(&r.ports, "TCP", port) && r.from.as_ref().is_none_or(|f| f.iter().any(|p| peer_matches(p, ns, from)))
+            port_allowed(&r.ports, "TCP", port)
+                && r.from.as_ref().is_none_or(|f| f.iter().any(|p| peer_matches(p, ns, from)))
         })
     }
 
@@ -169,7 +170,10 @@ mod tests {
             ("another job in the namespace", peer("ml", &[], &[(JOB_LABEL, "other"), (ROLE_LABEL, "engine")])),
             ("a pod of the namespace", peer("ml", &[], &[("app", "x")])),
             ("the job's label in another namespace", peer("tenant-b", &[], &[(JOB_LABEL, "mnist")])),
-            ("operator labels outside its namespace", peer("tenant-b", &[], &[("app.kubernetes.io/component", "operator")])),
+            (
+                "operator labels outside its namespace",
+                peer("tenant-b", &[], &[("app.kubernetes.io/component", "operator")]),
+            ),
             ("a pod of the operator's namespace", peer(crate::DEFAULT_NAMESPACE, &[], &[("app", "x")])),
         ];
         for (what, p) in &strangers {
@@ -190,7 +194,10 @@ mod tests {
         let weights = grpc_port(Role::Memoryx);
         assert_eq!(weights, 7400);
         let server = peer("ml", &[], &[(JOB_LABEL, "mnist"), (ROLE_LABEL, "memoryx")]);
-        assert!(egress_allowed(np, Some(&server), "TCP", weights) && ingress_allowed(np, &server, weights), "weight servers reach each other");
+        assert!(
+            egress_allowed(np, Some(&server), "TCP", weights) && ingress_allowed(np, &server, weights),
+            "weight servers reach each other"
+        );
         for (what, p) in &strangers {
             assert!(!ingress_allowed(np, p, weights), "{what} must not reach the weight servers");
         }
@@ -208,14 +215,29 @@ mod tests {
         let mut s = settings(false);
         s.operator = OperatorPeer {
             namespace: "ops".into(),
-            labels: OperatorPeer::parse_labels("app.kubernetes.io/name=weightstream-operator, app.kubernetes.io/instance=ws").unwrap(),
+            labels: OperatorPeer::parse_labels(
+                "app.kubernetes.io/name=weightstream-operator, app.kubernetes.io/instance=ws",
+            )
+            .unwrap(),
         };
         let np = build(&job(1), &s, 1).network_policy;
-        let chart_pod = peer("ops", &[], &[("app.kubernetes.io/name", "weightstream-operator"), ("app.kubernetes.io/instance", "ws")]);
+        let chart_pod = peer(
+            "ops",
+            &[],
+            &[("app.kubernetes.io/name", "weightstream-operator"), ("app.kubernetes.io/instance", "ws")],
+        );
         assert!(ingress_allowed(&np, &chart_pod, HTTP_PORT));
-        let other_release = peer("ops", &[], &[("app.kubernetes.io/name", "weightstream-operator"), ("app.kubernetes.io/instance", "b")]);
+        let other_release = peer(
+            "ops",
+            &[],
+            &[("app.kubernetes.io/name", "weightstream-operator"), ("app.kubernetes.io/instance", "b")],
+        );
         assert!(!ingress_allowed(&np, &other_release, HTTP_PORT));
-        let default_ns = peer(crate::DEFAULT_NAMESPACE, &[], &[("app.kubernetes.io/name", "weightstream-operator"), ("app.kubernetes.io/instance", "ws")]);
+        let default_ns = peer(
+            crate::DEFAULT_NAMESPACE,
+            &[],
+            &[("app.kubernetes.io/name", "weightstream-operator"), ("app.kubernetes.io/instance", "ws")],
+        );
         assert!(!ingress_allowed(&np, &default_ns, HTTP_PORT));
         for bad in ["", " , ", "novalue", "=x"] {
             assert!(OperatorPeer::parse_labels(bad).is_err(), "{bad:?}");

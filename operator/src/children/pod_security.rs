@@ -42,8 +42,12 @@ mod tests {
             v.push("host namespaces".into());
         }
         for vol in spec.volumes.iter().flatten() {
-            let allowed = vol.config_map.is_some() || vol.secret.is_some() || vol.empty_dir.is_some()
-                || vol.persistent_volume_claim.is_some() || vol.projected.is_some() || vol.downward_api.is_some();
+            let allowed = vol.config_map.is_some()
+                || vol.secret.is_some()
+                || vol.empty_dir.is_some()
+                || vol.persistent_volume_claim.is_some()
+                || vol.projected.is_some()
+                || vol.downward_api.is_some();
             if !allowed {
                 v.push(format!("volume {} of a restricted type", vol.name));
             }
@@ -56,8 +60,13 @@ mod tests {
             if sc.privileged == Some(true) {
                 v.push(format!("{}: privileged", c.name));
             }
-            let drops_all = sc.capabilities.as_ref().and_then(|k| k.drop.as_ref()).is_some_and(|d| d.iter().any(|x| x == "ALL"));
-            let adds = sc.capabilities.as_ref().and_then(|k| k.add.as_ref()).is_some_and(|a| a.iter().any(|x| x != "NET_BIND_SERVICE"));
+            let drops_all =
+                sc.capabilities.as_ref().and_then(|k| k.drop.as_ref()).is_some_and(|d| d.iter().any(|x| x == "ALL"));
+            let adds = sc
+                .capabilities
+                .as_ref()
+                .and_then(|k| k.add.as_ref())
+                .is_some_and(|a| a.iter().any(|x| x != "NET_BIND_SERVICE"));
             if !drops_all || adds {
                 v.push(format!("{}: capabilities", c.name));
             }
@@ -67,7 +76,10 @@ mod tests {
             if sc.run_as_user.or(pod.run_as_user) == Some(0) {
                 v.push(format!("{}: runAsUser 0", c.name));
             }
-            if !matches!(seccomp(&sc.seccomp_profile).or(seccomp(&pod.seccomp_profile)), Some("RuntimeDefault" | "Localhost")) {
+            if !matches!(
+                seccomp(&sc.seccomp_profile).or(seccomp(&pod.seccomp_profile)),
+                Some("RuntimeDefault" | "Localhost")
+            ) {
                 v.push(format!("{}: seccompProfile", c.name));
             }
             if c.ports.iter().flatten().any(|p| p.host_port.is_some()) {
@@ -86,8 +98,16 @@ mod tests {
         for spec in specs {
             assert_eq!(restricted_violations(&spec), Vec::<String>::new(), "{:?}", spec.hostname);
             assert_eq!(spec.automount_service_account_token, Some(false), "no API token in the data plane");
-            assert!(spec.containers.iter().all(|c| c.security_context.as_ref().and_then(|s| s.read_only_root_filesystem) == Some(true)));
-            assert_eq!(spec.security_context.and_then(|s| s.fs_group), Some(RUNTIME_UID), "MemoryX can write its volume");
+            assert!(
+                spec.containers
+                    .iter()
+                    .all(|c| c.security_context.as_ref().and_then(|s| s.read_only_root_filesystem) == Some(true))
+            );
+            assert_eq!(
+                spec.security_context.and_then(|s| s.fs_group),
+                Some(RUNTIME_UID),
+                "MemoryX can write its volume"
+            );
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The headless Services that give each pod of a role a stable DNS name (`<pod>.<service>`).
 
-use crds::contract::{Role, HTTP_PORT};
 use crds::TrainingJob;
+use crds::contract::{HTTP_PORT, Role};
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;

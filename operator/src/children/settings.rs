@@ -55,7 +55,9 @@ impl OperatorPeer {
             labels.insert(k.trim().to_string(), v.trim().to_string());
         }
         if labels.is_empty() {
-            return Err(Error::Config("the operator's pod labels are empty: a NetworkPolicy would admit every pod of its namespace".into()));
+            return Err(Error::Config(
+                "the operator's pod labels are empty: a NetworkPolicy would admit every pod of its namespace".into(),
+            ));
         }
         Ok(labels)
     }

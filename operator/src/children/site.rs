@@ -3,8 +3,8 @@
 
 use std::net::SocketAddr;
 
-use crds::contract::{CommonArgs, Role, DATA_MOUNT, HTTP_PORT};
 use crds::TrainingJob;
+use crds::contract::{CommonArgs, DATA_MOUNT, HTTP_PORT, Role};
 use kube::ResourceExt;
 use plan::wiring::{Component, Site};
 
@@ -49,7 +49,11 @@ pub struct ClusterSite {
 impl ClusterSite {
     /// The site of `job`'s pods.
     pub fn of(job: &TrainingJob) -> ClusterSite {
-        ClusterSite { job: job.name_any(), namespace: job.namespace().unwrap_or_default(), data_volume: job.spec.data.volume.is_some() }
+        ClusterSite {
+            job: job.name_any(),
+            namespace: job.namespace().unwrap_or_default(),
+            data_volume: job.spec.data.volume.is_some(),
+        }
     }
 }
 

@@ -1,14 +1,14 @@
 //! Fixtures for the children's tests: a job, the operator's settings, its appliance built, and what each role's
 //! container argv parses to with the program's own parser.
 
-use crds::contract::{EngineArgs, InputArgs, MemoryxArgs, Role, RoleArgs, ROLE_LABEL};
 use crds::TrainingJob;
+use crds::contract::{EngineArgs, InputArgs, MemoryxArgs, ROLE_LABEL, Role, RoleArgs};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::ResourceExt;
 use plan::appliance::Plan;
 use plan::wiring::Wiring;
 
-use super::desired::{desired, Desired};
+use super::desired::{Desired, desired};
 use super::memoryx::CONFIG_HASH_ANNOTATION;
 use super::plan::plan;
 use super::settings::{OperatorPeer, Settings};
@@ -23,7 +23,12 @@ pub(crate) fn job(cs2: u32) -> TrainingJob {
 
 /// The operator's settings, with engines requesting a CS-2 when `request_cs2`.
 pub(crate) fn settings(request_cs2: bool) -> Settings {
-    Settings { default_image: "weightstream/runtime:0.1.0".into(), fan_out: 2, request_cs2, operator: OperatorPeer::default() }
+    Settings {
+        default_image: "weightstream/runtime:0.1.0".into(),
+        fan_out: 2,
+        request_cs2,
+        operator: OperatorPeer::default(),
+    }
 }
 
 /// The appliance of `j` on `n` CS-2s.

@@ -1,8 +1,8 @@
 //! The volumes a role's pod mounts: the job manifest and identity every role reads, and the data volume for the
 //! roles that read it.
 
-use crds::contract::{Role, DATA_MOUNT};
 use crds::TrainingJob;
+use crds::contract::{DATA_MOUNT, Role};
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, KeyToPath, PersistentVolumeClaimVolumeSource, SecretVolumeSource, Volume, VolumeMount,
 };
@@ -47,17 +47,25 @@ pub(crate) fn volumes_of(job: &TrainingJob, plan: &Plan, role: Role) -> (Vec<Vol
     if let Some(claim) = job.spec.data.volume.as_ref().filter(|_| role == Role::Input || plan.reads_pretrained(role)) {
         volumes.push(Volume {
             name: "data".into(),
-            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: claim.clone(), read_only: Some(true) }),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.clone(),
+                read_only: Some(true),
+            }),
             ..Default::default()
         });
-        mounts.push(VolumeMount { name: "data".into(), mount_path: DATA_MOUNT.into(), read_only: Some(true), ..Default::default() });
+        mounts.push(VolumeMount {
+            name: "data".into(),
+            mount_path: DATA_MOUNT.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
     }
     (volumes, mounts)
 }
 
 #[cfg(test)]
 mod tests {
-    use crds::contract::{EngineArgs, InputArgs, MemoryxArgs, Role, DATA_MOUNT, ROLE_LABEL};
+    use crds::contract::{DATA_MOUNT, EngineArgs, InputArgs, MemoryxArgs, ROLE_LABEL, Role};
     use k8s_openapi::api::core::v1::PodSpec;
     use kube::ResourceExt;
 
@@ -76,7 +84,8 @@ mod tests {
         assert_eq!(inputs.len(), 4);
         for (i, p) in inputs.iter().enumerate() {
             let spec = p.spec.as_ref().unwrap();
-            let claim = spec.volumes.iter().flatten().find_map(|v| v.persistent_volume_claim.clone()).expect("the data claim");
+            let claim =
+                spec.volumes.iter().flatten().find_map(|v| v.persistent_volume_claim.clone()).expect("the data claim");
             assert_eq!((claim.claim_name.as_str(), claim.read_only), ("corpus", Some(true)));
             let c = &spec.containers[0];
             let mount = c.volume_mounts.iter().flatten().find(|m| m.name == "data").expect("mounted");
@@ -85,7 +94,8 @@ mod tests {
             assert_eq!((a.index, a.data_root.as_deref()), (i as u32, Some(std::path::Path::new(DATA_MOUNT))));
         }
         for p in d.pods.iter().filter(|p| p.labels()[ROLE_LABEL] != Role::Input.as_str()) {
-            let mounts_data = p.spec.as_ref().unwrap().volumes.iter().flatten().any(|v| v.persistent_volume_claim.is_some());
+            let mounts_data =
+                p.spec.as_ref().unwrap().volumes.iter().flatten().any(|v| v.persistent_volume_claim.is_some());
             assert!(!mounts_data, "{} mounts the data volume", p.name_any());
         }
         let engines = role_pods(&d, Role::Engine);
@@ -100,7 +110,12 @@ mod tests {
     #[test]
     fn the_readers_of_a_pretrained_folder_mount_the_data_volume_read_only() {
         let mut j = job(2);
-        j.spec.data = crds::DataSpec { kind: crds::DataKind::Text, path: "moby.txt".into(), volume: Some("corpus".into()), ..j.spec.data.clone() };
+        j.spec.data = crds::DataSpec {
+            kind: crds::DataKind::Text,
+            path: "moby.txt".into(),
+            volume: Some("corpus".into()),
+            ..j.spec.data.clone()
+        };
         j.spec.model = crds::ModelSpec {
             kind: crds::ModelKind::Llama,
             width: Some(64),
@@ -118,14 +133,21 @@ mod tests {
             let mount = spec.containers[0].volume_mounts.iter().flatten().find(|m| m.name == "data").cloned();
             match (claim, mount) {
                 (Some(c), Some(m)) => {
-                    assert_eq!((c.claim_name.as_str(), c.read_only, m.mount_path.as_str(), m.read_only), ("corpus", Some(true), DATA_MOUNT, Some(true)));
+                    assert_eq!(
+                        (c.claim_name.as_str(), c.read_only, m.mount_path.as_str(), m.read_only),
+                        ("corpus", Some(true), DATA_MOUNT, Some(true))
+                    );
                     true
                 }
                 (None, None) => false,
                 other => panic!("a claim without its mount or the reverse: {other:?}"),
             }
         };
-        for (mode, sparsity, engines_read) in [(crds::ExecutionMode::WeightStreaming, 0.5, false), (crds::ExecutionMode::Pipelined, 0.0, false), (crds::ExecutionMode::Pipelined, 0.5, true)] {
+        for (mode, sparsity, engines_read) in [
+            (crds::ExecutionMode::WeightStreaming, 0.5, false),
+            (crds::ExecutionMode::Pipelined, 0.0, false),
+            (crds::ExecutionMode::Pipelined, 0.5, true),
+        ] {
             j.spec.execution_mode = mode;
             j.spec.model.sparsity = sparsity;
             let d = build(&j, &settings(false), 2);

@@ -207,8 +207,11 @@ pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>
     let socket = config.socket_path();
     loop {
         remove_socket(&socket)?;
-        let listener = tokio::net::UnixListener::bind(&socket)
-            .map_err(|source| Error::Io { what: "cannot listen on", path: socket.clone(), source })?;
+        let listener = tokio::net::UnixListener::bind(&socket).map_err(|source| Error::Io {
+            what: "cannot listen on",
+            path: socket.clone(),
+            source,
+        })?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let plugin = Cs2Plugin::new(device_ids(config.devices), stop_rx.clone());
         let mut stop_server = stop_rx;

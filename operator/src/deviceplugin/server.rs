@@ -48,7 +48,9 @@ impl Cs2Plugin {
 
     fn check_known(&self, ids: &[String]) -> Result<(), Status> {
         match ids.iter().find(|id| !self.known.contains(*id)) {
-            Some(id) => Err(Status::invalid_argument(format!("unknown device {id:?}: this node has {:?}", self.devices))),
+            Some(id) => {
+                Err(Status::invalid_argument(format!("unknown device {id:?}: this node has {:?}", self.devices)))
+            }
             None => Ok(()),
         }
     }

@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use axum::routing::get;
 use axum::Router;
+use axum::routing::get;
 use clap::Parser;
 
 /// Serves `GET /checkpoints` and `GET /checkpoints/{file}` from a folder over HTTPS, to holders of a
@@ -44,7 +44,9 @@ fn serve(args: &Args) -> Result<(), String> {
     let identity = wire::identity::Identity::load(&args.identity).map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start the async runtime: {e}"))?;
     rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
         let open = Router::new().route("/healthz", get(|| async { "ok" }));
         let protected = runtime::memoryx::checkpoint_routes::routes(Some(args.dir.clone()));
         wire::https::serve(listener, &identity, open, protected).await.map_err(|e| e.to_string())

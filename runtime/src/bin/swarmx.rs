@@ -1,7 +1,7 @@
 //! `swarmx`: the weightstream swarmx role as a program, as it runs in a pod. Its arguments are the contract's
 //! ([`crds::contract::SwarmxArgs`]), so whoever starts it renders them from the same type.
 
-use crds::contract::{SwarmxArgs, RoleArgs};
+use crds::contract::{RoleArgs, SwarmxArgs};
 
 /// Large buffers in huge pages: see [`runtime::process::HugePages`].
 #[global_allocator]

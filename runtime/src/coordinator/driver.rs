@@ -12,15 +12,15 @@ use std::sync::{Arc, Mutex};
 use crds::contract::{MemoryxPhase, MemoryxStatus, ProgressReport};
 use crds::{CheckpointRef, TrainingJobSpec};
 
-use crate::input::DataInfo;
-use errors::{Error, Result};
-use crate::memoryx::{checkpoint, manifest};
-use crate::memoryx::weight_server::Masking;
-use crate::memoryx::store::MemoryX;
 use crate::coordinator::train::MemoryxUsage;
-use plan::layout::ModelLayout;
-use crate::swarmx::Swarm;
 use crate::coordinator::train::{self, RetryPolicy, Summary};
+use crate::input::DataInfo;
+use crate::memoryx::store::MemoryX;
+use crate::memoryx::weight_server::Masking;
+use crate::memoryx::{checkpoint, manifest};
+use crate::swarmx::Swarm;
+use errors::{Error, Result};
+use plan::layout::ModelLayout;
 
 /// A job ready to train: its spec, its identity on the wire and what its data holds (the data itself stays
 /// with the input workers).
@@ -82,7 +82,11 @@ impl Job {
 
     /// How weight server `slice` of this job stores its slice: the memory budget, and a disk tier under
     /// `outputs.tier_dir` (or the checkpoint directory's `tier`, or a scratch directory).
-    pub fn storage(&self, outputs: &Outputs, slice: crate::memoryx::slice::SliceId) -> crate::memoryx::weight_server::Storage {
+    pub fn storage(
+        &self,
+        outputs: &Outputs,
+        slice: crate::memoryx::slice::SliceId,
+    ) -> crate::memoryx::weight_server::Storage {
         let tier_base = outputs
             .tier_dir
             .clone()
@@ -95,7 +99,11 @@ impl Job {
     }
 
     /// Weight server `slice` of this job, built in this process and stored as [`Job::storage`] says.
-    pub fn local_slice(&self, outputs: &Outputs, slice: crate::memoryx::slice::SliceId) -> Result<crate::memoryx::weight_server::LocalSlice> {
+    pub fn local_slice(
+        &self,
+        outputs: &Outputs,
+        slice: crate::memoryx::slice::SliceId,
+    ) -> Result<crate::memoryx::weight_server::LocalSlice> {
         let t = &self.spec.training;
         let layout = self.layout();
         let lengths = crate::memoryx::weight_server::layer_lengths(&layout, &t.optimizer, &Masking::of(&self.recipe()));
@@ -251,9 +259,14 @@ impl Driver {
                 Ok(summary) => return Ok(summary),
                 // A weight server that restarted lost its slice: every server goes back to the last complete
                 // checkpoint together, and the steps since are trained again.
-                Err(e) if store.servers() > 1 && recoveries < self.job.spec.restart_limit && self.server_lost(&store) => {
+                Err(e)
+                    if store.servers() > 1 && recoveries < self.job.spec.restart_limit && self.server_lost(&store) =>
+                {
                     recoveries += 1;
-                    tracing::warn!(recoveries, "a weight server lost its state ({e}); resuming every server from the last complete checkpoint");
+                    tracing::warn!(
+                        recoveries,
+                        "a weight server lost its state ({e}); resuming every server from the last complete checkpoint"
+                    );
                     self.await_servers(&store)?;
                     start = self.resume(&store)?;
                     if start == 0 && store.step() != 0 {
@@ -284,7 +297,8 @@ impl Driver {
                 return Ok(());
             }
             if std::time::Instant::now() >= deadline {
-                let why = steps.into_iter().filter_map(Result::err).map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+                let why =
+                    steps.into_iter().filter_map(Result::err).map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
                 return Err(Error::Unavailable(format!("weight servers did not come back within {patience:?}: {why}")));
             }
             std::thread::sleep(self.outputs.retry.pause);
@@ -333,7 +347,11 @@ impl Driver {
         let path = if store.servers() == 1 {
             let (at, tensors) = store.snapshot()?;
             debug_assert_eq!(at, step);
-            let owner = checkpoint::Owner { job: &job.id, uid: job.uid.as_deref(), model: Some((&spec.model, spec.training.seed)) };
+            let owner = checkpoint::Owner {
+                job: &job.id,
+                uid: job.uid.as_deref(),
+                model: Some((&spec.model, spec.training.seed)),
+            };
             checkpoint::write_owned(dir, at, &tensors, &owner, keep)?
         } else {
             let slices = store.write_slices(dir, step, &job.id)?;
@@ -435,7 +453,8 @@ impl Driver {
             self.write_checkpoint(store, total)?;
         }
         self.update(|s| s.progress.simulated_step_seconds = Some(summary.simulated_step_s));
-        summary.samples = crate::coordinator::sample::lines(store, &job.layout(), self.outputs.sample, spec.training.seed)?;
+        summary.samples =
+            crate::coordinator::sample::lines(store, &job.layout(), self.outputs.sample, spec.training.seed)?;
         summary.memoryx = MemoryxUsage::of(store);
         if let Some(out) = &self.outputs.out {
             write_json_atomic(&out.join("summary.json"), &summary)?;
@@ -453,10 +472,11 @@ impl Driver {
     fn stop_with(&self, store: &MemoryX) -> Error {
         let step = store.step();
         let have = self.last_checkpoint().filter(|c| c.step == step);
-        if have.is_none() && step > 0 {
-            if let Err(e) = self.write_checkpoint(store, step) {
-                return e;
-            }
+        if have.is_none()
+            && step > 0
+            && let Err(e) = self.write_checkpoint(store, step)
+        {
+            return e;
         }
         self.stopped_at(step)
     }

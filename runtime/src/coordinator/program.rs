@@ -15,15 +15,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::coordinator::driver::{Driver, Job, Outputs};
+use crate::coordinator::train::RetryPolicy;
+use crate::memoryx::grpc_service::{WeightsService, weights_service};
 use crate::memoryx::remote::RemoteServer;
-use crate::memoryx::grpc_service::{weights_service, WeightsService};
-use crate::memoryx::weight_server::{layer_lengths, LocalSlice, Masking, WeightServer};
 use crate::memoryx::slice::SliceId;
 use crate::memoryx::store::MemoryX;
+use crate::memoryx::weight_server::{LocalSlice, Masking, WeightServer, layer_lengths};
 use crate::protocol::codec::chunk::Recycled;
-use errors::{Error, Result};
 use crate::swarmx::remote::RemoteSwarm;
-use crate::coordinator::train::RetryPolicy;
+use errors::{Error, Result};
 use wire::program::Program;
 
 struct Metrics {
@@ -35,7 +35,12 @@ struct Metrics {
 
 impl Metrics {
     fn register(r: &mut Registry) -> Metrics {
-        let m = Metrics { step: Gauge::default(), loss: Gauge::default(), bytes: Counter::default(), samples_per_s: Gauge::default() };
+        let m = Metrics {
+            step: Gauge::default(),
+            loss: Gauge::default(),
+            bytes: Counter::default(),
+            samples_per_s: Gauge::default(),
+        };
         r.register("ws_step", "Training steps completed", m.step.clone());
         r.register("ws_loss", "Mean loss of the last step", m.loss.clone());
         r.register("ws_bytes_streamed", "Bytes moved between MemoryX and SwarmX", m.bytes.clone());
@@ -64,7 +69,11 @@ struct Usage {
 impl Usage {
     fn register(r: &mut Registry) -> Usage {
         let u = Usage::default();
-        r.register("ws_memoryx_peak_rss_bytes", "Peak resident memory of this MemoryX process (VmHWM)", u.peak_rss.clone());
+        r.register(
+            "ws_memoryx_peak_rss_bytes",
+            "Peak resident memory of this MemoryX process (VmHWM)",
+            u.peak_rss.clone(),
+        );
         r.register("ws_memoryx_memory_bytes", "Bytes of state this weight server keeps in memory", u.memory.clone());
         r.register("ws_memoryx_disk_bytes", "Bytes of state this weight server keeps in its disk tier", u.disk.clone());
         r.register("ws_memoryx_tier_read_bytes", "Bytes read from the disk tier", u.tier_read.clone());
@@ -74,15 +83,17 @@ impl Usage {
 
     /// Keeps the gauges current, once a second, for as long as the process runs.
     fn follow(self, shard: Arc<LocalSlice>) {
-        std::thread::spawn(move || loop {
-            let (memory, disk) = shard.bytes();
-            let (read, written) = shard.tier_traffic();
-            self.peak_rss.set(crate::process::peak_rss_bytes() as i64);
-            self.memory.set(memory as i64);
-            self.disk.set(disk as i64);
-            self.tier_read.set(read as i64);
-            self.tier_written.set(written as i64);
-            std::thread::sleep(Duration::from_secs(1));
+        std::thread::spawn(move || {
+            loop {
+                let (memory, disk) = shard.bytes();
+                let (read, written) = shard.tier_traffic();
+                self.peak_rss.set(crate::process::peak_rss_bytes() as i64);
+                self.memory.set(memory as i64);
+                self.disk.set(disk as i64);
+                self.tier_read.set(read as i64);
+                self.tier_written.set(written as i64);
+                std::thread::sleep(Duration::from_secs(1));
+            }
         });
     }
 }
@@ -115,14 +126,20 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
     let routes = {
         let (status, want) = (status.clone(), want_checkpoint.clone());
         Router::new()
-            .route("/status", get(move || {
-                let s = status.lock().map(|s| s.clone()).unwrap_or_default();
-                async move { Json(s) }
-            }))
-            .route("/checkpoint", post(move || {
-                want.store(true, Ordering::SeqCst);
-                async { (axum::http::StatusCode::ACCEPTED, "checkpoint requested\n") }
-            }))
+            .route(
+                "/status",
+                get(move || {
+                    let s = status.lock().map(|s| s.clone()).unwrap_or_default();
+                    async move { Json(s) }
+                }),
+            )
+            .route(
+                "/checkpoint",
+                post(move || {
+                    want.store(true, Ordering::SeqCst);
+                    async { (axum::http::StatusCode::ACCEPTED, "checkpoint requested\n") }
+                }),
+            )
             .merge(crate::memoryx::checkpoint_routes::routes(args.checkpoint_dir.clone()))
     };
     let http_task = program.serve_http(http, registry, routes);
@@ -132,8 +149,14 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         // The data stays with the input workers: one of them says what it holds.
         let bound = crate::input::ShardBound::for_spec(&manifest.spec);
         let dial = program.dial(args.connect_timeout);
-        crate::input::remote::RemoteFeed::new(rt.handle().clone(), std::slice::from_ref(&args.input), &job_id, dial, bound)
-            .and_then(|feed| crate::input::Feed::describe(&feed))
+        crate::input::remote::RemoteFeed::new(
+            rt.handle().clone(),
+            std::slice::from_ref(&args.input),
+            &job_id,
+            dial,
+            bound,
+        )
+        .and_then(|feed| crate::input::Feed::describe(&feed))
     };
     let root = args.data_root.clone();
     let located = described.and_then(|data| Job::new(manifest.spec, job_id, data)?.locate_pretrained(root.as_deref()));
@@ -227,7 +250,8 @@ fn keep_layers_within(spec: &crds::TrainingJobSpec) {
     if spec.memoryx.memory_bytes.is_some() {
         Recycled::layers().keep_within_peak();
     } else {
-        Recycled::layers().keep_up_to(plan::layout::ModelLayout::from_spec(&spec.model).linears.len() + LAYERS_IN_TRANSIT);
+        Recycled::layers()
+            .keep_up_to(plan::layout::ModelLayout::from_spec(&spec.model).linears.len() + LAYERS_IN_TRANSIT);
     }
 }
 
@@ -260,7 +284,8 @@ fn serve_slice(args: MemoryxArgs) -> Result<()> {
         return Err(Error::Plan(format!("this is weight server {} but the plan has {n} (0..{n})", args.server_index)));
     }
     let slice = SliceId { index: args.server_index, count: n };
-    let outputs = Outputs { checkpoint_dir: args.checkpoint_dir.clone(), tier_dir: args.tier_dir.clone(), ..Outputs::default() };
+    let outputs =
+        Outputs { checkpoint_dir: args.checkpoint_dir.clone(), tier_dir: args.tier_dir.clone(), ..Outputs::default() };
     let t = &job.spec.training;
     let lengths = layer_lengths(&job.layout(), &t.optimizer, &Masking::of(&job.recipe()));
     let shard = Arc::new(job.local_slice(&outputs, slice)?);

@@ -5,14 +5,14 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use data::shard::Shard;
 use crate::engine::hw::CountingHw;
 use crate::engine::role::{EngineRole, ShardWork};
 use crate::engine::wse::Wse;
-use errors::{Error, Result};
 use crate::memoryx::store::WeightStore;
-use plan::layout::{Arch, ModelLayout};
+use data::shard::Shard;
+use errors::{Error, Result};
 use kernels::tensor::Mat;
+use plan::layout::{Arch, ModelLayout};
 
 /// Longest line decoded.
 pub const MAX_LINE: usize = 160;
@@ -59,7 +59,8 @@ pub fn lines(store: &dyn WeightStore, layout: &ModelLayout, n: usize, seed: u64)
                 continue;
             }
             let col = i * t + last[i];
-            let scores: Vec<f64> = (0..logits.rows).map(|v| logits.data[v * logits.cols + col] as f64 / TEMPERATURE).collect();
+            let scores: Vec<f64> =
+                (0..logits.rows).map(|v| logits.data[v * logits.cols + col] as f64 / TEMPERATURE).collect();
             let token = draw(&mut rng, &scores);
             if token == usize::from(b'\n') {
                 done[i] = true;
@@ -145,7 +146,13 @@ pub fn continuation(
                 let scaled: Vec<f64> = scores.iter().map(|s| s / temperature.max(1e-6)).collect();
                 draw(rng, &scaled)
             }
-            _ => scores.iter().enumerate().fold((0, f64::NEG_INFINITY), |best, (v, &s)| if s > best.1 { (v, s) } else { best }).0,
+            _ => {
+                scores
+                    .iter()
+                    .enumerate()
+                    .fold((0, f64::NEG_INFINITY), |best, (v, &s)| if s > best.1 { (v, s) } else { best })
+                    .0
+            }
         };
         engine.loss()?;
         if Some(token as u32) == stop {

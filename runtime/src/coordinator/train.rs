@@ -12,15 +12,15 @@ use std::time::Instant;
 use crds::contract::ProgressReport;
 use serde::{Deserialize, Serialize};
 
-use data::Sampler;
-use crate::input::DataInfo;
 use crate::engine::role::EngineStats;
-use errors::{Error, Result};
+use crate::input::DataInfo;
 use crate::memoryx::store::WeightStore;
 use crate::model::loss::LossSum;
 use crate::protocol::LayerStream;
-use data::shard::Split;
 use crate::swarmx::{StepRequest, Swarm};
+use data::Sampler;
+use data::shard::Split;
+use errors::{Error, Result};
 
 /// Held-out results.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -96,7 +96,10 @@ pub struct MemoryxUsage {
 impl MemoryxUsage {
     /// The usage of `store`'s servers (those that answer) and of this process now.
     pub fn of(store: &crate::memoryx::store::MemoryX) -> MemoryxUsage {
-        MemoryxUsage { servers: store.usage().into_iter().flatten().collect(), peak_rss_bytes: crate::process::peak_rss_bytes() }
+        MemoryxUsage {
+            servers: store.usage().into_iter().flatten().collect(),
+            peak_rss_bytes: crate::process::peak_rss_bytes(),
+        }
     }
 }
 
@@ -143,7 +146,11 @@ pub struct StepShape {
 impl StepShape {
     /// The shape of `plan`'s steps.
     pub fn of(plan: &plan::appliance::Plan, layout: &plan::layout::ModelLayout) -> Self {
-        StepShape { layers: layout.linears.len(), tokens_per_sample: layout.tokens_per_sample(), micro_batch: plan.micro_batch }
+        StepShape {
+            layers: layout.linears.len(),
+            tokens_per_sample: layout.tokens_per_sample(),
+            micro_batch: plan.micro_batch,
+        }
     }
 
     /// Steps of `layout` with every shard run whole.
@@ -220,7 +227,12 @@ pub fn evaluate(
         total.add(&sum);
     }
     let n = total.samples.max(1) as f64;
-    Ok(EvalReport { loss: total.loss / n, accuracy: total.correct as f64 / n, samples: total.samples, ..EvalReport::default() })
+    Ok(EvalReport {
+        loss: total.loss / n,
+        accuracy: total.correct as f64 / n,
+        samples: total.samples,
+        ..EvalReport::default()
+    })
 }
 
 /// The length of a run in optimizer steps, from the spec's `steps` or `epochs` over `samples` examples.
@@ -360,12 +372,21 @@ impl Resident {
     /// One step of pipelined execution: the engines hold the model, so only the batch goes down and the loss
     /// comes up; the gradients are summed and applied inside the fabric. Engines are primed with MemoryX's state
     /// first when they need it (at the start, and after a fault).
-    fn step(&mut self, store: &dyn WeightStore, swarm: &mut dyn Swarm, job: &str, request: &StepRequest) -> Result<(LossSum, u64)> {
+    fn step(
+        &mut self,
+        store: &dyn WeightStore,
+        swarm: &mut dyn Swarm,
+        job: &str,
+        request: &StepRequest,
+    ) -> Result<(LossSum, u64)> {
         let mut bytes = 0;
         if !self.primed {
             let (at, state) = store.state(job)?;
             if at != request.step {
-                return Err(Error::Protocol(format!("MemoryX holds step {at} but the loop is at step {}", request.step)));
+                return Err(Error::Protocol(format!(
+                    "MemoryX holds step {at} but the loop is at step {}",
+                    request.step
+                )));
             }
             swarm.prime(&state)?;
             bytes += state.len() as u64;
@@ -399,7 +420,13 @@ impl Resident {
     /// Brings MemoryX's copy up to the replicas after step `done` (steps applied) when it is due: `sync_at`
     /// asks, the run ends there, or the last copy is `snapshotSeconds` old. Returns `false` when the replicas
     /// could not be taken back: the run goes back to MemoryX's copy.
-    fn sync(&mut self, steps: &Steps<'_>, swarm: &mut dyn Swarm, recovery: &mut Option<Recovery>, done: u64) -> Result<bool> {
+    fn sync(
+        &mut self,
+        steps: &Steps<'_>,
+        swarm: &mut dyn Swarm,
+        recovery: &mut Option<Recovery>,
+        done: u64,
+    ) -> Result<bool> {
         let due = (steps.sync_at)(done) || done == steps.range.end || self.copied.elapsed() >= self.snapshot_every;
         if !due {
             return Ok(true);
@@ -560,7 +587,11 @@ fn train_steps(
         if let Some(r) = &mut fabric.resident
             && !r.sync(steps, fabric.swarm, &mut recovery, step + 1)?
         {
-            tracing::warn!(from = step + 1, to = r.copy_at, "the replicas could not be taken back; rerunning from MemoryX's copy");
+            tracing::warn!(
+                from = step + 1,
+                to = r.copy_at,
+                "the replicas could not be taken back; rerunning from MemoryX's copy"
+            );
             step = r.copy_at;
             continue;
         }
@@ -640,7 +671,9 @@ fn summarize(
             Mode::Resident => crds::ExecutionMode::Pipelined,
             Mode::Streaming => crds::ExecutionMode::WeightStreaming,
         },
-        wse_utilization: engines.iter().map(|e| e.compute_s).sum::<f64>() / engines.len().max(1) as f64 / wall_s.max(1e-9),
+        wse_utilization: engines.iter().map(|e| e.compute_s).sum::<f64>()
+            / engines.len().max(1) as f64
+            / wall_s.max(1e-9),
         simulated_step_s: engines.iter().map(|e| e.counters.simulated_s).fold(0.0, f64::max) / steps_run.max(1) as f64,
         engines,
         samples: Vec::new(),
@@ -681,7 +714,12 @@ mod retry_tests {
         assert!(fallbacks > 3, "the caller fell back and tried again: {fallbacks}");
         assert!(spent >= Duration::from_millis(300) && spent < Duration::from_millis(600), "{spent:?}");
         let message = err.to_string();
-        assert!(message.contains("step 7") && message.contains("engine-0 at 127.0.0.1:9") && message.contains("retry budget is 0.3s"), "{message}");
+        assert!(
+            message.contains("step 7")
+                && message.contains("engine-0 at 127.0.0.1:9")
+                && message.contains("retry budget is 0.3s"),
+            "{message}"
+        );
         assert_eq!(recovery.map(|r| r.step), Some(7), "the recovery of the step that failed first");
     }
 
@@ -690,16 +728,30 @@ mod retry_tests {
     fn a_component_that_comes_back_is_waited_for_and_other_errors_are_not_retried() {
         let policy = RetryPolicy { budget: Duration::from_secs(5), pause: Duration::from_millis(1) };
         let mut calls = 0;
-        let got = policy.retry("step", 1, &mut None, &mut calls, |calls| {
-            *calls += 1;
-            if *calls < 3 { Err(Error::Unavailable("not yet".into())) } else { Ok(*calls) }
-        }, |_| Ok(true));
+        let got = policy.retry(
+            "step",
+            1,
+            &mut None,
+            &mut calls,
+            |calls| {
+                *calls += 1;
+                if *calls < 3 { Err(Error::Unavailable("not yet".into())) } else { Ok(*calls) }
+            },
+            |_| Ok(true),
+        );
         assert_eq!(got.unwrap(), Some(3));
         let mut calls = 0;
-        let got: Result<Option<()>> = policy.retry("step", 1, &mut None, &mut calls, |calls| {
-            *calls += 1;
-            Err(Error::Protocol("wrong shape".into()))
-        }, |_| Ok(true));
+        let got: Result<Option<()>> = policy.retry(
+            "step",
+            1,
+            &mut None,
+            &mut calls,
+            |calls| {
+                *calls += 1;
+                Err(Error::Protocol("wrong shape".into()))
+            },
+            |_| Ok(true),
+        );
         assert!(got.is_err() && calls == 1);
     }
 }

@@ -8,16 +8,16 @@ use crds::Activation;
 
 use super::hw::Work;
 use super::linear::{Grads, StreamedLinear};
-use super::net::{missing_input_grad, Net};
-use errors::{Error, Result};
+use super::net::{Net, missing_input_grad};
 use crate::model::attention::{self, Geometry};
-use kernels::sparse;
 use crate::model::{activation, norm};
-use plan::layout::{GptShape, DecoderUnit, ModelLayout};
 use crate::protocol::WeightPayload;
+use errors::{Error, Result};
 use kernels::small;
-use kernels::tensor::{rows_per_piece, Mat, Spare, TOKENS_PER_TASK};
+use kernels::sparse;
+use kernels::tensor::{Mat, Spare, TOKENS_PER_TASK, rows_per_piece};
 use kernels::tiles::{Acts, ActsRef, Layout};
+use plan::layout::{DecoderUnit, GptShape, ModelLayout};
 
 /// An affine norm's output as the unit that read it needs it in the backward pass: the gained and shifted
 /// stream (the unit's input) and the gain. (The normalised stream before them stays where a plain norm's is.)
@@ -34,7 +34,13 @@ impl Affine {
 
 /// The input a unit reads from the norm `xhat`: `xhat` itself when the norm is plain (`params` empty); else
 /// `xhat` with the unit's gain and bias (`params`, `2 × features`) applied, kept in `slot` for the backward pass.
-fn norm_input<'a>(xhat: &'a Acts, params: &[f32], affine: bool, slot: &'a mut Option<Affine>, works: &mut Vec<Work<'_>>) -> Result<ActsRef<'a>> {
+fn norm_input<'a>(
+    xhat: &'a Acts,
+    params: &[f32],
+    affine: bool,
+    slot: &'a mut Option<Affine>,
+    works: &mut Vec<Work<'_>>,
+) -> Result<ActsRef<'a>> {
     if !affine {
         return Ok(xhat.view());
     }
@@ -42,7 +48,11 @@ fn norm_input<'a>(xhat: &'a Acts, params: &[f32], affine: bool, slot: &'a mut Op
         return Err(Error::Protocol("an affine norm's input is kept in rows".into()));
     };
     if params.len() != 2 * x.rows {
-        return Err(Error::Protocol(format!("{} norm parameters streamed for {} features (a gain and a bias each)", params.len(), x.rows)));
+        return Err(Error::Protocol(format!(
+            "{} norm parameters streamed for {} features (a gain and a bias each)",
+            params.len(),
+            x.rows
+        )));
     }
     let (gain, bias) = params.split_at(x.rows);
     works.push(Work::Elementwise { ops: 2 * x.data.len() as u64 });
@@ -115,7 +125,9 @@ impl GptNet {
     /// tiles. (A mask whose own density lands above the line runs dense all the same, reading the tiles back
     /// into rows: slower, never wrong.) Affine norms are kept in rows, where their gain and bias apply.
     pub(super) fn new(g: GptShape, layout: &ModelLayout) -> Self {
-        let takes_sparse = !g.affine_norms && layout.linears.get(1).is_some_and(|qkv| qkv.sparse) && 1.0 - layout.sparsity <= sparse::DENSE_ABOVE;
+        let takes_sparse = !g.affine_norms
+            && layout.linears.get(1).is_some_and(|qkv| qkv.sparse)
+            && 1.0 - layout.sparsity <= sparse::DENSE_ABOVE;
         Self::empty(g, if takes_sparse { Layout::Tiles } else { Layout::Rows })
     }
 
@@ -155,14 +167,16 @@ impl GptNet {
         debug_assert!(bias.is_empty() || bias.len() == y.rows, "one bias per row of the output");
         let cols = y.cols.max(1);
         let rows = rows_per_piece(cols);
-        self.x.data.par_chunks_mut(rows * cols).zip(y.data.par_chunks(rows * cols)).enumerate().for_each(|(i, (x, y))| {
-            for (r, (x, y)) in x.chunks_mut(cols).zip(y.chunks(cols)).enumerate() {
-                let b = bias.get(i * rows + r).copied().unwrap_or(0.0);
-                for (x, v) in x.iter_mut().zip(y) {
-                    *x += v + b;
+        self.x.data.par_chunks_mut(rows * cols).zip(y.data.par_chunks(rows * cols)).enumerate().for_each(
+            |(i, (x, y))| {
+                for (r, (x, y)) in x.chunks_mut(cols).zip(y.chunks(cols)).enumerate() {
+                    let b = bias.get(i * rows + r).copied().unwrap_or(0.0);
+                    for (x, v) in x.iter_mut().zip(y) {
+                        *x += v + b;
+                    }
                 }
-            }
-        });
+            },
+        );
         works.push(Work::Elementwise { ops: 9 * y.data.len() as u64 });
         norm::forward_as(&self.x, layout)
     }
@@ -272,7 +286,8 @@ impl Net for GptNet {
                 let (y, bias) = unit.forward_leaving_bias_as(self.block(b)?.g.view(), Layout::Rows, works)?;
                 // The last norm feeds the head, a dense matrix: rows.
                 let last = b + 1 == self.g.blocks;
-                let (a, rstd) = self.residual_norm(&y.into_rows(), bias, if last { Layout::Rows } else { self.norms }, works);
+                let (a, rstd) =
+                    self.residual_norm(&y.into_rows(), bias, if last { Layout::Rows } else { self.norms }, works);
                 if !last {
                     self.blocks.push(BlockActs { a1: a, rstd1: rstd, ..BlockActs::default() });
                 } else {
@@ -282,7 +297,10 @@ impl Net for GptNet {
             }
             DecoderUnit::Head => {
                 let af = Acts::Rows(std::mem::take(&mut self.af));
-                let logits = unit.forward_as(norm_input(&af, unit.vector_parts()?.1, self.g.affine_norms, &mut self.nf, works)?, works);
+                let logits = unit.forward_as(
+                    norm_input(&af, unit.vector_parts()?.1, self.g.affine_norms, &mut self.nf, works)?,
+                    works,
+                );
                 self.af = af.into_rows();
                 return Ok(Some(logits?));
             }
@@ -300,7 +318,13 @@ impl Net for GptNet {
                 let d_logits = self.pending("the logits")?;
                 // The residual stream's gradient starts here: the head reads the final norm of the stream.
                 self.dx = Mat::zeros(self.af.rows, self.af.cols);
-                let grads = backward_through_norm(unit, ((&self.af).into(), &self.rstdf, self.nf.take()), d_logits.view(), &mut self.dx, works)?;
+                let grads = backward_through_norm(
+                    unit,
+                    ((&self.af).into(), &self.rstdf, self.nf.take()),
+                    d_logits.view(),
+                    &mut self.dx,
+                    works,
+                )?;
                 (self.af, self.rstdf) = (Mat::default(), Vec::new());
                 Ok(grads)
             }
@@ -322,7 +346,13 @@ impl Net for GptNet {
             DecoderUnit::Up(b) => {
                 let du = self.pending("the MLP")?;
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
-                let grads = backward_through_norm(unit, (block.a2.view(), &block.rstd2, block.n2.take()), du.view(), &mut self.dx, works)?;
+                let grads = backward_through_norm(
+                    unit,
+                    (block.a2.view(), &block.rstd2, block.n2.take()),
+                    du.view(),
+                    &mut self.dx,
+                    works,
+                )?;
                 (block.a2, block.rstd2) = (Acts::default(), Vec::new());
                 Ok(grads)
             }
@@ -343,7 +373,13 @@ impl Net for GptNet {
             DecoderUnit::Qkv(b) => {
                 let dqkv = self.pending("attention")?.into_rows();
                 let block = self.blocks.get_mut(b).ok_or_else(missing_input_grad)?;
-                let grads = backward_through_norm(unit, (block.a1.view(), &block.rstd1, block.n1.take()), (&dqkv).into(), &mut self.dx, works)?;
+                let grads = backward_through_norm(
+                    unit,
+                    (block.a1.view(), &block.rstd1, block.n1.take()),
+                    (&dqkv).into(),
+                    &mut self.dx,
+                    works,
+                )?;
                 self.blocks.truncate(b);
                 self.spare.give(dqkv.data);
                 Ok(grads)

@@ -3,12 +3,12 @@
 //! noting the work it took for the hardware model happen once, here.
 
 use super::hw::Work;
-use errors::{Error, Result};
 use crate::model::linear;
-use plan::layout::LinearShape;
 use crate::protocol::{LayerStream, WeightPayload};
+use errors::{Error, Result};
 use kernels::tensor::Mat;
 use kernels::tiles::{Acts, ActsRef, Layout};
+use plan::layout::LinearShape;
 
 /// A unit's weight and bias gradients, in the stream's weight order; the bias gradient is empty when the unit
 /// has no bias. Named so the model families and the engine agree on which half is which.
@@ -43,7 +43,12 @@ impl<'s> StreamedLinear<'s> {
             return Ok((v, v));
         }
         if v.len() != self.shape.vector_len() {
-            return Err(Error::Protocol(format!("layer {} streamed {} vector values; it has {}", self.layer, v.len(), self.shape.vector_len())));
+            return Err(Error::Protocol(format!(
+                "layer {} streamed {} vector values; it has {}",
+                self.layer,
+                v.len(),
+                self.shape.vector_len()
+            )));
         }
         Ok(v.split_at(self.shape.bias_len()))
     }
@@ -80,7 +85,12 @@ impl<'s> StreamedLinear<'s> {
 
     /// [`StreamedLinear::forward_leaving_bias`] over an input in either layout, the output in `layout` when
     /// the weights take the sparse kernel (rows otherwise, see [`Layout::Tiles`]).
-    pub fn forward_leaving_bias_as(&self, x: ActsRef<'_>, layout: Layout, works: &mut Vec<Work<'s>>) -> Result<(Acts, &'s [f32])> {
+    pub fn forward_leaving_bias_as(
+        &self,
+        x: ActsRef<'_>,
+        layout: Layout,
+        works: &mut Vec<Work<'s>>,
+    ) -> Result<(Acts, &'s [f32])> {
         let y = linear::forward_as(self.weights()?, x, layout);
         works.push(self.product(y.rows(), x.tokens(), x.rows()));
         Ok((y, self.vector_parts()?.0))
@@ -89,14 +99,26 @@ impl<'s> StreamedLinear<'s> {
     /// Backward through the unit whose input was `x`, given the gradient `dy` of its output: the weight
     /// gradient (only at the mask's positions when sparse), the bias gradient when the unit has a bias, and —
     /// when `need_dx` — the gradient of the input.
-    pub fn backward(&self, x: &Mat, dy: &Mat, need_dx: bool, works: &mut Vec<Work<'s>>) -> Result<(Grads, Option<Mat>)> {
+    pub fn backward(
+        &self,
+        x: &Mat,
+        dy: &Mat,
+        need_dx: bool,
+        works: &mut Vec<Work<'s>>,
+    ) -> Result<(Grads, Option<Mat>)> {
         let (grads, dx) = self.backward_as(x.into(), dy.into(), need_dx.then_some(Layout::Rows), works)?;
         Ok((grads, dx.map(Acts::into_rows)))
     }
 
     /// [`StreamedLinear::backward`] over operands in either layout; `dx`, when asked for, in its layout when
     /// the weights take the sparse kernel (rows otherwise).
-    pub fn backward_as(&self, x: ActsRef<'_>, dy: ActsRef<'_>, dx: Option<Layout>, works: &mut Vec<Work<'s>>) -> Result<(Grads, Option<Acts>)> {
+    pub fn backward_as(
+        &self,
+        x: ActsRef<'_>,
+        dy: ActsRef<'_>,
+        dx: Option<Layout>,
+        works: &mut Vec<Work<'s>>,
+    ) -> Result<(Grads, Option<Acts>)> {
         let (need_dx, layout) = (dx.is_some(), dx.unwrap_or(Layout::Rows));
         let (shape, tokens) = (self.shape, x.tokens());
         // Both gradients at once: a dense layer's are independent products that run side by side; a sparse

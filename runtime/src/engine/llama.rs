@@ -6,16 +6,16 @@
 
 use super::hw::Work;
 use super::linear::{Grads, StreamedLinear};
-use super::net::{missing_input_grad, Net};
+use super::net::{Net, missing_input_grad};
 use crate::model::attention::{self, Geometry};
 use crate::model::rmsnorm;
 use crate::model::rope::Rope;
 use crate::model::swiglu;
 use crate::protocol::WeightPayload;
+use errors::{Error, Result};
 use kernels::small;
 use kernels::tensor::{Mat, Spare};
 use plan::layout::{DecoderUnit, LlamaShape};
-use errors::{Error, Result};
 
 /// An RMSNorm's state for the backward pass: the normalised stream before its gain, each token's reciprocal
 /// root mean square, the gain as it streamed and the gained stream the next matrix read.
@@ -48,7 +48,13 @@ impl Normed {
 
     /// Backward through the unit that read this norm: its weight gradient and the gain's, with the norm's input
     /// gradient added to `dx`.
-    fn backward<'s>(self, unit: StreamedLinear<'s>, dy: &Mat, dx: &mut Mat, works: &mut Vec<Work<'s>>) -> Result<Grads> {
+    fn backward<'s>(
+        self,
+        unit: StreamedLinear<'s>,
+        dy: &Mat,
+        dx: &mut Mat,
+        works: &mut Vec<Work<'s>>,
+    ) -> Result<Grads> {
         let ((weights, _), da) = unit.backward(&self.input, dy, true, works)?;
         let da = da.ok_or_else(missing_input_grad)?;
         let dgain = rmsnorm::backward_add(&self.xhat, &self.rstd, &self.gain, &da, dx);
@@ -79,7 +85,13 @@ struct BlockActs {
 
 impl BlockActs {
     fn bytes(&self) -> u64 {
-        self.attn_norm.bytes() + self.mlp_norm.bytes() + self.qkv.bytes() + self.o.bytes() + self.u.bytes() + self.h.bytes() + 4 * self.probs.len() as u64
+        self.attn_norm.bytes()
+            + self.mlp_norm.bytes()
+            + self.qkv.bytes()
+            + self.o.bytes()
+            + self.u.bytes()
+            + self.h.bytes()
+            + 4 * self.probs.len() as u64
     }
 }
 
@@ -112,7 +124,12 @@ impl LlamaNet {
     }
 
     fn geometry(&self) -> Geometry {
-        Geometry { width: self.g.heads * self.g.head_dim(), heads: self.g.heads, kv_heads: self.g.kv_heads, context: self.g.context }
+        Geometry {
+            width: self.g.heads * self.g.head_dim(),
+            heads: self.g.heads,
+            kv_heads: self.g.kv_heads,
+            context: self.g.context,
+        }
     }
 
     fn eps(&self) -> f32 {
@@ -133,7 +150,9 @@ impl LlamaNet {
         let mut by_token = vec![0.0f32; n * d];
         for (out, &tok) in by_token.chunks_exact_mut(d.max(1)).zip(&self.tokens) {
             let start = tok as usize * d;
-            let row = rows.get(start..start + d).ok_or_else(|| Error::Protocol(format!("token {tok} has no embedding row")))?;
+            let row = rows
+                .get(start..start + d)
+                .ok_or_else(|| Error::Protocol(format!("token {tok} has no embedding row")))?;
             out.copy_from_slice(row);
         }
         Ok(Mat::from_vec(d, n, small::transpose(&by_token, n, d)))
@@ -162,14 +181,19 @@ impl Net for LlamaNet {
             }
             DecoderUnit::Qkv(b) => {
                 let (geometry, heads, kv) = (self.geometry(), self.g.heads, self.g.kv_heads);
-                let block = self.blocks.get_mut(b).ok_or_else(|| Error::Protocol(format!("block {b} has no activations")))?;
+                let block =
+                    self.blocks.get_mut(b).ok_or_else(|| Error::Protocol(format!("block {b} has no activations")))?;
                 let input = block.attn_norm.gained(gain, works)?;
                 let (mut qkv, _) = unit.forward_leaving_bias(input, works)?;
                 self.rope.rotate(&mut qkv, heads + kv, false);
                 let (o, probs) = attention::forward(geometry, &qkv, &mut self.spare);
                 let (t, n, dh) = (geometry.context, qkv.cols, geometry.width / heads);
                 let gemm = Work::Gemm { m: t, n: n * heads, k: dh };
-                works.extend([gemm, gemm, Work::Elementwise { ops: 5 * (probs.len() as u64) / 2 + 6 * ((heads + kv) * dh * n) as u64 }]);
+                works.extend([
+                    gemm,
+                    gemm,
+                    Work::Elementwise { ops: 5 * (probs.len() as u64) / 2 + 6 * ((heads + kv) * dh * n) as u64 },
+                ]);
                 (block.qkv, block.o, block.probs) = (qkv, o, probs);
             }
             DecoderUnit::Proj(b) => {
@@ -198,7 +222,10 @@ impl Net for LlamaNet {
                 }
             }
             DecoderUnit::Head => {
-                let norm = self.final_norm.as_mut().ok_or_else(|| Error::Protocol("the head came before the last block".into()))?;
+                let norm = self
+                    .final_norm
+                    .as_mut()
+                    .ok_or_else(|| Error::Protocol("the head came before the last block".into()))?;
                 let input = norm.gained(gain, works)?;
                 return Ok(Some(unit.forward_leaving_bias(input, works)?.0));
             }

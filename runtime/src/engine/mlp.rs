@@ -5,10 +5,10 @@ use crds::Activation;
 use super::hw::Work;
 use super::linear::{Grads, StreamedLinear};
 use super::net::Net;
-use errors::{Error, Result};
 use crate::model::activation;
-use plan::layout::ModelLayout;
+use errors::{Error, Result};
 use kernels::tensor::Mat;
+use plan::layout::ModelLayout;
 
 /// An MLP's resident activations.
 pub(super) struct MlpNet {
@@ -24,13 +24,7 @@ pub(super) struct MlpNet {
 
 impl MlpNet {
     pub(super) fn new(layout: &ModelLayout) -> Self {
-        MlpNet {
-            activation: layout.activation,
-            units: layout.linears.len(),
-            x: Vec::new(),
-            z: Vec::new(),
-            delta: None,
-        }
+        MlpNet { activation: layout.activation, units: layout.linears.len(), x: Vec::new(), z: Vec::new(), delta: None }
     }
 }
 

@@ -23,4 +23,3 @@ pub mod replica;
 pub mod role;
 pub mod server;
 pub mod wse;
-

@@ -2,8 +2,8 @@
 
 use super::hw::Work;
 use super::linear::{Grads, StreamedLinear};
-use kernels::tensor::Mat;
 use errors::{Error, Result};
+use kernels::tensor::Mat;
 
 /// The model-specific half of the engine program: the math of each stream unit over the activations the
 /// engine keeps. [`super::wse::Wse`] does everything the model families share — step order, shape checks, the SRAM

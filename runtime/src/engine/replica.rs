@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use kernels::on_workers;
 use errors::{Error, Result};
+use kernels::on_workers;
 
 use super::role::EngineRole;
 use crate::memoryx::store::MemoryX;
@@ -42,4 +42,3 @@ pub fn apply_all(store: &MemoryX, grads: &[LayerGrad], step: u64) -> Result<()> 
     }
     on_workers(|| store.apply_step(grads, step))
 }
-

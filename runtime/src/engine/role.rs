@@ -8,9 +8,9 @@ use serde::Serialize;
 use data::shard::Shard;
 
 use super::hw::EngineCounters;
-use errors::Result;
 use crate::model::loss::LossSum;
 use crate::protocol::{LayerGrad, LayerStream};
+use errors::Result;
 
 /// An engine's report of itself, for summaries and metrics.
 #[derive(Clone, Copy, Debug, Default, Serialize, serde::Deserialize)]

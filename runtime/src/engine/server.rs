@@ -11,26 +11,26 @@ use futures::Stream;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::replica::{apply_all, resident_pass, ReplicaFactory};
+use super::replica::{ReplicaFactory, apply_all, resident_pass};
 use super::role::{EngineRole, EngineStats, ShardWork};
 use crate::input::Feed;
-use errors::{Error, Result};
-use crate::protocol::pb::stage_server::Stage;
-use kernels::on_workers;
 use crate::memoryx::checkpoint;
 use crate::memoryx::store::MemoryX;
+use crate::protocol::codec::chunk::Recycled;
+use crate::protocol::codec::grad::receive_grads;
+use crate::protocol::codec::grad::{decode_grads, encode_grad_owned};
+use crate::protocol::codec::layer::LayerAssembler;
+use crate::protocol::codec::state::{StateMeter, encode_state};
+use crate::protocol::codec::step::encode_step;
+use crate::protocol::pb::stage_server::Stage;
 use crate::protocol::pb::{
     self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
     StateChunk, StepChunk,
 };
-use plan::limits::Limits;
-use crate::protocol::codec::chunk::Recycled;
-use crate::protocol::codec::grad::{decode_grads, encode_grad_owned};
-use crate::protocol::codec::layer::LayerAssembler;
-use crate::protocol::codec::state::{encode_state, StateMeter};
-use crate::protocol::codec::step::encode_step;
 use crate::protocol::{LayerStream, Pass};
-use crate::protocol::codec::grad::receive_grads;
+use errors::{Error, Result};
+use kernels::on_workers;
+use plan::limits::Limits;
 use wire::grpc::JobGuard;
 use wire::status::to_status;
 
@@ -42,7 +42,6 @@ struct Turn {
     attempt: u64,
     done: usize,
 }
-
 
 /// The `Stage` service of one engine.
 pub struct EngineServer {
@@ -116,7 +115,10 @@ impl EngineServer {
         loop {
             let now = *rx.borrow_and_update();
             if now.step != step || now.attempt != attempt {
-                return Err(Status::aborted(format!("step {step} was superseded by step {} (attempt {})", now.step, now.attempt)));
+                return Err(Status::aborted(format!(
+                    "step {step} was superseded by step {} (attempt {})",
+                    now.step, now.attempt
+                )));
             }
             if now.done == op {
                 return Ok(now);
@@ -225,11 +227,13 @@ impl Stage for EngineServer {
         Ok(Response::new(Ack {}))
     }
 
-
     async fn forward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<Ack>, Status> {
         let (step, stream) = self.receive(request.into_inner()).await?;
         if stream.pass != Pass::Forward || stream.layer >= self.layers {
-            return Err(Status::invalid_argument(format!("forward call carried layer {} ({:?} pass)", stream.layer, stream.pass)));
+            return Err(Status::invalid_argument(format!(
+                "forward call carried layer {} ({:?} pass)",
+                stream.layer, stream.pass
+            )));
         }
         let turn = self.wait_turn(step, stream.layer).await?;
         self.compute_layer(turn, stream, |e, s| e.forward(s)).await?;
@@ -249,7 +253,10 @@ impl Stage for EngineServer {
     async fn backward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<GradStream>, Status> {
         let (step, stream) = self.receive(request.into_inner()).await?;
         if stream.pass != Pass::Backward || stream.layer >= self.layers {
-            return Err(Status::invalid_argument(format!("backward call carried layer {} ({:?} pass)", stream.layer, stream.pass)));
+            return Err(Status::invalid_argument(format!(
+                "backward call carried layer {} ({:?} pass)",
+                stream.layer, stream.pass
+            )));
         }
         let op = self.layers + 1 + (self.layers - 1 - stream.layer);
         let turn = self.wait_turn(step, op).await?;
@@ -275,7 +282,9 @@ impl Stage for EngineServer {
             bytes.extend_from_slice(&c.data);
         }
         if !meter.done() {
-            return Err(to_status(Error::Protocol("the replica's state is truncated: its last chunk never came".into())));
+            return Err(to_status(Error::Protocol(
+                "the replica's state is truncated: its last chunk never came".into(),
+            )));
         }
         let (replica, engine) = (self.replica.clone(), self.engine.clone());
         tokio::task::spawn_blocking(move || {

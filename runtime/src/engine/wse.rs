@@ -6,16 +6,16 @@ use std::time::{Duration, Instant};
 
 use super::hw::{EngineHw, Work};
 use super::linear::StreamedLinear;
-use super::role::{EngineRole, EngineStats, ShardWork};
-use data::shard::Shard;
 use super::net::Net;
+use super::role::{EngineRole, EngineStats, ShardWork};
 use super::{gpt, llama, mlp};
-use errors::{Error, Result};
-use crate::model::loss::{softmax_cross_entropy, LossSum};
-use plan::layout::{Arch, ModelLayout};
+use crate::model::loss::{LossSum, softmax_cross_entropy};
 use crate::protocol::reduce::Pairwise;
 use crate::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
+use data::shard::Shard;
+use errors::{Error, Result};
 use kernels::tensor::Mat;
+use plan::layout::{Arch, ModelLayout};
 
 /// Where the engine is within a step.
 struct StepState {
@@ -198,7 +198,8 @@ impl<H: EngineHw> EngineRole for Wse<H> {
         }
         // A language model's inputs are token ids, looked up in an embedding of `classes` (the vocabulary) rows.
         if self.layout.is_language_model()
-            && let Some(bad) = shard.inputs.data.iter().find(|&&t| !(t >= 0.0 && (t as usize) < classes && t.fract() == 0.0))
+            && let Some(bad) =
+                shard.inputs.data.iter().find(|&&t| !(t >= 0.0 && (t as usize) < classes && t.fract() == 0.0))
         {
             return Err(Error::Data(format!(
                 "token id {bad} is beyond the vocabulary of {classes}; set spec.model.vocabSize to the tokenizer's"
@@ -236,7 +237,9 @@ impl<H: EngineHw> EngineRole for Wse<H> {
         let state = self.state()?;
         let expected = state.next_forward;
         if stream.pass != Pass::Forward || l != expected || state.loss_done {
-            return Err(Error::Protocol(format!("forward stream for layer {l} but the engine expects layer {expected}")));
+            return Err(Error::Protocol(format!(
+                "forward stream for layer {l} but the engine expects layer {expected}"
+            )));
         }
         let tokens: usize = state.labels.iter().map(Vec::len).sum();
         self.check_shape(stream)?;

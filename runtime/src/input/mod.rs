@@ -15,10 +15,10 @@ pub mod server;
 use std::path::Path;
 use std::sync::Arc;
 
-use data::{split_even, Dataset};
 use data::shard::Shard;
+use data::shard::{Split, check_samples};
+use data::{Dataset, split_even};
 use errors::{Error, Result};
-use data::shard::{check_samples, Split};
 use kernels::tensor::Mat;
 
 /// What a job's data holds, as MemoryX needs to know it: the number of steps an epoch has, which held-out
@@ -169,7 +169,8 @@ mod tests {
 
     fn feed() -> LocalFeed {
         let bytes: Vec<u8> = (0..4000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let train = Dataset::Text(TextWindows { tokens: Tokens::Bytes(bytes[..3000].to_vec()), vocab: 256, context: 8 });
+        let train =
+            Dataset::Text(TextWindows { tokens: Tokens::Bytes(bytes[..3000].to_vec()), vocab: 256, context: 8 });
         let test = Dataset::Text(TextWindows { tokens: Tokens::Bytes(bytes[3000..].to_vec()), vocab: 256, context: 8 });
         LocalFeed::new(Arc::new(train), Arc::new(test))
     }

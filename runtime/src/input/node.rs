@@ -2,16 +2,16 @@
 //! the job names one), and serves the `Input` service to the engines it feeds and to MemoryX. Data that cannot
 //! be loaded is not a crash: the worker keeps answering with the reason, which MemoryX puts in the job's status.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use crds::contract::{InputArgs, Role};
+use errors::Result;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use errors::Result;
 use wire::program::Program;
 
-use super::server::{input_service, InputServer};
+use super::server::{InputServer, input_service};
 use super::{Feed, LocalFeed, ShardBound};
 
 /// Runs one input worker until it is stopped.

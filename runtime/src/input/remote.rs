@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 use futures::future::try_join_all;
 use tonic::transport::Channel;
 
-use super::{join_shards, per_worker, DataInfo, Feed, ShardBound};
-use data::shard::Shard;
-use errors::{Error, Result};
+use super::{DataInfo, Feed, ShardBound, join_shards, per_worker};
 use crate::protocol::pb::input_client::InputClient;
 use crate::protocol::pb::{self, DescribeRequest, ShardRequest};
-use wire::grpc::{channel, Dial};
+use data::shard::Shard;
 use data::shard::Split;
+use errors::{Error, Result};
 use kernels::tensor::Mat;
+use wire::grpc::{Dial, channel};
 use wire::status::from_status;
 
 /// One engine's input workers, dialled over mutual TLS.
@@ -34,7 +34,13 @@ impl RemoteFeed {
     /// The workers at `urls` for `job`, dialled lazily: nothing waits until the data is first needed, so an
     /// engine comes up while its workers are still loading. `bound` is the plan's largest shard. The feed's
     /// calls block: make them outside the async runtime whose `handle` is given (or from a blocking task).
-    pub fn new(handle: tokio::runtime::Handle, urls: &[String], job: &str, dial: Dial<'_>, bound: ShardBound) -> Result<Self> {
+    pub fn new(
+        handle: tokio::runtime::Handle,
+        urls: &[String],
+        job: &str,
+        dial: Dial<'_>,
+        bound: ShardBound,
+    ) -> Result<Self> {
         if urls.is_empty() {
             return Err(Error::Protocol("an engine needs at least one input worker (--inputs)".into()));
         }
@@ -44,11 +50,20 @@ impl RemoteFeed {
         let workers = urls
             .iter()
             .map(|url| {
-                let client = InputClient::new(channel(url, dial)?).max_decoding_message_size(limit).max_encoding_message_size(64 << 10);
+                let client = InputClient::new(channel(url, dial)?)
+                    .max_decoding_message_size(limit)
+                    .max_encoding_message_size(64 << 10);
                 Ok((url.clone(), client))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(RemoteFeed { handle, job: job.to_string(), workers, bound, connect: dial.connect, info: std::sync::OnceLock::new() })
+        Ok(RemoteFeed {
+            handle,
+            job: job.to_string(),
+            workers,
+            bound,
+            connect: dial.connect,
+            info: std::sync::OnceLock::new(),
+        })
     }
 
     /// Asks every worker what it holds, waiting up to the connect timeout for each to answer, and checks they
@@ -62,7 +77,10 @@ impl RemoteFeed {
                 loop {
                     match client.describe(DescribeRequest { job: job.clone() }).await {
                         Ok(r) => return info_from_reply(r.into_inner()),
-                        Err(s) if s.code() == tonic::Code::FailedPrecondition || s.code() == tonic::Code::InvalidArgument => {
+                        Err(s)
+                            if s.code() == tonic::Code::FailedPrecondition
+                                || s.code() == tonic::Code::InvalidArgument =>
+                        {
                             return Err(Error::Protocol(format!("input worker {url}: {}", s.message())));
                         }
                         // A worker that cannot read its data says why (a missing file, a bad tokenizer): that
@@ -101,7 +119,8 @@ fn info_from_reply(r: pb::DescribeReply) -> Result<DataInfo> {
     if r.eval_samples.len() as u64 > r.test_samples || r.eval_samples.iter().any(|&i| u64::from(i) >= r.test_samples) {
         return Err(Error::Protocol("an input worker described evaluation samples beyond its held-out split".into()));
     }
-    let size = |n: u64| usize::try_from(n).map_err(|_| Error::Protocol(format!("an input worker described {n} samples")));
+    let size =
+        |n: u64| usize::try_from(n).map_err(|_| Error::Protocol(format!("an input worker described {n} samples")));
     Ok(DataInfo {
         train_samples: size(r.train_samples)?,
         test_samples: size(r.test_samples)?,
@@ -120,7 +139,11 @@ impl Feed for RemoteFeed {
     }
 
     fn shard(&self, split: Split, samples: &[u32]) -> Result<Shard> {
-        Error::check_limit(|| "the samples of an engine's shard".into(), samples.len() as u64, self.bound.samples as u64)?;
+        Error::check_limit(
+            || "the samples of an engine's shard".into(),
+            samples.len() as u64,
+            self.bound.samples as u64,
+        )?;
         let split = match split {
             Split::Train => pb::Split::Train,
             Split::Test => pb::Split::Test,

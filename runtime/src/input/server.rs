@@ -7,11 +7,11 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{DataInfo, Feed, LocalFeed};
-use errors::Error;
-use plan::limits::Limits;
 use crate::protocol::pb::input_server::Input;
 use crate::protocol::pb::{self, DescribeReply, DescribeRequest, ShardReply, ShardRequest};
 use data::shard::Split;
+use errors::Error;
+use plan::limits::Limits;
 use wire::grpc::JobGuard;
 use wire::status::to_status;
 
@@ -28,7 +28,11 @@ pub struct InputServer {
 impl InputServer {
     /// Serves `feed` (or the error loading it gave) for `job`, refusing requests beyond the job's `limits`.
     pub fn new(job: String, feed: errors::Result<LocalFeed>, limits: Limits) -> InputServer {
-        InputServer { job: JobGuard::new(job, "an input worker"), feed: feed.map(Arc::new).map_err(to_status), limits: Arc::new(limits) }
+        InputServer {
+            job: JobGuard::new(job, "an input worker"),
+            feed: feed.map(Arc::new).map_err(to_status),
+            limits: Arc::new(limits),
+        }
     }
 
     fn feed(&self) -> Result<&Arc<LocalFeed>, Status> {
@@ -84,7 +88,10 @@ impl Input for InputServer {
 
 /// The `Input` service of `server` for the network: its replies bounded by `reply_bytes`, the plan's largest
 /// shard.
-pub fn input_service(server: Arc<InputServer>, reply_bytes: usize) -> crate::protocol::pb::input_server::InputServer<InputServer> {
+pub fn input_service(
+    server: Arc<InputServer>,
+    reply_bytes: usize,
+) -> crate::protocol::pb::input_server::InputServer<InputServer> {
     crate::protocol::pb::input_server::InputServer::from_arc(server)
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(reply_bytes)

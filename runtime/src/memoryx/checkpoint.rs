@@ -113,11 +113,13 @@ pub fn encode(step: u64, tensors: &Tensors, owner: &Owner<'_>) -> Result<Vec<u8>
         metadata.insert("uid".to_string(), uid.to_string());
     }
     if let Some((model, seed)) = owner.model {
-        let json = serde_json::to_string(model).map_err(|e| Error::Protocol(format!("recording the model spec: {e}")))?;
+        let json =
+            serde_json::to_string(model).map_err(|e| Error::Protocol(format!("recording the model spec: {e}")))?;
         metadata.insert(MODEL_KEY.to_string(), json);
         metadata.insert(SEED_KEY.to_string(), seed.to_string());
     }
-    safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| Error::Protocol(format!("serialising checkpoint: {e}")))
+    safetensors::tensor::serialize(views, Some(metadata))
+        .map_err(|e| Error::Protocol(format!("serialising checkpoint: {e}")))
 }
 
 /// Writes a checkpoint of `step` into `dir` atomically and keeps only the newest `keep` *readable* ones.
@@ -132,7 +134,14 @@ pub fn write(dir: &Path, step: u64, tensors: &Tensors, job: &str, keep: usize) -
 }
 
 /// [`write`] for the TrainingJob of `uid`, so a restore can tell its checkpoints from another job's.
-pub fn write_for(dir: &Path, step: u64, tensors: &Tensors, job: &str, uid: Option<&str>, keep: usize) -> Result<PathBuf> {
+pub fn write_for(
+    dir: &Path,
+    step: u64,
+    tensors: &Tensors,
+    job: &str,
+    uid: Option<&str>,
+    keep: usize,
+) -> Result<PathBuf> {
     write_owned(dir, step, tensors, &Owner { job, uid, model: None }, keep)
 }
 
@@ -264,12 +273,14 @@ pub fn read_with_info(path: &Path, max_bytes: u64) -> Result<(Info, Tensors)> {
 /// [`from_bytes`] with the checkpoint's [`Info`].
 pub fn from_bytes_with_info(bytes: &[u8], what: &str) -> Result<(Info, Tensors)> {
     let (step, tensors, _) = decode(bytes, what)?;
-    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| Error::Protocol(format!("{what} is unusable: {e}")))?;
+    let (_, meta) =
+        SafeTensors::read_metadata(bytes).map_err(|e| Error::Protocol(format!("{what} is unusable: {e}")))?;
     let info = meta.metadata().clone().unwrap_or_default();
     let model = match info.get(MODEL_KEY) {
-        Some(json) => Some(serde_json::from_str(json).map_err(|e| {
-            Error::Protocol(format!("{what} records a model spec this version cannot read: {e}"))
-        })?),
+        Some(json) => Some(
+            serde_json::from_str(json)
+                .map_err(|e| Error::Protocol(format!("{what} records a model spec this version cannot read: {e}")))?,
+        ),
         None => None,
     };
     Ok((
@@ -289,7 +300,8 @@ fn decode(bytes: &[u8], what: &str) -> Result<(u64, Tensors, Option<String>)> {
     let bad = |why: String| Error::Protocol(format!("{what} is unusable: {why}"));
     let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
     let info = meta.metadata().clone().unwrap_or_default();
-    let step: u64 = info.get("step").and_then(|s| s.parse().ok()).ok_or_else(|| bad("no step in its metadata".into()))?;
+    let step: u64 =
+        info.get("step").and_then(|s| s.parse().ok()).ok_or_else(|| bad("no step in its metadata".into()))?;
     let st = SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
     let mut names: Vec<String> = st.names().into_iter().map(|n| n.to_string()).collect();
     names.sort_by_key(|n| tensor_order(n));
@@ -314,10 +326,7 @@ fn decode(bytes: &[u8], what: &str) -> Result<(u64, Tensors, Option<String>)> {
 pub fn tensor_order(name: &str) -> (usize, usize) {
     let mut parts = name.splitn(3, '.');
     let layer = parts.nth(1).and_then(|l| l.parse().ok()).unwrap_or(usize::MAX);
-    let kind = KINDS
-        .iter()
-        .position(|k| name.ends_with(&format!(".{layer}.{k}")))
-        .unwrap_or(usize::MAX);
+    let kind = KINDS.iter().position(|k| name.ends_with(&format!(".{layer}.{k}"))).unwrap_or(usize::MAX);
     (layer, kind)
 }
 
@@ -333,7 +342,8 @@ pub fn latest(dir: &Path, max_bytes: u64) -> Result<Option<(u64, Tensors, PathBu
 /// larger than `max_bytes` (the plan's state size) is passed over by its size, unread.
 pub fn latest_for(dir: &Path, uid: Option<&str>, max_bytes: u64) -> Result<Option<(u64, Tensors, PathBuf)>> {
     for (_, path) in list(dir)? {
-        let read = read_bounded(&path, max_bytes).and_then(|bytes| decode(&bytes, &format!("checkpoint {}", path.display())));
+        let read =
+            read_bounded(&path, max_bytes).and_then(|bytes| decode(&bytes, &format!("checkpoint {}", path.display())));
         match read {
             Ok((step, _, Some(theirs))) if uid.is_some_and(|ours| ours != theirs) => {
                 tracing::warn!(step, path = %path.display(), owner = %theirs, "a checkpoint of another job (uid) is not resumed");
@@ -354,7 +364,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ws-ckpt-{}", std::process::id()));
         fs::remove_dir_all(&dir).ok();
         let t = |x: f32| -> Tensors {
-            vec![("layer.0.weight".into(), vec![x, 2.0]), ("layer.0.bias".into(), vec![3.0]), ("layer.1.weight".into(), vec![4.0; 10])]
+            vec![
+                ("layer.0.weight".into(), vec![x, 2.0]),
+                ("layer.0.bias".into(), vec![3.0]),
+                ("layer.1.weight".into(), vec![4.0; 10]),
+            ]
         };
         for step in 1..=4 {
             write(&dir, step * 10, &t(step as f32), "job", 2).unwrap();
@@ -388,7 +402,10 @@ mod tests {
         let path = write_owned(&dir, 10, &t, &owner, 5).unwrap();
         let (info, tensors) = read_with_info(&path, 1 << 20).unwrap();
         assert_eq!(tensors, t);
-        assert_eq!(info, Info { step: 10, job: Some("j".into()), uid: Some("u".into()), model: Some(model), seed: Some(42) });
+        assert_eq!(
+            info,
+            Info { step: 10, job: Some("j".into()), uid: Some("u".into()), model: Some(model), seed: Some(42) }
+        );
         assert_eq!(latest_for(&dir, Some("u"), 1 << 20).unwrap().unwrap().0, 10, "resumable as before");
         // A checkpoint written before the model was recorded still reads, without one.
         let old = write(&dir, 20, &t, "j", 5).unwrap();
@@ -407,7 +424,11 @@ mod tests {
         assert_eq!(latest_for(&dir, Some("uid-old"), 1 << 20).unwrap().unwrap().0, 10);
         assert_eq!(latest_for(&dir, None, 1 << 20).unwrap().unwrap().0, 10, "a run without a uid takes any");
         write(&dir, 5, &t(0.5), "j", 5).unwrap();
-        assert_eq!(latest_for(&dir, Some("uid-new"), 1 << 20).unwrap().unwrap().0, 5, "one without a uid belongs to anyone");
+        assert_eq!(
+            latest_for(&dir, Some("uid-new"), 1 << 20).unwrap().unwrap().0,
+            5,
+            "one without a uid belongs to anyone"
+        );
         fs::remove_dir_all(&dir).ok();
     }
 

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use axum::body::Body;
 use axum::extract::Path as UrlPath;
-use axum::http::{header, StatusCode};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -131,7 +131,9 @@ async fn download(dir: Option<PathBuf>, file: String) -> Response {
     let not_found = |file: &str| {
         failure(
             StatusCode::NOT_FOUND,
-            format!("no checkpoint named {file:?}: ask GET /checkpoints for the files there are, and use one of those names"),
+            format!(
+                "no checkpoint named {file:?}: ask GET /checkpoints for the files there are, and use one of those names"
+            ),
         )
     };
     let Some(dir) = dir else { return not_found(&file) };
@@ -192,10 +194,21 @@ mod tests {
         assert_eq!(found[0].0.bytes, std::fs::metadata(dir.join("step-00000020.safetensors")).unwrap().len());
         assert!(entries(&dir.join("missing")).unwrap().is_empty());
         // A sliced checkpoint is listed with its slices once its manifest names them all; each is downloadable.
-        let m = |step: u64| manifest::Manifest { step, job: "j".into(), uid: None, model: None, seed: 0, slices: vec![0, 0] };
+        let m = |step: u64| manifest::Manifest {
+            step,
+            job: "j".into(),
+            uid: None,
+            model: None,
+            seed: 0,
+            slices: vec![0, 0],
+        };
         for i in 0..2 {
             std::fs::create_dir_all(manifest::slice_dir(&dir, i)).unwrap();
-            std::fs::write(manifest::slice_path(&manifest::slice_dir(&dir, i), 30, SliceId { index: i, count: 2 }), b"slice").unwrap();
+            std::fs::write(
+                manifest::slice_path(&manifest::slice_dir(&dir, i), 30, SliceId { index: i, count: 2 }),
+                b"slice",
+            )
+            .unwrap();
         }
         manifest::write_manifest(&dir, &m(30), 5).unwrap();
         manifest::write_manifest(&dir, &m(40), 5).unwrap();

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use futures::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::weight_server::{LocalSlice, WeightServer};
 use super::slice::{LayerLengths, LayerTensors};
-use errors::{Error, Result};
+use super::weight_server::{LocalSlice, WeightServer};
+use crate::protocol::codec::chunk::{CHUNK_BYTES, Recycled, extend_words, pieces};
 use crate::protocol::pb::weights_server::Weights;
 use crate::protocol::pb::{Ack, TensorChunk, WeightsInfo, WeightsRequest};
-use crate::protocol::codec::chunk::{extend_words, pieces, Recycled, CHUNK_BYTES};
+use errors::{Error, Result};
 use wire::grpc::JobGuard;
 use wire::status::to_status;
 
@@ -36,7 +36,12 @@ fn tagged<'a>(
 /// The chunks of `tensors`, each cut to at most [`CHUNK_BYTES`] as slices of the tensor's own buffer (no copy),
 /// which goes back to [`Recycled::layers`] once sent; every tensor sends at least one chunk, so an empty one is
 /// seen too.
-pub(super) fn chunks(job: &str, layer: usize, step: u64, tensors: impl IntoIterator<Item = Vec<f32>>) -> Vec<TensorChunk> {
+pub(super) fn chunks(
+    job: &str,
+    layer: usize,
+    step: u64,
+    tensors: impl IntoIterator<Item = Vec<f32>>,
+) -> Vec<TensorChunk> {
     let mut out = Vec::new();
     for (k, t) in tensors.into_iter().enumerate() {
         out.extend(tagged(job, layer, step, k, t.is_empty(), pieces(Recycled::layers().bytes(t))));
@@ -47,7 +52,12 @@ pub(super) fn chunks(job: &str, layer: usize, step: u64, tensors: impl IntoItera
 /// The same chunks as [`chunks`] of tensors the caller keeps: each piece copied as it is taken, so a sender that
 /// takes them as it sends holds a few pieces at once, never a copy of the whole tensor (the coordinator scatters
 /// a layer's gradient to its servers from the one buffer it arrived in).
-pub(super) fn copied_chunks<'a>(job: &'a str, layer: usize, step: u64, tensors: [&'a [f32]; 2]) -> impl Iterator<Item = TensorChunk> + 'a {
+pub(super) fn copied_chunks<'a>(
+    job: &'a str,
+    layer: usize,
+    step: u64,
+    tensors: [&'a [f32]; 2],
+) -> impl Iterator<Item = TensorChunk> + 'a {
     tensors.into_iter().enumerate().flat_map(move |(k, t)| {
         let bytes: &[u8] = bytemuck::cast_slice(t);
         tagged(job, layer, step, k, bytes.is_empty(), bytes.chunks(CHUNK_BYTES).map(bytes::Bytes::copy_from_slice))
@@ -78,15 +88,22 @@ impl<'a> Assembler<'a> {
             Some(h) => h,
             None => {
                 if c.job != self.job {
-                    return Err(Error::Protocol(format!("tensors of job '{}' reached a weight server of job '{}'", c.job, self.job)));
+                    return Err(Error::Protocol(format!(
+                        "tensors of job '{}' reached a weight server of job '{}'",
+                        c.job, self.job
+                    )));
                 }
-                let want = self.lengths.get(layer).copied()
-                    .ok_or_else(|| Error::Protocol(format!("tensors for layer {layer}, which the model does not have")))?;
+                let want = self.lengths.get(layer).copied().ok_or_else(|| {
+                    Error::Protocol(format!("tensors for layer {layer}, which the model does not have"))
+                })?;
                 *self.head.insert((layer, c.step, want))
             }
         };
         if layer != at || c.step != step {
-            return Err(Error::Protocol(format!("a stream of layer {at}, step {step} carried a chunk of layer {layer}, step {}", c.step)));
+            return Err(Error::Protocol(format!(
+                "a stream of layer {at}, step {step} carried a chunk of layer {layer}, step {}",
+                c.step
+            )));
         }
         let k = c.tensor as usize;
         if k >= self.count {
@@ -139,7 +156,10 @@ impl<'a> Filler<'a> {
     /// Takes one chunk.
     pub(super) fn push(&mut self, c: TensorChunk) -> Result<()> {
         if c.job != self.job {
-            return Err(Error::Protocol(format!("tensors of job '{}' reached a coordinator of job '{}'", c.job, self.job)));
+            return Err(Error::Protocol(format!(
+                "tensors of job '{}' reached a coordinator of job '{}'",
+                c.job, self.job
+            )));
         }
         if (c.layer, c.step) != (self.layer, self.step) {
             return Err(Error::Protocol(format!(
@@ -155,7 +175,11 @@ impl<'a> Filler<'a> {
             return Err(Error::Protocol(format!("a chunk of {} bytes is not whole 4-byte values", c.data.len())));
         }
         let end = *filled + c.data.len() / 4;
-        Error::check_limit(|| format!("tensor {k} of layer {}'s slice (values)", self.layer), end as u64, into.len() as u64)?;
+        Error::check_limit(
+            || format!("tensor {k} of layer {}'s slice (values)", self.layer),
+            end as u64,
+            into.len() as u64,
+        )?;
         bytemuck::cast_slice_mut::<f32, u8>(&mut into[*filled..end]).copy_from_slice(&c.data);
         *filled = end;
         Ok(())
@@ -190,7 +214,10 @@ impl WeightsService {
     }
 
     /// Runs blocking work (the optimizer, the disk tier, a checkpoint) off the async threads.
-    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&LocalSlice) -> Result<T> + Send + 'static) -> Result<T, Status> {
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&LocalSlice) -> Result<T> + Send + 'static,
+    ) -> Result<T, Status> {
         let shard = self.shard.clone();
         tokio::task::spawn_blocking(move || f(&shard))
             .await
@@ -198,7 +225,11 @@ impl WeightsService {
             .map_err(to_status)
     }
 
-    async fn receive(&self, mut stream: Streaming<TensorChunk>, count: usize) -> Result<(usize, u64, LayerTensors), Status> {
+    async fn receive(
+        &self,
+        mut stream: Streaming<TensorChunk>,
+        count: usize,
+    ) -> Result<(usize, u64, LayerTensors), Status> {
         let mut a = Assembler::new(self.job.job(), count, &self.lengths);
         while let Some(c) = stream.message().await? {
             a.push(c).map_err(to_status)?;
@@ -207,7 +238,8 @@ impl WeightsService {
     }
 
     fn send(&self, layer: usize, step: u64, tensors: impl IntoIterator<Item = Vec<f32>>) -> Response<ChunkStream> {
-        let items: Vec<Result<TensorChunk, Status>> = chunks(self.job.job(), layer, step, tensors).into_iter().map(Ok).collect();
+        let items: Vec<Result<TensorChunk, Status>> =
+            chunks(self.job.job(), layer, step, tensors).into_iter().map(Ok).collect();
         Response::new(Box::pin(futures::stream::iter(items)))
     }
 }
@@ -276,7 +308,9 @@ impl Weights for WeightsService {
 }
 
 /// The `Weights` service of `service` for the network: each message is a chunk of at most 1 MiB.
-pub fn weights_service(service: Arc<WeightsService>) -> crate::protocol::pb::weights_server::WeightsServer<WeightsService> {
+pub fn weights_service(
+    service: Arc<WeightsService>,
+) -> crate::protocol::pb::weights_server::WeightsServer<WeightsService> {
     crate::protocol::pb::weights_server::WeightsServer::from_arc(service)
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20)
@@ -297,7 +331,11 @@ mod tests {
         let copied: Vec<_> = copied_chunks("job", 3, 7, [&w, &b]).collect();
         assert_eq!(copied, whole);
         let empty: Vec<_> = copied_chunks("job", 3, 7, [&w, &[]]).collect();
-        assert_eq!(empty.last().map(|c| (c.tensor, c.data.len())), Some((1, 0)), "an empty tensor sends one empty chunk");
+        assert_eq!(
+            empty.last().map(|c| (c.tensor, c.data.len())),
+            Some((1, 0)),
+            "an empty tensor sends one empty chunk"
+        );
     }
 
     #[test]

@@ -15,11 +15,11 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crds::pretrained::PretrainedShape;
 use crds::ModelKind;
+use crds::pretrained::PretrainedShape;
+use errors::{Error, Result};
 use plan::layout::{Arch, DecoderUnit, ModelLayout};
 use safetensors::tensor::Dtype;
-use errors::{Error, Result};
 
 /// The folder's model description.
 pub const CONFIG_FILE: &str = "config.json";
@@ -46,7 +46,10 @@ fn read_json(dir: &Path, name: &str) -> Result<serde_json::Value> {
         _ => Error::io(format!("reading {}", path.display()), e),
     })?;
     if meta.len() > MAX_JSON_BYTES {
-        return Err(bad(dir, format!("{name} is {} bytes, more than any model description ({MAX_JSON_BYTES})", meta.len())));
+        return Err(bad(
+            dir,
+            format!("{name} is {} bytes, more than any model description ({MAX_JSON_BYTES})", meta.len()),
+        ));
     }
     let text = std::fs::read(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
     serde_json::from_slice(&text).map_err(|e| bad(dir, format!("{name} is not JSON: {e}")))
@@ -56,9 +59,13 @@ fn read_json(dir: &Path, name: &str) -> Result<serde_json::Value> {
 /// is an error naming it.
 pub fn shape_of(dir: &Path) -> Result<PretrainedShape> {
     let c = read_json(dir, CONFIG_FILE)?;
-    let arch = c["architectures"].get(0).and_then(|a| a.as_str()).or_else(|| c["model_type"].as_str()).unwrap_or("(none)");
+    let arch =
+        c["architectures"].get(0).and_then(|a| a.as_str()).or_else(|| c["model_type"].as_str()).unwrap_or("(none)");
     let int = |key: &str| -> Result<u32> {
-        c[key].as_u64().and_then(|v| u32::try_from(v).ok()).ok_or_else(|| bad(dir, format!("config.json has no {key} (a whole number)")))
+        c[key]
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+            .ok_or_else(|| bad(dir, format!("config.json has no {key} (a whole number)")))
     };
     if c["model_type"].as_str() == Some(MLP_MODEL_TYPE) {
         return mlp_shape(dir, &c);
@@ -77,10 +84,15 @@ pub fn shape_of(dir: &Path) -> Result<PretrainedShape> {
     }
     let heads = int("num_attention_heads")?;
     let width = int("hidden_size")?;
-    if let Some(dh) = c["head_dim"].as_u64() {
-        if heads == 0 || dh != u64::from(width / heads) {
-            return Err(bad(dir, format!("head_dim {dh} is not hidden_size / num_attention_heads ({width} / {heads}); the appliance runs heads of that size only")));
-        }
+    if let Some(dh) = c["head_dim"].as_u64()
+        && (heads == 0 || dh != u64::from(width / heads))
+    {
+        return Err(bad(
+            dir,
+            format!(
+                "head_dim {dh} is not hidden_size / num_attention_heads ({width} / {heads}); the appliance runs heads of that size only"
+            ),
+        ));
     }
     for (key, want) in [("hidden_act", "silu")] {
         if let Some(v) = c[key].as_str().filter(|v| *v != want) {
@@ -95,7 +107,10 @@ pub fn shape_of(dir: &Path) -> Result<PretrainedShape> {
     // `transformers` 5 keeps the rotary settings in `rope_parameters`, earlier versions at the top level.
     let rope = if c["rope_parameters"].is_object() { &c["rope_parameters"] } else { &c };
     if let Some(kind) = rope["rope_type"].as_str().filter(|t| *t != "default") {
-        return Err(bad(dir, format!("uses rotary scaling '{kind}'; the appliance runs the default rotary embedding only")));
+        return Err(bad(
+            dir,
+            format!("uses rotary scaling '{kind}'; the appliance runs the default rotary embedding only"),
+        ));
     }
     if !c["rope_scaling"].is_null() {
         return Err(bad(dir, "sets rope_scaling; the appliance runs the default rotary embedding only"));
@@ -120,12 +135,15 @@ pub fn shape_of(dir: &Path) -> Result<PretrainedShape> {
 
 /// An MLP's shape: its `config.json`'s `layers` (the widths from input to output) and `activation`.
 fn mlp_shape(dir: &Path, c: &serde_json::Value) -> Result<PretrainedShape> {
-    let widths = c["layers"].as_array().map(|a| a.iter().map(|w| w.as_u64().and_then(|w| u32::try_from(w).ok())).collect::<Option<Vec<u32>>>());
+    let widths = c["layers"]
+        .as_array()
+        .map(|a| a.iter().map(|w| w.as_u64().and_then(|w| u32::try_from(w).ok())).collect::<Option<Vec<u32>>>());
     let layers = widths.flatten().filter(|l| l.len() >= 2 && !l.contains(&0)).ok_or_else(|| {
         bad(dir, "config.json has no layers: an mlp's are its widths from input to output, e.g. [784, 512, 10]")
     })?;
-    let activation = serde_json::from_value(c["activation"].clone())
-        .map_err(|_| bad(dir, format!("config.json's activation is {}: an mlp's is \"relu\" or \"gelu\"", c["activation"])))?;
+    let activation = serde_json::from_value(c["activation"].clone()).map_err(|_| {
+        bad(dir, format!("config.json's activation is {}: an mlp's is \"relu\" or \"gelu\"", c["activation"]))
+    })?;
     Ok(PretrainedShape {
         kind: ModelKind::Mlp,
         vocab_size: 0,
@@ -148,11 +166,17 @@ fn mlp_shape(dir: &Path, c: &serde_json::Value) -> Result<PretrainedShape> {
 /// 1/√head_dim, layer norms with ε = [`crate::model::norm::EPS`]), anything else named.
 fn gpt2_shape(dir: &Path, c: &serde_json::Value, int: &dyn Fn(&str) -> Result<u32>) -> Result<PretrainedShape> {
     if let Some(act) = c["activation_function"].as_str().filter(|a| !matches!(*a, "gelu_new" | "gelu_pytorch_tanh")) {
-        return Err(bad(dir, format!("activation_function is {act}; a gpt here uses gelu_new (GELU's tanh approximation)")));
+        return Err(bad(
+            dir,
+            format!("activation_function is {act}; a gpt here uses gelu_new (GELU's tanh approximation)"),
+        ));
     }
     let eps = c["layer_norm_epsilon"].as_f64().unwrap_or(1e-5);
     if (eps - f64::from(crate::model::norm::EPS)).abs() > 1e-12 {
-        return Err(bad(dir, format!("layer_norm_epsilon is {eps}; a gpt here normalises with {}", crate::model::norm::EPS)));
+        return Err(bad(
+            dir,
+            format!("layer_norm_epsilon is {eps}; a gpt here normalises with {}", crate::model::norm::EPS),
+        ));
     }
     for (key, want) in [("scale_attn_weights", true), ("scale_attn_by_inverse_layer_idx", false)] {
         if c[key].as_bool().is_some_and(|v| v != want) {
@@ -190,7 +214,9 @@ pub fn resolve(from: &str) -> std::result::Result<Option<(PretrainedShape, Strin
         return Ok(None);
     }
     let source = dir.join(CONFIG_FILE).display().to_string();
-    shape_of(dir).map(|s| Some((s, source))).map_err(|e| crds::ApiError::Invalid { field: "spec.model.from".into(), message: e.to_string() })
+    shape_of(dir)
+        .map(|s| Some((s, source)))
+        .map_err(|e| crds::ApiError::Invalid { field: "spec.model.from".into(), message: e.to_string() })
 }
 
 /// One Hugging Face matrix stacked into a stream unit's weights.
@@ -239,7 +265,9 @@ pub fn unit_tensors(layout: &ModelLayout, l: usize) -> Option<UnitTensors> {
     let shape = layout.linears.get(l)?;
     let tied = shape.tied_to.is_some();
     let matrix = |name: String, rows: usize, transposed: bool| Matrix { name, rows, transposed };
-    let unit = |weights: Vec<Matrix>, vector: Vec<(String, usize)>, constants: Vec<(String, usize, f32)>| Some(UnitTensors { weights, vector, constants });
+    let unit = |weights: Vec<Matrix>, vector: Vec<(String, usize)>, constants: Vec<(String, usize, f32)>| {
+        Some(UnitTensors { weights, vector, constants })
+    };
     match layout.arch {
         Arch::Mlp => unit(
             vec![matrix(format!("layers.{l}.weight"), shape.outputs, false)],
@@ -250,15 +278,23 @@ pub fn unit_tensors(layout: &ModelLayout, l: usize) -> Option<UnitTensors> {
             let layer = |b: usize, name: &str| format!("model.layers.{b}.{name}.weight");
             let (d, dh) = (g.width, g.head_dim());
             match g.unit(l) {
-                DecoderUnit::Embed => unit(vec![matrix("model.embed_tokens.weight".into(), g.vocab, false)], Vec::new(), Vec::new()),
+                DecoderUnit::Embed => {
+                    unit(vec![matrix("model.embed_tokens.weight".into(), g.vocab, false)], Vec::new(), Vec::new())
+                }
                 DecoderUnit::Qkv(b) => unit(
-                    [("self_attn.q_proj", g.heads * dh), ("self_attn.k_proj", g.kv_heads * dh), ("self_attn.v_proj", g.kv_heads * dh)]
-                        .map(|(n, rows)| matrix(layer(b, n), rows, false))
-                        .to_vec(),
+                    [
+                        ("self_attn.q_proj", g.heads * dh),
+                        ("self_attn.k_proj", g.kv_heads * dh),
+                        ("self_attn.v_proj", g.kv_heads * dh),
+                    ]
+                    .map(|(n, rows)| matrix(layer(b, n), rows, false))
+                    .to_vec(),
                     vec![(layer(b, "input_layernorm"), d)],
                     Vec::new(),
                 ),
-                DecoderUnit::Proj(b) => unit(vec![matrix(layer(b, "self_attn.o_proj"), d, false)], Vec::new(), Vec::new()),
+                DecoderUnit::Proj(b) => {
+                    unit(vec![matrix(layer(b, "self_attn.o_proj"), d, false)], Vec::new(), Vec::new())
+                }
                 DecoderUnit::Up(b) => unit(
                     ["mlp.gate_proj", "mlp.up_proj"].map(|n| matrix(layer(b, n), g.intermediate, false)).to_vec(),
                     vec![(layer(b, "post_attention_layernorm"), d)],
@@ -290,7 +326,10 @@ pub fn unit_tensors(layout: &ModelLayout, l: usize) -> Option<UnitTensors> {
             };
             match g.unit(l) {
                 DecoderUnit::Embed => unit(
-                    vec![matrix("transformer.wte.weight".into(), g.vocab, false), matrix("transformer.wpe.weight".into(), g.context, false)],
+                    vec![
+                        matrix("transformer.wte.weight".into(), g.vocab, false),
+                        matrix("transformer.wpe.weight".into(), g.context, false),
+                    ],
                     Vec::new(),
                     Vec::new(),
                 ),
@@ -350,7 +389,8 @@ impl Folder {
     pub fn open(dir: &Path) -> Result<Folder> {
         let files: Vec<PathBuf> = if dir.join(INDEX_FILE).exists() {
             let index = read_json(dir, INDEX_FILE)?;
-            let map = index["weight_map"].as_object().ok_or_else(|| bad(dir, format!("{INDEX_FILE} has no weight_map")))?;
+            let map =
+                index["weight_map"].as_object().ok_or_else(|| bad(dir, format!("{INDEX_FILE} has no weight_map")))?;
             let mut names: Vec<&str> = map.values().filter_map(|v| v.as_str()).collect();
             names.sort_unstable();
             names.dedup();
@@ -358,11 +398,17 @@ impl Folder {
                 .into_iter()
                 .map(|n| {
                     if n.contains('/') || n.contains("..") || n.is_empty() {
-                        return Err(bad(dir, format!("{INDEX_FILE} names the shard '{n}', which is not a file of the folder")));
+                        return Err(bad(
+                            dir,
+                            format!("{INDEX_FILE} names the shard '{n}', which is not a file of the folder"),
+                        ));
                     }
                     let p = dir.join(n);
                     if !p.is_file() {
-                        return Err(bad(dir, format!("{INDEX_FILE} names the shard {n}, which is missing: copy the whole folder")));
+                        return Err(bad(
+                            dir,
+                            format!("{INDEX_FILE} names the shard {n}, which is missing: copy the whole folder"),
+                        ));
                     }
                     Ok(p)
                 })
@@ -370,7 +416,12 @@ impl Folder {
         } else if dir.join(WEIGHTS_FILE).is_file() {
             vec![dir.join(WEIGHTS_FILE)]
         } else {
-            return Err(bad(dir, format!("has neither {WEIGHTS_FILE} nor {INDEX_FILE}: save the model with save_pretrained(..., safe_serialization=True)")));
+            return Err(bad(
+                dir,
+                format!(
+                    "has neither {WEIGHTS_FILE} nor {INDEX_FILE}: save the model with save_pretrained(..., safe_serialization=True)"
+                ),
+            ));
         };
         let mut tensors = HashMap::new();
         for file in files {
@@ -385,7 +436,8 @@ impl Folder {
     /// value is read: a folder of another model fails here, naming the tensor and both shapes.
     pub fn check(&self, layout: &ModelLayout) -> Result<()> {
         for l in 0..layout.linears.len() {
-            let unit = unit_tensors(layout, l).ok_or_else(|| bad(&self.dir, "pretrained weights are read for a gpt or a llama only"))?;
+            let unit = unit_tensors(layout, l)
+                .ok_or_else(|| bad(&self.dir, "pretrained weights are read for a gpt or a llama only"))?;
             let cols = layout.linears[l].inputs;
             for m in &unit.weights {
                 self.entry(&m.name, &stored_shape(m, cols))?;
@@ -398,7 +450,9 @@ impl Folder {
     }
 
     fn entry(&self, name: &str, shape: &[usize]) -> Result<&Entry> {
-        let e = self.tensors.get(name).ok_or_else(|| bad(&self.dir, format!("has no tensor {name}: it is not a model of the shape its config.json gives")))?;
+        let e = self.tensors.get(name).ok_or_else(|| {
+            bad(&self.dir, format!("has no tensor {name}: it is not a model of the shape its config.json gives"))
+        })?;
         if e.shape != shape {
             return Err(bad(&self.dir, format!("tensor {name} is {:?} but config.json makes it {:?}", e.shape, shape)));
         }
@@ -410,19 +464,23 @@ impl Folder {
         let e = self.entry(name, shape)?;
         let file = File::open(&e.file).map_err(|err| Error::io(format!("opening {}", e.file.display()), err))?;
         let mut bytes = vec![0u8; e.len as usize];
-        file.read_exact_at(&mut bytes, e.start).map_err(|err| Error::io(format!("reading {name} from {}", e.file.display()), err))?;
+        file.read_exact_at(&mut bytes, e.start)
+            .map_err(|err| Error::io(format!("reading {name} from {}", e.file.display()), err))?;
         Ok(match e.dtype {
             Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
             Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            other => return Err(bad(&self.dir, format!("tensor {name} is {other:?}; weights must be F32, BF16 or F16"))),
+            other => {
+                return Err(bad(&self.dir, format!("tensor {name} is {other:?}; weights must be F32, BF16 or F16")));
+            }
         })
     }
 
     /// Stream unit `l`'s weights (dense, row-major `outputs × inputs`, the matrices stacked; empty for a tied
     /// head) and vector, read from the folder.
     pub fn unit(&self, layout: &ModelLayout, l: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-        let unit = unit_tensors(layout, l).ok_or_else(|| bad(&self.dir, "pretrained weights are read for a gpt or a llama only"))?;
+        let unit = unit_tensors(layout, l)
+            .ok_or_else(|| bad(&self.dir, "pretrained weights are read for a gpt or a llama only"))?;
         let cols = layout.linears[l].inputs;
         let mut weights = Vec::new();
         for m in &unit.weights {
@@ -439,11 +497,7 @@ impl Folder {
 
 /// The shape matrix `m` of a unit with `cols` inputs has in the folder.
 fn stored_shape(m: &Matrix, cols: usize) -> [usize; 2] {
-    if m.transposed {
-        [cols, m.rows]
-    } else {
-        [m.rows, cols]
-    }
+    if m.transposed { [cols, m.rows] } else { [m.rows, cols] }
 }
 
 /// The tensors a safetensors file holds, from its header (bounded, and every byte range checked against the
@@ -452,16 +506,23 @@ fn read_header(dir: &Path, file: &Path) -> Result<Vec<(String, Entry)>> {
     let f = File::open(file).map_err(|e| Error::io(format!("opening {}", file.display()), e))?;
     let size = f.metadata().map_err(|e| Error::io(format!("reading {}", file.display()), e))?.len();
     let mut n = [0u8; 8];
-    f.read_exact_at(&mut n, 0).map_err(|_| bad(dir, format!("{} is not a safetensors file (shorter than its header)", file.display())))?;
+    f.read_exact_at(&mut n, 0)
+        .map_err(|_| bad(dir, format!("{} is not a safetensors file (shorter than its header)", file.display())))?;
     let n = u64::from_le_bytes(n);
     if n > MAX_HEADER_BYTES || 8 + n > size {
-        return Err(bad(dir, format!("{} has a header of {n} bytes in a file of {size}: it is damaged or not safetensors", file.display())));
+        return Err(bad(
+            dir,
+            format!(
+                "{} has a header of {n} bytes in a file of {size}: it is damaged or not safetensors",
+                file.display()
+            ),
+        ));
     }
     let mut header = vec![0u8; n as usize];
     f.read_exact_at(&mut header, 8).map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
     // The header alone (the crate's own reader wants the whole file in memory); each range is checked below.
-    let meta: safetensors::tensor::Metadata =
-        serde_json::from_slice(&header).map_err(|e| bad(dir, format!("{}: its header is not safetensors: {e}", file.display())))?;
+    let meta: safetensors::tensor::Metadata = serde_json::from_slice(&header)
+        .map_err(|e| bad(dir, format!("{}: its header is not safetensors: {e}", file.display())))?;
     let data_start = 8 + n;
     meta.tensors()
         .into_iter()
@@ -470,9 +531,21 @@ fn read_header(dir: &Path, file: &Path) -> Result<Vec<(String, Entry)>> {
             let len = (b - a) as u64;
             let want = info.shape.iter().product::<usize>() as u64 * info.dtype.bitsize() as u64 / 8;
             if len != want || data_start + b as u64 > size {
-                return Err(bad(dir, format!("{}: tensor {name}'s bytes do not fit its shape or the file", file.display())));
+                return Err(bad(
+                    dir,
+                    format!("{}: tensor {name}'s bytes do not fit its shape or the file", file.display()),
+                ));
             }
-            Ok((name, Entry { file: file.to_path_buf(), dtype: info.dtype, shape: info.shape.clone(), start: data_start + a as u64, len }))
+            Ok((
+                name,
+                Entry {
+                    file: file.to_path_buf(),
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    start: data_start + a as u64,
+                    len,
+                },
+            ))
         })
         .collect()
 }

@@ -60,7 +60,10 @@ pub fn slice_tensors(lengths: &[super::slice::LayerLengths], slice: SliceId) -> 
         .iter()
         .enumerate()
         .flat_map(|(l, lens)| {
-            checkpoint::KINDS.iter().zip(lens).map(move |(kind, &n)| (checkpoint::tensor_name(l, kind), slice.range(n).len()))
+            checkpoint::KINDS
+                .iter()
+                .zip(lens)
+                .map(move |(kind, &n)| (checkpoint::tensor_name(l, kind), slice.range(n).len()))
         })
         .filter(|(_, n)| *n > 0)
         .collect()
@@ -115,8 +118,15 @@ const CRC_PLACEHOLDER: &str = "ZZZZZZZZ";
 impl SliceWriter {
     /// Starts slice `slice` of the checkpoint of `step` in `dir`, which will hold `tensors` (name and length,
     /// in checkpoint order, empty ones left out).
-    pub fn create(dir: &Path, step: u64, job: &str, slice: SliceId, tensors: Vec<(String, usize)>) -> Result<SliceWriter> {
-        fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating checkpoint directory {}", dir.display()), e))?;
+    pub fn create(
+        dir: &Path,
+        step: u64,
+        job: &str,
+        slice: SliceId,
+        tensors: Vec<(String, usize)>,
+    ) -> Result<SliceWriter> {
+        fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating checkpoint directory {}", dir.display()), e))?;
         let mut header = serde_json::Map::new();
         let metadata = serde_json::json!({
             "format": "weightstream/v1alpha1",
@@ -154,9 +164,15 @@ impl SliceWriter {
 
     /// Appends the next tensor's values, which must have the length announced for it.
     pub fn push(&mut self, values: &[f32]) -> Result<()> {
-        let (name, len) = self.tensors.get(self.next).ok_or_else(|| Error::Protocol("a checkpoint slice got a tensor too many".into()))?;
+        let (name, len) = self
+            .tensors
+            .get(self.next)
+            .ok_or_else(|| Error::Protocol("a checkpoint slice got a tensor too many".into()))?;
         if values.len() != *len {
-            return Err(Error::Protocol(format!("checkpoint tensor {name} has {} values; {len} announced", values.len())));
+            return Err(Error::Protocol(format!(
+                "checkpoint tensor {name} has {} values; {len} announced",
+                values.len()
+            )));
         }
         let bytes: &[u8] = bytemuck::cast_slice(values);
         self.hasher.update(name.as_bytes());
@@ -177,7 +193,11 @@ impl SliceWriter {
     pub fn finish(self) -> Result<u32> {
         if self.next != self.tensors.len() {
             let _ = fs::remove_file(&self.tmp);
-            return Err(Error::Protocol(format!("a checkpoint slice got {} of its {} tensors", self.next, self.tensors.len())));
+            return Err(Error::Protocol(format!(
+                "a checkpoint slice got {} of its {} tensors",
+                self.next,
+                self.tensors.len()
+            )));
         }
         let crc = self.hasher.clone().finalize();
         use std::os::unix::fs::FileExt;
@@ -242,7 +262,8 @@ impl SliceReader {
         let mut entries = std::collections::HashMap::new();
         let mut end = 0u64;
         for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
-            let offsets = info["data_offsets"].as_array().and_then(|o| Some((o.first()?.as_u64()?, o.get(1)?.as_u64()?)));
+            let offsets =
+                info["data_offsets"].as_array().and_then(|o| Some((o.first()?.as_u64()?, o.get(1)?.as_u64()?)));
             let Some((a, b)) = offsets.filter(|(a, b)| a <= b && (b - a) % 4 == 0 && info["dtype"] == "F32") else {
                 return Err(fail(format!("is unusable (tensor {name} is not an f32 range)")));
             };
@@ -250,10 +271,15 @@ impl SliceReader {
             entries.insert(name.clone(), (8 + n + a, ((b - a) / 4) as usize));
         }
         if 8 + n + end != size {
-            return Err(fail(format!("is unusable (it holds {size} bytes where its header describes {})", 8 + n + end)));
+            return Err(fail(format!(
+                "is unusable (it holds {size} bytes where its header describes {})",
+                8 + n + end
+            )));
         }
         if recorded_step != Some(step) || recorded_crc != Some(crc32) {
-            return Err(fail(format!("holds step {recorded_step:?} with checksum {recorded_crc:x?}, not step {step} with {crc32:08x}")));
+            return Err(fail(format!(
+                "holds step {recorded_step:?} with checksum {recorded_crc:x?}, not step {step} with {crc32:08x}"
+            )));
         }
         let reader = SliceReader { file, path: path.clone(), entries };
         let have = reader.checksum().map_err(|e| fail(format!("is unusable ({e})")))?;
@@ -310,7 +336,9 @@ pub fn open_slices(base: &Path, step: u64, checksums: &[u32], max_bytes: u64) ->
     checksums
         .iter()
         .enumerate()
-        .map(|(i, &crc)| SliceReader::open(&slice_dir(base, i as u32), step, SliceId { index: i as u32, count }, crc, max_bytes))
+        .map(|(i, &crc)| {
+            SliceReader::open(&slice_dir(base, i as u32), step, SliceId { index: i as u32, count }, crc, max_bytes)
+        })
         .collect()
 }
 
@@ -330,8 +358,9 @@ pub fn read_manifest(path: &Path) -> Result<Manifest> {
     let size = fs::metadata(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?.len();
     Error::check_limit(|| format!("manifest {}", path.display()), size, MAX_MANIFEST_BYTES)?;
     let text = fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    serde_json::from_slice(&text)
-        .map_err(|e| Error::Protocol(format!("manifest {} is unusable: {e}; delete it to resume from an older one", path.display())))
+    serde_json::from_slice(&text).map_err(|e| {
+        Error::Protocol(format!("manifest {} is unusable: {e}; delete it to resume from an older one", path.display()))
+    })
 }
 
 /// Whether `path` names a manifest (rather than a one-file checkpoint).
@@ -409,14 +438,18 @@ pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
 pub fn latest(dir: &Path, uid: Option<&str>) -> Result<Option<(Manifest, PathBuf)>> {
     for (_, path) in list(dir)? {
         let manifest = read_manifest(&path)?;
-        if let (Some(ours), Some(theirs)) = (uid, manifest.uid.as_deref()) {
-            if ours != theirs {
-                tracing::warn!(path = %path.display(), owner = %theirs, "a checkpoint of another job (uid) is not resumed");
-                continue;
-            }
+        if let (Some(ours), Some(theirs)) = (uid, manifest.uid.as_deref())
+            && ours != theirs
+        {
+            tracing::warn!(path = %path.display(), owner = %theirs, "a checkpoint of another job (uid) is not resumed");
+            continue;
         }
         if manifest.slices.is_empty() || manifest.slices.len() > crds::MAX_SERVERS as usize {
-            return Err(Error::Protocol(format!("manifest {} names {} slices; delete it to resume from an older one", path.display(), manifest.slices.len())));
+            return Err(Error::Protocol(format!(
+                "manifest {} names {} slices; delete it to resume from an older one",
+                path.display(),
+                manifest.slices.len()
+            )));
         }
         return Ok(Some((manifest, path)));
     }

@@ -26,4 +26,3 @@ pub mod store;
 mod tied;
 pub mod tier;
 pub mod weight_server;
-

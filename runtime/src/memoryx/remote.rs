@@ -5,13 +5,13 @@
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
-use super::weight_server::{check_room, ServerUsage, WeightServer};
+use super::grpc_service::{Assembler, Filler, chunks, copied_chunks};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
-use super::grpc_service::{chunks, copied_chunks, Assembler, Filler};
-use errors::{Error, Result};
+use super::weight_server::{ServerUsage, WeightServer, check_room};
 use crate::protocol::pb::weights_client::WeightsClient;
 use crate::protocol::pb::{TensorChunk, WeightsRequest};
-use wire::grpc::{channel, Dial};
+use errors::{Error, Result};
+use wire::grpc::{Dial, channel};
 use wire::status::from_status;
 
 /// Chunks a call to a weight server is fed ahead of what it has sent ([`RemoteServer::send`]).
@@ -31,9 +31,18 @@ pub struct RemoteServer {
 impl RemoteServer {
     /// The server holding `slice` of a model whose whole layers have `lengths`, at `url`, for `job`. Dialled
     /// lazily; its calls block, so make them outside the async runtime of `handle`.
-    pub fn new(handle: tokio::runtime::Handle, url: &str, job: &str, slice: SliceId, lengths: &[LayerLengths], dial: Dial<'_>) -> Result<Self> {
+    pub fn new(
+        handle: tokio::runtime::Handle,
+        url: &str,
+        job: &str,
+        slice: SliceId,
+        lengths: &[LayerLengths],
+        dial: Dial<'_>,
+    ) -> Result<Self> {
         let _runtime = handle.enter();
-        let client = WeightsClient::new(channel(url, dial)?).max_decoding_message_size(8 << 20).max_encoding_message_size(8 << 20);
+        let client = WeightsClient::new(channel(url, dial)?)
+            .max_decoding_message_size(8 << 20)
+            .max_encoding_message_size(8 << 20);
         Ok(RemoteServer {
             handle,
             url: url.to_string(),
@@ -69,7 +78,11 @@ impl RemoteServer {
     }
 
     /// Receives a stream of `count` tensors of a layer.
-    fn receive(&self, call: impl std::future::Future<Output = Result<tonic::Response<tonic::Streaming<TensorChunk>>, tonic::Status>>, count: usize) -> Result<(usize, u64, LayerTensors)> {
+    fn receive(
+        &self,
+        call: impl std::future::Future<Output = Result<tonic::Response<tonic::Streaming<TensorChunk>>, tonic::Status>>,
+        count: usize,
+    ) -> Result<(usize, u64, LayerTensors)> {
         self.handle.block_on(async {
             let mut stream = call.await.map_err(|s| self.failed(s))?.into_inner();
             let mut a = Assembler::new(&self.job, count, &self.lengths);
@@ -96,7 +109,8 @@ impl RemoteServer {
                 }
             }
         };
-        let (_, answer) = self.handle.block_on(async { tokio::join!(feed, call(self.client.clone(), ReceiverStream::new(rx))) });
+        let (_, answer) =
+            self.handle.block_on(async { tokio::join!(feed, call(self.client.clone(), ReceiverStream::new(rx))) });
         answer.map(|_| ()).map_err(|s| self.failed(s))
     }
 }
@@ -147,7 +161,8 @@ impl WeightServer for RemoteServer {
 
     fn usage(&self) -> Result<ServerUsage> {
         let info = self.hello()?;
-        serde_json::from_str(&info.usage).map_err(|e| Error::Protocol(format!("{}: its usage is unreadable: {e}", self.url)))
+        serde_json::from_str(&info.usage)
+            .map_err(|e| Error::Protocol(format!("{}: its usage is unreadable: {e}", self.url)))
     }
 
     fn tensors(&self, layer: usize) -> Result<(u64, LayerTensors)> {

@@ -33,4 +33,3 @@ pub type LayerTensors = [Vec<f32>; 6];
 
 /// Lengths of a layer's whole tensors, in [`super::checkpoint::KINDS`] order: what the coordinator cuts.
 pub type LayerLengths = [usize; 6];
-

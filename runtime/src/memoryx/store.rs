@@ -6,22 +6,22 @@
 
 use std::borrow::Cow;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crds::{OptimizerSpec, ScheduleSpec};
 
 use super::checkpoint::{self, Tensors};
 use super::manifest;
-use super::weight_server::{layer_lengths, mask, random_mask, LocalSlice, Masking, WeightServer};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::tied::TiedGrad;
-use errors::{Error, Result};
-use kernels::sparse::SparsePattern;
-use plan::layout::ModelLayout;
+use super::weight_server::{LocalSlice, Masking, WeightServer, layer_lengths, mask, random_mask};
 use crate::optim::Recipe;
 use crate::protocol::codec::chunk::Recycled;
 use crate::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
+use errors::{Error, Result};
+use kernels::sparse::SparsePattern;
+use plan::layout::ModelLayout;
 
 /// What the training loop needs from MemoryX; a gRPC client implements it the same way as [`MemoryX`].
 ///
@@ -115,7 +115,10 @@ fn finite(values: &[f32]) -> bool {
 
 /// Runs `f` on every server, all at once when there are several (each may be a network round trip or a disk
 /// read), and returns their results in server order.
-fn on_each<T: Send>(servers: &[Arc<dyn WeightServer>], f: impl Fn(usize, &dyn WeightServer) -> Result<T> + Sync) -> Result<Vec<T>> {
+fn on_each<T: Send>(
+    servers: &[Arc<dyn WeightServer>],
+    f: impl Fn(usize, &dyn WeightServer) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
     on_each_with(servers, (0..servers.len()).collect(), |s, i| f(i, s))
 }
 
@@ -129,12 +132,14 @@ fn on_each_with<T: Send, I: Send>(
         return Err(Error::Protocol(format!("{} inputs for {} weight servers", inputs.len(), servers.len())));
     }
     if let ([only], [_]) = (servers, inputs.as_slice()) {
-        let input = inputs.into_iter().next().ok_or_else(|| Error::Protocol("no input for the weight server".into()))?;
+        let input =
+            inputs.into_iter().next().ok_or_else(|| Error::Protocol("no input for the weight server".into()))?;
         return Ok(vec![f(only.as_ref(), input)?]);
     }
     std::thread::scope(|scope| {
         let f = &f;
-        let handles: Vec<_> = servers.iter().zip(inputs).map(|(s, input)| scope.spawn(move || f(s.as_ref(), input))).collect();
+        let handles: Vec<_> =
+            servers.iter().zip(inputs).map(|(s, input)| scope.spawn(move || f(s.as_ref(), input))).collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(Error::Protocol("a weight server's call panicked".into()))))
@@ -144,7 +149,11 @@ fn on_each_with<T: Send, I: Send>(
 
 /// Each server's place in a layer's whole `weights` and `bias`, in server order: the slices' ranges, which
 /// follow one another from the start to the end.
-fn places<'a>(servers: &[Arc<dyn WeightServer>], weights: &'a mut [f32], bias: &'a mut [f32]) -> Result<Vec<(&'a mut [f32], &'a mut [f32])>> {
+fn places<'a>(
+    servers: &[Arc<dyn WeightServer>],
+    weights: &'a mut [f32],
+    bias: &'a mut [f32],
+) -> Result<Vec<(&'a mut [f32], &'a mut [f32])>> {
     let (lens_w, lens_b) = (weights.len(), bias.len());
     let (mut rest_w, mut rest_b) = (weights, bias);
     let mut out = Vec::with_capacity(servers.len());
@@ -303,7 +312,10 @@ impl MemoryX {
     fn tied_values(&self, target: usize, n: usize) -> Result<Vec<f32>> {
         let (mut w, _) = self.gather(target)?;
         if w.len() < n {
-            return Err(Error::Protocol(format!("layer {target} has {} weights, fewer than the {n} a tied layer reads", w.len())));
+            return Err(Error::Protocol(format!(
+                "layer {target} has {} weights, fewer than the {n} a tied layer reads",
+                w.len()
+            )));
         }
         w.truncate(n);
         Ok(w)
@@ -364,7 +376,9 @@ impl MemoryX {
         let masks = self.masks.get(layer).and_then(Option::as_ref);
         let lendable = shape.tied_to.is_none() && (pass == Pass::Forward || (layer > 0 && masks.is_none()));
         let resident = |local: &LocalSlice| local.resident(layer);
-        if let (true, [_], Some(local)) = (lendable, self.servers.as_slice(), self.local.as_ref().filter(|l| resident(l))) {
+        if let (true, [_], Some(local)) =
+            (lendable, self.servers.as_slice(), self.local.as_ref().filter(|l| resident(l)))
+        {
             let lent = local.lend(layer, |w, b| {
                 let values = std::mem::take(w);
                 let weights = match masks {
@@ -436,7 +450,10 @@ impl WeightStore for MemoryX {
             (Some(m), 0, _) => WeightPayload::Mask(m.by_col.clone()),
             (Some(m), _, _) => {
                 let (values, _) = self.gather(layer)?;
-                WeightPayload::Sparse { pattern: m.by_col.clone(), values: m.col_to_row.iter().map(|&k| values[k as usize]).collect() }
+                WeightPayload::Sparse {
+                    pattern: m.by_col.clone(),
+                    values: m.col_to_row.iter().map(|&k| values[k as usize]).collect(),
+                }
             }
             (None, 0, _) => WeightPayload::Nothing,
             (None, _, _) => WeightPayload::Dense(self.gather(layer)?.0),
@@ -532,7 +549,11 @@ impl MemoryX {
     /// step's gradients are the size of the model).
     fn prepare<'g>(&self, grad: &'g LayerGrad, step: u64, checked: bool) -> Result<Cow<'g, [f32]>> {
         let shape = *self.layout.linears.get(grad.layer).ok_or_else(|| {
-            Error::Protocol(format!("gradient for layer {} but the model has {} layers", grad.layer, self.lengths.len()))
+            Error::Protocol(format!(
+                "gradient for layer {} but the model has {} layers",
+                grad.layer,
+                self.lengths.len()
+            ))
         })?;
         let at = self.at(grad.layer);
         if step != at {
@@ -630,11 +651,19 @@ impl MemoryX {
         let count = self.servers.len() as u32;
         on_each(&self.servers, |i, s| {
             let slice = SliceId { index: i as u32, count };
-            let mut w = manifest::SliceWriter::create(&manifest::slice_dir(base, slice.index), step, job, slice, manifest::slice_tensors(&self.lengths, slice))?;
+            let mut w = manifest::SliceWriter::create(
+                &manifest::slice_dir(base, slice.index),
+                step,
+                job,
+                slice,
+                manifest::slice_tensors(&self.lengths, slice),
+            )?;
             for l in 0..self.lengths.len() {
                 let (at, tensors) = s.tensors(l)?;
                 if at != step {
-                    return Err(Error::Protocol(format!("{slice} holds layer {l} after {at} updates, not {step}: no checkpoint of a step in flight")));
+                    return Err(Error::Protocol(format!(
+                        "{slice} holds layer {l} after {at} updates, not {step}: no checkpoint of a step in flight"
+                    )));
                 }
                 for t in tensors.iter().filter(|t| !t.is_empty()) {
                     w.push(t)?;
@@ -665,8 +694,10 @@ impl MemoryX {
         }
         let n = self.servers.len() as u32;
         for l in 0..self.lengths.len() {
-            let whole: Vec<Vec<f32>> =
-                checkpoint::KINDS.iter().map(|kind| manifest::join_tensor(&readers, &checkpoint::tensor_name(l, kind))).collect::<Result<_>>()?;
+            let whole: Vec<Vec<f32>> = checkpoint::KINDS
+                .iter()
+                .map(|kind| manifest::join_tensor(&readers, &checkpoint::tensor_name(l, kind)))
+                .collect::<Result<_>>()?;
             on_each(&self.servers, |i, s| {
                 let mut slice: LayerTensors = Default::default();
                 for (part, t) in slice.iter_mut().zip(&whole) {

@@ -6,8 +6,8 @@
 use std::borrow::Cow;
 use std::sync::Mutex;
 
-use errors::{Error, Result};
 use crate::protocol::LayerGrad;
+use errors::{Error, Result};
 
 /// A tied layer's weight gradient waiting for its target layer's.
 #[derive(Debug)]
@@ -30,7 +30,13 @@ impl TiedGrad {
     /// weight gradient is held for that target; when a held gradient targets `grad`'s layer, it is added to
     /// `weights` (the layer's own weight gradient, in stored order; copied only then), refused if it is of another
     /// step or longer than the layer.
-    pub(super) fn exchange(&self, grad: &LayerGrad, tied_to: Option<usize>, step: u64, weights: &mut Cow<'_, [f32]>) -> Result<()> {
+    pub(super) fn exchange(
+        &self,
+        grad: &LayerGrad,
+        tied_to: Option<usize>,
+        step: u64,
+        weights: &mut Cow<'_, [f32]>,
+    ) -> Result<()> {
         let mut held = self.0.lock().map_err(|_| Error::Protocol("tied gradient lock poisoned".into()))?;
         if let Some(target) = tied_to {
             *held = Some(Held { step, target, weights: grad.weights.clone() });

@@ -120,7 +120,8 @@ impl Tier {
                 .open(&path)
                 .map_err(|e| Error::io(format!("creating {}", path.display()), e))
         };
-        let on_disk: Vec<usize> = (0..lengths.len()).filter(|&l| layout.on_disk.get(l).copied().unwrap_or(false)).collect();
+        let on_disk: Vec<usize> =
+            (0..lengths.len()).filter(|&l| layout.on_disk.get(l).copied().unwrap_or(false)).collect();
         let mut files: Vec<Option<Arc<File>>> = vec![None; lengths.len()];
         let mut grads: Vec<Option<File>> = (0..lengths.len()).map(|_| None).collect();
         for l in on_disk {
@@ -148,7 +149,10 @@ impl Tier {
 
     /// Bytes of state on disk.
     pub fn disk_bytes(&self) -> u64 {
-        (0..self.lengths.len()).filter(|&l| self.on_disk(l)).map(|l| 4 * self.lengths[l].iter().sum::<usize>() as u64).sum()
+        (0..self.lengths.len())
+            .filter(|&l| self.on_disk(l))
+            .map(|l| 4 * self.lengths[l].iter().sum::<usize>() as u64)
+            .sum()
     }
 
     /// Bytes read from and written to the tier's files so far.
@@ -181,7 +185,11 @@ impl Tier {
 
     /// Keeps layer `l`'s staged gradient (weights and bias) in its file until it is applied.
     pub fn write_grad(&self, l: usize, weights: &[f32], bias: &[f32]) -> Result<()> {
-        let file = self.grads.get(l).and_then(Option::as_ref).ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
+        let file = self
+            .grads
+            .get(l)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
         let w: &[u8] = bytemuck::cast_slice(weights);
         file.write_all_at(w, 0)
             .and_then(|()| file.write_all_at(bytemuck::cast_slice(bias), w.len() as u64))
@@ -192,7 +200,11 @@ impl Tier {
 
     /// Layer `l`'s staged gradient, as [`Tier::write_grad`] kept it.
     pub fn read_grad(&self, l: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-        let file = self.grads.get(l).and_then(Option::as_ref).ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
+        let file = self
+            .grads
+            .get(l)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
         let (nw, nb) = (self.lengths[l][0], self.lengths[l][1]);
         let (mut w, mut b) = (self.recycled.take(nw), self.recycled.take(nb));
         read_values(file, &mut w, nw, 0)
@@ -225,16 +237,16 @@ impl Tier {
         self.written.fetch_add(at, Ordering::Relaxed);
         // A write makes any read-ahead of the layer stale: one in flight is waited for, then dropped.
         let (lock, ready) = &*self.ahead;
-        if let Ok(mut a) = lock.lock() {
-            if a.layer.is_some_and(|(al, _)| al == l) {
-                while a.tensors.is_none() {
-                    match ready.wait(a) {
-                        Ok(g) => a = g,
-                        Err(_) => return Ok(()),
-                    }
+        if let Ok(mut a) = lock.lock()
+            && a.layer.is_some_and(|(al, _)| al == l)
+        {
+            while a.tensors.is_none() {
+                match ready.wait(a) {
+                    Ok(g) => a = g,
+                    Err(_) => return Ok(()),
                 }
-                *a = Ahead::default();
             }
+            *a = Ahead::default();
         }
         Ok(())
     }
@@ -253,7 +265,11 @@ impl Tier {
         if up {
             return (l + 1..n).find(|&k| self.on_disk(k)).map(|k| (k, all));
         }
-        (1..l).rev().find(|&k| self.on_disk(k)).map(|k| (k, false)).or_else(|| (0..n).find(|&k| self.on_disk(k)).map(|k| (k, true)))
+        (1..l)
+            .rev()
+            .find(|&k| self.on_disk(k))
+            .map(|k| (k, false))
+            .or_else(|| (0..n).find(|&k| self.on_disk(k)).map(|k| (k, true)))
     }
 
     /// Starts reading layer `l` (all its tensors, or with `all` false its weights and bias) on a helper thread,
@@ -267,7 +283,8 @@ impl Tier {
             }
             *a = Ahead { layer: Some((l, all)), tensors: None };
         }
-        let (ahead, lengths, read, recycled) = (self.ahead.clone(), self.lengths[l], self.read.clone(), self.recycled.clone());
+        let (ahead, lengths, read, recycled) =
+            (self.ahead.clone(), self.lengths[l], self.read.clone(), self.recycled.clone());
         std::thread::spawn(move || {
             let tensors = read_layer(&file, &lengths, all, &read, &recycled);
             let (lock, ready) = &*ahead;
@@ -318,7 +335,13 @@ impl Drop for Tier {
 /// bias (the others left empty). What `recycled` keeps beyond them is then freed, but for the one buffer a whole
 /// read (the forward pass) leaves for its layer's staged gradient, read beside it to be applied: freeing that
 /// one too mapped every gradient fresh, ~2.5% of the machine for each weight server of a 3 B-shaped run.
-fn read_layer(file: &File, lengths: &LayerLengths, all: bool, counter: &AtomicU64, recycled: &Recycled) -> Result<LayerTensors> {
+fn read_layer(
+    file: &File,
+    lengths: &LayerLengths,
+    all: bool,
+    counter: &AtomicU64,
+    recycled: &Recycled,
+) -> Result<LayerTensors> {
     let wanted = |k: usize| all || k < 2;
     let mut out: LayerTensors = Default::default();
     for (k, &len) in lengths.iter().enumerate().filter(|(k, _)| wanted(*k)) {
@@ -345,14 +368,20 @@ fn read_values(file: &File, out: &mut Vec<f32>, len: usize, offset: u64) -> std:
     let room = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
     let mut done = 0;
     while done < bytes {
-        let at = libc::off_t::try_from(offset + done as u64)
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a disk tier offset past the file API's range"))?;
+        let at = libc::off_t::try_from(offset + done as u64).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "a disk tier offset past the file API's range")
+        })?;
         // SAFETY: `room + done .. room + bytes` lies within the spare capacity reserved above, which `pread`
         // only writes; nothing else holds the buffer.
         let n = unsafe { libc::pread(file.as_raw_fd(), room.add(done).cast(), bytes - done, at) };
         match n {
             n if n > 0 => done += n as usize,
-            0 => return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the disk tier file ends before the layer does")),
+            0 => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the disk tier file ends before the layer does",
+                ));
+            }
             _ => {
                 let e = std::io::Error::last_os_error();
                 if e.kind() != std::io::ErrorKind::Interrupted {
@@ -384,13 +413,22 @@ mod tests {
     fn large_buffers_come_back_zeroed_and_small_ones_are_left_to_the_heap() {
         let dir = std::env::temp_dir().join(format!("ws-tier-recycle-{}", std::process::id()));
         // Nothing on disk: no read-ahead thread shares the buffers with this test.
-        let tier = Tier::create(dir.clone(), &[[Recycled::LAYER_SIZED, 1, 0, 0, 0, 0]], TierLayout { on_disk: vec![false], window: 0 }).unwrap();
+        let tier = Tier::create(
+            dir.clone(),
+            &[[Recycled::LAYER_SIZED, 1, 0, 0, 0, 0]],
+            TierLayout { on_disk: vec![false], window: 0 },
+        )
+        .unwrap();
         let mut big = tier.recycled.zeroed(Recycled::LAYER_SIZED + 5);
         big[7] = 3.0;
         let at = big.as_ptr();
         tier.recycle([big, vec![1.0; 8]]);
         let reused = tier.recycled.zeroed(Recycled::LAYER_SIZED);
-        assert_eq!((reused.as_ptr(), reused.len()), (at, Recycled::LAYER_SIZED), "the large buffer comes back, at the length asked");
+        assert_eq!(
+            (reused.as_ptr(), reused.len()),
+            (at, Recycled::LAYER_SIZED),
+            "the large buffer comes back, at the length asked"
+        );
         assert!(reused.iter().all(|&x| x == 0.0), "zeroed");
         assert_eq!(tier.recycled.zeroed(8).capacity(), 8, "a small one was not kept");
         drop(tier);

@@ -12,17 +12,17 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use crds::{OptimizerSpec, ScheduleSpec};
-use rand::{Rng, SeedableRng};
 use kernels::sparse::SparsePattern;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::huggingface::Folder;
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::tier::{Tier, TierLayout};
-use errors::{Error, Result};
-use plan::layout::ModelLayout;
 use crate::optim::{self, OptState, Recipe};
 use crate::protocol::codec::chunk::Recycled;
+use errors::{Error, Result};
+use plan::layout::ModelLayout;
 
 /// What a weight server holds and has moved, and its process's memory: how its budget is judged.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -51,7 +51,13 @@ pub struct ServerUsage {
 
 /// Refuses to fill `weights` and `bias` with a slice of layer `layer` whose lengths are `slice_lengths`
 /// unless they are exactly its room: what every [`WeightServer::fetch_into`] checks first.
-pub(super) fn check_room(slice: SliceId, layer: usize, slice_lengths: (usize, usize), weights: &[f32], bias: &[f32]) -> Result<()> {
+pub(super) fn check_room(
+    slice: SliceId,
+    layer: usize,
+    slice_lengths: (usize, usize),
+    weights: &[f32],
+    bias: &[f32],
+) -> Result<()> {
     if slice_lengths != (weights.len(), bias.len()) {
         return Err(Error::Protocol(format!("{slice}: layer {layer}'s slice does not fit the room given for it")));
     }
@@ -195,7 +201,9 @@ pub fn layer_lengths(layout: &ModelLayout, optimizer: &OptimizerSpec, masking: &
                 (None, _) if !shape.sparse => shape.dense_weights(),
                 // A magnitude mask keeps exactly the expected share, so its size is known without reading it.
                 (None, Masking::Magnitude(_)) => magnitude_keeps(layout, l).iter().sum(),
-                (None, Masking::Random(seed)) => random_mask(layout, *seed, l).map_or(shape.dense_weights(), |m| m.nnz()),
+                (None, Masking::Random(seed)) => {
+                    random_mask(layout, *seed, l).map_or(shape.dense_weights(), |m| m.nnz())
+                }
             };
             let b = shape.vector_len();
             let (m1, m2) = (if moments >= 1 { n } else { 0 }, if moments >= 2 { n } else { 0 });
@@ -208,7 +216,13 @@ pub fn layer_lengths(layout: &ModelLayout, optimizer: &OptimizerSpec, masking: &
 /// Slice `slice` of layer `l`'s initial tensors read from a pretrained folder: the unit's matrices (pruned to
 /// their largest magnitudes when sparse, [`Masking::Magnitude`]) and its vector, the moments at zero. Only this layer is read, so the whole model
 /// never sits in one process.
-fn pretrained(folder: &Folder, layout: &ModelLayout, lengths: &[LayerLengths], slice: SliceId, l: usize) -> Result<LayerTensors> {
+fn pretrained(
+    folder: &Folder,
+    layout: &ModelLayout,
+    lengths: &[LayerLengths],
+    slice: SliceId,
+    l: usize,
+) -> Result<LayerTensors> {
     let shape = layout.linears[l];
     let (dense, vector) = folder.unit(layout, l)?;
     let weights = match shape.tied_to {
@@ -218,7 +232,13 @@ fn pretrained(folder: &Folder, layout: &ModelLayout, lengths: &[LayerLengths], s
     };
     let whole = lengths[l];
     if weights.len() != whole[0] || vector.len() != whole[1] {
-        return Err(Error::Protocol(format!("layer {l}: {} weights and {} vector values read, {} and {} stored", weights.len(), vector.len(), whole[0], whole[1])));
+        return Err(Error::Protocol(format!(
+            "layer {l}: {} weights and {} vector values read, {} and {} stored",
+            weights.len(),
+            vector.len(),
+            whole[0],
+            whole[1]
+        )));
     }
     let s = whole.map(|len| slice.range(len).len());
     let (w, v) = (weights[slice.range(whole[0])].to_vec(), vector[slice.range(whole[1])].to_vec());
@@ -299,7 +319,10 @@ pub(super) fn random_mask(layout: &ModelLayout, seed: u64, l: usize) -> Option<S
 fn magnitude_keeps(layout: &ModelLayout, l: usize) -> Vec<usize> {
     let cols = layout.linears[l].inputs;
     let density = 1.0 - layout.sparsity;
-    super::huggingface::unit_rows(layout, l).iter().map(|rows| (density * (rows * cols) as f64).round() as usize).collect()
+    super::huggingface::unit_rows(layout, l)
+        .iter()
+        .map(|rows| (density * (rows * cols) as f64).round() as usize)
+        .collect()
 }
 
 /// The mask of sparse unit `l` chosen from its pretrained weights `dense` (`outputs × inputs`, row-major): in
@@ -328,7 +351,13 @@ pub fn magnitude_mask(layout: &ModelLayout, l: usize, dense: &[f32]) -> SparsePa
 impl LocalSlice {
     /// Slice `slice` of a model `layout` initialised from `seed` ([`initial`]), keeping what does not fit
     /// `storage.memory_bytes` in the disk tier. `lengths` are the whole layers' (from [`layer_lengths`]).
-    pub fn new(layout: &ModelLayout, lengths: &[LayerLengths], recipe: Recipe, slice: SliceId, storage: Storage) -> Result<LocalSlice> {
+    pub fn new(
+        layout: &ModelLayout,
+        lengths: &[LayerLengths],
+        recipe: Recipe,
+        slice: SliceId,
+        storage: Storage,
+    ) -> Result<LocalSlice> {
         let Recipe { optimizer, schedule, total_steps, seed, from } = recipe;
         let folder = match &from {
             Some(dir) => {
@@ -343,11 +372,14 @@ impl LocalSlice {
         let tier = match storage.memory_bytes {
             Some(budget) => {
                 // A layer in memory also holds its staged gradient (weights and bias) during a step.
-                let bytes: Vec<u64> = sliced.iter().map(|s| 4 * (s.iter().sum::<usize>() + s[0] + s[1]) as u64).collect();
+                let bytes: Vec<u64> =
+                    sliced.iter().map(|s| 4 * (s.iter().sum::<usize>() + s[0] + s[1]) as u64).collect();
                 let plan = TierLayout::new(&bytes, budget)?;
                 if plan.on_disk.iter().any(|&d| d) {
                     let dir = storage.tier_dir.clone().ok_or_else(|| {
-                        Error::Plan(format!("{slice} keeps part of its slice on disk but has no tier directory (--tier-dir)"))
+                        Error::Plan(format!(
+                            "{slice} keeps part of its slice on disk but has no tier directory (--tier-dir)"
+                        ))
                     })?;
                     Some(Arc::new(Tier::create(dir, &sliced, plan)?))
                 } else {
@@ -392,9 +424,8 @@ impl LocalSlice {
         // start goes through [`LocalSlice::new`], which can fail.
         let Recipe { optimizer, schedule, total_steps, seed, from: _ } = recipe;
         let baseline_rss = crate::process::rss_bytes();
-        let layers = (0..lengths.len())
-            .map(|l| Mutex::new(Slot::new(Some(initial(layout, lengths, seed, slice, l)))))
-            .collect();
+        let layers =
+            (0..lengths.len()).map(|l| Mutex::new(Slot::new(Some(initial(layout, lengths, seed, slice, l))))).collect();
         LocalSlice {
             slice,
             optimizer,
@@ -414,12 +445,18 @@ impl LocalSlice {
             .get(layer)
             .ok_or_else(|| Error::Protocol(format!("layer {layer} requested but the model has {}", self.layers.len())))?
             .lock()
-            .map_err(|_| Error::Protocol(format!("{}: layer {layer}'s state was poisoned by a failed update", self.slice)))
+            .map_err(|_| {
+                Error::Protocol(format!("{}: layer {layer}'s state was poisoned by a failed update", self.slice))
+            })
     }
 
     /// Refuses a gradient slice whose lengths are not this server's slice of layer `layer`.
     fn check_grad_slice(&self, layer: usize, weights: &[f32], bias: &[f32]) -> Result<()> {
-        let want = self.lengths.get(layer).map(|s| (s[0], s[1])).ok_or_else(|| Error::Protocol(format!("no layer {layer}")))?;
+        let want = self
+            .lengths
+            .get(layer)
+            .map(|s| (s[0], s[1]))
+            .ok_or_else(|| Error::Protocol(format!("no layer {layer}")))?;
         if (weights.len(), bias.len()) != want {
             return Err(Error::Protocol(format!(
                 "{}: gradient slice for layer {layer} has {} weight and {} bias values; {} and {} expected",
@@ -446,7 +483,12 @@ impl LocalSlice {
 
     /// Runs `f` on layer `layer`'s tensors, reading them from the disk tier (and writing them back when
     /// `write`) if they live there, its committed gradient applied first.
-    fn with_layer<T>(&self, layer: usize, write: bool, f: impl FnOnce(&mut Slot, &mut LayerTensors) -> Result<T>) -> Result<T> {
+    fn with_layer<T>(
+        &self,
+        layer: usize,
+        write: bool,
+        f: impl FnOnce(&mut Slot, &mut LayerTensors) -> Result<T>,
+    ) -> Result<T> {
         self.with_layer_parts(layer, write, true, f)
     }
 
@@ -475,11 +517,11 @@ impl LocalSlice {
         self.settle(layer, &mut slot, &mut t)?;
         let out = f(&mut slot, &mut t);
         // A settled gradient is written back even when `f` fails (a fetch refused for naming another step).
-        if settling || (write && out.is_ok()) {
-            if let Err(e) = tier.write(layer, &t) {
-                slot.updates = on_file;
-                return Err(e);
-            }
+        if (settling || (write && out.is_ok()))
+            && let Err(e) = tier.write(layer, &t)
+        {
+            slot.updates = on_file;
+            return Err(e);
         }
         tier.recycle(t);
         out
@@ -497,7 +539,10 @@ impl LocalSlice {
                 applied
             }
             Some(Pending::OnDisk) => {
-                let tier = self.tier.as_ref().ok_or_else(|| Error::Protocol(format!("layer {layer}'s gradient is in no disk tier")))?;
+                let tier = self
+                    .tier
+                    .as_ref()
+                    .ok_or_else(|| Error::Protocol(format!("layer {layer}'s gradient is in no disk tier")))?;
                 let (w, b) = tier.read_grad(layer)?;
                 let applied = self.apply_grad(layer, slot.updates, slot, t, &w, &b);
                 tier.recycle([w, b]);
@@ -518,7 +563,15 @@ impl LocalSlice {
 
     /// Runs the optimizer on layer `layer`'s tensors `t` with its gradient of step `step`, which must be the
     /// next one the layer expects.
-    fn apply_grad(&self, layer: usize, step: u64, slot: &mut Slot, t: &mut LayerTensors, weights: &[f32], bias: &[f32]) -> Result<()> {
+    fn apply_grad(
+        &self,
+        layer: usize,
+        step: u64,
+        slot: &mut Slot,
+        t: &mut LayerTensors,
+        weights: &[f32],
+        bias: &[f32],
+    ) -> Result<()> {
         if step != slot.updates {
             return Err(Error::Protocol(format!(
                 "{}: gradient of step {step} for layer {layer} refused: the layer expects step {}",
@@ -578,7 +631,8 @@ impl LocalSlice {
             // The layer's committed gradient may wait in the file this one is about to take: applied first.
             self.settle_now(layer)?;
         }
-        let mut staged = self.staged.lock().map_err(|_| Error::Protocol("the staged gradients were poisoned".into()))?;
+        let mut staged =
+            self.staged.lock().map_err(|_| Error::Protocol("the staged gradients were poisoned".into()))?;
         if staged.step != step {
             *staged = Staged { step, layers: Vec::new() };
         }
@@ -671,7 +725,9 @@ impl WeightServer for LocalSlice {
     }
 
     fn commit(&self, step: u64) -> Result<()> {
-        let staged = std::mem::take(&mut *self.staged.lock().map_err(|_| Error::Protocol("the staged gradients were poisoned".into()))?);
+        let staged = std::mem::take(
+            &mut *self.staged.lock().map_err(|_| Error::Protocol("the staged gradients were poisoned".into()))?,
+        );
         if staged.step != step || staged.layers.len() != self.layers.len() {
             return Err(Error::Protocol(format!(
                 "{}: step {step} cannot be applied: {} of its {} layers' gradients were staged",
@@ -758,13 +814,32 @@ mod tests {
     /// Four layers; with a disk tier, a budget that keeps the first in memory and the others on disk.
     fn slice(tier_dir: Option<PathBuf>) -> LocalSlice {
         let layout = ModelLayout {
-            linears: vec![LinearShape::new(8, 16, false), LinearShape::new(16, 16, false), LinearShape::new(16, 32, false), LinearShape::new(32, 10, false)],
+            linears: vec![
+                LinearShape::new(8, 16, false),
+                LinearShape::new(16, 16, false),
+                LinearShape::new(16, 32, false),
+                LinearShape::new(32, 10, false),
+            ],
             arch: Arch::Mlp,
             activation: Activation::Relu,
             sparsity: 0.0,
         };
-        let optimizer = OptimizerSpec { kind: OptimizerKind::Adamw, learning_rate: 0.01, weight_decay: 0.01, momentum: 0.9, beta1: 0.9, beta2: 0.999, epsilon: 1e-8 };
-        let recipe = Recipe { optimizer: optimizer.clone(), schedule: ScheduleSpec::default(), total_steps: 10, seed: 3, from: None };
+        let optimizer = OptimizerSpec {
+            kind: OptimizerKind::Adamw,
+            learning_rate: 0.01,
+            weight_decay: 0.01,
+            momentum: 0.9,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+        };
+        let recipe = Recipe {
+            optimizer: optimizer.clone(),
+            schedule: ScheduleSpec::default(),
+            total_steps: 10,
+            seed: 3,
+            from: None,
+        };
         let lengths = layer_lengths(&layout, &optimizer, &Masking::of(&recipe));
         let storage = Storage { memory_bytes: tier_dir.as_ref().map(|_| 20_000), tier_dir };
         LocalSlice::new(&layout, &lengths, recipe, SliceId { index: 0, count: 1 }, storage).unwrap()
@@ -772,7 +847,9 @@ mod tests {
 
     fn grad(s: &LocalSlice, l: usize, step: u64) -> (Vec<f32>, Vec<f32>) {
         let [w, b, ..] = s.lengths[l];
-        let v = |n: usize, k: u64| (0..n).map(|i| ((i as u64 * 31 + k * 7 + step * 13) % 17) as f32 / 17.0 - 0.5).collect::<Vec<_>>();
+        let v = |n: usize, k: u64| {
+            (0..n).map(|i| ((i as u64 * 31 + k * 7 + step * 13) % 17) as f32 / 17.0 - 0.5).collect::<Vec<_>>()
+        };
         (v(w, 1), v(b, 2))
     }
 
@@ -785,7 +862,11 @@ mod tests {
     fn a_committed_step_is_applied_as_each_layer_is_next_read() {
         let dir = std::env::temp_dir().join(format!("ws-commit-{}", std::process::id()));
         let (lazy, eager) = (slice(Some(dir.clone())), slice(None));
-        assert_eq!((0..4).map(|l| lazy.resident(l)).collect::<Vec<_>>(), [true, false, false, false], "in memory and on disk");
+        assert_eq!(
+            (0..4).map(|l| lazy.resident(l)).collect::<Vec<_>>(),
+            [true, false, false, false],
+            "in memory and on disk"
+        );
         let layers = lazy.lengths.len();
         for step in 0..2 {
             for l in (0..layers).rev() {
@@ -798,7 +879,11 @@ mod tests {
                 let (w, b) = grad(&refused, 1, 0);
                 refused.stage(1, 0, &w, &b).unwrap();
                 assert!(refused.commit(0).unwrap_err().to_string().contains("1 of its 4 layers"));
-                assert_eq!((refused.step().unwrap(), refused.tensors(1).unwrap().1), (0, slice(None).tensors(1).unwrap().1), "unchanged");
+                assert_eq!(
+                    (refused.step().unwrap(), refused.tensors(1).unwrap().1),
+                    (0, slice(None).tensors(1).unwrap().1),
+                    "unchanged"
+                );
             }
             lazy.commit(step).unwrap();
             assert_eq!(lazy.step().unwrap(), step + 1, "counted from the commit");
@@ -812,7 +897,11 @@ mod tests {
             // checkpoint's reads.
             for l in 0..layers {
                 if step == 0 {
-                    assert_eq!(lazy.fetch(l, step + 1).unwrap(), eager.fetch(l, step + 1).unwrap(), "layer {l} fetched");
+                    assert_eq!(
+                        lazy.fetch(l, step + 1).unwrap(),
+                        eager.fetch(l, step + 1).unwrap(),
+                        "layer {l} fetched"
+                    );
                 } else {
                     assert_eq!(lazy.tensors(l).unwrap(), eager.tensors(l).unwrap(), "layer {l}'s tensors");
                 }

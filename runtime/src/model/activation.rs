@@ -5,8 +5,8 @@ use std::mem::MaybeUninit;
 
 use crds::Activation;
 
-use kernels::tensor::{fill_beside, rows_per_piece, written_once, written_once_beside, Mat, PIECE};
-use kernels::tiles::{Acts, Tiles, TILE};
+use kernels::tensor::{Mat, PIECE, fill_beside, rows_per_piece, written_once, written_once_beside};
+use kernels::tiles::{Acts, TILE, Tiles};
 use multiversion::multiversion;
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
@@ -48,7 +48,6 @@ pub fn tanh(x: f32) -> f32 {
     1.0 - 2.0 / (exp(2.0 * x) + 1.0)
 }
 
-
 /// `f(z)` element-wise as a new vector, large arrays on all cores. Each element is written once: the output is
 /// not zeroed first (at a transformer's MLP width that zeroing was a pass over 8 MB per block).
 pub fn forward(kind: Activation, z: &[f32]) -> Vec<f32> {
@@ -66,7 +65,12 @@ pub fn forward(kind: Activation, z: &[f32]) -> Vec<f32> {
 /// rather than writing it over its whole output before the product and reading it back.
 pub fn forward_keeping_slope(kind: Activation, z: &mut [f32], row_bias: &[f32]) -> Vec<f32> {
     let cols = z.len().checked_div(row_bias.len()).unwrap_or(0);
-    assert!(row_bias.is_empty() || cols * row_bias.len() == z.len(), "activation: {} values are not rows for {} biases", z.len(), row_bias.len());
+    assert!(
+        row_bias.is_empty() || cols * row_bias.len() == z.len(),
+        "activation: {} values are not rows for {} biases",
+        z.len(),
+        row_bias.len()
+    );
     // Pieces of whole rows, so each knows its rows' biases.
     let piece = if cols == 0 { PIECE } else { cols * rows_per_piece(cols) };
     let bias_of = |start: usize, len: usize| match (start.checked_div(cols), (start + len).checked_div(cols)) {
@@ -82,7 +86,9 @@ pub fn forward_keeping_slope(kind: Activation, z: &mut [f32], row_bias: &[f32]) 
 /// zero). Each value is computed exactly as in rows.
 pub fn forward_keeping_slope_acts(kind: Activation, z: &mut Acts, row_bias: &[f32]) -> Acts {
     let t = match z {
-        Acts::Rows(m) => return Acts::Rows(Mat::from_vec(m.rows, m.cols, forward_keeping_slope(kind, &mut m.data, row_bias))),
+        Acts::Rows(m) => {
+            return Acts::Rows(Mat::from_vec(m.rows, m.cols, forward_keeping_slope(kind, &mut m.data, row_bias)));
+        }
         Acts::Tiles(t) => t,
     };
     let (rows, tokens) = (t.rows(), t.tokens());
@@ -99,7 +105,9 @@ pub fn forward_keeping_slope_acts(kind: Activation, z: &mut Acts, row_bias: &[f3
     // output (`fill_beside` hands out all of it).
     let a = unsafe {
         Tiles::written_once(rows, tokens, |out| {
-            fill_beside(out, z_values, piece, |start, out, z| forward_slope_slice(kind, z, out, lane_bias_of(start, z.len())))
+            fill_beside(out, z_values, piece, |start, out, z| {
+                forward_slope_slice(kind, z, out, lane_bias_of(start, z.len()))
+            })
         })
     };
     // The output's padding is cleared by `written_once`; the slopes' here.
@@ -262,7 +270,7 @@ mod tests {
     /// would not be zero).
     #[test]
     fn tiles_give_the_rows_values_and_zero_padding() {
-        use kernels::tiles::{Acts, Tiles, TILE};
+        use kernels::tiles::{Acts, TILE, Tiles};
         let (rows, tokens) = (300, TILE + 37);
         let z: Vec<f32> = (0..rows * tokens).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.01).collect();
         let bias: Vec<f32> = (0..rows).map(|r| 0.01 * r as f32 - 0.7).collect();

@@ -7,10 +7,10 @@ use rayon::prelude::*;
 
 use multiversion::multiversion;
 
-#[cfg(test)]
-use kernels::dense::{matmul, MatView};
-use kernels::small::{self, Band, Dims};
 use crate::model::activation::exp;
+#[cfg(test)]
+use kernels::dense::{MatView, matmul};
+use kernels::small::{self, Band, Dims};
 use kernels::tensor::{Mat, Spare};
 
 /// The attention geometry of one shard.
@@ -105,20 +105,22 @@ pub fn forward(g: Geometry, qkv: &Mat, spare: &mut Spare) -> (Mat, Vec<f32>) {
     }
     let scores = Dims { m: t, n: t, k: dh, a_row: 1, a_col: n, ldb: t, ldc: t };
     let mix = Dims { m: dh, n: t, k: t, a_row: n, a_col: 1, ldb: t, ldc: n };
-    out.data.par_chunks_mut(dh * n).zip(probs.par_chunks_mut(seqs * t * t)).enumerate().for_each(|(h, (out_h, probs_h))| {
-        let (mut pt, mut kp) = (vec![0.0f32; t * t], vec![0.0f32; dh * t]);
-        for (s, p) in probs_h.chunks_exact_mut(t * t).enumerate() {
-            let [q, k, v] = g.offsets(n, s, h);
-            // K is the product's B, read a row per inner index: packed, so its rows are not 8 KiB apart (which
-            // would put them all in the same few sets of L1).
-            g.pack_rows(&mut kp, &qkv.data[k..], n);
-            small::matmul_banded(p, &qkv.data[q..], &kp, scores, Band::LowerC);
-            softmax_causal(p, t, scale);
-            small::transpose_into(&mut pt, t, p, t, t, t);
-            // O = V·Pᵀ: Pᵀ is lower triangular (a key after the query never contributes).
-            small::matmul_banded(&mut out_h[s * t..], &qkv.data[v..], &pt, mix, Band::LowerB);
-        }
-    });
+    out.data.par_chunks_mut(dh * n).zip(probs.par_chunks_mut(seqs * t * t)).enumerate().for_each(
+        |(h, (out_h, probs_h))| {
+            let (mut pt, mut kp) = (vec![0.0f32; t * t], vec![0.0f32; dh * t]);
+            for (s, p) in probs_h.chunks_exact_mut(t * t).enumerate() {
+                let [q, k, v] = g.offsets(n, s, h);
+                // K is the product's B, read a row per inner index: packed, so its rows are not 8 KiB apart (which
+                // would put them all in the same few sets of L1).
+                g.pack_rows(&mut kp, &qkv.data[k..], n);
+                small::matmul_banded(p, &qkv.data[q..], &kp, scores, Band::LowerC);
+                softmax_causal(p, t, scale);
+                small::transpose_into(&mut pt, t, p, t, t, t);
+                // O = V·Pᵀ: Pᵀ is lower triangular (a key after the query never contributes).
+                small::matmul_banded(&mut out_h[s * t..], &qkv.data[v..], &pt, mix, Band::LowerB);
+            }
+        },
+    );
     (out, probs)
 }
 
@@ -383,18 +385,27 @@ mod tests {
             for len in [width * n, seqs * heads * context * context, 3 * width * n] {
                 spare.give(vec![f32::NAN; len]);
             }
-            let qkv = Mat::from_vec(3 * width, n, (0..3 * width * n).map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 4e-3).collect());
-            let d_out = Mat::from_vec(width, n, (0..width * n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 2e-3).collect());
+            let qkv = Mat::from_vec(
+                3 * width,
+                n,
+                (0..3 * width * n).map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 4e-3).collect(),
+            );
+            let d_out =
+                Mat::from_vec(width, n, (0..width * n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 2e-3).collect());
             let (o, probs) = forward(g, &qkv, &mut spare);
             let (o_ref, probs_ref) = forward_reference(g, &qkv);
             // The reference keeps the probabilities sequence-major, the banded kernels head-major.
             let tt = context * context;
-            let probs_seq_major: Vec<f32> =
-                (0..seqs * heads).flat_map(|pair| probs[((pair % heads) * seqs + pair / heads) * tt..][..tt].to_vec()).collect();
+            let probs_seq_major: Vec<f32> = (0..seqs * heads)
+                .flat_map(|pair| probs[((pair % heads) * seqs + pair / heads) * tt..][..tt].to_vec())
+                .collect();
             let close = |a: &[f32], b: &[f32], what: &str| {
                 assert_eq!(a.len(), b.len());
                 for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                    assert!((x - y).abs() <= 1e-5 + 1e-4 * y.abs(), "{what}[{i}]: {x} vs {y} ({width}/{heads}/{context})");
+                    assert!(
+                        (x - y).abs() <= 1e-5 + 1e-4 * y.abs(),
+                        "{what}[{i}]: {x} vs {y} ({width}/{heads}/{context})"
+                    );
                 }
             };
             close(&o.data, &o_ref.data, "output");
@@ -409,12 +420,15 @@ mod tests {
     fn backward_matches_central_differences_and_attention_is_causal() {
         let g = Geometry { width: 4, heads: 2, kv_heads: 2, context: 3 };
         let n = 2 * g.context;
-        let qkv = Mat::from_vec(3 * g.width, n, (0..3 * g.width * n).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.15).collect());
+        let qkv =
+            Mat::from_vec(3 * g.width, n, (0..3 * g.width * n).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.15).collect());
         let w = Mat::from_vec(g.width, n, (0..g.width * n).map(|i| ((i * 5 % 9) as f32 - 4.0) * 0.25).collect());
         let spare = &mut Spare::default();
         let (_, probs) = forward(g, &qkv, spare);
         let dqkv = backward(g, &qkv, &probs, &w, spare);
-        assert_central_differences(&qkv, &dqkv, (1e-2, 2e-3), "qkv", |qkv| weighted_sum(&forward(g, qkv, &mut Spare::default()).0, &w));
+        assert_central_differences(&qkv, &dqkv, (1e-2, 2e-3), "qkv", |qkv| {
+            weighted_sum(&forward(g, qkv, &mut Spare::default()).0, &w)
+        });
         // A token's output does not depend on later tokens: change the last token's K and V of sequence 0.
         let (base, _) = forward(g, &qkv, spare);
         let mut later = qkv.clone();
@@ -437,7 +451,11 @@ mod tests {
         let (dh, n) = (width / heads, context * seqs);
         let gqa = Geometry { width, heads, kv_heads, context };
         let mha = Geometry { kv_heads: heads, ..gqa };
-        let qkv = Mat::from_vec(gqa.qkv_rows(), n, (0..gqa.qkv_rows() * n).map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 4e-3).collect());
+        let qkv = Mat::from_vec(
+            gqa.qkv_rows(),
+            n,
+            (0..gqa.qkv_rows() * n).map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 4e-3).collect(),
+        );
         // The same keys and values, each repeated for the query heads of its group.
         let mut repeated = Mat::zeros(3 * width, n);
         repeated.data[..width * n].copy_from_slice(&qkv.data[..width * n]);
@@ -448,7 +466,8 @@ mod tests {
                 repeated.data[dst..dst + dh * n].copy_from_slice(&qkv.data[src..src + dh * n]);
             }
         }
-        let d_out = Mat::from_vec(width, n, (0..width * n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 2e-3).collect());
+        let d_out =
+            Mat::from_vec(width, n, (0..width * n).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 2e-3).collect());
         let spare = &mut Spare::default();
         let (o, probs) = forward(gqa, &qkv, spare);
         let (o_mha, probs_mha) = forward(mha, &repeated, spare);
@@ -468,6 +487,8 @@ mod tests {
                 }
             }
         }
-        assert_central_differences(&qkv, &d, (1e-2, 2e-3), "gqa", |qkv| weighted_sum(&forward(gqa, qkv, &mut Spare::default()).0, &d_out));
+        assert_central_differences(&qkv, &d, (1e-2, 2e-3), "gqa", |qkv| {
+            weighted_sum(&forward(gqa, qkv, &mut Spare::default()).0, &d_out)
+        });
     }
 }

@@ -3,9 +3,9 @@
 
 use std::mem::MaybeUninit;
 
+use kernels::tensor::{Mat, written_once};
+use kernels::tiles::{Acts, ActsRef, Layout, TILE, Tiles};
 use kernels::{dense, small, sparse, sparse::SparsePattern};
-use kernels::tensor::{written_once, Mat};
-use kernels::tiles::{Acts, ActsRef, Layout, Tiles, TILE};
 
 /// The weights of one layer as the engine receives them.
 #[derive(Clone, Copy, Debug)]
@@ -91,7 +91,12 @@ pub fn backward_input(w: Weights<'_>, inputs: usize, dy: &Mat) -> Mat {
             Mat::from_vec(inputs, dy.cols, dense::product(wt, dy.view()))
         }
         Weights::Sparse { pattern, values } => {
-            assert_eq!(pattern.outer(), inputs, "backward_input: the pattern has {} columns, not {inputs}", pattern.outer());
+            assert_eq!(
+                pattern.outer(),
+                inputs,
+                "backward_input: the pattern has {} columns, not {inputs}",
+                pattern.outer()
+            );
             sparse::gather(pattern, values, dy)
         }
     }
@@ -120,7 +125,13 @@ pub fn backward_dense(w: &[f32], x: &Mat, dy: &Mat) -> (Vec<f32>, Mat) {
 /// Both gradients of a sparse layer whose input was `x`, with weights stored by input column: the weight
 /// gradient at the mask's positions and `dX = Wᵀ·dY` in `layout`, over operands in either layout (see
 /// [`sparse::backward_as`]).
-pub fn backward_sparse(by_column: &SparsePattern, values: &[f32], x: ActsRef<'_>, dy: ActsRef<'_>, layout: Layout) -> (Vec<f32>, Acts) {
+pub fn backward_sparse(
+    by_column: &SparsePattern,
+    values: &[f32],
+    x: ActsRef<'_>,
+    dy: ActsRef<'_>,
+    layout: Layout,
+) -> (Vec<f32>, Acts) {
     sparse::backward_as(by_column, values, x, dy, layout)
 }
 
@@ -200,6 +211,7 @@ fn row_sum(row: &[f32]) -> f32 {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)] // the references are written as the plain loops of their formulas
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};

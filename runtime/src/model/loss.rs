@@ -5,7 +5,7 @@ use std::mem::MaybeUninit;
 use multiversion::multiversion;
 
 use crate::model::activation::exp;
-use kernels::tensor::{written_once, Mat, TOKENS_PER_TASK};
+use kernels::tensor::{Mat, TOKENS_PER_TASK, written_once};
 
 /// What one shard contributes to a step's loss report.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -94,7 +94,13 @@ fn sample_statistics(logits: &Mat, j0: usize, max: &mut [f32], best: &mut [u32],
 /// Row `class` of the gradient: `(softmax − one-hot) · scale` for every sample. Multiversioned like
 /// [`sample_statistics`].
 #[multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma", "x86_64+avx"))]
-fn gradient_row(row: &[f32], class: u32, (max, inv, labels): (&[f32], &[f32], &[u32]), scale: f32, g: &mut [MaybeUninit<f32>]) {
+fn gradient_row(
+    row: &[f32],
+    class: u32,
+    (max, inv, labels): (&[f32], &[f32], &[u32]),
+    scale: f32,
+    g: &mut [MaybeUninit<f32>],
+) {
     let n = g.len();
     assert!(row.len() == n && max.len() == n && inv.len() == n && labels.len() == n, "loss: row lengths");
     for j in 0..n {
@@ -104,6 +110,7 @@ fn gradient_row(row: &[f32], class: u32, (max, inv, labels): (&[f32], &[f32], &[
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)] // the references are written as the plain loops of their formulas
 mod tests {
     use super::*;
     use crate::model::gradcheck::assert_central_differences;
@@ -131,7 +138,8 @@ mod tests {
     #[test]
     fn many_samples_match_the_f64_formula() {
         let (classes, n) = (7, 600);
-        let mut logits = Mat::from_vec(classes, n, (0..classes * n).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.02).collect());
+        let mut logits =
+            Mat::from_vec(classes, n, (0..classes * n).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.02).collect());
         let mut labels: Vec<u32> = (0..n).map(|j| (j * 5 % classes) as u32).collect();
         // Sample 0 is confident: its label's logit far above the rest.
         labels[0] = 3;

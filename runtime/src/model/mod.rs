@@ -36,7 +36,11 @@ pub(crate) mod gradcheck {
             up.data[i] += h;
             down.data[i] -= h;
             let fd = (objective(&up) - objective(&down)) / (2.0 * h as f64);
-            assert!((fd - analytic.data[i] as f64).abs() < tol, "{what}[{i}]: analytic {} vs numeric {fd}", analytic.data[i]);
+            assert!(
+                (fd - analytic.data[i] as f64).abs() < tol,
+                "{what}[{i}]: analytic {} vs numeric {fd}",
+                analytic.data[i]
+            );
         }
     }
 }

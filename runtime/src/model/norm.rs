@@ -8,8 +8,8 @@ use std::mem::MaybeUninit;
 
 use multiversion::multiversion;
 
-use kernels::tensor::{written_once, Mat, TOKENS_PER_TASK};
-use kernels::tiles::{self, Acts, ActsRef, Layout, Tiles, TILE};
+use kernels::tensor::{Mat, TOKENS_PER_TASK, written_once};
+use kernels::tiles::{self, Acts, ActsRef, Layout, TILE, Tiles};
 
 // `backward_add` splits a task's tokens at tile boundaries, which needs a task to be whole tiles.
 const _: () = assert!(TOKENS_PER_TASK.is_multiple_of(TILE));
@@ -104,15 +104,17 @@ pub fn backward_add(xhat: ActsRef<'_>, rstd: &[f32], dxhat: &Mat, dx: &mut Mat) 
         ActsRef::Rows(_) => n.max(1),
     };
     let (mut mean_g, mut mean_gx) = (vec![0.0f32; n], vec![0.0f32; n]);
-    mean_g.par_chunks_mut(TOKENS_PER_TASK).zip(mean_gx.par_chunks_mut(TOKENS_PER_TASK)).enumerate().for_each(|(c, (g, gx))| {
-        let part = segment.min(TOKENS_PER_TASK);
-        for (s, (g, gx)) in g.chunks_mut(part).zip(gx.chunks_mut(part)).enumerate() {
-            let (j0, w) = (c * TOKENS_PER_TASK + s * part, g.len());
-            for r in 0..d {
-                gradient_sums(xhat.row_segment(r, j0, w), &dxhat.row(r)[j0..j0 + w], g, gx);
+    mean_g.par_chunks_mut(TOKENS_PER_TASK).zip(mean_gx.par_chunks_mut(TOKENS_PER_TASK)).enumerate().for_each(
+        |(c, (g, gx))| {
+            let part = segment.min(TOKENS_PER_TASK);
+            for (s, (g, gx)) in g.chunks_mut(part).zip(gx.chunks_mut(part)).enumerate() {
+                let (j0, w) = (c * TOKENS_PER_TASK + s * part, g.len());
+                for r in 0..d {
+                    gradient_sums(xhat.row_segment(r, j0, w), &dxhat.row(r)[j0..j0 + w], g, gx);
+                }
             }
-        }
-    });
+        },
+    );
     let inv_d = 1.0 / d.max(1) as f32;
     if n == 0 {
         return;
@@ -156,9 +158,11 @@ pub fn affine(xhat: &Mat, gain: &[f32], bias: &[f32]) -> Mat {
     let n = xhat.cols;
     let mut out = Mat::zeros(xhat.rows, n);
     if n > 0 {
-        out.data.par_chunks_exact_mut(n).zip(xhat.data.par_chunks_exact(n)).zip(gain.par_iter().zip(bias)).for_each(|((o, x), (g, b))| {
-            o.iter_mut().zip(x).for_each(|(o, x)| *o = g * x + b);
-        });
+        out.data.par_chunks_exact_mut(n).zip(xhat.data.par_chunks_exact(n)).zip(gain.par_iter().zip(bias)).for_each(
+            |((o, x), (g, b))| {
+                o.iter_mut().zip(x).for_each(|(o, x)| *o = g * x + b);
+            },
+        );
     }
     out
 }
@@ -169,7 +173,10 @@ pub fn affine(xhat: &Mat, gain: &[f32], bias: &[f32]) -> Mat {
 pub fn affine_backward(xhat: &Mat, gain: &[f32], da: &mut Mat) -> (Vec<f32>, Vec<f32>) {
     use rayon::prelude::*;
     let (d, n) = (xhat.rows, xhat.cols);
-    assert!(da.rows == d && da.cols == n && gain.len() == d, "norm: x̂ and its gradient must both be {d}x{n}, with {d} gains");
+    assert!(
+        da.rows == d && da.cols == n && gain.len() == d,
+        "norm: x̂ and its gradient must both be {d}x{n}, with {d} gains"
+    );
     if n == 0 {
         return (vec![0.0; d], vec![0.0; d]);
     }
@@ -190,6 +197,7 @@ pub fn affine_backward(xhat: &Mat, gain: &[f32], da: &mut Mat) -> (Vec<f32>, Vec
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)] // the references are written as the plain loops of their formulas
 mod tests {
     use super::*;
     use crate::model::gradcheck::{assert_central_differences, weighted_sum};
@@ -209,9 +217,13 @@ mod tests {
         backward_add((&xhat).into(), &rstd, &da, &mut dx);
         assert_central_differences(&x, &dx, (1e-2, 2e-3), "x", |x| objective(x, &gain, &bias));
         let g = Mat::from_vec(d, 1, gain.clone());
-        assert_central_differences(&g, &Mat::from_vec(d, 1, dgain), (1e-2, 2e-3), "gain", |g| objective(&x, &g.data, &bias));
+        assert_central_differences(&g, &Mat::from_vec(d, 1, dgain), (1e-2, 2e-3), "gain", |g| {
+            objective(&x, &g.data, &bias)
+        });
         let b = Mat::from_vec(d, 1, bias.clone());
-        assert_central_differences(&b, &Mat::from_vec(d, 1, dbias), (1e-2, 2e-3), "bias", |b| objective(&x, &gain, &b.data));
+        assert_central_differences(&b, &Mat::from_vec(d, 1, dbias), (1e-2, 2e-3), "bias", |b| {
+            objective(&x, &gain, &b.data)
+        });
     }
 
     #[test]

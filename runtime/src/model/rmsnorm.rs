@@ -41,9 +41,11 @@ pub fn apply_gain(xhat: &Mat, gain: &[f32]) -> Mat {
     let n = xhat.cols;
     let mut out = Mat::zeros(xhat.rows, n);
     if n > 0 {
-        out.data.par_chunks_exact_mut(n).zip(xhat.data.par_chunks_exact(n)).zip(gain.par_iter()).for_each(|((o, x), g)| {
-            o.iter_mut().zip(x).for_each(|(o, x)| *o = g * x);
-        });
+        out.data.par_chunks_exact_mut(n).zip(xhat.data.par_chunks_exact(n)).zip(gain.par_iter()).for_each(
+            |((o, x), g)| {
+                o.iter_mut().zip(x).for_each(|(o, x)| *o = g * x);
+            },
+        );
     }
     out
 }
@@ -62,7 +64,11 @@ pub fn backward_add(xhat: &Mat, rstd: &[f32], gain: &[f32], da: &Mat, dx: &mut M
     let dgain: Vec<f32> = if n == 0 {
         vec![0.0; d]
     } else {
-        xhat.data.par_chunks_exact(n).zip(da.data.par_chunks_exact(n)).map(|(x, g)| x.iter().zip(g).map(|(x, g)| x * g).sum()).collect()
+        xhat.data
+            .par_chunks_exact(n)
+            .zip(da.data.par_chunks_exact(n))
+            .map(|(x, g)| x.iter().zip(g).map(|(x, g)| x * g).sum())
+            .collect()
     };
     let mut dot = vec![0.0f32; n];
     dot.par_chunks_mut(TOKENS_PER_TASK).enumerate().for_each(|(c, dot)| {
@@ -76,18 +82,22 @@ pub fn backward_add(xhat: &Mat, rstd: &[f32], gain: &[f32], da: &Mat, dx: &mut M
         dot.iter_mut().for_each(|s| *s *= inv_d);
     });
     if n > 0 {
-        dx.data.par_chunks_exact_mut(n).zip(xhat.data.par_chunks_exact(n)).zip(da.data.par_chunks_exact(n)).zip(gain.par_iter()).for_each(
-            |(((out, x), g), gain)| {
+        dx.data
+            .par_chunks_exact_mut(n)
+            .zip(xhat.data.par_chunks_exact(n))
+            .zip(da.data.par_chunks_exact(n))
+            .zip(gain.par_iter())
+            .for_each(|(((out, x), g), gain)| {
                 for j in 0..n {
                     out[j] += rstd[j] * (gain * g[j] - x[j] * dot[j]);
                 }
-            },
-        );
+            });
     }
     dgain
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)] // the references are written as the plain loops of their formulas
 mod tests {
     use super::*;
     use crate::model::gradcheck::{assert_central_differences, weighted_sum};

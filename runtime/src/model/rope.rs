@@ -46,7 +46,10 @@ impl Rope {
         m.data[..heads * 2 * half * n].par_chunks_mut(2 * half * n).for_each(|head| {
             let (low, high) = head.split_at_mut(half * n);
             for i in 0..half {
-                let (cos, sin) = (&self.cos[i * self.context..(i + 1) * self.context], &self.sin[i * self.context..(i + 1) * self.context]);
+                let (cos, sin) = (
+                    &self.cos[i * self.context..(i + 1) * self.context],
+                    &self.sin[i * self.context..(i + 1) * self.context],
+                );
                 let (a, b) = (&mut low[i * n..(i + 1) * n], &mut high[i * n..(i + 1) * n]);
                 for (a, b) in a.chunks_mut(t).zip(b.chunks_mut(t)) {
                     for (j, (x1, x2)) in a.iter_mut().zip(b.iter_mut()).enumerate() {
@@ -75,7 +78,11 @@ mod tests {
         rope.rotate(&mut r, heads, false);
         for row in 0..heads * dh {
             for s in 0..seqs {
-                assert_eq!(r.data[row * n + s * context], m.data[row * n + s * context], "position 0 of every sequence");
+                assert_eq!(
+                    r.data[row * n + s * context],
+                    m.data[row * n + s * context],
+                    "position 0 of every sequence"
+                );
             }
         }
         assert_ne!(r.data, m.data);
@@ -98,7 +105,8 @@ mod tests {
             m
         };
         let (qm, km) = (at(&q), at(&k));
-        let score = |i: usize, j: usize| (0..dh).map(|r| qm.data[r * context + i] * km.data[r * context + j]).sum::<f32>();
+        let score =
+            |i: usize, j: usize| (0..dh).map(|r| qm.data[r * context + i] * km.data[r * context + j]).sum::<f32>();
         assert!((score(3, 1) - score(2, 0)).abs() < 1e-5);
         assert!((score(5, 2) - score(3, 0)).abs() < 1e-5);
     }

@@ -14,11 +14,13 @@ pub fn forward(u: &Mat) -> Mat {
     let (hidden, n) = (u.rows / 2, u.cols);
     let (gate, up) = u.data.split_at(hidden * n);
     let mut h = Mat::zeros(hidden, n);
-    h.data.par_chunks_mut(n.max(1)).zip(gate.par_chunks(n.max(1))).zip(up.par_chunks(n.max(1))).for_each(|((h, g), up)| {
-        for ((h, &g), &up) in h.iter_mut().zip(g).zip(up) {
-            *h = g * sigmoid(g) * up;
-        }
-    });
+    h.data.par_chunks_mut(n.max(1)).zip(gate.par_chunks(n.max(1))).zip(up.par_chunks(n.max(1))).for_each(
+        |((h, g), up)| {
+            for ((h, &g), &up) in h.iter_mut().zip(g).zip(up) {
+                *h = g * sigmoid(g) * up;
+            }
+        },
+    );
     h
 }
 
@@ -30,15 +32,18 @@ pub fn backward(u: &Mat, dh: &Mat) -> Mat {
     let mut du = Mat::zeros(2 * hidden, n);
     let (dgate, dup) = du.data.split_at_mut(hidden * n);
     let w = n.max(1);
-    dgate.par_chunks_mut(w).zip(dup.par_chunks_mut(w)).zip(gate.par_chunks(w).zip(up.par_chunks(w))).zip(dh.data.par_chunks(w)).for_each(
-        |(((dg, du), (g, up)), dh)| {
+    dgate
+        .par_chunks_mut(w)
+        .zip(dup.par_chunks_mut(w))
+        .zip(gate.par_chunks(w).zip(up.par_chunks(w)))
+        .zip(dh.data.par_chunks(w))
+        .for_each(|(((dg, du), (g, up)), dh)| {
             for j in 0..dg.len() {
                 let s = sigmoid(g[j]);
                 du[j] = dh[j] * g[j] * s;
                 dg[j] = dh[j] * up[j] * s * (1.0 + g[j] * (1.0 - s));
             }
-        },
-    );
+        });
     du
 }
 

@@ -30,8 +30,8 @@ pub async fn serve_stage<S: pb::stage_server::Stage>(
 
 use std::sync::Arc;
 
-use kernels::sparse::SparsePattern;
 use crate::model::linear::Weights;
+use kernels::sparse::SparsePattern;
 
 /// Which pass a stream feeds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

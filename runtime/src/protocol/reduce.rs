@@ -15,9 +15,7 @@ use errors::{Error, Result};
 impl LayerGrad {
     /// Adds another engine's gradients: the reduction SwarmX performs.
     pub fn add(&mut self, other: &LayerGrad) -> Result<(), String> {
-        if other.layer != self.layer
-            || other.weights.len() != self.weights.len()
-            || other.bias.len() != self.bias.len()
+        if other.layer != self.layer || other.weights.len() != self.weights.len() || other.bias.len() != self.bias.len()
         {
             return Err(format!(
                 "cannot sum gradients of layer {} ({} + {} values) with layer {} ({} + {} values)",
@@ -61,7 +59,11 @@ impl Summable for LossSum {
 impl Summable for Vec<LayerGrad> {
     fn add_part(&mut self, other: Self) -> Result<()> {
         if self.len() != other.len() {
-            return Err(Error::Protocol(format!("gradients of {} layers cannot be summed with {}", other.len(), self.len())));
+            return Err(Error::Protocol(format!(
+                "gradients of {} layers cannot be summed with {}",
+                other.len(),
+                self.len()
+            )));
         }
         for (a, b) in self.iter_mut().zip(&other) {
             a.add(b).map_err(Error::Protocol)?;

@@ -11,18 +11,18 @@ pub mod remote;
 
 use std::sync::Arc;
 
-use data::split_even;
-use data::shard::Split;
-use crate::input::Feed;
-use crate::engine::replica::{apply_all, resident_pass, ReplicaFactory};
-use kernels::on_workers;
+use crate::engine::replica::{ReplicaFactory, apply_all, resident_pass};
 use crate::engine::role::{EngineRole, EngineStats, ShardWork};
+use crate::input::Feed;
 use crate::memoryx::checkpoint;
 use crate::memoryx::store::MemoryX;
-use crate::protocol::reduce::Pairwise;
-use errors::{Error, Result};
 use crate::model::loss::LossSum;
+use crate::protocol::reduce::Pairwise;
 use crate::protocol::{LayerGrad, LayerStream};
+use data::shard::Split;
+use data::split_even;
+use errors::{Error, Result};
+use kernels::on_workers;
 
 /// What a step asks of the engines: which samples (by index into the split) and how to scale gradients.
 /// Input workers feed each engine directly, as the seeds' input servers do, so only sample indices travel
@@ -71,7 +71,12 @@ pub trait Swarm {
     }
     /// [`Swarm::backward_pass`], handing each layer's summed gradient to `sink` as soon as it is complete, so
     /// MemoryX never holds a whole step's gradients at once.
-    fn backward_pass_into(&mut self, layers: usize, next: StreamSource<'_>, sink: &mut dyn FnMut(LayerGrad) -> Result<()>) -> Result<()>;
+    fn backward_pass_into(
+        &mut self,
+        layers: usize,
+        next: StreamSource<'_>,
+        sink: &mut dyn FnMut(LayerGrad) -> Result<()>,
+    ) -> Result<()>;
     /// Each engine's counters, in engine order.
     fn stats(&mut self) -> Result<Vec<EngineStats>>;
     /// The smallest SRAM among the engines: what the plan's choice of execution mode is made against.
@@ -127,7 +132,6 @@ impl LocalSwarm {
         self.replicas = Some(Replicas { job: job.into(), make, held });
         self
     }
-
 }
 
 /// The replicas of engines started `with_replicas`; a fabric without them refuses pipelined calls.
@@ -161,7 +165,12 @@ impl Swarm for LocalSwarm {
         Ok(total.finish()?.unwrap_or_default())
     }
 
-    fn backward_pass_into(&mut self, layers: usize, next: StreamSource<'_>, sink: &mut dyn FnMut(LayerGrad) -> Result<()>) -> Result<()> {
+    fn backward_pass_into(
+        &mut self,
+        layers: usize,
+        next: StreamSource<'_>,
+        sink: &mut dyn FnMut(LayerGrad) -> Result<()>,
+    ) -> Result<()> {
         for _ in 0..layers {
             let stream = next()?;
             let mut sum = Pairwise::default();
@@ -202,9 +211,14 @@ impl Swarm for LocalSwarm {
         let replicas = held(&mut self.replicas)?;
         let (mut loss, mut sum) = (Pairwise::default(), Pairwise::default());
         for ((engine, held), part) in self.engines.iter_mut().zip(&replicas.held).zip(parts) {
-            let store = held.as_ref().ok_or_else(|| Error::Protocol("an engine holds no replica: prime it first".into()))?;
+            let store =
+                held.as_ref().ok_or_else(|| Error::Protocol("an engine holds no replica: prime it first".into()))?;
             if store.step() != request.step {
-                return Err(Error::Protocol(format!("step {} asked of a replica of step {}", request.step, store.step())));
+                return Err(Error::Protocol(format!(
+                    "step {} asked of a replica of step {}",
+                    request.step,
+                    store.step()
+                )));
             }
             engine.begin_step(self.feed.shard(Split::Train, part)?, ShardWork { train: true, ..request.work() })?;
             let (l, grads) = resident_pass(engine.as_mut(), store, store.layout().linears.len())?;
@@ -221,7 +235,11 @@ impl Swarm for LocalSwarm {
 
     fn snapshot(&mut self) -> Result<Vec<u8>> {
         let replicas = held(&mut self.replicas)?;
-        let store = replicas.held.first().and_then(Option::as_ref).ok_or_else(|| Error::Protocol("no engine holds a replica".into()))?;
+        let store = replicas
+            .held
+            .first()
+            .and_then(Option::as_ref)
+            .ok_or_else(|| Error::Protocol("no engine holds a replica".into()))?;
         let (step, tensors) = store.snapshot()?;
         checkpoint::to_bytes(step, &tensors, &replicas.job)
     }

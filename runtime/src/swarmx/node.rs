@@ -9,7 +9,7 @@ use crds::contract::{Role, SwarmxArgs};
 use errors::{Error, Result};
 use wire::program::Program;
 
-use super::relay::{connect, Relay};
+use super::relay::{Relay, connect};
 use crate::protocol::serve_stage;
 
 /// Runs a SwarmX node until it is stopped.

@@ -6,31 +6,31 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::try_join_all;
 use futures::Stream;
+use futures::future::try_join_all;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
-use data::split_even;
-use errors::{Error, Result};
-use wire::grpc::{channel, Dial};
-use crate::protocol::reduce::Pairwise;
 use crate::model::loss::LossSum;
+use crate::protocol::codec::grad::receive_grads;
+use crate::protocol::codec::grad::{GradMeter, decode_grad, decode_grads, encode_grad_owned, encode_grads};
+use crate::protocol::codec::layer::LayerMeter;
+use crate::protocol::codec::state::StateMeter;
+use crate::protocol::codec::step::encode_step;
 use crate::protocol::pb::stage_client::StageClient;
 use crate::protocol::pb::stage_server::Stage;
 use crate::protocol::pb::{
     self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
     StateChunk, StepChunk,
 };
+use crate::protocol::reduce::Pairwise;
+use data::split_even;
+use errors::{Error, Result};
 use plan::limits::Limits;
-use crate::protocol::codec::grad::{decode_grad, decode_grads, encode_grad_owned, encode_grads, GradMeter};
-use crate::protocol::codec::layer::LayerMeter;
-use crate::protocol::codec::state::StateMeter;
-use crate::protocol::codec::step::encode_step;
-use crate::protocol::codec::grad::receive_grads;
 use wire::grpc::JobGuard;
+use wire::grpc::{Dial, channel};
 use wire::status::{from_status, to_status};
 
 /// Chunks of a layer a SwarmX node holds for each child before it waits for that child to take them: enough to
@@ -53,16 +53,20 @@ pub struct Child {
 /// Connects to a stage at `url` for `job` as `dial` says, and learns its engines. Only `https://` addresses are
 /// dialled: a plaintext one would carry the job's weights to whoever listens.
 pub async fn connect(url: &str, job: &str, dial: Dial<'_>) -> Result<Child> {
-    let client = StageClient::new(channel(url, dial)?)
-        .max_decoding_message_size(8 << 20)
-        .max_encoding_message_size(8 << 20);
+    let client =
+        StageClient::new(channel(url, dial)?).max_decoding_message_size(8 << 20).max_encoding_message_size(8 << 20);
     let timeout = dial.connect;
     let deadline = Instant::now() + timeout;
     loop {
         match client.clone().info(InfoRequest { job: job.to_string() }).await {
             Ok(reply) => {
                 let reply = reply.into_inner();
-                return Ok(Child { url: url.to_string(), client, engines: reply.engines, sram_bytes: reply.sram_bytes });
+                return Ok(Child {
+                    url: url.to_string(),
+                    client,
+                    engines: reply.engines,
+                    sram_bytes: reply.sram_bytes,
+                });
             }
             Err(s) if s.code() == tonic::Code::FailedPrecondition => {
                 return Err(Error::Protocol(format!("{url}: {}", s.message())));
@@ -74,7 +78,6 @@ pub async fn connect(url: &str, job: &str, dial: Dial<'_>) -> Result<Child> {
         }
     }
 }
-
 
 /// The `Stage` service of a SwarmX node.
 pub struct Relay {
@@ -123,7 +126,8 @@ impl Relay {
         .map_err(to_status)?;
         let parts = split_even(&r.samples, engines);
         let mut next = 0;
-        Ok(self.children
+        Ok(self
+            .children
             .iter()
             .map(|child| {
                 let mine: Vec<u32> = parts[next..next + child.engines as usize].concat();
@@ -151,7 +155,9 @@ impl Relay {
     /// keeping the refusal's kind.
     fn child_refused(child: &Child, e: Error) -> Status {
         to_status(match e {
-            Error::OverLimit { what, value, limit } => Error::OverLimit { what: format!("{}: {what}", child.url), value, limit },
+            Error::OverLimit { what, value, limit } => {
+                Error::OverLimit { what: format!("{}: {what}", child.url), value, limit }
+            }
             e => Error::Protocol(format!("{}: {e}", child.url)),
         })
     }
@@ -174,7 +180,11 @@ impl Relay {
     {
         let (senders, receivers): (Vec<_>, Vec<_>) = self.children.iter().map(|_| mpsc::channel(CUT_THROUGH)).unzip();
         let calls = try_join_all(
-            self.children.iter().zip(receivers).enumerate().map(|(i, (child, rx))| call(i, child.client.clone(), ReceiverStream::new(rx))),
+            self.children
+                .iter()
+                .zip(receivers)
+                .enumerate()
+                .map(|(i, (child, rx))| call(i, child.client.clone(), ReceiverStream::new(rx))),
         );
         let feed = async move {
             let mut meter = LayerMeter::default();
@@ -202,7 +212,11 @@ impl Relay {
         let mut replies = self
             .relay_down(layer, |i, mut client, chunks| async move {
                 let child = &self.children[i];
-                client.backward(chunks).await.map_err(|s| Self::child_error(child, s)).map(|r| (child.clone(), r.into_inner()))
+                client
+                    .backward(chunks)
+                    .await
+                    .map_err(|s| Self::child_error(child, s))
+                    .map(|r| (child.clone(), r.into_inner()))
             })
             .await?;
         let (child, stream) = replies.pop().ok_or_else(|| Status::internal("SwarmX node has no children"))?;
@@ -295,7 +309,8 @@ impl Stage for Relay {
                 decode_grad(parts, &self.limits).map_err(|e| Self::child_refused(child, e))
             })
             .await?;
-        let sum = Pairwise::of(grads).map_err(to_status)?.ok_or_else(|| Status::internal("SwarmX node has no children"))?;
+        let sum =
+            Pairwise::of(grads).map_err(to_status)?.ok_or_else(|| Status::internal("SwarmX node has no children"))?;
         self.reduce_seconds.observe(started.elapsed().as_secs_f64());
         Ok(Response::new(Box::pin(tokio_stream::iter(encode_grad_owned(sum).into_iter().map(Ok)))))
     }
@@ -379,11 +394,12 @@ impl Stage for Relay {
             async move {
                 let stream = client.step(below).await.map_err(|s| Self::child_error(child, s))?.into_inner();
                 let mut loss = None;
-                let grads =
-                    self.child_grads(child, stream, |c: &mut StepChunk| c.grad.take(), |c| loss = loss.or(c.loss)).await?;
-                let loss = loss.ok_or_else(|| Status::invalid_argument(format!("{}: a step reply without its loss", child.url)))?;
-                let grads = decode_grads(grads, &self.limits)
-                    .map_err(|e| Self::child_refused(child, e))?;
+                let grads = self
+                    .child_grads(child, stream, |c: &mut StepChunk| c.grad.take(), |c| loss = loss.or(c.loss))
+                    .await?;
+                let loss = loss
+                    .ok_or_else(|| Status::invalid_argument(format!("{}: a step reply without its loss", child.url)))?;
+                let grads = decode_grads(grads, &self.limits).map_err(|e| Self::child_refused(child, e))?;
                 Ok::<_, Status>((loss, grads))
             }
         });

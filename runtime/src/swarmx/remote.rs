@@ -8,19 +8,19 @@ use std::sync::Arc;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
-use super::relay::{connect, Child};
-use wire::grpc::Dial;
+use super::relay::{Child, connect};
 use super::{Split, StepRequest, StreamSource, Swarm};
-use crate::engine::server::stats_from_pb;
 use crate::engine::role::EngineStats;
-use errors::{Error, Result};
+use crate::engine::server::stats_from_pb;
 use crate::model::loss::LossSum;
-use crate::protocol::pb::{self, BeginStepRequest};
-use plan::limits::Limits;
-use crate::protocol::codec::grad::{decode_grad, GradMeter};
-use crate::protocol::codec::layer::encode_layer;
-use crate::protocol::codec::state::{decode_state, encode_state, StateMeter};
 use crate::protocol::LayerGrad;
+use crate::protocol::codec::grad::{GradMeter, decode_grad};
+use crate::protocol::codec::layer::encode_layer;
+use crate::protocol::codec::state::{StateMeter, decode_state, encode_state};
+use crate::protocol::pb::{self, BeginStepRequest};
+use errors::{Error, Result};
+use plan::limits::Limits;
+use wire::grpc::Dial;
 use wire::status::from_status;
 
 /// Layers sent ahead of the one the engines are computing.
@@ -67,7 +67,10 @@ impl RemoteSwarm {
         &mut self,
         layers: usize,
         next: StreamSource<'_>,
-        call: impl Fn(pb::stage_client::StageClient<tonic::transport::Channel>, Vec<pb::LayerChunk>) -> JoinHandle<Result<T>>,
+        call: impl Fn(
+            pb::stage_client::StageClient<tonic::transport::Channel>,
+            Vec<pb::LayerChunk>,
+        ) -> JoinHandle<Result<T>>,
     ) -> Result<Vec<T>> {
         let mut out = Vec::with_capacity(layers);
         self.pass_into(layers, next, call, &mut |t| {
@@ -84,13 +87,17 @@ impl RemoteSwarm {
         &mut self,
         layers: usize,
         next: StreamSource<'_>,
-        call: impl Fn(pb::stage_client::StageClient<tonic::transport::Channel>, Vec<pb::LayerChunk>) -> JoinHandle<Result<T>>,
+        call: impl Fn(
+            pb::stage_client::StageClient<tonic::transport::Channel>,
+            Vec<pb::LayerChunk>,
+        ) -> JoinHandle<Result<T>>,
         sink: &mut dyn FnMut(T) -> Result<()>,
     ) -> Result<()> {
         let (client, job, step, url) = (self.root.client.clone(), self.job.clone(), self.step, self.root.url.clone());
         let handle = self.handle.clone();
         let mut inflight: VecDeque<JoinHandle<Result<T>>> = VecDeque::new();
-        let wait = |h: JoinHandle<Result<T>>| handle.block_on(h).map_err(|e| Error::Unavailable(format!("{url}: {e}")))?;
+        let wait =
+            |h: JoinHandle<Result<T>>| handle.block_on(h).map_err(|e| Error::Unavailable(format!("{url}: {e}")))?;
         let result: Result<()> = (|| {
             for _ in 0..layers {
                 let stream = next()?;
@@ -145,21 +152,32 @@ impl Swarm for RemoteSwarm {
         Ok(reply.into_inner().into())
     }
 
-    fn backward_pass_into(&mut self, layers: usize, next: StreamSource<'_>, sink: &mut dyn FnMut(LayerGrad) -> Result<()>) -> Result<()> {
+    fn backward_pass_into(
+        &mut self,
+        layers: usize,
+        next: StreamSource<'_>,
+        sink: &mut dyn FnMut(LayerGrad) -> Result<()>,
+    ) -> Result<()> {
         let (url, limits) = (self.root.url.clone(), self.limits.clone());
-        self.pass_into(layers, next, move |mut client, chunks| {
-            let (u, limits) = (url.clone(), limits.clone());
-            tokio::spawn(async move {
-                let mut stream = client.backward(tokio_stream::iter(chunks)).await.map_err(|s| from_status(s, &u))?.into_inner();
-                let mut meter = GradMeter::new(&limits);
-                let mut parts = Vec::new();
-                while let Some(c) = stream.message().await.map_err(|s| from_status(s, &u))? {
-                    meter.check(&c, &limits)?;
-                    parts.push(c);
-                }
-                decode_grad(parts, &limits)
-            })
-        }, sink)
+        self.pass_into(
+            layers,
+            next,
+            move |mut client, chunks| {
+                let (u, limits) = (url.clone(), limits.clone());
+                tokio::spawn(async move {
+                    let mut stream =
+                        client.backward(tokio_stream::iter(chunks)).await.map_err(|s| from_status(s, &u))?.into_inner();
+                    let mut meter = GradMeter::new(&limits);
+                    let mut parts = Vec::new();
+                    while let Some(c) = stream.message().await.map_err(|s| from_status(s, &u))? {
+                        meter.check(&c, &limits)?;
+                        parts.push(c);
+                    }
+                    decode_grad(parts, &limits)
+                })
+            },
+            sink,
+        )
     }
 
     fn sram_bytes(&self) -> u64 {

@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use crds::{Activation, ModelSpec, OptimizerKind, OptimizerSpec, ScheduleSpec};
-use runtime::memoryx::store::MemoryX;
 use plan::layout::ModelLayout;
+use runtime::memoryx::store::MemoryX;
 
 /// Steps the test MemoryX plans for.
 pub const STEPS: u64 = 10;

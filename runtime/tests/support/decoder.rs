@@ -31,15 +31,17 @@ pub fn constant() -> ScheduleSpec {
 
 /// A short text as bytes, in windows of `context`.
 pub fn text(context: usize) -> Arc<Dataset> {
-    let bytes = b"Call me Ishmael. Some years ago, never mind how long precisely, having little money in my purse."
-        .repeat(3);
+    let bytes =
+        b"Call me Ishmael. Some years ago, never mind how long precisely, having little money in my purse.".repeat(3);
     Arc::new(Dataset::Text(TextWindows { tokens: Tokens::Bytes(bytes), vocab: 256, context }))
 }
 
 /// `engines` simulated engines running `layout`, fed from `data`.
 pub fn swarm(layout: &ModelLayout, engines: usize, data: &Arc<Dataset>) -> LocalSwarm {
     let engines: Vec<Box<dyn EngineRole>> = (0..engines)
-        .map(|i| Box::new(Wse::new(format!("engine-{i}"), layout.clone(), CountingHw::new(1 << 30))) as Box<dyn EngineRole>)
+        .map(|i| {
+            Box::new(Wse::new(format!("engine-{i}"), layout.clone(), CountingHw::new(1 << 30))) as Box<dyn EngineRole>
+        })
         .collect();
     LocalSwarm::new(engines, Arc::new(LocalFeed::new(data.clone(), data.clone()))).expect("engines")
 }
@@ -72,7 +74,14 @@ pub fn randomise(store: &MemoryX, seed: u64, vector: impl Fn(&mut ChaCha8Rng) ->
 /// One SGD step at rate 1 (the store's optimizer) from `start` on windows `samples`, then every parameter the
 /// step moved (and a sample of those it did not) probed by central differences of the mean loss: the move must
 /// be the gradient. Returns the parameters probed and how many of them were vectors.
-pub fn assert_step_is_the_gradient(store: &MemoryX, layout: &ModelLayout, data: &Arc<Dataset>, samples: &[u32], start: &Tensors, what: &str) -> (usize, usize) {
+pub fn assert_step_is_the_gradient(
+    store: &MemoryX,
+    layout: &ModelLayout,
+    data: &Arc<Dataset>,
+    samples: &[u32],
+    start: &Tensors,
+    what: &str,
+) -> (usize, usize) {
     let mut engines = swarm(layout, 1, data);
     train::train_step(store, &mut engines, train::StepShape::whole(layout), samples.to_vec(), 0).unwrap();
     let (_, after) = store.snapshot().unwrap();
@@ -109,7 +118,13 @@ pub fn curve(layout: &ModelLayout, data: &Arc<Dataset>, engines: usize, run: (us
 }
 
 /// [`curve`] with each engine's shard run as micro-batches of `micro_batch` windows (0: whole).
-pub fn curve_in(layout: &ModelLayout, data: &Arc<Dataset>, engines: usize, (batch, steps): (usize, u64), micro_batch: usize) -> Vec<f64> {
+pub fn curve_in(
+    layout: &ModelLayout,
+    data: &Arc<Dataset>,
+    engines: usize,
+    (batch, steps): (usize, u64),
+    micro_batch: usize,
+) -> Vec<f64> {
     let shape = train::StepShape { micro_batch, ..train::StepShape::whole(layout) };
     let store = MemoryX::new(layout.clone(), optimizer(OptimizerKind::Adamw, 0.01), constant(), steps, 11);
     let mut s = swarm(layout, engines, data);

@@ -17,7 +17,7 @@
 use plan::layout::ModelLayout;
 use serde::Serialize;
 
-use super::{dense_gemm, elementwise_cycles, sample, sort_heaviest_first, sparse_gemm_sorted, GemmCycles};
+use super::{GemmCycles, dense_gemm, elementwise_cycles, sample, sort_heaviest_first, sparse_gemm_sorted};
 use plan::preset::{self, EngineModel};
 
 /// One weight layer as the cost model needs it: its shape and, when masked, how its non-zeros spread over
@@ -141,7 +141,11 @@ impl LayerWork {
 }
 
 fn add(a: GemmCycles, b: GemmCycles) -> GemmCycles {
-    GemmCycles { axpy: a.axpy + b.axpy, mean_axpy: a.mean_axpy + b.mean_axpy, partial_sums: a.partial_sums + b.partial_sums }
+    GemmCycles {
+        axpy: a.axpy + b.axpy,
+        mean_axpy: a.mean_axpy + b.mean_axpy,
+        partial_sums: a.partial_sums + b.partial_sums,
+    }
 }
 
 /// A model's step as the cluster runs it.

@@ -19,13 +19,13 @@
 pub mod cluster;
 pub mod sample;
 
-use runtime::engine::hw::Work;
 use kernels::sparse::SparsePattern;
+use runtime::engine::hw::Work;
 use serde::Serialize;
 
 use plan::preset::EngineModel;
 
-pub use cluster::{estimate, Cluster, Estimate, LayerWork, Workload};
+pub use cluster::{Cluster, Estimate, LayerWork, Workload, estimate};
 
 /// How one product's features and tokens sit on the mesh. Tokens take at most the mesh's columns; when there
 /// are fewer tokens than columns the spare cores hold more features instead, so a small batch still uses the

@@ -1,11 +1,11 @@
 //! Analytic cases of the cost model: each checks a figure derived by hand from the seeds' description.
 
-use runtime::engine::hw::{EngineHw, Work};
 use kernels::sparse::SparsePattern;
+use runtime::engine::hw::{EngineHw, Work};
 
 use super::*;
-use plan::preset::{TINY, WSE2};
 use crate::SimWse;
+use plan::preset::{TINY, WSE2};
 
 /// FLOPs / (cores × FLOPs per core per cycle), the dense figure the seeds' peak implies.
 fn flops_over_peak(engine: &EngineModel, m: usize, n: usize, k: usize) -> u64 {
@@ -51,7 +51,11 @@ fn power_law_forward(outputs: usize, inputs: usize) -> (SparsePattern, SparsePat
         .map(|i| {
             let count = ((outputs as f64) / ((i + 1) as f64).powf(1.2)).ceil().max(1.0) as usize;
             // Spread each feature's outputs with a stride so they are not all the first ones.
-            (0..count).map(|j| ((j * 7919 + i) % outputs) as u32).collect::<std::collections::BTreeSet<_>>().into_iter().collect()
+            (0..count)
+                .map(|j| ((j * 7919 + i) % outputs) as u32)
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect()
         })
         .collect();
     let by_input = SparsePattern::from_lines(inputs, outputs, lines);

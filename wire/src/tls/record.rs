@@ -22,9 +22,9 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, ready};
 
-use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_256_GCM, CHACHA20_POLY1305, NONCE_LEN};
+use ring::aead::{AES_128_GCM, AES_256_GCM, Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use rustls::client::{ClientConnectionData, UnbufferedClientConnection};
 use rustls::kernel::KernelConnection;
 use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
@@ -32,7 +32,6 @@ use rustls::unbuffered::{ConnectionState, EncodeError, UnbufferedStatus};
 use rustls::{ConnectionTrafficSecrets, ExtractedSecrets};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-
 
 /// Most plaintext bytes in one record (RFC 8446 §5.1).
 const MAX_PLAINTEXT: usize = 1 << 14;
@@ -116,7 +115,8 @@ impl Direction {
             ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => (&CHACHA20_POLY1305, key, iv),
             _ => return Err(invalid("the negotiated cipher suite is not one this connection seals")),
         };
-        let key = UnboundKey::new(algorithm, key.as_ref()).map_err(|_| invalid("the traffic key has the wrong length"))?;
+        let key =
+            UnboundKey::new(algorithm, key.as_ref()).map_err(|_| invalid("the traffic key has the wrong length"))?;
         let iv: [u8; NONCE_LEN] = iv.as_ref().try_into().map_err(|_| invalid("the traffic IV has the wrong length"))?;
         Ok(Direction { key: LessSafeKey::new(key), iv, seq })
     }
@@ -167,12 +167,22 @@ pub struct Stream {
 
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stream").field("tcp", &self.tcp).field("rx_seq", &self.rx.seq).field("tx_seq", &self.tx.seq).finish()
+        f.debug_struct("Stream")
+            .field("tcp", &self.tcp)
+            .field("rx_seq", &self.rx.seq)
+            .field("tx_seq", &self.tx.seq)
+            .finish()
     }
 }
 
 impl Stream {
-    fn new(tcp: TcpStream, secrets: ExtractedSecrets, schedule: Box<dyn Schedule>, suite: rustls::SupportedCipherSuite, early: Handover) -> io::Result<Stream> {
+    fn new(
+        tcp: TcpStream,
+        secrets: ExtractedSecrets,
+        schedule: Box<dyn Schedule>,
+        suite: rustls::SupportedCipherSuite,
+        early: Handover,
+    ) -> io::Result<Stream> {
         let Some(suite) = suite.tls13() else {
             return Err(invalid("the connection negotiated TLS 1.2: layer streams speak TLS 1.3 only"));
         };
@@ -316,7 +326,10 @@ impl Stream {
                 }
                 let description = opened[1];
                 if description != 0 {
-                    return Err(io::Error::new(io::ErrorKind::ConnectionAborted, format!("the peer sent TLS alert {description}")));
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        format!("the peer sent TLS alert {description}"),
+                    ));
                 }
                 self.peer_closed = true;
             }
@@ -418,7 +431,11 @@ impl AsyncWrite for Stream {
         self.poll_write_vectored(cx, &[io::IoSlice::new(buf)])
     }
 
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if this.closed {
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "the TLS connection was shut down")));
@@ -492,7 +509,9 @@ macro_rules! handshake_for {
             fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
                 self.process_tls_records(incoming)
             }
-            fn finish(self) -> Result<(ExtractedSecrets, Box<dyn Schedule>, rustls::SupportedCipherSuite), rustls::Error> {
+            fn finish(
+                self,
+            ) -> Result<(ExtractedSecrets, Box<dyn Schedule>, rustls::SupportedCipherSuite), rustls::Error> {
                 let (secrets, kernel) = self.dangerous_into_kernel_connection()?;
                 let suite = kernel.negotiated_cipher_suite();
                 Ok((secrets, Box::new(kernel), suite))
@@ -539,7 +558,10 @@ async fn handshake<C: Handshake>(mut conn: C, mut tcp: TcpStream) -> io::Result<
                 }
                 let n = tcp.read(&mut incoming[used..]).await?;
                 if n == 0 {
-                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the connection during the TLS handshake"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the peer closed the connection during the TLS handshake",
+                    ));
                 }
                 used += n;
             }
@@ -555,7 +577,10 @@ async fn handshake<C: Handshake>(mut conn: C, mut tcp: TcpStream) -> io::Result<
             }
             ConnectionState::WriteTraffic(_) => done = true,
             ConnectionState::PeerClosed | ConnectionState::Closed => {
-                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "the peer closed the connection during the TLS handshake"));
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the peer closed the connection during the TLS handshake",
+                ));
             }
             other => return Err(invalid(format!("unexpected TLS handshake state {other:?}"))),
         }
@@ -586,7 +611,7 @@ pub async fn connect(tcp: TcpStream, config: Arc<rustls::ClientConfig>, server_n
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::{issue, Identity, SERVER_NAME};
+    use crate::identity::{Identity, SERVER_NAME, issue};
     use tokio::net::TcpListener;
 
     fn identity() -> Identity {
@@ -636,7 +661,11 @@ mod tests {
             let (a, b) = c.split_at(c.len() / 3);
             let mut at = 0;
             while at < c.len() {
-                let bufs = if at < a.len() { [io::IoSlice::new(&a[at..]), io::IoSlice::new(b)] } else { [io::IoSlice::new(&c[at..]), io::IoSlice::new(&[])] };
+                let bufs = if at < a.len() {
+                    [io::IoSlice::new(&a[at..]), io::IoSlice::new(b)]
+                } else {
+                    [io::IoSlice::new(&c[at..]), io::IoSlice::new(&[])]
+                };
                 at += w.write_vectored(&bufs).await.unwrap();
             }
         }
@@ -763,7 +792,11 @@ mod tests {
     }
 
     /// What a server reads from a client whose bytes pass through `change` after the handshake.
-    async fn read_through(change: impl Fn(usize, &mut [u8]) + Send + Sync + 'static, data: Vec<u8>, close: bool) -> io::Result<Vec<u8>> {
+    async fn read_through(
+        change: impl Fn(usize, &mut [u8]) + Send + Sync + 'static,
+        data: Vec<u8>,
+        close: bool,
+    ) -> io::Result<Vec<u8>> {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (to, front_addr) = (listener.local_addr().unwrap(), front.local_addr().unwrap());
@@ -793,9 +826,17 @@ mod tests {
         let clean = read_through(|_, _| {}, data.clone(), true).await.unwrap();
         assert!(clean == data, "through the proxy unchanged, every byte arrives");
         // Far past the handshake (a few KiB): inside an application data record.
-        let err = read_through(|at, buf| if (at..at + buf.len()).contains(&100_000) { buf[100_000 - at] ^= 1 }, data, true)
-            .await
-            .unwrap_err();
+        let err = read_through(
+            |at, buf| {
+                if (at..at + buf.len()).contains(&100_000) {
+                    buf[100_000 - at] ^= 1
+                }
+            },
+            data,
+            true,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
         assert!(err.to_string().contains("authentication"), "{err}");
     }

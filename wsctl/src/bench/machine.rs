@@ -7,9 +7,9 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
-use rayon::prelude::*;
+use anyhow::{Context, Result, bail};
 use kernels::dense;
+use rayon::prelude::*;
 use serde::Serialize;
 
 /// Sizes and repetitions of one `bench machine` run.
@@ -152,11 +152,18 @@ fn disk_rates(dir: &std::path::Path, bytes: u64, repeats: usize) -> Result<(Rate
 /// Best and median of `rates`.
 fn best_and_median(threads: usize, mut rates: Vec<f64>) -> Rate {
     rates.sort_by(f64::total_cmp);
-    Rate { threads, best: rates.last().copied().unwrap_or(0.0), median: rates.get(rates.len() / 2).copied().unwrap_or(0.0) }
+    Rate {
+        threads,
+        best: rates.last().copied().unwrap_or(0.0),
+        median: rates.get(rates.len() / 2).copied().unwrap_or(0.0),
+    }
 }
 
 fn pool(threads: usize) -> Result<rayon::ThreadPool> {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().with_context(|| format!("cannot start {threads} threads"))
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .with_context(|| format!("cannot start {threads} threads"))
 }
 
 /// GEMM FLOP/s on `threads` threads: the runtime's dense path splits over the threads of the pool it runs in.

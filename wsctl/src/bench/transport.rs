@@ -8,20 +8,20 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
-use runtime::protocol::pb::stage_client::StageClient;
-use runtime::protocol::pb::stage_server::{Stage, StageServer};
-use tonic::transport::Channel;
-use runtime::protocol::pb::{self, Ack, BeginStepRequest, InfoReply, InfoRequest, LayerChunk};
+use anyhow::{Context, Result, anyhow, bail};
 use plan::limits::Limits;
 use runtime::protocol::codec::chunk::Recycled;
-use runtime::protocol::codec::layer::{encode_layer, LayerAssembler};
+use runtime::protocol::codec::layer::{LayerAssembler, encode_layer};
+use runtime::protocol::pb::stage_client::StageClient;
+use runtime::protocol::pb::stage_server::{Stage, StageServer};
+use runtime::protocol::pb::{self, Ack, BeginStepRequest, InfoReply, InfoRequest, LayerChunk};
 use runtime::protocol::{LayerStream, Pass, WeightPayload};
 use serde::Serialize;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 /// Sizes and repetitions of one `bench transport` run.
@@ -155,7 +155,11 @@ async fn forward_once(client: &StageClient<Channel>, layer: &LayerStream, step: 
     let start = Instant::now();
     let chunks = encode_layer(fresh, JOB, step);
     let messages = chunks.len();
-    client.clone().forward(tokio_stream::iter(chunks)).await.map_err(|s| anyhow!("streaming a layer: {}", s.message()))?;
+    client
+        .clone()
+        .forward(tokio_stream::iter(chunks))
+        .await
+        .map_err(|s| anyhow!("streaming a layer: {}", s.message()))?;
     Ok((start.elapsed().as_secs_f64(), messages))
 }
 
@@ -165,7 +169,12 @@ fn sink_for(layer: &LayerStream) -> Result<Arc<Sink>> {
         WeightPayload::Dense(v) => v.len(),
         _ => bail!("the benchmark layer is dense"),
     };
-    Ok(Arc::new(Sink { job: JOB.into(), received: AtomicU64::new(0), limits: bench_limits(values), recycled: Arc::default() }))
+    Ok(Arc::new(Sink {
+        job: JOB.into(),
+        received: AtomicU64::new(0),
+        limits: bench_limits(values),
+        recycled: Arc::default(),
+    }))
 }
 
 /// The job the benchmark's streams belong to.
@@ -179,7 +188,8 @@ async fn grpc(sink: Arc<Sink>) -> Result<StageClient<Channel>> {
     let url = format!("https://{}", listener.local_addr()?);
     let served = identity.clone();
     tokio::spawn(async move { runtime::protocol::serve_stage(sink, listener, &served).await });
-    let child = runtime::swarmx::relay::connect(&url, JOB, wire::grpc::Dial::new(&identity, Duration::from_secs(10))).await?;
+    let child =
+        runtime::swarmx::relay::connect(&url, JOB, wire::grpc::Dial::new(&identity, Duration::from_secs(10))).await?;
     Ok(child.client)
 }
 
@@ -243,7 +253,9 @@ fn tcp_once(conn: &mut TcpStream, payload: &[u8]) -> Result<(f64, u64)> {
 fn paths(layer: &LayerStream, payload: &[u8], repeats: usize) -> Result<[PathReport; 3]> {
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let (tls_sink, plain_sink) = (sink_for(layer)?, sink_for(layer)?);
-    let (tls, plain) = rt.block_on(async { Ok::<_, anyhow::Error>((grpc(tls_sink.clone()).await?, grpc_plaintext(plain_sink.clone()).await?)) })?;
+    let (tls, plain) = rt.block_on(async {
+        Ok::<_, anyhow::Error>((grpc(tls_sink.clone()).await?, grpc_plaintext(plain_sink.clone()).await?))
+    })?;
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port")?;
     let addr = listener.local_addr()?;
     let receiver = std::thread::spawn(move || -> std::io::Result<()> { tcp_receiver(listener.accept()?.0) });
@@ -268,7 +280,13 @@ fn paths(layer: &LayerStream, payload: &[u8], repeats: usize) -> Result<[PathRep
     let [t0, t1, t2] = times;
     let report = |received: u64, messages: usize, t: Vec<f64>| {
         let seconds = median(t);
-        PathReport { bytes_sent: bytes, bytes_received: received, messages, seconds, bytes_per_s: bytes as f64 / seconds.max(1e-12) }
+        PathReport {
+            bytes_sent: bytes,
+            bytes_received: received,
+            messages,
+            seconds,
+            bytes_per_s: bytes as f64 / seconds.max(1e-12),
+        }
     };
     Ok([
         report(tls_sink.received.load(Ordering::SeqCst), messages[0], t0),
@@ -338,8 +356,12 @@ pub fn transport(args: TransportArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
     }
-    println!("{} bytes per transfer over 127.0.0.1, median of {} rounds (the paths take turns)", report.bytes, report.repeats);
-    let paths = [("gRPC Stage.Forward", &report.grpc), ("  without TLS", &report.grpc_plaintext), ("raw TCP", &report.tcp)];
+    println!(
+        "{} bytes per transfer over 127.0.0.1, median of {} rounds (the paths take turns)",
+        report.bytes, report.repeats
+    );
+    let paths =
+        [("gRPC Stage.Forward", &report.grpc), ("  without TLS", &report.grpc_plaintext), ("raw TCP", &report.tcp)];
     for (name, p) in paths {
         println!(
             "  {name:<18} {:>4} messages  {:>8.2} ms  {:>7.2} GB/s",

@@ -132,13 +132,16 @@ async fn transfer(command: &Command, source: &Origin, ns: &str, name: &str) -> R
     };
     match command {
         Command::List { json, .. } => {
-            let entries = crate::checkpoint::list(&source.base, &source.identity).await.map_err(|e| failed("list", e))?;
+            let entries =
+                crate::checkpoint::list(&source.base, &source.identity).await.map_err(|e| failed("list", e))?;
             print!("{}", crate::checkpoint::listing(&entries, *json));
         }
         Command::Pull { step, out, .. } => {
             // A deleted job's plan is gone with it: the listing's announced size bounds the download then.
             let max = source.job.as_ref().map(|j| crate::checkpoint::planned_bytes(&j.spec));
-            let path = crate::checkpoint::pull(&source.base, &source.identity, *step, out, max).await.map_err(|e| failed("pull", e))?;
+            let path = crate::checkpoint::pull(&source.base, &source.identity, *step, out, max)
+                .await
+                .map_err(|e| failed("pull", e))?;
             println!("{}", path.display());
         }
     }
@@ -173,7 +176,10 @@ async fn connect(cluster: &Cluster, name: &str, timeout: Duration) -> Result<Ori
     let running = list
         .items
         .iter()
-        .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && p.metadata.deletion_timestamp.is_none())
+        .find(|p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                && p.metadata.deletion_timestamp.is_none()
+        })
         .map(|p| p.name_any());
     let Some(pod) = running else {
         // A suspended or failed job's MemoryX is scaled to zero, and its claim free: read it as a deleted job's.
@@ -199,7 +205,10 @@ async fn connect(cluster: &Cluster, name: &str, timeout: Duration) -> Result<Ori
 async fn identity(cluster: &Cluster, job: &str) -> Result<Identity, Error> {
     let name = format!("{job}-identity");
     let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
-    let action = format!("read the job's identity Secret {}/{name} (MemoryX accepts only the job's certificate)", cluster.namespace);
+    let action = format!(
+        "read the job's identity Secret {}/{name} (MemoryX accepts only the job's certificate)",
+        cluster.namespace
+    );
     let secret = secrets.get(&name).await.map_err(Error::other(action))?;
     let file = |key: &str| -> Result<String, Error> {
         let bytes = secret.data.as_ref().and_then(|d| d.get(key)).map(|b| b.0.clone()).unwrap_or_default();

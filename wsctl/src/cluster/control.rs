@@ -40,7 +40,11 @@ async fn claims_of(cluster: &Cluster, name: &str, uid: &str) -> Result<Vec<Strin
     let ns = &cluster.namespace;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client.clone(), ns);
     let selector = ListParams::default().labels(&format!("{JOB_LABEL}={name},{JOB_UID_LABEL}={uid}"));
-    let list = claims.list(&selector).await.map_err(Error::api(format!("list the volume claims of TrainingJob {ns}/{name}"), ns, name))?;
+    let list = claims.list(&selector).await.map_err(Error::api(
+        format!("list the volume claims of TrainingJob {ns}/{name}"),
+        ns,
+        name,
+    ))?;
     Ok(list.items.iter().map(|c| c.name_any()).collect())
 }
 
@@ -60,7 +64,13 @@ pub fn kept(ns: &str, name: &str, uid: &str, retain: RetainPolicy, claims: &[Str
 
 /// Waits until no pod of job `name` is left (terminating ones included), nor, with `claims_of` (the job's uid),
 /// a volume claim of that job, until `deadline`.
-async fn children_gone(cluster: &Cluster, name: &str, claims_of: Option<&str>, deadline: tokio::time::Instant, what: &str) -> Result<(), Error> {
+async fn children_gone(
+    cluster: &Cluster,
+    name: &str,
+    claims_of: Option<&str>,
+    deadline: tokio::time::Instant,
+    what: &str,
+) -> Result<(), Error> {
     let ns = &cluster.namespace;
     let selector = ListParams::default().labels(&format!("{JOB_LABEL}={name}"));
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
@@ -68,7 +78,14 @@ async fn children_gone(cluster: &Cluster, name: &str, claims_of: Option<&str>, d
     let started = tokio::time::Instant::now();
     loop {
         let list = |action: &str| Error::api(format!("list the {action} of TrainingJob {ns}/{name}"), ns, name);
-        let mut left: Vec<String> = pods.list(&selector).await.map_err(list("pods"))?.items.iter().map(|p| format!("pod {}", p.name_any())).collect();
+        let mut left: Vec<String> = pods
+            .list(&selector)
+            .await
+            .map_err(list("pods"))?
+            .items
+            .iter()
+            .map(|p| format!("pod {}", p.name_any()))
+            .collect();
         if let Some(uid) = claims_of {
             let theirs = ListParams::default().labels(&format!("{JOB_LABEL}={name},{JOB_UID_LABEL}={uid}"));
             let found = claims.list(&theirs).await.map_err(list("volume claims"))?.items;
@@ -96,17 +113,27 @@ pub async fn suspend(cluster: &Cluster, name: &str, suspend: bool, wait: Option<
     }
     let patch = serde_json::json!({ "spec": { "suspend": suspend } });
     let action = format!("{verb} TrainingJob {ns}/{name}");
-    cluster.jobs().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::api(action, &ns, name))?;
+    cluster
+        .jobs()
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::api(action, &ns, name))?;
     println!("trainingjob {ns}/{name} {verb} requested");
     let Some(timeout) = wait else { return Ok(()) };
-    let what = if suspend { format!("TrainingJob {ns}/{name} to be Suspended") } else { format!("TrainingJob {ns}/{name} to leave Suspended") };
+    let what = if suspend {
+        format!("TrainingJob {ns}/{name} to be Suspended")
+    } else {
+        format!("TrainingJob {ns}/{name} to leave Suspended")
+    };
     let job = watch::until(cluster, name, timeout, &what, |job| {
         let Some(job) = job else { return Some(Err(Error::Deleted { namespace: ns.clone(), name: name.into() })) };
         let phase = job.status.as_ref().and_then(|s| s.phase);
         match phase {
-            Some(Phase::Failed) => {
-                Some(Err(Error::JobFailed { namespace: ns.clone(), name: name.into(), message: progress::failure(job) }))
-            }
+            Some(Phase::Failed) => Some(Err(Error::JobFailed {
+                namespace: ns.clone(),
+                name: name.into(),
+                message: progress::failure(job),
+            })),
             Some(Phase::Suspended) if suspend => Some(Ok(job.clone())),
             // The operator has seen the resume once the phase moves on from Suspended.
             Some(p) if !suspend && p != Phase::Suspended => Some(Ok(job.clone())),

@@ -20,7 +20,9 @@ pub enum Error {
     )]
     CrdMissing,
     /// The named job does not exist.
-    #[error("no TrainingJob {name} in namespace {namespace} (`wsctl get -n {namespace}` lists its jobs, `wsctl get -A` every namespace's)")]
+    #[error(
+        "no TrainingJob {name} in namespace {namespace} (`wsctl get -n {namespace}` lists its jobs, `wsctl get -A` every namespace's)"
+    )]
     NotFound {
         /// Where it was looked for.
         namespace: String,
@@ -121,7 +123,9 @@ impl Error {
                 let named = s.details.as_ref().is_some_and(|d| !d.name.is_empty());
                 if named && !name.is_empty() { Error::NotFound { namespace, name } } else { Error::CrdMissing }
             }
-            kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists" => Error::AlreadyExists { namespace, name },
+            kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists" => {
+                Error::AlreadyExists { namespace, name }
+            }
             kube::Error::Api(s) => Error::Refused { action, message: format!("{} ({})", s.message, s.code) },
             other => Error::Unreachable { action, message: other.to_string() },
         }

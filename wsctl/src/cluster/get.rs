@@ -60,7 +60,8 @@ pub fn render(jobs: &[TrainingJob], single: bool, output: Output) -> Result<Stri
     let value = if single {
         serde_json::to_value(jobs.first())
     } else {
-        serde_json::to_value(jobs).map(|items| serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": items }))
+        serde_json::to_value(jobs)
+            .map(|items| serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": items }))
     };
     let encode = |e: &dyn std::fmt::Display| Error::Invalid(format!("cannot encode the jobs: {e}"));
     let value = value.map_err(|e| encode(&e))?;
@@ -86,7 +87,10 @@ pub async fn get(name: Option<&str>, ns: Namespace, all: bool, output: Output) -
                 api.list(&ListParams::default()).await.map_err(Error::api(action, &cluster.namespace, ""))?.items;
             items.sort_by_key(|j| (j.namespace(), j.name_any()));
             if items.is_empty() && matches!(output, Output::Table) {
-                eprintln!("no TrainingJobs in {}", if all { "any namespace".to_string() } else { format!("namespace {scope}") });
+                eprintln!(
+                    "no TrainingJobs in {}",
+                    if all { "any namespace".to_string() } else { format!("namespace {scope}") }
+                );
                 return Ok(());
             }
             items
@@ -157,7 +161,8 @@ done      Succeeded   0/2    100/100   0.1000   0s      -       -
     fn json_is_the_object_or_a_list() {
         let one: serde_json::Value = serde_json::from_str(&render(&[running()], true, Output::Json).unwrap()).unwrap();
         assert_eq!((one["kind"].as_str(), one["status"]["step"].as_u64()), (Some("TrainingJob"), Some(20)));
-        let list: serde_yaml::Value = serde_yaml::from_str(&render(&[running(), queued()], false, Output::Yaml).unwrap()).unwrap();
+        let list: serde_yaml::Value =
+            serde_yaml::from_str(&render(&[running(), queued()], false, Output::Yaml).unwrap()).unwrap();
         assert_eq!(list["items"][1]["status"]["queuePosition"].as_u64(), Some(2));
     }
 }

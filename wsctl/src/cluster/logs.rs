@@ -94,15 +94,22 @@ pub async fn logs(cluster: &Cluster, job_name: &str, options: Options) -> Result
         let params = LogParams { follow: o.follow, tail_lines: o.tail, ..LogParams::default() };
         if !o.follow {
             for (name, _) in &names {
-                let text = reading.pods.logs(name, &params).await.map_err(Error::other(format!("read the log of pod {name}")))?;
+                let text = reading
+                    .pods
+                    .logs(name, &params)
+                    .await
+                    .map_err(Error::other(format!("read the log of pod {name}")))?;
                 print_lines(prefixed.then_some(name.as_str()), text.lines());
             }
             return Ok(());
         }
         let mut streams = Vec::new();
         for (name, uid) in &names {
-            let reader =
-                reading.pods.log_stream(name, &params).await.map_err(Error::other(format!("follow the log of pod {name}")))?;
+            let reader = reading
+                .pods
+                .log_stream(name, &params)
+                .await
+                .map_err(Error::other(format!("follow the log of pod {name}")))?;
             streamed.insert(uid.clone());
             let tag = name.clone();
             streams.push(reader.lines().map(move |l| (tag.clone(), l)).boxed());
@@ -138,7 +145,8 @@ impl Reading<'_> {
         let (o, job_name, which) = (&self.options, self.job_name, &self.which);
         loop {
             let action = format!("list the pods of {}/{job_name}", self.cluster.namespace);
-            let list = self.pods.list(&ListParams::default().labels(&self.selector)).await.map_err(Error::other(action))?;
+            let list =
+                self.pods.list(&ListParams::default().labels(&self.selector)).await.map_err(Error::other(action))?;
             let started = |p: &Pod| {
                 let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
                 !matches!(phase, None | Some("Pending"))
@@ -179,7 +187,11 @@ impl Reading<'_> {
                 return Ok(None);
             }
             if tokio::time::Instant::now() >= self.deadline {
-                return Err(Error::Timeout { after: o.timeout, what: format!("a running {which} of {job_name}"), last: None });
+                return Err(Error::Timeout {
+                    after: o.timeout,
+                    what: format!("a running {which} of {job_name}"),
+                    last: None,
+                });
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }

@@ -32,7 +32,6 @@ use kube::api::Api;
 
 pub use error::Error;
 
-
 /// Waits longer than this are an error unless `--timeout` says otherwise: long enough for a small job, short
 /// enough that a stuck script notices.
 const DEFAULT_TIMEOUT: &str = "3600";
@@ -174,7 +173,9 @@ async fn dispatch(command: Command) -> Result<(), Error> {
         Command::Get { job: Some(job), ns, output, watch: true, timeout, .. } => {
             get::watch(&Cluster::connect(ns).await?, &job, output, secs(timeout)).await
         }
-        Command::Get { job, ns, all_namespaces, output, .. } => get::get(job.as_deref(), ns, all_namespaces, output).await,
+        Command::Get { job, ns, all_namespaces, output, .. } => {
+            get::get(job.as_deref(), ns, all_namespaces, output).await
+        }
         Command::Logs { job, ns, role, index, follow, tail, timeout } => {
             let options = logs::Options { role, index, follow, tail, timeout: secs(timeout) };
             logs::logs(&Cluster::connect(ns).await?, &job, options).await

@@ -64,7 +64,10 @@ pub fn waiting_for(job: &TrainingJob) -> Option<String> {
     if s.phase != Some(Phase::Queued) {
         return None;
     }
-    s.conditions.iter().find(|c| ConditionType::Admitted.of(c) && !ConditionStatus::True.of(c)).map(|c| c.reason.clone())
+    s.conditions
+        .iter()
+        .find(|c| ConditionType::Admitted.of(c) && !ConditionStatus::True.of(c))
+        .map(|c| c.reason.clone())
 }
 
 /// Why the job failed: the `Failed` condition's message (else any failing condition's), for the user.
@@ -131,9 +134,11 @@ impl Reporter {
                     bar.set_position(s);
                 }
                 let mut msg = vec![phase(job)];
-                msg.extend([loss(job).map(|l| format!("loss {l}")), throughput(job), eta(job).map(|e| format!("ETA {e}"))]
-                    .into_iter()
-                    .flatten());
+                msg.extend(
+                    [loss(job).map(|l| format!("loss {l}")), throughput(job), eta(job).map(|e| format!("ETA {e}"))]
+                        .into_iter()
+                        .flatten(),
+                );
                 msg.extend(queue_position(job).map(|q| format!("queue {q}")));
                 msg.extend(waiting_for(job).map(|w| format!("waiting: {w}")));
                 bar.set_message(msg.join("  "));

@@ -50,12 +50,14 @@ pub async fn claims(cluster: &Cluster, job: &str) -> Result<Vec<PersistentVolume
 /// Weight server 0's claim (`<template>-<job>-memoryx-0`, the StatefulSet controller's name) of the newest job
 /// among `claims` (of the job of uid `uid` only, when given), and how many claims of other jobs of the same name
 /// there are besides.
-pub fn newest_server0<'a>(claims: &'a [PersistentVolumeClaim], job: &str, uid: Option<&str>) -> Option<(&'a PersistentVolumeClaim, usize)> {
+pub fn newest_server0<'a>(
+    claims: &'a [PersistentVolumeClaim],
+    job: &str,
+    uid: Option<&str>,
+) -> Option<(&'a PersistentVolumeClaim, usize)> {
     let suffix = format!("-{job}-memoryx-0");
-    let mut zeros: Vec<&PersistentVolumeClaim> = claims
-        .iter()
-        .filter(|c| c.name_any().ends_with(&suffix) && c.metadata.deletion_timestamp.is_none())
-        .collect();
+    let mut zeros: Vec<&PersistentVolumeClaim> =
+        claims.iter().filter(|c| c.name_any().ends_with(&suffix) && c.metadata.deletion_timestamp.is_none()).collect();
     let others = zeros.len();
     if let Some(uid) = uid {
         zeros.retain(|c| c.labels().get(JOB_UID_LABEL).map(String::as_str) == Some(uid));
@@ -77,7 +79,8 @@ pub fn reader_pod(name: &str, job: &str, claim: &PersistentVolumeClaim, deadline
         scheme: Some("HTTPS".into()),
         ..Default::default()
     };
-    let items = MOUNTED.iter().map(|f| KeyToPath { key: f.to_string(), path: f.to_string(), ..Default::default() }).collect();
+    let items =
+        MOUNTED.iter().map(|f| KeyToPath { key: f.to_string(), path: f.to_string(), ..Default::default() }).collect();
     let container = Container {
         name: "checkpoint-server".into(),
         image: Some(image),
@@ -91,11 +94,29 @@ pub fn reader_pod(name: &str, job: &str, claim: &PersistentVolumeClaim, deadline
             "--listen".into(),
             format!("0.0.0.0:{HTTP_PORT}"),
         ]),
-        ports: Some(vec![ContainerPort { name: Some("http".into()), container_port: i32::from(HTTP_PORT), ..Default::default() }]),
-        readiness_probe: Some(Probe { http_get: Some(https("/healthz")), period_seconds: Some(1), ..Default::default() }),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: i32::from(HTTP_PORT),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(Probe {
+            http_get: Some(https("/healthz")),
+            period_seconds: Some(1),
+            ..Default::default()
+        }),
         volume_mounts: Some(vec![
-            VolumeMount { name: "checkpoints".into(), mount_path: CHECKPOINT_DIR.into(), read_only: Some(true), ..Default::default() },
-            VolumeMount { name: "identity".into(), mount_path: IDENTITY_DIR.into(), read_only: Some(true), ..Default::default() },
+            VolumeMount {
+                name: "checkpoints".into(),
+                mount_path: CHECKPOINT_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: "identity".into(),
+                mount_path: IDENTITY_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
         ]),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
@@ -121,12 +142,20 @@ pub fn reader_pod(name: &str, job: &str, claim: &PersistentVolumeClaim, deadline
             volumes: Some(vec![
                 Volume {
                     name: "checkpoints".into(),
-                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: claim.name_any(), read_only: Some(true) }),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: claim.name_any(),
+                        read_only: Some(true),
+                    }),
                     ..Default::default()
                 },
                 Volume {
                     name: "identity".into(),
-                    secret: Some(SecretVolumeSource { secret_name: Some(name.into()), items: Some(items), default_mode: Some(0o440), ..Default::default() }),
+                    secret: Some(SecretVolumeSource {
+                        secret_name: Some(name.into()),
+                        items: Some(items),
+                        default_mode: Some(0o440),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 },
             ]),
@@ -172,7 +201,9 @@ impl Reader {
         let Reader { pods, name, forward, .. } = self;
         drop(forward);
         if let Err(e) = pods.delete(&name, &DeleteParams::background()).await {
-            eprintln!("wsctl: could not delete the checkpoint reader pod {name}: {e} (it stops by itself at its deadline)");
+            eprintln!(
+                "wsctl: could not delete the checkpoint reader pod {name}: {e} (it stops by itself at its deadline)"
+            );
         }
     }
 }
@@ -183,7 +214,8 @@ impl Reader {
 pub async fn open(cluster: &Cluster, job: &str, uid: Option<&str>, timeout: Duration) -> Result<Reader, Error> {
     let ns = cluster.namespace.clone();
     let all = claims(cluster, job).await?;
-    let (claim, earlier) = newest_server0(&all, job, uid).ok_or_else(|| Error::NotFound { namespace: ns.clone(), name: job.into() })?;
+    let (claim, earlier) =
+        newest_server0(&all, job, uid).ok_or_else(|| Error::NotFound { namespace: ns.clone(), name: job.into() })?;
     let uid = claim.labels().get(JOB_UID_LABEL).cloned().unwrap_or_else(|| "unknown".into());
     if earlier > 0 {
         eprintln!(
@@ -192,18 +224,22 @@ pub async fn open(cluster: &Cluster, job: &str, uid: Option<&str>, timeout: Dura
             claim.name_any()
         );
     }
-    let issued = wire::identity::issue(job, &[]).map_err(|e| Error::Invalid(format!("cannot issue a reader identity: {e}")))?;
+    let issued =
+        wire::identity::issue(job, &[]).map_err(|e| Error::Invalid(format!("cannot issue a reader identity: {e}")))?;
     let name = format!("{}-checkpoint-reader-{}", truncate(job, 30), suffix());
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns);
     let deadline = i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX).saturating_add(30);
     let pod = reader_pod(&name, job, claim, deadline);
-    let created = pods
-        .create(&PostParams::default(), &pod)
-        .await
-        .map_err(Error::other(format!("create the checkpoint reader pod {ns}/{name} for claim {}", claim.name_any())))?;
+    let created = pods.create(&PostParams::default(), &pod).await.map_err(Error::other(format!(
+        "create the checkpoint reader pod {ns}/{name} for claim {}",
+        claim.name_any()
+    )))?;
     let reader_secret = secret(&name, &created, &issued);
     let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), &ns);
-    let made = secrets.create(&PostParams::default(), &reader_secret).await.map_err(Error::other(format!("create Secret {ns}/{name}")));
+    let made = secrets
+        .create(&PostParams::default(), &reader_secret)
+        .await
+        .map_err(Error::other(format!("create Secret {ns}/{name}")));
     if let Err(e) = made {
         let _ = pods.delete(&name, &DeleteParams::background()).await;
         return Err(e);
@@ -226,7 +262,11 @@ fn secret(name: &str, pod: &Pod, issued: &wire::identity::Issued) -> Secret {
         uid: pod.meta().uid.clone().unwrap_or_default(),
         ..Default::default()
     };
-    let data = issued.files().into_iter().filter(|(k, _)| MOUNTED.contains(k)).map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())));
+    let data = issued
+        .files()
+        .into_iter()
+        .filter(|(k, _)| MOUNTED.contains(k))
+        .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())));
     Secret {
         metadata: ObjectMeta { name: Some(name.into()), owner_references: Some(vec![owner]), ..Default::default() },
         type_: Some("Opaque".into()),
@@ -243,7 +283,9 @@ async fn wait_ready(pods: &Api<Pod>, name: &str, ns: &str, timeout: Duration) ->
         let pod = pods.get(name).await.map_err(Error::other(format!("read pod {ns}/{name}")))?;
         let status = pod.status.as_ref();
         let phase = status.and_then(|s| s.phase.clone()).unwrap_or_else(|| "Pending".into());
-        let ready = status.and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
         if ready {
             return Ok(());
         }
@@ -255,7 +297,11 @@ async fn wait_ready(pods: &Api<Pod>, name: &str, ns: &str, timeout: Duration) ->
         last = Some(format!("pod {name} {phase}; `kubectl describe pod {name} -n {ns}` says why"));
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    Err(Error::Timeout { after: started.elapsed(), what: format!("the checkpoint reader pod {ns}/{name} to serve"), last })
+    Err(Error::Timeout {
+        after: started.elapsed(),
+        what: format!("the checkpoint reader pod {ns}/{name} to serve"),
+        last,
+    })
 }
 
 /// At most `n` bytes of `s` (a DNS label's room for the pod name's suffix).
@@ -318,10 +364,16 @@ mod tests {
         assert_eq!((claim.claim_name.as_str(), claim.read_only), ("checkpoints-u1-mnist-memoryx-0", Some(true)));
         let container = &spec.containers[0];
         assert!(container.volume_mounts.iter().flatten().all(|m| m.read_only == Some(true)));
-        assert_eq!((container.image.as_deref(), container.image_pull_policy.as_deref()), (Some("reg.local/ws:dev"), Some("Never")));
+        assert_eq!(
+            (container.image.as_deref(), container.image_pull_policy.as_deref()),
+            (Some("reg.local/ws:dev"), Some("Never"))
+        );
         assert_eq!(spec.active_deadline_seconds, Some(90));
         let sc = container.security_context.as_ref().unwrap();
-        assert_eq!((sc.allow_privilege_escalation, sc.read_only_root_filesystem, sc.run_as_non_root), (Some(false), Some(true), Some(true)));
+        assert_eq!(
+            (sc.allow_privilege_escalation, sc.read_only_root_filesystem, sc.run_as_non_root),
+            (Some(false), Some(true), Some(true))
+        );
         assert_eq!(sc.capabilities.as_ref().and_then(|c| c.drop.clone()), Some(vec!["ALL".to_string()]));
         let psc = spec.security_context.as_ref().unwrap();
         assert_eq!(psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()), Some("RuntimeDefault"));

@@ -40,7 +40,12 @@ pub fn running() -> TrainingJob {
             },
             progress_percentage: Some(20),
             estimated_remaining_seconds: Some(65),
-            conditions: vec![condition(ConditionType::Admitted, ConditionStatus::True, Reason::Admitted, "2 CS-2s allocated")],
+            conditions: vec![condition(
+                ConditionType::Admitted,
+                ConditionStatus::True,
+                Reason::Admitted,
+                "2 CS-2s allocated",
+            )],
             ..TrainingJobStatus::default()
         },
     )

@@ -48,9 +48,11 @@ pub fn outcome(job: Option<&TrainingJob>, namespace: &str, name: &str) -> Option
     };
     match job.status.as_ref().and_then(|s| s.phase) {
         Some(Phase::Succeeded) => Some(Ok(())),
-        Some(Phase::Failed) => {
-            Some(Err(Error::JobFailed { namespace: namespace.into(), name: name.into(), message: progress::failure(job) }))
-        }
+        Some(Phase::Failed) => Some(Err(Error::JobFailed {
+            namespace: namespace.into(),
+            name: name.into(),
+            message: progress::failure(job),
+        })),
         _ => None,
     }
 }

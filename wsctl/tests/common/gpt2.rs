@@ -21,20 +21,26 @@ pub struct Gpt2 {
 
 impl Gpt2 {
     pub fn load(dir: &Path) -> Gpt2 {
-        let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
         assert_eq!(config["model_type"], "gpt2");
         assert_eq!(config["architectures"][0], "GPT2LMHeadModel");
         assert_eq!(config["activation_function"], "gelu_new");
         let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
         let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-        assert_eq!(meta.metadata().as_ref().and_then(|m| m.get("format")).map(String::as_str), Some("pt"), "transformers needs format pt");
+        assert_eq!(
+            meta.metadata().as_ref().and_then(|m| m.get("format")).map(String::as_str),
+            Some("pt"),
+            "transformers needs format pt"
+        );
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         let tensors = st
             .tensors()
             .into_iter()
             .map(|(name, view)| {
                 assert_eq!(view.dtype(), safetensors::Dtype::F32);
-                let values = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                let values =
+                    view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
                 (name, (view.shape().to_vec(), values))
             })
             .collect();
@@ -60,7 +66,8 @@ impl Gpt2 {
     }
 
     fn layer_norm(&self, x: &[f32], prefix: &str) -> Vec<f32> {
-        let (g, b) = (self.t(&format!("{prefix}.weight"), &[self.embd]), self.t(&format!("{prefix}.bias"), &[self.embd]));
+        let (g, b) =
+            (self.t(&format!("{prefix}.weight"), &[self.embd]), self.t(&format!("{prefix}.bias"), &[self.embd]));
         let n = x.len() as f32;
         let mean = x.iter().sum::<f32>() / n;
         let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
@@ -84,12 +91,21 @@ impl Gpt2 {
     pub fn loss(&self, tokens: &[usize], labels: &[usize]) -> f64 {
         let (e, nh) = (self.embd, self.heads);
         let dh = e / nh;
-        let (wte, wpe) = (self.t("transformer.wte.weight", &[self.vocab, e]), self.t("transformer.wpe.weight", &[self.positions, e]));
-        let mut h: Vec<Vec<f32>> =
-            tokens.iter().enumerate().map(|(p, &tok)| (0..e).map(|d| wte[tok * e + d] + wpe[p * e + d]).collect()).collect();
+        let (wte, wpe) = (
+            self.t("transformer.wte.weight", &[self.vocab, e]),
+            self.t("transformer.wpe.weight", &[self.positions, e]),
+        );
+        let mut h: Vec<Vec<f32>> = tokens
+            .iter()
+            .enumerate()
+            .map(|(p, &tok)| (0..e).map(|d| wte[tok * e + d] + wpe[p * e + d]).collect())
+            .collect();
         for l in 0..self.layers {
             let pre = format!("transformer.h.{l}");
-            let qkv: Vec<Vec<f32>> = h.iter().map(|x| self.conv1d(&self.layer_norm(x, &format!("{pre}.ln_1")), &format!("{pre}.attn.c_attn"), 3 * e)).collect();
+            let qkv: Vec<Vec<f32>> = h
+                .iter()
+                .map(|x| self.conv1d(&self.layer_norm(x, &format!("{pre}.ln_1")), &format!("{pre}.attn.c_attn"), 3 * e))
+                .collect();
             for p in 0..h.len() {
                 let mut merged = vec![0.0f32; e];
                 for head in 0..nh {
@@ -115,10 +131,13 @@ impl Gpt2 {
                 h[p].iter_mut().zip(&attn).for_each(|(x, a)| *x += a);
             }
             for x in &mut h {
-                let up = self.conv1d(&self.layer_norm(x, &format!("{pre}.ln_2")), &format!("{pre}.mlp.c_fc"), self.inner);
+                let up =
+                    self.conv1d(&self.layer_norm(x, &format!("{pre}.ln_2")), &format!("{pre}.mlp.c_fc"), self.inner);
                 let act: Vec<f32> = up
                     .iter()
-                    .map(|&u| 0.5 * u * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (u + 0.044715 * u.powi(3))).tanh()))
+                    .map(|&u| {
+                        0.5 * u * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (u + 0.044715 * u.powi(3))).tanh())
+                    })
                     .collect();
                 let down = self.conv1d(&act, &format!("{pre}.mlp.c_proj"), e);
                 x.iter_mut().zip(&down).for_each(|(x, d)| *x += d);
@@ -128,7 +147,8 @@ impl Gpt2 {
         let mut sum = 0.0;
         for (x, &label) in h.iter().zip(labels) {
             let f = self.layer_norm(x, "transformer.ln_f");
-            let logits: Vec<f64> = (0..self.vocab).map(|v| (0..e).map(|d| (head[v * e + d] * f[d]) as f64).sum()).collect();
+            let logits: Vec<f64> =
+                (0..self.vocab).map(|v| (0..e).map(|d| (head[v * e + d] * f[d]) as f64).sum()).collect();
             let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let lse = max + logits.iter().map(|z| (z - max).exp()).sum::<f64>().ln();
             sum += lse - logits[label];
@@ -136,4 +156,3 @@ impl Gpt2 {
         sum
     }
 }
-

@@ -79,10 +79,11 @@ pub fn https(method: &str, addr: &str, path: &str, ca: &str, client: Option<(&st
     for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
         roots.add(c.expect("a CA certificate")).expect("a usable CA");
     }
-    let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(roots);
+    let builder =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots);
     let config = match client {
         Some((cert, key)) => builder
             .with_client_auth_cert(

@@ -45,8 +45,11 @@ pub fn values(k: usize, n: usize) -> Vec<f32> {
 
 pub fn serialize(named: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
     let bytes: Vec<Vec<u8>> = named.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
-    let views: Vec<(String, TensorView<'_>)> =
-        named.iter().zip(&bytes).map(|((n, s, _), b)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap())).collect();
+    let views: Vec<(String, TensorView<'_>)> = named
+        .iter()
+        .zip(&bytes)
+        .map(|((n, s, _), b)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
+        .collect();
     safetensors::tensor::serialize(views, None).unwrap()
 }
 
@@ -54,19 +57,30 @@ pub fn serialize(named: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
 pub fn write_folder(dir: &Path, tied: bool, sharded: bool) -> HashMap<String, Vec<f32>> {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("config.json"), CONFIG.replace("TIED", if tied { "true" } else { "false" })).unwrap();
-    let named: Vec<(String, Vec<usize>, Vec<f32>)> =
-        tensors(tied).into_iter().enumerate().map(|(k, (n, s))| { let len = s.iter().product(); (n, s, values(k, len)) }).collect();
+    let named: Vec<(String, Vec<usize>, Vec<f32>)> = tensors(tied)
+        .into_iter()
+        .enumerate()
+        .map(|(k, (n, s))| {
+            let len = s.iter().product();
+            (n, s, values(k, len))
+        })
+        .collect();
     if sharded {
         let (a, b) = named.split_at(named.len() / 2);
         let mut map = serde_json::Map::new();
         for (file, part) in [("model-00001-of-00002.safetensors", a), ("model-00002-of-00002.safetensors", b)] {
             std::fs::write(dir.join(file), serialize(part)).unwrap();
-            part.iter().for_each(|(n, _, _)| { map.insert(n.clone(), file.into()); });
+            part.iter().for_each(|(n, _, _)| {
+                map.insert(n.clone(), file.into());
+            });
         }
-        std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
+        std::fs::write(
+            dir.join("model.safetensors.index.json"),
+            serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
+        )
+        .unwrap();
     } else {
         std::fs::write(dir.join("model.safetensors"), serialize(&named)).unwrap();
     }
     named.into_iter().map(|(n, _, v)| (n, v)).collect()
 }
-

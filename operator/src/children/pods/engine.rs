@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use crds::contract::Role;
 use crds::TrainingJob;
+use crds::contract::Role;
 use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
@@ -11,20 +11,25 @@ use plan::appliance::Plan;
 use plan::wiring::Wiring;
 
 use super::pod;
+use crate::Error;
 use crate::children::container::{container, memory_request};
 use crate::children::names;
 use crate::children::pod_security::restricted_pod;
 use crate::children::settings::Settings;
 use crate::children::site::ClusterSite;
 use crate::children::volumes::volumes_of;
-use crate::Error;
 
 /// The extended resource a node advertises for each CS-2 it is attached to.
 pub const CS2_RESOURCE: &str = "weightstream.dev/cs2";
 
 /// One engine pod per CS-2, named by index so a replacement keeps its identity. It requests one
 /// `weightstream.dev/cs2` when nodes advertise that resource, so the scheduler places it on a CS-2's host.
-pub(crate) fn engine_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str) -> Result<Vec<Pod>, Error> {
+pub(crate) fn engine_pods(
+    job: &TrainingJob,
+    settings: &Settings,
+    plan: &Plan,
+    config: &str,
+) -> Result<Vec<Pod>, Error> {
     let cs2 = plan.cs2;
     // An engine holds its SRAM's worth at most, and a pipelined one MemoryX's state besides (its replica).
     let replica = if plan.execution_mode == crds::ExecutionMode::Pipelined { plan.memoryx_bytes } else { 0 };
@@ -67,7 +72,10 @@ mod tests {
         assert_eq!(spec.subdomain.as_deref(), Some("mnist-engine"));
         assert_eq!(spec.containers[0].command.as_ref().unwrap(), &["sim-wse"]);
         let r = spec.containers[0].resources.clone().expect("a memory request from the plan");
-        assert!(r.requests.as_ref().is_some_and(|q| q.contains_key("memory") && !q.contains_key(CS2_RESOURCE)), "no cs2 request when no node advertises it");
+        assert!(
+            r.requests.as_ref().is_some_and(|q| q.contains_key("memory") && !q.contains_key(CS2_RESOURCE)),
+            "no cs2 request when no node advertises it"
+        );
         assert!(r.limits.is_none());
     }
 

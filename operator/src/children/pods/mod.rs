@@ -8,8 +8,8 @@ pub mod swarmx;
 
 use std::collections::BTreeMap;
 
-use crds::contract::Role;
 use crds::TrainingJob;
+use crds::contract::Role;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 
 use super::hash::{fnv, spec_hash};
@@ -27,7 +27,14 @@ pub(crate) const STATELESS_GRACE_SECONDS: i64 = 2;
 
 /// A pod of `role` named `name`, found through `service`, from its `spec`, annotated with the hash of the spec
 /// and of the `config` hash it reads at start.
-pub(crate) fn pod(job: &TrainingJob, name: String, role: Role, service: String, spec: PodSpec, config: &str) -> Result<Pod, Error> {
+pub(crate) fn pod(
+    job: &TrainingJob,
+    name: String,
+    role: Role,
+    service: String,
+    spec: PodSpec,
+    config: &str,
+) -> Result<Pod, Error> {
     let mut spec = spec;
     spec.hostname = Some(name.clone());
     spec.subdomain = Some(service);

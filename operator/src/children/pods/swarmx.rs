@@ -1,31 +1,49 @@
 //! The SwarmX tree's pods, root first, as the plan lays the tree out.
 
-use crds::contract::Role;
 use crds::TrainingJob;
+use crds::contract::Role;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use plan::appliance::Plan;
 use plan::wiring::Wiring;
 
 use super::pod;
+use crate::Error;
 use crate::children::container::container;
 use crate::children::names;
 use crate::children::pod_security::restricted_pod;
 use crate::children::settings::Settings;
 use crate::children::site::ClusterSite;
 use crate::children::volumes::role_volumes;
-use crate::Error;
 
 /// The SwarmX tree's pods, root first, as the plan lays the tree out: each broadcasts what its parent sends to
 /// its children and sums what they return.
-pub(crate) fn swarmx_pods(job: &TrainingJob, settings: &Settings, plan: &Plan, config: &str) -> Result<Vec<Pod>, Error> {
+pub(crate) fn swarmx_pods(
+    job: &TrainingJob,
+    settings: &Settings,
+    plan: &Plan,
+    config: &str,
+) -> Result<Vec<Pod>, Error> {
     let name = job.name_any();
     plan.swarmx
         .nodes()
         .map(|node| {
-            let c = container(job, settings, &Wiring::of(plan).swarmx(&ClusterSite::of(job), node), job.spec.resources.swarmx.clone(), vec![]);
+            let c = container(
+                job,
+                settings,
+                &Wiring::of(plan).swarmx(&ClusterSite::of(job), node),
+                job.spec.resources.swarmx.clone(),
+                vec![],
+            );
             let spec = restricted_pod(vec![c], role_volumes(job));
-            pod(job, names::swarmx(&name, node.level, node.index), Role::Swarmx, names::swarmx_service(&name), spec, config)
+            pod(
+                job,
+                names::swarmx(&name, node.level, node.index),
+                Role::Swarmx,
+                names::swarmx_service(&name),
+                spec,
+                config,
+            )
         })
         .collect()
 }

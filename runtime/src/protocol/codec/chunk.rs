@@ -13,7 +13,10 @@ pub const CHUNK_BYTES: usize = 1_000_000;
 pub(crate) fn extend_words<T: bytemuck::Pod>(out: &mut Vec<T>, bytes: &[u8], what: &str) -> Result<()> {
     let size = std::mem::size_of::<T>();
     if !bytes.len().is_multiple_of(size) {
-        return Err(Error::Protocol(format!("{what} holds {} bytes, not a whole number of {size}-byte values", bytes.len())));
+        return Err(Error::Protocol(format!(
+            "{what} holds {} bytes, not a whole number of {size}-byte values",
+            bytes.len()
+        )));
     }
     // Each word is written once, straight from the message (whose bytes need not be aligned): no zero-fill
     // of the room first, which doubled the writes of a megabyte chunk.
@@ -164,7 +167,8 @@ impl Recycled {
             return None;
         }
         let mut pool = self.pool.lock().ok()?;
-        let fits = pool.kept.iter().enumerate().filter(|(_, b)| b.capacity() >= capacity).min_by_key(|(_, b)| b.capacity());
+        let fits =
+            pool.kept.iter().enumerate().filter(|(_, b)| b.capacity() >= capacity).min_by_key(|(_, b)| b.capacity());
         match fits.map(|(i, _)| i) {
             Some(i) => {
                 let buffer = pool.kept.swap_remove(i);
@@ -288,7 +292,6 @@ pub(crate) fn pieces(data: Bytes) -> impl Iterator<Item = Bytes> {
     (0..data.len()).step_by(CHUNK_BYTES).map(move |at| data.slice(at..(at + CHUNK_BYTES).min(data.len())))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,7 +309,11 @@ mod tests {
         let at = values.as_ptr();
         let mut cut: Vec<Bytes> = pieces(POOL.bytes(values)).collect();
         assert_eq!(cut.len(), 3, "2.4 MB in pieces of at most 1 MB");
-        assert_eq!(bytemuck::pod_read_unaligned::<f32>(&cut[1][..4]), (CHUNK_BYTES / 4) as f32, "the pieces are the values");
+        assert_eq!(
+            bytemuck::pod_read_unaligned::<f32>(&cut[1][..4]),
+            (CHUNK_BYTES / 4) as f32,
+            "the pieces are the values"
+        );
         let last = cut.pop();
         drop(cut);
         assert_eq!(kept(&POOL), 0, "a piece is still held");

@@ -3,18 +3,22 @@
 
 use bytes::Bytes;
 
-use super::chunk::{extend_words, pieces, Recycled, Words, MAX_RESERVE};
+use super::chunk::{MAX_RESERVE, Recycled, Words, extend_words, pieces};
+use crate::protocol::LayerGrad;
+use crate::protocol::pb::GradChunk;
 use errors::{Error, Result};
 use plan::limits::Limits;
-use crate::protocol::pb::GradChunk;
-use crate::protocol::LayerGrad;
 
 /// Cuts a gradient into chunks, taking it over so the chunks share its memory instead of copying it.
 pub fn encode_grad_owned(grad: LayerGrad) -> Vec<GradChunk> {
     let (layer, weights_len, bias_len) = (grad.layer as u32, grad.weights.len() as u64, grad.bias.len() as u64);
     let mut chunks: Vec<GradChunk> = pieces(Bytes::from_owner(Words(grad.weights)))
         .map(|w| GradChunk { layer, weights: w, ..GradChunk::default() })
-        .chain(pieces(Bytes::from_owner(Words(grad.bias))).map(|b| GradChunk { layer, bias: b, ..GradChunk::default() }))
+        .chain(pieces(Bytes::from_owner(Words(grad.bias))).map(|b| GradChunk {
+            layer,
+            bias: b,
+            ..GradChunk::default()
+        }))
         .collect();
     if chunks.is_empty() {
         chunks.push(GradChunk { layer, ..GradChunk::default() });
@@ -52,7 +56,11 @@ impl GradMeter {
             _ if c.first => {
                 let shape = limits.layer(u64::from(c.layer))?;
                 let l = c.layer;
-                Error::check_limit(|| format!("layer {l} gradient's weights_len"), c.weights_len, Limits::weight_values(&shape))?;
+                Error::check_limit(
+                    || format!("layer {l} gradient's weights_len"),
+                    c.weights_len,
+                    Limits::weight_values(&shape),
+                )?;
                 Error::check_limit(|| format!("layer {l} gradient's bias_len"), c.bias_len, shape.vector_len() as u64)?;
                 if self.seen.get_mut(l as usize).is_some_and(|seen| std::mem::replace(seen, true)) {
                     return Err(Error::Protocol(format!("layer {l}'s gradient arrived twice in one stream")));
@@ -149,7 +157,10 @@ pub async fn receive_grads(
     let mut chunks = Vec::new();
     while let Some(c) = stream.message().await? {
         if chunks.is_empty() && c.job != job {
-            return Err(tonic::Status::failed_precondition(format!("gradients of job '{}' reached a stage of job '{job}'", c.job)));
+            return Err(tonic::Status::failed_precondition(format!(
+                "gradients of job '{}' reached a stage of job '{job}'",
+                c.job
+            )));
         }
         meter.check(&c, limits).map_err(wire::status::to_status)?;
         chunks.push(c);

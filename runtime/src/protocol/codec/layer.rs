@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::chunk::{extend_words, Recycled, Words, CHUNK_BYTES, MAX_RESERVE};
-use errors::{Error, Result};
-use plan::limits::Limits;
-use kernels::sparse::SparsePattern;
+use super::chunk::{CHUNK_BYTES, MAX_RESERVE, Recycled, Words, extend_words};
 use crate::protocol::pb::{Encoding, LayerChunk, Pass as PbPass};
 use crate::protocol::{LayerStream, Pass, WeightPayload};
+use errors::{Error, Result};
+use kernels::sparse::SparsePattern;
+use plan::limits::Limits;
 
 /// Where one of a chunk's byte arrays goes in its message.
 type ChunkField = fn(&mut LayerChunk) -> &mut Bytes;
@@ -165,14 +165,19 @@ impl LayerMeter {
     fn announced(h: &LayerChunk, limits: &Limits) -> Result<Announced> {
         let shape = limits.layer(u64::from(h.layer))?;
         let l = h.layer;
-        let (lines, weights, bias) = (Limits::mask_lines(&shape), Limits::weight_values(&shape), shape.vector_len() as u64);
+        let (lines, weights, bias) =
+            (Limits::mask_lines(&shape), Limits::weight_values(&shape), shape.vector_len() as u64);
         Error::check_limit(|| format!("layer {l} stream's outer (mask lines)"), u64::from(h.outer), lines)?;
         Error::check_limit(|| format!("layer {l} stream's inner (mask line length)"), u64::from(h.inner), lines)?;
         Error::check_limit(|| format!("layer {l} stream's indices_len"), h.indices_len, weights)?;
         Error::check_limit(|| format!("layer {l} stream's values_len"), h.values_len, weights)?;
         Error::check_limit(|| format!("layer {l} stream's bias_len"), h.bias_len, bias)?;
         let outer = u64::from(h.outer);
-        Ok(Announced { layer: h.layer, step: h.step, most: [outer, outer + 1, h.indices_len, h.values_len, h.bias_len] })
+        Ok(Announced {
+            layer: h.layer,
+            step: h.step,
+            most: [outer, outer + 1, h.indices_len, h.values_len, h.bias_len],
+        })
     }
 }
 
@@ -272,7 +277,11 @@ impl LayerAssembler {
             Ok(Encoding::Sparse) => {
                 let p = pattern(order, ptr, indices)?;
                 if values.len() != p.nnz() {
-                    return Err(Error::Protocol(format!("layer {layer}: {} values for {} non-zeros", values.len(), p.nnz())));
+                    return Err(Error::Protocol(format!(
+                        "layer {layer}: {} values for {} non-zeros",
+                        values.len(),
+                        p.nnz()
+                    )));
                 }
                 WeightPayload::Sparse { pattern: p, values }
             }
@@ -291,7 +300,12 @@ mod tests {
     fn sparse_stream() -> LayerStream {
         let p = SparsePattern::random(700, 900, 0.9, 1);
         let values: Vec<f32> = (0..p.nnz()).map(|k| k as f32 * 0.5).collect();
-        LayerStream { layer: 2, pass: Pass::Forward, weights: WeightPayload::Sparse { pattern: Arc::new(p), values }, bias: vec![1.0; 700] }
+        LayerStream {
+            layer: 2,
+            pass: Pass::Forward,
+            weights: WeightPayload::Sparse { pattern: Arc::new(p), values },
+            bias: vec![1.0; 700],
+        }
     }
 
     /// Limits of a model whose layer 2 is the 700×900 layer of [`sparse_stream`].
@@ -315,9 +329,12 @@ mod tests {
         let WeightPayload::Sparse { pattern, values } = &s.weights else { unreachable!("a sparse stream") };
         let inside = |of: &[u8]| {
             let (start, len) = (of.as_ptr() as usize, of.len());
-            move |b: &Bytes| b.is_empty() || (b.as_ptr() as usize >= start && b.as_ptr() as usize + b.len() <= start + len)
+            move |b: &Bytes| {
+                b.is_empty() || (b.as_ptr() as usize >= start && b.as_ptr() as usize + b.len() <= start + len)
+            }
         };
-        let (in_values, in_indices) = (inside(bytemuck::cast_slice(values)), inside(bytemuck::cast_slice(pattern.idx())));
+        let (in_values, in_indices) =
+            (inside(bytemuck::cast_slice(values)), inside(bytemuck::cast_slice(pattern.idx())));
         let chunks = encode_layer(s, "job-a", 1);
         assert!(chunks.iter().all(|c| in_values(&c.values) && in_indices(&c.indices)), "a chunk holds a copy");
         assert!(chunks.iter().filter(|c| !c.values.is_empty()).count() > 1, "the values span several chunks");
@@ -340,7 +357,10 @@ mod tests {
             second.push(c, "job-a", &limits()).unwrap();
         }
         let (_, again) = second.finish().unwrap();
-        assert!(matches!(&again.weights, WeightPayload::Sparse { values, .. } if values.as_ptr() == at), "the same buffer");
+        assert!(
+            matches!(&again.weights, WeightPayload::Sparse { values, .. } if values.as_ptr() == at),
+            "the same buffer"
+        );
         for n in 1..=10 {
             recycled.give(Vec::with_capacity(n));
         }

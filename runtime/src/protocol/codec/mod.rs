@@ -13,4 +13,3 @@ pub mod grad;
 pub mod layer;
 pub mod state;
 pub mod step;
-

@@ -4,9 +4,9 @@
 use bytes::Bytes;
 
 use super::chunk::pieces;
+use crate::protocol::pb::StateChunk;
 use errors::{Error, Result};
 use plan::limits::Limits;
-use crate::protocol::pb::StateChunk;
 
 /// A replica's state (the bytes of a checkpoint file) cut into chunks for `job`, sharing its buffer.
 pub fn encode_state(bytes: Bytes, job: &str) -> Vec<StateChunk> {

@@ -2,8 +2,8 @@
 //! its loss and, unless it applied them itself, its gradients, in one stream.
 
 use super::grad::encode_grads;
-use crate::protocol::pb::{LossReply, StepChunk};
 use crate::protocol::LayerGrad;
+use crate::protocol::pb::{LossReply, StepChunk};
 
 /// A pipelined step's reply: the loss first, then the gradients (none when the stage applied them itself).
 pub fn encode_step(loss: LossReply, grads: Vec<LayerGrad>) -> Vec<StepChunk> {
