@@ -80,6 +80,9 @@ done
 CMDS=(kube-scheduler kube-proxy kubelet kube-controller-manager)
 # kubectl is not needed by up.sh or the tests; WS_CLUSTER_KUBECTL=1 builds it too (for trying things by hand).
 [[ -n "${WS_CLUSTER_KUBECTL:-}" ]] && CMDS+=(kubectl)
+# More commands of the same module and version, built the same way (e2e/kind/build.sh: kubeadm, kubectl).
+read -r -a extra <<<"${WS_K8S_EXTRA_CMDS:-}"
+CMDS+=("${extra[@]}")
 for cmd in "${CMDS[@]}"; do
   out="$BIN/$cmd-v$K8S_VERSION"
   [[ -x "$out" ]] && continue
@@ -137,7 +140,7 @@ fi
 
 echo "etcd=${CORE[0]}"
 echo "kube-apiserver=${CORE[1]}"
-for cmd in kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
+for cmd in kube-controller-manager kube-scheduler kubelet kube-proxy kubectl kubeadm; do
   [[ -x "$BIN/$cmd-v$K8S_VERSION" ]] && echo "$cmd=$BIN/$cmd-v$K8S_VERSION"
 done
 echo "coredns=$COREDNS"
