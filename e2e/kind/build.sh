@@ -6,11 +6,11 @@
 #   - component images as docker-archives (images/archive.sh) under the names kubeadm asks for: the control plane
 #     and kube-proxy from e2e/cluster/build.sh's binaries, etcd, CoreDNS, the pod sandbox (images/pause.c), and
 #     kube-router (pod routes between the nodes and NetworkPolicy: kind's own CNI, kindnetd, is a module the Go
-#     proxy does not serve);
+#     proxy does not serve), local-path-provisioner and its helper (Debian's static busybox);
 #   - the node image, in e2e/kind/docker.sh's daemon: a base made as kind's (images/base in the kind module: its
 #     entrypoint, units and containerd config) from a Debian rootfs (mmdebstrap), then the steps of
-#     `kind build node-image` (binaries in /usr/bin, /kind/version, the images imported into the node's
-#     containerd), which itself fetches what it lacks from a registry.
+#     `kind build node-image` (binaries in /usr/bin, /kind/version, the CNI and storage manifests kind applies,
+#     the images imported into the node's containerd), which itself fetches what it lacks from a registry.
 # Needs root and DOCKER_HOST set to e2e/kind/docker.sh's daemon. Prints "name=value" lines on stdout: the kind
 # binary, the kubectl binary, the node image; logs go to stderr.
 set -euo pipefail
@@ -23,6 +23,7 @@ ETCD_VERSION="3.6.5"                         # the etcd kubeadm 1.34 runs (Suppo
 CRICTL_VERSION="1.34.0"
 COREDNS_VERSION="${WS_COREDNS_VERSION:-1.14.7}"
 KUBE_ROUTER_VERSION="${WS_KUBE_ROUTER_VERSION:-2.1.0}"
+LOCAL_PATH_VERSION="0.0.30"                  # rancher's local-path-provisioner, kind's default storage
 DEBIAN_SUITE="bookworm"                      # systemd 252: the last that runs on this host's cgroup v1
 CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
 K="$CACHE/kind"
@@ -68,6 +69,8 @@ go_build_module() {
 }
 go_build_module "sigs.k8s.io/kind@v$KIND_VERSION" . "$BIN/kind-v$KIND_VERSION"
 go_build_module "sigs.k8s.io/cri-tools@v$CRICTL_VERSION" ./cmd/crictl "$BIN/crictl-v$CRICTL_VERSION"
+go_build_module "github.com/rancher/local-path-provisioner@v$LOCAL_PATH_VERSION" . \
+  "$BIN/local-path-provisioner-v$LOCAL_PATH_VERSION"
 # etcd's server module points its sibling modules at ../api and the like, which its zip lacks: it is built as a
 # dependency of a module of our own instead (as e2e/apiserver/build.sh does), where those directives do not apply.
 if [[ ! -x "$BIN/etcd-v$ETCD_VERSION" ]]; then
@@ -101,9 +104,12 @@ net_rootfs() {
 }
 
 # --- component images ---
-# static_image <file> <repo:tag> <binary> <name in /usr/local/bin> [<entrypoint json>]
+# The archive of image <repo:tag> in the cache: named after the tag, so a renamed image is built anew.
+archive_of() { echo "$IMAGES/$(tr '/:' '__' <<<"$1").tar"; }
+# static_image <repo:tag> <binary> <name in /usr/local/bin> [<entrypoint json>]
 static_image() {
-  local file="$1" tag="$2" bin="$3" name="$4" entry="${5:-null}" rootfs
+  local tag="$1" bin="$2" name="$3" entry="${4:-null}" rootfs file
+  file="$(archive_of "$tag")"
   [[ -f "$file" ]] && return 0
   rootfs="$(mktemp -d)"
   mkdir -p "$rootfs/usr/local/bin"
@@ -113,9 +119,10 @@ static_image() {
     '["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]' >&2
   rm -rf "$rootfs"
 }
-# net_image <file> <repo:tag> <binary> <name in /usr/local/bin>
+# net_image <repo:tag> <binary> <name in /usr/local/bin>
 net_image() {
-  local file="$1" tag="$2" bin="$3" name="$4" rootfs
+  local tag="$1" bin="$2" name="$3" rootfs file
+  file="$(archive_of "$tag")"
   [[ -f "$file" ]] && return 0
   [[ -d "$K/net-rootfs" ]] || { net_rootfs "$K/net-rootfs.tmp" && mv "$K/net-rootfs.tmp" "$K/net-rootfs"; }
   rootfs="$(mktemp -d)"
@@ -127,24 +134,44 @@ net_image() {
 }
 V="v$K8S_VERSION"
 for c in kube-apiserver kube-controller-manager kube-scheduler; do
-  static_image "$IMAGES/$c-$V.tar" "registry.k8s.io/$c:$V" "${B[$c]}" "$c"
+  static_image "registry.k8s.io/$c:$V" "${B[$c]}" "$c"
 done
-static_image "$IMAGES/etcd-$ETCD_VERSION.tar" "registry.k8s.io/etcd:$ETCD_VERSION-0" "$BIN/etcd-v$ETCD_VERSION" etcd
-[[ -f "$IMAGES/coredns-v$COREDNS_VERSION.tar" ]] || {
+static_image "registry.k8s.io/etcd:$ETCD_VERSION-0" "$BIN/etcd-v$ETCD_VERSION" etcd
+tag="registry.k8s.io/coredns/coredns:v$COREDNS_VERSION"
+[[ -f "$(archive_of "$tag")" ]] || {
   rootfs="$(mktemp -d)"
   install -m 0755 "${B[coredns]}" "$rootfs/coredns"
-  write_archive "$IMAGES/coredns-v$COREDNS_VERSION.tar" "registry.k8s.io/coredns/coredns:v$COREDNS_VERSION" 0 \
-    '["/coredns"]' '[]' "$rootfs" >&2
+  write_archive "$(archive_of "$tag")" "$tag" 0 '["/coredns"]' '[]' "$rootfs" >&2
   rm -rf "$rootfs"
 }
-[[ -f "$IMAGES/pause-3.10.tar" ]] || write_pause_image "$IMAGES/pause-3.10.tar" "weightstream/pause:3.10" "$ROOT/images/pause.c" >&2
-net_image "$IMAGES/kube-proxy-$V.tar" "registry.k8s.io/kube-proxy:$V" "${B[kube-proxy]}" kube-proxy
-net_image "$IMAGES/kube-router-v$KUBE_ROUTER_VERSION.tar" "docker.io/cloudnativelabs/kube-router:v$KUBE_ROUTER_VERSION" \
-  "${B[kube-router]}" kube-router
+tag="docker.io/weightstream/pause:3.10"
+[[ -f "$(archive_of "$tag")" ]] || write_pause_image "$(archive_of "$tag")" "$tag" "$ROOT/images/pause.c" >&2
+net_image "registry.k8s.io/kube-proxy:$V" "${B[kube-proxy]}" kube-proxy
+net_image "docker.io/weightstream/kube-router:v$KUBE_ROUTER_VERSION" "${B[kube-router]}" kube-router
+static_image "docker.io/weightstream/local-path-provisioner:v$LOCAL_PATH_VERSION" \
+  "$BIN/local-path-provisioner-v$LOCAL_PATH_VERSION" local-path-provisioner
+# The provisioner's helper pod runs `sh /script/setup` (mkdir -m 0777 -p) and `sh /script/teardown` (rm -rf):
+# Debian's static busybox as those three.
+BUSYBOX_VERSION="$(dpkg-query -W -f '${Version}' busybox-static | sed 's/^[0-9]*://; s/[^A-Za-z0-9_.-]/_/g')"
+tag="docker.io/weightstream/local-path-helper:$BUSYBOX_VERSION"
+[[ -f "$(archive_of "$tag")" ]] || {
+  rootfs="$(mktemp -d)"
+  mkdir -p "$rootfs/bin" "$rootfs/tmp"
+  chmod 1777 "$rootfs/tmp"
+  install -m 0755 /bin/busybox "$rootfs/bin/busybox"
+  for t in sh mkdir rm; do ln -s busybox "$rootfs/bin/$t"; done
+  write_archive "$(archive_of "$tag")" "$tag" 0 null '["/bin/sh"]' "$rootfs" '["PATH=/bin"]' >&2
+  rm -rf "$rootfs"
+}
+# What kind applies once the control plane is up (/kind/manifests in the node image): the CNI and the storage.
+render() {
+  sed -e "s|\${KUBE_ROUTER_VERSION}|$KUBE_ROUTER_VERSION|g" -e "s|\${LOCAL_PATH_VERSION}|$LOCAL_PATH_VERSION|g" \
+    -e "s|\${BUSYBOX_VERSION}|$BUSYBOX_VERSION|g" "$1"
+}
 
 # --- the node image: named after what went into it, so a change to any of it builds a new one ---
 inputs="$(
-  cat "$HERE/build.sh" "$HERE/node-rootfs.sh"
+  cat "$HERE/build.sh" "$HERE/node-rootfs.sh" "$HERE/offline/kube-router.yaml" "$HERE/offline/storage.yaml"
   echo "$KIND_VERSION $K8S_VERSION $ETCD_VERSION $CRICTL_VERSION $DEBIAN_SUITE"
   sha256sum "$IMAGES"/*.tar "${B[kubelet]}" "${B[kubeadm]}" "${B[kubectl]}" | cut -d' ' -f1
 )"
@@ -170,7 +197,9 @@ if ! docker image inspect "$NODE_IMAGE" >/dev/null 2>&1; then
   for b in kubeadm kubelet kubectl; do docker cp "${B[$b]}" "$id:/usr/bin/$b"; done
   docker cp "$BIN/crictl-v$CRICTL_VERSION" "$id:/usr/local/bin/crictl"
   docker exec "$id" sh -c 'chown root:root /usr/bin/kube* /usr/local/bin/crictl && chmod 0755 /usr/bin/kube* /usr/local/bin/crictl'
-  printf '%s' "$V" | docker exec -i "$id" sh -c 'mkdir -p /kind && cat >/kind/version'
+  printf '%s' "$V" | docker exec -i "$id" sh -c 'mkdir -p /kind/manifests && cat >/kind/version'
+  render "$HERE/offline/kube-router.yaml" | docker exec -i "$id" sh -c 'cat >/kind/manifests/default-cni.yaml'
+  render "$HERE/offline/storage.yaml" | docker exec -i "$id" sh -c 'cat >/kind/manifests/default-storage.yaml'
   docker exec "$id" bash -c 'nohup containerd >/dev/null 2>&1 &'
   for _ in $(seq 1 100); do docker exec "$id" ctr info >/dev/null 2>&1 && break; sleep 0.2; done
   for t in "$IMAGES"/*.tar; do
@@ -181,6 +210,10 @@ if ! docker image inspect "$NODE_IMAGE" >/dev/null 2>&1; then
   for _ in $(seq 1 50); do docker exec "$id" pgrep containerd >/dev/null || break; sleep 0.2; done
   docker commit --change 'ENTRYPOINT ["/usr/local/bin/entrypoint","/sbin/init"]' "$id" "$NODE_IMAGE" >/dev/null
   log "built the node image in $(($(date +%s) - start))s"
+  # The images of earlier inputs are not used again (a container still running one keeps it).
+  docker images --format '{{.Repository}}:{{.Tag}}' \
+    | grep -E '^weightstream/kind-(node|base):' | grep -vxF -e "$NODE_IMAGE" -e "$BASE_IMAGE" \
+    | xargs -r docker rmi >/dev/null 2>&1 || true
 fi
 
 echo "kind=$BIN/kind-v$KIND_VERSION"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Removes what e2e/kind/up.sh made: the kind cluster's node containers and their volumes, the `kind` network, the
-# kubeconfig, then stops e2e/kind/docker.sh's daemon. The images stay cached (the next up.sh builds nothing).
+# kubeconfig and the folder of the cluster's storage volumes, then stops e2e/kind/docker.sh's daemon. The images stay cached (the next up.sh builds nothing).
 # Checks that no container, network or volume of the cluster is left, and fails naming any that is.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -17,7 +17,7 @@ if [[ -n "$KIND" ]]; then "$KIND" delete cluster --name "$CLUSTER" >&2 || true; 
 docker ps -a --filter "label=io.x-k8s.kind.cluster=$CLUSTER" -q | xargs -r docker rm -f -v >/dev/null
 for v in $volumes; do docker volume rm -f "$v" >/dev/null 2>&1 || true; done
 docker network rm kind >/dev/null 2>&1 || true
-rm -f "$CACHE/kind/$CLUSTER.kubeconfig"
+rm -rf "$CACHE/kind/$CLUSTER.kubeconfig" "$CACHE/kind/$CLUSTER.yaml" "$CACHE/kind/$CLUSTER-volumes"
 left=""
 [[ -z "$(docker ps -a --filter "label=io.x-k8s.kind.cluster=$CLUSTER" -q)" ]] || left+=" containers"
 for v in $volumes; do docker volume inspect "$v" >/dev/null 2>&1 && left+=" volume:$v"; done

@@ -21,8 +21,9 @@ trap 'log "FAILED at line $LINENO: $BASH_COMMAND"' ERR
 
 DOCKER_HOST="$(bash "$HERE/docker.sh" | tail -n1)"
 export DOCKER_HOST
+built="$(bash "$HERE/build.sh")"
 declare -A B
-while IFS='=' read -r name value; do B[$name]="$value"; done < <(bash "$HERE/build.sh")
+while IFS='=' read -r name value; do B[$name]="$value"; done <<<"$built"
 kind() { "${B[kind]}" "$@"; }
 kubectl() { "${B[kubectl]}" --kubeconfig "$KC" "$@"; }
 # wait_until <seconds> <what> <command...>
@@ -47,13 +48,14 @@ else
   docker network inspect kind >/dev/null 2>&1 || docker network create kind >/dev/null
   mkdir -p "$(dirname "$KC")"
   config="$CACHE/kind/$CLUSTER.yaml"
+  # Every node mounts this folder where the storage provisioner makes volumes (offline/storage.yaml).
+  volumes="$CACHE/kind/$CLUSTER-volumes"
+  mkdir -p "$volumes"
   sed -e "s|\${NODE_IMAGE}|${B[node-image]}|g" -e "s|\${COREDNS_VERSION}|${WS_COREDNS_VERSION:-1.14.7}|g" \
-    -e "s|^name: .*|name: $CLUSTER|" "$HERE/offline/cluster.yaml" >"$config"
+    -e "s|\${VOLUMES}|$volumes|g" -e "s|^name: .*|name: $CLUSTER|" "$HERE/offline/cluster.yaml" >"$config"
   start=$SECONDS
   log "creating kind cluster $CLUSTER (1 control plane, 2 workers) from ${B[node-image]}"
   kind create cluster --config "$config" --kubeconfig "$KC" --retain >&2
-  sed -e "s|\${KUBE_ROUTER_VERSION}|${WS_KUBE_ROUTER_VERSION:-2.1.0}|g" "$HERE/offline/kube-router.yaml" \
-    | kubectl apply -f - >&2
   wait_until 240 "three Ready nodes" nodes_ready
   log "three nodes Ready in $((SECONDS - start))s"
 fi
