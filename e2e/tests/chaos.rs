@@ -87,7 +87,7 @@ fn undisturbed_loss(job: &TrainingJob) -> (f64, f64) {
         .arg(&file)
         .arg("--out")
         .arg(dir.join("out"))
-        .args(["--fanout", "2"])
+        .args(["--swarmx-fan-out", "2"])
         .current_dir(&root)
         .output()
         .expect("wsctl runs (cargo build --release -p wsctl first)");

@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Se
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
 use kube::{Client, ResourceExt};
+use operator::children::pods::engine::CS2_RESOURCE;
 
 /// The accuracy bar of issue 6 on the held-out digits.
 const ACCURACY_BAR: f64 = 0.93;
@@ -34,26 +35,30 @@ async fn setup(prefix: &str) -> (Client, String) {
         Err(e) => panic!("cannot talk to the cluster in {}: {e}", kc.display()),
     };
     // The device plugin has registered: the nodes advertise the CS-2s the chart configured.
+    let pool = cs2_pool(&client).await;
+    assert!(pool >= u64::from(cluster::CS2_PER_NODE), "the pool has {pool} CS-2s, fewer than one node's");
+    let ns = match e2e::namespace(&client, prefix).await {
+        Ok(ns) => ns,
+        Err(e) => panic!("cannot create a namespace: {e}"),
+    };
+    (client, ns)
+}
+
+/// The CS-2s the cluster's nodes advertise, once the device plugin has registered (one node's on the local
+/// cluster, every worker's on kind).
+async fn cs2_pool(client: &Client) -> u64 {
     let nodes: Api<Node> = Api::all(client.clone());
     let pool = wait_for(Duration::from_secs(120), "nodes to advertise weightstream.dev/cs2", || async {
         let list = nodes.list(&ListParams::default()).await.ok()?;
         let total: u64 = list
             .items
             .iter()
-            .filter_map(|n| n.status.as_ref()?.allocatable.as_ref()?.get("weightstream.dev/cs2")?.0.parse::<u64>().ok())
+            .filter_map(|n| n.status.as_ref()?.allocatable.as_ref()?.get(CS2_RESOURCE)?.0.parse::<u64>().ok())
             .sum();
         (total > 0).then_some(total)
     })
     .await;
-    match pool {
-        Ok(p) => assert!(p >= u64::from(cluster::CS2_PER_NODE), "the pool has {p} CS-2s, fewer than one node's"),
-        Err(e) => panic!("{e}"),
-    }
-    let ns = match e2e::namespace(&client, prefix).await {
-        Ok(ns) => ns,
-        Err(e) => panic!("cannot create a namespace: {e}"),
-    };
-    (client, ns)
+    pool.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Deletes a passed test's namespace (a failed test's stays for a look), so its volumes return to the pool.
@@ -273,22 +278,25 @@ async fn jobs_beyond_the_pool_queue_then_run() {
     let _serial = SERIAL.lock().await;
     let (client, ns) = setup("queue").await;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    // Three jobs of two CS-2s on a pool of four: the third waits for one of the first two.
+    // Three jobs of half the pool each (2 CS-2s of the local node's 4): the third waits for one of the first two.
+    let half = u32::try_from(cs2_pool(&client).await / 2).unwrap_or(u32::MAX);
     let steps = cluster::steps(DEFAULT_STEPS);
     // Priorities make the order explicit (creation timestamps have one-second resolution).
     for (name, priority) in [("q-a", 3), ("q-b", 2), ("q-c", 1)] {
-        let mut j = job_from("fc-mnist-sparse.yaml", name, 2, steps);
+        let mut j = job_from("fc-mnist-sparse.yaml", name, half, steps);
         j.spec.priority = priority;
         create(&jobs, &j).await;
     }
-    // While q-a and q-b hold all four CS-2s, q-c is Queued for want of capacity.
+    // While q-a and q-b hold the whole pool, q-c is Queued for want of capacity.
     let seen = wait_for(Duration::from_secs(120), "q-a and q-b running with q-c queued for capacity", || async {
         let a = jobs.get("q-a").await.ok()?.status?;
         let b = jobs.get("q-b").await.ok()?.status?;
         let c = jobs.get("q-c").await.ok()?.status?;
         let held = (a.allocated_cs2, b.allocated_cs2, c.allocated_cs2.unwrap_or(0));
         let admitted = c.conditions.iter().find(|c| c.type_ == "Admitted")?.clone();
-        (held == (Some(2), Some(2), 0) && c.phase == Some(Phase::Queued) && admitted.reason == "InsufficientCapacity")
+        (held == (Some(half), Some(half), 0)
+            && c.phase == Some(Phase::Queued)
+            && admitted.reason == "InsufficientCapacity")
             .then_some(admitted)
     })
     .await;

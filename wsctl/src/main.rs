@@ -49,9 +49,10 @@ enum Command {
         /// Run every role in this process instead of as separate local processes.
         #[arg(long)]
         in_process: bool,
-        /// Children per SwarmX node: engines are grouped under nodes of this fan-out, nodes under nodes.
-        #[arg(long, default_value_t = crds::contract::DEFAULT_FAN_OUT)]
-        fanout: u32,
+        /// Children per SwarmX node: engines are grouped under nodes of this fan-out, nodes under nodes (the
+        /// operator's --swarmx-fan-out, the chart's operator.swarmxFanOut).
+        #[arg(long, visible_alias = "fanout", default_value_t = crds::contract::DEFAULT_FAN_OUT)]
+        swarmx_fan_out: u32,
         /// Where MemoryX keeps checkpoints and resumes from (default: OUT/checkpoints when the job sets
         /// spec.checkpoint.intervalSteps).
         #[arg(long)]
@@ -198,8 +199,9 @@ fn end_quietly_when_stdout_closes() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { job, out, cs2, in_process, fanout, checkpoint_dir, sample, volumes, json } => {
-            run::run(&job, run::RunOptions { cs2, out, in_process, fanout, checkpoint_dir, sample, volumes, json })
+        Command::Run { job, out, cs2, in_process, swarmx_fan_out, checkpoint_dir, sample, volumes, json } => {
+            let opts = run::RunOptions { cs2, out, in_process, swarmx_fan_out, checkpoint_dir, sample, volumes, json };
+            run::run(&job, opts)
         }
         Command::Node { role, args } => local::node(&role, args),
         Command::Plan { job, cs2, json } => {

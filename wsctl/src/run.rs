@@ -164,7 +164,7 @@ pub struct RunOptions {
     /// Lines of text to decode from a trained language model.
     pub sample: usize,
     /// Children per SwarmX node.
-    pub fanout: u32,
+    pub swarmx_fan_out: u32,
     /// Where MemoryX keeps checkpoints (default: OUT/checkpoints when spec.checkpoint.intervalSteps > 0).
     pub checkpoint_dir: Option<PathBuf>,
     /// Folders standing in for PersistentVolumeClaims (`--volume CLAIM=DIR`): where `spec.data.volume` is found.
@@ -204,7 +204,7 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     }
     let job = load_job(path, opts.cs2, &opts.volumes)?;
     let spec = &job.spec;
-    let plan = Plan::for_spec(spec, opts.fanout)?;
+    let plan = Plan::for_spec(spec, opts.swarmx_fan_out)?;
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
     let out = opts.out.clone().unwrap_or_else(|| Path::new("runs").join(&name));
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;

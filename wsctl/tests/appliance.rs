@@ -59,7 +59,7 @@ fn one_two_and_four_engines_give_the_same_curve() {
     for (job, mode) in [(&job, "pipelined"), (&streaming, "weightStreaming")] {
         for n in ["1", "2", "4"] {
             let out = dir.join(format!("{mode}-cs2-{n}"));
-            run_ok(job, &out, &["--cs2", n, "--fanout", "2"]);
+            run_ok(job, &out, &["--cs2", n, "--swarmx-fan-out", "2"]);
             same_curve(&reference, &losses(&out), &format!("{n} engine processes ({mode}) vs in-process"));
             let summary: serde_json::Value =
                 serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();

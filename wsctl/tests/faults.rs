@@ -58,7 +58,7 @@ impl Run {
             .arg(job)
             .arg("--out")
             .arg(out)
-            .args(["--fanout", "2"])
+            .args(["--swarmx-fan-out", "2"])
             .args(extra)
             .current_dir(repo())
             .stdout(Stdio::null())
@@ -208,7 +208,7 @@ fn stopped_and_resumed(mode: &str, how: &str) {
     // In one process the engines' sums run in another order than through the tree: each is compared with its own.
     let in_process = how == "ctrl-c-in-process";
     let undisturbed_args: Vec<&str> =
-        ["--fanout", "2"].into_iter().chain(in_process.then_some("--in-process")).collect();
+        ["--swarmx-fan-out", "2"].into_iter().chain(in_process.then_some("--in-process")).collect();
     run_ok(&job, &dir.join("undisturbed"), &undisturbed_args);
     let undisturbed = losses(&dir.join("undisturbed"));
     assert_eq!(undisturbed.len(), 300);
@@ -246,7 +246,7 @@ fn stopped_and_resumed(mode: &str, how: &str) {
     };
     assert!(stderr.contains(&said), "the run says where it stopped ({said}): {stderr}");
 
-    let again: Vec<&str> = ["--fanout", "2", "--checkpoint-dir", ckpt.to_str().unwrap()]
+    let again: Vec<&str> = ["--swarmx-fan-out", "2", "--checkpoint-dir", ckpt.to_str().unwrap()]
         .into_iter()
         .chain(in_process.then_some("--in-process"))
         .collect();

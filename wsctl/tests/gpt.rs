@@ -63,7 +63,7 @@ fn a_small_gpt_learns_english_bytes_and_writes_text() {
 fn one_and_four_engine_processes_follow_one_gpt_curve() {
     let short = TINY.replace("steps: 200", "steps: 8");
     let (_, one, _) = run("one", &short, &["--cs2", "1"]);
-    let (four_summary, four, _) = run("four", &short, &["--cs2", "4", "--fanout", "2"]);
+    let (four_summary, four, _) = run("four", &short, &["--cs2", "4", "--swarmx-fan-out", "2"]);
     assert_eq!(four_summary["engines"].as_array().map(Vec::len), Some(4));
     assert_eq!(one.len(), 8);
     for (a, b) in one.iter().zip(&four) {
