@@ -44,8 +44,8 @@ async fn setup(prefix: &str) -> (Client, String) {
     (client, ns)
 }
 
-/// The CS-2s the cluster's nodes advertise, once the device plugin has registered (one node's on the local
-/// cluster, every worker's on kind).
+/// The CS-2s the cluster's real nodes advertise, once the device plugin has registered (one node's on the local
+/// cluster, every worker's on kind; never kwok's fake nodes, should e2e/tests/scale.rs have left any).
 async fn cs2_pool(client: &Client) -> u64 {
     let nodes: Api<Node> = Api::all(client.clone());
     let pool = wait_for(Duration::from_secs(120), "nodes to advertise weightstream.dev/cs2", || async {
@@ -53,6 +53,7 @@ async fn cs2_pool(client: &Client) -> u64 {
         let total: u64 = list
             .items
             .iter()
+            .filter(|n| n.annotations().get("kwok.x-k8s.io/node").is_none_or(|v| v != "fake"))
             .filter_map(|n| n.status.as_ref()?.allocatable.as_ref()?.get(CS2_RESOURCE)?.0.parse::<u64>().ok())
             .sum();
         (total > 0).then_some(total)
