@@ -232,13 +232,14 @@ fn stopped_and_resumed(mode: &str, how: &str) {
         "{mode}, {how}: step {seen} seen, checkpoint of step {saved} written, {recorded} recorded, stopped in {took:.1?}"
     );
     // How many steps pass between the test seeing one and the signal arriving depends on the machine's load (CI
-    // once saw 4 where this machine sees 1 or 2): the stop promises that nothing seen is lost, that the run ends on
-    // the step it saved, and that it ends soon, not at the end of the run; the margins are for a loaded machine.
+    // once saw 4 where this machine sees 1 or 2, and a cold CI run 73 in the pipelined mode, which steps every
+    // few milliseconds): the stop promises that nothing seen is lost, that the run ends on the step it saved, and
+    // that it ends soon (in time, the step count being the load's), not at the end of the run.
     assert!(saved >= seen, "nothing seen is lost: step {saved} saved after {seen} seen");
     assert_eq!(recorded, saved, "the run ends on the step it saved, none run past it");
     assert!(
-        saved <= seen + 10 && took < Duration::from_secs(10),
-        "the stop ends the run soon: step {saved} after {seen} seen, in {took:?}"
+        saved < 300 && took < Duration::from_secs(10),
+        "the stop ends the run soon, before its end: step {saved} of 300 after {seen} seen, in {took:?}"
     );
     let said = match how {
         "sigterm" | "ctrl-c-in-process" => format!("stopped on a termination signal after step {saved}"),
