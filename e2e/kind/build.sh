@@ -25,12 +25,12 @@ COREDNS_VERSION="${WS_COREDNS_VERSION:-1.14.7}"
 KUBE_ROUTER_VERSION="${WS_KUBE_ROUTER_VERSION:-2.1.0}"
 LOCAL_PATH_VERSION="0.0.30"                  # rancher's local-path-provisioner, kind's default storage
 DEBIAN_SUITE="bookworm"                      # systemd 252: the last that runs on this host's cgroup v1
-CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
+# shellcheck source=e2e/kind/common.sh
+source "$HERE/common.sh"
 K="$CACHE/kind"
 BIN="$CACHE/bin"
 IMAGES="$K/images"
 mkdir -p "$K" "$BIN" "$IMAGES"
-log() { echo "[kind/build.sh $(date -u +%H:%M:%S)] $*" >&2; }
 trap 'log "FAILED at line $LINENO: $BASH_COMMAND"' ERR
 [[ -n "${DOCKER_HOST:-}" ]] || { log "DOCKER_HOST is not set: export DOCKER_HOST=\"\$(bash e2e/kind/docker.sh | tail -n1)\""; exit 1; }
 # shellcheck source=images/archive.sh

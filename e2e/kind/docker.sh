@@ -11,10 +11,10 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
-D="$CACHE/docker"
-SOCK="$D/docker.sock"
-log() { echo "[kind/docker.sh $(date -u +%H:%M:%S)] $*" >&2; }
+# shellcheck source=e2e/kind/common.sh
+source "$HERE/common.sh"
+D="$DOCKER_DIR"
+SOCK="$DOCKER_SOCK"
 answers() { DOCKER_HOST="unix://$SOCK" docker version >/dev/null 2>&1; }
 
 if [[ "${1:-}" == down ]]; then

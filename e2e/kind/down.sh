@@ -4,12 +4,10 @@
 # Checks that no container, network or volume of the cluster is left, and fails naming any that is.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
-CLUSTER="${WS_KIND_CLUSTER:-weightstream}"
-SOCK="$CACHE/docker/docker.sock"
-log() { echo "[kind/down.sh $(date -u +%H:%M:%S)] $*" >&2; }
-[[ -S "$SOCK" ]] || { log "no Docker daemon of the suite's is running: nothing to remove"; exit 0; }
-export DOCKER_HOST="unix://$SOCK"
+# shellcheck source=e2e/kind/common.sh
+source "$HERE/common.sh"
+[[ -S "$DOCKER_SOCK" ]] || { log "no Docker daemon of the suite's is running: nothing to remove"; exit 0; }
+export DOCKER_HOST="unix://$DOCKER_SOCK"
 KIND="$(ls "$CACHE"/bin/kind-v* 2>/dev/null | tail -n1 || true)"
 volumes="$(docker ps -a --filter "label=io.x-k8s.kind.cluster=$CLUSTER" -q | xargs -r docker inspect \
   --format '{{range .Mounts}}{{if eq .Type "volume"}}{{.Name}} {{end}}{{end}}')"

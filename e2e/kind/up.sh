@@ -11,12 +11,11 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
-CLUSTER="${WS_KIND_CLUSTER:-weightstream}"
+# shellcheck source=e2e/kind/common.sh
+source "$HERE/common.sh"
 CS2_PER_WORKER="${WS_KIND_CS2_PER_WORKER:-2}"
 KC="$CACHE/kind/$CLUSTER.kubeconfig"
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -n1)"
-log() { echo "[kind/up.sh $(date -u +%H:%M:%S)] $*" >&2; }
 trap 'log "FAILED at line $LINENO: $BASH_COMMAND"' ERR
 
 DOCKER_HOST="$(bash "$HERE/docker.sh" | tail -n1)"
