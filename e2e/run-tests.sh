@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# The workspace's tests (`cargo test --release --workspace`), with the cluster of e2e/cluster/up.sh up, in two
-# streams at once:
-# - the e2e files that use the cluster (chaos, chart, cli, cluster, python, scale), one at a time: they spend
-#   most of their time waiting on it (probes, restarts, pods starting);
-# - the rest, which compute (training, kernels, the roles as local processes) or run against API servers of
-#   their own (e2e/apiserver), then the doctests.
-# Side by side they take about the time of the longer. The executables of one `cargo test --workspace --no-run`
-# are run directly: a `cargo test -p …` of part of the workspace would resolve other features and build it all
-# again. Each stream runs all its executables, then fails if any failed; the cluster stream's output follows
-# the other's.
+# The workspace's tests (`cargo test --release --workspace`) in streams that run side by side:
+# - host: the e2e files that drive the local node's own processes (chaos restarts its kubelet and API server;
+#   scale fakes 48 hosts with its kwok), and python, on the cluster of e2e/cluster/up.sh;
+# - kind: the e2e files that need several nodes (nodes: placement, a node lost, a drain; cluster: NetworkPolicy
+#   across nodes) and the CLI's (chart, cli), on the kind cluster whose kubeconfig WS_KIND_KUBECONFIG names
+#   (e2e/kind/up.sh); without one they join the host stream, but nodes, which cannot run on one node;
+# - rest: everything else, which computes (training, kernels, the roles as local processes) or runs against API
+#   servers of its own (e2e/apiserver), then the doctests.
+# The cluster streams spend most of their time waiting on their cluster (probes, restarts, pods starting), one
+# test file at a time; side by side the streams take about the time of the longest. The executables of one
+# `cargo test --workspace --no-run` are run directly: a `cargo test -p …` of part of the workspace would resolve
+# other features and build it all again. Each stream runs all its executables, then fails if any failed.
 #
-#   bash e2e/run-tests.sh         # both streams (what .ci/run ends with)
-#   bash e2e/run-tests.sh LIST    # the executables in file LIST ("package folder<TAB>executable" lines)
+#   bash e2e/run-tests.sh                 # every stream side by side, their outputs one after another
+#   bash e2e/run-tests.sh lists DIR       # build, and write DIR/{host,kind,rest}.list (.ci/run starts each)
+#   bash e2e/run-tests.sh STREAM DIR      # one stream (host, kind or rest) of those lists
+#   bash e2e/run-tests.sh LIST            # the executables in file LIST ("package folder<TAB>executable" lines)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,32 +28,71 @@ run_tests() {
   done
   ((${#failed[@]} == 0)) || { echo "run-tests.sh: failed: ${failed[*]}" >&2; return 1; }
 }
-if (($#)); then
-  run_tests <"$1"
-  exit
-fi
 
-logs="$(mktemp -d)"
-stream=""
-# The cluster stream runs in a session of its own, so that an early exit stops its tests' processes too.
+# lists DIR: the stream each test executable belongs to.
+lists() {
+  local dir="$1" all="$1/tests.json" kind host
+  mkdir -p "$dir"
+  cargo test --release --workspace --no-run --message-format=json-render-diagnostics >"$all"
+  jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test)
+    | "\(.manifest_path | rtrimstr("/Cargo.toml"))\t\(.executable)"' "$all" | sort >"$dir/tests"
+  [[ -s "$dir/tests" ]] || { echo "run-tests.sh: the build listed no test executable" >&2; return 1; }
+  kind=$'/e2e\t.*/deps/(chart|cli|cluster|nodes)-[0-9a-f]+$'
+  host=$'/e2e\t.*/deps/(chaos|scale|python)-[0-9a-f]+$'
+  grep -E "$host" "$dir/tests" >"$dir/host.list"
+  grep -E "$kind" "$dir/tests" >"$dir/kind.list"
+  grep -vE "$host|$kind" "$dir/tests" >"$dir/rest.list"
+}
+
+# stream NAME DIR
+stream() {
+  local name="$1" dir="$2" status=0
+  case "$name" in
+    host) run_tests <"$dir/host.list" ;;
+    kind)
+      [[ -s "$dir/kind.list" ]] || return 0
+      [[ -n "${WS_KIND_KUBECONFIG:-}" ]] || { echo "run-tests.sh: WS_KIND_KUBECONFIG is not set" >&2; return 1; }
+      KUBECONFIG="$WS_KIND_KUBECONFIG" run_tests <"$dir/kind.list"
+      ;;
+    rest)
+      run_tests <"$dir/rest.list" || status=$?
+      cargo test --release --workspace --doc || status=$?
+      return "$status"
+      ;;
+    *) echo "run-tests.sh: no stream '$name' (host, kind, rest)" >&2; return 2 ;;
+  esac
+}
+
+case "${1:-}" in
+  lists) lists "$2"; exit ;;
+  host | kind | rest) stream "$1" "$2"; exit ;;
+  "") ;;
+  *) run_tests <"$1"; exit ;;
+esac
+
+dir="$(mktemp -d)"
+pids=()
+# The cluster streams run in sessions of their own, so that an early exit stops their tests' processes too.
 cleanup() {
-  [[ -z "$stream" ]] || kill -- "-$stream" 2>/dev/null || true
-  rm -rf "$logs"
+  local pid
+  for pid in "${pids[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+  rm -rf "$dir"
 }
 trap cleanup EXIT
-cargo test --release --workspace --no-run --message-format=json-render-diagnostics >"$logs/tests.json"
-jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test)
-  | "\(.manifest_path | rtrimstr("/Cargo.toml"))\t\(.executable)"' "$logs/tests.json" | sort >"$logs/tests"
-[[ -s "$logs/tests" ]] || { echo "run-tests.sh: the build listed no test executable" >&2; exit 1; }
-on_cluster=$'/e2e\t.*/deps/(chaos|chart|cli|cluster|python|scale)-[0-9a-f]+$'
-grep -E "$on_cluster" "$logs/tests" >"$logs/cluster.list"
-grep -vE "$on_cluster" "$logs/tests" >"$logs/rest.list"
-setsid bash "$0" "$logs/cluster.list" >"$logs/cluster.log" 2>&1 &
-stream=$!
+lists "$dir"
+# Without a kind cluster, its files run on the local node, but the multi-node ones.
+if [[ -z "${WS_KIND_KUBECONFIG:-}" ]]; then
+  grep -vE $'/deps/nodes-[0-9a-f]+$' "$dir/kind.list" >>"$dir/host.list" || true
+  echo "run-tests.sh: e2e/tests/nodes.rs needs several nodes: it runs with WS_KIND_KUBECONFIG (bash e2e/kind/up.sh)" >&2
+  : >"$dir/kind.list"
+fi
+for s in host kind; do
+  setsid bash "$0" "$s" "$dir" >"$dir/$s.log" 2>&1 &
+  pids+=($!)
+done
 status=0
-run_tests <"$logs/rest.list" || status=$?
-cargo test --release --workspace --doc || status=$?
-wait "$stream" || status=$?
-stream=""
-cat "$logs/cluster.log"
+stream rest "$dir" || status=$?
+for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+pids=()
+cat "$dir/host.log" "$dir/kind.log"
 exit "$status"

@@ -30,7 +30,7 @@ if [[ -z "$ETCD" && -x "$BIN/etcd" ]]; then ETCD="$BIN/etcd"; fi
 if [[ -z "$ETCD" ]]; then
   if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
     log "installing etcd-server with apt-get"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server) >&2 || true
+    (exec 8>/tmp/weightstream-apt.lock && flock -w 900 8 && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server) >&2 || true
     ETCD="$(command -v etcd || true)"
   fi
 fi

@@ -4,7 +4,7 @@
 #     through its wrapper module);
 #   - kube-controller-manager, kube-scheduler, kubelet, kube-proxy: built in that same wrapper module (same Go
 #     module and build caches, same version ldflags), so the second and later commands reuse the first's packages;
-#   - CoreDNS from its Go module (no replace directives, so `go install` works);
+#   - CoreDNS from its Go module, with only the plugins the clusters' Corefiles use (a main of our own);
 #   - kube-router (only its network-policy controller is run, by up.sh) from its Go module, the same way;
 #   - kwok (fakes the nodes the scale tests add, and their pods) from its Go module sigs.k8s.io/kwok;
 #   - containerd, runc, the CNI plugins, iptables, conntrack from Debian (apt-get, only when missing).
@@ -53,7 +53,7 @@ if ((${#need_pkgs[@]})); then
     log "missing ${need_pkgs[*]} and cannot apt-get them (needs root on Debian)"; exit 1
   fi
   log "installing ${need_pkgs[*]} with apt-get"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  (exec 8>/tmp/weightstream-apt.lock && flock -w 900 8 && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     "${need_pkgs[@]}") >&2
 fi
 
@@ -98,11 +98,24 @@ done
 COREDNS="$BIN/coredns-v$COREDNS_VERSION"
 if [[ ! -x "$COREDNS" ]]; then
   start=$(date +%s)
-  log "building CoreDNS v$COREDNS_VERSION"
-  (cd "$BIN" && CGO_ENABLED=0 GOBIN="$BIN/.coredns-$COREDNS_VERSION" nice -n "${WS_NICE:-19}" \
-    go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@v$COREDNS_VERSION" >&2)
-  mv "$BIN/.coredns-$COREDNS_VERSION/coredns" "$COREDNS"
-  rmdir "$BIN/.coredns-$COREDNS_VERSION"
+  log "building CoreDNS v$COREDNS_VERSION (the plugins the clusters' Corefiles use)"
+  # CoreDNS's own main imports every plugin it ships (cloud DNS providers, etcd, dnstap, …), most of its build
+  # time; this one links only the plugins the local node's Corefile (up.sh) and kubeadm's default Corefile on
+  # kind use, with CoreDNS's own coremain and directive order. The module's versions are CoreDNS's own (its
+  # go.mod, by minimal version selection), checked by the checksum database.
+  cw="$CACHE/coredns-wrapper-v$COREDNS_VERSION"
+  mkdir -p "$cw"
+  printf 'module ws-coredns\n\ngo 1.24.0\n\nrequire github.com/coredns/coredns v%s\n' "$COREDNS_VERSION" >"$cw/go.mod"
+  {
+    printf '// CoreDNS with the plugins the test clusters use (e2e/cluster/build.sh writes this file).\npackage main\n\nimport (\n'
+    for p in bind cache errors forward health kubernetes loadbalance log loop metrics ready reload; do
+      printf '\t_ "github.com/coredns/coredns/plugin/%s"\n' "$p"
+    done
+    printf '\n\t"github.com/coredns/coredns/coremain"\n)\n\nfunc main() { coremain.Run() }\n'
+  } >"$cw/main.go"
+  (cd "$cw" && CGO_ENABLED=0 GOFLAGS=-mod=mod nice -n "${WS_NICE:-19}" go build -trimpath -ldflags "-s -w" \
+    -o "$COREDNS.tmp" . >&2)
+  mv "$COREDNS.tmp" "$COREDNS"
   log "built CoreDNS in $(( $(date +%s) - start ))s"
 fi
 

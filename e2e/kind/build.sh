@@ -46,8 +46,42 @@ command -v gcc >/dev/null || need+=(gcc libc6-dev)
 [[ -x /bin/busybox ]] || need+=(busybox-static)
 if ((${#need[@]})); then
   log "installing ${need[*]} with apt-get"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") >&2
+  (exec 8>/tmp/weightstream-apt.lock && flock -w 900 8 && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") >&2
 fi
+
+# --- root filesystems from Debian ---
+# The node's: kind's base image packages (images/base/Dockerfile) with Debian's containerd, runc and CNI plugins
+# in place of the ones kind builds from git, then kind's files and the Dockerfile's steps.
+KIND_SRC="$(cd "$K" && go mod download -json "sigs.k8s.io/kind@v$KIND_VERSION" | jq -r '.Dir')/images/base"
+base_rootfs() {
+  local out="$1"
+  mmdebstrap --variant=minbase --include=systemd,conntrack,iptables,nftables,iproute2,ethtool,util-linux,mount,kmod,libseccomp2,pigz,bash,ca-certificates,curl,jq,procps,containerd,runc,containernetworking-plugins \
+    --customize-hook="bash '$HERE/node-rootfs.sh' \"\$1\" '$KIND_SRC/files'" \
+    "$DEBIAN_SUITE" "$out" >&2
+}
+# kube-proxy's and kube-router's: what they run (iptables, ipset, nft, conntrack, ip), no more.
+net_rootfs() {
+  mmdebstrap --variant=essential --include=iptables,nftables,ipset,iproute2,conntrack,kmod \
+    --customize-hook='rm -rf "$1"/usr/share/doc "$1"/usr/share/man "$1"/usr/share/locale "$1"/var/cache/apt' \
+    "$DEBIAN_SUITE" "$1" >&2
+}
+
+# The node's base image and the network images' rootfs first: they wait on Debian's mirror and the disk, not on
+# the CPU the builds below need.
+BASE_IMAGE="weightstream/kind-base:$({ cat "$HERE/node-rootfs.sh"; echo "$KIND_VERSION $DEBIAN_SUITE"; } | sha256sum | cut -c1-12)"
+if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+  start=$(date +%s)
+  log "building the node's base image $BASE_IMAGE (mmdebstrap $DEBIAN_SUITE)"
+  base_rootfs "$K/base.tar"
+  docker import --change 'ENV container=docker' \
+    --change 'ENTRYPOINT ["/usr/local/bin/entrypoint","/sbin/init"]' "$K/base.tar" "$BASE_IMAGE.noss" >&2
+  # systemd stops on SIGRTMIN+3 (SIGTERM re-executes it); `docker import --change` cannot set a stop signal.
+  printf 'FROM %s\nSTOPSIGNAL SIGRTMIN+3\n' "$BASE_IMAGE.noss" | DOCKER_BUILDKIT=0 docker build -q -t "$BASE_IMAGE" - >&2
+  docker rmi "$BASE_IMAGE.noss" >/dev/null
+  rm -f "$K/base.tar"
+  log "built the base image in $(($(date +%s) - start))s"
+fi
+[[ -d "$K/net-rootfs" ]] || { rm -rf "$K/net-rootfs.tmp"; net_rootfs "$K/net-rootfs.tmp" && mv "$K/net-rootfs.tmp" "$K/net-rootfs"; }
 
 # --- binaries ---
 declare -A B
@@ -86,30 +120,19 @@ if [[ ! -x "$BIN/etcd-v$ETCD_VERSION" ]]; then
   log "built etcd in $(($(date +%s) - start))s"
 fi
 
-# --- root filesystems from Debian ---
-# The node's: kind's base image packages (images/base/Dockerfile) with Debian's containerd, runc and CNI plugins
-# in place of the ones kind builds from git, then kind's files and the Dockerfile's steps.
-KIND_SRC="$(cd "$K" && go mod download -json "sigs.k8s.io/kind@v$KIND_VERSION" | jq -r '.Dir')/images/base"
-base_rootfs() {
-  local out="$1"
-  mmdebstrap --variant=minbase --include=systemd,conntrack,iptables,nftables,iproute2,ethtool,util-linux,mount,kmod,libseccomp2,pigz,bash,ca-certificates,curl,jq,procps,containerd,runc,containernetworking-plugins \
-    --customize-hook="bash '$HERE/node-rootfs.sh' \"\$1\" '$KIND_SRC/files'" \
-    "$DEBIAN_SUITE" "$out" >&2
-}
-# kube-proxy's and kube-router's: what they run (iptables, ipset, nft, conntrack, ip), no more.
-net_rootfs() {
-  mmdebstrap --variant=essential --include=iptables,nftables,ipset,iproute2,conntrack,kmod \
-    --customize-hook='rm -rf "$1"/usr/share/doc "$1"/usr/share/man "$1"/usr/share/locale "$1"/var/cache/apt' \
-    "$DEBIAN_SUITE" "$1" >&2
-}
-
 # --- component images ---
-# The archive of image <repo:tag> in the cache: named after the tag, so a renamed image is built anew.
-archive_of() { echo "$IMAGES/$(tr '/:' '__' <<<"$1").tar"; }
+# archive_of <repo:tag> <file>: sets ARCHIVE to the cached archive of that image made from that file, named after
+# both (a hash of the file), so a renamed image or a rebuilt binary makes a new archive; the archives not named
+# this run are removed below.
+wanted=()
+archive_of() {
+  ARCHIVE="$IMAGES/$(tr '/:' '__' <<<"$1")-$(sha256sum "$2" | cut -c1-12).tar"
+  wanted+=("$ARCHIVE")
+}
 # static_image <repo:tag> <binary> <name in /usr/local/bin> [<entrypoint json>]
 static_image() {
   local tag="$1" bin="$2" name="$3" entry="${4:-null}" rootfs file
-  file="$(archive_of "$tag")"
+  archive_of "$tag" "$bin"; file="$ARCHIVE"
   [[ -f "$file" ]] && return 0
   rootfs="$(mktemp -d)"
   mkdir -p "$rootfs/usr/local/bin"
@@ -122,9 +145,8 @@ static_image() {
 # net_image <repo:tag> <binary> <name in /usr/local/bin>
 net_image() {
   local tag="$1" bin="$2" name="$3" rootfs file
-  file="$(archive_of "$tag")"
+  archive_of "$tag" "$bin"; file="$ARCHIVE"
   [[ -f "$file" ]] && return 0
-  [[ -d "$K/net-rootfs" ]] || { net_rootfs "$K/net-rootfs.tmp" && mv "$K/net-rootfs.tmp" "$K/net-rootfs"; }
   rootfs="$(mktemp -d)"
   cp -a "$K/net-rootfs/." "$rootfs/"
   install -m 0755 "$bin" "$rootfs/usr/local/bin/$name"
@@ -138,14 +160,16 @@ for c in kube-apiserver kube-controller-manager kube-scheduler; do
 done
 static_image "registry.k8s.io/etcd:$ETCD_VERSION-0" "$BIN/etcd-v$ETCD_VERSION" etcd
 tag="registry.k8s.io/coredns/coredns:v$COREDNS_VERSION"
-[[ -f "$(archive_of "$tag")" ]] || {
+archive_of "$tag" "${B[coredns]}"; file="$ARCHIVE"
+[[ -f "$file" ]] || {
   rootfs="$(mktemp -d)"
   install -m 0755 "${B[coredns]}" "$rootfs/coredns"
-  write_archive "$(archive_of "$tag")" "$tag" 0 '["/coredns"]' '[]' "$rootfs" >&2
+  write_archive "$file" "$tag" 0 '["/coredns"]' '[]' "$rootfs" >&2
   rm -rf "$rootfs"
 }
 tag="docker.io/weightstream/pause:3.10"
-[[ -f "$(archive_of "$tag")" ]] || write_pause_image "$(archive_of "$tag")" "$tag" "$ROOT/images/pause.c" >&2
+archive_of "$tag" "$ROOT/images/pause.c"; file="$ARCHIVE"
+[[ -f "$file" ]] || write_pause_image "$file" "$tag" "$ROOT/images/pause.c" >&2
 net_image "registry.k8s.io/kube-proxy:$V" "${B[kube-proxy]}" kube-proxy
 net_image "docker.io/weightstream/kube-router:v$KUBE_ROUTER_VERSION" "${B[kube-router]}" kube-router
 static_image "docker.io/weightstream/local-path-provisioner:v$LOCAL_PATH_VERSION" \
@@ -154,42 +178,33 @@ static_image "docker.io/weightstream/local-path-provisioner:v$LOCAL_PATH_VERSION
 # Debian's static busybox as those three.
 BUSYBOX_VERSION="$(dpkg-query -W -f '${Version}' busybox-static | sed 's/^[0-9]*://; s/[^A-Za-z0-9_.-]/_/g')"
 tag="docker.io/weightstream/local-path-helper:$BUSYBOX_VERSION"
-[[ -f "$(archive_of "$tag")" ]] || {
+archive_of "$tag" /bin/busybox; file="$ARCHIVE"
+[[ -f "$file" ]] || {
   rootfs="$(mktemp -d)"
   mkdir -p "$rootfs/bin" "$rootfs/tmp"
   chmod 1777 "$rootfs/tmp"
   install -m 0755 /bin/busybox "$rootfs/bin/busybox"
   for t in sh mkdir rm; do ln -s busybox "$rootfs/bin/$t"; done
-  write_archive "$(archive_of "$tag")" "$tag" 0 null '["/bin/sh"]' "$rootfs" '["PATH=/bin"]' >&2
+  write_archive "$file" "$tag" 0 null '["/bin/sh"]' "$rootfs" '["PATH=/bin"]' >&2
   rm -rf "$rootfs"
 }
+for file in "$IMAGES"/*.tar; do
+  printf '%s\n' "${wanted[@]}" | grep -qxF "$file" || rm -f "$file"
+done
 # What kind applies once the control plane is up (/kind/manifests in the node image): the CNI and the storage.
 render() {
   sed -e "s|\${KUBE_ROUTER_VERSION}|$KUBE_ROUTER_VERSION|g" -e "s|\${LOCAL_PATH_VERSION}|$LOCAL_PATH_VERSION|g" \
-    -e "s|\${BUSYBOX_VERSION}|$BUSYBOX_VERSION|g" "$1"
+    -e "s|\${BUSYBOX_VERSION}|$BUSYBOX_VERSION|g" -e "s|\${VOLUMES}|$VOLUMES|g" "$1"
 }
 
 # --- the node image: named after what went into it, so a change to any of it builds a new one ---
 inputs="$(
   cat "$HERE/build.sh" "$HERE/node-rootfs.sh" "$HERE/offline/kube-router.yaml" "$HERE/offline/storage.yaml"
-  echo "$KIND_VERSION $K8S_VERSION $ETCD_VERSION $CRICTL_VERSION $DEBIAN_SUITE"
+  echo "$KIND_VERSION $K8S_VERSION $ETCD_VERSION $CRICTL_VERSION $DEBIAN_SUITE $VOLUMES"
   sha256sum "$IMAGES"/*.tar "${B[kubelet]}" "${B[kubeadm]}" "${B[kubectl]}" | cut -d' ' -f1
 )"
 NODE_IMAGE="weightstream/kind-node:$V-$(sha256sum <<<"$inputs" | cut -c1-12)"
 if ! docker image inspect "$NODE_IMAGE" >/dev/null 2>&1; then
-  BASE_IMAGE="weightstream/kind-base:$({ cat "$HERE/node-rootfs.sh"; echo "$KIND_VERSION $DEBIAN_SUITE"; } | sha256sum | cut -c1-12)"
-  if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
-    start=$(date +%s)
-    log "building the node's base image $BASE_IMAGE (mmdebstrap $DEBIAN_SUITE)"
-    base_rootfs "$K/base.tar"
-    docker import --change 'ENV container=docker' \
-      --change 'ENTRYPOINT ["/usr/local/bin/entrypoint","/sbin/init"]' "$K/base.tar" "$BASE_IMAGE.noss" >&2
-    # systemd stops on SIGRTMIN+3 (SIGTERM re-executes it); `docker import --change` cannot set a stop signal.
-    printf 'FROM %s\nSTOPSIGNAL SIGRTMIN+3\n' "$BASE_IMAGE.noss" | DOCKER_BUILDKIT=0 docker build -q -t "$BASE_IMAGE" - >&2
-    docker rmi "$BASE_IMAGE.noss" >/dev/null
-    rm -f "$K/base.tar"
-    log "built the base image in $(($(date +%s) - start))s"
-  fi
   start=$(date +%s)
   log "building the node image $NODE_IMAGE"
   id="$(docker run -d --entrypoint=sleep --security-opt seccomp=unconfined "$BASE_IMAGE" infinity)"

@@ -32,7 +32,7 @@ if ! answers; then
     [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null \
       || { log "dockerd and jq are needed (Debian: apt-get install docker.io jq), and this is not root on Debian"; exit 1; }
     log "installing docker.io and jq with apt-get"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io jq) >&2
+    (exec 8>/tmp/weightstream-apt.lock && flock -w 900 8 && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io jq) >&2
   fi
   mkdir -p "$D/data" "$D/exec"
   # The runtime is a copy, so a work tree moved or deleted later does not break the daemon's containers.

@@ -15,7 +15,7 @@ if [[ -n "$KIND" ]]; then "$KIND" delete cluster --name "$CLUSTER" >&2 || true; 
 docker ps -a --filter "label=io.x-k8s.kind.cluster=$CLUSTER" -q | xargs -r docker rm -f -v >/dev/null
 for v in $volumes; do docker volume rm -f "$v" >/dev/null 2>&1 || true; done
 docker network rm kind >/dev/null 2>&1 || true
-rm -rf "$CACHE/kind/$CLUSTER.kubeconfig" "$CACHE/kind/$CLUSTER.yaml" "$CACHE/kind/$CLUSTER-volumes"
+rm -rf "$CACHE/kind/$CLUSTER.kubeconfig" "$CACHE/kind/$CLUSTER.yaml" "$VOLUMES"
 left=""
 [[ -z "$(docker ps -a --filter "label=io.x-k8s.kind.cluster=$CLUSTER" -q)" ]] || left+=" containers"
 for v in $volumes; do docker volume inspect "$v" >/dev/null 2>&1 && left+=" volume:$v"; done

@@ -48,10 +48,9 @@ else
   mkdir -p "$(dirname "$KC")"
   config="$CACHE/kind/$CLUSTER.yaml"
   # Every node mounts this folder where the storage provisioner makes volumes (offline/storage.yaml).
-  volumes="$CACHE/kind/$CLUSTER-volumes"
-  mkdir -p "$volumes"
+  mkdir -p "$VOLUMES"
   sed -e "s|\${NODE_IMAGE}|${B[node-image]}|g" -e "s|\${COREDNS_VERSION}|${WS_COREDNS_VERSION:-1.14.7}|g" \
-    -e "s|\${VOLUMES}|$volumes|g" -e "s|^name: .*|name: $CLUSTER|" "$HERE/offline/cluster.yaml" >"$config"
+    -e "s|\${VOLUMES}|$VOLUMES|g" -e "s|^name: .*|name: $CLUSTER|" "$HERE/offline/cluster.yaml" >"$config"
   start=$SECONDS
   log "creating kind cluster $CLUSTER (1 control plane, 2 workers) from ${B[node-image]}"
   kind create cluster --config "$config" --kubeconfig "$KC" --retain >&2

@@ -616,7 +616,11 @@ async fn fill_claim(client: &Client, ns: &str, name: &str, files: &[(PathBuf, &s
     );
     let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
     let pv = ok(pvs.get(&volume).await, "the bound volume");
-    let root = PathBuf::from(pv.spec.and_then(|s| s.local).map(|l| l.path).expect("a local volume"));
+    // The local node's volumes are `local`, kind's (local-path, shared folder) `hostPath`: either way a folder
+    // at the same path on this machine (kind's nodes mount it where the host has it).
+    let spec = pv.spec.unwrap_or_default();
+    let path = spec.local.map(|l| l.path).or(spec.host_path.map(|h| h.path));
+    let root = PathBuf::from(path.expect("a local or hostPath volume"));
     for (from, to) in files {
         let to = root.join(to);
         ok(std::fs::create_dir_all(to.parent().unwrap_or(&root)), "folder in the volume");
