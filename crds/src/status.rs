@@ -5,6 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::contract::Role;
 use crate::execution::ExecutionMode;
 
 /// Observed state of a [`crate::TrainingJob`].
@@ -69,6 +70,23 @@ pub struct TrainingJobStatus {
     /// The appliance the operator assembled for the spec it last acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<PlanStatus>,
+    /// Where the appliance runs: each pod of the job that the scheduler has placed, with its node, by role (input
+    /// workers, engines, SwarmX nodes, MemoryX's weight servers), then name; empty while nothing is placed. A
+    /// finished job keeps where its pods ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<PodPlacement>,
+}
+
+/// One pod of a job and the node it runs on.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodPlacement {
+    /// What the pod runs.
+    pub role: Role,
+    /// The pod's name.
+    pub pod: String,
+    /// The node's name.
+    pub node: String,
 }
 
 fn is_zero(v: &u32) -> bool {

@@ -12,6 +12,7 @@ pub mod decode;
 pub mod deviceplugin;
 pub mod leader;
 pub mod metrics;
+pub mod nodes;
 pub mod reconcile;
 pub mod status;
 

@@ -6,6 +6,7 @@
 //! `decode::decode` for the lists): an object the type cannot hold is reported on itself (`Ready=False`,
 //! `InvalidSpec`, a Warning Event) and never fails the watch or the list every other job depends on.
 
+use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,13 +37,13 @@ use crate::admission::{self, PriorityClasses, Verdict};
 use crate::children::checkpoints;
 use crate::children::desired::{self, Desired};
 use crate::children::pods::SPEC_HASH_ANNOTATION;
-use crate::children::pods::engine::CS2_RESOURCE;
 use crate::children::settings::Settings;
 use crate::children::{identity, names};
 use crate::config::Config;
 use crate::coordinator::Coordinator;
 use crate::decode::{self, Stored};
 use crate::metrics::Shared;
+use crate::nodes;
 use crate::status::{self, Children, Observed, Refusal, Unready};
 use crate::{Error, FINALIZER, MANAGER, job_key};
 use crds::contract::{JOB_LABEL, ROLE_LABEL};
@@ -223,38 +224,10 @@ pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs(2).saturating_mul(1 << doublings).min(Duration::from_secs(300))
 }
 
-/// The CS-2 pool, read from the nodes ([`pool_of`]).
-async fn pool(ctx: &Context) -> Result<Option<(u32, bool)>, Error> {
+/// The CS-2 pool ([`nodes::pool_of`]) and the lost nodes ([`nodes::lost`]), read from the nodes.
+async fn pool(ctx: &Context) -> Result<(Option<(u32, bool)>, BTreeSet<String>), Error> {
     let nodes = Api::<Node>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
-    Ok(pool_of(&nodes, ctx.config.pool))
-}
-
-/// The CS-2 pool: the sum of the schedulable nodes' allocatable `weightstream.dev/cs2` when any node knows the
-/// resource, or else the `configured` size. The second value says whether engines request the resource: it
-/// follows whether nodes know it at all, not how many they offer this moment, so a device plugin or kubelet
-/// restart (allocatable briefly 0) changes no engine pod's spec and replaces none.
-pub fn pool_of(nodes: &[Node], configured: Option<u32>) -> Option<(u32, bool)> {
-    let mut total: u32 = 0;
-    let mut known = false;
-    for node in nodes {
-        let status = node.status.as_ref();
-        let has = |r: Option<
-            &std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
-        >| { r.is_some_and(|r| r.contains_key(CS2_RESOURCE)) };
-        known |= has(status.and_then(|s| s.capacity.as_ref())) || has(status.and_then(|s| s.allocatable.as_ref()));
-        // A cordoned node takes no new engines: its CS-2s are not the pool's (a job on it goes on with fewer).
-        if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
-            continue;
-        }
-        let q = status.and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get(CS2_RESOURCE));
-        if let Some(q) = q {
-            total = total.saturating_add(q.0.trim().parse::<u32>().unwrap_or(0));
-        }
-    }
-    if known {
-        return Some((total, true));
-    }
-    configured.map(|p| (p, false))
+    Ok((nodes::pool_of(&nodes, ctx.config.pool), nodes::lost(&nodes)))
 }
 
 #[derive(Default)]
@@ -262,6 +235,9 @@ struct PodCensus {
     ready: bool,
     failed: Vec<String>,
     delete: Vec<String>,
+    /// Pods of the job on lost nodes (MemoryX's too, and those already being deleted): their kubelet cannot
+    /// stop them, so the operator removes them at once, and their replacements go elsewhere.
+    lost: Vec<String>,
     missing: Vec<Pod>,
     memoryx_restarts: Option<u32>,
     /// The first desired pod that is not ready, and why.
@@ -291,10 +267,15 @@ fn is_weight_server(pod: &str, set: &str) -> bool {
 /// outdated or surplus (replace or remove), missing (create), and whether all are ready. MemoryX's pods (those
 /// of the StatefulSet `memoryx_set`, one per weight server) are the StatefulSet's to manage: only their
 /// container restarts are summed, since a restarted weight server costs the job a restart like any failure.
-fn census(existing: &[Pod], desired: &[Pod], memoryx_set: &str) -> PodCensus {
+fn census(existing: &[Pod], desired: &[Pod], memoryx_set: &str, lost_nodes: &BTreeSet<String>) -> PodCensus {
     let mut c = PodCensus { ready: true, ..Default::default() };
+    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| lost_nodes.contains(n));
     for p in existing {
         let name = p.name_any();
+        if node_of(p).is_some() {
+            c.lost.push(name);
+            continue;
+        }
         if is_weight_server(&name, memoryx_set) {
             let restarts = p
                 .status
@@ -328,6 +309,14 @@ fn census(existing: &[Pod], desired: &[Pod], memoryx_set: &str) -> PodCensus {
         let ns = d.namespace().unwrap_or_default();
         let current = existing.iter().find(|p| p.name_any() == name);
         let unready = match current {
+            Some(p) if c.lost.contains(&name) => {
+                let node = node_of(p).unwrap_or_default();
+                Some(Unready {
+                    pod: name,
+                    namespace: ns,
+                    why: format!("its node {node} is lost (not ready): replacing it"),
+                })
+            }
             Some(p) if !c.delete.contains(&name) && p.metadata.deletion_timestamp.is_none() => {
                 (!pod_ready(p)).then(|| Unready::of(p, &ns))
             }
@@ -370,6 +359,8 @@ where
 struct Reading {
     coordinator: Option<Result<MemoryxStatus, String>>,
     pool: Option<(u32, bool)>,
+    /// The nodes that are not ready ([`nodes::lost`]).
+    lost_nodes: BTreeSet<String>,
     settings: Settings,
     existing: Vec<Pod>,
     desired: Option<Desired>,
@@ -388,7 +379,7 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
     let coordinator = if holds > 0 { Some(ctx.coordinator.status(job).await.map_err(|e| e.to_string())) } else { None };
-    let pool = pool(ctx).await?;
+    let (pool, lost_nodes) = pool(ctx).await?;
     let settings = Settings {
         default_image: ctx.config.default_image.clone(),
         fan_out: ctx.config.fan_out,
@@ -423,7 +414,18 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
         }
         _ => None,
     };
-    Ok(Reading { coordinator, pool, settings, existing, desired, plan_refusal, classes, memoryx_refusal, missing_data })
+    Ok(Reading {
+        coordinator,
+        pool,
+        lost_nodes,
+        settings,
+        existing,
+        desired,
+        plan_refusal,
+        classes,
+        memoryx_refusal,
+        missing_data,
+    })
 }
 
 /// Why a weight server's pod is missing, when the API server refused it: the StatefulSet controller creates
@@ -485,7 +487,7 @@ fn decide(
     });
     let may_grow = job.spec.cs2 <= holds || admission::may_grow(pool_size, &claims, job.spec.cs2 - holds);
     let desired_pods = r.desired.as_ref().map_or(&[][..], |d| &d.pods[..]);
-    let pods = census(&r.existing, desired_pods, &names::memoryx(&job.name_any()));
+    let pods = census(&r.existing, desired_pods, &names::memoryx(&job.name_any()), &r.lost_nodes);
     let plan = match (&r.desired, &r.plan_refusal) {
         (_, Some(why)) => Err(why.clone()),
         (Some(d), None) if d.plan.cs2 == job.spec.cs2 => Ok(d.plan.clone()),
@@ -505,6 +507,14 @@ fn decide(
         failed_pods: pods.failed.clone(),
         unready: pods.unready.clone(),
         memoryx_restarts: pods.memoryx_restarts,
+        placement: status::placement(&r.existing),
+        lost_nodes: r
+            .existing
+            .iter()
+            .filter_map(|p| p.spec.as_ref()?.node_name.clone().filter(|n| r.lost_nodes.contains(n)))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect(),
         coordinator: r.coordinator.clone(),
         now,
     };
@@ -698,13 +708,15 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
                 }
             };
             let census_at_n = if n == holds { Some(&pods) } else { None };
-            if let Err(e) = assemble(&ctx, &job, desired, census_at_n, &reading.existing).await {
+            let existing = &reading.existing;
+            if let Err(e) = assemble(&ctx, &job, desired, census_at_n, existing, &reading.lost_nodes).await {
                 refused(&ctx, &job, &decision.status, &e).await;
                 return Err(e);
             }
         }
         Children::Release => release(&ctx, &job, decision.status.phase, &reading.existing).await?,
     }
+    take_back_lost(&ctx, &job, &pods.lost).await?;
     if decision.request_checkpoint {
         // A refused request is not fatal: the next pass sees no new checkpoint and asks again.
         if let Err(e) = ctx.coordinator.checkpoint(&job).await {
@@ -735,7 +747,7 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
     }
     Ok(match decision.status.phase {
         Some(Phase::Succeeded | Phase::Failed | Phase::Suspended) => Action::requeue(Duration::from_secs(300)),
-        _ if !pods.delete.is_empty() => Action::requeue(Duration::from_millis(500)),
+        _ if !pods.delete.is_empty() || !pods.lost.is_empty() => Action::requeue(Duration::from_millis(500)),
         _ => Action::requeue(ctx.config.poll),
     })
 }
@@ -767,6 +779,7 @@ async fn assemble(
     desired: &Desired,
     census_at_n: Option<&PodCensus>,
     existing: &[Pod],
+    lost_nodes: &BTreeSet<String>,
 ) -> Result<(), Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let client = &ctx.client;
@@ -789,7 +802,7 @@ async fn assemble(
     let census = match census_at_n {
         Some(c) => c,
         None => {
-            owned = census(existing, &desired.pods, &names::memoryx(&job.name_any()));
+            owned = census(existing, &desired.pods, &names::memoryx(&job.name_any()), lost_nodes);
             &owned
         }
     };
@@ -799,6 +812,29 @@ async fn assemble(
     }
     for pod in &census.missing {
         apply_one(&pods_api, pod).await?;
+    }
+    Ok(())
+}
+
+/// Removes the job's pods on lost nodes at once (no grace period: their kubelet cannot run one), so their
+/// replacements (the operator's for engines, SwarmX and input workers; the StatefulSet's for MemoryX) start on
+/// the nodes that are up, MemoryX's from the newest checkpoint on its volume. The node controller declared the
+/// node lost only after hearing nothing from it for its grace period; should the node come back, its kubelet
+/// finds the pods gone and stops what is left of them.
+async fn take_back_lost(ctx: &Context, job: &TrainingJob, lost: &[String]) -> Result<(), Error> {
+    if lost.is_empty() {
+        return Ok(());
+    }
+    let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::background() };
+    for name in lost {
+        tracing::warn!(job = %job.name_any(), pod = %name, "the pod's node is lost: removing the pod");
+        match pods.delete(name, &now).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
     }
     Ok(())
 }
@@ -898,8 +934,6 @@ where
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use std::collections::BTreeMap;
 
     fn with_status(mut p: Pod, phase: &str, ready: bool) -> Pod {
         p.status = Some(PodStatus {
@@ -936,42 +970,6 @@ mod tests {
     /// The pool counts schedulable nodes' allocatable CS-2s; engines request the resource as long as nodes
     /// know it, even while none is allocatable (a device plugin restarting), so their pods do not change.
     #[test]
-    fn the_pool_is_the_schedulable_nodes_cs2s_and_requesting_them_does_not_flicker() {
-        let node = |allocatable: Option<&str>, capacity: Option<&str>, cordoned: bool| {
-            let q = |v: Option<&str>| v.map(|v| BTreeMap::from([(CS2_RESOURCE.to_string(), Quantity(v.into()))]));
-            Node {
-                spec: Some(k8s_openapi::api::core::v1::NodeSpec {
-                    unschedulable: cordoned.then_some(true),
-                    ..Default::default()
-                }),
-                status: Some(k8s_openapi::api::core::v1::NodeStatus {
-                    allocatable: q(allocatable),
-                    capacity: q(capacity),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }
-        };
-        assert_eq!(
-            pool_of(&[node(Some("4"), Some("4"), false), node(Some("2"), Some("2"), false)], Some(9)),
-            Some((6, true))
-        );
-        assert_eq!(
-            pool_of(&[node(Some("4"), Some("4"), false), node(Some("2"), Some("2"), true)], None),
-            Some((4, true)),
-            "cordoned"
-        );
-        assert_eq!(pool_of(&[node(Some("0"), Some("4"), false)], Some(9)), Some((0, true)), "a plugin restarting");
-        assert_eq!(pool_of(&[node(None, Some("4"), false)], Some(9)), Some((0, true)));
-        assert_eq!(
-            pool_of(&[node(None, None, false)], Some(9)),
-            Some((9, false)),
-            "no node knows CS-2s: the configured pool"
-        );
-        assert_eq!(pool_of(&[], None), None);
-    }
-
-    #[test]
     fn failures_back_off_exponentially_to_a_ceiling() {
         let pauses: Vec<u64> = (1..=10).map(|n| backoff(n).as_secs()).collect();
         assert_eq!(pauses, [2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
@@ -982,7 +980,7 @@ mod tests {
     #[test]
     fn census_finds_missing_failed_outdated_and_surplus_pods() {
         let want = desired(2);
-        let c = census(&[], &want, "j-memoryx");
+        let c = census(&[], &want, "j-memoryx", &BTreeSet::new());
         // The root, two engines and their two input workers.
         assert_eq!((c.ready, c.missing.len()), (false, 5));
         let first = c.unready.clone().expect("an unready pod named");
@@ -992,12 +990,12 @@ mod tests {
         );
 
         let all_ready: Vec<Pod> = want.iter().cloned().map(|p| with_status(p, "Running", true)).collect();
-        let c = census(&all_ready, &want, "j-memoryx");
+        let c = census(&all_ready, &want, "j-memoryx", &BTreeSet::new());
         assert!(c.ready && c.missing.is_empty() && c.delete.is_empty());
         assert_eq!(c.unready, None);
         let mut one_starting = all_ready.clone();
         one_starting[1] = with_status(one_starting[1].clone(), "Running", false);
-        let c = census(&one_starting, &want, "j-memoryx");
+        let c = census(&one_starting, &want, "j-memoryx", &BTreeSet::new());
         assert_eq!(
             c.unready.map(|u| (u.pod, u.why)),
             Some(("j-engine-0".to_string(), "Running, its readiness probe not passed yet".to_string()))
@@ -1005,7 +1003,7 @@ mod tests {
 
         let mut one_failed = all_ready.clone();
         one_failed[2] = with_status(one_failed[2].clone(), "Failed", false);
-        let c = census(&one_failed, &want, "j-memoryx");
+        let c = census(&one_failed, &want, "j-memoryx", &BTreeSet::new());
         assert_eq!(
             (c.ready, c.failed.clone(), c.delete.clone()),
             (false, vec!["j-engine-1".to_string()], vec!["j-engine-1".to_string()])
@@ -1013,7 +1011,7 @@ mod tests {
 
         // Shrinking to one engine: the second engine and its input worker are surplus, and every pod reads
         // another job.yaml (the CS-2 count), so the rest are outdated.
-        let c = census(&all_ready, &desired(1), "j-memoryx");
+        let c = census(&all_ready, &desired(1), "j-memoryx", &BTreeSet::new());
         assert!(c.delete.contains(&"j-engine-1".to_string()));
         assert!(
             c.delete.contains(&"j-input-1".to_string()) && c.delete.contains(&"j-input-0".to_string()),
@@ -1024,7 +1022,7 @@ mod tests {
         let mut input_failed = all_ready.clone();
         let i = input_failed.iter().position(|p| p.name_any() == "j-input-0").unwrap();
         input_failed[i] = with_status(input_failed[i].clone(), "Failed", false);
-        assert_eq!(census(&input_failed, &want, "j-memoryx").failed, vec!["j-input-0".to_string()]);
+        assert_eq!(census(&input_failed, &want, "j-memoryx", &BTreeSet::new()).failed, vec!["j-input-0".to_string()]);
         assert!(c.delete.contains(&"j-swarmx-0-0".to_string()));
         assert!(c.failed.is_empty());
     }
@@ -1047,18 +1045,52 @@ mod tests {
     #[test]
     fn census_sums_the_restarts_of_every_weight_server() {
         let want = desired(2);
-        assert_eq!(census(&[], &want, "j-memoryx").memoryx_restarts, None, "no server, nothing observed");
+        assert_eq!(
+            census(&[], &want, "j-memoryx", &BTreeSet::new()).memoryx_restarts,
+            None,
+            "no server, nothing observed"
+        );
         let mut pods = vec![server("j-memoryx-0", 1), server("j-memoryx-1", 0), server("j-memoryx-2", 2)];
-        assert_eq!(census(&pods, &want, "j-memoryx").memoryx_restarts, Some(3));
+        assert_eq!(census(&pods, &want, "j-memoryx", &BTreeSet::new()).memoryx_restarts, Some(3));
         pods.push(server("j-memoryx-extra", 5));
         pods.push(server("jj-memoryx-0", 7));
         pods.push(server("j-memoryx-", 9));
         let mut gone = server("j-memoryx-3", 4);
         gone.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
         pods.push(gone);
-        let c = census(&pods, &want, "j-memoryx");
+        let c = census(&pods, &want, "j-memoryx", &BTreeSet::new());
         assert_eq!(c.memoryx_restarts, Some(3), "only the job's live servers");
         assert!(c.delete.is_empty(), "the StatefulSet's pods are not the operator's to delete");
         assert!(is_weight_server("j-memoryx-12", "j-memoryx") && !is_weight_server("j-memoryx-1a", "j-memoryx"));
+    }
+
+    /// The job's pods on a lost node, MemoryX's and those already being deleted too, are taken back (not as
+    /// failures: a node lost is not the job's fault); the job is not ready until their replacements are.
+    #[test]
+    fn census_takes_back_every_pod_on_a_lost_node() {
+        let on = |mut p: Pod, node: &str| {
+            p.spec.get_or_insert_with(Default::default).node_name = Some(node.into());
+            p
+        };
+        let want = desired(2);
+        let mut pods: Vec<Pod> = want.iter().cloned().map(|p| on(with_status(p, "Running", true), "w1")).collect();
+        let engine = pods.iter().position(|p| p.name_any() == "j-engine-1").expect("engine 1");
+        pods[engine] = on(pods[engine].clone(), "w2");
+        pods.push(on(server("j-memoryx-0", 0), "w2"));
+        let mut leaving = on(server("j-memoryx-1", 0), "w2");
+        leaving.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
+        pods.push(leaving);
+        pods.push(on(server("j-memoryx-2", 0), "w1"));
+        let lost = BTreeSet::from(["w2".to_string()]);
+        let c = census(&pods, &want, "j-memoryx", &lost);
+        assert_eq!(c.lost, ["j-engine-1", "j-memoryx-0", "j-memoryx-1"]);
+        assert!(c.failed.is_empty() && c.delete.is_empty() && c.missing.is_empty());
+        let unready = c.unready.expect("not ready");
+        assert_eq!(unready.pod, "j-engine-1");
+        assert!(unready.why.contains("node w2 is lost"), "{}", unready.why);
+        assert!(!c.ready);
+        let c = census(&pods, &want, "j-memoryx", &BTreeSet::new());
+        assert!(c.lost.is_empty() && c.ready, "the same pods with every node up");
     }
 }

@@ -4,14 +4,14 @@
 //! checkpoint, rescale between steps) is decided here and unit-tested without a cluster.
 
 use crds::conditions::{ConditionStatus, ConditionType, Reason};
-use crds::{Phase, PlanStatus, TrainingJob, TrainingJobSpec, TrainingJobStatus};
+use crds::{Phase, PlanStatus, PodPlacement, TrainingJob, TrainingJobSpec, TrainingJobStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::admission::Verdict;
-use crds::contract::{MemoryxPhase, MemoryxStatus};
+use crds::contract::{MemoryxPhase, MemoryxStatus, ROLE_LABEL, Role};
 
 /// How long a suspend or a rescale waits for the checkpoint it asked MemoryX for before it goes ahead from the
 /// newest checkpoint there is: a MemoryX that cannot write one must not keep the CS-2s for good.
@@ -43,6 +43,10 @@ pub struct Observed {
     pub unready: Option<Unready>,
     /// Container restarts of the current MemoryX pod, when it exists.
     pub memoryx_restarts: Option<u32>,
+    /// Each of the job's pods that is placed on a node, and that node (see [`placement`]).
+    pub placement: Vec<PodPlacement>,
+    /// The lost nodes (not ready) that the job had pods on, which the operator takes back.
+    pub lost_nodes: Vec<String>,
     /// MemoryX's `/status`, or why it could not be read; `None` when it was not asked (nothing assembled).
     pub coordinator: Option<Result<MemoryxStatus, String>>,
     /// Now, for condition and start/completion times.
@@ -261,6 +265,23 @@ pub fn memoryx_refusal(
         .then(|| classify(newest.message.as_deref().unwrap_or("FailedCreate")))
 }
 
+/// Where the job's `pods` run: each one the scheduler has placed and that is not being deleted, with its node, by
+/// role (in the order an appliance is brought up), then name. A pod without the role label is not the job's.
+pub fn placement(pods: &[Pod]) -> Vec<PodPlacement> {
+    let mut placed: Vec<PodPlacement> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let role = Role::from_name(p.labels().get(ROLE_LABEL)?)?;
+            let node = p.spec.as_ref()?.node_name.clone().filter(|n| !n.is_empty())?;
+            Some(PodPlacement { role, pod: p.name_any(), node })
+        })
+        .collect();
+    let order = |r: Role| Role::ALL.iter().position(|&x| x == r);
+    placed.sort_by(|a, b| (order(a.role), &a.pod).cmp(&(order(b.role), &b.pod)));
+    placed
+}
+
 /// Decides the next status of `job` and what to do with its children: the common bookkeeping here, each phase
 /// (or group of phases) in a function of its own, tried in the order the lifecycle gives them precedence.
 pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
@@ -296,6 +317,11 @@ pub fn decide(job: &TrainingJob, obs: &Observed) -> Decision {
             holding(&mut d, spec, obs, holds, grow_blocked)
         }
     };
+
+    // Where the pods run now; a finished job keeps where they ran once they are gone, for the post-mortem.
+    if !(obs.placement.is_empty() && prev.phase.is_some_and(Phase::is_terminal)) {
+        d.s.placement.clone_from(&obs.placement);
+    }
 
     // A reason that needs someone to act is announced when it first appears, even if the phase stays.
     let needs_action = d.reason.is_some_and(|r| WARNING_REASONS.contains(&r));
@@ -436,6 +462,15 @@ fn size_now(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, obs:
     (holds, spec.cs2 > holds)
 }
 
+/// Where CS-2s were lost, when nodes the job ran on were: ` (node N not ready)`, else nothing.
+fn lost_where(obs: &Observed) -> String {
+    match obs.lost_nodes.len() {
+        0 => String::new(),
+        1 => format!(" (node {} not ready)", obs.lost_nodes[0]),
+        _ => format!(" (nodes {} not ready)", obs.lost_nodes.join(", ")),
+    }
+}
+
 /// A suspend or a resize of a job holding `holds` CS-2s to `target`: `Checkpointing` until a checkpoint of the latest step
 /// exists (or MemoryX could not write one in time), then `Suspended` with the CS-2s released, or `Starting`
 /// again at the new size.
@@ -455,8 +490,9 @@ fn checkpoint_then_move(
         (
             Reason::CapacityLost,
             format!(
-                "{} of its {holds} CS-2s were lost; checkpointing before going on with {target} (spec.minCs2 = {})",
+                "{} of its {holds} CS-2s were lost{}; checkpointing before going on with {target} (spec.minCs2 = {})",
                 holds - target,
+                lost_where(obs),
                 spec.min_cs2()
             ),
         )
@@ -511,10 +547,11 @@ fn checkpoint_then_move(
             Phase::Starting,
             Reason::CapacityLost,
             format!(
-                "continuing on {target} of {} CS-2s from {at}: {} were lost; the global batch and the curve are the full \
-                 job's, and it grows back to {} when CS-2s are free again",
+                "continuing on {target} of {} CS-2s from {at}: {} were lost{}; the global batch and the curve are the \
+                 full job's, and it grows back to {} when CS-2s are free again",
                 spec.cs2,
                 holds - target,
+                lost_where(obs),
                 spec.cs2
             ),
         );
@@ -675,9 +712,60 @@ mod tests {
             failed_pods: vec![],
             unready: None,
             memoryx_restarts: None,
+            placement: vec![],
+            lost_nodes: vec![],
             coordinator: None,
             now: Timestamp::from_second(1_000_000).unwrap(),
         }
+    }
+
+    fn placed(name: &str, role: Option<&str>, node: Option<&str>, deleting: bool) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.metadata.labels = role.map(|r| [(ROLE_LABEL.to_string(), r.to_string())].into());
+        p.metadata.deletion_timestamp = deleting.then(|| Time(Timestamp::from_second(1).unwrap()));
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec { node_name: node.map(Into::into), ..Default::default() });
+        p
+    }
+
+    /// The placement lists every placed pod of a role by role and name, and nothing unplaced, deleted or
+    /// foreign; a running job's status shows it, a finished one keeps it once its pods are gone.
+    #[test]
+    fn the_status_says_where_each_pod_of_the_appliance_runs() {
+        let pods = [
+            placed("j-engine-1", Some("engine"), Some("w2"), false),
+            placed("j-engine-0", Some("engine"), Some("w1"), false),
+            placed("j-memoryx-0", Some("memoryx"), Some("w2"), false),
+            placed("j-input-0", Some("input"), Some("w1"), false),
+            placed("j-swarmx-0-0", Some("swarmx"), None, false),
+            placed("j-engine-2", Some("engine"), Some("w1"), true),
+            placed("loader", None, Some("w1"), false),
+        ];
+        let got = placement(&pods);
+        let want = [
+            (Role::Input, "j-input-0", "w1"),
+            (Role::Engine, "j-engine-0", "w1"),
+            (Role::Engine, "j-engine-1", "w2"),
+            (Role::Memoryx, "j-memoryx-0", "w2"),
+        ];
+        let got_: Vec<(Role, &str, &str)> = got.iter().map(|p| (p.role, p.pod.as_str(), p.node.as_str())).collect();
+        assert_eq!(got_, want);
+
+        let mut j = job(2);
+        j.status =
+            Some(TrainingJobStatus { allocated_cs2: Some(2), phase: Some(Phase::Running), ..Default::default() });
+        let mut o = obs();
+        o.placement = got.clone();
+        o.coordinator = running(5, None);
+        let d = decide(&j, &o);
+        assert_eq!(d.status.placement, got);
+        let json = serde_json::to_value(&d.status).unwrap();
+        assert_eq!(json["placement"][3], serde_json::json!({"role": "memoryx", "pod": "j-memoryx-0", "node": "w2"}));
+
+        let mut done = job(2);
+        let before = TrainingJobStatus { phase: Some(Phase::Succeeded), placement: got.clone(), ..Default::default() };
+        done.status = Some(before);
+        assert_eq!(decide(&done, &obs()).status.placement, got, "a finished job keeps where it ran");
     }
 
     fn running(step: u64, ckpt: Option<u64>) -> Option<Result<MemoryxStatus, String>> {
@@ -1160,15 +1248,17 @@ mod tests {
         let t = d.transition.expect("an event");
         assert_eq!((t.reason, t.warning), (Reason::CapacityLost, true));
         o.coordinator = running(12, Some(12));
+        o.lost_nodes = vec!["w2".into()];
         let d = step(&mut j, &o);
         assert_eq!((d.status.allocated_cs2, d.children.clone()), (Some(2), Children::Assemble(2)));
         assert!(
-            d.transition
-                .as_ref()
-                .is_some_and(|t| t.reason == Reason::CapacityLost && t.message.contains("continuing on 2 of 4")),
+            d.transition.as_ref().is_some_and(|t| t.reason == Reason::CapacityLost
+                && t.message.contains("continuing on 2 of 4")
+                && t.message.contains("were lost (node w2 not ready)")),
             "{:?}",
             d.transition
         );
+        o.lost_nodes.clear();
         // Running on 2 with 2 left: no loss any more; growing back waits for free CS-2s, then happens.
         o.capacity = Some(2);
         o.may_grow = false;

@@ -27,8 +27,9 @@ pub const DATA_MOUNT: &str = "/var/run/weightstream/data";
 pub const METRICS_SCRAPER_LABEL: &str = "weightstream.dev/metrics-scraper";
 
 /// One kind of data-plane process. The operator labels pods with it, picks the program and the ports from it,
-/// and the local runner names processes after it, so a role is spelled once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// and the local runner names processes after it, so a role is spelled once (in the API as in labels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")] // the schema's names: serde's own impls (contract/handshake.rs) use as_str
 pub enum Role {
     /// The weight store and the job's coordinator.
     Memoryx,
@@ -92,4 +93,17 @@ impl std::fmt::Display for Role {
 pub fn input_workers_of(engine: u32, per_cs2: u32) -> std::ops::Range<u32> {
     let per = per_cs2.max(1);
     engine * per..(engine + 1) * per
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_roles_name_in_the_api_is_its_label() {
+        for role in Role::ALL {
+            assert_eq!(serde_json::to_value(role).unwrap(), serde_json::Value::from(role.as_str()));
+            assert_eq!(Role::from_name(role.as_str()), Some(role));
+        }
+    }
 }

@@ -17,6 +17,7 @@ use super::container::{container, memory_request};
 use super::hash::spec_hash;
 use super::metadata::{labels, meta};
 use super::names;
+use super::placement;
 use super::pod_security::restricted_pod;
 use super::pods::SPEC_HASH_ANNOTATION;
 use super::settings::Settings;
@@ -85,6 +86,7 @@ pub fn memoryx(job: &TrainingJob, settings: &Settings, plan: &Plan, config_hash:
     let replicas = i32::try_from(servers).map_err(|_| Error::Plan(format!("{servers} weight servers are too many")))?;
     let mut pod_spec = restricted_pod(vec![c], volumes);
     pod_spec.priority_class_name.clone_from(&job.spec.priority_class_name);
+    pod_spec.affinity = Some(placement::apart(&name, Role::Memoryx));
     // Evicted or drained, MemoryX finishes the step in flight and checkpoints it before it exits: its grace
     // period is the plan's time for that, so the job resumes with no step lost.
     pod_spec.termination_grace_period_seconds = Some(i64::try_from(plan.stop_seconds()).unwrap_or(i64::MAX));

@@ -18,6 +18,7 @@ pub mod memoryx;
 pub mod metadata;
 pub mod names;
 pub mod network_policy;
+pub mod placement;
 pub mod plan;
 pub mod pod_security;
 pub mod pods;

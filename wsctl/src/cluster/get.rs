@@ -12,18 +12,45 @@ use super::{Cluster, Error, Namespace, progress, watch as watching};
 pub enum Output {
     /// Aligned columns for people.
     Table,
+    /// The table with where each role's pods run (`ROLE=NODE,…` for every role placed).
+    Wide,
     /// The TrainingJob objects (a `List` for several).
     Json,
     /// The same as YAML.
     Yaml,
 }
 
-/// The table: one row per job, `-` where the status does not know yet; the namespace column only with `-A`.
-pub fn table(jobs: &[TrainingJob], namespaces: bool) -> String {
+/// Where a job's pods run, role by role in the status's order: `memoryx=n2 engine=n1,n2 …`, each node once per
+/// role; `-` while nothing is placed.
+pub fn nodes(job: &TrainingJob) -> String {
+    let placement = job.status.as_ref().map(|s| &s.placement[..]).unwrap_or_default();
+    let mut roles: Vec<(crds::contract::Role, Vec<&str>)> = Vec::new();
+    for p in placement {
+        match roles.last_mut() {
+            Some((role, nodes)) if *role == p.role => {
+                if !nodes.contains(&p.node.as_str()) {
+                    nodes.push(&p.node);
+                }
+            }
+            _ => roles.push((p.role, vec![&p.node])),
+        }
+    }
+    if roles.is_empty() {
+        return "-".into();
+    }
+    roles.iter().map(|(role, nodes)| format!("{role}={}", nodes.join(","))).collect::<Vec<_>>().join(" ")
+}
+
+/// The table: one row per job, `-` where the status does not know yet; the namespace column only with `-A`,
+/// the nodes only when `wide`.
+pub fn table(jobs: &[TrainingJob], namespaces: bool, wide: bool) -> String {
     let mut rows: Vec<Vec<String>> = Vec::with_capacity(jobs.len() + 1);
     let mut header = vec!["NAME", "PHASE", "CS-2", "STEP", "LOSS", "ETA", "QUEUE", "WAITING"];
     if namespaces {
         header.insert(0, "NAMESPACE");
+    }
+    if wide {
+        header.push("NODES");
     }
     rows.push(header.into_iter().map(String::from).collect());
     for job in jobs {
@@ -41,6 +68,9 @@ pub fn table(jobs: &[TrainingJob], namespaces: bool) -> String {
         ];
         if namespaces {
             row.insert(0, job.namespace().unwrap_or_default());
+        }
+        if wide {
+            row.push(nodes(job));
         }
         rows.push(row);
     }
@@ -67,11 +97,11 @@ pub fn render(jobs: &[TrainingJob], single: bool, output: Output) -> Result<Stri
     let value = value.map_err(|e| encode(&e))?;
     match output {
         Output::Json => serde_json::to_string_pretty(&value).map(|s| s + "\n").map_err(|e| encode(&e)),
-        Output::Yaml | Output::Table => serde_yaml::to_string(&value).map_err(|e| encode(&e)),
+        Output::Yaml | Output::Table | Output::Wide => serde_yaml::to_string(&value).map_err(|e| encode(&e)),
     }
 }
 
-/// `wsctl get [JOB] [-n NS | -A] [-o table|json|yaml]`.
+/// `wsctl get [JOB] [-n NS | -A] [-o table|wide|json|yaml]`.
 pub async fn get(name: Option<&str>, ns: Namespace, all: bool, output: Output) -> Result<(), Error> {
     let cluster = Cluster::connect(ns).await?;
     let jobs = match name {
@@ -86,7 +116,7 @@ pub async fn get(name: Option<&str>, ns: Namespace, all: bool, output: Output) -
             let mut items =
                 api.list(&ListParams::default()).await.map_err(Error::api(action, &cluster.namespace, ""))?.items;
             items.sort_by_key(|j| (j.namespace(), j.name_any()));
-            if items.is_empty() && matches!(output, Output::Table) {
+            if items.is_empty() && matches!(output, Output::Table | Output::Wide) {
                 eprintln!(
                     "no TrainingJobs in {}",
                     if all { "any namespace".to_string() } else { format!("namespace {scope}") }
@@ -97,7 +127,8 @@ pub async fn get(name: Option<&str>, ns: Namespace, all: bool, output: Output) -
         }
     };
     match output {
-        Output::Table => print!("{}", table(&jobs, all)),
+        Output::Table => print!("{}", table(&jobs, all, false)),
+        Output::Wide => print!("{}", table(&jobs, all, true)),
         other => print!("{}", render(&jobs, name.is_some(), other)?),
     }
     Ok(())
@@ -121,7 +152,7 @@ pub async fn watch(cluster: &Cluster, name: &str, output: Output, timeout: std::
             last = status;
             let line = match output {
                 Output::Json => serde_json::to_string(job).unwrap_or_default(),
-                Output::Table | Output::Yaml => progress::line(job),
+                Output::Table | Output::Wide | Output::Yaml => progress::line(job),
             };
             let mut out = std::io::stdout().lock();
             if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
@@ -140,7 +171,7 @@ mod tests {
 
     #[test]
     fn the_table_aligns_every_column_and_dashes_the_unknown() {
-        let t = table(&[running(), queued(), succeeded()], false);
+        let t = table(&[running(), queued(), succeeded()], false, false);
         let want = "\
 NAME      PHASE       CS-2   STEP      LOSS     ETA     QUEUE   WAITING
 train     Running     2/2    20/100    0.4321   1m05s   -       -
@@ -152,9 +183,31 @@ done      Succeeded   0/2    100/100   0.1000   0s      -       -
 
     #[test]
     fn all_namespaces_adds_the_namespace_column() {
-        let t = table(&[running()], true);
+        let t = table(&[running()], true, false);
         assert!(t.starts_with("NAMESPACE   NAME "), "{t}");
         assert!(t.lines().nth(1).is_some_and(|l| l.starts_with("ml          train ")), "{t}");
+    }
+
+    /// `-o wide` names each role's nodes once, in the status's order; `-` while nothing is placed.
+    #[test]
+    fn wide_adds_where_each_roles_pods_run() {
+        let place = |role, pod: &str, node: &str| crds::PodPlacement { role, pod: pod.into(), node: node.into() };
+        use crds::contract::Role::{Engine, Input, Memoryx};
+        let mut job = running();
+        if let Some(s) = job.status.as_mut() {
+            s.placement = vec![
+                place(Input, "train-input-0", "w1"),
+                place(Input, "train-input-1", "w1"),
+                place(Engine, "train-engine-0", "w1"),
+                place(Engine, "train-engine-1", "w2"),
+                place(Memoryx, "train-memoryx-0", "w2"),
+            ];
+        }
+        let t = table(&[job, queued()], false, true);
+        let mut lines = t.lines();
+        assert!(lines.next().is_some_and(|l| l.ends_with("   NODES")), "{t}");
+        assert!(lines.next().is_some_and(|l| l.ends_with("   input=w1 engine=w1,w2 memoryx=w2")), "{t}");
+        assert!(lines.next().is_some_and(|l| l.ends_with("   -")), "{t}");
     }
 
     #[test]

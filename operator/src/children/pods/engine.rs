@@ -14,6 +14,7 @@ use super::pod;
 use crate::Error;
 use crate::children::container::{container, memory_request};
 use crate::children::names;
+use crate::children::placement;
 use crate::children::pod_security::restricted_pod;
 use crate::children::settings::Settings;
 use crate::children::site::ClusterSite;
@@ -46,7 +47,8 @@ pub(crate) fn engine_pods(
             let resources = (resources != ResourceRequirements::default()).then_some(resources);
             let (volumes, mounts) = volumes_of(job, plan, Role::Engine);
             let c = container(job, settings, &Wiring::of(plan).engine(&ClusterSite::of(job), i), resources, mounts);
-            let spec = restricted_pod(vec![c], volumes);
+            let mut spec = restricted_pod(vec![c], volumes);
+            spec.topology_spread_constraints = Some(placement::spread(&name, Role::Engine));
             pod(job, names::engine(&name, i), Role::Engine, names::engine_service(&name), spec, config)
         })
         .collect()
