@@ -269,6 +269,8 @@ async fn drain(client: &Client, ns: &str, node: &str) {
 /// worker from its newest checkpoint, says so (status, a `CapacityLost` Event) and grows back to 4; it ends with
 /// the undisturbed run's losses within 1e-6 relative (one job for both faults: CI time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "CI time: ~15 min of a 2-core machine's CPU (16,000 steps on the cluster and once more undisturbed); \
+            on kind: cargo test --release --workspace --test nodes -- --ignored (e2e/kind/README.md)"]
 async fn a_worker_drained_then_one_lost_the_job_goes_on_with_min_cs2_and_grows_back() {
     let _serial = SERIAL.lock().await;
     let (client, ns, _kc, hosts) = setup("lost").await;
@@ -298,9 +300,18 @@ async fn a_worker_drained_then_one_lost_the_job_goes_on_with_min_cs2_and_grows_b
         let (on_two, took) = runs_on(&jobs, name, 2, lost, &format!("the job to go on with 2 CS-2s ({fault})")).await;
         let placed = nodes_of(&pods, name).await;
         assert!(placed.iter().all(|(_, n)| n != &node), "nothing of the job left on {node}: {placed:?}");
+        // The status says it holds fewer than it asked for, and waits to grow back.
         let s = ok(jobs.get(name).await, "the job").status.unwrap_or_default();
-        let lost_said = s.conditions.iter().any(|c| c.reason == "CapacityLost");
-        assert!(lost_said, "the status says CS-2s were lost: {:?}", s.conditions);
+        let admitted =
+            s.conditions.iter().find(|c| c.type_ == "Admitted").map(|c| (c.reason.as_str(), c.message.as_str()));
+        assert!(
+            s.allocated_cs2 == Some(2)
+                && admitted.is_some_and(|(r, m)| {
+                    matches!(r, "RescaleWaitingForCapacity" | "CapacityLost") && m.contains("holds 2")
+                }),
+            "the status says the job holds 2 of its 4 CS-2s: {:?}",
+            s.conditions
+        );
         assert!(said(&client, &ns, "CapacityLost").await, "a CapacityLost Event");
         let back = Instant::now();
         drop(repair); // uncordon and unpause
