@@ -54,7 +54,7 @@ async fn setup(prefix: &str) -> (Client, String, PathBuf, Vec<String>) {
             let hosts: Vec<String> = list
                 .items
                 .iter()
-                .filter(|n| !operator::nodes::is_lost(n))
+                .filter(|n| !operator::nodes::is_not_ready(n))
                 .filter(|n| {
                     let a = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
                     a.and_then(|a| a.get(CS2_RESOURCE)).is_some_and(|q| q.0 == CS2_PER_WORKER.to_string())

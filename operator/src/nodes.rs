@@ -1,5 +1,5 @@
-//! What the nodes say about the CS-2s: how many the pool has (the CS-2 hosts that take engines) and which nodes
-//! are lost (not ready: stopped, hung, cut off), whose pods the operator takes back.
+//! What the nodes say about the CS-2s: how many the pool has (the ready CS-2 hosts that take engines) and which
+//! nodes are lost (unreachable: stopped, hung, cut off), whose pods the operator takes back.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -9,12 +9,24 @@ use kube::ResourceExt;
 
 use crate::children::pods::engine::CS2_RESOURCE;
 
-/// Whether `node` is lost: its `Ready` condition says anything but `True` (`False`: the kubelet reports it
-/// unhealthy; `Unknown`: the node controller heard nothing from it within its grace period). A node that has
-/// not reported any condition yet is not taken for lost.
-pub fn is_lost(node: &Node) -> bool {
+/// The status of `node`'s `Ready` condition, when it has one.
+fn ready(node: &Node) -> Option<&str> {
     let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
-    conditions.into_iter().flatten().any(|c| c.type_ == "Ready" && c.status != "True")
+    conditions.into_iter().flatten().find(|c| c.type_ == "Ready").map(|c| c.status.as_str())
+}
+
+/// Whether `node` takes no engines now: its `Ready` condition says anything but `True` (`False`: its kubelet
+/// reports it unhealthy, for a moment when the kubelet restarts, say; `Unknown`: it is lost). A node that has
+/// not reported any condition yet is not counted out.
+pub fn is_not_ready(node: &Node) -> bool {
+    ready(node).is_some_and(|s| s != "True")
+}
+
+/// Whether `node` is lost: its `Ready` condition is `Unknown`, which the node controller sets once it has heard
+/// nothing from the node's kubelet for its grace period. Its pods then run on unmanaged, if at all; a node whose
+/// kubelet reports it not ready (`False`) still stops its pods itself, and is not lost.
+pub fn is_lost(node: &Node) -> bool {
+    ready(node) == Some("Unknown")
 }
 
 /// The names of the lost nodes ([`is_lost`]).
@@ -33,9 +45,9 @@ pub fn pool_of(nodes: &[Node], configured: Option<u32>) -> Option<(u32, bool)> {
     for node in nodes {
         let status = node.status.as_ref();
         known |= has(status.and_then(|s| s.capacity.as_ref())) || has(status.and_then(|s| s.allocatable.as_ref()));
-        // A cordoned node takes no new engines, and a lost one runs none: their CS-2s are not the pool's (a job
-        // on them goes on with fewer).
-        if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) || is_lost(node) {
+        // A cordoned node takes no new engines, and one not ready runs none: their CS-2s are not the pool's (a
+        // job on them goes on with fewer once the dip outlasts the operator's grace period).
+        if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) || is_not_ready(node) {
             continue;
         }
         let q = status.and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get(CS2_RESOURCE));
@@ -103,14 +115,16 @@ mod tests {
     }
 
     #[test]
-    fn a_node_is_lost_when_it_is_not_ready_and_only_then() {
+    fn a_node_is_lost_when_it_is_unreachable_and_out_of_the_pool_when_not_ready() {
         let nodes = [
             node(Some("2"), None, false, Some("True")),
             node(Some("3"), None, false, Some("False")),
             node(Some("4"), None, true, Some("Unknown")),
             node(Some("5"), None, false, None),
         ];
-        let want: BTreeSet<String> = ["n-3-False".to_string(), "n-4-Unknown".to_string()].into();
-        assert_eq!(lost(&nodes), want);
+        let want: BTreeSet<String> = ["n-4-Unknown".to_string()].into();
+        assert_eq!(lost(&nodes), want, "only an unreachable node is lost; one whose kubelet says False is not");
+        let not_ready: Vec<bool> = nodes.iter().map(is_not_ready).collect();
+        assert_eq!(not_ready, [false, true, true, false]);
     }
 }

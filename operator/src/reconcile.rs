@@ -314,7 +314,7 @@ fn census(existing: &[Pod], desired: &[Pod], memoryx_set: &str, lost_nodes: &BTr
                 Some(Unready {
                     pod: name,
                     namespace: ns,
-                    why: format!("its node {node} is lost (not ready): replacing it"),
+                    why: format!("its node {node} is lost (unreachable): replacing it"),
                 })
             }
             Some(p) if !c.delete.contains(&name) && p.metadata.deletion_timestamp.is_none() => {
@@ -359,7 +359,7 @@ where
 struct Reading {
     coordinator: Option<Result<MemoryxStatus, String>>,
     pool: Option<(u32, bool)>,
-    /// The nodes that are not ready ([`nodes::lost`]).
+    /// The nodes that are lost ([`nodes::lost`]).
     lost_nodes: BTreeSet<String>,
     settings: Settings,
     existing: Vec<Pod>,

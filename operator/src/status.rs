@@ -45,7 +45,7 @@ pub struct Observed {
     pub memoryx_restarts: Option<u32>,
     /// Each of the job's pods that is placed on a node, and that node (see [`placement`]).
     pub placement: Vec<PodPlacement>,
-    /// The lost nodes (not ready) that the job had pods on, which the operator takes back.
+    /// The lost nodes (unreachable) that the job had pods on, which the operator takes back.
     pub lost_nodes: Vec<String>,
     /// MemoryX's `/status`, or why it could not be read; `None` when it was not asked (nothing assembled).
     pub coordinator: Option<Result<MemoryxStatus, String>>,
@@ -462,12 +462,12 @@ fn size_now(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, obs:
     (holds, spec.cs2 > holds)
 }
 
-/// Where CS-2s were lost, when nodes the job ran on were: ` (node N not ready)`, else nothing.
+/// Where CS-2s were lost, when nodes the job ran on were: ` (node N unreachable)`, else nothing.
 fn lost_where(obs: &Observed) -> String {
     match obs.lost_nodes.len() {
         0 => String::new(),
-        1 => format!(" (node {} not ready)", obs.lost_nodes[0]),
-        _ => format!(" (nodes {} not ready)", obs.lost_nodes.join(", ")),
+        1 => format!(" (node {} unreachable)", obs.lost_nodes[0]),
+        _ => format!(" (nodes {} unreachable)", obs.lost_nodes.join(", ")),
     }
 }
 
@@ -1254,7 +1254,7 @@ mod tests {
         assert!(
             d.transition.as_ref().is_some_and(|t| t.reason == Reason::CapacityLost
                 && t.message.contains("continuing on 2 of 4")
-                && t.message.contains("were lost (node w2 not ready)")),
+                && t.message.contains("were lost (node w2 unreachable)")),
             "{:?}",
             d.transition
         );
