@@ -15,6 +15,9 @@
 #   bash e2e/run-tests.sh                 # every stream side by side, their outputs one after another
 #   bash e2e/run-tests.sh lists DIR       # build, and write DIR/{host,kind,rest}.list (.ci/run starts each)
 #   bash e2e/run-tests.sh STREAM DIR      # one stream (host, kind or rest) of those lists
+#   bash e2e/run-tests.sh start STREAM DIR [VAR=VALUE…]   # that stream in the background, in a session of its own
+#   bash e2e/run-tests.sh wait DIR [STREAM…]              # until those (else every started one) end; without
+#                                                         # names, then print every log and fail if one failed
 #   bash e2e/run-tests.sh LIST            # the executables in file LIST ("package folder<TAB>executable" lines)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,19 +66,53 @@ stream() {
   esac
 }
 
+# start NAME DIR [VAR=VALUE…]: stream NAME in a session of its own (an early stop kills its tests' processes
+# too), its output in DIR/NAME.log, its exit status in DIR/NAME.status once it ends, its session in DIR/NAME.pid.
+start() {
+  local name="$1" dir="$2"
+  shift 2
+  rm -f "$dir/$name.status"
+  setsid env "$@" bash -c 'bash "$0" "$1" "$2" >"$2/$1.log" 2>&1; echo $? >"$2/$1.status"' "$0" "$name" "$dir" &
+  echo $! >"$dir/$name.pid"
+}
+
+# wait_for DIR [NAME…]: until each named stream (else every started one) has ended, for WS_TESTS_MINUTES (150)
+# at most; fails if one failed or did not end in time. With no names, prints every started stream's log first.
+wait_for() {
+  local dir="$1" name status=0 deadline=$((SECONDS + 60 * ${WS_TESTS_MINUTES:-150}))
+  shift
+  local names=("$@")
+  if ((${#names[@]} == 0)); then
+    for name in rest host kind; do [[ -f "$dir/$name.pid" || -f "$dir/$name.status" ]] && names+=("$name"); done
+  fi
+  for name in "${names[@]}"; do
+    while [[ ! -s "$dir/$name.status" ]] && ((SECONDS < deadline)); do sleep 5; done
+    [[ -s "$dir/$name.status" ]] || { echo "run-tests.sh: stream $name still running after the deadline" >&2; status=1; }
+    [[ "$(cat "$dir/$name.status" 2>/dev/null)" == 0 ]] || status=1
+  done
+  if (($# == 0)); then
+    for name in "${names[@]}"; do
+      echo "===== e2e/run-tests.sh $name"
+      cat "$dir/$name.log" 2>/dev/null || true
+    done
+  fi
+  return "$status"
+}
+
 case "${1:-}" in
   lists) lists "$2"; exit ;;
+  start) start "${@:2}"; exit ;;
+  wait) wait_for "${@:2}"; exit ;;
   host | kind | rest) stream "$1" "$2"; exit ;;
   "") ;;
   *) run_tests <"$1"; exit ;;
 esac
 
 dir="$(mktemp -d)"
-pids=()
-# The cluster streams run in sessions of their own, so that an early exit stops their tests' processes too.
+# The streams' sessions go with this script, should it end first.
 cleanup() {
   local pid
-  for pid in "${pids[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+  for pid in "$dir"/*.pid; do [[ -f "$pid" ]] && { kill -- "-$(cat "$pid")" 2>/dev/null || true; }; done
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -86,13 +123,5 @@ if [[ -z "${WS_KIND_KUBECONFIG:-}" ]]; then
   echo "run-tests.sh: e2e/tests/nodes.rs needs several nodes: it runs with WS_KIND_KUBECONFIG (bash e2e/kind/up.sh)" >&2
   : >"$dir/kind.list"
 fi
-for s in host kind; do
-  setsid bash "$0" "$s" "$dir" >"$dir/$s.log" 2>&1 &
-  pids+=($!)
-done
-status=0
-stream rest "$dir" || status=$?
-for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
-pids=()
-cat "$dir/host.log" "$dir/kind.log"
-exit "$status"
+for s in rest host kind; do start "$s" "$dir"; done
+wait_for "$dir"
