@@ -176,6 +176,23 @@ where
     }
 }
 
+/// Polls job `name`'s status until `reached` holds for it or the job has ended (`Succeeded` or `Failed`), and
+/// returns that status; fails after `timeout` naming `what`.
+pub async fn job_until(
+    jobs: &Api<TrainingJob>,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    reached: impl Fn(&crds::TrainingJobStatus) -> bool,
+) -> Result<crds::TrainingJobStatus, Error> {
+    wait_for(timeout, what, || async {
+        let s = jobs.get(name).await.ok()?.status?;
+        let ended = matches!(s.phase, Some(crds::Phase::Succeeded | crds::Phase::Failed));
+        (reached(&s) || ended).then_some(s)
+    })
+    .await
+}
+
 /// An operator running in this process, watching one namespace, until dropped.
 pub struct RunningOperator {
     /// The stand-in for every job's MemoryX.

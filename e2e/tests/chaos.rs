@@ -167,14 +167,7 @@ async fn until(
     what: &str,
     reached: impl Fn(&crds::TrainingJobStatus) -> bool,
 ) -> crds::TrainingJobStatus {
-    ok(
-        wait_for(timeout, what, || async {
-            let s = jobs.get(name).await.ok()?.status?;
-            (reached(&s) || matches!(s.phase, Some(Phase::Succeeded | Phase::Failed))).then_some(s)
-        })
-        .await,
-        what,
-    )
+    ok(e2e::job_until(jobs, name, timeout, what, reached).await, what)
 }
 
 /// A fault of the matrix.
