@@ -95,6 +95,12 @@ wait_for() {
       echo "===== e2e/run-tests.sh $name"
       cat "$dir/$name.log" 2>/dev/null || true
     done
+    # Last, each failed test's panic and the lines after it, so that the end of a long output says why.
+    for name in "${names[@]}"; do
+      grep -q "panicked at" "$dir/$name.log" 2>/dev/null || continue
+      echo "===== e2e/run-tests.sh $name: the failures"
+      grep -A6 "panicked at" "$dir/$name.log" | grep -v "^stack backtrace:\|^ *[0-9]*: \|^ *at " | head -80
+    done
   fi
   return "$status"
 }

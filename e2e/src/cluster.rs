@@ -40,6 +40,28 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The `wsctl` under test: `$WS_WSCTL`, else the release binary of the same build as the running test
+/// (`target/<profile>/wsctl`, the test itself being `target/<profile>/deps/NAME-HASH`), which `cargo test
+/// --workspace` builds for wsctl's own tests. The e2e tests and the Python suite all run this one binary, so no
+/// test builds (and relinks under another running test) a binary of its own.
+pub fn wsctl() -> Result<PathBuf, ClusterError> {
+    let path = match std::env::var_os("WS_WSCTL") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().and_then(Path::parent).map(|d| d.join("wsctl")))
+            .unwrap_or_else(|| repo_root().join("target/release/wsctl")),
+    };
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(ClusterError::Input(format!(
+            "no wsctl at {}: build it first (cargo build --release -p wsctl) or set WS_WSCTL",
+            path.display()
+        )))
+    }
+}
+
 /// Runs `cmd`, returning its stdout; a failure carries the end of its output.
 pub fn run(cmd: &mut Command) -> Result<String, ClusterError> {
     let what = format!("{cmd:?}");

@@ -82,7 +82,7 @@ fn undisturbed_loss(job: &TrainingJob) -> (f64, f64) {
     let file = dir.join("job.yaml");
     std::fs::write(&file, serde_yaml::to_string(job).unwrap()).unwrap();
     let root = cluster::repo_root();
-    let out = Command::new(root.join("target/release/wsctl"))
+    let out = Command::new(cluster::wsctl().unwrap_or_else(|e| panic!("{e}")))
         .arg("run")
         .arg(&file)
         .arg("--out")

@@ -50,17 +50,7 @@ async fn done(client: &Client, ns: &str) {
 
 /// The `wsctl` binary under test.
 fn wsctl() -> PathBuf {
-    let path = std::env::var_os("WS_WSCTL").map(PathBuf::from).unwrap_or_else(|| {
-        // This test runs as target/<profile>/deps/cli-<hash>; the binary is target/<profile>/wsctl.
-        let exe = ok(std::env::current_exe(), "this test's path");
-        exe.parent().and_then(Path::parent).map(|d| d.join("wsctl")).unwrap_or_default()
-    });
-    assert!(
-        path.is_file(),
-        "no wsctl at {}: build it first (cargo build --release -p wsctl) or set WS_WSCTL",
-        path.display()
-    );
-    path
+    cluster::wsctl().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs `program args` with the cluster's kubeconfig, returning its output once it ends (at most 10 minutes).

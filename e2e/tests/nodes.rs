@@ -94,7 +94,7 @@ fn undisturbed_beside(job: &TrainingJob) -> tokio::task::JoinHandle<(f64, f64)> 
         let file = dir.join("job.yaml");
         std::fs::write(&file, serde_yaml::to_string(&job).unwrap()).unwrap();
         let root = cluster::repo_root();
-        let out = Command::new(root.join("target/release/wsctl"))
+        let out = Command::new(cluster::wsctl().unwrap_or_else(|e| panic!("{e}")))
             .arg("run")
             .arg(&file)
             .arg("--out")
@@ -206,7 +206,7 @@ async fn engines_spread_weight_servers_keep_apart_and_the_status_says_where() {
     let mut said: Vec<(String, String)> = s.placement.iter().map(|p| (p.pod.clone(), p.node.clone())).collect();
     said.sort();
     assert_eq!(said, placed);
-    let wsctl = cluster::repo_root().join("target/release/wsctl");
+    let wsctl = cluster::wsctl().unwrap_or_else(|e| panic!("{e}"));
     let out = ok(
         cluster::run(Command::new(wsctl).args(["get", "-n", &ns, "-o", "wide"]).env("KUBECONFIG", &kc)),
         "wsctl get -o wide",
