@@ -3,8 +3,9 @@
 # - host: the e2e files that drive the local node's own processes (chaos restarts its kubelet and API server;
 #   scale fakes 48 hosts with its kwok), and python, on the cluster of e2e/cluster/up.sh;
 # - kind: the e2e files that need several nodes (nodes: placement, a node lost, a drain; cluster: NetworkPolicy
-#   across nodes) and the CLI's (chart, cli), on the kind cluster whose kubeconfig WS_KIND_KUBECONFIG names
-#   (e2e/kind/up.sh); without one they join the host stream, but nodes, which cannot run on one node;
+#   across nodes), the CLI's (chart, cli) and sharing (preemption), on the kind cluster whose kubeconfig
+#   WS_KIND_KUBECONFIG names (e2e/kind/up.sh); without one they join the host stream, but nodes, which cannot
+#   run on one node;
 # - rest: everything else, which computes (training, kernels, the roles as local processes) or runs against API
 #   servers of its own (e2e/apiserver), then the doctests.
 # The cluster streams spend most of their time waiting on their cluster (probes, restarts, pods starting), one
@@ -40,7 +41,7 @@ lists() {
   jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test)
     | "\(.manifest_path | rtrimstr("/Cargo.toml"))\t\(.executable)"' "$all" | sort >"$dir/tests"
   [[ -s "$dir/tests" ]] || { echo "run-tests.sh: the build listed no test executable" >&2; return 1; }
-  kind=$'/e2e\t.*/deps/(chart|cli|cluster|nodes)-[0-9a-f]+$'
+  kind=$'/e2e\t.*/deps/(chart|cli|cluster|nodes|sharing)-[0-9a-f]+$'
   host=$'/e2e\t.*/deps/(chaos|scale|python)-[0-9a-f]+$'
   grep -E "$host" "$dir/tests" >"$dir/host.list"
   grep -E "$kind" "$dir/tests" >"$dir/kind.list"

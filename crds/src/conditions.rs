@@ -139,6 +139,9 @@ pub enum Reason {
     /// The `Checkpointing` and `Starting` transitions and a Warning Event: CS-2s the job held were lost for good
     /// (a node gone or cordoned, the pool shrunk), and it goes on with fewer, down to `spec.minCs2`.
     CapacityLost,
+    /// The `Checkpointing` and `Queued` transitions and a Warning Event: a waiting job of a higher PriorityClass
+    /// needs the CS-2s (preemption allowed by the operator); the job checkpoints, gives them back and waits.
+    Preempted,
     /// The `Checkpointing` transition: a checkpoint is written before a suspend gives back the CS-2s.
     Suspending,
     /// The `Checkpointing` transition: a checkpoint is written before the job is reassembled at a new size.
@@ -189,7 +192,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for code and tests that go through them all.
-    pub const ALL: [Reason; 33] = [
+    pub const ALL: [Reason; 34] = [
         Reason::AwaitingAdmission,
         Reason::PriorityClassNotFound,
         Reason::ExceedsPool,
@@ -203,6 +206,7 @@ impl Reason {
         Reason::Rescaled,
         Reason::RescaleWaitingForCapacity,
         Reason::CapacityLost,
+        Reason::Preempted,
         Reason::Suspending,
         Reason::Rescaling,
         Reason::Suspended,
@@ -241,6 +245,7 @@ impl Reason {
             Reason::Rescaled => "Rescaled",
             Reason::RescaleWaitingForCapacity => "RescaleWaitingForCapacity",
             Reason::CapacityLost => "CapacityLost",
+            Reason::Preempted => "Preempted",
             Reason::Suspending => "Suspending",
             Reason::Rescaling => "Rescaling",
             Reason::Suspended => "Suspended",

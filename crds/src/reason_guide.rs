@@ -39,7 +39,13 @@ impl Reason {
             }
             Reason::CapacityLost => {
                 "A Warning Event and the `Checkpointing`/`Starting` transitions: CS-2s the job held were lost for good \
-                 (a node gone or cordoned, the pool shrunk); it goes on with fewer, down to `spec.minCs2`."
+                 (a node gone or cordoned, the pool shrunk); it goes on with fewer, down to `spec.minCs2`. Left with \
+                 fewer than that for 2 minutes, it checkpoints, gives its CS-2s back and waits (`Queued`)."
+            }
+            Reason::Preempted => {
+                "A Warning Event and the `Checkpointing`/`Queued` transitions: a waiting job of a higher PriorityClass \
+                 needed the CS-2s (the chart's `operator.preemption: allowed`); the job checkpointed, gave them back \
+                 and waits in the queue."
             }
             Reason::Suspending => {
                 "Phase `Checkpointing`: a checkpoint is written before a suspend gives back the CS-2s."
@@ -125,6 +131,10 @@ impl Reason {
             Reason::CapacityLost => {
                 "Nothing: it continues from its last checkpoint and grows back when the CS-2s return; check the \
                  nodes with `kubectl get nodes`."
+            }
+            Reason::Preempted => {
+                "Nothing: it resumes from its checkpoint once the higher-priority jobs leave room; a higher \
+                 `spec.priorityClassName` (`wsctl set-priority JOB CLASS`) keeps a job from being preempted."
             }
             Reason::Suspending | Reason::Rescaling => "Nothing: the checkpoint is written, then the job moves on.",
             Reason::Suspended => "`wsctl resume JOB` continues it from its checkpoint.",

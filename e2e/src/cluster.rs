@@ -62,6 +62,39 @@ pub fn wsctl() -> Result<PathBuf, ClusterError> {
     }
 }
 
+/// The final and held-out losses of `job` run undisturbed on this machine (`wsctl run`: local processes, `args`
+/// besides, such as a SwarmX fan-out): what a disturbed cluster job must end with.
+pub fn undisturbed(job: &TrainingJob, args: &[String]) -> Result<(f64, f64), ClusterError> {
+    let name = job.metadata.name.clone().unwrap_or_default();
+    let dir = std::env::temp_dir().join(format!("ws-undisturbed-{name}-{}", std::process::id()));
+    let input = |what: &str, e: &dyn std::fmt::Display| ClusterError::Input(format!("{what}: {e}"));
+    std::fs::create_dir_all(&dir).map_err(|e| input("a folder for the undisturbed run", &e))?;
+    let file = dir.join("job.yaml");
+    let yaml = serde_yaml::to_string(job).map_err(|e| input("the job as YAML", &e))?;
+    std::fs::write(&file, yaml).map_err(|e| input("the job's manifest", &e))?;
+    let summary = run(Command::new(wsctl()?)
+        .arg("run")
+        .arg(&file)
+        .arg("--out")
+        .arg(dir.join("out"))
+        .args(args)
+        .current_dir(repo_root()))
+    .and_then(|_| std::fs::read_to_string(dir.join("out/summary.json")).map_err(|e| input("its summary.json", &e)));
+    let _ = std::fs::remove_dir_all(&dir);
+    let summary: serde_json::Value = serde_json::from_str(&summary?).map_err(|e| input("its summary.json", &e))?;
+    match (summary["final_loss"].as_f64(), summary["eval"]["loss"].as_f64()) {
+        (Some(loss), Some(eval)) => Ok((loss, eval)),
+        _ => Err(ClusterError::Input(format!("the undisturbed run's summary has no final and held-out loss: {summary}"))),
+    }
+}
+
+/// [`undisturbed`] on a blocking thread started now and awaited when the cluster's job is done: the local run
+/// computes while the cluster's job mostly waits out its faults, instead of before it.
+pub fn undisturbed_beside(job: &TrainingJob, args: &[&str]) -> tokio::task::JoinHandle<(f64, f64)> {
+    let (job, args) = (job.clone(), args.iter().map(|a| a.to_string()).collect::<Vec<_>>());
+    tokio::task::spawn_blocking(move || undisturbed(&job, &args).unwrap_or_else(|e| panic!("the undisturbed run: {e}")))
+}
+
 /// Runs `cmd`, returning its stdout; a failure carries the end of its output.
 pub fn run(cmd: &mut Command) -> Result<String, ClusterError> {
     let what = format!("{cmd:?}");

@@ -74,37 +74,6 @@ fn job(name: &str, steps: u64, mode: ExecutionMode, restart_limit: u32) -> Train
     j
 }
 
-/// The final loss of `job` run undisturbed on this machine (`wsctl run`, processes, fan-out 2): what the
-/// disturbed cluster job must end with.
-fn undisturbed_loss(job: &TrainingJob) -> (f64, f64) {
-    let dir = std::env::temp_dir().join(format!("ws-chaos-{}-{}", job.name_any(), std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("job.yaml");
-    std::fs::write(&file, serde_yaml::to_string(job).unwrap()).unwrap();
-    let root = cluster::repo_root();
-    let out = Command::new(cluster::wsctl().unwrap_or_else(|e| panic!("{e}")))
-        .arg("run")
-        .arg(&file)
-        .arg("--out")
-        .arg(dir.join("out"))
-        .args(["--swarmx-fan-out", "2"])
-        .current_dir(&root)
-        .output()
-        .expect("wsctl runs (cargo build --release -p wsctl first)");
-    assert!(out.status.success(), "the undisturbed run: {}", String::from_utf8_lossy(&out.stderr));
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("out/summary.json")).unwrap()).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    (summary["final_loss"].as_f64().expect("a final loss"), summary["eval"]["loss"].as_f64().expect("a held-out loss"))
-}
-
-/// [`undisturbed_loss`] on a blocking thread, started now and awaited when the cluster's job is done: the local
-/// run computes while the cluster job mostly waits out its faults, instead of before it.
-fn undisturbed_beside(job: &TrainingJob) -> tokio::task::JoinHandle<(f64, f64)> {
-    let job = job.clone();
-    tokio::task::spawn_blocking(move || undisturbed_loss(&job))
-}
-
 /// The job's status now (or a panic naming why not).
 async fn status(jobs: &Api<TrainingJob>, name: &str) -> crds::TrainingJobStatus {
     ok(jobs.get(name).await, name).status.unwrap_or_default()
@@ -303,7 +272,7 @@ async fn matrix(mode: ExecutionMode, faults: &[Fault], steps: u64) {
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     let name = "chaos";
     let j = job(name, steps, mode, 40);
-    let undisturbed = undisturbed_beside(&j);
+    let undisturbed = cluster::undisturbed_beside(&j, &["--swarmx-fan-out", "2"]);
     ok(jobs.create(&PostParams::default(), &j).await, "create the job");
     let (mut at, _) = steps_on(&jobs, name, 0, 20, "the job to start training").await;
     let mut thawed = Vec::new();
@@ -397,7 +366,7 @@ async fn a_job_that_loses_two_cs2s_goes_on_with_two_and_grows_back() {
     j.spec.min_cs2 = Some(2);
     let mut undisturbed = j.clone();
     undisturbed.spec.min_cs2 = None;
-    let want = undisturbed_beside(&undisturbed);
+    let want = cluster::undisturbed_beside(&undisturbed, &["--swarmx-fan-out", "2"]);
     ok(jobs.create(&PostParams::default(), &j).await, "create the job");
     let (at, _) = steps_on(&jobs, name, 0, 200, "the job to train").await;
     cs2_per_node(&kc, 2);

@@ -23,7 +23,7 @@ use crds::{Phase, TrainingJob};
 use e2e::{cluster, wait_for};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret, Service};
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -264,6 +264,26 @@ async fn suspend_resume_and_cancel_take_effect_before_they_return() {
     let table = wsctl_ok(&kc, &["get", "pausable", "-n", &ns]).await;
     assert!(table.lines().nth(1).is_some_and(|l| l.split_whitespace().nth(1) == Some("Suspended")), "{table}");
 
+    // Labels and the PriorityClass, while it waits: set, refused without --overwrite, removed; a class that does
+    // not exist is refused before anything is written, one that does is set with its value.
+    wsctl_ok(&kc, &["label", "pausable", "team=ml", "stage=try", "-n", &ns]).await;
+    let out = wsctl_run(&kc, &["label", "pausable", "team=web", "-n", &ns]).await;
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("team=ml already"));
+    wsctl_ok(&kc, &["label", "pausable", "team=web", "stage-", "--overwrite", "-n", &ns]).await;
+    let labels = ok(jobs.get("pausable").await, "get").labels().clone();
+    assert_eq!((labels.get("team").map(String::as_str), labels.get("stage")), (Some("web"), None), "{labels:?}");
+    let out = wsctl_run(&kc, &["set-priority", "pausable", "no-such-class", "-n", &ns]).await;
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("'no-such-class' does not exist"));
+    let classes: Api<k8s_openapi::api::scheduling::v1::PriorityClass> = Api::all(client.clone());
+    let class = format!("{ns}-high");
+    let pc = serde_json::json!({ "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": { "name": class }, "value": 1000 });
+    ok(classes.create(&PostParams::default(), &ok(serde_json::from_value(pc), "class")).await, "create a class");
+    let out = wsctl_ok(&kc, &["set-priority", "pausable", &class, "-n", &ns]).await;
+    assert!(out.contains(&format!("set to {class} (value 1000)")), "{out}");
+    let spec = ok(jobs.get("pausable").await, "get").spec;
+    assert_eq!(spec.priority_class_name.as_deref(), Some(class.as_str()));
+
     let out = wsctl_ok(&kc, &["resume", "pausable", "-n", &ns, "--timeout", "180"]).await;
     assert!(out.contains("resume requested"), "{out}");
     assert_ne!(phase(&jobs, "pausable").await, Some(Phase::Suspended), "resume returned while still Suspended");
@@ -275,6 +295,8 @@ async fn suspend_resume_and_cancel_take_effect_before_they_return() {
     assert_eq!(ok(r, "resume"), Phase::Succeeded);
     let s = ok(jobs.get("pausable").await, "get").status.unwrap_or_default();
     assert_eq!(s.progress.step, Some(steps));
+
+    let _ = classes.delete(&class, &DeleteParams::default()).await;
 
     // Suspending a finished job is refused, saying why.
     let out = wsctl_run(&kc, &["suspend", "pausable", "-n", &ns]).await;

@@ -433,9 +433,10 @@ async fn the_api_server_refuses_each_invalid_example() {
 }
 
 /// A running pod's IP.
-async fn pod_ip(pods: &Api<Pod>, name: &str) -> String {
+async fn pod_ip(pods: &Api<Pod>, name: &str) -> (String, String) {
     let p = ok(pods.get(name).await, name);
-    p.status.and_then(|s| s.pod_ip).unwrap_or_else(|| panic!("{name} has no IP"))
+    let node = p.spec.and_then(|s| s.node_name).unwrap_or_default();
+    (p.status.and_then(|s| s.pod_ip).unwrap_or_else(|| panic!("{name} has no IP")), node)
 }
 
 /// The host pid of pod `name`'s container, once it runs.
@@ -516,16 +517,22 @@ async fn network_policy_keeps_other_namespaces_out_of_a_running_job() {
     let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> = Api::namespaced(client.clone(), &ns);
     let np = ok(policies.get("guarded-network").await, "the job's NetworkPolicy");
     assert_eq!(np.owner_references().first().map(|o| o.name.as_str()), Some("guarded"));
-    let memoryx = pod_ip(&pods, "guarded-memoryx-0").await;
-    let engine = pod_ip(&pods, "guarded-engine-0").await;
-    let (http, grpc) = (crds::contract::HTTP_PORT, crds::contract::Role::Engine.grpc_port().map_or(0, |p| p.1));
-    let targets = [("MemoryX /status", memoryx.as_str(), http), ("engine gRPC", engine.as_str(), grpc)];
-
-    // The job's own pods reach both (the positive control: the ports listen, and the policy lets the job in).
+    let (memoryx, memoryx_node) = pod_ip(&pods, "guarded-memoryx-0").await;
+    let http = crds::contract::HTTP_PORT;
+    let grpc = crds::contract::Role::Engine.grpc_port().map_or(0, |p| p.1);
+    // MemoryX's HTTP port and every engine's gRPC port: on several nodes the engines spread, so at least one
+    // sits on another node than the other tenant's pod and the policy is tried across nodes too.
+    let mut targets = vec![("MemoryX /status".to_string(), memoryx.clone(), http, memoryx_node)];
+    for i in 0..2 {
+        let (ip, node) = pod_ip(&pods, &format!("guarded-engine-{i}")).await;
+        targets.push((format!("engine-{i} gRPC"), ip, grpc, node));
+    }
+    let engine = targets[1].1.clone();
+    // The job's own pods reach each (the positive control: the ports listen, and the policy lets the job in).
     let insider = running_pid(&pods, "guarded-swarmx-0-0").await;
-    for (what, ip, port) in targets {
+    for (what, ip, port, _) in &targets {
         assert_eq!(
-            reach_settled(insider, ip, port, true).await,
+            reach_settled(insider, ip, *port, true).await,
             cluster::Reach::Connected,
             "{what} from the job's own SwarmX pod"
         );
@@ -546,11 +553,24 @@ async fn network_policy_keeps_other_namespaces_out_of_a_running_job() {
         cluster::Reach::Connected,
         "the operator has no business with engines"
     );
-    // The other namespace reaches neither.
-    for (what, ip, port) in targets {
-        let r = reach_settled(stranger, ip, port, false).await;
-        eprintln!("guarded: {what} {ip}:{port} from namespace {other}: {r:?}");
+    // The other namespace reaches none of them, from its node or another.
+    let stranger_node = pod_ip(&Api::namespaced(client.clone(), &other), "outsider").await.1;
+    for (what, ip, port, node) in &targets {
+        let r = reach_settled(stranger, ip, *port, false).await;
+        eprintln!("guarded: {what} {ip}:{port} on {node} from namespace {other} on {stranger_node}: {r:?}");
         assert_ne!(r, cluster::Reach::Connected, "{what} reached from another namespace");
+    }
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let schedulable = ok(nodes.list(&ListParams::default()).await, "nodes")
+        .items
+        .iter()
+        .filter(|n| n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_none_or(|t| t.is_empty()))
+        .count();
+    if schedulable > 1 {
+        assert!(
+            targets.iter().any(|t| t.3 != stranger_node),
+            "on {schedulable} nodes no probe crossed nodes: {targets:?}, the other tenant on {stranger_node}"
+        );
     }
     // The scraper namespace reaches the HTTP port (/metrics) and nothing else.
     assert_eq!(

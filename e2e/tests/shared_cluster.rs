@@ -2,7 +2,8 @@
 //! (stored while the schema was looser) is reported on itself and the other jobs are still admitted; a job
 //! naming a missing PriorityClass waits with `PriorityClassNotFound` and is admitted, its pods carrying the
 //! class, once an admin creates it; a MemoryX pod refused by the API server (as the StatefulSet controller
-//! reports it: a `FailedCreate` event, played here by the test as the kubelet is elsewhere) shows in `Ready`.
+//! reports it: a `FailedCreate` event, played here by the test as the kubelet is elsewhere) shows in `Ready`;
+//! with preemption allowed, a job of a higher class takes a lower one's CS-2s through its checkpoint.
 //!
 //! The schema is loosened and restored cluster-wide, so this file runs its own API server instance
 //! (`shared-cluster`, ports shifted by 7) and disturbs no other test. With `KUBECONFIG` set it uses that
@@ -284,4 +285,64 @@ async fn a_refused_memoryx_pod_shows_in_the_jobs_ready_condition() {
         "recovered",
     );
     op.stop().await;
+}
+
+/// Preemption in the operator's own queue (`--preemption allowed`): a job of a higher PriorityClass that does not
+/// fit takes the CS-2s of a running lower one, which checkpoints first (MemoryX is asked once), gives them back,
+/// waits saying by whom, and resumes from that checkpoint once the higher job is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_class_preempts_a_lower_job_which_checkpoints_waits_and_resumes() {
+    let (client, ns) = setup("preempt").await;
+    let config = operator::config::Config {
+        namespace: Some(ns.clone()),
+        pool: Some(4),
+        fan_out: 2,
+        poll: Duration::from_millis(300),
+        preemption: operator::config::Preemption::Allowed,
+        ..Default::default()
+    };
+    let op = RunningOperator::start_with(&client, config);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let classes: Api<PriorityClass> = Api::all(client.clone());
+    let class_name = format!("ws-e2e-{ns}-high");
+    let class = PriorityClass {
+        metadata: ObjectMeta { name: Some(class_name.clone()), ..Default::default() },
+        value: 1000,
+        ..Default::default()
+    };
+    ok(classes.create(&PostParams::default(), &class).await, "create the PriorityClass");
+    ok(jobs.create(&PostParams::default(), &job("low", 4)).await, "create the low job");
+    wait_phase(&jobs, "low", Phase::Starting).await;
+    let mut at = crds::contract::MemoryxStatus::at(crds::contract::MemoryxPhase::Running, 20);
+    at.progress.total_steps = Some(100);
+    op.coordinator.set(&format!("{ns}/low"), at);
+    // A job of the same class waits behind it; the higher one does not.
+    ok(jobs.create(&PostParams::default(), &job("peer", 4)).await, "create a job of the same class");
+    let mut high = job("high", 4);
+    high.spec.priority_class_name = Some(class_name.clone());
+    ok(jobs.create(&PostParams::default(), &high).await, "create the high job");
+
+    let low = wait_phase(&jobs, "low", Phase::Queued).await.status.unwrap_or_default();
+    let admitted = low.conditions.iter().find(|c| c.type_ == "Admitted").cloned().expect("an Admitted condition");
+    assert_eq!(admitted.reason, "Preempted", "{admitted:?}");
+    assert_eq!((low.allocated_cs2, low.progress.last_checkpoint.map(|c| c.step)), (None, Some(20)));
+    assert_eq!(op.coordinator.checkpoint_requests(), vec![format!("{ns}/low")], "one checkpoint first");
+    let e = warning(&client, &ns, "low", "Preempted").await;
+    let said = e.message.unwrap_or_default();
+    assert!(said.contains(&format!("preempted by {ns}/high (PriorityClass '{class_name}')")), "{said}");
+    let high = wait_phase(&jobs, "high", Phase::Starting).await;
+    assert_eq!(high.status.and_then(|s| s.allocated_cs2), Some(4));
+
+    // The higher job ends; the preempted one goes before the later job of its class, and resumes.
+    let mut done = crds::contract::MemoryxStatus::at(crds::contract::MemoryxPhase::Succeeded, 10);
+    done.progress.total_steps = Some(10);
+    op.coordinator.set(&format!("{ns}/high"), done);
+    wait_phase(&jobs, "high", Phase::Succeeded).await;
+    let low = wait_phase(&jobs, "low", Phase::Starting).await.status.unwrap_or_default();
+    assert_eq!(low.allocated_cs2, Some(4));
+    assert!(low.conditions.iter().any(|c| c.reason == "Resumed"), "{:?}", low.conditions);
+    let peer = jobs.get("peer").await.ok().and_then(|j| j.status).unwrap_or_default();
+    assert_eq!((peer.phase, peer.allocated_cs2), (Some(Phase::Queued), None), "a job of the same class preempts no one");
+    op.stop().await;
+    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
 }

@@ -217,6 +217,36 @@ pub fn may_grow(pool: u32, claims: &[Claim], extra: u32) -> bool {
     pool.saturating_sub(used).saturating_sub(waiting) >= extra
 }
 
+/// The waiting job that takes running job `key`'s CS-2s, when the operator preempts: the first job in the queue
+/// that fits the pool but not what is free (once the jobs admission starts before it have theirs) takes them
+/// from running jobs of a lower PriorityClass value only, the lowest value first and the newest first among
+/// equals, as few as cover what it lacks. `None` when `key` is not among those, or when all of them together
+/// would not be enough (no job is preempted in vain). A job being preempted holds its CS-2s until its
+/// checkpoint is written, so every pass until then names it again.
+pub fn preempted_by<'a>(pool: u32, claims: &'a [Claim], key: &str) -> Option<&'a Claim> {
+    let used: u32 = claims.iter().map(|c| c.holds).sum();
+    let mut free = pool.saturating_sub(used);
+    let head = queue(claims).into_iter().find(|c| {
+        let fits_now = c.wants <= free;
+        if fits_now {
+            free -= c.wants;
+        }
+        c.wants <= pool && !fits_now
+    })?;
+    let rank = |c: &Claim| c.class.unwrap_or(i32::MIN);
+    let mut lower: Vec<&Claim> = claims.iter().filter(|c| c.holds > 0 && rank(c) < rank(head)).collect();
+    lower.sort_by_key(|c| (rank(c), Reverse(c.created), c.key.clone()));
+    let mut chosen = false;
+    for c in lower {
+        if free >= head.wants {
+            break;
+        }
+        free += c.holds;
+        chosen |= c.key == key;
+    }
+    (free >= head.wants && chosen).then_some(head)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,5 +420,38 @@ mod tests {
         assert!(!may_grow(4, &claims, 1));
         assert!(may_grow(5, &claims, 1));
         assert!(may_grow(4, &[c("running", 0, 1, 2, 0)], 2));
+    }
+
+    /// A job of class value `class` holding `holds` CS-2s, created at `created`.
+    fn r(name: &str, class: i32, created: i64, holds: u32) -> Claim {
+        Claim { holds, wants: 0, ..t("ns", name, Some(class), 0, created, 0) }
+    }
+
+    /// Preemption takes from lower classes only, the lowest and newest first, as few jobs as cover the need,
+    /// and nobody when that is not enough.
+    #[test]
+    fn preemption_takes_the_fewest_lowest_newest_jobs_and_only_when_it_is_enough() {
+        let high = t("ns", "high", Some(100), 0, 10, 4);
+        let who = |claims: &[Claim]| -> Vec<String> {
+            claims.iter().filter(|c| preempted_by(4, claims, &c.key).is_some()).map(|c| c.key.clone()).collect()
+        };
+        // One lower job holding the whole pool gives it up, to the waiting high one.
+        let claims = vec![r("low", 0, 1, 4), high.clone()];
+        assert_eq!(preempted_by(4, &claims, "ns/low").map(|c| c.key.as_str()), Some("ns/high"));
+        assert_eq!(who(&claims), ["ns/low"]);
+        // Two lower jobs of 2: both go for 4; for 2, only the newer one.
+        assert_eq!(who(&[r("old", 0, 1, 2), r("new", 0, 2, 2), high.clone()]), ["ns/old", "ns/new"]);
+        let wants_two = Claim { wants: 2, ..high.clone() };
+        assert_eq!(who(&[r("old", 0, 1, 2), r("new", 0, 2, 2), wants_two.clone()]), ["ns/new"]);
+        // The lowest class goes first, even when older.
+        assert_eq!(who(&[r("mid", 50, 1, 2), r("low", 0, 0, 2), wants_two.clone()]), ["ns/low"]);
+        // Free CS-2s count: 2 free and a job of 2 to take covers 4.
+        assert_eq!(who(&[r("low", 0, 1, 2), high.clone()]), ["ns/low"]);
+        // The same class never preempts; a job of the same class holding half the pool makes the rest too little.
+        assert!(who(&[r("peer", 100, 1, 4), high.clone()]).is_empty());
+        assert!(who(&[r("peer", 100, 1, 2), r("low", 0, 2, 2), high.clone()]).is_empty());
+        // A job larger than the pool preempts nobody; nor does a job that fits what is free.
+        assert!(who(&[r("low", 0, 1, 4), Claim { wants: 8, ..high.clone() }]).is_empty());
+        assert!(who(&[r("low", 0, 1, 2), wants_two]).is_empty());
     }
 }

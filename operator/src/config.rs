@@ -20,6 +20,19 @@ pub struct Config {
     pub poll: Duration,
     /// The operator's own pods (namespace and labels), admitted by every job's NetworkPolicy.
     pub operator: OperatorPeer,
+    /// Whether a waiting job may take the CS-2s of running jobs of a lower PriorityClass.
+    pub preemption: Preemption,
+}
+
+/// Whether the operator's queue preempts (`--preemption`, the chart's `operator.preemption`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Preemption {
+    /// Running jobs keep their CS-2s; a higher-priority job only goes first in the queue.
+    #[default]
+    Never,
+    /// A waiting job that fits the pool but not what is free takes the CS-2s of running jobs of a lower
+    /// PriorityClass value, which checkpoint, give them back and wait ([`crate::admission::preempted_by`]).
+    Allowed,
 }
 
 impl Default for Config {
@@ -31,6 +44,7 @@ impl Default for Config {
             fan_out: crds::contract::DEFAULT_FAN_OUT,
             poll: Duration::from_secs(3),
             operator: OperatorPeer::default(),
+            preemption: Preemption::Never,
         }
     }
 }

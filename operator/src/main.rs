@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use operator::Error;
-use operator::config::Config;
+use operator::config::{Config, Preemption};
 use operator::coordinator::HttpCoordinator;
 use operator::leader::Election;
 use operator::metrics::Shared;
@@ -28,6 +28,9 @@ struct Args {
     /// Children per SwarmX node.
     #[arg(long, env = "WS_SWARMX_FAN_OUT", default_value_t = crds::contract::DEFAULT_FAN_OUT)]
     swarmx_fan_out: u32,
+    /// Whether a waiting job may take the CS-2s of running jobs of a lower PriorityClass (they checkpoint first).
+    #[arg(long, env = "WS_PREEMPTION", value_enum, default_value_t = Preemption::Never)]
+    preemption: Preemption,
     /// Seconds between polls of a live job's MemoryX.
     #[arg(long, env = "WS_POLL_SECONDS", default_value_t = 3)]
     poll_seconds: u64,
@@ -89,6 +92,7 @@ async fn run(args: Args) -> Result<(), Error> {
         default_image: args.runtime_image,
         fan_out: args.swarmx_fan_out,
         poll: Duration::from_secs(args.poll_seconds.max(1)),
+        preemption: args.preemption,
         operator: operator::children::settings::OperatorPeer {
             namespace: args.lease_namespace.clone(),
             labels: operator::children::settings::OperatorPeer::parse_labels(&args.operator_pod_labels)?,

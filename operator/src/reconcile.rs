@@ -39,7 +39,7 @@ use crate::children::desired::{self, Desired};
 use crate::children::pods::SPEC_HASH_ANNOTATION;
 use crate::children::settings::Settings;
 use crate::children::{identity, names};
-use crate::config::Config;
+use crate::config::{Config, Preemption};
 use crate::coordinator::Coordinator;
 use crate::decode::{self, Stored};
 use crate::metrics::Shared;
@@ -486,6 +486,13 @@ fn decide(
         },
     });
     let may_grow = job.spec.cs2 <= holds || admission::may_grow(pool_size, &claims, job.spec.cs2 - holds);
+    let preempted_by = (ctx.config.preemption == Preemption::Allowed && holds > 0)
+        .then(|| admission::preempted_by(pool_size, &claims, &key))
+        .flatten()
+        .map(|by| match &by.class_name {
+            Some(class) => format!("{} (PriorityClass '{class}')", by.key),
+            None => format!("{} (the default PriorityClass)", by.key),
+        });
     let desired_pods = r.desired.as_ref().map_or(&[][..], |d| &d.pods[..]);
     let pods = census(&r.existing, desired_pods, &names::memoryx(&job.name_any()), &r.lost_nodes);
     let plan = match (&r.desired, &r.plan_refusal) {
@@ -515,6 +522,7 @@ fn decide(
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect(),
+        preempted_by,
         coordinator: r.coordinator.clone(),
         now,
     };

@@ -21,6 +21,11 @@ pub const CHECKPOINT_WAIT_SECONDS: u64 = 300;
 /// a kubelet or device-plugin restart (the CS-2s unadvertised for a moment) moves nothing.
 pub const CAPACITY_GRACE_SECONDS: u64 = 30;
 
+/// How long a job may hold CS-2s with fewer left to it than it can run on (below `spec.minCs2`) before it
+/// checkpoints, gives its CS-2s back and waits in the queue: longer than any restart of a kubelet or the device
+/// plugin, so only capacity really gone (a node unreachable, cordoned or drained) moves it.
+pub const REQUEUE_GRACE_SECONDS: u64 = 4 * CAPACITY_GRACE_SECONDS;
+
 /// What the operator saw this pass, beyond the job itself.
 #[derive(Clone, Debug)]
 pub struct Observed {
@@ -47,6 +52,9 @@ pub struct Observed {
     pub placement: Vec<PodPlacement>,
     /// The lost nodes (unreachable) that the job had pods on, which the operator takes back.
     pub lost_nodes: Vec<String>,
+    /// The waiting job of a higher PriorityClass that takes this job's CS-2s, in words (`ns/name (PriorityClass
+    /// 'high')`), when the operator preempts ([`crate::admission::preempted_by`]).
+    pub preempted_by: Option<String>,
     /// MemoryX's `/status`, or why it could not be read; `None` when it was not asked (nothing assembled).
     pub coordinator: Option<Result<MemoryxStatus, String>>,
     /// Now, for condition and start/completion times.
@@ -206,7 +214,7 @@ pub fn refusal_reason(code: u16) -> Reason {
 
 /// Reasons that keep a job from progressing until someone acts (a cluster admin, the job's owner): each is a
 /// Warning Event when it first appears, not only a condition.
-pub const WARNING_REASONS: &[Reason] = &[Reason::PriorityClassNotFound, Reason::CapacityLost];
+pub const WARNING_REASONS: &[Reason] = &[Reason::PriorityClassNotFound, Reason::CapacityLost, Reason::Preempted];
 
 /// Why MemoryX's pod does not exist although its StatefulSet wants it: the API server refused it (Pod
 /// Security, a quota, a webhook) and the StatefulSet controller said so only on the StatefulSet, as a
@@ -357,7 +365,10 @@ fn without_cs2(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, o
             d.s.allocated_cs2 = Some(spec.cs2);
             d.s.start_time.get_or_insert(Time(obs.now));
             let resumed = prev.conditions.iter().any(|c| ConditionType::Suspended.of(c) && ConditionStatus::True.of(c));
-            let (reason, msg) = if resumed {
+            let requeued = prev.conditions.iter().any(|c| {
+                ConditionType::Admitted.of(c) && (Reason::CapacityLost.of(c) || Reason::Preempted.of(c))
+            });
+            let (reason, msg) = if resumed || requeued {
                 (Reason::Resumed, format!("resumed on {} CS-2s from the last checkpoint", spec.cs2))
             } else {
                 (Reason::Admitted, format!("all {} CS-2s are free; assembling the appliance", spec.cs2))
@@ -383,6 +394,33 @@ fn without_cs2(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, o
             (Children::Nothing, false)
         }
     }
+}
+
+/// A job left with fewer CS-2s than it can run on, once its checkpoint (`at`) is written: it gives back the `holds`
+/// CS-2s it holds (its checkpoint claims stay) and waits in the queue; admitted again, MemoryX resumes from that
+/// checkpoint.
+fn requeue(d: &mut Pass, spec: &TrainingJobSpec, obs: &Observed, holds: u32, at: &str) -> (Children, bool) {
+    d.s.allocated_cs2 = None;
+    d.s.capacity_lost_at = None;
+    let (reason, why) = match &obs.preempted_by {
+        Some(by) => (Reason::Preempted, format!("preempted by {by}")),
+        None => (
+            Reason::CapacityLost,
+            format!("fewer CS-2s are left to it than spec.minCs2 = {}{}", spec.min_cs2(), lost_where(obs)),
+        ),
+    };
+    d.phase(
+        Phase::Queued,
+        reason,
+        format!(
+            "{why}: it gave back its {holds} CS-2s and waits in the queue for {}; it resumes from its checkpoint at \
+             {at}",
+            spec.cs2
+        ),
+    );
+    d.cond_with(ConditionType::Admitted, false, reason, format!("gave back its {holds} CS-2s"));
+    d.cond_with(ConditionType::Ready, false, reason, "waiting in the queue");
+    (Children::Release, false)
 }
 
 /// `Succeeded` or `Failed` as MemoryX reports it; `None` while MemoryX trains (or cannot be asked).
@@ -441,17 +479,22 @@ fn past_limits(
 
 /// The CS-2s a job holding `holds` should hold now, and whether growing to `spec.cs2` waits for free ones:
 /// - CS-2s it holds lost for good (fewer left to it than it holds for [`CAPACITY_GRACE_SECONDS`]): as many as
-///   remain, down to `spec.minCs2` ([`TrainingJobSpec::elastic_size`]); below that it keeps what it holds and
-///   its engines' failures run their course (the restart limit, the retry budget).
+///   remain, down to `spec.minCs2` ([`TrainingJobSpec::elastic_size`]); below that it keeps what it holds for
+///   [`REQUEUE_GRACE_SECONDS`], then none: it checkpoints, releases them and waits in the queue.
+/// - preempted: none (it checkpoints, releases them and waits in the queue);
 /// - otherwise `spec.cs2` when it holds more (a shrink asked for) or may grow to it (never jumping the queue);
 ///   else what it holds.
 fn size_now(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, obs: &Observed, holds: u32) -> (u32, bool) {
+    if obs.preempted_by.is_some() {
+        return (0, false);
+    }
     if let Some(left) = obs.capacity.filter(|&left| left < holds) {
         let since = prev.capacity_lost_at.clone().unwrap_or(Time(obs.now));
         let short_for = obs.now.duration_since(since.0).as_secs().max(0) as u64;
         d.s.capacity_lost_at = Some(since);
         match spec.elastic_size(left) {
             Some(n) if short_for >= CAPACITY_GRACE_SECONDS => return (n, false),
+            None if short_for >= REQUEUE_GRACE_SECONDS => return (0, false),
             _ => return (holds, false),
         }
     }
@@ -484,8 +527,21 @@ fn checkpoint_then_move(
 ) -> (Children, bool) {
     // Going on with fewer than the spec asks because CS-2s were lost, not because the spec changed.
     let lost = !spec.suspend && target < holds && target < spec.cs2;
+    let preempted = obs.preempted_by.as_deref().filter(|_| !spec.suspend);
     let (why, doing) = if spec.suspend {
         (Reason::Suspending, "checkpointing before giving back the CS-2s".to_string())
+    } else if let Some(by) = preempted {
+        (Reason::Preempted, format!("preempted by {by}: checkpointing before giving back its {holds} CS-2s"))
+    } else if lost && target == 0 {
+        (
+            Reason::CapacityLost,
+            format!(
+                "fewer CS-2s are left to it than spec.minCs2 = {}{}; checkpointing before giving back its {holds} \
+                 and waiting in the queue",
+                spec.min_cs2(),
+                lost_where(obs)
+            ),
+        )
     } else if lost {
         (
             Reason::CapacityLost,
@@ -537,6 +593,9 @@ fn checkpoint_then_move(
         d.cond_with(ConditionType::Admitted, false, Reason::Suspended, "a suspended job holds no CS-2s");
         d.cond_with(ConditionType::Ready, false, Reason::Suspended, "suspended");
         return (Children::Release, false);
+    }
+    if lost && target == 0 {
+        return requeue(d, spec, obs, holds, &at);
     }
     d.s.allocated_cs2 = Some(target);
     if target == spec.cs2 {
@@ -714,6 +773,7 @@ mod tests {
             memoryx_restarts: None,
             placement: vec![],
             lost_nodes: vec![],
+            preempted_by: None,
             coordinator: None,
             now: Timestamp::from_second(1_000_000).unwrap(),
         }
@@ -1272,7 +1332,7 @@ mod tests {
         o.coordinator = running(21, Some(21));
         let d = step(&mut j, &o);
         assert_eq!((d.status.allocated_cs2, d.children), (Some(4), Children::Assemble(4)));
-        // A job without minCs2 keeps all it holds.
+        // A job without minCs2 keeps all it holds through a dip.
         let mut k = job(4);
         let mut o = obs();
         o.admission = Some(Verdict::Admit);
@@ -1281,6 +1341,87 @@ mod tests {
         o.capacity = Some(2);
         o.now = Timestamp::from_second(2_000_000).unwrap();
         assert_eq!(step(&mut k, &o).children, Children::Assemble(4));
+    }
+
+    /// Fewer CS-2s left than minCs2 for longer than a restart takes: the job checkpoints, gives its CS-2s back
+    /// with its checkpoint claims kept, waits in the queue saying why, and resumes from the checkpoint.
+    #[test]
+    fn a_job_left_below_min_cs2_checkpoints_gives_back_its_cs2s_and_waits() {
+        let mut j = job(4);
+        j.spec.min_cs2 = Some(2);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        o.capacity = Some(4);
+        step(&mut j, &o);
+        o.admission = None;
+        o.pods_ready = true;
+        o.coordinator = running(30, Some(20));
+        step(&mut j, &o);
+        o.capacity = Some(1);
+        o.lost_nodes = vec!["w1".into(), "w2".into()];
+        let t0 = 1_000_000;
+        for (after, holds) in [(0, 4), (CAPACITY_GRACE_SECONDS, 4), (REQUEUE_GRACE_SECONDS - 1, 4)] {
+            o.now = Timestamp::from_second(t0 + after as i64).unwrap();
+            let d = step(&mut j, &o);
+            assert_eq!((d.children, d.request_checkpoint), (Children::Assemble(holds), false), "{after} s short");
+        }
+        o.now = Timestamp::from_second(t0 + REQUEUE_GRACE_SECONDS as i64).unwrap();
+        let d = step(&mut j, &o);
+        assert!(d.request_checkpoint, "a checkpoint of step 30 first");
+        assert!(d.status.conditions.iter().any(|c| c.message.contains("giving back its 4")), "{:?}", d.status);
+        o.coordinator = running(31, Some(31));
+        let d = step(&mut j, &o);
+        assert_eq!((d.children, d.status.allocated_cs2, d.status.phase), (Children::Release, None, Some(Phase::Queued)));
+        let t = d.transition.expect("an event");
+        assert_eq!((t.reason, t.warning), (Reason::CapacityLost, true));
+        assert!(
+            t.message.contains("spec.minCs2 = 2 (nodes w1, w2 unreachable)")
+                && t.message.contains("checkpoint at step 31"),
+            "{}",
+            t.message
+        );
+        // In the queue it holds nothing and asks for nothing; admitted again, it resumes.
+        o.coordinator = None;
+        o.lost_nodes.clear();
+        o.admission =
+            Some(Verdict::Wait { reason: Reason::ExceedsPool, message: "needs 4 CS-2s but the whole pool has 1".into() });
+        let d = step(&mut j, &o);
+        assert_eq!((d.children, d.status.phase), (Children::Nothing, Some(Phase::Queued)));
+        o.admission = Some(Verdict::Admit);
+        o.capacity = Some(4);
+        let d = step(&mut j, &o);
+        assert_eq!((d.children, d.status.allocated_cs2), (Children::Assemble(4), Some(4)));
+        assert!(d.transition.is_some_and(|t| t.reason == Reason::Resumed));
+    }
+
+    /// Preempted: the job checkpoints, gives its CS-2s back, waits saying by whom, and resumes when admitted.
+    #[test]
+    fn a_preempted_job_checkpoints_gives_back_its_cs2s_and_resumes_later() {
+        let mut j = job(4);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        step(&mut j, &o);
+        o.admission = None;
+        o.pods_ready = true;
+        o.coordinator = running(50, Some(40));
+        step(&mut j, &o);
+        o.preempted_by = Some("ml/urgent (PriorityClass 'high')".into());
+        let d = step(&mut j, &o);
+        assert!(d.request_checkpoint);
+        let t = d.transition.expect("an event");
+        assert_eq!((t.phase, t.reason, t.warning), (Phase::Checkpointing, Reason::Preempted, true));
+        assert!(t.message.contains("preempted by ml/urgent (PriorityClass 'high')"), "{}", t.message);
+        o.coordinator = running(51, Some(51));
+        let d = step(&mut j, &o);
+        assert_eq!((d.children, d.status.allocated_cs2, d.status.phase), (Children::Release, None, Some(Phase::Queued)));
+        assert!(d.transition.is_some_and(|t| t.message.contains("resumes from its checkpoint at step 51")));
+        assert_eq!(cond(&j, ConditionType::Admitted).reason, "Preempted");
+        o.preempted_by = None;
+        o.coordinator = None;
+        o.admission = Some(Verdict::Admit);
+        let d = step(&mut j, &o);
+        assert_eq!(d.children, Children::Assemble(4));
+        assert!(d.transition.is_some_and(|t| t.reason == Reason::Resumed));
     }
 
     #[test]

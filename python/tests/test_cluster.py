@@ -63,6 +63,11 @@ def test_a_job_on_the_cluster_from_submit_to_cancel(cluster: ws.Cluster, tmp_pat
         cluster.submit(_job("py-flow", steps))
 
     _until("the job to train past step 300", lambda: (s := handle.status()).phase == "Running" and (s.step or 0) >= 300)
+    # Where its pods run, as the status says: every role placed on a node the cluster has.
+    running = handle.status()
+    roles = {p["role"] for p in running.placement}
+    assert {"memoryx", "swarmx", "engine", "input"} <= roles, running.placement
+    assert running.nodes and all(p["node"] in running.nodes for p in running.placement), running.placement
     engine = list(handle.logs(role="engine", index=1, tail=50))
     assert any("engine ready" in line for line in engine), engine
     listing = handle.checkpoints()

@@ -41,6 +41,8 @@ class JobStatus:
     eval_accuracy: float | None
     restarts: int
     conditions: list[dict[str, Any]] = field(default_factory=list)
+    #: Where each pod runs (``status.placement``): ``{"role", "pod", "node"}`` each, as ``wsctl get -o wide`` shows.
+    placement: list[dict[str, str]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -69,8 +71,14 @@ class JobStatus:
             eval_accuracy=progress.get("evalAccuracy"),
             restarts=int(status.get("restarts") or 0),
             conditions=conditions,
+            placement=list(status.get("placement") or []),
             raw=job,
         )
+
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes the job's pods run on, each once."""
+        return sorted({p["node"] for p in self.placement if p.get("node")})
 
     @property
     def done(self) -> bool:

@@ -1,11 +1,15 @@
-//! `wsctl cancel`, `suspend` and `resume`: the user's levers on a job, each a single API call followed by a
-//! bounded wait for the operator to act on it, so the command returns when the change has happened.
+//! `wsctl cancel`, `suspend`, `resume`, `set-priority` and `label`: the user's levers on a job, each a single API
+//! call (the first three followed by a bounded wait for the operator to act on it, so the command returns when
+//! the change has happened).
 
 use std::time::Duration;
 
 use crds::contract::{JOB_LABEL, JOB_UID_LABEL};
 use crds::{Phase, RetainPolicy};
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 
@@ -146,9 +150,128 @@ pub async fn suspend(cluster: &Cluster, name: &str, suspend: bool, wait: Option<
     Ok(())
 }
 
+/// Sets `spec.priorityClassName` to `class`, which orders the operator's queue (and, with preemption allowed,
+/// decides whom a waiting job may preempt). The class must exist; when the user may not read PriorityClasses
+/// the operator's own check (`PriorityClassNotFound`) stands in.
+pub async fn set_priority(cluster: &Cluster, name: &str, class: &str) -> Result<(), Error> {
+    let ns = &cluster.namespace;
+    if !crds::is_dns_subdomain(class) {
+        return Err(Error::Invalid(format!(
+            "'{class}' is not a PriorityClass name (lowercase letters, digits, '-' and '.'): `kubectl get \
+             priorityclasses` lists those there are"
+        )));
+    }
+    let job = cluster.job(name).await?;
+    if let Some(p) = job.status.as_ref().and_then(|s| s.phase).filter(|p| p.is_terminal()) {
+        return Err(Error::Invalid(format!("TrainingJob {ns}/{name} has {p}: its priority no longer matters")));
+    }
+    let classes: Api<PriorityClass> = Api::all(cluster.client.clone());
+    let value = match classes.get_opt(class).await {
+        Ok(Some(c)) => Some(c.value),
+        Ok(None) => {
+            return Err(Error::Invalid(format!(
+                "PriorityClass '{class}' does not exist: `kubectl get priorityclasses` lists those there are"
+            )));
+        }
+        Err(kube::Error::Api(s)) if s.code == 403 => None,
+        Err(e) => return Err(Error::other(format!("read PriorityClass {class}"))(e)),
+    };
+    let patch = serde_json::json!({ "spec": { "priorityClassName": class } });
+    let action = format!("set the priority of TrainingJob {ns}/{name}");
+    cluster.jobs().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::api(action, ns, name))?;
+    match value {
+        Some(v) => println!("trainingjob {ns}/{name} priorityClassName set to {class} (value {v})"),
+        None => println!("trainingjob {ns}/{name} priorityClassName set to {class} (the operator checks that it exists)"),
+    }
+    Ok(())
+}
+
+/// What `wsctl label` does to one label: `KEY=VALUE` sets it, `KEY-` removes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LabelChange {
+    /// Set `key` to `value`.
+    Set(String, String),
+    /// Remove `key`.
+    Remove(String),
+}
+
+impl std::str::FromStr for LabelChange {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<LabelChange, String> {
+        let bad = || format!("'{s}' is not a label change: write KEY=VALUE to set a label, KEY- to remove one");
+        match s.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok(LabelChange::Set(k.into(), v.into())),
+            Some(_) => Err(bad()),
+            None => s.strip_suffix('-').filter(|k| !k.is_empty()).map(|k| LabelChange::Remove(k.into())).ok_or_else(bad),
+        }
+    }
+}
+
+/// The merge patch of `metadata.labels` that `changes` make to a job labelled `current`: a label it has is
+/// changed only with `overwrite`, as kubectl does.
+pub fn label_patch(
+    current: &BTreeMap<String, String>,
+    changes: &[LabelChange],
+    overwrite: bool,
+) -> Result<serde_json::Value, String> {
+    let mut labels = serde_json::Map::new();
+    for c in changes {
+        match c {
+            LabelChange::Set(k, v) => {
+                if let Some(old) = current.get(k).filter(|old| *old != v && !overwrite) {
+                    return Err(format!("it has {k}={old} already: --overwrite replaces it"));
+                }
+                labels.insert(k.clone(), serde_json::Value::String(v.clone()));
+            }
+            LabelChange::Remove(k) => {
+                labels.insert(k.clone(), serde_json::Value::Null);
+            }
+        }
+    }
+    Ok(serde_json::json!({ "metadata": { "labels": labels } }))
+}
+
+/// Sets or removes labels on job `name` (the API server checks their syntax). A label such as
+/// `kueue.x-k8s.io/queue-name` is how a job is put under a queue of a cluster's own.
+pub async fn label(cluster: &Cluster, name: &str, changes: &[LabelChange], overwrite: bool) -> Result<(), Error> {
+    let ns = &cluster.namespace;
+    let job = cluster.job(name).await?;
+    let patch = label_patch(job.labels(), changes, overwrite)
+        .map_err(|why| Error::Invalid(format!("TrainingJob {ns}/{name}: {why}")))?;
+    let action = format!("label TrainingJob {ns}/{name}");
+    cluster.jobs().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::api(action, ns, name))?;
+    println!("trainingjob {ns}/{name} labeled");
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Label changes parse as kubectl writes them; a label the job has changes only with --overwrite; removals
+    /// are nulls in the merge patch.
+    #[test]
+    fn label_changes_parse_and_patch_as_kubectl_does() {
+        let set: LabelChange = "team=ml".parse().unwrap();
+        let empty: LabelChange = "tier=".parse().unwrap();
+        let gone: LabelChange = "old-".parse().unwrap();
+        assert_eq!(set, LabelChange::Set("team".into(), "ml".into()));
+        assert_eq!(empty, LabelChange::Set("tier".into(), String::new()));
+        assert_eq!(gone, LabelChange::Remove("old".into()));
+        for bad in ["team", "=ml", "-", ""] {
+            let e = bad.parse::<LabelChange>().unwrap_err();
+            assert!(e.contains("KEY=VALUE") && e.contains(&format!("'{bad}'")), "{e}");
+        }
+        let current: BTreeMap<String, String> = [("team".to_string(), "web".to_string())].into();
+        let e = label_patch(&current, std::slice::from_ref(&set), false).unwrap_err();
+        assert!(e.contains("team=web already") && e.contains("--overwrite"), "{e}");
+        let p = label_patch(&current, &[set.clone(), gone.clone()], true).unwrap();
+        assert_eq!(p, serde_json::json!({ "metadata": { "labels": { "team": "ml", "old": null } } }));
+        // Setting the value it has already is no change, and needs no --overwrite.
+        let same: LabelChange = "team=web".parse().unwrap();
+        assert!(label_patch(&current, &[same], false).is_ok());
+    }
 
     /// A cancel says which claims it keeps and the commands that read and delete them, or that it keeps none.
     #[test]

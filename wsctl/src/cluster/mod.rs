@@ -142,6 +142,29 @@ pub enum Command {
         #[arg(long, default_value = "300")]
         timeout: u64,
     },
+    /// Set a job's PriorityClass (spec.priorityClassName), which orders the queue and, where the operator
+    /// preempts, decides whom a waiting job may take CS-2s from.
+    SetPriority {
+        /// The job.
+        job: String,
+        /// The PriorityClass (`kubectl get priorityclasses`).
+        class: String,
+        #[command(flatten)]
+        ns: Namespace,
+    },
+    /// Set (KEY=VALUE) or remove (KEY-) labels of a job, e.g. kueue.x-k8s.io/queue-name=QUEUE.
+    Label {
+        /// The job.
+        job: String,
+        /// KEY=VALUE to set a label, KEY- to remove one.
+        #[arg(required = true)]
+        labels: Vec<control::LabelChange>,
+        #[command(flatten)]
+        ns: Namespace,
+        /// Replace a label the job has already.
+        #[arg(long)]
+        overwrite: bool,
+    },
     /// List or fetch a job's checkpoints: a running cluster job's from its MemoryX through the API server (a
     /// port-forward with the job's identity), a deleted job's from the claim it left (through a short-lived
     /// reader pod), or any MemoryX's by --url and --identity.
@@ -188,6 +211,10 @@ async fn dispatch(command: Command) -> Result<(), Error> {
         }
         Command::Resume { job, ns, no_wait, timeout } => {
             control::suspend(&Cluster::connect(ns).await?, &job, false, (!no_wait).then(|| secs(timeout))).await
+        }
+        Command::SetPriority { job, class, ns } => control::set_priority(&Cluster::connect(ns).await?, &job, &class).await,
+        Command::Label { job, labels, ns, overwrite } => {
+            control::label(&Cluster::connect(ns).await?, &job, &labels, overwrite).await
         }
         Command::Checkpoint { what } => checkpoints::run(what).await,
     }
