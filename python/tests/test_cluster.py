@@ -78,6 +78,15 @@ def test_a_job_on_the_cluster_from_submit_to_cancel(cluster: ws.Cluster, tmp_pat
     handle.suspend(timeout=300)
     status = handle.status()
     assert (status.phase, status.cs2_allocated) == ("Suspended", 0)
+    # Labels and the PriorityClass through wsctl: set, refused without overwrite, removed; a missing class refused.
+    handle.label({"team": "ml"})
+    assert handle.status().raw["metadata"]["labels"]["team"] == "ml"
+    with pytest.raises(ws.WeightstreamError, match="--overwrite"):
+        handle.label({"team": "web"})
+    handle.label({"team": None})
+    assert "team" not in (handle.status().raw["metadata"].get("labels") or {})
+    with pytest.raises(ws.WeightstreamError, match="does not exist"):
+        handle.set_priority("no-such-class")
     handle.resume(timeout=300)
     final = handle.wait(timeout=900)
     assert (final.phase, final.step, final.total_steps) == ("Succeeded", steps, steps)

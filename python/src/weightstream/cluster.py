@@ -197,6 +197,15 @@ class Cluster:
         """Deletes the job; with ``wait``, returns once it, its pods and its volumes are gone."""
         self._run(["cancel", name, *self._ns(), *_wait_args(wait, timeout)])
 
+    def set_priority(self, name: str, priority_class: str) -> None:
+        """Sets the job's PriorityClass (``spec.priorityClassName``), which must exist; it orders the queue."""
+        self._run(["set-priority", name, priority_class, *self._ns()])
+
+    def label(self, name: str, labels: dict[str, str | None], overwrite: bool = False) -> None:
+        """Sets the job's labels (a ``None`` value removes one); a label it has changes only with ``overwrite``."""
+        changes = [f"{k}-" if v is None else f"{k}={v}" for k, v in labels.items()]
+        self._run(["label", name, *changes, *self._ns(), *(["--overwrite"] if overwrite else [])])
+
     def checkpoints(self, name: str, timeout: float = 120) -> list[dict[str, Any]]:
         """The checkpoints the running job's MemoryX holds, newest first (``step``, ``file``, ``bytes``)."""
         out = self._run(["checkpoint", "list", name, "--json", "--timeout", str(int(timeout)), *self._ns()])
@@ -253,6 +262,14 @@ class ClusterJob:
     def cancel(self, wait: bool = True, timeout: float = 300) -> None:
         """See :meth:`Cluster.cancel`."""
         self.cluster.cancel(self.name, wait=wait, timeout=timeout)
+
+    def set_priority(self, priority_class: str) -> None:
+        """See :meth:`Cluster.set_priority`."""
+        self.cluster.set_priority(self.name, priority_class)
+
+    def label(self, labels: dict[str, str | None], overwrite: bool = False) -> None:
+        """See :meth:`Cluster.label`."""
+        self.cluster.label(self.name, labels, overwrite=overwrite)
 
     def checkpoints(self, timeout: float = 120) -> list[dict[str, Any]]:
         """See :meth:`Cluster.checkpoints`."""
