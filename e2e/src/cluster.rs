@@ -84,7 +84,9 @@ pub fn undisturbed(job: &TrainingJob, args: &[String]) -> Result<(f64, f64), Clu
     let summary: serde_json::Value = serde_json::from_str(&summary?).map_err(|e| input("its summary.json", &e))?;
     match (summary["final_loss"].as_f64(), summary["eval"]["loss"].as_f64()) {
         (Some(loss), Some(eval)) => Ok((loss, eval)),
-        _ => Err(ClusterError::Input(format!("the undisturbed run's summary has no final and held-out loss: {summary}"))),
+        _ => {
+            Err(ClusterError::Input(format!("the undisturbed run's summary has no final and held-out loss: {summary}")))
+        }
     }
 }
 

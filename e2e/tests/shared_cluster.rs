@@ -342,7 +342,11 @@ async fn a_higher_class_preempts_a_lower_job_which_checkpoints_waits_and_resumes
     assert_eq!(low.allocated_cs2, Some(4));
     assert!(low.conditions.iter().any(|c| c.reason == "Resumed"), "{:?}", low.conditions);
     let peer = jobs.get("peer").await.ok().and_then(|j| j.status).unwrap_or_default();
-    assert_eq!((peer.phase, peer.allocated_cs2), (Some(Phase::Queued), None), "a job of the same class preempts no one");
+    assert_eq!(
+        (peer.phase, peer.allocated_cs2),
+        (Some(Phase::Queued), None),
+        "a job of the same class preempts no one"
+    );
     op.stop().await;
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
 }

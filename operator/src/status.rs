@@ -365,9 +365,8 @@ fn without_cs2(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, o
             d.s.allocated_cs2 = Some(spec.cs2);
             d.s.start_time.get_or_insert(Time(obs.now));
             let resumed = prev.conditions.iter().any(|c| ConditionType::Suspended.of(c) && ConditionStatus::True.of(c));
-            let requeued = prev.conditions.iter().any(|c| {
-                ConditionType::Admitted.of(c) && (Reason::CapacityLost.of(c) || Reason::Preempted.of(c))
-            });
+            // Given back earlier (preempted, or below spec.minCs2) with a checkpoint: MemoryX resumes from it.
+            let requeued = prev.progress.last_checkpoint.is_some();
             let (reason, msg) = if resumed || requeued {
                 (Reason::Resumed, format!("resumed on {} CS-2s from the last checkpoint", spec.cs2))
             } else {
@@ -1368,10 +1367,18 @@ mod tests {
         o.now = Timestamp::from_second(t0 + REQUEUE_GRACE_SECONDS as i64).unwrap();
         let d = step(&mut j, &o);
         assert!(d.request_checkpoint, "a checkpoint of step 30 first");
-        assert!(d.status.conditions.iter().any(|c| c.message.contains("giving back its 4")), "{:?}", d.status);
+        let t = d.transition.expect("an event");
+        assert_eq!((t.phase, t.reason), (Phase::Checkpointing, Reason::CapacityLost));
+        assert!(
+            t.message.contains("fewer CS-2s are left to it than spec.minCs2 = 2")
+                && t.message.contains("giving back its 4")
+        );
         o.coordinator = running(31, Some(31));
         let d = step(&mut j, &o);
-        assert_eq!((d.children, d.status.allocated_cs2, d.status.phase), (Children::Release, None, Some(Phase::Queued)));
+        assert_eq!(
+            (d.children, d.status.allocated_cs2, d.status.phase),
+            (Children::Release, None, Some(Phase::Queued))
+        );
         let t = d.transition.expect("an event");
         assert_eq!((t.reason, t.warning), (Reason::CapacityLost, true));
         assert!(
@@ -1383,8 +1390,10 @@ mod tests {
         // In the queue it holds nothing and asks for nothing; admitted again, it resumes.
         o.coordinator = None;
         o.lost_nodes.clear();
-        o.admission =
-            Some(Verdict::Wait { reason: Reason::ExceedsPool, message: "needs 4 CS-2s but the whole pool has 1".into() });
+        o.admission = Some(Verdict::Wait {
+            reason: Reason::ExceedsPool,
+            message: "needs 4 CS-2s but the whole pool has 1".into(),
+        });
         let d = step(&mut j, &o);
         assert_eq!((d.children, d.status.phase), (Children::Nothing, Some(Phase::Queued)));
         o.admission = Some(Verdict::Admit);
@@ -1413,7 +1422,10 @@ mod tests {
         assert!(t.message.contains("preempted by ml/urgent (PriorityClass 'high')"), "{}", t.message);
         o.coordinator = running(51, Some(51));
         let d = step(&mut j, &o);
-        assert_eq!((d.children, d.status.allocated_cs2, d.status.phase), (Children::Release, None, Some(Phase::Queued)));
+        assert_eq!(
+            (d.children, d.status.allocated_cs2, d.status.phase),
+            (Children::Release, None, Some(Phase::Queued))
+        );
         assert!(d.transition.is_some_and(|t| t.message.contains("resumes from its checkpoint at step 51")));
         assert_eq!(cond(&j, ConditionType::Admitted).reason, "Preempted");
         o.preempted_by = None;

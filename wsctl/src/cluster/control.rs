@@ -178,10 +178,16 @@ pub async fn set_priority(cluster: &Cluster, name: &str, class: &str) -> Result<
     };
     let patch = serde_json::json!({ "spec": { "priorityClassName": class } });
     let action = format!("set the priority of TrainingJob {ns}/{name}");
-    cluster.jobs().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::api(action, ns, name))?;
+    cluster
+        .jobs()
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::api(action, ns, name))?;
     match value {
         Some(v) => println!("trainingjob {ns}/{name} priorityClassName set to {class} (value {v})"),
-        None => println!("trainingjob {ns}/{name} priorityClassName set to {class} (the operator checks that it exists)"),
+        None => {
+            println!("trainingjob {ns}/{name} priorityClassName set to {class} (the operator checks that it exists)")
+        }
     }
     Ok(())
 }
@@ -203,7 +209,9 @@ impl std::str::FromStr for LabelChange {
         match s.split_once('=') {
             Some((k, v)) if !k.is_empty() => Ok(LabelChange::Set(k.into(), v.into())),
             Some(_) => Err(bad()),
-            None => s.strip_suffix('-').filter(|k| !k.is_empty()).map(|k| LabelChange::Remove(k.into())).ok_or_else(bad),
+            None => {
+                s.strip_suffix('-').filter(|k| !k.is_empty()).map(|k| LabelChange::Remove(k.into())).ok_or_else(bad)
+            }
         }
     }
 }
@@ -240,7 +248,11 @@ pub async fn label(cluster: &Cluster, name: &str, changes: &[LabelChange], overw
     let patch = label_patch(job.labels(), changes, overwrite)
         .map_err(|why| Error::Invalid(format!("TrainingJob {ns}/{name}: {why}")))?;
     let action = format!("label TrainingJob {ns}/{name}");
-    cluster.jobs().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(Error::api(action, ns, name))?;
+    cluster
+        .jobs()
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::api(action, ns, name))?;
     println!("trainingjob {ns}/{name} labeled");
     Ok(())
 }

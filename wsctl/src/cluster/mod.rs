@@ -212,7 +212,9 @@ async fn dispatch(command: Command) -> Result<(), Error> {
         Command::Resume { job, ns, no_wait, timeout } => {
             control::suspend(&Cluster::connect(ns).await?, &job, false, (!no_wait).then(|| secs(timeout))).await
         }
-        Command::SetPriority { job, class, ns } => control::set_priority(&Cluster::connect(ns).await?, &job, &class).await,
+        Command::SetPriority { job, class, ns } => {
+            control::set_priority(&Cluster::connect(ns).await?, &job, &class).await
+        }
         Command::Label { job, labels, ns, overwrite } => {
             control::label(&Cluster::connect(ns).await?, &job, &labels, overwrite).await
         }
