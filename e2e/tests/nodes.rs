@@ -239,9 +239,9 @@ async fn drain(client: &Client, ns: &str, node: &str) {
 /// and the operator takes its pods back), undone by unpause; then it stopped (a host gone), undone by starting
 /// it (its kubelet joins again). Each time the job goes on with 2 CS-2s on the other
 /// worker from its newest checkpoint, says so (status, a `CapacityLost` Event) and grows back to 4; it ends with
-/// the undisturbed run's losses within 1e-6 relative (one job for both faults: CI time).
+/// the undisturbed run's losses within 1e-6 relative (one job for the three faults: CI time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "CI time: ~20 min of a 2-core machine's CPU (24,000 steps on the cluster and once more undisturbed); \
+#[ignore = "CI time: ~25 min of a 2-core machine's CPU (24,000 steps on the cluster and once more undisturbed); \
             on kind: cargo test --release --workspace --test nodes -- --ignored (e2e/kind/README.md)"]
 async fn a_worker_drained_then_one_lost_the_job_goes_on_with_min_cs2_and_grows_back() {
     let _serial = SERIAL.lock().await;
