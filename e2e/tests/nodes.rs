@@ -233,7 +233,7 @@ async fn drain(client: &Client, ns: &str, node: &str) {
     }
 }
 
-/// A 4-CS-2 job with `minCs2: 2` over the two workers meets both ways to lose one, each time on the worker that
+/// A 4-CS-2 job with `minCs2: 2` over the two workers meets three ways to lose one, each time on the worker that
 /// runs MemoryX's coordinator: first a drain (cordon, the job's pods evicted: MemoryX checkpoints on SIGTERM),
 /// undone by uncordon; then the node's container paused (a hung host: the node controller finds it not ready,
 /// and the operator takes its pods back), undone by unpause; then it stopped (a host gone), undone by starting
