@@ -193,6 +193,20 @@ pub async fn job_until(
     .await
 }
 
+/// [`job_until`] for a test: the status reached, or a panic naming what timed out and the job's status then.
+pub async fn wait_job(
+    jobs: &Api<TrainingJob>,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    reached: impl Fn(&crds::TrainingJobStatus) -> bool,
+) -> crds::TrainingJobStatus {
+    match job_until(jobs, name, timeout, what, reached).await {
+        Ok(s) => s,
+        Err(e) => panic!("{e}; status now: {:?}", jobs.get(name).await.ok().and_then(|j| j.status)),
+    }
+}
+
 /// An operator running in this process, watching one namespace, until dropped.
 pub struct RunningOperator {
     /// The stand-in for every job's MemoryX.

@@ -128,17 +128,6 @@ fn kill(pid: u32) {
     );
 }
 
-/// Waits (up to `timeout`) until the job's status satisfies `reached` or the job has ended; returns that status.
-async fn until(
-    jobs: &Api<TrainingJob>,
-    name: &str,
-    timeout: Duration,
-    what: &str,
-    reached: impl Fn(&crds::TrainingJobStatus) -> bool,
-) -> crds::TrainingJobStatus {
-    ok(e2e::job_until(jobs, name, timeout, what, reached).await, what)
-}
-
 /// A fault of the matrix.
 #[derive(Clone, Copy, Debug)]
 enum Fault {
@@ -286,7 +275,7 @@ async fn matrix(mode: ExecutionMode, faults: &[Fault], steps: u64) {
         at = reached;
     }
     drop(thawed);
-    let done = until(&jobs, name, Duration::from_secs(900), "the job to end", |_| false).await;
+    let done = e2e::wait_job(&jobs, name, Duration::from_secs(900), "the job to end", |_| false).await;
     assert_eq!(done.phase, Some(Phase::Succeeded), "{mode:?}: {done:?}");
     assert_eq!(done.progress.step, Some(steps), "{mode:?}: exactly its steps");
     let loss = done.progress.loss.expect("a final loss");
@@ -371,9 +360,10 @@ async fn a_job_that_loses_two_cs2s_goes_on_with_two_and_grows_back() {
     let (at, _) = steps_on(&jobs, name, 0, 200, "the job to train").await;
     cs2_per_node(&kc, 2);
     let lost = Instant::now();
-    let s =
-        until(&jobs, name, Duration::from_secs(300), "the job to go on with 2 CS-2s", |s| s.allocated_cs2 == Some(2))
-            .await;
+    let s = e2e::wait_job(&jobs, name, Duration::from_secs(300), "the job to go on with 2 CS-2s", |s| {
+        s.allocated_cs2 == Some(2)
+    })
+    .await;
     assert_eq!(s.allocated_cs2, Some(2), "the job goes on with 2: {s:?}");
     eprintln!(
         "elastic: lost 2 of 4 CS-2s at step {at}; on 2 from step {:?}, {:.0?} later",
@@ -389,15 +379,17 @@ async fn a_job_that_loses_two_cs2s_goes_on_with_two_and_grows_back() {
     let (at, _) = steps_on(&jobs, name, s.progress.step.unwrap_or(0), 100, "the job to train on 2").await;
     cs2_per_node(&kc, cluster::CS2_PER_NODE);
     let returned = Instant::now();
-    let grown =
-        until(&jobs, name, Duration::from_secs(300), "the job to grow back to 4", |s| s.allocated_cs2 == Some(4)).await;
+    let grown = e2e::wait_job(&jobs, name, Duration::from_secs(300), "the job to grow back to 4", |s| {
+        s.allocated_cs2 == Some(4)
+    })
+    .await;
     assert_eq!(grown.allocated_cs2, Some(4), "the job grows back to 4 before it ends: {grown:?}");
     eprintln!(
         "elastic: the CS-2s back after step {at}; on 4 from step {:?}, {:.0?} later",
         grown.progress.step,
         returned.elapsed()
     );
-    let done = until(&jobs, name, Duration::from_secs(900), "the job to end", |_| false).await;
+    let done = e2e::wait_job(&jobs, name, Duration::from_secs(900), "the job to end", |_| false).await;
     assert_eq!((done.phase, done.progress.step), (Some(Phase::Succeeded), Some(steps)), "{done:?}");
     let loss = done.progress.loss.expect("a final loss");
     let eval = done.progress.eval_loss.expect("a held-out loss");

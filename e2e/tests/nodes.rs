@@ -85,17 +85,6 @@ fn job(name: &str, cs2: u32, steps: u64) -> TrainingJob {
     j
 }
 
-/// Waits until `reached` holds for the job's status, or it ended; returns that status.
-async fn until(
-    jobs: &Api<TrainingJob>,
-    name: &str,
-    timeout: Duration,
-    what: &str,
-    reached: impl Fn(&crds::TrainingJobStatus) -> bool,
-) -> crds::TrainingJobStatus {
-    ok(e2e::job_until(jobs, name, timeout, what, reached).await, what)
-}
-
 /// `bash e2e/kind/node.sh ACTION NODE`.
 fn node_sh(action: &str, node: &str) {
     let script = cluster::repo_root().join("e2e/kind/node.sh");
@@ -164,7 +153,8 @@ async fn engines_spread_weight_servers_keep_apart_and_the_status_says_where() {
     ok(jobs.create(&PostParams::default(), &job("placed", 2, 100_000)).await, "create the job");
     // Two engines that would fit on one worker, and two weight servers: one of each on each worker.
     let s =
-        until(&jobs, "placed", Duration::from_secs(300), "the job to run", |s| s.phase == Some(Phase::Running)).await;
+        e2e::wait_job(&jobs, "placed", Duration::from_secs(300), "the job to run", |s| s.phase == Some(Phase::Running))
+            .await;
     assert_eq!(s.phase, Some(Phase::Running), "{s:?}");
     let placed = nodes_of(&pods, "placed").await;
     let on = |prefix: &str| -> Vec<String> {
@@ -177,7 +167,7 @@ async fn engines_spread_weight_servers_keep_apart_and_the_status_says_where() {
     assert_ne!(servers[0], servers[1], "the weight servers keep apart: {placed:?}");
     assert!(engines.iter().all(|n| hosts.contains(n)), "engines on CS-2 hosts: {placed:?} {hosts:?}");
     // The status names every running pod's node, as the pods themselves say.
-    let s = until(&jobs, "placed", Duration::from_secs(60), "the status to name every pod's node", |s| {
+    let s = e2e::wait_job(&jobs, "placed", Duration::from_secs(60), "the status to name every pod's node", |s| {
         s.placement.len() == placed.len()
     })
     .await;
@@ -201,14 +191,14 @@ async fn engines_spread_weight_servers_keep_apart_and_the_status_says_where() {
 /// Waits until the job runs on `cs2` CS-2s, then until it has trained `past` steps more; returns the step it
 /// ran on `cs2` from and how long that took from `since`.
 async fn runs_on(jobs: &Api<TrainingJob>, name: &str, cs2: u32, since: Instant, what: &str) -> (u64, Duration) {
-    let s = until(jobs, name, Duration::from_secs(400), what, |s| {
+    let s = e2e::wait_job(jobs, name, Duration::from_secs(400), what, |s| {
         s.allocated_cs2 == Some(cs2) && s.phase == Some(Phase::Running)
     })
     .await;
     assert_eq!((s.allocated_cs2, s.phase), (Some(cs2), Some(Phase::Running)), "{what}: {s:?}");
     let took = since.elapsed();
     let from = s.progress.step.unwrap_or(0);
-    until(jobs, name, Duration::from_secs(300), &format!("{what}, then 100 steps"), |s| {
+    e2e::wait_job(jobs, name, Duration::from_secs(300), &format!("{what}, then 100 steps"), |s| {
         s.progress.step.is_some_and(|st| st >= from + 100)
     })
     .await;
@@ -294,7 +284,7 @@ async fn a_worker_drained_then_one_lost_the_job_goes_on_with_min_cs2_and_grows_b
         );
     }
     // The tail after the last return: ~23,000 steps at ~28 a second on kind (it took ~15 min here).
-    let end = until(&jobs, name, Duration::from_secs(1_800), "the job to end", |_| false).await;
+    let end = e2e::wait_job(&jobs, name, Duration::from_secs(1_800), "the job to end", |_| false).await;
     assert_eq!((end.phase, end.progress.step), (Some(Phase::Succeeded), Some(steps)), "{end:?}");
     let (loss, eval) = (end.progress.loss.expect("a final loss"), end.progress.eval_loss.expect("held-out"));
     let want = ok(want.await, "the undisturbed run");

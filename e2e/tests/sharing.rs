@@ -67,19 +67,6 @@ fn job(name: &str, cs2: u32, steps: u64) -> TrainingJob {
     j
 }
 
-async fn until(
-    jobs: &Api<TrainingJob>,
-    name: &str,
-    timeout: Duration,
-    what: &str,
-    reached: impl Fn(&crds::TrainingJobStatus) -> bool,
-) -> crds::TrainingJobStatus {
-    match e2e::job_until(jobs, name, timeout, what, reached).await {
-        Ok(s) => s,
-        Err(e) => panic!("{e}: {:?}", jobs.get(name).await.ok().and_then(|j| j.status)),
-    }
-}
-
 fn admitted_reason(s: &crds::TrainingJobStatus) -> Option<&str> {
     s.conditions.iter().find(|c| c.type_ == "Admitted").map(|c| c.reason.as_str())
 }
@@ -106,7 +93,7 @@ async fn a_higher_class_preempts_a_running_job_which_resumes_and_ends_as_undistu
     let low = job("low", pool, steps);
     let want = cluster::undisturbed_beside(&low, &[]);
     ok(jobs.create(&PostParams::default(), &low).await, "create the low job");
-    let s = until(&jobs, "low", Duration::from_secs(300), "the low job to train", |s| {
+    let s = e2e::wait_job(&jobs, "low", Duration::from_secs(300), "the low job to train", |s| {
         s.phase == Some(Phase::Running) && s.progress.step.is_some_and(|n| n >= 100)
     })
     .await;
@@ -115,7 +102,7 @@ async fn a_higher_class_preempts_a_running_job_which_resumes_and_ends_as_undistu
     high.spec.priority_class_name = Some(class_name.clone());
     ok(jobs.create(&PostParams::default(), &high).await, "create the high job");
     let asked = Instant::now();
-    let s = until(&jobs, "low", Duration::from_secs(180), "the low job to be preempted", |s| {
+    let s = e2e::wait_job(&jobs, "low", Duration::from_secs(180), "the low job to be preempted", |s| {
         admitted_reason(s) == Some("Preempted") && s.allocated_cs2.is_none()
     })
     .await;
@@ -131,9 +118,9 @@ async fn a_higher_class_preempts_a_running_job_which_resumes_and_ends_as_undistu
         .collect();
     assert!(said.iter().any(|m| m.contains(&format!("preempted by {ns}/high"))), "{said:?}");
 
-    let h = until(&jobs, "high", Duration::from_secs(600), "the high job to end", |_| false).await;
+    let h = e2e::wait_job(&jobs, "high", Duration::from_secs(600), "the high job to end", |_| false).await;
     assert_eq!((h.phase, h.progress.step), (Some(Phase::Succeeded), Some(200)), "{h:?}");
-    let done = until(&jobs, "low", Duration::from_secs(900), "the low job to end", |_| false).await;
+    let done = e2e::wait_job(&jobs, "low", Duration::from_secs(900), "the low job to end", |_| false).await;
     assert_eq!((done.phase, done.progress.step), (Some(Phase::Succeeded), Some(steps)), "{done:?}");
     let (loss, eval) = ok(want.await, "the undisturbed run");
     eprintln!(
