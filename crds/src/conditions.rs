@@ -125,6 +125,9 @@ pub enum Reason {
     DataVolumeNotFound,
     /// `Admitted=False`: no node advertises `weightstream.dev/cs2` and no pool size is configured.
     NoPool,
+    /// `Admitted=False`: the job is labelled `kueue.x-k8s.io/queue-name`, so Kueue admits it, and its Workload is
+    /// not admitted yet (Kueue's reason, its ClusterQueue and its position are in the message).
+    KueueQueued,
 
     // Holding CS-2s (`Admitted=True`) and the moves between sizes.
     /// `Admitted=True` and the `Starting` transition: all the job's CS-2s were free and it got them.
@@ -142,6 +145,9 @@ pub enum Reason {
     /// The `Checkpointing` and `Queued` transitions and a Warning Event: a waiting job of a higher PriorityClass
     /// needs the CS-2s (preemption allowed by the operator); the job checkpoints, gives them back and waits.
     Preempted,
+    /// The `Checkpointing` and `Queued` transitions and a Warning Event: Kueue evicted the job's Workload (it was
+    /// preempted, its queue stopped, its quota shrank); the job checkpoints, gives its CS-2s back and requeues.
+    KueueEvicted,
     /// The `Checkpointing` transition: a checkpoint is written before a suspend gives back the CS-2s.
     Suspending,
     /// The `Checkpointing` transition: a checkpoint is written before the job is reassembled at a new size.
@@ -192,7 +198,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for code and tests that go through them all.
-    pub const ALL: [Reason; 34] = [
+    pub const ALL: [Reason; 36] = [
         Reason::AwaitingAdmission,
         Reason::PriorityClassNotFound,
         Reason::ExceedsPool,
@@ -201,12 +207,14 @@ impl Reason {
         Reason::NotWaiting,
         Reason::DataVolumeNotFound,
         Reason::NoPool,
+        Reason::KueueQueued,
         Reason::Admitted,
         Reason::Resumed,
         Reason::Rescaled,
         Reason::RescaleWaitingForCapacity,
         Reason::CapacityLost,
         Reason::Preempted,
+        Reason::KueueEvicted,
         Reason::Suspending,
         Reason::Rescaling,
         Reason::Suspended,
@@ -246,6 +254,8 @@ impl Reason {
             Reason::RescaleWaitingForCapacity => "RescaleWaitingForCapacity",
             Reason::CapacityLost => "CapacityLost",
             Reason::Preempted => "Preempted",
+            Reason::KueueQueued => "KueueQueued",
+            Reason::KueueEvicted => "KueueEvicted",
             Reason::Suspending => "Suspending",
             Reason::Rescaling => "Rescaling",
             Reason::Suspended => "Suspended",

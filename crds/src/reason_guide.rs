@@ -29,6 +29,10 @@ impl Reason {
                 "`Admitted=False`: no node advertises `weightstream.dev/cs2` and the chart sets no fallback pool \
                  (`cs2.pool`)."
             }
+            Reason::KueueQueued => {
+                "`Admitted=False`: the job carries the label `kueue.x-k8s.io/queue-name`, so Kueue admits it, and its \
+                 Workload waits for quota; the message gives Kueue's reason, the ClusterQueue and the position."
+            }
             Reason::Admitted => "`Admitted=True`: all the job's CS-2s were free and it got them.",
             Reason::Resumed => {
                 "`Suspended=False`: a suspended job was admitted again and continues from its checkpoint."
@@ -46,6 +50,11 @@ impl Reason {
                 "A Warning Event and the `Checkpointing`/`Queued` transitions: a waiting job of a higher PriorityClass \
                  needed the CS-2s (the chart's `operator.preemption: allowed`); the job checkpointed, gave them back \
                  and waits in the queue."
+            }
+            Reason::KueueEvicted => {
+                "A Warning Event and the `Checkpointing`/`Queued` transitions: Kueue evicted the job's Workload \
+                 (preempted by a higher-priority workload, its queue stopped, its quota shrank); the job \
+                 checkpointed, gave its CS-2s back and waits for Kueue to admit it again."
             }
             Reason::Suspending => {
                 "Phase `Checkpointing`: a checkpoint is written before a suspend gives back the CS-2s."
@@ -135,6 +144,15 @@ impl Reason {
             Reason::Preempted => {
                 "Nothing: it resumes from its checkpoint once the higher-priority jobs leave room; a higher \
                  `spec.priorityClassName` (`wsctl set-priority JOB CLASS`) keeps a job from being preempted."
+            }
+            Reason::KueueQueued => {
+                "Wait for quota, or ask the cluster's admin about the ClusterQueue's quota: `kubectl get \
+                 clusterqueue NAME -o yaml` shows what it admits; a higher `kueue.x-k8s.io/priority-class` label \
+                 orders the job earlier."
+            }
+            Reason::KueueEvicted => {
+                "Nothing: it resumes from its checkpoint when Kueue admits its Workload again; `kubectl get workloads \
+                 -n NS` shows why it was evicted."
             }
             Reason::Suspending | Reason::Rescaling => "Nothing: the checkpoint is written, then the job moves on.",
             Reason::Suspended => "`wsctl resume JOB` continues it from its checkpoint.",

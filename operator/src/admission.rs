@@ -80,7 +80,10 @@ impl Claim {
         let holds = status.allocated_cs2.unwrap_or(0);
         let terminal = status.phase.is_some_and(Phase::is_terminal);
         let deleting = job.metadata.deletion_timestamp.is_some();
-        let wants = if holds == 0 && !terminal && !deleting && !job.spec.suspend { job.spec.cs2 } else { 0 };
+        // A job under Kueue waits in Kueue's queue, not in this one.
+        let kueue = crate::kueue::workload::queue_of(job).is_some();
+        let waits = holds == 0 && !terminal && !deleting && !job.spec.suspend && !kueue;
+        let wants = if waits { job.spec.cs2 } else { 0 };
         let namespace = job.namespace().unwrap_or_default();
         Claim {
             key: crate::job_key(&namespace, &job.name_any()),
@@ -143,6 +146,13 @@ pub fn position(claims: &[Claim], key: &str) -> Option<u32> {
 pub enum Verdict {
     /// All its CS-2s are free and no job ahead of it is waiting: start it.
     Admit,
+    /// Kueue admitted its Workload: start it on `cs2` CS-2s (fewer than `spec.cs2` under partial admission).
+    Kueue {
+        /// The engines' count in Kueue's admission.
+        cs2: u32,
+        /// The ClusterQueue whose quota it uses.
+        cluster_queue: String,
+    },
     /// It waits; `reason` is a condition reason and `message` says for what.
     Wait {
         /// The reason for the `Admitted` condition.

@@ -10,6 +10,7 @@ pub mod config;
 pub mod coordinator;
 pub mod decode;
 pub mod deviceplugin;
+pub mod kueue;
 pub mod leader;
 pub mod metrics;
 pub mod nodes;

@@ -44,7 +44,8 @@ use crate::coordinator::Coordinator;
 use crate::decode::{self, Stored};
 use crate::metrics::Shared;
 use crate::nodes;
-use crate::status::{self, Children, Observed, Refusal, Unready};
+use crate::kueue::{self, api::Workload, seen::Seen, workload::queue_of};
+use crate::status::{self, Children, Eviction, Observed, Refusal, Unready};
 use crate::{Error, FINALIZER, MANAGER, job_key};
 use crds::contract::{JOB_LABEL, ROLE_LABEL};
 
@@ -66,6 +67,8 @@ pub struct Context {
     pub failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     /// Publishes Events on phase changes.
     pub recorder: Recorder,
+    /// Whether the cluster serves Kueue's Workloads (asked at start): jobs labelled for Kueue wait for it.
+    pub kueue: bool,
 }
 
 /// A watched job: decoded, or the metadata and the error of one that does not decode.
@@ -102,6 +105,7 @@ pub async fn run(
     };
     let reporter = Reporter { controller: MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
     let recorder = Recorder::new(client.clone(), reporter);
+    let kueue = kueue::cluster::installed(&client).await;
     let ctx = Arc::new(Context {
         client: client.clone(),
         config,
@@ -110,9 +114,18 @@ pub async fn run(
         shared: shared.clone(),
         recorder,
         failures: Default::default(),
+        kueue,
     });
     let children = watcher::Config::default().labels(JOB_LABEL);
-    let controller = Controller::new(jobs, watcher::Config::default());
+    let mut controller = Controller::new(jobs, watcher::Config::default());
+    if kueue {
+        // Kueue's admission (or eviction) of a job's Workload wakes the job's pass at once.
+        let workloads: Api<Workload> = match ctx.config.namespace.as_deref() {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        controller = controller.owns(workloads, children.clone());
+    }
     let store = controller.store();
     let census = {
         let shared = shared.clone();
@@ -371,6 +384,8 @@ struct Reading {
     /// Why the job cannot be admitted because of its data: `spec.data.volume` names a claim that does not
     /// exist (checked only while it waits).
     missing_data: Option<String>,
+    /// Kueue's side of a job labelled for it.
+    kueue: Option<kueue::cluster::Reading>,
 }
 
 /// Read: everything the decision needs that is not the list of jobs. MemoryX is asked first and outside any
@@ -388,9 +403,15 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
     };
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let existing = pods.list(&ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any()))).await?.items;
+    let classes = Api::<PriorityClass>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
+    let classes = PriorityClasses::new(&classes);
+    let kueue = match queue_of(job) {
+        Some(queue) => Some(read_kueue(job, ctx, &settings, &classes, queue).await?),
+        None => None,
+    };
     let (desired, plan_refusal) = match holds {
         0 => (None, None),
-        _ => match desired::desired(job, &settings, holds) {
+        _ => match appliance(job, &settings, holds, kueue.as_ref()) {
             Ok(d) => (Some(d), None),
             // The plan refuses the size the job holds (its spec changed, say spec.memoryx): not a failed pass
             // retried for ever, but a decision, which says why in the status and gives the CS-2s back.
@@ -398,8 +419,6 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
             Err(e) => return Err(e),
         },
     };
-    let classes = Api::<PriorityClass>::all(ctx.client.clone()).list(&ListParams::default()).await?.items;
-    let classes = PriorityClasses::new(&classes);
     let servers = desired.as_ref().and_then(|d| d.memoryx.spec.as_ref()?.replicas).map_or(1, |r| r.max(1) as u32);
     let memoryx_refusal = if holds > 0 { memoryx_refusal(job, &existing, servers, ctx).await } else { None };
     let missing_data = match (&job.spec.data.volume, holds) {
@@ -425,7 +444,44 @@ async fn read(job: &TrainingJob, ctx: &Context) -> Result<Reading, Error> {
         classes,
         memoryx_refusal,
         missing_data,
+        kueue,
     })
+}
+
+/// Kueue's side of `job`, labelled for `queue`: its Workload created when it has none (from its appliance at
+/// `spec.cs2`, unless the plan refuses that or the job is over).
+async fn read_kueue(
+    job: &TrainingJob,
+    ctx: &Context,
+    settings: &Settings,
+    classes: &PriorityClasses,
+    queue: &str,
+) -> Result<kueue::cluster::Reading, Error> {
+    let reading = kueue::cluster::read(&ctx.client, job, queue, ctx.kueue).await?;
+    let over = job.status.as_ref().and_then(|s| s.phase).is_some_and(Phase::is_terminal);
+    if reading.seen != Seen::Missing || over || job.metadata.deletion_timestamp.is_some() {
+        return Ok(reading);
+    }
+    match desired::desired(job, settings, job.spec.cs2) {
+        Ok(full) => kueue::cluster::ensure(&ctx.client, job, &full, classes, reading).await,
+        // The pass fails the job with the plan's reason; no Workload is made for it.
+        Err(Error::Plan(_)) => Ok(reading),
+        Err(e) => Err(e),
+    }
+}
+
+/// The job's appliance on `cs2` CS-2s, on the flavors Kueue admitted it to when it is under Kueue.
+fn appliance(
+    job: &TrainingJob,
+    settings: &Settings,
+    cs2: u32,
+    kueue: Option<&kueue::cluster::Reading>,
+) -> Result<Desired, Error> {
+    let mut d = desired::desired(job, settings, cs2)?;
+    if let Some(k) = kueue {
+        kueue::workload::place(&mut d, &k.flavors);
+    }
+    Ok(d)
 }
 
 /// Why a weight server's pod is missing, when the API server refused it: the StatefulSet controller creates
@@ -475,24 +531,32 @@ fn decide(
         own.blocked = r.missing_data.is_some();
     }
     let holds = job.status.as_ref().and_then(|s| s.allocated_cs2).unwrap_or(0);
-    let admission = (holds == 0).then(|| match (&r.missing_data, r.pool) {
-        (Some(message), _) if job.spec.cs2 > 0 && !job.spec.suspend => {
+    let kueue = r.kueue.as_ref();
+    let admission = (holds == 0).then(|| match (kueue, &r.missing_data, r.pool) {
+        (_, Some(message), _) if job.spec.cs2 > 0 && !job.spec.suspend => {
             Verdict::Wait { reason: Reason::DataVolumeNotFound, message: message.clone() }
         }
-        (_, Some(_)) => admission::decide(pool_size, &claims, &key),
-        (_, None) => Verdict::Wait {
+        (Some(k), _, _) => kueue::seen::verdict(job, &k.seen, &k.queueing),
+        (None, _, Some(_)) => admission::decide(pool_size, &claims, &key),
+        (None, _, None) => Verdict::Wait {
             reason: Reason::NoPool,
             message: "no node advertises weightstream.dev/cs2 and no pool size is configured (WS_CS2_POOL)".into(),
         },
     });
-    let may_grow = job.spec.cs2 <= holds || admission::may_grow(pool_size, &claims, job.spec.cs2 - holds);
-    let preempted_by = (ctx.config.preemption == Preemption::Allowed && holds > 0)
-        .then(|| admission::preempted_by(pool_size, &claims, &key))
-        .flatten()
-        .map(|by| match &by.class_name {
-            Some(class) => format!("{} (PriorityClass '{class}')", by.key),
-            None => format!("{} (the default PriorityClass)", by.key),
-        });
+    // A job under Kueue grows only by a new admission of Kueue's, and only Kueue evicts it.
+    let may_grow = kueue.is_none()
+        && (job.spec.cs2 <= holds || admission::may_grow(pool_size, &claims, job.spec.cs2 - holds));
+    let evicted = match kueue {
+        Some(k) => (holds > 0).then(|| kueue::seen::eviction(&k.seen)).flatten(),
+        None => (ctx.config.preemption == Preemption::Allowed && holds > 0)
+            .then(|| admission::preempted_by(pool_size, &claims, &key))
+            .flatten()
+            .map(|by| Eviction { reason: Reason::Preempted, why: format!("preempted by {}", preemptor(by)) }),
+    };
+    let queue_position = match kueue {
+        Some(k) => admission.as_ref().and(k.queueing.position),
+        None => admission.as_ref().and_then(|_| admission::position(&claims, &key)),
+    };
     let desired_pods = r.desired.as_ref().map_or(&[][..], |d| &d.pods[..]);
     let pods = census(&r.existing, desired_pods, &names::memoryx(&job.name_any()), &r.lost_nodes);
     let plan = match (&r.desired, &r.plan_refusal) {
@@ -503,7 +567,7 @@ fn decide(
             .map_err(|e| e.to_string()),
     };
     let observed = Observed {
-        queue_position: admission.as_ref().and_then(|_| admission::position(&claims, &key)),
+        queue_position,
         admission,
         may_grow,
         capacity: r
@@ -522,11 +586,19 @@ fn decide(
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect(),
-        preempted_by,
+        evicted,
         coordinator: r.coordinator.clone(),
         now,
     };
     (status::decide(job, &observed), pods)
+}
+
+/// The waiting job that preempts another, in words: `ns/name (PriorityClass 'high')`.
+fn preemptor(by: &admission::Claim) -> String {
+    match &by.class_name {
+        Some(class) => format!("{} (PriorityClass '{class}')", by.key),
+        None => format!("{} (the default PriorityClass)", by.key),
+    }
 }
 
 /// Every job the operator counts against the pool, read afresh from the API server (not from the cache):
@@ -711,7 +783,7 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
             let desired = match &reading.desired {
                 Some(d) if n == holds => d,
                 _ => {
-                    built = desired::desired(&job, &reading.settings, n)?;
+                    built = appliance(&job, &reading.settings, n, reading.kueue.as_ref())?;
                     &built
                 }
             };
@@ -733,6 +805,9 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
     }
     if job.status.as_ref() != Some(&decision.status) {
         write_status(&ctx, &job, &decision.status).await?;
+    }
+    if let Some(k) = &reading.kueue {
+        kueue::cluster::report(&ctx.client, &job, k, &decision.status, &reading.existing).await?;
     }
     if let Some(r) = refusal.filter(|_| refusal_is_news) {
         tracing::warn!(job = %key, reason = r.reason.as_str(), "{}", r.message);
@@ -924,6 +999,9 @@ async fn cleanup(job: &ObjectMeta, retain: RetainPolicy, ctx: Arc<Context>) -> R
         _ => tracing::info!(job = %name, namespace = %ns, "checkpoint claims kept (spec.checkpoint.retain: Retain)"),
     }
     delete_labelled(&Api::<NetworkPolicy>::namespaced(c.clone(), &ns), &selector).await?;
+    if let Some(uid) = job.uid.as_deref() {
+        kueue::cluster::forget(c, &ns, uid).await?;
+    }
     tracing::info!(job = %name, namespace = %ns, "job deleted; children removed");
     Ok(Action::await_change())
 }

@@ -52,13 +52,22 @@ pub struct Observed {
     pub placement: Vec<PodPlacement>,
     /// The lost nodes (unreachable) that the job had pods on, which the operator takes back.
     pub lost_nodes: Vec<String>,
-    /// The waiting job of a higher PriorityClass that takes this job's CS-2s, in words (`ns/name (PriorityClass
-    /// 'high')`), when the operator preempts ([`crate::admission::preempted_by`]).
-    pub preempted_by: Option<String>,
+    /// Why the job must give its CS-2s back and wait in the queue now, when it must: a waiting job of a higher
+    /// PriorityClass takes them ([`crate::admission::preempted_by`]), or Kueue evicted its Workload.
+    pub evicted: Option<Eviction>,
     /// MemoryX's `/status`, or why it could not be read; `None` when it was not asked (nothing assembled).
     pub coordinator: Option<Result<MemoryxStatus, String>>,
     /// Now, for condition and start/completion times.
     pub now: Timestamp,
+}
+
+/// Why a job that holds CS-2s must checkpoint, give them back and wait in the queue.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Eviction {
+    /// `Preempted` (the operator's own queue preempts) or `KueueEvicted`.
+    pub reason: Reason,
+    /// Who or what evicts it, in words that follow the job: `preempted by ml/urgent (PriorityClass 'high')`.
+    pub why: String,
 }
 
 /// A pod of the job that is not ready, as the status names it: a job stuck `Starting` says which pod holds it,
@@ -214,7 +223,8 @@ pub fn refusal_reason(code: u16) -> Reason {
 
 /// Reasons that keep a job from progressing until someone acts (a cluster admin, the job's owner): each is a
 /// Warning Event when it first appears, not only a condition.
-pub const WARNING_REASONS: &[Reason] = &[Reason::PriorityClassNotFound, Reason::CapacityLost, Reason::Preempted];
+pub const WARNING_REASONS: &[Reason] =
+    &[Reason::PriorityClassNotFound, Reason::CapacityLost, Reason::Preempted, Reason::KueueEvicted];
 
 /// Why MemoryX's pod does not exist although its StatefulSet wants it: the API server refused it (Pod
 /// Security, a quota, a webhook) and the StatefulSet controller said so only on the StatefulSet, as a
@@ -360,17 +370,24 @@ fn without_cs2(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, o
         d.cond_with(ConditionType::Admitted, false, Reason::Suspended, "a suspended job holds no CS-2s");
         return (Children::Release, false);
     }
-    match &obs.admission {
-        Some(Verdict::Admit) => {
-            d.s.allocated_cs2 = Some(spec.cs2);
+    let admitted = match &obs.admission {
+        Some(Verdict::Admit) => Some((spec.cs2, format!("all {} CS-2s are free", spec.cs2))),
+        Some(Verdict::Kueue { cs2, cluster_queue }) => {
+            Some((*cs2, format!("Kueue admitted it on {cs2} CS-2s in ClusterQueue '{cluster_queue}'")))
+        }
+        _ => None,
+    };
+    match (&obs.admission, admitted) {
+        (_, Some((n, why))) => {
+            d.s.allocated_cs2 = Some(n);
             d.s.start_time.get_or_insert(Time(obs.now));
             let resumed = prev.conditions.iter().any(|c| ConditionType::Suspended.of(c) && ConditionStatus::True.of(c));
             // Given back earlier (preempted, or below spec.minCs2) with a checkpoint: MemoryX resumes from it.
             let requeued = prev.progress.last_checkpoint.is_some();
             let (reason, msg) = if resumed || requeued {
-                (Reason::Resumed, format!("resumed on {} CS-2s from the last checkpoint", spec.cs2))
+                (Reason::Resumed, format!("{why}; resumed on {n} CS-2s from the last checkpoint"))
             } else {
-                (Reason::Admitted, format!("all {} CS-2s are free; assembling the appliance", spec.cs2))
+                (Reason::Admitted, format!("{why}; assembling the appliance"))
             };
             d.phase(Phase::Starting, reason, msg);
             d.cond(ConditionType::Admitted, true);
@@ -379,15 +396,15 @@ fn without_cs2(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, o
             }
             d.cond_with(ConditionType::Ready, false, Reason::Assembling, "the appliance is being assembled");
             d.s.plan = obs.plan.clone().ok();
-            (Children::Assemble(spec.cs2), false)
+            (Children::Assemble(n), false)
         }
-        Some(Verdict::Wait { reason, message }) => {
+        (Some(Verdict::Wait { reason, message }), None) => {
             d.phase(Phase::Queued, *reason, message.clone());
             d.cond(ConditionType::Admitted, false);
             d.s.queue_position = obs.queue_position;
             (Children::Nothing, false)
         }
-        None => {
+        (_, None) => {
             d.phase(Phase::Queued, Reason::AwaitingAdmission, "waiting for admission");
             d.cond(ConditionType::Admitted, false);
             (Children::Nothing, false)
@@ -401,8 +418,8 @@ fn without_cs2(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, o
 fn requeue(d: &mut Pass, spec: &TrainingJobSpec, obs: &Observed, holds: u32, at: &str) -> (Children, bool) {
     d.s.allocated_cs2 = None;
     d.s.capacity_lost_at = None;
-    let (reason, why) = match &obs.preempted_by {
-        Some(by) => (Reason::Preempted, format!("preempted by {by}")),
+    let (reason, why) = match &obs.evicted {
+        Some(e) => (e.reason, e.why.clone()),
         None => (
             Reason::CapacityLost,
             format!("fewer CS-2s are left to it than spec.minCs2 = {}{}", spec.min_cs2(), lost_where(obs)),
@@ -484,7 +501,7 @@ fn past_limits(
 /// - otherwise `spec.cs2` when it holds more (a shrink asked for) or may grow to it (never jumping the queue);
 ///   else what it holds.
 fn size_now(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, obs: &Observed, holds: u32) -> (u32, bool) {
-    if obs.preempted_by.is_some() {
+    if obs.evicted.is_some() {
         return (0, false);
     }
     if let Some(left) = obs.capacity.filter(|&left| left < holds) {
@@ -526,11 +543,11 @@ fn checkpoint_then_move(
 ) -> (Children, bool) {
     // Going on with fewer than the spec asks because CS-2s were lost, not because the spec changed.
     let lost = !spec.suspend && target < holds && target < spec.cs2;
-    let preempted = obs.preempted_by.as_deref().filter(|_| !spec.suspend);
+    let evicted = obs.evicted.as_ref().filter(|_| !spec.suspend);
     let (why, doing) = if spec.suspend {
         (Reason::Suspending, "checkpointing before giving back the CS-2s".to_string())
-    } else if let Some(by) = preempted {
-        (Reason::Preempted, format!("preempted by {by}: checkpointing before giving back its {holds} CS-2s"))
+    } else if let Some(e) = evicted {
+        (e.reason, format!("{}: checkpointing before giving back its {holds} CS-2s", e.why))
     } else if lost && target == 0 {
         (
             Reason::CapacityLost,
@@ -593,7 +610,7 @@ fn checkpoint_then_move(
         d.cond_with(ConditionType::Ready, false, Reason::Suspended, "suspended");
         return (Children::Release, false);
     }
-    if lost && target == 0 {
+    if (lost || evicted.is_some()) && target == 0 {
         return requeue(d, spec, obs, holds, &at);
     }
     d.s.allocated_cs2 = Some(target);
@@ -772,7 +789,7 @@ mod tests {
             memoryx_restarts: None,
             placement: vec![],
             lost_nodes: vec![],
-            preempted_by: None,
+            evicted: None,
             coordinator: None,
             now: Timestamp::from_second(1_000_000).unwrap(),
         }
@@ -1414,7 +1431,10 @@ mod tests {
         o.pods_ready = true;
         o.coordinator = running(50, Some(40));
         step(&mut j, &o);
-        o.preempted_by = Some("ml/urgent (PriorityClass 'high')".into());
+        o.evicted = Some(Eviction {
+            reason: Reason::Preempted,
+            why: "preempted by ml/urgent (PriorityClass 'high')".into(),
+        });
         let d = step(&mut j, &o);
         assert!(d.request_checkpoint);
         let t = d.transition.expect("an event");
@@ -1428,7 +1448,7 @@ mod tests {
         );
         assert!(d.transition.is_some_and(|t| t.message.contains("resumes from its checkpoint at step 51")));
         assert_eq!(cond(&j, ConditionType::Admitted).reason, "Preempted");
-        o.preempted_by = None;
+        o.evicted = None;
         o.coordinator = None;
         o.admission = Some(Verdict::Admit);
         let d = step(&mut j, &o);

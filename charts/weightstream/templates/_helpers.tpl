@@ -118,6 +118,22 @@ app.kubernetes.io/component: device-plugin
   # Why MemoryX's pod is missing: the StatefulSet controller says so only in a FailedCreate event.
   resources: [events]
   verbs: [list]
+- apiGroups: [kueue.x-k8s.io]
+  # A job labelled kueue.x-k8s.io/queue-name waits as a Workload the operator creates, starts when Kueue admits
+  # it, and gives back (PodsReady, Finished, an evicted reservation cleared, Kueue's finalizer removed).
+  resources: [workloads]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [patch]
+- apiGroups: [kueue.x-k8s.io]
+  # The ClusterQueue a job's LocalQueue feeds, for its status.
+  resources: [localqueues]
+  verbs: [get]
+- apiGroups: [visibility.kueue.x-k8s.io]
+  # A waiting job's position in its ClusterQueue.
+  resources: [localqueues/pendingworkloads]
+  verbs: [get]
 {{- end }}
 
 {{/* The operator pods' selector labels as key=value,key=value: the operator puts them in every job's

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Installs Kueue into the cluster at $KUBECONFIG and waits until it answers: its CRDs, its controller (webhooks,
+# visibility API) and a configuration for weightstream. Nothing is pulled (no registry here): Kueue is built from
+# its Go module, pinned, and its image is written like weightstream's own and imported into the nodes of the
+# suite's kind cluster ($WS_KIND_CLUSTER, default weightstream). Another cluster must have the image
+# weightstream/kueue:v$KUEUE_VERSION in its nodes already (the tarball's path is printed).
+#
+#   KUBECONFIG=~/.cache/weightstream/kind/weightstream.kubeconfig bash e2e/kueue/up.sh
+#
+# Cached under $WS_CACHE_DIR (~/.cache/weightstream): the binary (built once, ~5 min on 2 cores) and the image.
+# Run again, it changes nothing that is in place. The configuration (see kueue-config.yaml beside this script):
+#   - TrainingJob is an external framework: Kueue leaves alone the pods of a job it admits as one Workload;
+#   - quotaCheckStrategy IgnoreUndeclared: a ClusterQueue may cover weightstream.dev/cs2 alone;
+#   - waitForPodsReady 10 min (the operator reports PodsReady), and only the batch/job integration, so Kueue's
+#     webhooks do not stand between the cluster and every pod it creates.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+KUEUE_VERSION="${WS_KUEUE_VERSION:-0.19.2}"
+CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
+CLUSTER="${WS_KIND_CLUSTER:-weightstream}"
+BIN="$CACHE/bin"
+KUEUE="$BIN/kueue-v$KUEUE_VERSION"
+IMAGE="weightstream/kueue:v$KUEUE_VERSION"
+TARBALL="$CACHE/images/kueue-v$KUEUE_VERSION.tar"
+log() { echo "[kueue/up.sh $(date -u +%H:%M:%S)] $*" >&2; }
+[[ -n "${KUBECONFIG:-}" && -s "$KUBECONFIG" ]] || { log "set KUBECONFIG to the cluster to install Kueue into"; exit 1; }
+KUBECTL="$(command -v kubectl || ls "$BIN"/kubectl-v* 2>/dev/null | tail -n1 || true)"
+[[ -x "$KUBECTL" ]] || { log "no kubectl: run bash e2e/kind/up.sh first (it builds one)"; exit 1; }
+kubectl() { "$KUBECTL" "$@"; }
+command -v go >/dev/null || { log "go is not installed: cannot build Kueue"; exit 1; }
+mkdir -p "$BIN" "$CACHE/images"
+export GOCACHE="${GOCACHE:-$(go env GOCACHE 2>/dev/null || true)}"
+[[ -n "$GOCACHE" && "$GOCACHE" != off ]] || export GOCACHE="$CACHE/go-build"
+export GOMODCACHE="${GOMODCACHE:-$(go env GOMODCACHE 2>/dev/null || true)}"
+[[ -n "$GOMODCACHE" ]] || export GOMODCACHE="$CACHE/go-mod"
+
+# The binary, once (one builder at a time).
+exec 9>"$CACHE/kueue.lock"
+flock 9
+if [[ ! -x "$KUEUE" ]]; then
+  log "building Kueue v$KUEUE_VERSION from sigs.k8s.io/kueue (a few minutes cold)"
+  tmp="$(mktemp -d)"
+  GOBIN="$tmp" CGO_ENABLED=0 nice -n 10 go install -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=v$KUEUE_VERSION" \
+    "sigs.k8s.io/kueue/cmd/kueue@v$KUEUE_VERSION" >&2
+  mv "$tmp/kueue" "$KUEUE"
+  rm -rf "$tmp"
+fi
+# The module's own manifests (config/), from the module cache the build filled.
+SRC="$(cd /tmp && go mod download -json "sigs.k8s.io/kueue@v$KUEUE_VERSION" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')"
+[[ -d "$SRC/config/default" ]] || { log "no config/default in the module at '$SRC'"; exit 1; }
+
+# The image: the static binary as /manager, user 65532, nothing else.
+if [[ ! -s "$TARBALL" || "$TARBALL" -ot "$KUEUE" ]]; then
+  # shellcheck source=images/archive.sh
+  source "$ROOT/images/archive.sh"
+  rootfs="$(mktemp -d)"
+  write_etc "$rootfs" 65532
+  install -m 0755 "$KUEUE" "$rootfs/manager"
+  write_archive "$TARBALL" "$IMAGE" "65532:65532" '["/manager"]' '[]' "$rootfs" >&2
+  rm -rf "$rootfs"
+fi
+flock -u 9
+
+# Into the kind cluster's nodes (a node that has the image already imports nothing new).
+# The suite's Docker daemon (e2e/kind/docker.sh) when it runs and no other is named.
+if [[ -z "${DOCKER_HOST:-}" && -S "$CACHE/docker/docker.sock" ]]; then
+  export DOCKER_HOST="unix://$CACHE/docker/docker.sock"
+fi
+nodes="$(docker ps --filter "label=io.x-k8s.kind.cluster=$CLUSTER" -q 2>/dev/null || true)"
+if [[ -n "$nodes" ]]; then
+  for id in $nodes; do
+    docker exec -i "$id" ctr -n k8s.io images import --no-unpack - <"$TARBALL" >/dev/null
+  done
+  log "image $IMAGE imported into the nodes of kind cluster $CLUSTER"
+else
+  log "no kind cluster $CLUSTER here: the nodes must already have $IMAGE (from $TARBALL)"
+fi
+
+# The manifests: Kueue's config/default with our image, configuration and a read grant on TrainingJobs.
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cp -r "$SRC/config" "$work/config"
+chmod -R u+w "$work/config"
+cp "$HERE/kueue-config.yaml" "$work/config/components/manager/controller_manager_config.yaml"
+mkdir -p "$work/config/weightstream"
+cp "$HERE/trainingjob-reader.yaml" "$work/config/weightstream/"
+cat >"$work/config/weightstream/kustomization.yaml" <<YAML
+resources:
+- ../default
+- trainingjob-reader.yaml
+images:
+- name: controller
+  newName: weightstream/kueue
+  newTag: v$KUEUE_VERSION
+patches:
+- patch: |-
+    - op: replace
+      path: /spec/template/spec/containers/0/imagePullPolicy
+      value: IfNotPresent
+  target:
+    kind: Deployment
+    name: kueue-controller-manager
+YAML
+kubectl kustomize "$work/config/weightstream" >"$work/kueue.yaml"
+log "applying Kueue v$KUEUE_VERSION ($(grep -c '^kind:' "$work/kueue.yaml") objects)"
+kubectl apply --server-side --force-conflicts -f "$work/kueue.yaml" >/dev/null
+# A configuration changed since the pods started takes a restart.
+kubectl -n kueue-system rollout restart deployment/kueue-controller-manager >/dev/null
+kubectl -n kueue-system rollout status deployment/kueue-controller-manager --timeout=300s >&2
+
+# Answering: its webhooks admit a ResourceFlavor (server-side dry run) and its visibility API is served.
+deadline=$((SECONDS + 300))
+probe='{"apiVersion":"kueue.x-k8s.io/v1beta2","kind":"ResourceFlavor","metadata":{"name":"up-sh-probe"}}'
+until echo "$probe" | kubectl apply --dry-run=server -f - >/dev/null 2>&1 \
+  && kubectl get --raw "/apis/visibility.kueue.x-k8s.io/v1beta2" >/dev/null 2>&1; do
+  if ((SECONDS > deadline)); then
+    log "Kueue did not answer within 300 s:"
+    echo "$probe" | kubectl apply --dry-run=server -f - >&2 || true
+    kubectl -n kueue-system logs deployment/kueue-controller-manager --tail=30 >&2 || true
+    exit 1
+  fi
+  sleep 3
+done
+log "Kueue v$KUEUE_VERSION answers"
