@@ -42,9 +42,9 @@ use crate::children::{identity, names};
 use crate::config::{Config, Preemption};
 use crate::coordinator::Coordinator;
 use crate::decode::{self, Stored};
+use crate::kueue::{self, api::Workload, seen::Seen, workload::queue_of};
 use crate::metrics::Shared;
 use crate::nodes;
-use crate::kueue::{self, api::Workload, seen::Seen, workload::queue_of};
 use crate::status::{self, Children, Eviction, Observed, Refusal, Unready};
 use crate::{Error, FINALIZER, MANAGER, job_key};
 use crds::contract::{JOB_LABEL, ROLE_LABEL};
@@ -544,8 +544,8 @@ fn decide(
         },
     });
     // A job under Kueue grows only by a new admission of Kueue's, and only Kueue evicts it.
-    let may_grow = kueue.is_none()
-        && (job.spec.cs2 <= holds || admission::may_grow(pool_size, &claims, job.spec.cs2 - holds));
+    let may_grow =
+        kueue.is_none() && (job.spec.cs2 <= holds || admission::may_grow(pool_size, &claims, job.spec.cs2 - holds));
     let evicted = match kueue {
         Some(k) => (holds > 0).then(|| kueue::seen::eviction(&k.seen)).flatten(),
         None => (ctx.config.preemption == Preemption::Allowed && holds > 0)

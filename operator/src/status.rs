@@ -1431,10 +1431,8 @@ mod tests {
         o.pods_ready = true;
         o.coordinator = running(50, Some(40));
         step(&mut j, &o);
-        o.evicted = Some(Eviction {
-            reason: Reason::Preempted,
-            why: "preempted by ml/urgent (PriorityClass 'high')".into(),
-        });
+        o.evicted =
+            Some(Eviction { reason: Reason::Preempted, why: "preempted by ml/urgent (PriorityClass 'high')".into() });
         let d = step(&mut j, &o);
         assert!(d.request_checkpoint);
         let t = d.transition.expect("an event");

@@ -82,9 +82,8 @@ pub async fn read(client: &Client, job: &TrainingJob, local_queue: &str, install
 /// The Workload's place in its ClusterQueue (1 = next), from Kueue's visibility API; `None` when it does not
 /// answer (an older Kueue, the API not registered) or does not list it.
 async fn position(client: &Client, ns: &str, local_queue: &str, name: &str) -> Option<u32> {
-    let url = format!(
-        "/apis/visibility.kueue.x-k8s.io/{VERSION}/namespaces/{ns}/localqueues/{local_queue}/pendingworkloads"
-    );
+    let url =
+        format!("/apis/visibility.kueue.x-k8s.io/{VERSION}/namespaces/{ns}/localqueues/{local_queue}/pendingworkloads");
     let request = http::Request::get(url).body(Vec::new()).ok()?;
     let summary: PendingWorkloadsSummary = match client.request(request).await {
         Ok(s) => s,
@@ -133,9 +132,11 @@ async fn priority(client: &Client, job: &TrainingJob, classes: &PriorityClasses)
             )),
         };
     }
-    Ok(job.spec.priority_class_name.as_deref().and_then(|name| {
-        classes.value_of(Some(name)).map(|v| Priority::pod_class(name, v))
-    }))
+    Ok(job
+        .spec
+        .priority_class_name
+        .as_deref()
+        .and_then(|name| classes.value_of(Some(name)).map(|v| Priority::pod_class(name, v))))
 }
 
 /// Creates the job's Workload when it has none (`desired` is its appliance at `spec.cs2`); returns the

@@ -61,7 +61,8 @@ pub fn seen(w: Option<&Workload>) -> Seen {
         return Seen::Finished;
     }
     if is_true(w, "Evicted") && (admission.is_some() || is_true(w, "QuotaReserved")) {
-        let (reason, message) = condition(w, "Evicted").map(|c| (c.reason.clone(), c.message.clone())).unwrap_or_default();
+        let (reason, message) =
+            condition(w, "Evicted").map(|c| (c.reason.clone(), c.message.clone())).unwrap_or_default();
         return Seen::Evicted { reason, message };
     }
     if let (true, Some(a)) = (is_true(w, "Admitted"), admission) {
@@ -113,7 +114,10 @@ pub fn verdict(job: &TrainingJob, seen: &Seen, q: &Queueing) -> Verdict {
         Seen::Evicted { reason, message } => {
             wait(format!("evicted by Kueue ({reason}: {message}); requeued in {queues}"))
         }
-        Seen::Finished => wait(format!("its Kueue Workload is finished; delete the job or remove the label {}", super::workload::QUEUE_LABEL)),
+        Seen::Finished => wait(format!(
+            "its Kueue Workload is finished; delete the job or remove the label {}",
+            super::workload::QUEUE_LABEL
+        )),
     }
 }
 
@@ -203,9 +207,8 @@ pub fn clear_reservation(w: &Workload, now: Timestamp) -> Option<serde_json::Val
 pub fn release_finalizer(w: &Workload) -> Option<serde_json::Value> {
     let finalizers = w.finalizers();
     let kept: Vec<&String> = finalizers.iter().filter(|f| *f != super::workload::RESOURCE_IN_USE).collect();
-    (kept.len() != finalizers.len()).then(|| {
-        serde_json::json!({ "metadata": { "resourceVersion": w.resource_version(), "finalizers": kept } })
-    })
+    (kept.len() != finalizers.len())
+        .then(|| serde_json::json!({ "metadata": { "resourceVersion": w.resource_version(), "finalizers": kept } }))
 }
 
 #[cfg(test)]
@@ -214,7 +217,7 @@ mod tests {
     use crate::kueue::api::{Admission, PodSetAssignment, WorkloadStatus};
 
     fn cond(type_: &str, status: bool, reason: &str, message: &str) -> Condition {
-        kueue_condition(type_, status, reason, message, &Workload::default(), Timestamp::UNIX_EPOCH)
+        kueue_condition(type_, status, reason, message, &Workload::new("w", Default::default()), Timestamp::UNIX_EPOCH)
     }
 
     fn wl(conditions: Vec<Condition>, engines: Option<i32>) -> Workload {
@@ -253,11 +256,15 @@ mod tests {
             }
             v => panic!("{v:?}"),
         }
-        let admitted = wl(vec![cond("QuotaReserved", true, "QuotaReserved", ""), cond("Admitted", true, "Admitted", "")], Some(2));
+        let admitted =
+            wl(vec![cond("QuotaReserved", true, "QuotaReserved", ""), cond("Admitted", true, "Admitted", "")], Some(2));
         let v = verdict(&job(4, Some(2)), &seen(Some(&admitted)), &queueing());
         assert_eq!(v, Verdict::Kueue { cs2: 2, cluster_queue: "cq".into() });
         let three = wl(vec![cond("Admitted", true, "Admitted", "")], Some(3));
-        assert_eq!(verdict(&job(4, Some(2)), &seen(Some(&three)), &queueing()), Verdict::Kueue { cs2: 2, cluster_queue: "cq".into() });
+        assert_eq!(
+            verdict(&job(4, Some(2)), &seen(Some(&three)), &queueing()),
+            Verdict::Kueue { cs2: 2, cluster_queue: "cq".into() }
+        );
         assert!(matches!(verdict(&job(4, None), &seen(None), &queueing()), Verdict::Wait { .. }));
     }
 
@@ -285,7 +292,10 @@ mod tests {
         status.admission = None;
         status.conditions = serde_json::from_value(patch["status"]["conditions"].clone()).unwrap();
         let by_type = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap().clone();
-        assert_eq!((by_type("QuotaReserved").status.as_str(), by_type("Admitted").reason.as_str()), ("False", "NoReservation"));
+        assert_eq!(
+            (by_type("QuotaReserved").status.as_str(), by_type("Admitted").reason.as_str()),
+            ("False", "NoReservation")
+        );
         assert_eq!(by_type("Requeued").status, "True");
         assert!(matches!(seen(Some(&cleared)), Seen::Pending { .. }));
         assert_eq!(clear_reservation(&cleared, Timestamp::UNIX_EPOCH), None);
@@ -305,10 +315,16 @@ mod tests {
         w.status.as_mut().unwrap().conditions.push(cond("PodsReady", false, "WaitForStart", ""));
         assert_eq!(pods_ready(&w, Some(Phase::Starting), now), None);
         let body = pods_ready(&w, Some(Phase::Running), now).unwrap();
-        assert_eq!((body["status"]["conditions"][0]["status"].as_str(), body["kind"].as_str()), (Some("True"), Some("Workload")));
+        assert_eq!(
+            (body["status"]["conditions"][0]["status"].as_str(), body["kind"].as_str()),
+            (Some("True"), Some("Workload"))
+        );
         w.status.as_mut().unwrap().conditions[0] = cond("PodsReady", true, "Started", "");
         assert_eq!(pods_ready(&w, Some(Phase::Checkpointing), now), None);
-        assert_eq!(pods_ready(&w, Some(Phase::Starting), now).unwrap()["status"]["conditions"][0]["reason"], "WaitForRecovery");
+        assert_eq!(
+            pods_ready(&w, Some(Phase::Starting), now).unwrap()["status"]["conditions"][0]["reason"],
+            "WaitForRecovery"
+        );
         let body = finished(&w, Phase::Failed, "restart limit", now).unwrap();
         assert_eq!(body["status"]["conditions"][0]["reason"], "Failed");
         w.status.as_mut().unwrap().conditions.push(cond("Finished", true, "Succeeded", ""));

@@ -92,8 +92,11 @@ pub fn workload(job: &TrainingJob, desired: &Desired, priority: Option<Priority>
         template: template(sts.template.metadata.as_ref().and_then(|m| m.labels.clone()), sts.template.spec.clone()),
     });
     for role in [Role::Swarmx, Role::Engine, Role::Input] {
-        let of_role: Vec<&Pod> =
-            desired.pods.iter().filter(|p| p.labels().get(ROLE_LABEL).map(String::as_str) == Some(role.as_str())).collect();
+        let of_role: Vec<&Pod> = desired
+            .pods
+            .iter()
+            .filter(|p| p.labels().get(ROLE_LABEL).map(String::as_str) == Some(role.as_str()))
+            .collect();
         let Some(first) = of_role.first() else { continue };
         let count = i32::try_from(of_role.len()).map_err(|_| Error::Plan("too many pods for a Workload".into()))?;
         let min = job.spec.min_cs2() as i32;
@@ -142,10 +145,9 @@ pub fn place(desired: &mut Desired, flavors: &BTreeMap<String, Vec<ResourceFlavo
             }
         }
     };
-    if let (Some(of), Some(spec)) = (
-        flavors.get(Role::Memoryx.as_str()),
-        desired.memoryx.spec.as_mut().and_then(|s| s.template.spec.as_mut()),
-    ) {
+    if let (Some(of), Some(spec)) =
+        (flavors.get(Role::Memoryx.as_str()), desired.memoryx.spec.as_mut().and_then(|s| s.template.spec.as_mut()))
+    {
         put(spec, of);
     }
     for pod in &mut desired.pods {
@@ -224,7 +226,8 @@ mod tests {
         for p in &d.pods {
             let spec = p.spec.as_ref().unwrap();
             let engine = p.labels()[ROLE_LABEL] == "engine";
-            let selected = spec.node_selector.as_ref().is_some_and(|s| s.get("pool").map(String::as_str) == Some("cs2"));
+            let selected =
+                spec.node_selector.as_ref().is_some_and(|s| s.get("pool").map(String::as_str) == Some("cs2"));
             assert_eq!(selected, engine, "{}", p.name_any());
             if engine {
                 assert_eq!(spec.tolerations.iter().flatten().filter(|t| **t == toleration).count(), 1);
