@@ -41,7 +41,7 @@ lists() {
   jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test)
     | "\(.manifest_path | rtrimstr("/Cargo.toml"))\t\(.executable)"' "$all" | sort >"$dir/tests"
   [[ -s "$dir/tests" ]] || { echo "run-tests.sh: the build listed no test executable" >&2; return 1; }
-  kind=$'/e2e\t.*/deps/(chart|cli|cluster|nodes|sharing)-[0-9a-f]+$'
+  kind=$'/e2e\t.*/deps/(chart|cli|cluster|kueue|nodes|sharing)-[0-9a-f]+$'
   host=$'/e2e\t.*/deps/(chaos|scale|python)-[0-9a-f]+$'
   grep -E "$host" "$dir/tests" >"$dir/host.list"
   grep -E "$kind" "$dir/tests" >"$dir/kind.list"

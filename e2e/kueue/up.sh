@@ -10,7 +10,8 @@
 # Cached under $WS_CACHE_DIR (~/.cache/weightstream): the binary (built once, ~5 min on 2 cores) and the image.
 # Run again, it changes nothing that is in place. The configuration (see kueue-config.yaml beside this script):
 #   - TrainingJob is an external framework: Kueue leaves alone the pods of a job it admits as one Workload;
-#   - quotaCheckStrategy IgnoreUndeclared: a ClusterQueue may cover weightstream.dev/cs2 alone;
+#   - cpu, memory and ephemeral storage are not counted against quota: a ClusterQueue may cover
+#     weightstream.dev/cs2 alone;
 #   - waitForPodsReady 10 min (the operator reports PodsReady), and only the batch/job integration, so Kueue's
 #     webhooks do not stand between the cluster and every pod it creates.
 set -euo pipefail
@@ -92,7 +93,8 @@ resources:
 - ../default
 - trainingjob-reader.yaml
 images:
-- name: controller
+# Kueue's components/manager names its staging image; ours replaces it.
+- name: us-central1-docker.pkg.dev/k8s-staging-images/kueue/kueue
   newName: weightstream/kueue
   newTag: v$KUEUE_VERSION
 patches:
@@ -100,6 +102,9 @@ patches:
     - op: replace
       path: /spec/template/spec/containers/0/imagePullPolicy
       value: IfNotPresent
+    - op: add
+      path: /spec/template/metadata/annotations/weightstream.dev~1config-hash
+      value: "$(sha256sum "$HERE/kueue-config.yaml" | cut -c1-16)"
   target:
     kind: Deployment
     name: kueue-controller-manager
@@ -107,8 +112,7 @@ YAML
 kubectl kustomize "$work/config/weightstream" >"$work/kueue.yaml"
 log "applying Kueue v$KUEUE_VERSION ($(grep -c '^kind:' "$work/kueue.yaml") objects)"
 kubectl apply --server-side --force-conflicts -f "$work/kueue.yaml" >/dev/null
-# A configuration changed since the pods started takes a restart.
-kubectl -n kueue-system rollout restart deployment/kueue-controller-manager >/dev/null
+# (A changed configuration changes the pods' config-hash annotation, so they restart with it.)
 kubectl -n kueue-system rollout status deployment/kueue-controller-manager --timeout=300s >&2
 
 # Answering: its webhooks admit a ResourceFlavor (server-side dry run) and its visibility API is served.

@@ -44,15 +44,17 @@ pub async fn installed(client: &Client) -> bool {
     }
 }
 
-/// Reads Kueue's side of `job` (labelled for `local_queue`); `installed` says whether Kueue is there at all.
+/// Reads Kueue's side of `job` (labelled for `local_queue`); `installed` says whether Kueue was there when the
+/// operator started (without it, a Workload's change wakes no pass: the job moves at the operator's poll).
 pub async fn read(client: &Client, job: &TrainingJob, local_queue: &str, installed: bool) -> Result<Reading, Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let uid = job.uid().ok_or(Error::MissingField("metadata.uid"))?;
     let mut queueing = Queueing { local_queue: local_queue.into(), ..Default::default() };
-    if !installed {
+    // Kueue may have come after the operator started: ask again (only for jobs labelled for it).
+    if !installed && !self::installed(client).await {
         let message = format!(
             "the job is labelled {}={local_queue} but this cluster does not serve Kueue's Workloads \
-             ({GROUP}/{VERSION}): install Kueue (and restart the operator), or remove the label to use the \
+             ({GROUP}/{VERSION}): install Kueue, or remove the label to use the \
              operator's own queue",
             workload::QUEUE_LABEL
         );

@@ -1,0 +1,220 @@
+//! Kueue admits TrainingJobs, on the real cluster with Kueue installed by `e2e/kueue/up.sh` (built from its Go
+//! module): a job labelled `kueue.x-k8s.io/queue-name` waits as a Workload the operator made, runs when Kueue
+//! admits it, and gives its quota back at the end or when Kueue evicts it.
+//!
+//! - quota: a ClusterQueue with quota for 2 CS-2s runs jobs of 2 one after another; the waiting ones say Kueue's
+//!   reason, their ClusterQueue and their position; a job of 4 with `minCs2: 2` is admitted with 2 (partial
+//!   admission) and trains the 4-CS-2 curve; every job ends with its undisturbed losses.
+//! - preemption: a job of a higher WorkloadPriorityClass preempts a running one in a full ClusterQueue; the low
+//!   job checkpoints, requeues, resumes from that checkpoint and ends with its undisturbed losses, bit for bit.
+//!
+//! The two tests run side by side on separate ClusterQueues, using at most 2 CS-2s each.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crds::{Phase, TrainingJob, TrainingJobStatus};
+use e2e::cluster;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, ResourceExt};
+use operator::kueue::api::Workload;
+use operator::kueue::workload::{PRIORITY_LABEL, QUEUE_LABEL};
+
+fn ok<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+/// Kueue, installed once for the file's tests.
+static KUEUE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
+async fn kueue_up(kc: &Path) {
+    KUEUE
+        .get_or_init(|| async {
+            let script = cluster::repo_root().join("e2e/kueue/up.sh");
+            let started = Instant::now();
+            ok(cluster::run(Command::new("bash").arg(script).env("KUBECONFIG", kc)), "e2e/kueue/up.sh");
+            eprintln!("Kueue up in {:.0?}", started.elapsed());
+        })
+        .await;
+}
+
+/// Applies a Kueue object given as JSON (server-side), cluster-scoped unless it names a namespace.
+async fn apply(client: &Client, obj: serde_json::Value) {
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let gvk = GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", kind);
+    let ar = ApiResource::from_gvk(&gvk);
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let api: Api<DynamicObject> = match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    ok(api.patch(&name, &PatchParams::apply("e2e").force(), &Patch::Apply(&obj)).await, &format!("apply {kind} {name}"));
+}
+
+async fn delete(client: &Client, kind: &str, name: &str) {
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", kind));
+    let _ = Api::<DynamicObject>::all_with(client.clone(), &ar).delete(name, &DeleteParams::default()).await;
+}
+
+/// A flavor, a ClusterQueue `ns` with `quota` CS-2s for namespace `ns` alone (preempting lower priorities
+/// within it), and the LocalQueue `team` in `ns`.
+async fn queues(client: &Client, ns: &str, quota: u32) {
+    apply(client, serde_json::json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": ns}, "spec": {}
+    }))
+    .await;
+    apply(client, serde_json::json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": ns},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "preemption": {"withinClusterQueue": "LowerPriority"},
+            "resourceGroups": [{
+                "coveredResources": ["weightstream.dev/cs2"],
+                "flavors": [{"name": ns, "resources": [{"name": "weightstream.dev/cs2", "nominalQuota": quota}]}]
+            }]
+        }
+    }))
+    .await;
+    apply(client, serde_json::json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+        "metadata": {"name": "team", "namespace": ns}, "spec": {"clusterQueue": ns}
+    }))
+    .await;
+}
+
+/// `fc-mnist-sparse` on `cs2` CS-2s for `steps` steps in LocalQueue `team`, a checkpoint every 100 steps.
+fn job(name: &str, cs2: u32, steps: u64) -> TrainingJob {
+    let mut j = ok(cluster::example("fc-mnist-sparse.yaml"), "the example");
+    j.metadata.name = Some(name.into());
+    j.metadata.labels = Some([(QUEUE_LABEL.to_string(), "team".to_string())].into());
+    j.spec.cs2 = cs2;
+    (j.spec.training.epochs, j.spec.training.steps) = (None, Some(steps));
+    j.spec.checkpoint.interval_steps = 100;
+    j.spec.checkpoint.retain = crds::RetainPolicy::Delete;
+    j
+}
+
+fn admitted(s: &TrainingJobStatus) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    s.conditions.iter().find(|c| c.type_ == "Admitted")
+}
+
+async fn setup(prefix: &str) -> (Client, String, Api<TrainingJob>) {
+    let kc = ok(cluster::kubeconfig(), "no cluster");
+    kueue_up(&kc).await;
+    let client = ok(e2e::client_for(&kc).await, "a client");
+    let ns = ok(e2e::namespace(&client, prefix).await, "a namespace");
+    let jobs = Api::namespaced(client.clone(), &ns);
+    (client, ns, jobs)
+}
+
+async fn teardown(client: &Client, ns: &str) {
+    let _ = Api::<Namespace>::all(client.clone()).delete(ns, &DeleteParams::default()).await;
+    delete(client, "ClusterQueue", ns).await;
+    delete(client, "ResourceFlavor", ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_of_2_runs_jobs_in_turn_and_admits_a_shrinkable_job_partially() {
+    let (client, ns, jobs) = setup("kueue-quota").await;
+    queues(&client, &ns, 2).await;
+    let steps = 300;
+    let (a, b) = (job("a", 2, steps), job("b", 2, steps));
+    let mut c = job("c", 4, steps);
+    c.spec.min_cs2 = Some(2);
+    // a and b are the same job but for the name: one undisturbed run serves both.
+    let want_2 = cluster::undisturbed_beside(&a, &[]);
+    let want_4 = cluster::undisturbed_beside(&c, &[]);
+    let started = Instant::now();
+    for j in [&a, &b, &c] {
+        ok(jobs.create(&PostParams::default(), j).await, "create a job");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let s = e2e::wait_job(&jobs, "a", Duration::from_secs(300), "a to run", |s| s.phase == Some(Phase::Running)).await;
+    assert_eq!((s.phase, s.allocated_cs2), (Some(Phase::Running), Some(2)), "{s:?}");
+    // Both others wait, saying Kueue's reason, the ClusterQueue and where they stand.
+    for (name, position) in [("b", 1), ("c", 2)] {
+        let s = e2e::wait_job(&jobs, name, Duration::from_secs(60), "the queue position", |s| {
+            s.queue_position == Some(position)
+        })
+        .await;
+        let (reason, message) = admitted(&s).map(|c| (c.reason.clone(), c.message.clone())).unwrap_or_default();
+        eprintln!("{name} waits: {reason} {message}");
+        assert_eq!((s.phase, reason.as_str()), (Some(Phase::Queued), "KueueQueued"), "{s:?}");
+        assert!(message.contains(&format!("ClusterQueue '{ns}'")), "{message}");
+        assert!(message.contains(&format!("position {position}")), "{message}");
+    }
+    let s = e2e::wait_job(&jobs, "c", Duration::from_secs(900), "c to run on 2 of its 4 CS-2s", |s| {
+        s.phase == Some(Phase::Running) && s.allocated_cs2 == Some(2)
+    })
+    .await;
+    assert_eq!((s.phase, s.allocated_cs2), (Some(Phase::Running), Some(2)), "partial admission: {s:?}");
+    let mut done = Vec::new();
+    for name in ["a", "b", "c"] {
+        let s = e2e::wait_job(&jobs, name, Duration::from_secs(900), "the jobs to end", |_| false).await;
+        assert_eq!((s.phase, s.progress.step), (Some(Phase::Succeeded), Some(steps)), "{name}: {s:?}");
+        done.push(s);
+    }
+    eprintln!("three jobs through a quota of 2 in {:.0?}", started.elapsed());
+    let (loss, eval) = ok(want_2.await, "the undisturbed run on 2");
+    for s in &done[..2] {
+        assert_eq!((s.progress.loss, s.progress.eval_loss), (Some(loss), Some(eval)), "undisturbed, bit for bit");
+    }
+    let (loss_4, _) = ok(want_4.await, "the undisturbed run on 4");
+    let got = done[2].progress.loss.unwrap_or(f64::NAN);
+    eprintln!("c on 2 CS-2s: final loss {got} (on 4: {loss_4})");
+    assert!((got - loss_4).abs() <= 1e-6, "the 4-CS-2 curve within 1e-6: {got} vs {loss_4}");
+    // Every Workload is finished, so its quota is free.
+    let workloads: Api<Workload> = Api::namespaced(client.clone(), &ns);
+    for w in ok(workloads.list(&Default::default()).await, "the Workloads").items {
+        let finished = w.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == "Finished" && c.status == "True");
+        assert!(finished, "{} is not finished", w.name_any());
+    }
+    teardown(&client, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_workload_priority_preempts_a_job_which_resumes_and_ends_as_undisturbed() {
+    let (client, ns, jobs) = setup("kueue-preempt").await;
+    queues(&client, &ns, 2).await;
+    let class = format!("{ns}-high");
+    let wpc = serde_json::json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass", "metadata": {"name": class},
+        "value": 1000, "description": "e2e"
+    });
+    apply(&client, wpc).await;
+    let steps = 1_500;
+    let low = job("low", 2, steps);
+    let want = cluster::undisturbed_beside(&low, &[]);
+    ok(jobs.create(&PostParams::default(), &low).await, "create the low job");
+    e2e::wait_job(&jobs, "low", Duration::from_secs(300), "the low job to train", |s| {
+        s.phase == Some(Phase::Running) && s.progress.step.is_some_and(|n| n >= 100)
+    })
+    .await;
+    let mut high = job("high", 2, 200);
+    high.metadata.labels.get_or_insert_default().insert(PRIORITY_LABEL.into(), class.clone());
+    ok(jobs.create(&PostParams::default(), &high).await, "create the high job");
+    let asked = Instant::now();
+    let s = e2e::wait_job(&jobs, "low", Duration::from_secs(180), "Kueue to evict the low job", |s| {
+        admitted(s).is_some_and(|c| c.reason == "KueueEvicted") && s.allocated_cs2.is_none()
+    })
+    .await;
+    let at = s.progress.last_checkpoint.as_ref().map(|c| c.step);
+    eprintln!("low: evicted at checkpoint {at:?} of {steps}, {:.1?} after the high job came", asked.elapsed());
+    assert!(at.is_some_and(|n| n >= 100 && n < steps), "evicted mid-run with a checkpoint: {s:?}");
+    let h = e2e::wait_job(&jobs, "high", Duration::from_secs(600), "the high job to end", |_| false).await;
+    assert_eq!((h.phase, h.progress.step), (Some(Phase::Succeeded), Some(200)), "{h:?}");
+    let done = e2e::wait_job(&jobs, "low", Duration::from_secs(900), "the low job to end", |_| false).await;
+    assert_eq!((done.phase, done.progress.step), (Some(Phase::Succeeded), Some(steps)), "{done:?}");
+    let (loss, eval) = ok(want.await, "the undisturbed run");
+    eprintln!("low: final loss {:?} (undisturbed {loss}), held-out {:?} ({eval})", done.progress.loss, done.progress.eval_loss);
+    assert_eq!(done.progress.loss, Some(loss), "the undisturbed final loss, bit for bit");
+    assert_eq!(done.progress.eval_loss, Some(eval), "the undisturbed held-out loss, bit for bit");
+    teardown(&client, &ns).await;
+    delete(&client, "WorkloadPriorityClass", &class).await;
+}
