@@ -19,7 +19,7 @@ use e2e::cluster;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use kube::{Client, ResourceExt};
+use kube::Client;
 use operator::kueue::api::Workload;
 use operator::kueue::workload::{PRIORITY_LABEL, QUEUE_LABEL};
 
@@ -54,7 +54,10 @@ async fn apply(client: &Client, obj: serde_json::Value) {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
         None => Api::all_with(client.clone(), &ar),
     };
-    ok(api.patch(&name, &PatchParams::apply("e2e").force(), &Patch::Apply(&obj)).await, &format!("apply {kind} {name}"));
+    ok(
+        api.patch(&name, &PatchParams::apply("e2e").force(), &Patch::Apply(&obj)).await,
+        &format!("apply {kind} {name}"),
+    );
 }
 
 async fn delete(client: &Client, kind: &str, name: &str) {
@@ -65,26 +68,35 @@ async fn delete(client: &Client, kind: &str, name: &str) {
 /// A flavor, a ClusterQueue `ns` with `quota` CS-2s for namespace `ns` alone (preempting lower priorities
 /// within it), and the LocalQueue `team` in `ns`.
 async fn queues(client: &Client, ns: &str, quota: u32) {
-    apply(client, serde_json::json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": ns}, "spec": {}
-    }))
+    apply(
+        client,
+        serde_json::json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": ns}, "spec": {}
+        }),
+    )
     .await;
-    apply(client, serde_json::json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": ns},
-        "spec": {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-            "preemption": {"withinClusterQueue": "LowerPriority"},
-            "resourceGroups": [{
-                "coveredResources": ["weightstream.dev/cs2"],
-                "flavors": [{"name": ns, "resources": [{"name": "weightstream.dev/cs2", "nominalQuota": quota}]}]
-            }]
-        }
-    }))
+    apply(
+        client,
+        serde_json::json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": ns},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [{
+                    "coveredResources": ["weightstream.dev/cs2"],
+                    "flavors": [{"name": ns, "resources": [{"name": "weightstream.dev/cs2", "nominalQuota": quota}]}]
+                }]
+            }
+        }),
+    )
     .await;
-    apply(client, serde_json::json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-        "metadata": {"name": "team", "namespace": ns}, "spec": {"clusterQueue": ns}
-    }))
+    apply(
+        client,
+        serde_json::json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+            "metadata": {"name": "team", "namespace": ns}, "spec": {"clusterQueue": ns}
+        }),
+    )
     .await;
 }
 
@@ -169,12 +181,24 @@ async fn a_quota_of_2_runs_jobs_in_turn_and_admits_a_shrinkable_job_partially() 
     let got = done[2].progress.loss.unwrap_or(f64::NAN);
     eprintln!("c on 2 CS-2s: final loss {got} (on 4: {loss_4})");
     assert!((got - loss_4).abs() <= 1e-6, "the 4-CS-2 curve within 1e-6: {got} vs {loss_4}");
-    // Every Workload is finished, so its quota is free.
+    // Every Workload is finished (the pass after the job's end says so), so its quota is free; a deleted job's
+    // Workload goes with it (Kueue's finalizer let go).
     let workloads: Api<Workload> = Api::namespaced(client.clone(), &ns);
-    for w in ok(workloads.list(&Default::default()).await, "the Workloads").items {
-        let finished = w.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == "Finished" && c.status == "True");
-        assert!(finished, "{} is not finished", w.name_any());
-    }
+    let finished =
+        |w: &Workload| w.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == "Finished" && c.status == "True");
+    let all_finished = e2e::wait_for(Duration::from_secs(30), "every Workload to be finished", || async {
+        let list = workloads.list(&Default::default()).await.ok()?.items;
+        (list.len() == 3 && list.iter().all(finished)).then_some(())
+    })
+    .await;
+    ok(all_finished, "the Workloads finished");
+    ok(jobs.delete("c", &DeleteParams::default()).await, "delete c");
+    let gone = e2e::wait_for(Duration::from_secs(60), "c's Workload to go with c", || async {
+        let list = workloads.list(&Default::default()).await.ok()?.items;
+        (list.len() == 2).then_some(())
+    })
+    .await;
+    ok(gone, "the deleted job's Workload removed");
     teardown(&client, &ns).await;
 }
 
@@ -212,7 +236,10 @@ async fn a_higher_workload_priority_preempts_a_job_which_resumes_and_ends_as_und
     let done = e2e::wait_job(&jobs, "low", Duration::from_secs(900), "the low job to end", |_| false).await;
     assert_eq!((done.phase, done.progress.step), (Some(Phase::Succeeded), Some(steps)), "{done:?}");
     let (loss, eval) = ok(want.await, "the undisturbed run");
-    eprintln!("low: final loss {:?} (undisturbed {loss}), held-out {:?} ({eval})", done.progress.loss, done.progress.eval_loss);
+    eprintln!(
+        "low: final loss {:?} (undisturbed {loss}), held-out {:?} ({eval})",
+        done.progress.loss, done.progress.eval_loss
+    );
     assert_eq!(done.progress.loss, Some(loss), "the undisturbed final loss, bit for bit");
     assert_eq!(done.progress.eval_loss, Some(eval), "the undisturbed held-out loss, bit for bit");
     teardown(&client, &ns).await;
