@@ -7,8 +7,8 @@
 #
 #   KUBECONFIG=~/.cache/weightstream/kind/weightstream.kubeconfig bash e2e/kueue/up.sh
 #
-# Cached under $WS_CACHE_DIR (~/.cache/weightstream): the binary (built once, ~5 min on 2 cores) and the image.
-# Run again, it changes nothing that is in place. The configuration (see kueue-config.yaml beside this script):
+# The binary and the image come from e2e/kueue/build.sh (cached under $WS_CACHE_DIR, ~5 min on 2 cores once).
+# Run again, up.sh changes nothing that is in place. The configuration (see kueue-config.yaml beside this script):
 #   - TrainingJob is an external framework: Kueue leaves alone the pods of a job it admits as one Workload;
 #   - cpu, memory and ephemeral storage are not counted against quota: a ClusterQueue may cover
 #     weightstream.dev/cs2 alone;
@@ -22,48 +22,19 @@ KUEUE_VERSION="${WS_KUEUE_VERSION:-0.19.2}"
 CACHE="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}"
 CLUSTER="${WS_KIND_CLUSTER:-weightstream}"
 BIN="$CACHE/bin"
-KUEUE="$BIN/kueue-v$KUEUE_VERSION"
 IMAGE="weightstream/kueue:v$KUEUE_VERSION"
-TARBALL="$CACHE/images/kueue-v$KUEUE_VERSION.tar"
 log() { echo "[kueue/up.sh $(date -u +%H:%M:%S)] $*" >&2; }
 [[ -n "${KUBECONFIG:-}" && -s "$KUBECONFIG" ]] || { log "set KUBECONFIG to the cluster to install Kueue into"; exit 1; }
 KUBECTL="$(command -v kubectl || ls "$BIN"/kubectl-v* 2>/dev/null | tail -n1 || true)"
 [[ -x "$KUBECTL" ]] || { log "no kubectl: run bash e2e/kind/up.sh first (it builds one)"; exit 1; }
 kubectl() { "$KUBECTL" "$@"; }
-command -v go >/dev/null || { log "go is not installed: cannot build Kueue"; exit 1; }
-mkdir -p "$BIN" "$CACHE/images"
-export GOCACHE="${GOCACHE:-$(go env GOCACHE 2>/dev/null || true)}"
-[[ -n "$GOCACHE" && "$GOCACHE" != off ]] || export GOCACHE="$CACHE/go-build"
+# The binary and the image (cached; built once).
+TARBALL="$(bash "$HERE/build.sh")"
 export GOMODCACHE="${GOMODCACHE:-$(go env GOMODCACHE 2>/dev/null || true)}"
 [[ -n "$GOMODCACHE" ]] || export GOMODCACHE="$CACHE/go-mod"
-
-# The binary, once (one builder at a time).
-exec 9>"$CACHE/kueue.lock"
-flock 9
-if [[ ! -x "$KUEUE" ]]; then
-  log "building Kueue v$KUEUE_VERSION from sigs.k8s.io/kueue (a few minutes cold)"
-  tmp="$(mktemp -d)"
-  GOBIN="$tmp" CGO_ENABLED=0 nice -n 10 go install -trimpath \
-    -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=v$KUEUE_VERSION" \
-    "sigs.k8s.io/kueue/cmd/kueue@v$KUEUE_VERSION" >&2
-  mv "$tmp/kueue" "$KUEUE"
-  rm -rf "$tmp"
-fi
 # The module's own manifests (config/), from the module cache the build filled.
 SRC="$(cd /tmp && go mod download -json "sigs.k8s.io/kueue@v$KUEUE_VERSION" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')"
 [[ -d "$SRC/config/default" ]] || { log "no config/default in the module at '$SRC'"; exit 1; }
-
-# The image: the static binary as /manager, user 65532, nothing else.
-if [[ ! -s "$TARBALL" || "$TARBALL" -ot "$KUEUE" ]]; then
-  # shellcheck source=images/archive.sh
-  source "$ROOT/images/archive.sh"
-  rootfs="$(mktemp -d)"
-  write_etc "$rootfs" 65532
-  install -m 0755 "$KUEUE" "$rootfs/manager"
-  write_archive "$TARBALL" "$IMAGE" "65532:65532" '["/manager"]' '[]' "$rootfs" >&2
-  rm -rf "$rootfs"
-fi
-flock -u 9
 
 # Into the kind cluster's nodes (a node that has the image already imports nothing new).
 # The suite's Docker daemon (e2e/kind/docker.sh) when it runs and no other is named.
