@@ -135,12 +135,23 @@ fn namespaced_grants() -> BTreeSet<(String, String, String)> {
         ("events.k8s.io", "events", &["create", "patch"]),
         ("networking.k8s.io", "networkpolicies", &["list", "create", "patch", "delete"]),
         ("", "events", &["list"]),
+        // A job under Kueue: its Workload, PodsReady/Finished and an evicted reservation given back, where it waits.
+        ("kueue.x-k8s.io", "workloads", &["get", "list", "watch", "create", "patch", "delete"]),
+        ("kueue.x-k8s.io", "workloads/status", &["patch"]),
+        ("kueue.x-k8s.io", "localqueues", &["get"]),
+        ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", &["get"]),
     ])
 }
 
-/// The reads of cluster-scoped objects, which no Role can grant: the pool and the PriorityClasses.
+/// The reads of cluster-scoped objects, which no Role can grant: the pool, the PriorityClasses, and Kueue's
+/// flavors and WorkloadPriorityClasses.
 fn cluster_reads() -> BTreeSet<(String, String, String)> {
-    expect_grants(&[("", "nodes", &["list"]), ("scheduling.k8s.io", "priorityclasses", &["list"])])
+    expect_grants(&[
+        ("", "nodes", &["list"]),
+        ("scheduling.k8s.io", "priorityclasses", &["list"]),
+        ("kueue.x-k8s.io", "resourceflavors", &["get"]),
+        ("kueue.x-k8s.io", "workloadpriorityclasses", &["get"]),
+    ])
 }
 
 #[test]
