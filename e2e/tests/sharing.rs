@@ -4,6 +4,9 @@
 //! done, and ends with exactly its steps and its undisturbed losses, bit for bit. (Who is preempted and when is
 //! tested against an API server alone in `shared_cluster.rs`, and as a pure function in the operator.)
 //!
+//! Once the preempted job runs again, `helm upgrade` changes the operator's configuration mid-run: new operator
+//! pods take over, and the job still ends as undisturbed.
+//!
 //! For this file the chart offers 1 CS-2 per node, so one job of the pool's size (1 on the local node, 2 on
 //! kind) fills it; the suite's values are put back at the end, also when the test fails.
 
@@ -54,6 +57,14 @@ async fn pool_of_ones(client: &Client) -> u32 {
     })
     .await;
     ok(pool, "the device plugin at 1 CS-2 per node")
+}
+
+/// The operator's running pods, by name.
+async fn operator_pods(client: &Client) -> Vec<String> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), cluster::SYSTEM_NAMESPACE);
+    let selector = ListParams::default().labels("app.kubernetes.io/component=operator");
+    let listed = ok(pods.list(&selector).await, "the operator's pods").items;
+    listed.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).map(|p| p.name_any()).collect()
 }
 
 /// `fc-mnist-sparse` on `cs2` CS-2s for `steps` steps, a checkpoint every 100, its claims deleted with it.
@@ -120,6 +131,25 @@ async fn a_higher_class_preempts_a_running_job_which_resumes_and_ends_as_undistu
 
     let h = e2e::wait_job(&jobs, "high", Duration::from_secs(600), "the high job to end", |_| false).await;
     assert_eq!((h.phase, h.progress.step), (Some(Phase::Succeeded), Some(200)), "{h:?}");
+    // A `helm upgrade` while the resumed job runs: new operator pods (another configuration) take over mid-run.
+    let resumed = e2e::wait_job(&jobs, "low", Duration::from_secs(300), "the low job to run again", |s| {
+        s.phase == Some(Phase::Running) && s.progress.step.is_some_and(|n| n > at.unwrap_or(0))
+    })
+    .await;
+    let before = operator_pods(&client).await;
+    let upgraded = [&VALUES[..], &["operator.pollSeconds=2", "operator.podAnnotations.e2e/upgraded=yes"]].concat();
+    let started = Instant::now();
+    ok(cluster::install_chart_with(&kc, &upgraded), "helm upgrade mid-run");
+    let after = operator_pods(&client).await;
+    let s = ok(jobs.get("low").await, "the low job").status.unwrap_or_default();
+    eprintln!(
+        "helm upgrade mid-run: {:.0?}, operator pods {before:?} -> {after:?}, low at step {:?} -> {:?} ({:?})",
+        started.elapsed(),
+        resumed.progress.step,
+        s.progress.step,
+        s.phase
+    );
+    assert!(after.iter().all(|p| !before.contains(p)), "new operator pods: {before:?} -> {after:?}");
     let done = e2e::wait_job(&jobs, "low", Duration::from_secs(900), "the low job to end", |_| false).await;
     assert_eq!((done.phase, done.progress.step), (Some(Phase::Succeeded), Some(steps)), "{done:?}");
     let (loss, eval) = ok(want.await, "the undisturbed run");
