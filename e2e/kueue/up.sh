@@ -2,8 +2,8 @@
 # Installs Kueue into the cluster at $KUBECONFIG and waits until it answers: its CRDs, its controller (webhooks,
 # visibility API) and a configuration for weightstream. Nothing is pulled (no registry here): Kueue is built from
 # its Go module, pinned, and its image is written like weightstream's own and imported into the nodes of the
-# suite's kind cluster ($WS_KIND_CLUSTER, default weightstream). Another cluster must have the image
-# weightstream/kueue:v$KUEUE_VERSION in its nodes already (the tarball's path is printed).
+# suite's kind cluster ($WS_KIND_CLUSTER, default weightstream) or into the suite's local node (e2e/cluster).
+# Another cluster must have the image weightstream/kueue:v$KUEUE_VERSION in its nodes already.
 #
 #   KUBECONFIG=~/.cache/weightstream/kind/weightstream.kubeconfig bash e2e/kueue/up.sh
 #
@@ -41,14 +41,22 @@ SRC="$(cd /tmp && go mod download -json "sigs.k8s.io/kueue@v$KUEUE_VERSION" | se
 if [[ -z "${DOCKER_HOST:-}" && -S "$CACHE/docker/docker.sock" ]]; then
   export DOCKER_HOST="unix://$CACHE/docker/docker.sock"
 fi
-nodes="$(docker ps --filter "label=io.x-k8s.kind.cluster=$CLUSTER" -q 2>/dev/null || true)"
+nodes=""
+if kubectl get node "$CLUSTER-control-plane" >/dev/null 2>&1; then
+  nodes="$(docker ps --filter "label=io.x-k8s.kind.cluster=$CLUSTER" -q 2>/dev/null || true)"
+fi
 if [[ -n "$nodes" ]]; then
   for id in $nodes; do
     docker exec -i "$id" ctr -n k8s.io images import --no-unpack - <"$TARBALL" >/dev/null
   done
   log "image $IMAGE imported into the nodes of kind cluster $CLUSTER"
+elif host_ctr="$(sed -n 's/^ctr=//p' "$CACHE/cluster/binaries" 2>/dev/null)" && [[ -x "$host_ctr" ]] \
+  && [[ -S "$CACHE/cluster/containerd/containerd.sock" ]] && kubectl get node ws-node >/dev/null 2>&1; then
+  # The suite's local node (e2e/cluster): its own containerd.
+  "$host_ctr" --address "$CACHE/cluster/containerd/containerd.sock" -n k8s.io images import "$TARBALL" >/dev/null
+  log "image $IMAGE imported into the local node's containerd"
 else
-  log "no kind cluster $CLUSTER here: the nodes must already have $IMAGE (from $TARBALL)"
+  log "neither the kind cluster $CLUSTER nor the local node is here: the nodes must already have $IMAGE (from $TARBALL)"
 fi
 
 # The manifests: Kueue's config/default with our image, configuration and a read grant on TrainingJobs.
