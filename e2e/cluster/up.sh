@@ -263,6 +263,23 @@ YAML
   done
 fi
 
+# The aggregation layer's front proxy (extension API servers such as Kueue's visibility API trust the API server
+# by this client certificate, signed by a CA of its own).
+if [[ ! -f "$PKI/front-proxy-client.crt" ]]; then
+  (
+    cd "$PKI"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout front-proxy-ca.key -out front-proxy-ca.crt -days 3650 \
+      -subj "/CN=weightstream-front-proxy-ca" -addext "basicConstraints=critical,CA:TRUE" \
+      -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -keyout front-proxy-client.key -out front-proxy-client.csr \
+      -subj "/CN=front-proxy-client" 2>/dev/null
+    printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' \
+      >front-proxy-client.ext
+    openssl x509 -req -in front-proxy-client.csr -CA front-proxy-ca.crt -CAkey front-proxy-ca.key -CAcreateserial \
+      -out front-proxy-client.crt -days 3650 -extfile front-proxy-client.ext 2>/dev/null
+  )
+fi
+
 # --- etcd ---
 start etcd "${B[etcd]}" --name ws-cluster --data-dir "$RUN/etcd" \
   --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
@@ -281,7 +298,12 @@ start kube-apiserver "${B[kube-apiserver]}" \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
   --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=true --profiling=false \
-  --kubelet-preferred-address-types InternalIP
+  --kubelet-preferred-address-types InternalIP \
+  --requestheader-client-ca-file "$PKI/front-proxy-ca.crt" --requestheader-allowed-names front-proxy-client \
+  --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+  --requestheader-extra-headers-prefix X-Remote-Extra- \
+  --proxy-client-cert-file "$PKI/front-proxy-client.crt" --proxy-client-key-file "$PKI/front-proxy-client.key" \
+  --enable-aggregator-routing=true
 wait_until 90 "kube-apiserver /readyz" kube-apiserver api_ready
 
 # --- cluster objects the node needs: CoreDNS's read access, the default StorageClass and its volumes ---

@@ -97,6 +97,26 @@ pub fn undisturbed_beside(job: &TrainingJob, args: &[&str]) -> tokio::task::Join
     tokio::task::spawn_blocking(move || undisturbed(&job, &args).unwrap_or_else(|e| panic!("the undisturbed run: {e}")))
 }
 
+/// Waits for job `name` to end and asserts that it succeeded with exactly `steps` steps and the final and
+/// held-out losses of its undisturbed run `want` ([`undisturbed_beside`]), bit for bit; returns its status.
+pub async fn ends_undisturbed(
+    jobs: &kube::Api<TrainingJob>,
+    name: &str,
+    steps: u64,
+    want: tokio::task::JoinHandle<(f64, f64)>,
+) -> crds::TrainingJobStatus {
+    let done = crate::wait_job(jobs, name, Duration::from_secs(900), "the job to end", |_| false).await;
+    assert_eq!((done.phase, done.progress.step), (Some(crds::Phase::Succeeded), Some(steps)), "{name}: {done:?}");
+    let (loss, eval) = want.await.unwrap_or_else(|e| panic!("the undisturbed run of {name}: {e}"));
+    eprintln!(
+        "{name}: final loss {:?} (undisturbed {loss}), held-out {:?} ({eval})",
+        done.progress.loss, done.progress.eval_loss
+    );
+    assert_eq!(done.progress.loss, Some(loss), "{name}: the undisturbed final loss, bit for bit");
+    assert_eq!(done.progress.eval_loss, Some(eval), "{name}: the undisturbed held-out loss, bit for bit");
+    done
+}
+
 /// Runs `cmd`, returning its stdout; a failure carries the end of its output.
 pub fn run(cmd: &mut Command) -> Result<String, ClusterError> {
     let what = format!("{cmd:?}");

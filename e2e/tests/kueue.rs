@@ -117,7 +117,7 @@ fn admitted(s: &TrainingJobStatus) -> Option<&k8s_openapi::apimachinery::pkg::ap
 }
 
 async fn setup(prefix: &str) -> (Client, String, Api<TrainingJob>) {
-    let kc = ok(cluster::kubeconfig(), "no cluster");
+    let kc = ok(cluster::with_chart(), "the cluster with the chart");
     kueue_up(&kc).await;
     let client = ok(e2e::client_for(&kc).await, "a client");
     let ns = ok(e2e::namespace(&client, prefix).await, "a namespace");
@@ -233,15 +233,7 @@ async fn a_higher_workload_priority_preempts_a_job_which_resumes_and_ends_as_und
     assert!(at.is_some_and(|n| n >= 100 && n < steps), "evicted mid-run with a checkpoint: {s:?}");
     let h = e2e::wait_job(&jobs, "high", Duration::from_secs(600), "the high job to end", |_| false).await;
     assert_eq!((h.phase, h.progress.step), (Some(Phase::Succeeded), Some(200)), "{h:?}");
-    let done = e2e::wait_job(&jobs, "low", Duration::from_secs(900), "the low job to end", |_| false).await;
-    assert_eq!((done.phase, done.progress.step), (Some(Phase::Succeeded), Some(steps)), "{done:?}");
-    let (loss, eval) = ok(want.await, "the undisturbed run");
-    eprintln!(
-        "low: final loss {:?} (undisturbed {loss}), held-out {:?} ({eval})",
-        done.progress.loss, done.progress.eval_loss
-    );
-    assert_eq!(done.progress.loss, Some(loss), "the undisturbed final loss, bit for bit");
-    assert_eq!(done.progress.eval_loss, Some(eval), "the undisturbed held-out loss, bit for bit");
+    cluster::ends_undisturbed(&jobs, "low", steps, want).await;
     teardown(&client, &ns).await;
     delete(&client, "WorkloadPriorityClass", &class).await;
 }

@@ -150,15 +150,7 @@ async fn a_higher_class_preempts_a_running_job_which_resumes_and_ends_as_undistu
         s.phase
     );
     assert!(after.iter().all(|p| !before.contains(p)), "new operator pods: {before:?} -> {after:?}");
-    let done = e2e::wait_job(&jobs, "low", Duration::from_secs(900), "the low job to end", |_| false).await;
-    assert_eq!((done.phase, done.progress.step), (Some(Phase::Succeeded), Some(steps)), "{done:?}");
-    let (loss, eval) = ok(want.await, "the undisturbed run");
-    eprintln!(
-        "low: final loss {:?} (undisturbed {loss}), held-out {:?} ({eval})",
-        done.progress.loss, done.progress.eval_loss
-    );
-    assert_eq!(done.progress.loss, Some(loss), "the undisturbed final loss, bit for bit");
-    assert_eq!(done.progress.eval_loss, Some(eval), "the undisturbed held-out loss, bit for bit");
+    cluster::ends_undisturbed(&jobs, "low", steps, want).await;
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
     let _ = Api::<Namespace>::all(client).delete(&ns, &DeleteParams::default()).await;
 }
