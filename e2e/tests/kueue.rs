@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crds::{Phase, TrainingJob, TrainingJobStatus};
 use e2e::cluster;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::Client;
+use kube::{Client, ResourceExt};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use operator::kueue::api::Workload;
@@ -161,6 +161,33 @@ async fn a_quota_of_2_runs_jobs_in_turn_and_admits_a_shrinkable_job_partially() 
         assert!(message.contains(&format!("ClusterQueue '{ns}'")), "{message}");
         assert!(message.contains(&format!("position {position}")), "{message}");
     }
+    // A job labelled for a LocalQueue that does not exist waits saying so; an unlabelled one is the operator's.
+    let mut lost = job("lost", 1, steps);
+    lost.metadata.labels = Some([(QUEUE_LABEL.to_string(), "nowhere".to_string())].into());
+    let mut plain = job("plain", 1, steps);
+    plain.metadata.labels = None;
+    for j in [&lost, &plain] {
+        ok(jobs.create(&PostParams::default(), j).await, "create a job");
+    }
+    let s = e2e::wait_job(&jobs, "lost", Duration::from_secs(60), "the lost job to say why it waits", |s| {
+        admitted(s).is_some_and(|c| c.message.contains("does not exist"))
+    })
+    .await;
+    let said = admitted(&s).map(|c| (c.reason.clone(), c.message.clone())).unwrap_or_default();
+    eprintln!("lost waits: {} {}", said.0, said.1);
+    assert_eq!((s.phase, said.0.as_str()), (Some(Phase::Queued), "KueueQueued"), "{s:?}");
+    let s = e2e::wait_job(&jobs, "plain", Duration::from_secs(60), "the plain job's own admission", |s| {
+        admitted(s).is_some()
+    })
+    .await;
+    assert_ne!(admitted(&s).map(|c| c.reason.as_str()), Some("KueueQueued"), "{s:?}");
+    let workloads: Api<Workload> = Api::namespaced(client.clone(), &ns);
+    let names: Vec<String> =
+        ok(workloads.list(&Default::default()).await, "Workloads").items.iter().map(|w| w.name_any()).collect();
+    assert!(names.iter().all(|n| !n.starts_with("trainingjob-plain-")), "no Workload for the plain job: {names:?}");
+    for name in ["lost", "plain"] {
+        ok(jobs.delete(name, &DeleteParams::default()).await, "delete a job");
+    }
     let s = e2e::wait_job(&jobs, "c", Duration::from_secs(900), "c to run on 2 of its 4 CS-2s", |s| {
         s.phase == Some(Phase::Running) && s.allocated_cs2 == Some(2)
     })
@@ -183,7 +210,6 @@ async fn a_quota_of_2_runs_jobs_in_turn_and_admits_a_shrinkable_job_partially() 
     assert!((got - loss_4).abs() <= 1e-6, "the 4-CS-2 curve within 1e-6: {got} vs {loss_4}");
     // Every Workload is finished (the pass after the job's end says so), so its quota is free; a deleted job's
     // Workload goes with it (Kueue's finalizer let go).
-    let workloads: Api<Workload> = Api::namespaced(client.clone(), &ns);
     let finished =
         |w: &Workload| w.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == "Finished" && c.status == "True");
     let all_finished = e2e::wait_for(Duration::from_secs(30), "every Workload to be finished", || async {

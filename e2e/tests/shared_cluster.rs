@@ -213,6 +213,28 @@ async fn a_job_waits_for_its_priority_class_and_its_pods_carry_it() {
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
 }
 
+/// A job labelled for a Kueue queue on a cluster without Kueue waits and says why, holding nothing; an unlabelled
+/// job beside it is admitted by the operator's own queue as always.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_kueue_a_job_labelled_for_it_waits_saying_so() {
+    let (client, ns) = setup("nokueue").await;
+    let op = RunningOperator::start(&client, &ns, 4);
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let mut labelled = job("queued", 2);
+    labelled.metadata.labels = Some([(operator::kueue::workload::QUEUE_LABEL.to_string(), "team".to_string())].into());
+    ok(jobs.create(&PostParams::default(), &labelled).await, "create the labelled job");
+    ok(jobs.create(&PostParams::default(), &job("plain", 2)).await, "create a plain job");
+    let queued = wait_phase(&jobs, "queued", Phase::Queued).await;
+    let status = queued.status.unwrap_or_default();
+    let admitted = status.conditions.iter().find(|c| c.type_ == "Admitted").cloned().expect("an Admitted condition");
+    assert_eq!(admitted.reason, "KueueQueued");
+    assert!(admitted.message.contains("does not serve Kueue's Workloads"), "{}", admitted.message);
+    assert_eq!(status.allocated_cs2, None);
+    // The plain job is the operator's: it is admitted although the labelled one came first.
+    wait_phase(&jobs, "plain", Phase::Starting).await;
+    op.stop().await;
+}
+
 /// MemoryX's pod is created by the StatefulSet controller, so when the API server refuses it the refusal is
 /// only on the StatefulSet, as a `FailedCreate` Warning Event. The test plays that controller (there is none
 /// on this API server) and the job's `Ready` says `PodsForbidden` with the server's words within a pass, with a

@@ -65,11 +65,12 @@ pub async fn read(client: &Client, job: &TrainingJob, local_queue: &str, install
     let found = workloads.get_opt(&workload::name(&job.name_any(), &uid)).await?;
     let seen = seen::seen(found.as_ref());
     if matches!(seen, Seen::Pending { .. } | Seen::Missing) {
-        queueing.cluster_queue = Api::<LocalQueue>::namespaced(client.clone(), &ns)
-            .get_opt(local_queue)
-            .await
-            .unwrap_or_default()
-            .map(|q| q.spec.cluster_queue);
+        match Api::<LocalQueue>::namespaced(client.clone(), &ns).get_opt(local_queue).await {
+            Ok(Some(q)) => queueing.cluster_queue = Some(q.spec.cluster_queue),
+            Ok(None) => queueing.missing = true,
+            // Not allowed to read it (an older chart's grants): say what is known.
+            Err(e) => tracing::debug!(error = %e, "cannot read the LocalQueue"),
+        }
         if let Some(w) = &found {
             queueing.position = position(client, &ns, local_queue, &w.name_any()).await;
         }
@@ -232,8 +233,9 @@ pub async fn forget(client: &Client, ns: &str, uid: &str) -> Result<(), Error> {
     let api: Api<Workload> = Api::namespaced(client.clone(), ns);
     let listed = match api.list(&ListParams::default().labels(&format!("{JOB_UID_LABEL}={uid}"))).await {
         Ok(l) => l.items,
-        // Kueue is not installed: nothing to let go of.
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        // Kueue is not installed (404), or the chart grants no Workloads (403, an older chart): nothing the
+        // operator made to let go of, and the job's deletion must not wait on it.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => return Ok(()),
         Err(e) => return Err(e.into()),
     };
     for w in listed {

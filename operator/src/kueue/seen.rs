@@ -84,6 +84,8 @@ pub struct Queueing {
     pub cluster_queue: Option<String>,
     /// 1 for the next one its ClusterQueue admits, when the visibility API answered.
     pub position: Option<u32>,
+    /// Whether the LocalQueue is known not to exist (the job's label names no queue of its namespace).
+    pub missing: bool,
 }
 
 /// Admission's verdict for a Kueue job that holds no CS-2s.
@@ -106,6 +108,12 @@ pub fn verdict(job: &TrainingJob, seen: &Seen, q: &Queueing) -> Verdict {
                 )),
             }
         }
+        Seen::Missing | Seen::Pending { .. } if q.missing => wait(format!(
+            "its label {} names LocalQueue '{}', which does not exist in its namespace: create it (for a \
+             ClusterQueue) or fix the label",
+            super::workload::QUEUE_LABEL,
+            q.local_queue
+        )),
         Seen::Missing => wait(format!("creating its Kueue Workload in {queues}")),
         Seen::Pending { message } => {
             let why = message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
@@ -240,13 +248,18 @@ mod tests {
     }
 
     fn queueing() -> Queueing {
-        Queueing { local_queue: "team".into(), cluster_queue: Some("cq".into()), position: Some(2) }
+        Queueing { local_queue: "team".into(), cluster_queue: Some("cq".into()), position: Some(2), missing: false }
     }
 
     /// Waiting says Kueue's reason, the queues and the position; admitted runs on what Kueue gave (partial
     /// admission to a divisor of spec.cs2 no smaller than spec.minCs2).
     #[test]
     fn the_verdict_follows_the_workload() {
+        let nowhere = Queueing { local_queue: "nowhere".into(), missing: true, ..Default::default() };
+        match verdict(&job(4, None), &Seen::Pending { message: None }, &nowhere) {
+            Verdict::Wait { message, .. } => assert!(message.contains("'nowhere', which does not exist"), "{message}"),
+            v => panic!("{v:?}"),
+        }
         let pending = wl(vec![cond("QuotaReserved", false, "Pending", "insufficient unused quota for cs2")], None);
         match verdict(&job(4, None), &seen(Some(&pending)), &queueing()) {
             Verdict::Wait { reason, message } => {
