@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use crds::{Phase, TrainingJob, TrainingJobStatus};
 use e2e::cluster;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::{Client, ResourceExt};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, ResourceExt};
 use operator::kueue::api::Workload;
 use operator::kueue::workload::{PRIORITY_LABEL, QUEUE_LABEL};
 
