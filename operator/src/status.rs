@@ -610,7 +610,7 @@ fn checkpoint_then_move(
         d.cond_with(ConditionType::Ready, false, Reason::Suspended, "suspended");
         return (Children::Release, false);
     }
-    if (lost || evicted.is_some()) && target == 0 {
+    if lost && target == 0 {
         return requeue(d, spec, obs, holds, &at);
     }
     d.s.allocated_cs2 = Some(target);
