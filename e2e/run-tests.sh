@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The workspace's tests (`cargo test --release --workspace`) in streams that run side by side:
 # - host: the e2e files that drive the local node's own processes (chaos restarts its kubelet and API server;
-#   scale fakes 48 hosts with its kwok), and python, on the cluster of e2e/cluster/up.sh;
+#   scale fakes 48 hosts with its kwok), then python, sharing (preemption, helm upgrade) and kueue, on the
+#   cluster of e2e/cluster/up.sh;
 # - kind: the e2e files that need several nodes (nodes: placement, a node lost, a drain; cluster: NetworkPolicy
-#   across nodes), the CLI's (chart, cli) and sharing (preemption), on the kind cluster whose kubeconfig
-#   WS_KIND_KUBECONFIG names (e2e/kind/up.sh); without one they join the host stream, but nodes, which cannot
-#   run on one node;
+#   across nodes) and the CLI's (chart, cli), on the kind cluster whose kubeconfig WS_KIND_KUBECONFIG names
+#   (e2e/kind/up.sh); without one they join the host stream, but nodes, which cannot run on one node. The two
+#   cluster streams take about as long (~45 min each in CI, kind starting a few minutes later);
 # - rest: everything else, which computes (training, kernels, the roles as local processes) or runs against API
 #   servers of its own (e2e/apiserver), then the doctests.
 # The cluster streams spend most of their time waiting on their cluster (probes, restarts, pods starting), one
@@ -41,9 +42,15 @@ lists() {
   jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test)
     | "\(.manifest_path | rtrimstr("/Cargo.toml"))\t\(.executable)"' "$all" | sort >"$dir/tests"
   [[ -s "$dir/tests" ]] || { echo "run-tests.sh: the build listed no test executable" >&2; return 1; }
-  kind=$'/e2e\t.*/deps/(chart|cli|cluster|kueue|nodes|sharing)-[0-9a-f]+$'
-  host=$'/e2e\t.*/deps/(chaos|scale|python)-[0-9a-f]+$'
-  grep -E "$host" "$dir/tests" >"$dir/host.list"
+  kind=$'/e2e\t.*/deps/(chart|cli|cluster|nodes)-[0-9a-f]+$'
+  host=$'/e2e\t.*/deps/(chaos|python|scale|sharing|kueue)-[0-9a-f]+$'
+  # The host stream in this order: Kueue last, so that its controller is not running beside the others' and
+  # its build (.ci/run starts it in the background) has the whole stream's time.
+  local f
+  : >"$dir/host.list"
+  for f in chaos python scale sharing kueue; do
+    grep -E $'/e2e\t.*/deps/'"$f"'-[0-9a-f]+$' "$dir/tests" >>"$dir/host.list" || true
+  done
   grep -E "$kind" "$dir/tests" >"$dir/kind.list"
   grep -vE "$host|$kind" "$dir/tests" >"$dir/rest.list"
 }

@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod admission;
+pub mod applied;
 pub mod children;
 pub mod config;
 pub mod coordinator;

@@ -34,6 +34,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::admission::{self, PriorityClasses, Verdict};
+use crate::applied::{self, Applications};
 use crate::children::checkpoints;
 use crate::children::desired::{self, Desired};
 use crate::children::pods::SPEC_HASH_ANNOTATION;
@@ -69,6 +70,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Whether the cluster serves Kueue's Workloads (asked at start): jobs labelled for Kueue wait for it.
     pub kueue: bool,
+    /// What each job's children were last applied as: an unchanged job's are not applied on every poll.
+    pub applied: Applications,
 }
 
 /// A watched job: decoded, or the metadata and the error of one that does not decode.
@@ -115,6 +118,7 @@ pub async fn run(
         recorder,
         failures: Default::default(),
         kueue,
+        applied: Applications::default(),
     });
     let children = watcher::Config::default().labels(JOB_LABEL);
     let mut controller = Controller::new(jobs, watcher::Config::default());
@@ -865,22 +869,14 @@ async fn assemble(
     lost_nodes: &BTreeSet<String>,
 ) -> Result<(), Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
-    let client = &ctx.client;
-    ensure_identity(client, job, &ns).await?;
-    apply_one(&Api::<ConfigMap>::namespaced(client.clone(), &ns), &desired.config).await?;
-    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
-    for s in &desired.services {
-        apply_one(&services, s).await?;
+    let uid = job.uid().unwrap_or_default();
+    let fingerprint = applied::fingerprint(desired)?;
+    let now = Instant::now();
+    if !ctx.applied.current(&uid, &fingerprint, now) {
+        apply_all_but_pods(ctx, job, &ns, desired).await?;
+        ctx.applied.record(&uid, fingerprint, now);
     }
-    // The policy before any pod: a job's pods never run unprotected.
-    apply_one(&Api::<NetworkPolicy>::namespaced(client.clone(), &ns), &desired.network_policy).await?;
-    let sets = Api::<StatefulSet>::namespaced(client.clone(), &ns);
-    let mut memoryx = desired.memoryx.clone();
-    if let Some(existing) = sets.get_opt(&names::memoryx(&job.name_any())).await? {
-        checkpoints::keep_existing_claims(&mut memoryx, &existing)?;
-    }
-    apply_one(&sets, &memoryx).await?;
-    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let owned;
     let census = match census_at_n {
         Some(c) => c,
@@ -897,6 +893,26 @@ async fn assemble(
         apply_one(&pods_api, pod).await?;
     }
     Ok(())
+}
+
+/// Applies the job's identity (created once), ConfigMap, Services, NetworkPolicy and MemoryX's StatefulSet:
+/// everything but the pods, which [`assemble`] counts against what exists on every pass.
+async fn apply_all_but_pods(ctx: &Context, job: &TrainingJob, ns: &str, desired: &Desired) -> Result<(), Error> {
+    let client = &ctx.client;
+    ensure_identity(client, job, ns).await?;
+    apply_one(&Api::<ConfigMap>::namespaced(client.clone(), ns), &desired.config).await?;
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    for s in &desired.services {
+        apply_one(&services, s).await?;
+    }
+    // The policy before any pod: a job's pods never run unprotected.
+    apply_one(&Api::<NetworkPolicy>::namespaced(client.clone(), ns), &desired.network_policy).await?;
+    let sets = Api::<StatefulSet>::namespaced(client.clone(), ns);
+    let mut memoryx = desired.memoryx.clone();
+    if let Some(existing) = sets.get_opt(&names::memoryx(&job.name_any())).await? {
+        checkpoints::keep_existing_claims(&mut memoryx, &existing)?;
+    }
+    apply_one(&sets, &memoryx).await
 }
 
 /// Removes the job's pods on lost nodes at once (no grace period: their kubelet cannot run one), so their
@@ -950,6 +966,8 @@ async fn ensure_identity(client: &Client, job: &TrainingJob, ns: &str) -> Result
 /// its checkpoints (`wsctl checkpoint pull`) on no CS-2 until the job is deleted.
 async fn release(ctx: &Context, job: &TrainingJob, phase: Option<Phase>, existing: &[Pod]) -> Result<(), Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    // MemoryX scales to zero below: the next assembly applies every child again.
+    ctx.applied.forget(&job.uid().unwrap_or_default());
     let sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
     let memoryx = names::memoryx(&job.name_any());
     if let Some(sts) = sets.get_opt(&memoryx).await?
@@ -1001,6 +1019,7 @@ async fn cleanup(job: &ObjectMeta, retain: RetainPolicy, ctx: Arc<Context>) -> R
     delete_labelled(&Api::<NetworkPolicy>::namespaced(c.clone(), &ns), &selector).await?;
     if let Some(uid) = job.uid.as_deref() {
         kueue::cluster::forget(c, &ns, uid).await?;
+        ctx.applied.forget(uid);
     }
     tracing::info!(job = %name, namespace = %ns, "job deleted; children removed");
     Ok(Action::await_change())
