@@ -38,7 +38,7 @@ def log(msg):
 
 def job(sparsity, steps):
     s = SHAPE
-    text = f"""apiVersion: weightstream.dev/v1alpha1
+    text = f"""apiVersion: weightstream.dev/v1beta1
 kind: TrainingJob
 metadata: {{name: bench-llama-s{int(100 * sparsity)}}}
 spec:

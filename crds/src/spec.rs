@@ -11,8 +11,8 @@ use crate::status::TrainingJobStatus;
 
 /// The API group, for code that builds references to jobs by hand.
 pub const GROUP: &str = "weightstream.dev";
-/// The API version of the types in this crate.
-pub const VERSION: &str = "v1alpha1";
+/// The API version of the types in this crate (`version::ApiVersion::STORED`; older ones are listed there).
+pub const VERSION: &str = "v1beta1";
 
 /// A training job for the appliance: a model, its data, how to train it, and how many CS-2 systems to use.
 ///
@@ -21,7 +21,7 @@ pub const VERSION: &str = "v1alpha1";
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "weightstream.dev",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "TrainingJob",
     plural = "trainingjobs",
     shortname = "tj",

@@ -3,6 +3,7 @@
 
 use crate::error::ApiError;
 use crate::spec::{DataKind, ModelKind, TrainingJob, TrainingJobSpec};
+use crate::version::ApiVersion;
 
 /// Whether a path given inside a volume would leave it: absolute, or with a `..` component.
 pub fn escapes(path: &str) -> bool {
@@ -49,13 +50,15 @@ pub fn parse_training_job_with(text: &str, pretrained: &PretrainedResolver<'_>) 
         }
     };
     let types: Types = serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text)).map_err(syntax)?;
-    let want = format!("{}/{}", crate::spec::GROUP, crate::spec::VERSION);
-    if types.api_version != want || types.kind != "TrainingJob" {
+    // Every served version has the same fields: a v1alpha1 manifest reads as the current types.
+    if ApiVersion::from_api_version(&types.api_version).is_none() || types.kind != "TrainingJob" {
         return Err(invalid(
             "apiVersion/kind",
             format!(
-                "expected apiVersion {want} and kind TrainingJob, found '{}' and '{}'",
-                types.api_version, types.kind
+                "expected apiVersion {} and kind TrainingJob, found '{}' and '{}'",
+                ApiVersion::STORED.api_version(),
+                types.api_version,
+                types.kind
             ),
         ));
     }
@@ -633,6 +636,13 @@ mod tests {
     }
 
     #[test]
+    fn a_v1alpha1_manifest_reads_as_the_same_job() {
+        let old = GOOD.replace("weightstream.dev/v1beta1", "weightstream.dev/v1alpha1");
+        assert_ne!(old, GOOD);
+        assert_eq!(parse_training_job(&old).expect("v1alpha1 is still read"), parse_training_job(GOOD).unwrap());
+    }
+
+    #[test]
     fn bad_manifests_name_the_field() {
         assert!(err("spec: [").contains("invalid TrainingJob manifest"));
         assert!(err(&GOOD.replace("kind: mlp", "kind: cnn")).contains("spec.model.kind"));
@@ -644,7 +654,8 @@ mod tests {
         assert!(err(&GOOD.replace("learningRate: 0.002", "learningRate: 0")).contains("learningRate"));
         assert!(err(&GOOD.replace("[784, 32, 10]", "[700, 32, 10]")).contains("784"));
         assert!(err(&GOOD.replace("sparsity: 0.5", "sparsity: 0.5, depth: 3")).contains("unknown field"));
-        assert!(err(&GOOD.replace("weightstream.dev/v1alpha1", "v1")).contains("apiVersion"));
+        assert!(err(&GOOD.replace("weightstream.dev/v1beta1", "v1")).contains("apiVersion"));
+        assert!(err(&GOOD.replace("weightstream.dev/v1beta1", "weightstream.dev/v2")).contains("v1beta1"));
         assert!(err("").contains("empty"));
         assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  restartLimit: 101")).contains("spec.restartLimit"));
         assert!(err(&GOOD.replace("cs2: 2", "cs2: 2\n  minCs2: 3")).contains("spec.minCs2"));
@@ -688,7 +699,7 @@ mod tests {
     }
 
     const GPT: &str = r#"
-apiVersion: weightstream.dev/v1alpha1
+apiVersion: weightstream.dev/v1beta1
 kind: TrainingJob
 metadata: {name: g}
 spec:
@@ -702,7 +713,7 @@ spec:
 
     /// A Llama job starting from the folder `smol`, whose config gives the shape below.
     const PRETRAINED: &str = r#"
-apiVersion: weightstream.dev/v1alpha1
+apiVersion: weightstream.dev/v1beta1
 kind: TrainingJob
 metadata: {name: smol}
 spec:

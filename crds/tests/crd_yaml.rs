@@ -26,7 +26,7 @@ fn checked_in_crd_matches_the_types() {
 #[test]
 fn crd_names_the_api() {
     let yaml = crds::crd_yaml().expect("the CRD serialises");
-    for needle in ["group: weightstream.dev", "kind: TrainingJob", "- tj", "name: v1alpha1", "status: {}"] {
+    for needle in ["group: weightstream.dev", "kind: TrainingJob", "- tj", "name: v1beta1", "status: {}"] {
         assert!(yaml.contains(needle), "missing `{needle}` in\n{yaml}");
     }
 }

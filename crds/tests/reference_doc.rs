@@ -274,7 +274,9 @@ fn trainingjob_reference() -> String {
     let mut walk = Walk { meanings: enum_meanings(), examples: example_values(), out: String::new() };
     walk.out = header("TrainingJob reference", "the API types in crds/src");
     walk.out.push_str(
-        "A `TrainingJob` (`apiVersion: weightstream.dev/v1alpha1`, short name `tj`) is namespaced. This page lists \
+        "A `TrainingJob` (`apiVersion: weightstream.dev/v1beta1`, short name `tj`) is namespaced. \
+         `weightstream.dev/v1alpha1` is still served, deprecated, with the same fields: the API server converts \
+         between the two by the `apiVersion` alone. This page lists \
          every field of its `spec`, then of the `status` the operator writes, as the CRD's OpenAPI schema has them: \
          the API server checks each type, bound and rule below when a job is applied. Examples are from the jobs \
          in [examples/jobs](../../examples/jobs); what the status reasons mean is in \

@@ -119,7 +119,7 @@ pub async fn client() -> Result<Client, Error> {
 /// Installs (or updates) the TrainingJob CRD with server-side apply and waits until it is established.
 pub async fn install_crd(client: &Client) -> Result<(), Error> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = TrainingJob::crd();
+    let crd = crds::crd().map_err(|e| Error::Kubeconfig(format!("the CRD: {e}")))?;
     let name = crd.name_any();
     crds.patch(&name, &PatchParams::apply("weightstream-e2e").force(), &Patch::Apply(&crd)).await?;
     wait_for(Duration::from_secs(30), "the CRD to be established", || {

@@ -976,7 +976,7 @@ async fn a_pretrained_model_on_a_data_volume_fine_tunes_in_the_cluster() {
     ];
     let root = fill_claim(&client, &ns, "models", &files).await;
 
-    let text = "apiVersion: weightstream.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: tiny}\nspec:\n  cs2: 2\n  executionMode: pipelined\n  \
+    let text = "apiVersion: weightstream.dev/v1beta1\nkind: TrainingJob\nmetadata: {name: tiny}\nspec:\n  cs2: 2\n  executionMode: pipelined\n  \
                 model: {kind: llama, from: models/tiny, width: 32, heads: 4, kvHeads: 2, blocks: 2, intermediateSize: 48, contextLength: 16, tiedEmbeddings: false, sparsity: 0.5}\n  \
                 data: {kind: text, path: moby-dick.txt.gz, volume: models}\n  memoryx: {servers: 2}\n  \
                 training: {batchSize: 4, steps: 40, seed: 3, optimizer: {kind: adamw, learningRate: 0.001}}\n";

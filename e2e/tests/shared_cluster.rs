@@ -93,13 +93,16 @@ fn ready(conditions: &[Condition]) -> Option<&Condition> {
 async fn one_undecodable_job_does_not_stop_the_others() {
     let (client, ns) = setup("undecodable").await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = TrainingJob::crd();
+    let crd = ok(crds::crd(), "the CRD");
     let mut loose = ok(serde_json::to_value(&crd), "CRD as JSON");
-    let batch = &mut loose["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["training"]
-        ["properties"]["batchSize"];
-    let batch = batch.as_object_mut().expect("the schema of spec.training.batchSize");
-    assert!(batch.remove("maximum").is_some(), "batchSize has a maximum to loosen");
-    batch.remove("format");
+    // Every served version's schema (they are one schema, converted by apiVersion alone).
+    for version in loose["spec"]["versions"].as_array_mut().expect("the CRD's versions") {
+        let batch = &mut version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["training"]
+            ["properties"]["batchSize"];
+        let batch = batch.as_object_mut().expect("the schema of spec.training.batchSize");
+        assert!(batch.remove("maximum").is_some(), "batchSize has a maximum to loosen");
+        batch.remove("format");
+    }
     let manager = PatchParams::apply("weightstream-e2e").force();
 
     let ar = ApiResource::erase::<TrainingJob>(&());

@@ -7,18 +7,26 @@
 //! Once the preempted job runs again, `helm upgrade` changes the operator's configuration mid-run: new operator
 //! pods take over, and the job still ends as undisturbed.
 //!
+//! The same job is an upgrade of the API version too. It is created as `weightstream.dev/v1alpha1` while the CRD
+//! stores `v1alpha1` (as a release before `v1beta1` left it); mid-run, beside the `helm upgrade`, this release's
+//! CRD is applied (`v1beta1` stored) and `wsctl admin migrate-storage` rewrites the stored jobs and narrows the
+//! CRD's stored versions to `v1beta1`. A `v1alpha1` manifest still applies afterwards and reads back as the same
+//! job in `v1beta1`.
+//!
 //! For this file the chart offers 1 CS-2 per node, so one job of the pool's size (1 on the local node, 2 on
 //! kind) fills it; the suite's values are put back at the end, also when the test fails.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crds::version::ApiVersion;
 use crds::{Phase, TrainingJob};
 use e2e::cluster;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
-use kube::{Client, ResourceExt};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, CustomResourceExt, Resource, ResourceExt};
 use operator::children::pods::engine::CS2_RESOURCE;
 
 fn ok<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> T {
@@ -78,6 +86,56 @@ fn job(name: &str, cs2: u32, steps: u64) -> TrainingJob {
     j
 }
 
+/// This release's CRD, but stored as `version` (every version served).
+fn crd_storing(version: ApiVersion) -> CustomResourceDefinition {
+    let mut crd = ok(crds::crd(), "the CRD");
+    for v in &mut crd.spec.versions {
+        v.storage = v.name == version.as_str();
+    }
+    crd
+}
+
+/// Applies `crd` (server-side, as `kubectl apply --server-side` would) and waits until the API server stores
+/// TrainingJobs as it says.
+async fn apply_crd(client: &Client, crd: &CustomResourceDefinition) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.name_any();
+    let stored = crd.spec.versions.iter().find(|v| v.storage).map(|v| v.name.clone());
+    ok(crds.patch(&name, &PatchParams::apply("e2e-sharing").force(), &Patch::Apply(crd)).await, "apply the CRD");
+    let settled = e2e::wait_for(Duration::from_secs(60), "the CRD to be established", || async {
+        let c = crds.get(&name).await.ok()?;
+        let established = c.status.as_ref()?.conditions.iter().flatten().any(|c| {
+            c.type_ == "Established" && c.status == "True"
+        });
+        let storing = c.spec.versions.iter().find(|v| v.storage).map(|v| v.name.clone());
+        (established && storing == stored).then_some(())
+    })
+    .await;
+    ok(settled, "the CRD");
+}
+
+/// The API of TrainingJobs in `version`, undecoded.
+fn jobs_in(client: &Client, ns: &str, version: ApiVersion) -> Api<DynamicObject> {
+    let mut ar = ApiResource::erase::<TrainingJob>(&());
+    ar.version = version.as_str().into();
+    ar.api_version = version.api_version();
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+/// `job` as its user wrote it for `version`.
+fn manifest_in(job: &TrainingJob, version: ApiVersion) -> DynamicObject {
+    let mut value = ok(serde_json::to_value(job), "the job as JSON");
+    value["apiVersion"] = version.api_version().into();
+    ok(serde_json::from_value(value), "the job as an object")
+}
+
+/// The CRD's stored versions.
+async fn stored_versions(client: &Client) -> Vec<String> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = ok(crds.get(&TrainingJob::crd_name()).await, "the CRD");
+    crd.status.and_then(|s| s.stored_versions).unwrap_or_default()
+}
+
 fn admitted_reason(s: &crds::TrainingJobStatus) -> Option<&str> {
     s.conditions.iter().find(|c| c.type_ == "Admitted").map(|c| c.reason.as_str())
 }
@@ -103,7 +161,10 @@ async fn a_higher_class_preempts_a_running_job_which_resumes_and_ends_as_undistu
     let steps = 1_500;
     let low = job("low", pool, steps);
     let want = cluster::undisturbed_beside(&low, &[]);
-    ok(jobs.create(&PostParams::default(), &low).await, "create the low job");
+    // The low job as a user of the previous API version submits it, stored as v1alpha1.
+    apply_crd(&client, &crd_storing(ApiVersion::V1alpha1)).await;
+    let old_api = jobs_in(&client, &ns, ApiVersion::V1alpha1);
+    ok(old_api.create(&PostParams::default(), &manifest_in(&low, ApiVersion::V1alpha1)).await, "create the low job");
     let s = e2e::wait_job(&jobs, "low", Duration::from_secs(300), "the low job to train", |s| {
         s.phase == Some(Phase::Running) && s.progress.step.is_some_and(|n| n >= 100)
     })
@@ -139,7 +200,18 @@ async fn a_higher_class_preempts_a_running_job_which_resumes_and_ends_as_undistu
     let before = operator_pods(&client).await;
     let upgraded = [&VALUES[..], &["operator.pollSeconds=2", "operator.podAnnotations.e2e/upgraded=yes"]].concat();
     let started = Instant::now();
+    // The upgrade as the chart's notes give it: the CRD first (v1beta1 stored), then the chart, then the storage
+    // migration.
+    apply_crd(&client, &crd_storing(ApiVersion::STORED)).await;
     ok(cluster::install_chart_with(&kc, &upgraded), "helm upgrade mid-run");
+    let wsctl = ok(cluster::wsctl(), "wsctl");
+    let migrated = ok(
+        tokio::process::Command::new(&wsctl).args(["admin", "migrate-storage"]).env("KUBECONFIG", &kc).output().await,
+        "wsctl admin migrate-storage",
+    );
+    let said = String::from_utf8_lossy(&migrated.stdout).to_string() + &String::from_utf8_lossy(&migrated.stderr);
+    assert!(migrated.status.success() && said.contains("rewrote"), "wsctl admin migrate-storage: {said}");
+    assert_eq!(stored_versions(&client).await, [ApiVersion::STORED.as_str()], "{said}");
     let after = operator_pods(&client).await;
     let s = ok(jobs.get("low").await, "the low job").status.unwrap_or_default();
     eprintln!(
@@ -151,6 +223,20 @@ async fn a_higher_class_preempts_a_running_job_which_resumes_and_ends_as_undistu
     );
     assert!(after.iter().all(|p| !before.contains(p)), "new operator pods: {before:?} -> {after:?}");
     cluster::ends_undisturbed(&jobs, "low", steps, want).await;
+
+    // A v1alpha1 manifest still applies, and reads back in v1beta1 as the same job applied as v1beta1 does.
+    let mut old = job("old", pool, 10);
+    old.spec.suspend = true;
+    let mut new = old.clone();
+    new.metadata.name = Some("new".into());
+    ok(old_api.create(&PostParams::default(), &manifest_in(&old, ApiVersion::V1alpha1)).await, "a v1alpha1 job");
+    ok(jobs.create(&PostParams::default(), &new).await, "a v1beta1 job");
+    let (old, new) = (ok(jobs.get("old").await, "the v1alpha1 job"), ok(jobs.get("new").await, "the v1beta1 job"));
+    assert_eq!(old.spec, new.spec, "a v1alpha1 manifest is the same job");
+    assert_eq!(TrainingJob::api_version(&()), ApiVersion::STORED.api_version().as_str());
+    for name in ["old", "new"] {
+        let _ = jobs.delete(name, &DeleteParams::default()).await;
+    }
     let _ = classes.delete(&class_name, &DeleteParams::default()).await;
     let _ = Api::<Namespace>::all(client).delete(&ns, &DeleteParams::default()).await;
 }

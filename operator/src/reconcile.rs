@@ -1064,7 +1064,7 @@ mod tests {
         let status = TrainingJobStatus { phase: Some(Phase::Running), ..Default::default() };
         let patch = status_patch("j", Some("42".into()), &status);
         let want = serde_json::json!({
-            "apiVersion": "weightstream.dev/v1alpha1",
+            "apiVersion": "weightstream.dev/v1beta1",
             "kind": "TrainingJob",
             "metadata": { "name": "j", "resourceVersion": "42" },
             "status": { "phase": "Running" },

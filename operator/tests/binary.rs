@@ -53,7 +53,7 @@ async fn the_binary_leads_serves_its_endpoints_and_admits_jobs() {
 
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(client.clone());
-    let crd = TrainingJob::crd();
+    let crd = crds::crd().unwrap();
     crds.patch(
         "trainingjobs.weightstream.dev",
         &kube::api::PatchParams::apply("weightstream-test").force(),

@@ -22,7 +22,7 @@ from .errors import RunFailedError
 if TYPE_CHECKING:
     import pandas
 
-API_VERSION = "weightstream.dev/v1alpha1"
+API_VERSION = "weightstream.dev/v1beta1"
 KIND = "TrainingJob"
 #: A checkpoint's file as MemoryX names it: one file, or the manifest of one spread over several weight servers.
 _CHECKPOINT = re.compile(r"step-(\d+)\.(?:safetensors|manifest\.json)")

@@ -14,7 +14,7 @@ pub enum Error {
     Kubeconfig(String),
     /// The API server does not serve `trainingjobs.weightstream.dev`.
     #[error(
-        "the cluster has no TrainingJob API (trainingjobs.weightstream.dev/v1alpha1 is not served): install \
+        "the cluster has no TrainingJob API (trainingjobs.weightstream.dev/v1beta1 is not served): install \
          weightstream first (helm upgrade --install weightstream charts/weightstream -n weightstream-system \
          --create-namespace)"
     )]

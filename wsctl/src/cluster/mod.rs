@@ -7,9 +7,10 @@
 //! the per-change lines), [`watch`] (waiting on a job through the API's watch with a deadline), [`get`] (the
 //! table), [`logs`] (the job's pods by the operator's labels), [`control`] (cancel, suspend, resume),
 //! [`portforward`] (a local port bridged to a pod through the API server), [`checkpoints`] (list and pull
-//! over that bridge with the job's mutual-TLS identity) and [`retained`] (a deleted job's checkpoints, read from
-//! the claim it left through a short-lived reader pod).
+//! over that bridge with the job's mutual-TLS identity), [`retained`] (a deleted job's checkpoints, read from
+//! the claim it left through a short-lived reader pod) and [`admin`] (an upgrade's storage migration).
 
+mod admin;
 mod checkpoints;
 mod control;
 mod error;
@@ -172,6 +173,11 @@ pub enum Command {
         #[command(subcommand)]
         what: checkpoints::Command,
     },
+    /// A cluster administrator's commands (an upgrade's storage migration).
+    Admin {
+        #[command(subcommand)]
+        what: admin::Command,
+    },
 }
 
 /// Runs a cluster command on a runtime of its own (the rest of wsctl is synchronous).
@@ -219,6 +225,7 @@ async fn dispatch(command: Command) -> Result<(), Error> {
             control::label(&Cluster::connect(ns).await?, &job, &labels, overwrite).await
         }
         Command::Checkpoint { what } => checkpoints::run(what).await,
+        Command::Admin { what } => admin::run(what).await,
     }
 }
 
