@@ -3,8 +3,9 @@
 //! admits it, and gives its quota back at the end or when Kueue evicts it.
 //!
 //! - quota: a ClusterQueue with quota for 2 CS-2s runs jobs of 2 one after another; the waiting ones say Kueue's
-//!   reason, their ClusterQueue and their position; a job of 4 with `minCs2: 2` is admitted with 2 (partial
-//!   admission) and trains the 4-CS-2 curve; every job ends with its undisturbed losses.
+//!   reason, their ClusterQueue and their position; a suspended job's Workload is deactivated, so the next job
+//!   is admitted in its place, and resumed it queues again; a job of 4 with `minCs2: 2` is admitted with 2
+//!   (partial admission) and trains the 4-CS-2 curve; every job ends with its undisturbed losses.
 //! - preemption: a job of a higher WorkloadPriorityClass preempts a running one in a full ClusterQueue; the low
 //!   job checkpoints, requeues, resumes from that checkpoint and ends with its undisturbed losses, bit for bit.
 //!
@@ -136,11 +137,12 @@ async fn a_quota_of_2_runs_jobs_in_turn_and_admits_a_shrinkable_job_partially() 
     let (client, ns, jobs) = setup("kueue-quota").await;
     queues(&client, &ns, 2).await;
     let steps = 300;
-    let (a, b) = (job("a", 2, steps), job("b", 2, steps));
+    // a runs long enough to be suspended mid-run.
+    let (a, b) = (job("a", 2, 1_000), job("b", 2, steps));
     let mut c = job("c", 4, steps);
     c.spec.min_cs2 = Some(2);
-    // a and b are the same job but for the name: one undisturbed run serves both.
-    let want_2 = cluster::undisturbed_beside(&a, &[]);
+    let want_a = cluster::undisturbed_beside(&a, &[]);
+    let want_2 = cluster::undisturbed_beside(&b, &[]);
     let want_4 = cluster::undisturbed_beside(&c, &[]);
     let started = Instant::now();
     for j in [&a, &b, &c] {
@@ -161,6 +163,37 @@ async fn a_quota_of_2_runs_jobs_in_turn_and_admits_a_shrinkable_job_partially() 
         assert!(message.contains(&format!("ClusterQueue '{ns}'")), "{message}");
         assert!(message.contains(&format!("position {position}")), "{message}");
     }
+    // Suspended, a gives its quota back: its Workload is deactivated and b is admitted in its place. Resumed, a
+    // queues again (and later resumes from its checkpoint).
+    let workloads: Api<Workload> = Api::namespaced(client.clone(), &ns);
+    let suspend = |on: bool| serde_json::json!({ "spec": { "suspend": on } });
+    ok(jobs.patch("a", &PatchParams::default(), &Patch::Merge(suspend(true))).await, "suspend a");
+    let s = e2e::wait_job(&jobs, "a", Duration::from_secs(300), "a to be suspended", |s| {
+        s.phase == Some(Phase::Suspended)
+    })
+    .await;
+    assert_eq!(s.phase, Some(Phase::Suspended), "a ended before its suspension: {s:?}");
+    let active = |want: bool| {
+        let workloads = workloads.clone();
+        async move {
+            let list = workloads.list(&Default::default()).await.ok()?.items;
+            let w = list.into_iter().find(|w| w.name_any().starts_with("trainingjob-a-"))?;
+            (w.spec.active.unwrap_or(true) == want).then_some(())
+        }
+    };
+    ok(e2e::wait_for(Duration::from_secs(60), "a's Workload to be inactive", || active(false)).await, "deactivated");
+    let s = e2e::wait_job(&jobs, "b", Duration::from_secs(300), "b to run in a's place", |s| {
+        s.phase == Some(Phase::Running)
+    })
+    .await;
+    assert_eq!((s.phase, s.allocated_cs2), (Some(Phase::Running), Some(2)), "{s:?}");
+    ok(jobs.patch("a", &PatchParams::default(), &Patch::Merge(suspend(false))).await, "resume a");
+    ok(e2e::wait_for(Duration::from_secs(60), "a's Workload to be active", || active(true)).await, "reactivated");
+    let s = e2e::wait_job(&jobs, "a", Duration::from_secs(60), "a to queue again", |s| {
+        admitted(s).is_some_and(|c| c.reason == "KueueQueued")
+    })
+    .await;
+    assert_eq!(s.phase, Some(Phase::Queued), "{s:?}");
     // A job labelled for a LocalQueue that does not exist waits saying so; an unlabelled one is the operator's.
     let mut lost = job("lost", 1, steps);
     lost.metadata.labels = Some([(QUEUE_LABEL.to_string(), "nowhere".to_string())].into());
@@ -181,7 +214,6 @@ async fn a_quota_of_2_runs_jobs_in_turn_and_admits_a_shrinkable_job_partially() 
     })
     .await;
     assert_ne!(admitted(&s).map(|c| c.reason.as_str()), Some("KueueQueued"), "{s:?}");
-    let workloads: Api<Workload> = Api::namespaced(client.clone(), &ns);
     let names: Vec<String> =
         ok(workloads.list(&Default::default()).await, "Workloads").items.iter().map(|w| w.name_any()).collect();
     assert!(names.iter().all(|n| !n.starts_with("trainingjob-plain-")), "no Workload for the plain job: {names:?}");
@@ -194,14 +226,14 @@ async fn a_quota_of_2_runs_jobs_in_turn_and_admits_a_shrinkable_job_partially() 
     .await;
     assert_eq!((s.phase, s.allocated_cs2), (Some(Phase::Running), Some(2)), "partial admission: {s:?}");
     let mut done = Vec::new();
-    for name in ["a", "b", "c"] {
+    for (name, n) in [("a", 1_000), ("b", steps), ("c", steps)] {
         let s = e2e::wait_job(&jobs, name, Duration::from_secs(900), "the jobs to end", |_| false).await;
-        assert_eq!((s.phase, s.progress.step), (Some(Phase::Succeeded), Some(steps)), "{name}: {s:?}");
+        assert_eq!((s.phase, s.progress.step), (Some(Phase::Succeeded), Some(n)), "{name}: {s:?}");
         done.push(s);
     }
     eprintln!("three jobs through a quota of 2 in {:.0?}", started.elapsed());
-    let (loss, eval) = ok(want_2.await, "the undisturbed run on 2");
-    for s in &done[..2] {
+    for (s, want) in [(&done[0], want_a), (&done[1], want_2)] {
+        let (loss, eval) = ok(want.await, "the undisturbed run on 2");
         assert_eq!((s.progress.loss, s.progress.eval_loss), (Some(loss), Some(eval)), "undisturbed, bit for bit");
     }
     let (loss_4, _) = ok(want_4.await, "the undisturbed run on 4");

@@ -203,6 +203,10 @@ pub async fn report(
         }
         return Ok(());
     }
+    if let Some(body) = seen::activation(job, w) {
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&body)).await?;
+        tracing::info!(job = %job.name_any(), workload = %name, suspend = job.spec.suspend, "Workload (de)activated");
+    }
     match &reading.seen {
         Seen::Admitted { .. } => {
             if let Some(body) = seen::pods_ready(w, phase, now) {

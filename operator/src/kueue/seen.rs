@@ -211,6 +211,16 @@ pub fn clear_reservation(w: &Workload, now: Timestamp) -> Option<serde_json::Val
     }))
 }
 
+/// The merge patch that (de)activates the Workload as the job is suspended or resumed, when it is not so yet: a
+/// suspended job gives its quota back (Kueue evicts an inactive Workload; the job's own suspend path has
+/// already checkpointed and stopped it, and its reservation is then cleared as after any eviction), and a
+/// resumed one queues again.
+pub fn activation(job: &TrainingJob, w: &Workload) -> Option<serde_json::Value> {
+    let want = !job.spec.suspend;
+    let active = w.spec.active.unwrap_or(true);
+    (active != want).then(|| serde_json::json!({ "spec": { "active": want } }))
+}
+
 /// The merge patch that removes Kueue's `resource-in-use` finalizer, when `w` has it.
 pub fn release_finalizer(w: &Workload) -> Option<serde_json::Value> {
     let finalizers = w.finalizers();
@@ -315,6 +325,23 @@ mod tests {
         // A withdrawn admission stops a running job too; an admitted one runs on.
         assert!(eviction(&Seen::Pending { message: None }).is_some());
         assert_eq!(eviction(&Seen::Admitted { cluster_queue: "cq".into(), engines: None }), None);
+    }
+
+    /// A suspended job's Workload is deactivated, a resumed one's activated again, each once.
+    #[test]
+    fn suspending_deactivates_the_workload_and_resuming_activates_it() {
+        let mut j = job(4, None);
+        let mut w = wl(vec![], Some(4));
+        w.spec.active = Some(true);
+        assert_eq!(activation(&j, &w), None, "a running job's Workload stays active");
+        j.spec.suspend = true;
+        assert_eq!(activation(&j, &w), Some(serde_json::json!({"spec": {"active": false}})));
+        w.spec.active = Some(false);
+        assert_eq!(activation(&j, &w), None);
+        j.spec.suspend = false;
+        assert_eq!(activation(&j, &w), Some(serde_json::json!({"spec": {"active": true}})));
+        w.spec.active = None;
+        assert_eq!(activation(&j, &w), None, "active is Kueue's default");
     }
 
     /// PodsReady is written when it changes: WaitForStart, Started, WaitForRecovery, Recovered; Finished once;
