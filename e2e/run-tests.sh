@@ -8,7 +8,9 @@
 #   (e2e/kind/up.sh); without one they join the host stream, but nodes, which cannot run on one node. The two
 #   cluster streams take about as long (~45 min each in CI, kind starting a few minutes later);
 # - rest: everything else, which computes (training, kernels, the roles as local processes) or runs against API
-#   servers of its own (e2e/apiserver), then the doctests.
+#   servers of its own (e2e/apiserver), then the doctests. The executables of e2e/ and operator/, the only ones
+#   that start API servers of their own, run first; those API servers are then stopped, so that they do not
+#   take CPU from the other streams for the rest of the run.
 # The cluster streams spend most of their time waiting on their cluster (probes, restarts, pods starting), one
 # test file at a time; side by side the streams take about the time of the longest. The executables of one
 # `cargo test --workspace --no-run` are run directly: a `cargo test -p …` of part of the workspace would resolve
@@ -21,6 +23,7 @@
 #   bash e2e/run-tests.sh wait DIR [STREAM…]              # until those (else every started one) end; without
 #                                                         # names, then print every log and fail if one failed
 #   bash e2e/run-tests.sh LIST            # the executables in file LIST ("package folder<TAB>executable" lines)
+#   bash e2e/run-tests.sh apiservers-down # stops every API server the tests started (e2e/apiserver instances)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +35,16 @@ run_tests() {
     (cd "$dir" && "$exe" </dev/null) || failed+=("$exe")
   done
   ((${#failed[@]} == 0)) || { echo "run-tests.sh: failed: ${failed[*]}" >&2; return 1; }
+}
+
+# Stops every instance of e2e/apiserver the tests started (default, restart, nodes, shared-cluster, …: one
+# folder each under run/), keeping their data.
+apiservers_down() {
+  local run="${WS_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/weightstream}/run" i
+  for i in "$run"/*/; do
+    [[ -f "$i/kube-apiserver.pid" || -f "$i/etcd.pid" ]] || continue
+    WS_APISERVER_INSTANCE="$(basename "$i")" bash e2e/apiserver/down.sh || true
+  done
 }
 
 # lists DIR: the stream each test executable belongs to.
@@ -66,7 +79,10 @@ stream() {
       KUBECONFIG="$WS_KIND_KUBECONFIG" run_tests <"$dir/kind.list"
       ;;
     rest)
-      run_tests <"$dir/rest.list" || status=$?
+      local own=$'^[^\t]*/(e2e|operator)\t'
+      grep -E "$own" "$dir/rest.list" | run_tests || status=$?
+      apiservers_down >/dev/null 2>&1
+      grep -vE "$own" "$dir/rest.list" | run_tests || status=$?
       cargo test --release --workspace --doc || status=$?
       return "$status"
       ;;
@@ -115,6 +131,7 @@ wait_for() {
 
 case "${1:-}" in
   lists) lists "$2"; exit ;;
+  apiservers-down) apiservers_down; exit ;;
   start) start "${@:2}"; exit ;;
   wait) wait_for "${@:2}"; exit ;;
   host | kind | rest) stream "$1" "$2"; exit ;;
