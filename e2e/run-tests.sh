@@ -27,12 +27,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Runs the test executables listed on stdin one after another, each in its package's folder as cargo does.
+# Runs the test executables listed on stdin one after another, each in its package's folder as cargo does, and
+# says what each took: its wall time and the CPU of its own processes (not of the cluster's pods), the figures
+# that say where CI's time goes on 2 cores.
 run_tests() {
-  local dir exe failed=()
+  local dir exe failed=() TIMEFORMAT
   while IFS=$'\t' read -r dir exe; do
     echo "     Running $exe"
-    (cd "$dir" && "$exe" </dev/null) || failed+=("$exe")
+    TIMEFORMAT="run-tests.sh: ${exe##*/}: %0R s wall, %0U s user + %0S s sys CPU"
+    time (cd "$dir" && "$exe" </dev/null) || failed+=("$exe")
   done
   ((${#failed[@]} == 0)) || { echo "run-tests.sh: failed: ${failed[*]}" >&2; return 1; }
 }
