@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The workspace's tests (`cargo test --release --workspace`) in streams that run side by side:
 # - host: the e2e files that drive the local node's own processes (chaos restarts its kubelet and API server;
-#   scale fakes 48 hosts with its kwok), then python, sharing (preemption, helm upgrade) and kueue, on the
-#   cluster of e2e/cluster/up.sh;
+#   scale fakes 48 hosts with its kwok), then python and kueue, on the cluster of e2e/cluster/up.sh;
 # - kind: the e2e files that need several nodes (nodes: placement, a node lost, a drain; cluster: NetworkPolicy
-#   across nodes) and the CLI's (chart, cli), on the kind cluster whose kubeconfig WS_KIND_KUBECONFIG names
-#   (e2e/kind/up.sh); without one they join the host stream, but nodes, which cannot run on one node. The two
-#   cluster streams take about as long (~45 min each in CI, kind starting a few minutes later);
+#   across nodes), the CLI's (chart, cli) and sharing (preemption on a pool of 2 CS-2s, whose job runs long
+#   enough to be preempted mid-run; on the local node's pool of 1 it ends first), on the kind cluster whose
+#   kubeconfig WS_KIND_KUBECONFIG names (e2e/kind/up.sh); without one they join the host stream, but nodes,
+#   which cannot run on one node. The two cluster streams take about as long (~45 min each in CI);
 # - rest: everything else, which computes (training, kernels, the roles as local processes) or runs against API
 #   servers of its own (e2e/apiserver), then the doctests. The executables of e2e/ and operator/, the only ones
 #   that start API servers of their own, run first; those API servers are then stopped, so that they do not
@@ -58,13 +58,13 @@ lists() {
   jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test)
     | "\(.manifest_path | rtrimstr("/Cargo.toml"))\t\(.executable)"' "$all" | sort >"$dir/tests"
   [[ -s "$dir/tests" ]] || { echo "run-tests.sh: the build listed no test executable" >&2; return 1; }
-  kind=$'/e2e\t.*/deps/(chart|cli|cluster|nodes)-[0-9a-f]+$'
-  host=$'/e2e\t.*/deps/(chaos|python|scale|sharing|kueue)-[0-9a-f]+$'
+  kind=$'/e2e\t.*/deps/(chart|cli|cluster|nodes|sharing)-[0-9a-f]+$'
+  host=$'/e2e\t.*/deps/(chaos|python|scale|kueue)-[0-9a-f]+$'
   # The host stream in this order: Kueue last, so that its controller is not running beside the others' and
   # its build (.ci/run starts it in the background) has the whole stream's time.
   local f
   : >"$dir/host.list"
-  for f in chaos python scale sharing kueue; do
+  for f in chaos python scale kueue; do
     grep -E $'/e2e\t.*/deps/'"$f"'-[0-9a-f]+$' "$dir/tests" >>"$dir/host.list" || true
   done
   grep -E "$kind" "$dir/tests" >"$dir/kind.list"
