@@ -29,8 +29,8 @@ pub use validate::{
 
 /// The CustomResourceDefinition, generated from the types: every version of [`version::ApiVersion`] served, the
 /// current one stored. Everything that installs the API (the chart's copy, the tests' API servers) installs this.
-pub fn crd() -> Result<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition, ApiError>
-{
+pub fn crd()
+-> Result<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition, ApiError> {
     use kube::CustomResourceExt;
     version::with_every_version(TrainingJob::crd())
 }

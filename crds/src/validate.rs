@@ -639,7 +639,8 @@ mod tests {
     fn a_v1alpha1_manifest_reads_as_the_same_job() {
         let old = GOOD.replace("weightstream.dev/v1beta1", "weightstream.dev/v1alpha1");
         assert_ne!(old, GOOD);
-        assert_eq!(parse_training_job(&old).expect("v1alpha1 is still read"), parse_training_job(GOOD).unwrap());
+        let (old, new) = (parse_training_job(&old).expect("v1alpha1 is still read"), parse_training_job(GOOD).unwrap());
+        assert_eq!((old.metadata, old.spec), (new.metadata, new.spec));
     }
 
     #[test]

@@ -168,10 +168,9 @@ async fn a_quota_of_2_runs_jobs_in_turn_and_admits_a_shrinkable_job_partially() 
     let workloads: Api<Workload> = Api::namespaced(client.clone(), &ns);
     let suspend = |on: bool| serde_json::json!({ "spec": { "suspend": on } });
     ok(jobs.patch("a", &PatchParams::default(), &Patch::Merge(suspend(true))).await, "suspend a");
-    let s = e2e::wait_job(&jobs, "a", Duration::from_secs(300), "a to be suspended", |s| {
-        s.phase == Some(Phase::Suspended)
-    })
-    .await;
+    let s =
+        e2e::wait_job(&jobs, "a", Duration::from_secs(300), "a to be suspended", |s| s.phase == Some(Phase::Suspended))
+            .await;
     assert_eq!(s.phase, Some(Phase::Suspended), "a ended before its suspension: {s:?}");
     let active = |want: bool| {
         let workloads = workloads.clone();

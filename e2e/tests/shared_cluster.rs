@@ -20,7 +20,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
-use kube::{Client, CustomResourceExt, ResourceExt};
+use kube::{Client, ResourceExt};
 
 const INSTANCE: &str = "shared-cluster";
 const WAIT: Duration = Duration::from_secs(60);
@@ -97,8 +97,8 @@ async fn one_undecodable_job_does_not_stop_the_others() {
     let mut loose = ok(serde_json::to_value(&crd), "CRD as JSON");
     // Every served version's schema (they are one schema, converted by apiVersion alone).
     for version in loose["spec"]["versions"].as_array_mut().expect("the CRD's versions") {
-        let batch = &mut version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["training"]
-            ["properties"]["batchSize"];
+        let batch = &mut version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["training"]["properties"]
+            ["batchSize"];
         let batch = batch.as_object_mut().expect("the schema of spec.training.batchSize");
         assert!(batch.remove("maximum").is_some(), "batchSize has a maximum to loosen");
         batch.remove("format");

@@ -25,7 +25,9 @@ use e2e::cluster;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams,
+};
 use kube::{Client, CustomResourceExt, Resource, ResourceExt};
 use operator::children::pods::engine::CS2_RESOURCE;
 
@@ -104,9 +106,8 @@ async fn apply_crd(client: &Client, crd: &CustomResourceDefinition) {
     ok(crds.patch(&name, &PatchParams::apply("e2e-sharing").force(), &Patch::Apply(crd)).await, "apply the CRD");
     let settled = e2e::wait_for(Duration::from_secs(60), "the CRD to be established", || async {
         let c = crds.get(&name).await.ok()?;
-        let established = c.status.as_ref()?.conditions.iter().flatten().any(|c| {
-            c.type_ == "Established" && c.status == "True"
-        });
+        let established =
+            c.status.as_ref()?.conditions.iter().flatten().any(|c| c.type_ == "Established" && c.status == "True");
         let storing = c.spec.versions.iter().find(|v| v.storage).map(|v| v.name.clone());
         (established && storing == stored).then_some(())
     })

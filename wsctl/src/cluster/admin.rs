@@ -36,9 +36,11 @@ pub async fn run(command: Command) -> Result<(), Error> {
     let client = Client::try_from(config).map_err(|e| Error::Kubeconfig(e.to_string()))?;
     let after = Duration::from_secs(timeout);
     let what = "the storage migration".to_string();
-    let done = tokio::time::timeout(after, migrate_storage(&client))
-        .await
-        .map_err(|_| Error::Timeout { after, what, last: None })??;
+    let done = tokio::time::timeout(after, migrate_storage(&client)).await.map_err(|_| Error::Timeout {
+        after,
+        what,
+        last: None,
+    })??;
     println!("{done}");
     Ok(())
 }
