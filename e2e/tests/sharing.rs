@@ -211,6 +211,7 @@ async fn a_higher_class_preempts_a_running_job_which_resumes_and_ends_as_undistu
         "wsctl admin migrate-storage",
     );
     let said = String::from_utf8_lossy(&migrated.stdout).to_string() + &String::from_utf8_lossy(&migrated.stderr);
+    eprintln!("wsctl admin migrate-storage: {}", said.trim());
     assert!(migrated.status.success() && said.contains("rewrote"), "wsctl admin migrate-storage: {said}");
     assert_eq!(stored_versions(&client).await, [ApiVersion::STORED.as_str()], "{said}");
     let after = operator_pods(&client).await;

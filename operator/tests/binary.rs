@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use crds::{Phase, TrainingJob};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::Client;
 
 fn kubeconfig() -> PathBuf {
     if let Some(k) = std::env::var_os("KUBECONFIG") {
