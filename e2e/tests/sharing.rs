@@ -133,7 +133,7 @@ fn manifest_in(job: &TrainingJob, version: ApiVersion) -> DynamicObject {
 /// The CRD's stored versions.
 async fn stored_versions(client: &Client) -> Vec<String> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = ok(crds.get(&TrainingJob::crd_name()).await, "the CRD");
+    let crd = ok(crds.get(TrainingJob::crd_name()).await, "the CRD");
     crd.status.and_then(|s| s.stored_versions).unwrap_or_default()
 }
 
