@@ -9,9 +9,10 @@ use crds::TrainingJob;
 use crds::version::ApiVersion;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, CustomResourceExt, ResourceExt};
 
 use super::error::Error;
+use super::{Cluster, Namespace};
 
 /// The administrator's commands.
 #[derive(clap::Subcommand)]
@@ -32,8 +33,7 @@ const CONFLICT_TRIES: usize = 5;
 /// Runs an administrator's command with the user's kubeconfig.
 pub async fn run(command: Command) -> Result<(), Error> {
     let Command::MigrateStorage { timeout } = command;
-    let config = kube::Config::infer().await.map_err(|e| Error::Kubeconfig(e.to_string()))?;
-    let client = Client::try_from(config).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let client = Cluster::connect(Namespace::default()).await?.client;
     let after = Duration::from_secs(timeout);
     let what = "the storage migration".to_string();
     let done = tokio::time::timeout(after, migrate_storage(&client)).await.map_err(|_| Error::Timeout {
@@ -73,10 +73,10 @@ impl std::fmt::Display for Migrated {
 /// Rewrites every TrainingJob in the storage version and narrows the CRD's `status.storedVersions` to it.
 /// Jobs are read and written undecoded, so one that the types cannot hold is migrated too.
 pub async fn migrate_storage(client: &Client) -> Result<Migrated, Error> {
-    let crd_name = format!("{}.{}", TrainingJob::plural(&()), TrainingJob::group(&()));
+    let crd_name = TrainingJob::crd_name();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let read = format!("read CustomResourceDefinition {crd_name}");
-    let crd = crds.get_opt(&crd_name).await.map_err(Error::other(read))?.ok_or(Error::CrdMissing)?;
+    let crd = crds.get_opt(crd_name).await.map_err(Error::other(read))?.ok_or(Error::CrdMissing)?;
     let storage = crd.spec.versions.iter().find(|v| v.storage).map(|v| v.name.clone()).unwrap_or_default();
     if storage != ApiVersion::STORED.as_str() {
         return Err(Error::Invalid(format!(
@@ -105,7 +105,7 @@ pub async fn migrate_storage(client: &Client) -> Result<Migrated, Error> {
     }
     let narrowed = serde_json::json!({ "status": { "storedVersions": [ApiVersion::STORED.as_str()] } });
     let action = format!("record the stored versions of {crd_name}");
-    crds.patch_status(&crd_name, &PatchParams::default(), &Patch::Merge(&narrowed))
+    crds.patch_status(crd_name, &PatchParams::default(), &Patch::Merge(&narrowed))
         .await
         .map_err(Error::other(action))?;
     Ok(Migrated { rewritten, stored_before })
