@@ -117,6 +117,22 @@ fn admitted(s: &TrainingJobStatus) -> Option<&k8s_openapi::apimachinery::pkg::ap
     s.conditions.iter().find(|c| c.type_ == "Admitted")
 }
 
+/// Creates `job` and waits until its Workload exists and the next second has begun. Kueue orders the Workloads
+/// of one priority by their creation time, which the API server keeps in whole seconds; the operator creates a
+/// Workload when it first sees its job, so jobs created a second apart may still get Workloads in another order.
+async fn create_in_turn(jobs: &Api<TrainingJob>, workloads: &Api<Workload>, job: &TrainingJob) {
+    let name = job.name_any();
+    ok(jobs.create(&PostParams::default(), job).await, "create a job");
+    let prefix = format!("trainingjob-{name}-");
+    let made = e2e::wait_for(Duration::from_secs(60), "the job's Workload", || async {
+        let list = workloads.list(&Default::default()).await.ok()?.items;
+        list.iter().any(|w| w.name_any().starts_with(&prefix)).then_some(())
+    })
+    .await;
+    ok(made, &format!("{name}'s Workload created"));
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+}
+
 async fn setup(prefix: &str) -> (Client, String, Api<TrainingJob>) {
     let kc = ok(cluster::with_chart(), "the cluster with the chart");
     kueue_up(&kc).await;
@@ -145,9 +161,9 @@ async fn a_quota_of_2_runs_jobs_in_turn_and_admits_a_shrinkable_job_partially() 
     let want_2 = cluster::undisturbed_beside(&b, &[]);
     let want_4 = cluster::undisturbed_beside(&c, &[]);
     let started = Instant::now();
+    let workloads: Api<Workload> = Api::namespaced(client.clone(), &ns);
     for j in [&a, &b, &c] {
-        ok(jobs.create(&PostParams::default(), j).await, "create a job");
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        create_in_turn(&jobs, &workloads, j).await;
     }
     let s = e2e::wait_job(&jobs, "a", Duration::from_secs(300), "a to run", |s| s.phase == Some(Phase::Running)).await;
     assert_eq!((s.phase, s.allocated_cs2), (Some(Phase::Running), Some(2)), "{s:?}");
@@ -165,7 +181,6 @@ async fn a_quota_of_2_runs_jobs_in_turn_and_admits_a_shrinkable_job_partially() 
     }
     // Suspended, a gives its quota back: its Workload is deactivated and b is admitted in its place. Resumed, a
     // queues again (and later resumes from its checkpoint).
-    let workloads: Api<Workload> = Api::namespaced(client.clone(), &ns);
     let suspend = |on: bool| serde_json::json!({ "spec": { "suspend": on } });
     ok(jobs.patch("a", &PatchParams::default(), &Patch::Merge(suspend(true))).await, "suspend a");
     let s =
