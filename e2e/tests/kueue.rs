@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
-use operator::kueue::api::Workload;
+use operator::kueue::api::workloads::Workload;
 use operator::kueue::workload::{PRIORITY_LABEL, QUEUE_LABEL};
 
 fn ok<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> T {
@@ -256,8 +256,9 @@ async fn a_quota_of_2_runs_jobs_in_turn_and_admits_a_shrinkable_job_partially() 
     assert!((got - loss_4).abs() <= 1e-6, "the 4-CS-2 curve within 1e-6: {got} vs {loss_4}");
     // Every Workload is finished (the pass after the job's end says so), so its quota is free; a deleted job's
     // Workload goes with it (Kueue's finalizer let go).
-    let finished =
-        |w: &Workload| w.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == "Finished" && c.status == "True");
+    let finished = |w: &Workload| {
+        w.status.iter().flat_map(|s| s.conditions.iter().flatten()).any(|c| c.type_ == "Finished" && c.status == "True")
+    };
     let all_finished = e2e::wait_for(Duration::from_secs(30), "every Workload to be finished", || async {
         let list = workloads.list(&Default::default()).await.ok()?.items;
         (list.len() == 3 && list.iter().all(finished)).then_some(())

@@ -43,7 +43,7 @@ use crate::children::{identity, names};
 use crate::config::{Config, Preemption};
 use crate::coordinator::Coordinator;
 use crate::decode::{self, Stored};
-use crate::kueue::{self, api::Workload, seen::Seen, workload::queue_of};
+use crate::kueue::{self, api::workloads::Workload, seen::Seen, workload::queue_of};
 use crate::metrics::Shared;
 use crate::nodes;
 use crate::status::{self, Children, Eviction, Observed, Refusal, Unready};

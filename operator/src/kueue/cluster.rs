@@ -12,7 +12,11 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 
-use super::api::{GROUP, LocalQueue, PendingWorkloadsSummary, ResourceFlavor, ResourceFlavorSpec, VERSION, Workload};
+use super::api::localqueues::LocalQueue;
+use super::api::resourceflavors::{ResourceFlavor, ResourceFlavorSpec};
+use super::api::visibility::PendingWorkloadsSummary;
+use super::api::workloads::Workload;
+use super::api::{GROUP, VERSION};
 use super::seen::{self, FINISHED_MANAGER, PODS_READY_MANAGER, Queueing, Seen};
 use super::workload::{self, JOB_UID_LABEL, PRIORITY_LABEL, Priority, queue_of};
 use crate::Error;
@@ -66,7 +70,7 @@ pub async fn read(client: &Client, job: &TrainingJob, local_queue: &str, install
     let seen = seen::seen(found.as_ref());
     if matches!(seen, Seen::Pending { .. } | Seen::Missing) {
         match Api::<LocalQueue>::namespaced(client.clone(), &ns).get_opt(local_queue).await {
-            Ok(Some(q)) => queueing.cluster_queue = Some(q.spec.cluster_queue),
+            Ok(Some(q)) => queueing.cluster_queue = q.spec.cluster_queue,
             Ok(None) => queueing.missing = true,
             // Not allowed to read it (an older chart's grants): say what is known.
             Err(e) => tracing::debug!(error = %e, "cannot read the LocalQueue"),
@@ -104,8 +108,9 @@ async fn flavors(client: &Client, w: &Workload) -> Result<BTreeMap<String, Vec<R
     let api: Api<ResourceFlavor> = Api::all(client.clone());
     let mut out = BTreeMap::new();
     let assignments = w.status.as_ref().and_then(|s| s.admission.as_ref()).map(|a| a.pod_set_assignments.clone());
-    for a in assignments.unwrap_or_default() {
-        let mut names: Vec<&String> = a.flavors.values().collect();
+    for a in assignments.flatten().unwrap_or_default() {
+        let Some(set) = a.name.clone() else { continue };
+        let mut names: Vec<&String> = a.flavors.iter().flat_map(|f| f.values()).collect();
         names.sort();
         names.dedup();
         let mut specs = Vec::new();
@@ -114,7 +119,7 @@ async fn flavors(client: &Client, w: &Workload) -> Result<BTreeMap<String, Vec<R
                 specs.push(f.spec);
             }
         }
-        out.insert(a.name.clone(), specs);
+        out.insert(set, specs);
     }
     Ok(out)
 }

@@ -8,7 +8,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::api::{GROUP, VERSION, Workload};
+use super::api::workloads::Workload;
+use super::api::{GROUP, VERSION};
 use crate::admission::Verdict;
 use crate::status::Eviction;
 
@@ -46,7 +47,7 @@ pub enum Seen {
 }
 
 fn condition<'a>(w: &'a Workload, type_: &str) -> Option<&'a Condition> {
-    w.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
+    w.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_)
 }
 
 fn is_true(w: &Workload, type_: &str) -> bool {
@@ -66,9 +67,10 @@ pub fn seen(w: Option<&Workload>) -> Seen {
         return Seen::Evicted { reason, message };
     }
     if let (true, Some(a)) = (is_true(w, "Admitted"), admission) {
-        let engines = a.pod_set_assignments.iter().find(|p| p.name == crds::contract::Role::Engine.as_str());
+        let mut assigned = a.pod_set_assignments.iter().flatten();
+        let engines = assigned.find(|p| p.name.as_deref() == Some(crds::contract::Role::Engine.as_str()));
         let engines = engines.and_then(|p| p.count).and_then(|n| u32::try_from(n).ok());
-        return Seen::Admitted { cluster_queue: a.cluster_queue.clone(), engines };
+        return Seen::Admitted { cluster_queue: a.cluster_queue.clone().unwrap_or_default(), engines };
     }
     let said = |t: &str| condition(w, t).filter(|c| c.status == "False" && !c.message.is_empty());
     let message = said("QuotaReserved").or_else(|| said("Admitted")).map(|c| c.message.clone());
@@ -187,7 +189,7 @@ pub fn finished(w: &Workload, phase: Phase, message: &str, now: Timestamp) -> Op
 /// read, so a write of Kueue's in between makes it fail rather than be undone.
 pub fn clear_reservation(w: &Workload, now: Timestamp) -> Option<serde_json::Value> {
     let Seen::Evicted { reason, message } = seen(Some(w)) else { return None };
-    let mut conditions = w.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    let mut conditions = w.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
     let requeued = matches!(reason.as_str(), "Preempted" | "NodeFailures");
     let set = [
         kueue_condition("QuotaReserved", false, "Pending", &message, w, now),
@@ -232,22 +234,29 @@ pub fn release_finalizer(w: &Workload) -> Option<serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kueue::api::{Admission, PodSetAssignment, WorkloadStatus};
+    use crate::kueue::api::workloads::{
+        WorkloadStatus, WorkloadStatusAdmission, WorkloadStatusAdmissionPodSetAssignments,
+    };
 
     fn cond(type_: &str, status: bool, reason: &str, message: &str) -> Condition {
         kueue_condition(type_, status, reason, message, &Workload::new("w", Default::default()), Timestamp::UNIX_EPOCH)
     }
 
     fn wl(conditions: Vec<Condition>, engines: Option<i32>) -> Workload {
-        let admission = engines.map(|n| Admission {
-            cluster_queue: "cq".into(),
-            pod_set_assignments: vec![PodSetAssignment { name: "engine".into(), count: Some(n), ..Default::default() }],
+        let engine = |n| WorkloadStatusAdmissionPodSetAssignments {
+            name: Some("engine".into()),
+            count: Some(n),
+            ..Default::default()
+        };
+        let admission = engines.map(|n| WorkloadStatusAdmission {
+            cluster_queue: Some("cq".into()),
+            pod_set_assignments: Some(vec![engine(n)]),
         });
         let mut w = Workload::new("trainingjob-a-12345", Default::default());
         w.metadata.namespace = Some("ml".into());
         w.metadata.resource_version = Some("7".into());
         w.metadata.finalizers = Some(vec!["other".into(), crate::kueue::workload::RESOURCE_IN_USE.into()]);
-        w.status = Some(WorkloadStatus { conditions, admission });
+        w.status = Some(WorkloadStatus { conditions: Some(conditions), admission, ..Default::default() });
         w
     }
 
@@ -314,7 +323,7 @@ mod tests {
         let status = cleared.status.as_mut().unwrap();
         status.admission = None;
         status.conditions = serde_json::from_value(patch["status"]["conditions"].clone()).unwrap();
-        let by_type = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap().clone();
+        let by_type = |t: &str| status.conditions.iter().flatten().find(|c| c.type_ == t).unwrap().clone();
         assert_eq!(
             (by_type("QuotaReserved").status.as_str(), by_type("Admitted").reason.as_str()),
             ("False", "NoReservation")
@@ -352,14 +361,19 @@ mod tests {
         let mut w = wl(vec![], Some(2));
         let body = pods_ready(&w, Some(Phase::Starting), now).unwrap();
         assert_eq!(body["status"]["conditions"][0]["reason"], "WaitForStart");
-        w.status.as_mut().unwrap().conditions.push(cond("PodsReady", false, "WaitForStart", ""));
+        w.status.as_mut().unwrap().conditions.get_or_insert_default().push(cond(
+            "PodsReady",
+            false,
+            "WaitForStart",
+            "",
+        ));
         assert_eq!(pods_ready(&w, Some(Phase::Starting), now), None);
         let body = pods_ready(&w, Some(Phase::Running), now).unwrap();
         assert_eq!(
             (body["status"]["conditions"][0]["status"].as_str(), body["kind"].as_str()),
             (Some("True"), Some("Workload"))
         );
-        w.status.as_mut().unwrap().conditions[0] = cond("PodsReady", true, "Started", "");
+        w.status.as_mut().unwrap().conditions.get_or_insert_default()[0] = cond("PodsReady", true, "Started", "");
         assert_eq!(pods_ready(&w, Some(Phase::Checkpointing), now), None);
         assert_eq!(
             pods_ready(&w, Some(Phase::Starting), now).unwrap()["status"]["conditions"][0]["reason"],
@@ -367,7 +381,7 @@ mod tests {
         );
         let body = finished(&w, Phase::Failed, "restart limit", now).unwrap();
         assert_eq!(body["status"]["conditions"][0]["reason"], "Failed");
-        w.status.as_mut().unwrap().conditions.push(cond("Finished", true, "Succeeded", ""));
+        w.status.as_mut().unwrap().conditions.get_or_insert_default().push(cond("Finished", true, "Succeeded", ""));
         assert_eq!(finished(&w, Phase::Succeeded, "", now), None);
         assert_eq!(release_finalizer(&w).unwrap()["metadata"]["finalizers"], serde_json::json!(["other"]));
         w.metadata.finalizers = Some(vec!["other".into()]);

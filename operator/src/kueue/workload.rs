@@ -11,7 +11,11 @@ use k8s_openapi::api::core::v1::{Pod, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
-use super::api::{PodSet, PriorityClassRef, ResourceFlavorSpec, Workload, WorkloadSpec};
+use super::api::resourceflavors::ResourceFlavorSpec;
+use super::api::workloads::{
+    Workload, WorkloadPodSets, WorkloadPriorityClassRef, WorkloadPriorityClassRefGroup, WorkloadPriorityClassRefKind,
+    WorkloadSpec,
+};
 use crate::Error;
 use crate::children::desired::Desired;
 
@@ -51,7 +55,7 @@ pub fn name(job: &str, uid: &str) -> String {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Priority {
     /// The class.
-    pub class: PriorityClassRef,
+    pub class: WorkloadPriorityClassRef,
     /// Its value.
     pub value: i32,
 }
@@ -59,9 +63,9 @@ pub struct Priority {
 impl Priority {
     /// A `WorkloadPriorityClass` of `value`.
     pub fn workload_class(name: &str, value: i32) -> Priority {
-        let class = PriorityClassRef {
-            group: super::api::GROUP.into(),
-            kind: "WorkloadPriorityClass".into(),
+        let class = WorkloadPriorityClassRef {
+            group: WorkloadPriorityClassRefGroup::KueueXK8sIo,
+            kind: WorkloadPriorityClassRefKind::WorkloadPriorityClass,
             name: name.into(),
         };
         Priority { class, value }
@@ -69,8 +73,11 @@ impl Priority {
 
     /// A Kubernetes `PriorityClass` of `value`.
     pub fn pod_class(name: &str, value: i32) -> Priority {
-        let class =
-            PriorityClassRef { group: "scheduling.k8s.io".into(), kind: "PriorityClass".into(), name: name.into() };
+        let class = WorkloadPriorityClassRef {
+            group: WorkloadPriorityClassRefGroup::SchedulingK8sIo,
+            kind: WorkloadPriorityClassRefKind::PriorityClass,
+            name: name.into(),
+        };
         Priority { class, value }
     }
 }
@@ -85,11 +92,11 @@ pub fn workload(job: &TrainingJob, desired: &Desired, priority: Option<Priority>
     let uid = job.uid().ok_or(Error::MissingField("metadata.uid"))?;
     let mut pod_sets = Vec::new();
     let sts = desired.memoryx.spec.as_ref().ok_or(Error::MissingField("MemoryX's StatefulSet spec"))?;
-    pod_sets.push(PodSet {
-        name: Role::Memoryx.as_str().into(),
-        count: sts.replicas.unwrap_or(1),
-        min_count: None,
+    pod_sets.push(WorkloadPodSets {
+        name: Some(Role::Memoryx.as_str().into()),
+        count: Some(sts.replicas.unwrap_or(1)),
         template: template(sts.template.metadata.as_ref().and_then(|m| m.labels.clone()), sts.template.spec.clone()),
+        ..Default::default()
     });
     for role in [Role::Swarmx, Role::Engine, Role::Input] {
         let of_role: Vec<&Pod> = desired
@@ -100,11 +107,12 @@ pub fn workload(job: &TrainingJob, desired: &Desired, priority: Option<Priority>
         let Some(first) = of_role.first() else { continue };
         let count = i32::try_from(of_role.len()).map_err(|_| Error::Plan("too many pods for a Workload".into()))?;
         let min = job.spec.min_cs2() as i32;
-        pod_sets.push(PodSet {
-            name: role.as_str().into(),
-            count,
+        pod_sets.push(WorkloadPodSets {
+            name: Some(role.as_str().into()),
+            count: Some(count),
             min_count: (role == Role::Engine && min < count).then_some(min),
             template: template(first.metadata.labels.clone(), first.spec.clone()),
+            ..Default::default()
         });
     }
     let mut labels = BTreeMap::from([(JOB_UID_LABEL.to_string(), uid.clone())]);
@@ -120,10 +128,11 @@ pub fn workload(job: &TrainingJob, desired: &Desired, priority: Option<Priority>
         },
         spec: WorkloadSpec {
             queue_name: queue_of(job).map(str::to_string),
-            pod_sets,
+            pod_sets: Some(pod_sets),
             priority: priority.as_ref().map(|p| p.value),
             priority_class_ref: priority.map(|p| p.class),
             active: Some(true),
+            ..Default::default()
         },
         status: None,
     })
@@ -134,11 +143,11 @@ pub fn workload(job: &TrainingJob, desired: &Desired, priority: Option<Priority>
 pub fn place(desired: &mut Desired, flavors: &BTreeMap<String, Vec<ResourceFlavorSpec>>) {
     let put = |spec: &mut PodSpec, of: &[ResourceFlavorSpec]| {
         for f in of {
-            if !f.node_labels.is_empty() {
-                spec.node_selector.get_or_insert_default().extend(f.node_labels.clone());
+            if let Some(labels) = f.node_labels.as_ref().filter(|l| !l.is_empty()) {
+                spec.node_selector.get_or_insert_default().extend(labels.clone());
             }
             let tolerations = spec.tolerations.get_or_insert_default();
-            for t in &f.tolerations {
+            for t in f.tolerations.iter().flatten() {
                 if !tolerations.contains(t) {
                     tolerations.push(t.clone());
                 }
@@ -177,24 +186,28 @@ mod tests {
         let j = labelled(4, Some(2));
         let d = build(&j, &settings(true), 4);
         let w = workload(&j, &d, Some(Priority::pod_class("high", 1000))).unwrap();
+        let pod_sets = w.spec.pod_sets.clone().unwrap();
         let sets: Vec<(&str, i32, Option<i32>)> =
-            w.spec.pod_sets.iter().map(|s| (s.name.as_str(), s.count, s.min_count)).collect();
+            pod_sets.iter().map(|s| (s.name.as_deref().unwrap(), s.count.unwrap(), s.min_count)).collect();
         let engines = d.pods.iter().filter(|p| p.labels()[ROLE_LABEL] == "engine").count() as i32;
         assert_eq!(engines, 4);
         assert!(sets.contains(&("engine", 4, Some(2))), "{sets:?}");
         assert!(sets.iter().any(|s| s.0 == "memoryx") && sets.iter().any(|s| s.0 == "swarmx"), "{sets:?}");
-        let engine = w.spec.pod_sets.iter().find(|s| s.name == "engine").unwrap();
+        let engine = pod_sets.iter().find(|s| s.name.as_deref() == Some("engine")).unwrap();
         let pod = d.pods.iter().find(|p| p.labels()[ROLE_LABEL] == "engine").unwrap();
         let requests = |s: &PodSpec| s.containers[0].resources.clone().and_then(|r| r.requests);
         assert_eq!(requests(engine.template.spec.as_ref().unwrap()), requests(pod.spec.as_ref().unwrap()));
         assert_eq!(w.spec.queue_name.as_deref(), Some("team"));
-        assert_eq!((w.spec.priority, w.spec.priority_class_ref.unwrap().kind.as_str()), (Some(1000), "PriorityClass"));
+        assert_eq!(
+            (w.spec.priority, w.spec.priority_class_ref.unwrap().kind),
+            (Some(1000), WorkloadPriorityClassRefKind::PriorityClass)
+        );
         assert_eq!(w.metadata.finalizers, Some(vec![RESOURCE_IN_USE.to_string()]));
         assert_eq!(w.metadata.labels.unwrap()[JOB_UID_LABEL], j.uid().unwrap());
         assert_eq!(w.metadata.owner_references.unwrap()[0].controller, Some(true));
         // A job that cannot shrink asks for no partial admission.
         let w = workload(&labelled(2, None), &build(&labelled(2, None), &settings(true), 2), None).unwrap();
-        assert!(w.spec.pod_sets.iter().all(|s| s.min_count.is_none()));
+        assert!(w.spec.pod_sets.unwrap().iter().all(|s| s.min_count.is_none()));
         assert_eq!((w.spec.priority, w.spec.priority_class_ref), (None, None));
     }
 
@@ -218,8 +231,9 @@ mod tests {
             ..Default::default()
         };
         let flavor = ResourceFlavorSpec {
-            node_labels: BTreeMap::from([("pool".to_string(), "cs2".to_string())]),
-            tolerations: vec![toleration.clone()],
+            node_labels: Some(BTreeMap::from([("pool".to_string(), "cs2".to_string())])),
+            tolerations: Some(vec![toleration.clone()]),
+            ..Default::default()
         };
         let flavors = BTreeMap::from([("engine".to_string(), vec![flavor.clone(), flavor])]);
         place(&mut d, &flavors);
