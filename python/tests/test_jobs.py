@@ -127,3 +127,28 @@ def test_validate_and_save_round_trip(tmp_path: Path) -> None:
     again.spec["training"]["batchSize"] = 0
     with pytest.raises(ws.InvalidJobError, match="batchSize"):
         again.validate()
+
+
+def test_tensorboard_reads_every_steps_loss_as_metrics_jsonl_has_it(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    job = mnist_job(steps=30, checkpoint={"intervalSteps": 10, "keep": 5})
+    job.run_local(out=run, progress=False, in_process=True)
+    # Its last checkpoint gone, the run resumes from step 20 and trains 21..30 again in a second event file:
+    # TensorBoard keeps each step once, as metrics.jsonl does.
+    (run / "checkpoints" / "step-00000030.safetensors").unlink()
+    result = job.run_local(out=run, progress=False, in_process=True)
+    assert len(list(run.glob("events.out.tfevents.*"))) == 2
+    events = EventAccumulator(str(run))
+    events.Reload()
+    tags = {"loss", "learning_rate", "samples_per_s", "bytes_streamed", "eval_loss", "eval_accuracy"}
+    assert tags <= set(events.Tags()["scalars"]), events.Tags()
+    loss = events.Scalars("loss")
+    assert [e.step for e in loss] == [m["step"] for m in result.metrics] == list(range(1, 31))
+    # TensorBoard keeps scalars in 32 bits.
+    assert [e.value for e in loss] == pytest.approx([m["loss"] for m in result.metrics], rel=1e-6)
+    rate = [e.value for e in events.Scalars("learning_rate")]
+    assert rate == pytest.approx([m["learning_rate"] for m in result.metrics], rel=1e-6)
+    held_out = events.Scalars("eval_loss")
+    assert [e.step for e in held_out] == [30] and held_out[0].value == pytest.approx(result.eval["loss"], rel=1e-6)

@@ -12,7 +12,7 @@
 //!   applies gradients, over weight servers; its program is the coordinator's, below).
 //! - [`coordinator`]: MemoryX's server 0, which drives the job: the step loop, the one job driver (for
 //!   MemoryX's program and in-process runs alike), decoding samples, and the MemoryX program; [`process`]: the
-//!   process's memory and allocator.
+//!   process's memory and allocator; [`tensorboard`]: TensorBoard's event files.
 #![warn(missing_docs)]
 
 pub mod coordinator;
@@ -24,3 +24,4 @@ pub mod optim;
 pub mod process;
 pub mod protocol;
 pub mod swarmx;
+pub mod tensorboard;

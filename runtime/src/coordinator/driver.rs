@@ -3,8 +3,6 @@
 //! against engines in the same process, so both resume from checkpoints, write them, choose the execution mode,
 //! report progress and decode samples in exactly the same way.
 
-use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use crds::contract::{MemoryxPhase, MemoryxStatus, ProgressReport};
 use crds::{CheckpointRef, TrainingJobSpec};
 
+use crate::coordinator::records::Records;
 use crate::coordinator::train::MemoryxUsage;
 use crate::coordinator::train::{self, RetryPolicy, Summary};
 use crate::input::DataInfo;
@@ -391,7 +390,7 @@ impl Driver {
             s.progress.total_steps = Some(total);
         });
         tracing::info!(engines = swarm.engines(), servers = store.servers(), start, total, "training");
-        let mut metrics = self.metrics_file(start)?;
+        let mut records = self.outputs.out.as_deref().map(|out| Records::open(out, start)).transpose()?;
         let interval = spec.checkpoint.interval_steps;
         let due = |step: u64| interval > 0 && step.is_multiple_of(interval);
         let stopping = || self.stop.load(Ordering::SeqCst);
@@ -413,9 +412,8 @@ impl Driver {
                 s.progress.loss = Some(m.loss);
                 s.progress.samples_per_second = Some(m.samples_per_s);
             });
-            if let Some(f) = metrics.as_mut() {
-                serde_json::to_writer(&mut *f, m).map_err(|e| Error::io("writing metrics.jsonl", e.into()))?;
-                f.write_all(b"\n").and_then(|()| f.flush()).map_err(|e| Error::io("writing metrics.jsonl", e))?;
+            if let Some(r) = records.as_mut() {
+                r.step(m)?;
             }
             let requested = self.want_checkpoint.swap(false, Ordering::SeqCst);
             // MemoryX's copy holds this step unless the stop came after its replicas were asked for it: then the
@@ -448,6 +446,9 @@ impl Driver {
             Err(Error::Stopped { checkpoint: None, .. }) => return Err(self.stop_with(store)),
             other => other?,
         };
+        if let Some(r) = records.as_mut() {
+            r.eval(total, &summary.eval)?;
+        }
         let last = self.last_checkpoint().map(|c| c.step);
         if self.outputs.checkpoint_dir.is_some() && last != Some(total) {
             self.write_checkpoint(store, total)?;
@@ -487,21 +488,6 @@ impl Driver {
         tracing::info!(step, ?checkpoint, "stopped on a termination signal");
         Error::Stopped { step, checkpoint }
     }
-
-    /// `metrics.jsonl`, fresh for a new run; for a resumed one, cut back to the steps up to `start` (those after
-    /// it are about to run again) and appended to, so the file keeps one line per step.
-    fn metrics_file(&self, start: u64) -> Result<Option<BufWriter<File>>> {
-        let Some(out) = &self.outputs.out else { return Ok(None) };
-        std::fs::create_dir_all(out).map_err(|e| Error::io(format!("creating {}", out.display()), e))?;
-        let path = out.join("metrics.jsonl");
-        let file = if start > 0 {
-            keep_steps_up_to(&path, start)?;
-            OpenOptions::new().append(true).create(true).open(&path)
-        } else {
-            File::create(&path)
-        };
-        Ok(Some(BufWriter::new(file.map_err(|e| Error::io(format!("opening {}", path.display()), e))?)))
-    }
 }
 
 /// Writes `value` as pretty JSON through a temporary file and a rename, so a reader never sees half a file.
@@ -510,14 +496,4 @@ pub fn write_json_atomic(path: &Path, value: &impl serde::Serialize) -> Result<(
     let text = serde_json::to_string_pretty(value).map_err(|e| Error::io("encoding JSON", e.into()))?;
     std::fs::write(&tmp, text + "\n").map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(format!("renaming {}", tmp.display()), e))
-}
-
-fn keep_steps_up_to(path: &Path, start: u64) -> Result<()> {
-    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
-    let kept: String = text
-        .lines()
-        .filter(|l| serde_json::from_str::<ProgressReport>(l).is_ok_and(|m| m.step <= start))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    std::fs::write(path, kept).map_err(|e| Error::io(format!("rewriting {}", path.display()), e))
 }
