@@ -1,7 +1,7 @@
 //! The Helm chart, rendered by a real `helm` (built from its Go module by `e2e/tools/helm.sh`) and checked as
 //! Kubernetes objects: the CRD is the generated one, the operator's permissions are exactly the ones it uses,
-//! its pod is locked down, and the optional parts (device plugin, ServiceMonitor) appear only when asked for.
-//! No cluster needed.
+//! its pod is locked down, and the optional parts (device plugin, ServiceMonitor, Grafana dashboards) appear
+//! only when asked for. No cluster needed.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{ConfigMap, Container};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use serde_json::Value;
 
@@ -351,5 +351,50 @@ fn helm_lint_is_clean() {
         assert!(out.status.success(), "helm lint {sets:?} failed:\n{text}");
         assert!(text.contains("0 chart(s) failed"), "{text}");
         assert!(!text.contains("[WARNING]") && !text.contains("[ERROR]"), "helm lint {sets:?}:\n{text}");
+    }
+}
+
+/// The Grafana dashboards are off by default; on, they are one ConfigMap labelled for Grafana's dashboard sidecar
+/// (in the namespace asked for) holding each file of `dashboards/` as it is, and each is a dashboard Grafana
+/// loads: a uid and title, the Prometheus data source as a variable every query uses, panels placed on the grid
+/// with at least one PromQL query each. (wsctl's appliance test checks that every metric they query is exported.)
+#[test]
+fn grafana_dashboards_are_a_configmap_for_grafanas_sidecar() {
+    let none = template(&[]);
+    assert!(find(&none, "ConfigMap", "weightstream-dashboards").is_none(), "{:?}", kinds(&none));
+    let on = template(&["metrics.grafanaDashboards.enabled=true", "metrics.grafanaDashboards.namespace=monitoring"]);
+    let cm: ConfigMap = typed(&on, "ConfigMap", "weightstream-dashboards");
+    assert_eq!(cm.metadata.namespace.as_deref(), Some("monitoring"));
+    assert_eq!(cm.metadata.labels.unwrap_or_default().get("grafana_dashboard").map(String::as_str), Some("1"));
+    let data = cm.data.unwrap_or_default();
+    let files: Vec<PathBuf> = std::fs::read_dir(chart().join("dashboards"))
+        .expect("charts/weightstream/dashboards")
+        .map(|e| e.expect("a dashboard file").path())
+        .collect();
+    assert_eq!(data.len(), files.len(), "{:?}", data.keys());
+    assert!(files.len() >= 2, "{files:?}");
+    let mut uids = BTreeSet::new();
+    for file in files {
+        let name = file.file_name().unwrap_or_default().to_string_lossy().to_string();
+        let text = std::fs::read_to_string(&file).expect("a dashboard");
+        assert_eq!(data.get(&format!("weightstream-{name}")).map(|t| t.trim()), Some(text.trim()), "{name}");
+        let d: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"));
+        assert!(uids.insert(d["uid"].as_str().unwrap_or_default().to_string()), "{name}: a uid of its own");
+        assert!(d["title"].as_str().is_some_and(|t| t.starts_with("weightstream")), "{name}");
+        assert!(d["schemaVersion"].as_u64().is_some_and(|v| v >= 36), "{name}");
+        let variables = d["templating"]["list"].as_array().cloned().unwrap_or_default();
+        assert!(variables.iter().any(|v| v["name"] == "datasource" && v["query"] == "prometheus"), "{name}");
+        let panels = d["panels"].as_array().cloned().unwrap_or_default();
+        assert!(!panels.is_empty(), "{name}");
+        for p in &panels {
+            let title = p["title"].as_str().unwrap_or_default();
+            assert!(["h", "w", "x", "y"].iter().all(|k| p["gridPos"][k].is_u64()), "{name}: {title}");
+            assert_eq!(p["datasource"]["uid"], "${datasource}", "{name}: {title}");
+            let targets = p["targets"].as_array().cloned().unwrap_or_default();
+            assert!(!targets.is_empty(), "{name}: {title}");
+            for t in targets {
+                assert!(t["expr"].as_str().is_some_and(|e| !e.trim().is_empty()), "{name}: {title}");
+            }
+        }
     }
 }

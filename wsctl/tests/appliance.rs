@@ -6,6 +6,7 @@ mod common;
 use common::{losses, repo, run_ok};
 use crds::contract::Handshake;
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -579,8 +580,29 @@ fn http_get(job: &Path, addr: &str, path: &str) -> String {
     common::https("GET", addr, path, &common::ca(job), None).expect("the endpoint answers")
 }
 
+/// The metric names the PromQL queries of the chart's Grafana dashboard `name` read.
+fn dashboard_metrics(name: &str) -> BTreeSet<String> {
+    let path = repo().join("charts/weightstream/dashboards").join(name);
+    let d: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut names = BTreeSet::new();
+    for target in d["panels"].as_array().unwrap().iter().flat_map(|p| p["targets"].as_array().unwrap()) {
+        let words = target["expr"].as_str().unwrap().split(|c: char| !(c.is_ascii_alphanumeric() || "_:".contains(c)));
+        names.extend(words.filter(|w| w.starts_with("ws_") || w.starts_with("weightstream_")).map(str::to_string));
+    }
+    names
+}
+
+/// The metric names that have samples in a text exposition (the body of an HTTP response).
+fn sampled(response: &str) -> BTreeSet<String> {
+    let body = response.split_once("\r\n\r\n").map_or(response, |(_, body)| body);
+    let samples = body.lines().filter(|l| !l.is_empty() && !l.starts_with('#'));
+    samples.filter_map(|l| l.split(['{', ' ']).next()).map(str::to_string).collect()
+}
+
+/// Every role answers `/healthz` and `/metrics` while a job runs, and the metrics the chart's Grafana dashboards
+/// query are there: the data plane's on the job's four roles, the operator's on the operator's exporter.
 #[test]
-fn every_server_has_health_and_metrics() {
+fn every_server_has_health_and_metrics_and_the_dashboards_query_them() {
     let dir = scratch("metrics");
     let job = dir.join("job.yaml");
     std::fs::write(&job, JOB.replace("intervalSteps: 5", "intervalSteps: 0")).unwrap();
@@ -591,19 +613,46 @@ fn every_server_has_health_and_metrics() {
     let (grpc, http) = ready("engine", &mut out);
     let grpc = grpc.expect("the engine serves gRPC");
     let (mut swarmx, mut sout) = start("swarmx", &job, &["--children", &format!("https://{grpc}")]);
-    let (_, shttp) = ready("swarmx", &mut sout);
-    assert!(http_get(&job, &http, "/healthz").ends_with("ok"));
+    let (sgrpc, shttp) = ready("swarmx", &mut sout);
+    let stage = format!("https://{}", sgrpc.expect("SwarmX serves gRPC"));
+    let args = ["--stage", &stage, "--input", &inputs, "--progress", "--linger"];
+    let (mut memoryx, mut mout) = start("memoryx", &job, &args);
+    let (_, mhttp) = ready("memoryx", &mut mout);
+    wait_for_step(&mut mout, 24);
+    for addr in [&http, &shttp, &ihttp, &mhttp] {
+        assert!(http_get(&job, addr, "/healthz").ends_with("ok"), "{addr}");
+    }
+    // The engines' gauges follow once a second.
     std::thread::sleep(std::time::Duration::from_millis(1200));
     let metrics = http_get(&job, &http, "/metrics");
     for name in ["ws_engine_busy_fraction", "ws_engine_bytes_received", "ws_engine_sram_bytes"] {
         assert!(metrics.contains(name), "{name} missing from engine metrics:\n{metrics}");
     }
+    let mut exported = sampled(&metrics);
     let metrics = http_get(&job, &shttp, "/metrics");
     assert!(metrics.contains("ws_swarmx_reduce_seconds") && metrics.contains("ws_swarmx_engines 1"), "{metrics}");
-    assert!(http_get(&job, &ihttp, "/healthz").ends_with("ok"));
+    exported.extend(sampled(&metrics));
     let metrics = http_get(&job, &ihttp, "/metrics");
     assert!(metrics.contains("ws_input_train_samples"), "{metrics}");
-    for c in [&mut engine, &mut swarmx, &mut input] {
+    exported.extend(sampled(&metrics));
+    let metrics = http_get(&job, &mhttp, "/metrics");
+    assert!(metrics.contains("ws_step 24"), "{metrics}");
+    exported.extend(sampled(&metrics));
+    let data_plane = dashboard_metrics("data-plane.json");
+    assert!(data_plane.len() >= 8, "{data_plane:?}");
+    let missing: Vec<&String> = data_plane.difference(&exported).collect();
+    assert!(missing.is_empty(), "the data-plane dashboard queries {missing:?}, which no role exports: {exported:?}");
+    // The operator's exporter, once it has counted a pass, the jobs and the pool.
+    let op = operator::metrics::Metrics::new();
+    op.observe(true, std::time::Duration::from_millis(3));
+    op.census(&[("Running".to_string(), 1)]);
+    op.set_pool(8, 2);
+    let exported = sampled(&op.encode());
+    let queried = dashboard_metrics("operator.json");
+    assert!(queried.len() >= 4, "{queried:?}");
+    let missing: Vec<&String> = queried.difference(&exported).collect();
+    assert!(missing.is_empty(), "the operator dashboard queries {missing:?}, which it does not export: {exported:?}");
+    for c in [&mut memoryx, &mut engine, &mut swarmx, &mut input] {
         let _ = c.kill();
         let _ = c.wait();
     }
