@@ -8,7 +8,8 @@
 //! - `suspend` returns once the status says Suspended (CS-2s free), `resume` once it has left it, and the job
 //!   finishes; `cancel` returns once the job is gone, and none of its children is left but its checkpoint claims.
 //! - `checkpoint list` and `checkpoint pull` fetch a running job's checkpoint through a port-forward with the
-//!   job's identity, and the file reads back as the runtime's checkpoint of the listed step.
+//!   job's identity, and the file reads back as the runtime's checkpoint of the listed step; `tensorboard pull`
+//!   fetches its TensorBoard event file, which holds every step so far once.
 //! - A deleted or cancelled job's checkpoints are kept in its claims and pull bit for bit as before the
 //!   deletion (a reader pod mounts the claim); `retain: Delete` removes them with the job.
 //!
@@ -409,6 +410,27 @@ async fn checkpoint_pull_fetches_a_running_jobs_checkpoint_through_the_api_serve
         .filter(|n| n.starts_with('.'))
         .collect();
     assert!(leftovers.is_empty(), "partial files left: {leftovers:?}");
+    // The run's records, from the volume MemoryX writes them to: the TensorBoard event file holds each step's
+    // loss once, in order, from the first step on.
+    let tb_arg = dir.join("tensorboard").display().to_string();
+    let printed = wsctl_ok(&kc, &["tensorboard", "pull", "saved", "-n", &ns, "-o", &tb_arg]).await;
+    let files: Vec<PathBuf> = printed.lines().map(PathBuf::from).collect();
+    let named = |p: &PathBuf, prefix: &str| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(prefix));
+    assert!(files.iter().any(|p| named(p, "metrics.jsonl")), "{printed}");
+    let mut steps = Vec::new();
+    for f in files.iter().filter(|p| named(p, runtime::tensorboard::FILE_PREFIX)) {
+        let events = ok(runtime::tensorboard::read_events(&ok(std::fs::read(f), "the event file")), "its records");
+        for e in events {
+            if let Some(runtime::tensorboard::What::Summary(s)) = e.what
+                && s.value.iter().any(|v| v.tag == "loss")
+            {
+                steps.push(e.step);
+            }
+        }
+    }
+    eprintln!("tensorboard pull: {} files, the loss of steps 1..={:?}", files.len(), steps.last());
+    assert!(steps.len() >= 2000, "{} steps recorded: {printed}", steps.len());
+    assert!(steps[0] == 1 && steps.windows(2).all(|w| w[1] == w[0] + 1), "each step once, in order");
     // A step that has no checkpoint is one clear error.
     let out = wsctl_run(&kc, &["checkpoint", "pull", "saved", "-n", &ns, "--step", "7", "-o", &out_arg]).await;
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no checkpoint of step 7"));

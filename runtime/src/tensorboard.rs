@@ -65,6 +65,19 @@ pub struct SessionLog {
 
 const SESSION_START: i32 = 1;
 
+/// The start of every event file's name (TensorBoard reads the files whose names hold `tfevents`).
+pub const FILE_PREFIX: &str = "events.out.tfevents.";
+
+/// Whether `name` is an event file's name as [`EventFile::create`] makes them: [`FILE_PREFIX`], then letters,
+/// digits, dots, dashes or underscores, no separator and no `..`, so it can be joined to a folder safely.
+pub fn is_event_file_name(name: &str) -> bool {
+    name.len() <= 255
+        && !name.contains("..")
+        && name.strip_prefix(FILE_PREFIX).is_some_and(|rest| {
+            !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        })
+}
+
 /// TFRecord's CRC: CRC-32C, rotated and offset so a CRC of data holding CRCs stays strong.
 fn masked_crc(data: &[u8]) -> u32 {
     let crc = crc32c::crc32c(data);
@@ -80,6 +93,31 @@ pub fn record(data: &[u8]) -> Vec<u8> {
     out.extend_from_slice(data);
     out.extend_from_slice(&masked_crc(data).to_le_bytes());
     out
+}
+
+/// The events of a file's `bytes`, each record's length and both CRCs checked; the first record that does not
+/// check is the error (a file cut short by a crash ends in one), with the events before it not returned.
+pub fn read_events(bytes: &[u8]) -> Result<Vec<Event>, String> {
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let at = bytes.len() - rest.len();
+        let (head, body) = rest.split_at_checked(12).ok_or(format!("a record header cut short at byte {at}"))?;
+        let (len, crc) = head.split_at(8);
+        if u32::from_le_bytes(crc.try_into().unwrap_or_default()) != masked_crc(len) {
+            return Err(format!("the length of the record at byte {at} fails its CRC"));
+        }
+        let len = usize::try_from(u64::from_le_bytes(len.try_into().unwrap_or_default())).unwrap_or(usize::MAX);
+        let data = body.get(..len).ok_or(format!("the record at byte {at} is cut short"))?;
+        let end = len.checked_add(4).ok_or(format!("the record at byte {at} claims an impossible length"))?;
+        let crc = body.get(len..end).ok_or(format!("the record at byte {at} is cut short before its CRC"))?;
+        if u32::from_le_bytes(crc.try_into().unwrap_or_default()) != masked_crc(data) {
+            return Err(format!("the record at byte {at} fails its CRC"));
+        }
+        out.push(Event::decode(data).map_err(|e| format!("the record at byte {at} is not an Event: {e}"))?);
+        rest = &body[end..];
+    }
+    Ok(out)
 }
 
 fn now() -> f64 {
@@ -98,7 +136,7 @@ impl EventFile {
     /// the steps earlier files hold past `start` (they are trained again).
     pub fn create(dir: &Path, start: u64) -> std::io::Result<EventFile> {
         let at = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        let name = format!("events.out.tfevents.{}.{:09}.weightstream", at.as_secs(), at.subsec_nanos());
+        let name = format!("{FILE_PREFIX}{}.{:09}.weightstream", at.as_secs(), at.subsec_nanos());
         let path = dir.join(name);
         let mut file = EventFile { out: BufWriter::new(File::create(&path)?), path };
         let step = i64::try_from(start).unwrap_or(i64::MAX);
@@ -133,23 +171,6 @@ impl EventFile {
 mod tests {
     use super::*;
 
-    /// Reads the records of `bytes` back, checking both CRCs of each.
-    fn events(bytes: &[u8]) -> Vec<Event> {
-        let mut out = Vec::new();
-        let mut at = 0;
-        while at < bytes.len() {
-            let len_bytes: [u8; 8] = bytes[at..at + 8].try_into().unwrap();
-            let len = u64::from_le_bytes(len_bytes) as usize;
-            assert_eq!(u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()), masked_crc(&len_bytes));
-            let data = &bytes[at + 12..at + 12 + len];
-            let crc = u32::from_le_bytes(bytes[at + 12 + len..at + 16 + len].try_into().unwrap());
-            assert_eq!(crc, masked_crc(data));
-            out.push(Event::decode(data).unwrap());
-            at += 16 + len;
-        }
-        out
-    }
-
     /// CRC-32C's check value, and the mask TFRecord puts on it.
     #[test]
     fn the_crc_is_crc32c_masked_as_tfrecord_masks_it() {
@@ -165,13 +186,24 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let mut f = EventFile::create(&dir, 40).unwrap();
         f.scalars(41, &[("loss", 2.5), ("learning_rate", 0.01)]).unwrap();
-        let got = events(&std::fs::read(f.path()).unwrap());
+        let bytes = std::fs::read(f.path()).unwrap();
+        let got = read_events(&bytes).unwrap();
         assert_eq!(got.len(), 3);
         assert_eq!((got[0].step, &got[0].what), (40, &Some(What::FileVersion("brain.Event:2".into()))));
         assert_eq!((got[1].step, &got[1].what), (41, &Some(What::SessionLog(SessionLog { status: 1 }))));
         let Some(What::Summary(s)) = &got[2].what else { panic!("{:?}", got[2]) };
         let tags: Vec<(&str, f32)> = s.value.iter().map(|v| (v.tag.as_str(), v.simple_value)).collect();
         assert_eq!((got[2].step, tags), (41, vec![("loss", 2.5), ("learning_rate", 0.01)]));
+        // A file cut short, or with a byte changed, says where; names are checked before they are joined.
+        assert!(read_events(&bytes[..bytes.len() - 1]).unwrap_err().contains("cut short"));
+        let mut bad = bytes.clone();
+        bad[20] ^= 1;
+        assert!(read_events(&bad).unwrap_err().contains("CRC"));
+        let name = f.path().file_name().unwrap().to_str().unwrap();
+        assert!(is_event_file_name(name), "{name}");
+        for bad in ["events.out.tfevents.", "events.out.tfevents.1/../x", "events.out.tfevents...", "metrics.jsonl"] {
+            assert!(!is_event_file_name(bad), "{bad}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

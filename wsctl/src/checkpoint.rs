@@ -27,21 +27,21 @@ use wire::identity::{Identity, SERVER_NAME};
 
 /// Most bytes of a `GET /checkpoints` answer read: a listing of thousands of checkpoints is a few hundred KiB,
 /// so more is not a listing.
-const MAX_LIST_BYTES: usize = 1 << 20;
+pub(crate) const MAX_LIST_BYTES: usize = 1 << 20;
 /// Most bytes of an error message read from the server.
 const MAX_MESSAGE_BYTES: usize = 4 << 10;
 /// How long connecting to MemoryX may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the listing may take in all, and how long a download may wait for its next chunk.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where to connect for `base`, and the URL prefix that asks for [`SERVER_NAME`] there.
-struct Target {
-    addr: SocketAddr,
-    prefix: String,
+pub(crate) struct Target {
+    pub(crate) addr: SocketAddr,
+    pub(crate) prefix: String,
 }
 
-async fn target(base: &str) -> Result<Target> {
+pub(crate) async fn target(base: &str) -> Result<Target> {
     let url = reqwest::Url::parse(base).with_context(|| format!("{base:?} is not a URL; give https://HOST:PORT"))?;
     if url.scheme() != "https" {
         bail!("{base}: MemoryX speaks HTTPS only; give https://HOST:PORT");
@@ -62,7 +62,7 @@ async fn target(base: &str) -> Result<Target> {
 }
 
 /// A client that trusts only the job's CA, presents the job's certificate and reaches [`SERVER_NAME`] at `addr`.
-fn client(identity: &Identity, addr: SocketAddr) -> Result<reqwest::Client> {
+pub(crate) fn client(identity: &Identity, addr: SocketAddr) -> Result<reqwest::Client> {
     let tls = identity.client_config()?;
     reqwest::Client::builder()
         .use_preconfigured_tls(tls)
@@ -75,7 +75,7 @@ fn client(identity: &Identity, addr: SocketAddr) -> Result<reqwest::Client> {
 }
 
 /// Reads at most `max` bytes of `response`'s body, failing on more; each chunk within [`IDLE_TIMEOUT`].
-async fn body_bounded(mut response: reqwest::Response, max: usize, what: &str) -> Result<Vec<u8>> {
+pub(crate) async fn body_bounded(mut response: reqwest::Response, max: usize, what: &str) -> Result<Vec<u8>> {
     let mut body = Vec::new();
     while let Some(chunk) = next_chunk(&mut response, what).await? {
         if body.len() + chunk.len() > max {
@@ -95,7 +95,7 @@ async fn next_chunk(response: &mut reqwest::Response, what: &str) -> Result<Opti
 
 /// Fails with the server's own words when `response` is not a success: `401` means the identity is not the
 /// job's, `404` an unknown checkpoint.
-async fn check(response: reqwest::Response, what: &str) -> Result<reqwest::Response> {
+pub(crate) async fn check(response: reqwest::Response, what: &str) -> Result<reqwest::Response> {
     let status = response.status();
     if status.is_success() {
         return Ok(response);
@@ -210,7 +210,7 @@ pub async fn pull(
         return pull_sliced(base, identity, &entry, out_dir, max_bytes.unwrap_or(total)).await;
     }
     let tmp = out_dir.join(format!(".{}.{}.part", entry.file, std::process::id()));
-    let result = download(base, identity, &entry.file, entry.bytes, &tmp).await.and_then(|()| {
+    let result = download(base, identity, ("checkpoints", &entry.file), entry.bytes, &tmp).await.and_then(|()| {
         checkpoint::read(&tmp, entry.bytes)
             .with_context(|| format!("{} arrived damaged; nothing was kept", entry.file))?;
         let path = out_dir.join(&entry.file);
@@ -238,7 +238,7 @@ async fn pull_sliced(
     let result = async {
         let manifest_path = staging.join(&entry.file);
         std::fs::create_dir_all(&staging).with_context(|| format!("cannot create {}", staging.display()))?;
-        download(base, identity, &entry.file, entry.bytes, &manifest_path).await?;
+        download(base, identity, ("checkpoints", &entry.file), entry.bytes, &manifest_path).await?;
         let m = manifest::read_manifest(&manifest_path)?;
         if m.step != entry.step || m.slices.len() != entry.slices.len() {
             bail!(
@@ -253,7 +253,7 @@ async fn pull_sliced(
         for (i, slice) in entry.slices.iter().enumerate() {
             let dir = manifest::slice_dir(&staging, i as u32);
             std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            download(base, identity, &slice.file, slice.bytes, &dir.join(&slice.file)).await?;
+            download(base, identity, ("checkpoints", &slice.file), slice.bytes, &dir.join(&slice.file)).await?;
         }
         let (m, tensors) = manifest::read_joined(&manifest_path, max_bytes)
             .with_context(|| format!("{} arrived damaged; nothing was kept", entry.file))?;
@@ -276,13 +276,20 @@ async fn pull_sliced(
     result
 }
 
-/// Streams the listed file `file` (`bytes` long) into `tmp`, never more than its announced size.
-async fn download(base: &str, identity: &Identity, file: &str, bytes: u64, tmp: &Path) -> Result<()> {
+/// Streams the listed file `file` (`bytes` long) of the listing at `/{route}` into `tmp`, never more than its
+/// announced size.
+pub(crate) async fn download(
+    base: &str,
+    identity: &Identity,
+    (route, file): (&str, &str),
+    bytes: u64,
+    tmp: &Path,
+) -> Result<()> {
     use std::io::Write;
     let target = target(base).await?;
-    let what = format!("GET {base}/checkpoints/{file}");
+    let what = format!("GET {base}/{route}/{file}");
     let http = client(identity, target.addr)?;
-    let response = tokio::time::timeout(IDLE_TIMEOUT, http.get(format!("{}/checkpoints/{file}", target.prefix)).send())
+    let response = tokio::time::timeout(IDLE_TIMEOUT, http.get(format!("{}/{route}/{file}", target.prefix)).send())
         .await
         .map_err(|_| anyhow!("{what}: no answer within {}s", IDLE_TIMEOUT.as_secs()))?
         .with_context(|| format!("{what}: cannot reach MemoryX"))?;
@@ -362,7 +369,7 @@ pub fn pull_command(
     Ok(())
 }
 
-fn runtime_block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+pub(crate) fn runtime_block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

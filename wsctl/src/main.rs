@@ -16,6 +16,7 @@ mod manifest;
 mod reference;
 mod run;
 mod simulate;
+mod tensorboard;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

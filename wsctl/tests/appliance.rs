@@ -763,7 +763,8 @@ fn every_endpoint_refuses_anyone_without_the_jobs_identity() {
 /// A job's checkpoints come back over MemoryX's HTTPS with the job's identity: `wsctl checkpoint list` shows
 /// them newest first, `pull` fetches the newest or a chosen step byte for byte (verified, nothing else left in
 /// the folder); without the job's certificate the routes answer `401`, with another job's the pull fails, and no
-/// name but a listed checkpoint's is served (traversal, temporary files, other files: `404`).
+/// name but a listed checkpoint's is served (traversal, temporary files, other files: `404`). The run's records
+/// (`GET /run`: metrics, summary, TensorBoard event files) come back the same way (`wsctl tensorboard pull`).
 #[test]
 fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
     use wire::identity::{CERT, KEY};
@@ -774,8 +775,9 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
     let input = node("input", &job, &[]);
     let e0 = engine(&job, 0, &input, &[]);
     let sx = node("swarmx", &job, &["--children", &e0.url()]);
-    let (mut mx, mut out) =
-        memoryx(&job, &sx, &input, &["--linger", "--checkpoint-dir", ck.to_str().unwrap()], &dir.join("memoryx.log"));
+    let run = dir.join("run");
+    let args = ["--linger", "--checkpoint-dir", ck.to_str().unwrap(), "--out", run.to_str().unwrap()];
+    let (mut mx, mut out) = memoryx(&job, &sx, &input, &args, &dir.join("memoryx.log"));
     let (_, mx_http) = ready("memoryx", &mut out);
     std::thread::spawn(move || for _ in out.lines() {});
     let ids = common::identity(&job);
@@ -914,6 +916,48 @@ fn checkpoints_are_pulled_over_https_with_the_jobs_identity_only() {
         );
     }
     assert!(get("/checkpoints/..%2F..%2Fetc%2Fpasswd").contains("no checkpoint named"), "a clear message");
+
+    // The run's records (`GET /run`), as `wsctl tensorboard pull` fetches them: the job's identity only, listed
+    // names only, and the event file holds every step's loss once.
+    std::fs::write(run.join("notes.txt"), b"not a record").unwrap();
+    let listing = get("/run");
+    assert!(
+        listing.contains("metrics.jsonl") && listing.contains("events.out.tfevents.") && !listing.contains("notes")
+    );
+    for path in ["/run", "/run/metrics.jsonl"] {
+        let anonymous = common::https("GET", &mx_http, path, &ca, None).unwrap();
+        assert!(anonymous.starts_with("HTTP/1.1 401"), "{path}: {anonymous}");
+    }
+    for path in ["/run/notes.txt", "/run/..%2Fsecret.txt", "/run/..%2Fcheckpoints%2Fstep-00000020.safetensors"] {
+        let answer = get(path);
+        assert!(answer.starts_with("HTTP/1.1 404") && !answer.contains("not yours"), "{path}: {answer}");
+    }
+    let records = dir.join("records");
+    let o = wsctl(&[
+        "tensorboard",
+        "pull",
+        "--url",
+        &url,
+        "--identity",
+        ids.to_str().unwrap(),
+        "-o",
+        records.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let printed = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(printed.lines().count(), 3, "an event file, metrics.jsonl and summary.json: {printed}");
+    assert_eq!(
+        std::fs::read(records.join("metrics.jsonl")).unwrap(),
+        std::fs::read(run.join("metrics.jsonl")).unwrap()
+    );
+    let event_file = printed.lines().find(|l| l.contains("tfevents")).unwrap();
+    let events = runtime::tensorboard::read_events(&std::fs::read(event_file).unwrap()).unwrap();
+    let losses: Vec<i64> = events
+        .iter()
+        .filter(|e| matches!(&e.what, Some(runtime::tensorboard::What::Summary(s)) if s.value.iter().any(|v| v.tag == "loss")))
+        .map(|e| e.step)
+        .collect();
+    assert_eq!(losses, (1..=20).collect::<Vec<i64>>(), "every step's loss once");
 
     // A sliced checkpoint (a run on two weight servers, its files laid into the folder as the coordinator lays
     // them out) is listed with its slices and pulled joined into one checkpoint of the same state; a damaged

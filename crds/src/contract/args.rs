@@ -122,7 +122,7 @@ pub struct MemoryxArgs {
     /// Where checkpoints live; the job resumes from the newest one found here.
     #[arg(long, env = "WS_CHECKPOINT_DIR")]
     pub checkpoint_dir: Option<PathBuf>,
-    /// Where to write metrics.jsonl and summary.json.
+    /// Where to write metrics.jsonl, summary.json and TensorBoard event files (served on `GET /run`).
     #[arg(long, env = "WS_OUT")]
     pub out: Option<PathBuf>,
     /// Seconds to wait for the SwarmX tree to come up.

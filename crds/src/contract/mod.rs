@@ -16,7 +16,7 @@ pub use args::{CommonArgs, EngineArgs, InputArgs, MemoryxArgs, RoleArgs, SwarmxA
 pub use handshake::{Handshake, ProgressReport};
 pub use role::{
     DATA_MOUNT, HTTP_PORT, JOB_LABEL, JOB_UID_LABEL, METRICS_SCRAPER_LABEL, PULL_POLICY_ANNOTATION, ROLE_LABEL,
-    RUNTIME_IMAGE_ANNOTATION, Role, input_workers_of,
+    RUN_FOLDER, RUNTIME_IMAGE_ANNOTATION, Role, input_workers_of,
 };
 pub use status::{MemoryxPhase, MemoryxStatus};
 pub use tree::{DEFAULT_FAN_OUT, SwarmxChild, SwarmxNode, SwarmxTree};

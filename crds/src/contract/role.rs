@@ -21,6 +21,11 @@ pub const PULL_POLICY_ANNOTATION: &str = "weightstream.dev/image-pull-policy";
 /// `spec.data` are taken inside it.
 pub const DATA_MOUNT: &str = "/var/run/weightstream/data";
 
+/// The folder of a cluster job's checkpoint volume where its coordinator records the run (`metrics.jsonl`,
+/// `summary.json`, TensorBoard event files), so the records outlive MemoryX's pod as the checkpoints do, and a
+/// retained claim's reader serves them too.
+pub const RUN_FOLDER: &str = "run";
+
 /// Namespace label that lets a metrics scraper (Prometheus) in that namespace reach every job's HTTP port
 /// (`/metrics`, `/healthz`) through the job's NetworkPolicy, which otherwise admits only the job's own pods
 /// and the operator. Set to `"true"` by a cluster admin on the monitoring namespace.

@@ -36,14 +36,15 @@ pub const SERVER_INDEX_ENV: &str = "WS_SERVER_INDEX";
 pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
 
 /// MemoryX's arguments in a pod, as the plan wires it: the coordinator drives the SwarmX root, and
-/// every weight server is told the others' addresses; the checkpoints go to the pod's volume and MemoryX
-/// lingers after the job so the operator reads Succeeded or Failed. Every pod of the StatefulSet has the same
-/// template, so the index is not here: each learns it from its pod's [`POD_INDEX_LABEL`] through
-/// [`SERVER_INDEX_ENV`].
+/// every weight server is told the others' addresses; the checkpoints and the run's records go to the pod's
+/// volume and MemoryX lingers after the job so the operator reads Succeeded or Failed. Every pod of the
+/// StatefulSet has the same template, so the index is not here: each learns it from its pod's
+/// [`POD_INDEX_LABEL`] through [`SERVER_INDEX_ENV`].
 pub fn memoryx_args(job: &TrainingJob, plan: &Plan) -> MemoryxArgs {
     let (site, wiring) = (ClusterSite::of(job), Wiring::of(plan));
     MemoryxArgs {
         checkpoint_dir: Some(CHECKPOINT_DIR.into()),
+        out: Some(std::path::Path::new(CHECKPOINT_DIR).join(crds::contract::RUN_FOLDER)),
         linger: true,
         ..wiring.memoryx(&site, wiring.weight_server_addresses(&site))
     }
@@ -134,6 +135,8 @@ mod tests {
         let a: MemoryxArgs = parse(c);
         assert_eq!(a.stage, "https://mnist-swarmx-0-0.mnist-swarmx.ml.svc:7100");
         assert_eq!(a.checkpoint_dir.as_deref(), Some(std::path::Path::new(CHECKPOINT_DIR)));
+        let run = std::path::Path::new(CHECKPOINT_DIR).join(crds::contract::RUN_FOLDER);
+        assert_eq!(a.out, Some(run), "the records on the volume");
         assert!(a.linger, "MemoryX must keep serving its final status");
         let pods = role_pods(&d, Role::Swarmx);
         let names: Vec<_> = pods.iter().map(|p| p.name_any()).collect();

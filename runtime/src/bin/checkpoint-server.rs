@@ -2,8 +2,8 @@
 //! `wsctl checkpoint list|pull` of a deleted job (whose checkpoint claim was retained) starts it in a
 //! short-lived pod that mounts the claim, and fetches the files through a port-forward, presenting a certificate
 //! of the identity it issued for that pod alone. The routes are MemoryX's own
-//! ([`runtime::memoryx::checkpoint_routes`]):
-//! the same listing, the same names, the same bounded streaming.
+//! ([`runtime::memoryx::checkpoint_routes`], and the run's records of [`runtime::coordinator::run_routes`] from
+//! the volume's `run` folder): the same listing, the same names, the same bounded streaming.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,8 +13,8 @@ use axum::Router;
 use axum::routing::get;
 use clap::Parser;
 
-/// Serves `GET /checkpoints` and `GET /checkpoints/{file}` from a folder over HTTPS, to holders of a
-/// certificate of the identity's CA only, and `/healthz` to anyone (the kubelet's probe).
+/// Serves `GET /checkpoints`, `GET /checkpoints/{file}`, `GET /run` and `GET /run/{file}` from a folder over
+/// HTTPS, to holders of a certificate of the identity's CA only, and `/healthz` to anyone (the kubelet's probe).
 #[derive(Parser)]
 #[command(name = "checkpoint-server", version)]
 struct Args {
@@ -48,7 +48,8 @@ fn serve(args: &Args) -> Result<(), String> {
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
         let open = Router::new().route("/healthz", get(|| async { "ok" }));
-        let protected = runtime::memoryx::checkpoint_routes::routes(Some(args.dir.clone()));
+        let protected = runtime::memoryx::checkpoint_routes::routes(Some(args.dir.clone()))
+            .merge(runtime::coordinator::run_routes::routes(Some(args.dir.join(crds::contract::RUN_FOLDER))));
         wire::https::serve(listener, &identity, open, protected).await.map_err(|e| e.to_string())
     })
 }

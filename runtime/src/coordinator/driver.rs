@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use crds::contract::{MemoryxPhase, MemoryxStatus, ProgressReport};
 use crds::{CheckpointRef, TrainingJobSpec};
 
-use crate::coordinator::records::Records;
+use crate::coordinator::records::{Records, SUMMARY_FILE};
 use crate::coordinator::train::MemoryxUsage;
 use crate::coordinator::train::{self, RetryPolicy, Summary};
 use crate::input::DataInfo;
@@ -458,7 +458,7 @@ impl Driver {
             crate::coordinator::sample::lines(store, &job.layout(), self.outputs.sample, spec.training.seed)?;
         summary.memoryx = MemoryxUsage::of(store);
         if let Some(out) = &self.outputs.out {
-            write_json_atomic(&out.join("summary.json"), &summary)?;
+            write_json_atomic(&out.join(SUMMARY_FILE), &summary)?;
         }
         Ok(summary)
     }

@@ -1,7 +1,8 @@
 //! The MemoryX program. It is also the job's coordinator: it runs the [`crate::coordinator::driver`] against the SwarmX
 //! tree, and reports progress on `GET /status` (what the operator reads, [`crds::contract::MemoryxStatus`]) and
 //! `/metrics`. `POST /checkpoint` asks for a checkpoint at the next step boundary; `GET /checkpoints` and
-//! `GET /checkpoints/{file}` hand the checkpoints back ([`crate::memoryx::checkpoint_routes`]).
+//! `GET /checkpoints/{file}` hand the checkpoints back ([`crate::memoryx::checkpoint_routes`]), `GET /run` and
+//! `GET /run/{file}` the run's records ([`crate::coordinator::run_routes`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -141,6 +142,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
                 }),
             )
             .merge(crate::memoryx::checkpoint_routes::routes(args.checkpoint_dir.clone()))
+            .merge(crate::coordinator::run_routes::routes(args.out.clone()))
     };
     let http_task = program.serve_http(http, registry, routes);
 

@@ -11,6 +11,11 @@ use errors::{Error, Result};
 use crate::coordinator::train::EvalReport;
 use crate::tensorboard::EventFile;
 
+/// The file with one JSON line per step.
+pub const METRICS_FILE: &str = "metrics.jsonl";
+/// The file with the run's summary, written at its end.
+pub const SUMMARY_FILE: &str = "summary.json";
+
 /// The TensorBoard tags of a step's scalars: the names `metrics.jsonl` gives them.
 pub const STEP_TAGS: [&str; 4] = ["loss", "learning_rate", "samples_per_s", "bytes_streamed"];
 /// The TensorBoard tags of the held-out evaluation, recorded at the last step.
@@ -29,7 +34,7 @@ impl Records {
     /// past `start`.
     pub fn open(out: &Path, start: u64) -> Result<Records> {
         std::fs::create_dir_all(out).map_err(|e| Error::io(format!("creating {}", out.display()), e))?;
-        let path = out.join("metrics.jsonl");
+        let path = out.join(METRICS_FILE);
         let file = if start > 0 {
             keep_steps_up_to(&path, start)?;
             OpenOptions::new().append(true).create(true).open(&path)

@@ -56,7 +56,7 @@ pub struct SliceFile {
 }
 
 /// A regular file's name and size (not a symbolic link placed under a checkpoint's name).
-fn regular(path: &Path) -> Option<(String, u64)> {
+pub(crate) fn regular(path: &Path) -> Option<(String, u64)> {
     let meta = std::fs::symlink_metadata(path).ok().filter(std::fs::Metadata::is_file)?;
     Some((path.file_name()?.to_str()?.to_string(), meta.len()))
 }
@@ -114,7 +114,7 @@ pub fn routes(dir: Option<PathBuf>) -> Router {
         .route("/checkpoints/{file}", get(move |UrlPath(file): UrlPath<String>| download(file_dir.clone(), file)))
 }
 
-fn failure(status: StatusCode, message: String) -> Response {
+pub(crate) fn failure(status: StatusCode, message: String) -> Response {
     (status, format!("{message}\n")).into_response()
 }
 
@@ -146,13 +146,18 @@ async fn download(dir: Option<PathBuf>, file: String) -> Response {
         Ok(Err(e)) => return failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, format!("finding {file}: {e}")),
     };
-    // Opened once: a checkpoint pruned meanwhile stays readable through this handle until it is sent.
-    let opened = match tokio::fs::File::open(&path).await {
+    send_file(&path, bytes, &file, not_found).await
+}
+
+/// The listed file at `path` as a response: streamed from disk in chunks, exactly `bytes` long (its listed size,
+/// never more, even if the file were to grow), `not_found` if it went meanwhile. Opened once: a file pruned
+/// meanwhile stays readable through this handle until it is sent.
+pub(crate) async fn send_file(path: &Path, bytes: u64, file: &str, not_found: impl Fn(&str) -> Response) -> Response {
+    let opened = match tokio::fs::File::open(path).await {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return not_found(&file),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return not_found(file),
         Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, format!("opening {file}: {e}")),
     };
-    // Exactly the size announced: never more, even if the file were to grow.
     let reader = tokio::io::AsyncReadExt::take(opened, bytes);
     let stream = futures::stream::unfold(reader, |mut reader| async move {
         let mut buf = vec![0u8; CHUNK];

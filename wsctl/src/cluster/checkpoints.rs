@@ -25,15 +25,15 @@ use crds::contract::{JOB_LABEL, ROLE_LABEL};
 pub struct Source {
     /// The job on the cluster (reached through the API server); or give --url and --identity.
     #[arg(value_name = "JOB", required_unless_present = "url")]
-    name: Option<String>,
+    pub(super) name: Option<String>,
     #[command(flatten)]
-    ns: Namespace,
+    pub(super) ns: Namespace,
     /// MemoryX's HTTPS address, https://HOST:PORT (its `http` address; a port-forward to it).
     #[arg(long, requires = "identity", conflicts_with = "name")]
-    url: Option<String>,
+    pub(super) url: Option<String>,
     /// A folder with the job's identity: ca.crt, tls.crt, tls.key (with --url).
     #[arg(long, requires = "url")]
-    identity: Option<PathBuf>,
+    pub(super) identity: Option<PathBuf>,
 }
 
 /// `wsctl checkpoint …`: of a cluster job by name, or of any MemoryX by `--url` and `--identity`.
@@ -105,21 +105,22 @@ pub async fn run(command: Command) -> Result<(), Error> {
 }
 
 /// Where the checkpoints are read: a live job's MemoryX, or a deleted job's retained claim through a reader pod.
-struct Origin {
+pub(super) struct Origin {
     /// The job, when it still exists: its plan bounds a download.
     job: Option<crds::TrainingJob>,
     /// The forward to a live job's MemoryX (a reader holds its own).
     forward: Option<Forward>,
     /// The reader of a deleted job's claim.
-    reader: Option<retained::Reader>,
+    pub(super) reader: Option<retained::Reader>,
     /// The base URL to call.
-    base: String,
+    pub(super) base: String,
     /// The identity to present.
-    identity: Identity,
+    pub(super) identity: Identity,
 }
 
 impl Origin {
-    fn failure(&self) -> Option<String> {
+    /// Why the forward under this origin failed, if it did.
+    pub(super) fn failure(&self) -> Option<String> {
         self.forward.as_ref().or(self.reader.as_ref().map(|r| &r.forward)).and_then(Forward::failure)
     }
 }
@@ -151,7 +152,7 @@ async fn transfer(command: &Command, source: &Origin, ns: &str, name: &str) -> R
 /// The job's checkpoints: from its running MemoryX pod when the job exists (a local forward to its HTTP port,
 /// called as `https://127.0.0.1:PORT` with the job's identity), else from its claim through a reader pod
 /// ([`retained`]): the claim a deleted job left, or that of a job whose MemoryX is scaled to zero.
-async fn connect(cluster: &Cluster, name: &str, timeout: Duration) -> Result<Origin, Error> {
+pub(super) async fn connect(cluster: &Cluster, name: &str, timeout: Duration) -> Result<Origin, Error> {
     let ns = &cluster.namespace;
     let action = format!("read TrainingJob {ns}/{name}");
     let Some(job) = cluster.jobs().get_opt(name).await.map_err(Error::api(action, ns, name))? else {

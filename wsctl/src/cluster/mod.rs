@@ -1,14 +1,15 @@
-//! The cluster client: `wsctl submit|get|logs|cancel|suspend|resume|checkpoint` on the TrainingJobs of a
-//! Kubernetes cluster, through the user's kubeconfig as kubectl does. The same binary works as a kubectl plugin
-//! when it is reachable as `kubectl-ws` on the PATH (`kubectl ws get`): clap's name is fixed, so argv[0] does not
-//! matter.
+//! The cluster client: `wsctl submit|get|logs|cancel|suspend|resume|checkpoint|tensorboard` on the
+//! TrainingJobs of a Kubernetes cluster, through the user's kubeconfig as kubectl does. The same binary works as
+//! a kubectl plugin when it is reachable as `kubectl-ws` on the PATH (`kubectl ws get`): clap's name is fixed, so
+//! argv[0] does not matter.
 //!
 //! One module per concept: [`submit`] (create, then optionally watch), [`progress`] (status to text: the bar and
 //! the per-change lines), [`watch`] (waiting on a job through the API's watch with a deadline), [`get`] (the
 //! table), [`logs`] (the job's pods by the operator's labels), [`control`] (cancel, suspend, resume),
 //! [`portforward`] (a local port bridged to a pod through the API server), [`checkpoints`] (list and pull
 //! over that bridge with the job's mutual-TLS identity), [`retained`] (a deleted job's checkpoints, read from
-//! the claim it left through a short-lived reader pod) and [`admin`] (an upgrade's storage migration).
+//! the claim it left through a short-lived reader pod), [`tensorboard`] (a job's records, fetched the same way)
+//! and [`admin`] (an upgrade's storage migration).
 
 mod admin;
 mod checkpoints;
@@ -20,6 +21,7 @@ mod portforward;
 mod progress;
 mod retained;
 mod submit;
+mod tensorboard;
 #[cfg(test)]
 mod testing;
 mod watch;
@@ -173,6 +175,13 @@ pub enum Command {
         #[command(subcommand)]
         what: checkpoints::Command,
     },
+    /// Fetch a job's TensorBoard event files and metrics (`tensorboard --logdir runs` then shows it): a running
+    /// cluster job's from its MemoryX, a deleted one's from the claim it left, or any MemoryX's by --url and
+    /// --identity.
+    Tensorboard {
+        #[command(subcommand)]
+        what: tensorboard::Command,
+    },
     /// A cluster administrator's commands (an upgrade's storage migration).
     Admin {
         #[command(subcommand)]
@@ -184,6 +193,11 @@ pub enum Command {
 pub fn run(command: Command) -> anyhow::Result<()> {
     if let Command::Checkpoint { what } = &command
         && let Some(done) = checkpoints::direct(what)
+    {
+        return done;
+    }
+    if let Command::Tensorboard { what } = &command
+        && let Some(done) = tensorboard::direct(what)
     {
         return done;
     }
@@ -225,6 +239,7 @@ async fn dispatch(command: Command) -> Result<(), Error> {
             control::label(&Cluster::connect(ns).await?, &job, &labels, overwrite).await
         }
         Command::Checkpoint { what } => checkpoints::run(what).await,
+        Command::Tensorboard { what } => tensorboard::run(what).await,
         Command::Admin { what } => admin::run(what).await,
     }
 }
