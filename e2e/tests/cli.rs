@@ -506,6 +506,12 @@ async fn checkpoints_outlive_a_deleted_or_cancelled_job_unless_retain_is_delete(
         ok(std::fs::read(printed.trim()), "the checkpoint pulled after the deletion") == live,
         "not the same file bit for bit"
     );
+    // Its records too (from the run folder of the same claim): the finished run's summary among them.
+    let records = dir.join("records");
+    let printed =
+        wsctl_ok(&kc, &["tensorboard", "pull", "kept", "-n", &ns, "-o", &records.display().to_string()]).await;
+    let summary = ok(std::fs::read_to_string(records.join("summary.json")), "the deleted job's summary.json");
+    assert!(summary.contains("\"steps\": 3000") && printed.contains("tfevents"), "{printed}\n{summary}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let readers = ListParams::default().labels("weightstream.dev/checkpoint-reader=kept");
     ok(

@@ -210,13 +210,16 @@ pub async fn pull(
         return pull_sliced(base, identity, &entry, out_dir, max_bytes.unwrap_or(total)).await;
     }
     let tmp = out_dir.join(format!(".{}.{}.part", entry.file, std::process::id()));
-    let result = download(base, identity, ("checkpoints", &entry.file), entry.bytes, &tmp).await.and_then(|()| {
-        checkpoint::read(&tmp, entry.bytes)
-            .with_context(|| format!("{} arrived damaged; nothing was kept", entry.file))?;
-        let path = out_dir.join(&entry.file);
-        std::fs::rename(&tmp, &path).with_context(|| format!("cannot move the checkpoint to {}", path.display()))?;
-        Ok(path)
-    });
+    let result = download(base, identity, ("checkpoints", &entry.file), (entry.bytes, Listed::Exact), &tmp)
+        .await
+        .and_then(|()| {
+            checkpoint::read(&tmp, entry.bytes)
+                .with_context(|| format!("{} arrived damaged; nothing was kept", entry.file))?;
+            let path = out_dir.join(&entry.file);
+            std::fs::rename(&tmp, &path)
+                .with_context(|| format!("cannot move the checkpoint to {}", path.display()))?;
+            Ok(path)
+        });
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -238,7 +241,7 @@ async fn pull_sliced(
     let result = async {
         let manifest_path = staging.join(&entry.file);
         std::fs::create_dir_all(&staging).with_context(|| format!("cannot create {}", staging.display()))?;
-        download(base, identity, ("checkpoints", &entry.file), entry.bytes, &manifest_path).await?;
+        download(base, identity, ("checkpoints", &entry.file), (entry.bytes, Listed::Exact), &manifest_path).await?;
         let m = manifest::read_manifest(&manifest_path)?;
         if m.step != entry.step || m.slices.len() != entry.slices.len() {
             bail!(
@@ -253,7 +256,14 @@ async fn pull_sliced(
         for (i, slice) in entry.slices.iter().enumerate() {
             let dir = manifest::slice_dir(&staging, i as u32);
             std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-            download(base, identity, ("checkpoints", &slice.file), slice.bytes, &dir.join(&slice.file)).await?;
+            download(
+                base,
+                identity,
+                ("checkpoints", &slice.file),
+                (slice.bytes, Listed::Exact),
+                &dir.join(&slice.file),
+            )
+            .await?;
         }
         let (m, tensors) = manifest::read_joined(&manifest_path, max_bytes)
             .with_context(|| format!("{} arrived damaged; nothing was kept", entry.file))?;
@@ -276,13 +286,23 @@ async fn pull_sliced(
     result
 }
 
+/// What a listed size promises of the file a download then gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Listed {
+    /// The file is whole and never changes (a checkpoint): exactly that many bytes, never more.
+    Exact,
+    /// The file only grows, by whole records (a run's records while it runs): its first that many bytes, the
+    /// rest of a grown file left unread.
+    Prefix,
+}
+
 /// Streams the listed file `file` (`bytes` long) of the listing at `/{route}` into `tmp`, never more than its
-/// announced size.
+/// listed size.
 pub(crate) async fn download(
     base: &str,
     identity: &Identity,
     (route, file): (&str, &str),
-    bytes: u64,
+    (bytes, listed): (u64, Listed),
     tmp: &Path,
 ) -> Result<()> {
     use std::io::Write;
@@ -294,17 +314,22 @@ pub(crate) async fn download(
         .map_err(|_| anyhow!("{what}: no answer within {}s", IDLE_TIMEOUT.as_secs()))?
         .with_context(|| format!("{what}: cannot reach MemoryX"))?;
     let mut response = check(response, &what).await?;
-    if response.content_length().is_some_and(|n| n > bytes) {
+    if listed == Listed::Exact && response.content_length().is_some_and(|n| n > bytes) {
         bail!("{what}: the server announces more bytes than the listing did ({bytes}); refusing it");
     }
     let file = std::fs::File::create(tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let mut out = std::io::BufWriter::new(file);
     let mut received = 0u64;
-    while let Some(chunk) = next_chunk(&mut response, &what).await? {
-        received += chunk.len() as u64;
-        if received > bytes {
-            bail!("{what}: more than the {bytes} bytes announced; refusing it");
+    while received < bytes || listed == Listed::Exact {
+        let Some(mut chunk) = next_chunk(&mut response, &what).await? else { break };
+        let room = bytes - received;
+        if chunk.len() as u64 > room {
+            if listed == Listed::Exact {
+                bail!("{what}: more than the {bytes} bytes announced; refusing it");
+            }
+            chunk.truncate(room as usize);
         }
+        received += chunk.len() as u64;
         out.write_all(&chunk).with_context(|| format!("cannot write {}", tmp.display()))?;
     }
     if received != bytes {

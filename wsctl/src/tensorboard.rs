@@ -1,7 +1,8 @@
 //! `wsctl tensorboard pull`: a job's records (TensorBoard event files, `metrics.jsonl`, `summary.json`) fetched
 //! from its MemoryX's `GET /run` over HTTPS with the job's identity, as [`crate::checkpoint`] fetches checkpoints:
 //! any base URL (a local run's MemoryX, a port-forward to a cluster job's). The listing is bounded and its names
-//! must be record names (never a path); each download is bounded by its listed size and by [`MAX_FILE_BYTES`];
+//! must be record names (never a path); each download is its listed size (the first bytes of a record file that
+//! grew since, which end on a record's end) and within [`MAX_FILE_BYTES`];
 //! an event file lands only once every record in it checks (length, CRCs, an `Event`), by rename from a
 //! temporary file, so `tensorboard --logdir` over the folder never reads half a file.
 
@@ -12,7 +13,7 @@ use runtime::coordinator::run_routes::{MAX_FILES, RunFile, is_run_file};
 use runtime::tensorboard::{is_event_file_name, read_events};
 use wire::identity::Identity;
 
-use crate::checkpoint::{IDLE_TIMEOUT, MAX_LIST_BYTES, body_bounded, check, client, download, target};
+use crate::checkpoint::{IDLE_TIMEOUT, Listed, MAX_LIST_BYTES, body_bounded, check, client, download, target};
 
 /// Most bytes of one record file pulled: a run's event file grows by ~100 bytes a step, so this is millions of
 /// steps; a larger one is refused, not read.
@@ -48,7 +49,9 @@ pub async fn pull(base: &str, identity: &Identity, out: &Path) -> Result<Vec<Pat
     let mut written = Vec::new();
     for f in files {
         let (tmp, path) = (out.join(format!(".{}.tmp", f.file)), out.join(&f.file));
-        let fetched = download(base, identity, ("run", &f.file), f.bytes, &tmp).await.and_then(|()| verify(&f, &tmp));
+        // A running job's records grow while they are pulled: each comes as long as it was listed.
+        let fetched = download(base, identity, ("run", &f.file), (f.bytes, Listed::Prefix), &tmp).await;
+        let fetched = fetched.and_then(|()| verify(&f, &tmp));
         if let Err(e) = fetched {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
