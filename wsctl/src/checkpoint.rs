@@ -27,21 +27,21 @@ use wire::identity::{Identity, SERVER_NAME};
 
 /// Most bytes of a `GET /checkpoints` answer read: a listing of thousands of checkpoints is a few hundred KiB,
 /// so more is not a listing.
-pub(crate) const MAX_LIST_BYTES: usize = 1 << 20;
+const MAX_LIST_BYTES: usize = 1 << 20;
 /// Most bytes of an error message read from the server.
 const MAX_MESSAGE_BYTES: usize = 4 << 10;
 /// How long connecting to MemoryX may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the listing may take in all, and how long a download may wait for its next chunk.
-pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where to connect for `base`, and the URL prefix that asks for [`SERVER_NAME`] there.
-pub(crate) struct Target {
-    pub(crate) addr: SocketAddr,
-    pub(crate) prefix: String,
+struct Target {
+    addr: SocketAddr,
+    prefix: String,
 }
 
-pub(crate) async fn target(base: &str) -> Result<Target> {
+async fn target(base: &str) -> Result<Target> {
     let url = reqwest::Url::parse(base).with_context(|| format!("{base:?} is not a URL; give https://HOST:PORT"))?;
     if url.scheme() != "https" {
         bail!("{base}: MemoryX speaks HTTPS only; give https://HOST:PORT");
@@ -62,7 +62,7 @@ pub(crate) async fn target(base: &str) -> Result<Target> {
 }
 
 /// A client that trusts only the job's CA, presents the job's certificate and reaches [`SERVER_NAME`] at `addr`.
-pub(crate) fn client(identity: &Identity, addr: SocketAddr) -> Result<reqwest::Client> {
+fn client(identity: &Identity, addr: SocketAddr) -> Result<reqwest::Client> {
     let tls = identity.client_config()?;
     reqwest::Client::builder()
         .use_preconfigured_tls(tls)
@@ -75,7 +75,7 @@ pub(crate) fn client(identity: &Identity, addr: SocketAddr) -> Result<reqwest::C
 }
 
 /// Reads at most `max` bytes of `response`'s body, failing on more; each chunk within [`IDLE_TIMEOUT`].
-pub(crate) async fn body_bounded(mut response: reqwest::Response, max: usize, what: &str) -> Result<Vec<u8>> {
+async fn body_bounded(mut response: reqwest::Response, max: usize, what: &str) -> Result<Vec<u8>> {
     let mut body = Vec::new();
     while let Some(chunk) = next_chunk(&mut response, what).await? {
         if body.len() + chunk.len() > max {
@@ -95,7 +95,7 @@ async fn next_chunk(response: &mut reqwest::Response, what: &str) -> Result<Opti
 
 /// Fails with the server's own words when `response` is not a success: `401` means the identity is not the
 /// job's, `404` an unknown checkpoint.
-pub(crate) async fn check(response: reqwest::Response, what: &str) -> Result<reqwest::Response> {
+async fn check(response: reqwest::Response, what: &str) -> Result<reqwest::Response> {
     let status = response.status();
     if status.is_success() {
         return Ok(response);
@@ -133,18 +133,27 @@ fn valid_slice_name(name: &str, step: u64, index: usize, count: usize) -> bool {
     digits_of(d, step) && digits_of(i, index as u64) && digits_of(k, count as u64)
 }
 
-/// The checkpoints MemoryX at `base` holds, newest first, asked with `identity`.
-pub async fn list(base: &str, identity: &Identity) -> Result<Vec<Entry>> {
+/// The JSON listing MemoryX at `base` answers on `GET /{route}` to `identity`, at most [`MAX_LIST_BYTES`].
+pub(crate) async fn get_listing<T: serde::de::DeserializeOwned>(
+    base: &str,
+    identity: &Identity,
+    route: &str,
+) -> Result<T> {
     let target = target(base).await?;
-    let what = format!("GET {base}/checkpoints");
+    let what = format!("GET {base}/{route}");
     let http = client(identity, target.addr)?;
-    let response = tokio::time::timeout(IDLE_TIMEOUT, http.get(format!("{}/checkpoints", target.prefix)).send())
+    let response = tokio::time::timeout(IDLE_TIMEOUT, http.get(format!("{}/{route}", target.prefix)).send())
         .await
         .map_err(|_| anyhow!("{what}: no answer within {}s", IDLE_TIMEOUT.as_secs()))?
         .with_context(|| format!("{what}: cannot reach MemoryX"))?;
     let body = body_bounded(check(response, &what).await?, MAX_LIST_BYTES, &what).await?;
-    let entries: Vec<Entry> =
-        serde_json::from_slice(&body).with_context(|| format!("{what}: not a checkpoint listing"))?;
+    serde_json::from_slice(&body).with_context(|| format!("{what}: not a listing of {route}"))
+}
+
+/// The checkpoints MemoryX at `base` holds, newest first, asked with `identity`.
+pub async fn list(base: &str, identity: &Identity) -> Result<Vec<Entry>> {
+    let what = format!("GET {base}/checkpoints");
+    let entries: Vec<Entry> = get_listing(base, identity, "checkpoints").await?;
     if let Some(bad) = entries.iter().find(|e| !valid_name(&e.file, e.step)) {
         bail!(
             "{what}: the listing names {:?} for step {}, not a checkpoint file name; refusing it",

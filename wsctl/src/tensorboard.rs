@@ -13,7 +13,7 @@ use runtime::coordinator::run_routes::{MAX_FILES, RunFile, is_run_file};
 use runtime::tensorboard::{is_event_file_name, read_events};
 use wire::identity::Identity;
 
-use crate::checkpoint::{IDLE_TIMEOUT, Listed, MAX_LIST_BYTES, body_bounded, check, client, download, target};
+use crate::checkpoint::{Listed, download, get_listing};
 
 /// Most bytes of one record file pulled: a run's event file grows by ~100 bytes a step, so this is millions of
 /// steps; a larger one is refused, not read.
@@ -21,15 +21,8 @@ pub const MAX_FILE_BYTES: u64 = 256 << 20;
 
 /// The records MemoryX at `base` lists, each checked to be a record's name and within [`MAX_FILE_BYTES`].
 pub async fn list(base: &str, identity: &Identity) -> Result<Vec<RunFile>> {
-    let target = target(base).await?;
     let what = format!("GET {base}/run");
-    let http = client(identity, target.addr)?;
-    let response = tokio::time::timeout(IDLE_TIMEOUT, http.get(format!("{}/run", target.prefix)).send())
-        .await
-        .map_err(|_| anyhow!("{what}: no answer within {}s", IDLE_TIMEOUT.as_secs()))?
-        .with_context(|| format!("{what}: cannot reach MemoryX"))?;
-    let body = body_bounded(check(response, &what).await?, MAX_LIST_BYTES, &what).await?;
-    let files: Vec<RunFile> = serde_json::from_slice(&body).with_context(|| format!("{what}: not a listing"))?;
+    let files: Vec<RunFile> = get_listing(base, identity, "run").await?;
     if files.len() > MAX_FILES {
         bail!("{what}: {} files listed, more than the {MAX_FILES} MemoryX lists; refusing it", files.len());
     }
