@@ -91,9 +91,25 @@ pub async fn run(command: Command) -> Result<(), Error> {
         }
     };
     let cluster = Cluster::connect(ns).await?;
+    let ns = cluster.namespace.clone();
+    within_deadline(&cluster, &name, timeout, "the checkpoint transfer", async |source| {
+        transfer(&command, source, &ns, &name).await
+    })
+    .await
+}
+
+/// Runs `transfer` on the job's [`Origin`] within `timeout` (`what` names the transfer if time runs out), and
+/// closes the reader pod it may have needed, whatever the outcome.
+pub(super) async fn within_deadline<T>(
+    cluster: &Cluster,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    transfer: impl AsyncFnOnce(&Origin) -> Result<T, Error>,
+) -> Result<T, Error> {
     let work = async {
-        let source = connect(&cluster, &name, timeout).await?;
-        let done = transfer(&command, &source, &cluster.namespace, &name).await;
+        let source = connect(cluster, name, timeout).await?;
+        let done = transfer(&source).await;
         if let Some(reader) = source.reader {
             reader.close().await;
         }
@@ -101,7 +117,7 @@ pub async fn run(command: Command) -> Result<(), Error> {
     };
     tokio::time::timeout(timeout, work)
         .await
-        .unwrap_or_else(|_| Err(Error::Timeout { after: timeout, what: "the checkpoint transfer".into(), last: None }))
+        .unwrap_or_else(|_| Err(Error::Timeout { after: timeout, what: what.into(), last: None }))
 }
 
 /// Where the checkpoints are read: a live job's MemoryX, or a deleted job's retained claim through a reader pod.
@@ -111,7 +127,7 @@ pub(super) struct Origin {
     /// The forward to a live job's MemoryX (a reader holds its own).
     forward: Option<Forward>,
     /// The reader of a deleted job's claim.
-    pub(super) reader: Option<retained::Reader>,
+    reader: Option<retained::Reader>,
     /// The base URL to call.
     pub(super) base: String,
     /// The identity to present.
@@ -119,18 +135,18 @@ pub(super) struct Origin {
 }
 
 impl Origin {
-    /// Why the forward under this origin failed, if it did.
-    pub(super) fn failure(&self) -> Option<String> {
-        self.forward.as_ref().or(self.reader.as_ref().map(|r| &r.forward)).and_then(Forward::failure)
+    /// `e`, the failure of `what`, as the command's error, with why the forward under this origin failed if it
+    /// did (a pod gone, a port-forward refused).
+    pub(super) fn failed(&self, what: String, e: anyhow::Error) -> Error {
+        let forward = self.forward.as_ref().or(self.reader.as_ref().map(|r| &r.forward));
+        let why = forward.and_then(Forward::failure).map(|f| format!(" ({f})")).unwrap_or_default();
+        Error::Checkpoint { what, message: format!("{e:#}{why}") }
     }
 }
 
 /// Lists or pulls from `source`.
 async fn transfer(command: &Command, source: &Origin, ns: &str, name: &str) -> Result<(), Error> {
-    let failed = |what: &str, e: anyhow::Error| {
-        let why = source.failure().map(|f| format!(" ({f})")).unwrap_or_default();
-        Error::Checkpoint { what: format!("{what} of {ns}/{name}"), message: format!("{e:#}{why}") }
-    };
+    let failed = |what: &str, e: anyhow::Error| source.failed(format!("{what} of {ns}/{name}"), e);
     match command {
         Command::List { json, .. } => {
             let entries =
@@ -152,7 +168,7 @@ async fn transfer(command: &Command, source: &Origin, ns: &str, name: &str) -> R
 /// The job's checkpoints: from its running MemoryX pod when the job exists (a local forward to its HTTP port,
 /// called as `https://127.0.0.1:PORT` with the job's identity), else from its claim through a reader pod
 /// ([`retained`]): the claim a deleted job left, or that of a job whose MemoryX is scaled to zero.
-pub(super) async fn connect(cluster: &Cluster, name: &str, timeout: Duration) -> Result<Origin, Error> {
+async fn connect(cluster: &Cluster, name: &str, timeout: Duration) -> Result<Origin, Error> {
     let ns = &cluster.namespace;
     let action = format!("read TrainingJob {ns}/{name}");
     let Some(job) = cluster.jobs().get_opt(name).await.map_err(Error::api(action, ns, name))? else {

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::checkpoints::{Source, connect};
+use super::checkpoints::{Source, within_deadline};
 use super::{Cluster, Error};
 
 /// `wsctl tensorboard …`.
@@ -43,20 +43,11 @@ pub async fn run(command: Command) -> Result<(), Error> {
     let out = out.unwrap_or_else(|| PathBuf::from("runs").join(&name));
     let cluster = Cluster::connect(from.ns.clone()).await?;
     let ns = cluster.namespace.clone();
-    let work = async {
-        let source = connect(&cluster, &name, timeout).await?;
-        let done = crate::tensorboard::pull(&source.base, &source.identity, &out).await.map_err(|e| {
-            let why = source.failure().map(|f| format!(" ({f})")).unwrap_or_default();
-            Error::Checkpoint { what: format!("tensorboard pull of {ns}/{name}"), message: format!("{e:#}{why}") }
-        });
-        if let Some(reader) = source.reader {
-            reader.close().await;
-        }
-        done
-    };
-    let written = tokio::time::timeout(timeout, work)
-        .await
-        .unwrap_or_else(|_| Err(Error::Timeout { after: timeout, what: "the records' transfer".into(), last: None }))?;
+    let written = within_deadline(&cluster, &name, timeout, "the records' transfer", async |source| {
+        let pulled = crate::tensorboard::pull(&source.base, &source.identity, &out).await;
+        pulled.map_err(|e| source.failed(format!("tensorboard pull of {ns}/{name}"), e))
+    })
+    .await?;
     for path in &written {
         println!("{}", path.display());
     }
