@@ -4,6 +4,7 @@
 
 #![warn(missing_docs)]
 
+pub mod browser;
 pub mod cluster;
 
 use std::future::Future;

@@ -9,7 +9,8 @@
 //!   finishes; `cancel` returns once the job is gone, and none of its children is left but its checkpoint claims.
 //! - `checkpoint list` and `checkpoint pull` fetch a running job's checkpoint through a port-forward with the
 //!   job's identity, and the file reads back as the runtime's checkpoint of the listed step; `tensorboard pull`
-//!   fetches its TensorBoard event file, which holds every step so far once.
+//!   fetches its TensorBoard event file, which holds every step so far once; `dashboard` shows it in a browser
+//!   (every step on its curve, every pod in its tree).
 //! - A deleted or cancelled job's checkpoints are kept in its claims and pull bit for bit as before the
 //!   deletion (a reader pod mounts the claim); `retain: Delete` removes them with the job.
 //!
@@ -431,6 +432,7 @@ async fn checkpoint_pull_fetches_a_running_jobs_checkpoint_through_the_api_serve
     eprintln!("tensorboard pull: {} files, the loss of steps 1..={:?}", files.len(), steps.last());
     assert!(steps.len() >= 2000, "{} steps recorded: {printed}", steps.len());
     assert!(steps[0] == 1 && steps.windows(2).all(|w| w[1] == w[0] + 1), "each step once, in order");
+    dashboard_shows_the_running_job(&client, &kc, &ns, "saved").await;
     // A step that has no checkpoint is one clear error.
     let out = wsctl_run(&kc, &["checkpoint", "pull", "saved", "-n", &ns, "--step", "7", "-o", &out_arg]).await;
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no checkpoint of step 7"));
@@ -606,6 +608,30 @@ fn held_out_loss(model: &gpt2::Gpt2, test: &data::Dataset) -> f64 {
         tokens += labels.len();
     }
     sum / tokens.max(1) as f64
+}
+
+/// `wsctl dashboard -n NS` in a browser: the running job is listed Running; its page has its curve with one
+/// vertex a recorded step, every pod of the job in the appliance's tree, its Events and its checkpoints.
+async fn dashboard_shows_the_running_job(client: &Client, kc: &Path, ns: &str, job: &str) {
+    use e2e::browser::{Dashboard, attributes, dump_dom, element};
+    let dash = ok(Dashboard::start(&wsctl(), &["-n", ns], Some(kc)), "wsctl dashboard");
+    let (listing, page) = (dash.url.clone(), format!("{}jobs/{ns}/{job}", dash.url));
+    let browse = |url: String| tokio::task::spawn_blocking(move || dump_dom(&url, 0, Duration::from_secs(120)));
+    let listing = ok(ok(browse(listing).await, "browser"), "the listing");
+    assert!(listing.contains(&format!(">{job}</a>")) && listing.contains(r#"data-phase="Running""#), "{listing}");
+    let page = ok(ok(browse(page).await, "browser"), "the job's page");
+    let loss = element(&page, "<figure id=\"loss\"", "</figure>").unwrap_or_else(|| panic!("no loss chart: {page}"));
+    let points: usize = attributes(loss, "data-points").first().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let vertices = attributes(loss, "points").first().map_or(0, |p| p.split_whitespace().count());
+    assert!(points >= 2000 && vertices == points, "{points} steps recorded, {vertices} vertices drawn");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let sel = format!("weightstream.dev/job={job}");
+    let mut want: Vec<String> = ok(pods.list(&ListParams::default().labels(&sel)).await, "pods").iter().map(|p| p.name_any()).collect();
+    let mut shown = attributes(&page, "data-name");
+    (want.sort(), shown.sort());
+    assert_eq!(shown, want, "the tree has every pod of the job");
+    assert!(page.contains(r#"<table id="events""#) && page.contains(r#"<table id="checkpoints""#), "{page}");
+    eprintln!("dashboard: {points} steps drawn, {} pods in the tree", shown.len());
 }
 
 /// Pods of `ns` with `role` that exist now.

@@ -53,6 +53,25 @@ impl Component {
         }
     }
 
+    /// The component named `name` ([`Component::name`] read back), if it names one.
+    pub fn from_name(name: &str) -> Option<Component> {
+        let number = |s: &str| s.parse::<u32>().ok().filter(|n| n.to_string() == s);
+        if name == "memoryx" {
+            return Some(Component::WeightServer(0));
+        }
+        let (kind, rest) = name.split_once('-')?;
+        match kind {
+            "input" => number(rest).map(Component::Input),
+            "engine" => number(rest).map(Component::Engine),
+            "memoryx" => number(rest).filter(|&i| i > 0).map(Component::WeightServer),
+            "swarmx" => {
+                let (level, index) = rest.split_once('-')?;
+                Some(Component::Swarmx { level: number(level)? as usize, index: number(index)? as usize })
+            }
+            _ => None,
+        }
+    }
+
     /// The component a SwarmX node's child is.
     pub fn of_child(child: SwarmxChild) -> Component {
         match child {
@@ -193,5 +212,29 @@ impl<'a> Wiring<'a> {
     /// The addresses of weight servers `1..`, where the site knows them all in advance (a cluster's DNS).
     pub fn weight_server_addresses(&self, site: &impl Site) -> Vec<String> {
         (1..self.plan.memoryx.servers).map(|i| site.address(Component::WeightServer(i))).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every component's name reads back as that component, and nothing else reads as one.
+    #[test]
+    fn a_components_name_reads_back_as_the_component() {
+        let all = [
+            Component::Input(3),
+            Component::Engine(0),
+            Component::Engine(17),
+            Component::Swarmx { level: 1, index: 2 },
+            Component::WeightServer(0),
+            Component::WeightServer(2),
+        ];
+        for c in all {
+            assert_eq!(Component::from_name(&c.name()), Some(c), "{}", c.name());
+        }
+        for bad in ["", "engine", "engine-", "engine-01", "engine--1", "memoryx-0", "swarmx-1", "swarmx-1-x", "gpu-0"] {
+            assert_eq!(Component::from_name(bad), None, "{bad}");
+        }
     }
 }

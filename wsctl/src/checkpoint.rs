@@ -139,6 +139,12 @@ pub(crate) async fn get_listing<T: serde::de::DeserializeOwned>(
     identity: &Identity,
     route: &str,
 ) -> Result<T> {
+    let body = get_bounded(base, identity, route, MAX_LIST_BYTES).await?;
+    serde_json::from_slice(&body).with_context(|| format!("GET {base}/{route}: not a listing of {route}"))
+}
+
+/// The body of `GET {base}/{route}` (at most `max` bytes, else an error), asked with `identity`.
+pub(crate) async fn get_bounded(base: &str, identity: &Identity, route: &str, max: usize) -> Result<Vec<u8>> {
     let target = target(base).await?;
     let what = format!("GET {base}/{route}");
     let http = client(identity, target.addr)?;
@@ -146,8 +152,7 @@ pub(crate) async fn get_listing<T: serde::de::DeserializeOwned>(
         .await
         .map_err(|_| anyhow!("{what}: no answer within {}s", IDLE_TIMEOUT.as_secs()))?
         .with_context(|| format!("{what}: cannot reach MemoryX"))?;
-    let body = body_bounded(check(response, &what).await?, MAX_LIST_BYTES, &what).await?;
-    serde_json::from_slice(&body).with_context(|| format!("{what}: not a listing of {route}"))
+    body_bounded(check(response, &what).await?, max, &what).await
 }
 
 /// The checkpoints MemoryX at `base` holds, newest first, asked with `identity`.

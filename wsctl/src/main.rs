@@ -7,6 +7,7 @@
 mod bench;
 mod checkpoint;
 mod cluster;
+mod dashboard;
 mod export;
 mod failure;
 mod generate;

@@ -184,21 +184,7 @@ async fn connect(cluster: &Cluster, name: &str, timeout: Duration) -> Result<Ori
         let (base, identity) = (reader.base.clone(), reader.identity.clone());
         return Ok(Origin { job: None, forward: None, reader: Some(reader), base, identity });
     };
-    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
-    let selector = format!("{JOB_LABEL}={name},{ROLE_LABEL}={}", Role::Memoryx);
-    let list = pods
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(Error::other(format!("list the MemoryX pod of {ns}/{name}")))?;
-    let running = list
-        .items
-        .iter()
-        .find(|p| {
-            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                && p.metadata.deletion_timestamp.is_none()
-        })
-        .map(|p| p.name_any());
-    let Some(pod) = running else {
+    let Some(pod) = running_memoryx(cluster, name).await? else {
         // A suspended or failed job's MemoryX is scaled to zero, and its claim free: read it as a deleted job's.
         let uid = job.uid().unwrap_or_default();
         let reader = retained::open(cluster, name, Some(&uid), timeout).await.map_err(|e| match e {
@@ -212,8 +198,35 @@ async fn connect(cluster: &Cluster, name: &str, timeout: Duration) -> Result<Ori
         let (base, identity) = (reader.base.clone(), reader.identity.clone());
         return Ok(Origin { job: Some(job), forward: None, reader: Some(reader), base, identity });
     };
-    let identity = identity(cluster, name).await?;
-    let forward = Forward::start(pods, &pod, HTTP_PORT).await?;
+    live(cluster, job, &pod).await
+}
+
+/// The running MemoryX pod of job `name` (its coordinator), if one runs.
+pub(super) async fn running_memoryx(cluster: &Cluster, name: &str) -> Result<Option<String>, Error> {
+    let ns = &cluster.namespace;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let selector = format!("{JOB_LABEL}={name},{ROLE_LABEL}={}", Role::Memoryx);
+    let list = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(Error::other(format!("list the MemoryX pod of {ns}/{name}")))?;
+    Ok(list
+        .items
+        .iter()
+        .find(|p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                && p.metadata.deletion_timestamp.is_none()
+        })
+        .map(|p| p.name_any()))
+}
+
+/// A live job's MemoryX pod `pod`: a local forward to its HTTP port, called as `https://127.0.0.1:PORT` with
+/// the job's identity.
+pub(super) async fn live(cluster: &Cluster, job: crds::TrainingJob, pod: &str) -> Result<Origin, Error> {
+    let name = job.name_any();
+    let identity = identity(cluster, &name).await?;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let forward = Forward::start(pods, pod, HTTP_PORT).await?;
     let base = format!("https://{}", forward.addr);
     Ok(Origin { job: Some(job), forward: Some(forward), reader: None, base, identity })
 }

@@ -8,15 +8,16 @@
 //! table), [`logs`] (the job's pods by the operator's labels), [`control`] (cancel, suspend, resume),
 //! [`portforward`] (a local port bridged to a pod through the API server), [`checkpoints`] (list and pull
 //! over that bridge with the job's mutual-TLS identity), [`retained`] (a deleted job's checkpoints, read from
-//! the claim it left through a short-lived reader pod), [`tensorboard`] (a job's records, fetched the same way)
-//! and [`admin`] (an upgrade's storage migration).
+//! the claim it left through a short-lived reader pod), [`tensorboard`] (a job's records, fetched the same way),
+//! [`dashboard`] (the jobs as `wsctl dashboard`'s source) and [`admin`] (an upgrade's storage migration).
 
 mod admin;
 mod checkpoints;
 mod control;
+mod dashboard;
 mod error;
 mod get;
-mod logs;
+pub(crate) mod logs;
 mod portforward;
 mod progress;
 mod retained;
@@ -182,6 +183,21 @@ pub enum Command {
         #[command(subcommand)]
         what: tensorboard::Command,
     },
+    /// A web page on this machine (http://127.0.0.1:PORT/, nothing beyond loopback) showing the jobs as they
+    /// run: their table; for one job its loss and throughput curves, its appliance as a tree, its Events,
+    /// checkpoints and each role's log. It reads the cluster with your kubeconfig, or local runs' folders.
+    Dashboard {
+        /// Local runs' folders (`wsctl run`'s --out) to show instead of a cluster's jobs.
+        runs: Vec<PathBuf>,
+        #[command(flatten)]
+        ns: Namespace,
+        /// Every namespace's jobs.
+        #[arg(short = 'A', long, conflicts_with = "runs")]
+        all_namespaces: bool,
+        /// The loopback port to serve on (0: any free port; the address is printed first).
+        #[arg(long, default_value = "8089")]
+        port: u16,
+    },
     /// A cluster administrator's commands (an upgrade's storage migration).
     Admin {
         #[command(subcommand)]
@@ -241,7 +257,26 @@ async fn dispatch(command: Command) -> Result<(), Error> {
         Command::Checkpoint { what } => checkpoints::run(what).await,
         Command::Tensorboard { what } => tensorboard::run(what).await,
         Command::Admin { what } => admin::run(what).await,
+        Command::Dashboard { runs, ns, all_namespaces, port } => serve_dashboard(runs, ns, all_namespaces, port).await,
     }
+}
+
+/// `wsctl dashboard`: local runs when folders are given, else the cluster's jobs; the address goes to standard
+/// output first (`wsctl dashboard: http://127.0.0.1:PORT/`).
+async fn serve_dashboard(runs: Vec<PathBuf>, ns: Namespace, all: bool, port: u16) -> Result<(), Error> {
+    let ready = |addr: std::net::SocketAddr| {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "wsctl dashboard: http://{addr}/ (Ctrl-C stops it)").and_then(|()| out.flush());
+    };
+    let served = if runs.is_empty() {
+        let source = dashboard::ClusterJobs::new(Cluster::connect(ns).await?, all);
+        crate::dashboard::server::serve(source, port, ready).await
+    } else {
+        let source = crate::dashboard::local::LocalRuns::open(runs).map_err(|e| Error::Invalid(format!("{e:#}")))?;
+        crate::dashboard::server::serve(source, port, ready).await
+    };
+    served.map_err(|e| Error::Invalid(format!("{e:#}")))
 }
 
 /// What every cluster command needs: a client from the user's kubeconfig and the namespace it acts in.
