@@ -16,10 +16,13 @@ pub fn chromium() -> Result<PathBuf, String> {
     std::env::split_paths(&path)
         .flat_map(|dir| ["chromium", "chromium-browser"].map(|n| dir.join(n)))
         .find(|p| p.is_file())
-        .ok_or_else(|| "no Chromium on the PATH: install it with `bash e2e/tools/chromium.sh` (or set WS_CHROMIUM)".into())
+        .ok_or_else(|| {
+            "no Chromium on the PATH: install it with `bash e2e/tools/chromium.sh` (or set WS_CHROMIUM)".into()
+        })
 }
 
-/// The DOM of `url` after `script_ms` milliseconds of the page's virtual time, as the browser serialises it.
+/// The DOM of `url` once loaded, and then after `script_ms` milliseconds of the page's virtual time (0: none),
+/// as the browser serialises it.
 /// The browser runs with a profile of its own (removed after) and gives up after `deadline`.
 pub fn dump_dom(url: &str, script_ms: u64, deadline: Duration) -> Result<String, String> {
     let profile = std::env::temp_dir().join(format!("ws-chromium-{}-{}", std::process::id(), unique()));
@@ -33,17 +36,24 @@ pub fn dump_dom(url: &str, script_ms: u64, deadline: Duration) -> Result<String,
         "--disable-extensions",
         "--disable-background-networking",
         &format!("--user-data-dir={}", profile.display()),
-        &format!("--virtual-time-budget={script_ms}"),
-        "--dump-dom",
-        url,
     ]);
+    // Without a budget the DOM is printed once the page has loaded (a budget of 0 never ends).
+    if script_ms > 0 {
+        cmd.arg(format!("--virtual-time-budget={script_ms}"));
+    }
+    cmd.args(["--dump-dom", url]);
     let out = run_with_deadline(cmd, deadline);
     let _ = std::fs::remove_dir_all(&profile);
     let out = out?;
     let dom = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() || !dom.contains("<html") {
         let err = String::from_utf8_lossy(&out.stderr);
-        return Err(format!("chromium --dump-dom {url}: {} ({} bytes of DOM); stderr ends:\n{}", out.status, dom.len(), tail(&err)));
+        return Err(format!(
+            "chromium --dump-dom {url}: {} ({} bytes of DOM); stderr ends:\n{}",
+            out.status,
+            dom.len(),
+            tail(&err)
+        ));
     }
     Ok(dom)
 }
@@ -65,7 +75,8 @@ fn run_with_deadline(mut cmd: Command, deadline: Duration) -> Result<std::proces
     use std::process::Stdio;
     // A group of its own, so that a browser killed at the deadline takes its renderers and zygote with it.
     cmd.process_group(0);
-    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|e| format!("cannot start chromium: {e}"))?;
+    let child =
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|e| format!("cannot start chromium: {e}"))?;
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -111,7 +122,11 @@ pub struct Dashboard {
 impl Dashboard {
     /// Starts `wsctl dashboard ARGS… --port 0` (with `kubeconfig` as KUBECONFIG when given) and waits up to 30 s
     /// for the address it prints first.
-    pub fn start(wsctl: &std::path::Path, args: &[&str], kubeconfig: Option<&std::path::Path>) -> Result<Dashboard, String> {
+    pub fn start(
+        wsctl: &std::path::Path,
+        args: &[&str],
+        kubeconfig: Option<&std::path::Path>,
+    ) -> Result<Dashboard, String> {
         use std::io::BufRead;
         use std::process::Stdio;
         let mut cmd = Command::new(wsctl);
@@ -138,9 +153,8 @@ impl Dashboard {
         Ok(Dashboard { child, url, port })
     }
 
-    /// `GET path` with Host `host` (`None`: the dashboard's own address), over a plain socket: the status line,
-    /// the headers (lower-case names) and the body.
-    pub fn get(&self, path: &str, host: Option<&str>) -> Result<(u16, Vec<(String, String)>, String), String> {
+    /// `GET path` with Host `host` (`None`: the dashboard's own address), over a plain socket.
+    pub fn get(&self, path: &str, host: Option<&str>) -> Result<Answer, String> {
         use std::io::{Read, Write};
         let own = format!("127.0.0.1:{}", self.port);
         let mut s = std::net::TcpStream::connect(&own).map_err(|e| format!("connect {own}: {e}"))?;
@@ -157,7 +171,24 @@ impl Dashboard {
             .filter_map(|l| l.split_once(':'))
             .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
             .collect();
-        Ok((status, headers, body.to_string()))
+        Ok(Answer { status, headers, body: body.to_string() })
+    }
+}
+
+/// An HTTP answer.
+pub struct Answer {
+    /// Its status code.
+    pub status: u16,
+    /// Its headers, names in lower case.
+    pub headers: Vec<(String, String)>,
+    /// Its body.
+    pub body: String,
+}
+
+impl Answer {
+    /// The value of header `name` (lower case), if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 }
 

@@ -73,7 +73,9 @@ impl Source for ClusterJobs {
 
 /// Whether `s` can be a namespace's or object's name (a DNS subdomain): anything else is no job.
 fn is_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
 /// The job's row, as `wsctl get` words it; a failed job's reason is its failure.
@@ -104,7 +106,8 @@ async fn detail(cluster: &Cluster, job: TrainingJob) -> Result<Detail> {
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
     let selector = format!("{JOB_LABEL}={name}");
     let action = format!("list the pods of {}/{name}", cluster.namespace);
-    let mut pods_of_job = pods.list(&ListParams::default().labels(&selector)).await.map_err(Error::other(action))?.items;
+    let mut pods_of_job =
+        pods.list(&ListParams::default().labels(&selector)).await.map_err(Error::other(action))?.items;
     pods_of_job.sort_by(|a, b| natural(&a.name_any(), &b.name_any()));
     let mut gaps = Vec::new();
     let live = match records_of(cluster, &job).await {
@@ -115,7 +118,8 @@ async fn detail(cluster: &Cluster, job: TrainingJob) -> Result<Detail> {
         }
     };
     let row = row(&job);
-    let finished = matches!(job.status.as_ref().and_then(|s| s.phase), Some(crds::Phase::Succeeded | crds::Phase::Failed));
+    let finished =
+        matches!(job.status.as_ref().and_then(|s| s.phase), Some(crds::Phase::Succeeded | crds::Phase::Failed));
     if live.curve.loss.is_empty() && live.summary.is_none() {
         gaps.push(records_gap(&row.phase, &cluster.namespace, &name));
     }
@@ -216,7 +220,11 @@ async fn events(cluster: &Cluster, job: &str, pods: &[Pod]) -> Result<Vec<Event>
         .into_iter()
         .filter(|e| e.involved_object.name.as_deref().is_some_and(|n| n == job || names.contains(n)))
         .map(|e| {
-            let time = e.last_timestamp.as_ref().map(|t| t.0.to_string()).or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()));
+            let time = e
+                .last_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string())
+                .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()));
             let time = time.unwrap_or_default();
             let object = format!(
                 "{}/{}",
@@ -243,7 +251,8 @@ async fn events(cluster: &Cluster, job: &str, pods: &[Pod]) -> Result<Vec<Event>
 async fn logs(api: &Api<Pod>, pods: &[Pod]) -> Vec<LogTail> {
     let mut tails = Vec::new();
     for role in TREE_ORDER {
-        let Some(pod) = pods.iter().find(|p| p.labels().get(ROLE_LABEL).map(String::as_str) == Some(role.as_str())) else {
+        let Some(pod) = pods.iter().find(|p| p.labels().get(ROLE_LABEL).map(String::as_str) == Some(role.as_str()))
+        else {
             continue;
         };
         let name = pod.name_any();

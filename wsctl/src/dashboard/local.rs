@@ -31,7 +31,10 @@ impl LocalRuns {
     pub fn open(folders: Vec<PathBuf>) -> Result<LocalRuns> {
         for f in &folders {
             if !f.is_dir() {
-                bail!("{} is not a folder: give the folders `wsctl run` wrote (its --out, runs/<job> by default)", f.display());
+                bail!(
+                    "{} is not a folder: give the folders `wsctl run` wrote (its --out, runs/<job> by default)",
+                    f.display()
+                );
             }
         }
         Ok(LocalRuns { runs: folders })
@@ -187,7 +190,8 @@ impl<'a> Run<'a> {
     fn logs(&self) -> Vec<LogTail> {
         let mut tails = Vec::new();
         for role in view::TREE_ORDER {
-            let first = self.processes.iter().map(|(n, _)| n).find(|n| Part::from_name(n).map(Part::role) == Some(role));
+            let first =
+                self.processes.iter().map(|(n, _)| n).find(|n| Part::from_name(n).map(Part::role) == Some(role));
             let Some(name) = first else { continue };
             let path = self.dir.join("logs").join(format!("{name}.log"));
             let text = match records::tail(&path, LOG_TAIL_BYTES) {
