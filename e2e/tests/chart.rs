@@ -128,7 +128,10 @@ fn namespaced_grants() -> BTreeSet<(String, String, String)> {
         ("", "pods", &["list", "watch", "create", "patch", "delete"]),
         ("apps", "statefulsets", &["get", "list", "watch", "create", "patch", "delete"]),
         ("", "services", &["list", "create", "patch", "delete"]),
-        ("", "configmaps", &["list", "create", "patch", "delete"]),
+        // The job's settings, and its post-mortem (read back to add a replaced pod's log).
+        ("", "configmaps", &["get", "list", "create", "patch", "delete"]),
+        // The end of each pod's log, for the post-mortem.
+        ("", "pods/log", &["get"]),
         ("", "secrets", &["get", "list", "create", "delete"]),
         // MemoryX's checkpoint claims are removed with the job; a job's data claim is read to say when it is missing.
         ("", "persistentvolumeclaims", &["get", "list", "delete"]),

@@ -636,6 +636,38 @@ async fn dashboard_shows_the_running_job(client: &Client, kc: &Path, ns: &str, j
     eprintln!("dashboard: {points} steps drawn, {} pods in the tree", shown.len());
 }
 
+/// `wsctl logs export` of the failed and deleted job `job` (its pods gone): the bundle has the post-mortem the
+/// operator kept when it failed (the reason, the pod and line that failed it, every pod's last lines naming the
+/// bad file) and the records from the claim the job left, within the bound its index states.
+async fn postmortem_outlives_the_job(client: &Client, kc: &Path, ns: &str, job: &str, dir: &Path) {
+    assert!(role_pods(client, ns, job, "input").await.is_empty(), "the job's pods are gone");
+    let out = dir.join(format!("{job}.tar.gz"));
+    let printed = wsctl_ok(kc, &["logs", "export", job, "-n", ns, "-o", &out.display().to_string()]).await;
+    assert!(printed.starts_with(&out.display().to_string()), "{printed}");
+    let unpacked = dir.join(format!("{job}-bundle"));
+    ok(std::fs::create_dir_all(&unpacked), "bundle folder");
+    let untar = std::process::Command::new("tar").arg("-xzf").arg(&out).arg("-C").arg(&unpacked).status();
+    assert!(untar.is_ok_and(|s| s.success()), "tar -xzf {}", out.display());
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    let index = read(&unpacked.join("bundle.txt"));
+    assert!(index.contains("at most 512 MiB"), "{index}");
+    let kept: Vec<PathBuf> = ok(std::fs::read_dir(unpacked.join("postmortem")), "postmortem/")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    let one = kept.first().unwrap_or_else(|| panic!("no post-mortem in the bundle: {index}"));
+    let (reason, culprit) = (read(&one.join("reason")), read(&one.join("culprit")));
+    assert!(reason.starts_with("DataPlaneFailed: ") || reason.contains("tokenizer"), "{reason}");
+    assert!(culprit.starts_with(&format!("{job}-")), "the culprit is one of the job's pods: {culprit:?}");
+    let logs: Vec<String> = ok(std::fs::read_dir(one), "post-mortem files")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("log."))
+        .map(|e| read(&e.path()))
+        .collect();
+    assert!(logs.iter().any(|l| l.contains("broken-tokenizer.json")), "no pod's last lines name the bad file: {index}");
+    assert!(unpacked.join("run/metrics.jsonl").is_file() || index.contains("run/"), "{index}");
+    eprintln!("post-mortem of {job}: {} bytes; culprit {culprit}", ok(std::fs::metadata(&out), "bundle").len());
+}
+
 /// Pods of `ns` with `role` that exist now.
 async fn role_pods(client: &Client, ns: &str, job: &str, role: &str) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -837,7 +869,11 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
         .iter()
         .any(|c| c.message.contains("broken-tokenizer.json") && c.message.contains("tokenizer"));
     assert!(said, "the status names the bad file: {failed:#?}");
+    // `wsctl get` of the failed job says what failed it: the pod and its line, from the post-mortem.
+    let got = wsctl_ok(&kc, &["get", "badtok", "-n", &ns]).await;
+    assert!(got.contains("\nFailed: ") && got.contains("failed by pod badtok-"), "{got}");
     wsctl_ok(&kc, &["cancel", "badtok", "-n", &ns]).await;
+    postmortem_outlives_the_job(&client, &kc, &ns, "badtok", &dir).await;
 
     // A path leaving the volume never reaches the operator.
     let mut escaping = j.clone();

@@ -720,7 +720,26 @@ async fn too_many_failures_fail_the_job_and_free_its_cs2s() {
     let failed = failed.unwrap_or_else(|| panic!("no Failed condition"));
     assert_eq!(failed.reason, "RestartLimitExceeded");
     assert!(failed.message.contains("restartLimit = 1"), "{}", failed.message);
-    assert_eq!(j.status.and_then(|s| s.allocated_cs2), None);
+    assert_eq!(j.status.as_ref().and_then(|s| s.allocated_cs2), None);
+    // Its post-mortem: kept at the failure, not among the job's children (no job label), so it outlives them
+    // and the job (retain: Retain, the default).
+    use crds::contract::postmortem::{POSTMORTEM_LABEL, REASON_KEY, STATUS_KEY, config_map_name};
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let name = config_map_name("flaky", &j.uid().unwrap_or_default());
+    let kept = ok(maps.get(&name).await, "the post-mortem ConfigMap");
+    let labels = kept.labels().clone();
+    assert_eq!(labels.get(POSTMORTEM_LABEL).map(String::as_str), Some("flaky"));
+    assert!(!labels.contains_key(crds::contract::JOB_LABEL), "{labels:?}");
+    let data = kept.data.unwrap_or_default();
+    assert!(data.get(REASON_KEY).is_some_and(|r| r.starts_with("RestartLimitExceeded: ")), "{data:?}");
+    assert!(data.get(STATUS_KEY).is_some_and(|s| s.contains("\"phase\":\"Failed\"")), "{data:?}");
+    ok(jobs.delete("flaky", &DeleteParams::default()).await, "delete the job");
+    ok(
+        wait_for(WAIT, "flaky to be gone", || async { jobs.get_opt("flaky").await.ok()?.is_none().then_some(()) })
+            .await,
+        "gone",
+    );
+    assert!(ok(maps.get_opt(&name).await, "read").is_some(), "the post-mortem went with the job");
     op.stop().await;
 }
 

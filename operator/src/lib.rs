@@ -15,6 +15,7 @@ pub mod kueue;
 pub mod leader;
 pub mod metrics;
 pub mod nodes;
+pub mod postmortem;
 pub mod reconcile;
 pub mod status;
 

@@ -46,9 +46,11 @@ use crate::decode::{self, Stored};
 use crate::kueue::{self, api::workloads::Workload, seen::Seen, workload::queue_of};
 use crate::metrics::Shared;
 use crate::nodes;
+use crate::postmortem;
 use crate::status::{self, Children, Eviction, Observed, Refusal, Unready};
 use crate::{Error, FINALIZER, MANAGER, job_key};
-use crds::contract::{JOB_LABEL, ROLE_LABEL};
+use crds::contract::postmortem::POSTMORTEM_LABEL;
+use crds::contract::{JOB_LABEL, JOB_UID_LABEL, ROLE_LABEL};
 
 /// What every reconcile pass needs.
 pub struct Context {
@@ -780,6 +782,11 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
         !conditions.iter().any(|c| ConditionType::Ready.of(c) && r.reason.of(c) && c.message == r.message)
     });
 
+    let failing = decision.status.phase == Some(Phase::Failed)
+        && job.status.as_ref().and_then(|s| s.phase) != Some(Phase::Failed);
+    if failing && let Some(culprit) = keep_postmortem(&ctx, &job, &decision.status, &reading.existing).await {
+        decision.status = status::failed_by(&decision.status, &culprit);
+    }
     match decision.children {
         Children::Nothing => {}
         Children::Assemble(n) => {
@@ -839,6 +846,21 @@ async fn apply(job: &TrainingJob, ctx: Arc<Context>) -> Result<Action, Error> {
     })
 }
 
+/// Captures the post-mortem of `job` as `status` leaves it (failed), from its pods before they are released;
+/// returns the pod and line that failed it, if a container did. A capture that fails is logged, never fatal.
+async fn keep_postmortem(ctx: &Context, job: &TrainingJob, status: &TrainingJobStatus, pods: &[Pod]) -> Option<String> {
+    let failed = status.conditions.iter().find(|c| ConditionType::Failed.of(c));
+    let reason = failed.map_or_else(|| "Failed".to_string(), |c| format!("{}: {}", c.reason, c.message));
+    let subject = postmortem::Subject { meta: &job.metadata, status: serde_json::to_string(status).ok(), reason };
+    match postmortem::capture(&ctx.client, &subject, pods).await {
+        Ok(culprit) => culprit,
+        Err(e) => {
+            tracing::warn!(job = %job.name_any(), error = %e, "cannot keep the job's post-mortem");
+            None
+        }
+    }
+}
+
 /// When the API server refuses one of the job's children (403: Pod Security, RBAC, a quota; 422: invalid),
 /// says so in the status's `Ready` condition and in a Warning Event at once, rather than only in the
 /// operator's log; the pass then fails and is retried with backoff.
@@ -885,6 +907,16 @@ async fn assemble(
             &owned
         }
     };
+    let failed: Vec<&Pod> = existing
+        .iter()
+        .filter(|p| census.delete.contains(&p.name_any()))
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed"))
+        .collect();
+    if !failed.is_empty()
+        && let Err(e) = postmortem::keep_replaced(&ctx.client, job, &failed).await
+    {
+        tracing::warn!(job = %job.name_any(), error = %e, "cannot keep the failed pods' logs");
+    }
     for name in &census.delete {
         tracing::info!(job = %job.name_any(), pod = %name, "replacing pod");
         delete_ignoring_absent(&pods_api, name).await?;
@@ -1004,6 +1036,9 @@ async fn cleanup(job: &ObjectMeta, retain: RetainPolicy, ctx: Arc<Context>) -> R
     let name = job.name.clone().ok_or(Error::MissingField("metadata.name"))?;
     let selector = ListParams::default().labels(&format!("{JOB_LABEL}={name}"));
     let c = &ctx.client;
+    if matches!(retain, RetainPolicy::Retain) {
+        deleted_postmortem(c, job, &selector).await;
+    }
     delete_labelled(&Api::<Pod>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<StatefulSet>::namespaced(c.clone(), &ns), &selector).await?;
     delete_labelled(&Api::<Service>::namespaced(c.clone(), &ns), &selector).await?;
@@ -1013,6 +1048,8 @@ async fn cleanup(job: &ObjectMeta, retain: RetainPolicy, ctx: Arc<Context>) -> R
         (RetainPolicy::Delete, Some(uid)) => {
             let own = ListParams::default().labels(&checkpoints::claims_selector(&name, uid));
             delete_labelled(&Api::<PersistentVolumeClaim>::namespaced(c.clone(), &ns), &own).await?;
+            let postmortem = ListParams::default().labels(&format!("{POSTMORTEM_LABEL}={name},{JOB_UID_LABEL}={uid}"));
+            delete_labelled(&Api::<ConfigMap>::namespaced(c.clone(), &ns), &postmortem).await?;
         }
         _ => tracing::info!(job = %name, namespace = %ns, "checkpoint claims kept (spec.checkpoint.retain: Retain)"),
     }
@@ -1023,6 +1060,30 @@ async fn cleanup(job: &ObjectMeta, retain: RetainPolicy, ctx: Arc<Context>) -> R
     }
     tracing::info!(job = %name, namespace = %ns, "job deleted; children removed");
     Ok(Action::await_change())
+}
+
+/// Captures a deleted job's post-mortem from its pods (while they still exist), unless it failed, when its
+/// post-mortem was kept then and its released pods say less; only under `retain: Retain` (under `Delete` it
+/// would go with the job). Best effort: logged, never fatal.
+async fn deleted_postmortem(client: &Client, job: &ObjectMeta, selector: &ListParams) {
+    let ns = job.namespace.clone().unwrap_or_default();
+    let name = job.name.clone().unwrap_or_default();
+    let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
+    let status = jobs.get_opt(&name).await.ok().flatten().and_then(|j| j.status);
+    if status.as_ref().and_then(|s| s.phase) == Some(Phase::Failed) {
+        return;
+    }
+    let pods = match Api::<Pod>::namespaced(client.clone(), &ns).list(selector).await {
+        Ok(list) => list.items,
+        Err(e) => return tracing::warn!(job = %name, error = %e, "cannot list the pods for the post-mortem"),
+    };
+    let phase = status.as_ref().and_then(|s| s.phase).map_or_else(|| "unknown".into(), |p| p.to_string());
+    let reason = format!("Deleted: the job was deleted while {phase}");
+    let subject =
+        postmortem::Subject { meta: job, status: status.and_then(|s| serde_json::to_string(&s).ok()), reason };
+    if let Err(e) = postmortem::capture(client, &subject, &pods).await {
+        tracing::warn!(job = %name, error = %e, "cannot keep the deleted job's post-mortem");
+    }
 }
 
 async fn delete_labelled<K>(api: &Api<K>, selector: &ListParams) -> Result<(), Error>

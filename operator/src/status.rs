@@ -212,6 +212,16 @@ pub fn children_refused(
     s
 }
 
+/// The status of a job that just failed, its `Failed` condition naming the pod and log line that failed it
+/// (`POD (exit CODE): LINE`, from the post-mortem), so `wsctl get` and `kubectl describe` say it.
+pub fn failed_by(status: &TrainingJobStatus, culprit: &str) -> TrainingJobStatus {
+    let mut s = status.clone();
+    if let Some(c) = s.conditions.iter_mut().find(|c| ConditionType::Failed.of(c) && c.status == "True") {
+        c.message = format!("{}; failed by pod {culprit}", c.message);
+    }
+    s
+}
+
 /// The condition reason for an API refusal of a child: `PodsForbidden` for 403s (Pod Security, RBAC,
 /// quotas), `ChildInvalid` for 422s.
 pub fn refusal_reason(code: u16) -> Reason {

@@ -153,11 +153,15 @@ fn termination() -> &'static Termination {
     TERMINATION.get_or_init(|| Termination { graceful: AtomicBool::new(false), requested: Arc::default() })
 }
 
-/// Logs through tracing-subscriber: human-readable by default, one JSON object per line with `json`.
+/// Logs through tracing-subscriber: human-readable by default (coloured on a terminal), one JSON object per line
+/// with `json`.
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only on a terminal: a pod's log and a local run's log file are read as text (wsctl logs, the
+    // dashboard, post-mortem bundles), where escape codes are noise.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = if json { builder.json().try_init() } else { builder.try_init() };
 }
 

@@ -95,8 +95,17 @@ app.kubernetes.io/component: device-plugin
   resources: [statefulsets]
   verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
-  resources: [services, configmaps]
+  resources: [services]
   verbs: [list, create, patch, delete]
+- apiGroups: [""]
+  # The job's settings, and its post-mortem (read back to add a replaced pod's log to it).
+  resources: [configmaps]
+  verbs: [get, list, create, patch, delete]
+- apiGroups: [""]
+  # The end of each pod's log, kept in the job's post-mortem when it fails, a failed pod is replaced, or it is
+  # deleted (crds::contract::postmortem).
+  resources: [pods/log]
+  verbs: [get]
 - apiGroups: [""]
   # Each job's TLS identity: issued once, read back for the operator's calls to MemoryX, removed with the job.
   resources: [secrets]

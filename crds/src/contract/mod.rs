@@ -8,6 +8,7 @@
 
 mod args;
 mod handshake;
+pub mod postmortem;
 mod role;
 mod status;
 mod tree;

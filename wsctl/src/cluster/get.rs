@@ -131,7 +131,17 @@ pub async fn get(name: Option<&str>, ns: Namespace, all: bool, output: Output) -
         Output::Wide => print!("{}", table(&jobs, all, true)),
         other => print!("{}", render(&jobs, name.is_some(), other)?),
     }
+    if name.is_some() && matches!(output, Output::Table | Output::Wide) {
+        print!("{}", failed_by(&jobs[0]));
+    }
     Ok(())
+}
+
+/// For one failed job, the line under its table that says why: its `Failed` condition, which names the pod and
+/// the log line that failed it when one did (`wsctl logs export` bundles the rest); nothing for another phase.
+pub fn failed_by(job: &TrainingJob) -> String {
+    let failed = job.status.as_ref().and_then(|s| s.phase) == Some(crds::Phase::Failed);
+    if failed { format!("\nFailed: {}\n", progress::failure(job)) } else { String::new() }
 }
 
 /// `wsctl get JOB --watch`: the job at each change of its status (one compact JSON object per line with `-o
@@ -208,6 +218,25 @@ done      Succeeded   0/2    100/100   0.1000   0s      -       -
         assert!(lines.next().is_some_and(|l| l.ends_with("   NODES")), "{t}");
         assert!(lines.next().is_some_and(|l| l.ends_with("   input=w1 engine=w1,w2 memoryx=w2")), "{t}");
         assert!(lines.next().is_some_and(|l| l.ends_with("   -")), "{t}");
+    }
+
+    /// A failed job's table is followed by why, in the words of its Failed condition (the pod and line with it).
+    #[test]
+    fn a_failed_job_says_what_failed_it() {
+        let mut job = running();
+        assert_eq!(failed_by(&job), "");
+        let status = job.status.as_mut().unwrap();
+        status.phase = Some(crds::Phase::Failed);
+        status.conditions = vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "Failed".into(),
+            status: "True".into(),
+            reason: "DataPlaneFailed".into(),
+            message: "input 0 failed; failed by pod train-input-0 (exit 1): ERROR bad tokenizer".into(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+            observed_generation: None,
+        }];
+        let said = failed_by(&job);
+        assert!(said.contains("DataPlaneFailed: ") && said.contains("failed by pod train-input-0 (exit 1)"), "{said}");
     }
 
     #[test]

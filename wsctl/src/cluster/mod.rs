@@ -5,13 +5,15 @@
 //!
 //! One module per concept: [`submit`] (create, then optionally watch), [`progress`] (status to text: the bar and
 //! the per-change lines), [`watch`] (waiting on a job through the API's watch with a deadline), [`get`] (the
-//! table), [`logs`] (the job's pods by the operator's labels), [`control`] (cancel, suspend, resume),
+//! table), [`logs`] (the job's pods by the operator's labels), [`bundle`] (a job's post-mortem as one file),
+//! [`control`] (cancel, suspend, resume),
 //! [`portforward`] (a local port bridged to a pod through the API server), [`checkpoints`] (list and pull
 //! over that bridge with the job's mutual-TLS identity), [`retained`] (a deleted job's checkpoints, read from
 //! the claim it left through a short-lived reader pod), [`tensorboard`] (a job's records, fetched the same way),
 //! [`dashboard`] (the jobs as `wsctl dashboard`'s source) and [`admin`] (an upgrade's storage migration).
 
 mod admin;
+mod bundle;
 mod checkpoints;
 mod control;
 mod dashboard;
@@ -84,10 +86,15 @@ pub enum Command {
         #[arg(long, default_value = DEFAULT_TIMEOUT)]
         timeout: u64,
     },
-    /// Print the logs of a job's pods (by default MemoryX's, the coordinator's).
+    /// Print the logs of a job's pods (by default MemoryX's, the coordinator's); `logs export` writes a job's
+    /// post-mortem bundle.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Logs {
+        #[command(subcommand)]
+        what: Option<bundle::Command>,
         /// The job.
-        job: String,
+        #[arg(required = true)]
+        job: Option<String>,
         #[command(flatten)]
         ns: Namespace,
         /// The role whose pods to read: memoryx, swarmx, engine (or any role the appliance has).
@@ -235,9 +242,10 @@ async fn dispatch(command: Command) -> Result<(), Error> {
         Command::Get { job, ns, all_namespaces, output, .. } => {
             get::get(job.as_deref(), ns, all_namespaces, output).await
         }
-        Command::Logs { job, ns, role, index, follow, tail, timeout } => {
+        Command::Logs { what: Some(export), .. } => bundle::export(export).await,
+        Command::Logs { what: None, job, ns, role, index, follow, tail, timeout } => {
             let options = logs::Options { role, index, follow, tail, timeout: secs(timeout) };
-            logs::logs(&Cluster::connect(ns).await?, &job, options).await
+            logs::logs(&Cluster::connect(ns).await?, &job.unwrap_or_default(), options).await
         }
         Command::Cancel { job, ns, no_wait, timeout } => {
             control::cancel(&Cluster::connect(ns).await?, &job, (!no_wait).then(|| secs(timeout))).await
