@@ -75,7 +75,7 @@ fn erring(line: &str) -> bool {
 /// The line of `log` that says what went wrong: the first error, else the last line.
 pub fn telling_line(log: &str) -> Option<&str> {
     let mut lines = log.lines().map(str::trim).filter(|l| !l.is_empty());
-    let last = lines.clone().last();
+    let last = lines.clone().next_back();
     lines.find(|l| erring(l)).or(last)
 }
 
