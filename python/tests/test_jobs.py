@@ -142,7 +142,7 @@ def test_tensorboard_reads_every_steps_loss_as_metrics_jsonl_has_it(tmp_path: Pa
     assert len(list(run.glob("events.out.tfevents.*"))) == 2
     events = EventAccumulator(str(run))
     events.Reload()
-    tags = {"loss", "learning_rate", "samples_per_s", "bytes_streamed", "eval_loss", "eval_accuracy"}
+    tags = {"loss", "learning_rate", "samples_per_s", "bytes_streamed", "eval_loss", "eval_accuracy", "engine_busy"}
     assert tags <= set(events.Tags()["scalars"]), events.Tags()
     loss = events.Scalars("loss")
     assert [e.step for e in loss] == [m["step"] for m in result.metrics] == list(range(1, 31))
@@ -152,3 +152,6 @@ def test_tensorboard_reads_every_steps_loss_as_metrics_jsonl_has_it(tmp_path: Pa
     assert rate == pytest.approx([m["learning_rate"] for m in result.metrics], rel=1e-6)
     held_out = events.Scalars("eval_loss")
     assert [e.step for e in held_out] == [30] and held_out[0].value == pytest.approx(result.eval["loss"], rel=1e-6)
+    busy = events.Scalars("engine_busy")
+    assert [e.step for e in busy] == [30]
+    assert busy[0].value == pytest.approx(result.summary["wse_utilization"], rel=1e-6)

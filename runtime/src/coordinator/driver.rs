@@ -447,7 +447,7 @@ impl Driver {
             other => other?,
         };
         if let Some(r) = records.as_mut() {
-            r.eval(total, &summary.eval)?;
+            r.end(total, &summary.eval, summary.wse_utilization)?;
         }
         let last = self.last_checkpoint().map(|c| c.step);
         if self.outputs.checkpoint_dir.is_some() && last != Some(total) {

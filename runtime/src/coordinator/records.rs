@@ -1,5 +1,5 @@
 //! What a run records step by step in its output folder: `metrics.jsonl` (one line per step) and TensorBoard
-//! event files with the same steps' scalars, then the held-out evaluation.
+//! event files with the same steps' scalars, then the held-out evaluation and the engines' busy share.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -18,8 +18,9 @@ pub const SUMMARY_FILE: &str = "summary.json";
 
 /// The TensorBoard tags of a step's scalars: the names `metrics.jsonl` gives them.
 pub const STEP_TAGS: [&str; 4] = ["loss", "learning_rate", "samples_per_s", "bytes_streamed"];
-/// The TensorBoard tags of the held-out evaluation, recorded at the last step.
-pub const EVAL_TAGS: [&str; 2] = ["eval_loss", "eval_accuracy"];
+/// The TensorBoard tags of the run's end, recorded at the last step: the held-out evaluation and the engines'
+/// busy share over the run (`summary.json`'s `eval.loss`, `eval.accuracy` and `wse_utilization`).
+pub const END_TAGS: [&str; 3] = ["eval_loss", "eval_accuracy", "engine_busy"];
 
 /// A run's records, open for appending.
 pub struct Records {
@@ -59,9 +60,9 @@ impl Records {
         self.events.scalars(m.step, &scalars).map_err(|e| Error::io("writing TensorBoard events", e))
     }
 
-    /// Records the held-out evaluation after training, at the last step.
-    pub fn eval(&mut self, step: u64, eval: &EvalReport) -> Result<()> {
-        let scalars: Vec<(&str, f64)> = EVAL_TAGS.into_iter().zip([eval.loss, eval.accuracy]).collect();
+    /// Records the run's end at step `step`: the held-out evaluation after training, and the engines' busy share.
+    pub fn end(&mut self, step: u64, eval: &EvalReport, engine_busy: f64) -> Result<()> {
+        let scalars: Vec<(&str, f64)> = END_TAGS.into_iter().zip([eval.loss, eval.accuracy, engine_busy]).collect();
         self.events.scalars(step, &scalars).map_err(|e| Error::io("writing TensorBoard events", e))
     }
 }
