@@ -1184,6 +1184,15 @@ mod tests {
         // Failed is final.
         o.memoryx_restarts = Some(0);
         assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Failed));
+        // The pod and line that failed it join the Failed condition, and the next passes keep them.
+        let named = failed_by(j.status.as_ref().unwrap(), "j-engine-1 (exit 137): ERROR out of memory");
+        j.status = Some(named);
+        assert_eq!(step(&mut j, &o).status.phase, Some(Phase::Failed));
+        let message = &cond(&j, ConditionType::Failed).message;
+        assert!(
+            message.ends_with("restartLimit = 2; failed by pod j-engine-1 (exit 137): ERROR out of memory"),
+            "{message}"
+        );
     }
 
     #[test]
