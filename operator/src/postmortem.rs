@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use crds::TrainingJob;
 use crds::contract::postmortem::{
     CULPRIT_KEY, EVENTS_KEY, LOG_LINES, LogOf, MAX_BYTES, MAX_EVENTS, OMITTED_KEY, POSTMORTEM_LABEL, REASON_KEY,
-    STATUS_KEY, config_map_name, log_key, log_tail,
+    STATUS_KEY, config_map_name, event_line, log_key, log_tail, restarted,
 };
 use crds::contract::{JOB_LABEL, JOB_UID_LABEL};
 use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Pod};
@@ -185,11 +185,7 @@ pub async fn keep_replaced(client: &Client, job: &TrainingJob, failed: &[&Pod]) 
 /// A pod's current log and, if it restarted, its previous container's.
 async fn pod_logs(api: &Api<Pod>, pod: &Pod) -> Vec<(String, String)> {
     let name = pod.name_any();
-    let restarted = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.restart_count > 0));
+    let restarted = restarted(pod);
     let mut logs = Vec::new();
     if let Some(text) = read_log(api, &name, false).await {
         logs.push((log_key(&name, LogOf::Current), text));
@@ -223,25 +219,13 @@ async fn events(client: &Client, ns: &str, job: &str, pods: &[Pod]) -> Vec<Strin
         Ok(l) => l.items,
         Err(e) => return vec![format!("(the Events could not be read: {e})")],
     };
-    let mut lines: Vec<(String, String)> = list
+    let mut lines: Vec<String> = list
         .into_iter()
         .filter(|e| e.involved_object.name.as_deref().is_some_and(|n| n == job || names.contains(n)))
-        .map(|e| {
-            let when = e.last_timestamp.map(|t| t.0.to_string()).or(e.event_time.map(|t| t.0.to_string()));
-            let when = when.unwrap_or_default();
-            let what = format!(
-                "{when} {} {} {}/{}: {}",
-                e.type_.unwrap_or_default(),
-                e.reason.unwrap_or_default(),
-                e.involved_object.kind.unwrap_or_default(),
-                e.involved_object.name.unwrap_or_default(),
-                e.message.unwrap_or_default()
-            );
-            (when, what)
-        })
+        .map(event_line)
         .collect();
     lines.sort();
-    lines.into_iter().map(|(_, l)| l).collect()
+    lines
 }
 
 /// The post-mortem ConfigMap of the job `meta`, holding `data`: labelled with the job's name and uid, owned by

@@ -67,6 +67,27 @@ pub fn log_tail(text: &str) -> &str {
     &text[start..]
 }
 
+/// Whether a container of `pod` has restarted: then its previous container's log is kept too.
+pub fn restarted(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref());
+    statuses.is_some_and(|cs| cs.iter().any(|c| c.restart_count > 0))
+}
+
+/// An Event as one line, `WHEN TYPE REASON KIND/NAME: MESSAGE`, starting with when it last happened so that
+/// sorted lines are in time order.
+pub fn event_line(e: k8s_openapi::api::core::v1::Event) -> String {
+    let when = e.last_timestamp.map(|t| t.0.to_string()).or(e.event_time.map(|t| t.0.to_string()));
+    format!(
+        "{} {} {} {}/{}: {}",
+        when.unwrap_or_default(),
+        e.type_.unwrap_or_default(),
+        e.reason.unwrap_or_default(),
+        e.involved_object.kind.unwrap_or_default(),
+        e.involved_object.name.unwrap_or_default(),
+        e.message.unwrap_or_default()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

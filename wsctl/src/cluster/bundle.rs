@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crds::contract::JOB_LABEL;
-use crds::contract::postmortem::POSTMORTEM_LABEL;
+use crds::contract::postmortem::{POSTMORTEM_LABEL, event_line, restarted};
 use k8s_openapi::api::core::v1::{ConfigMap, Event as KubeEvent, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, LogParams};
@@ -215,11 +215,7 @@ async fn postmortems(cluster: &Cluster, job: &str) -> Result<Vec<ConfigMap>, Err
 /// A pod's log, and its previous container's if it restarted.
 async fn pod_logs(pods: &Api<Pod>, pod: &Pod, bundle: &mut Bundle) {
     let name = pod.name_any();
-    let restarted = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.restart_count > 0));
+    let restarted = restarted(pod);
     for previous in [false, true].into_iter().filter(|&p| !p || restarted) {
         let params = LogParams {
             tail_lines: Some(LOG_LINES),
@@ -246,23 +242,10 @@ async fn events(cluster: &Cluster, job: &str, pods: &[Pod]) -> String {
     let mut lines: Vec<String> = list
         .into_iter()
         .filter(|e| {
-            e.involved_object
-                .name
-                .as_deref()
-                .is_some_and(|n| n == job || n.starts_with(&format!("{job}-")) || names.contains(n))
+            let name = e.involved_object.name.as_deref().unwrap_or_default();
+            name == job || names.contains(name) || name.starts_with(&format!("{job}-"))
         })
-        .map(|e| {
-            let when = e.last_timestamp.map(|t| t.0.to_string()).or(e.event_time.map(|t| t.0.to_string()));
-            format!(
-                "{} {} {} {}/{}: {}",
-                when.unwrap_or_default(),
-                e.type_.unwrap_or_default(),
-                e.reason.unwrap_or_default(),
-                e.involved_object.kind.unwrap_or_default(),
-                e.involved_object.name.unwrap_or_default(),
-                e.message.unwrap_or_default()
-            )
-        })
+        .map(event_line)
         .collect();
     lines.sort();
     lines.join("\n") + "\n"
