@@ -67,23 +67,42 @@ pub fn ended_badly(pods: &[Pod]) -> Vec<Ended> {
     found
 }
 
-/// Whether `line` reports an error: a tracing `ERROR` line, a program's `error: …` on exit, or a panic.
-fn erring(line: &str) -> bool {
-    line.contains(" ERROR ") || line.starts_with("ERROR") || line.starts_with("error:") || line.contains("panicked at")
+/// One line of a role's log as the post-mortem reads it: the roles log text (`TIME LEVEL target: message`) or,
+/// with `--log-format json`, one JSON object a line (`timestamp`, `level`, `fields.message`, `target`).
+struct LogLine {
+    /// When it was logged (RFC 3339), or `~` (after every time) when the line has none.
+    stamp: String,
+    /// Whether it reports an error: an `ERROR` line, a program's `error: …` on exit, or a panic.
+    error: bool,
+    /// The line for people: a JSON line as `TIME LEVEL target: message`.
+    text: String,
+}
+
+impl LogLine {
+    fn read(line: &str) -> LogLine {
+        if let Ok(serde_json::Value::Object(o)) = serde_json::from_str::<serde_json::Value>(line) {
+            let field = |v: Option<&serde_json::Value>| v.and_then(|v| v.as_str()).unwrap_or_default().to_string();
+            let (stamp, level) = (field(o.get("timestamp")), field(o.get("level")));
+            let message = field(o.get("fields").and_then(|f| f.get("message")));
+            let text = format!("{stamp} {level} {}: {message}", field(o.get("target")));
+            let stamp = if stamp.is_empty() { "~".to_string() } else { stamp };
+            return LogLine { stamp, error: level == "ERROR", text };
+        }
+        let first = line.split_whitespace().next().unwrap_or_default();
+        let timed = first.len() >= 20 && first.as_bytes()[0].is_ascii_digit() && first.contains('T');
+        let error = line.contains(" ERROR ")
+            || line.starts_with("ERROR")
+            || line.starts_with("error:")
+            || line.contains("panicked at");
+        LogLine { stamp: if timed { first } else { "~" }.to_string(), error, text: line.to_string() }
+    }
 }
 
 /// The line of `log` that says what went wrong: the first error, else the last line.
-pub fn telling_line(log: &str) -> Option<&str> {
-    let mut lines = log.lines().map(str::trim).filter(|l| !l.is_empty());
-    let last = lines.clone().next_back();
-    lines.find(|l| erring(l)).or(last)
-}
-
-/// The timestamp a log line starts with (RFC 3339, as the roles log), for ordering errors across pods; a line
-/// without one sorts after every line with one.
-fn stamp(line: &str) -> &str {
-    let first = line.split_whitespace().next().unwrap_or_default();
-    if first.len() >= 20 && first.as_bytes()[0].is_ascii_digit() && first.contains('T') { first } else { "~" }
+pub fn telling_line(log: &str) -> Option<String> {
+    let lines: Vec<LogLine> = log.lines().map(str::trim).filter(|l| !l.is_empty()).map(LogLine::read).collect();
+    let last = lines.last().map(|l| l.text.clone());
+    lines.into_iter().find(|l| l.error).map(|l| l.text).or(last)
 }
 
 /// The pod a log key is of (`log.POD`, `log.POD.previous`, `log.POD.replaced`).
@@ -100,17 +119,16 @@ pub fn culprit(pods: &[Pod], logs: &[(String, String)]) -> Option<String> {
     let exit = |pod: &str| ended.iter().find(|e| e.pod == pod).map(|e| format!(" (exit {})", e.exit_code));
     let first_error = logs
         .iter()
-        .flat_map(|(key, text)| {
-            text.lines().map(str::trim).filter(|l| erring(l)).map(move |l| (stamp(l), pod_of(key), l))
-        })
-        .min_by(|a, b| a.0.cmp(b.0));
-    if let Some((_, pod, line)) = first_error {
-        return Some(format!("{pod}{}: {line}", exit(pod).unwrap_or_default()));
+        .flat_map(|(key, text)| text.lines().map(str::trim).map(LogLine::read).map(move |l| (l, pod_of(key))))
+        .filter(|(l, _)| l.error)
+        .min_by(|a, b| a.0.stamp.cmp(&b.0.stamp));
+    if let Some((line, pod)) = first_error {
+        return Some(format!("{pod}{}: {}", exit(pod).unwrap_or_default(), line.text));
     }
     let e = ended.first()?;
     let key = log_key(&e.pod, if e.previous { LogOf::Previous } else { LogOf::Current });
     let line = logs.iter().find(|(k, _)| *k == key).and_then(|(_, text)| telling_line(text));
-    Some(format!("{} (exit {}): {}", e.pod, e.exit_code, line.unwrap_or("(its log is empty)")))
+    Some(format!("{} (exit {}): {}", e.pod, e.exit_code, line.as_deref().unwrap_or("(its log is empty)")))
 }
 
 /// What to keep: the reason, the culprit, the status, the Events and as many logs (in the given order) as fit
@@ -354,6 +372,17 @@ mod tests {
         let quiet = vec![(log_key("j-engine-1", LogOf::Previous), "INFO stepping\n".to_string())];
         assert_eq!(culprit(&pods, &quiet).as_deref(), Some("j-input-0 (exit 1): (its log is empty)"));
         assert_eq!(culprit(&pods[..1], &[]), None);
+        // The roles' JSON logs: the earliest error by its timestamp, in words.
+        let json = |at: &str| {
+            format!(
+                "{{\"timestamp\":\"{at}\",\"level\":\"ERROR\",\"fields\":{{\"message\":\"bad\"}},\"target\":\"in\"}}\n"
+            )
+        };
+        let logs = vec![
+            (log_key("j-input-0", LogOf::Current), json("2026-11-30T09:56:38.152Z")),
+            (log_key("j-input-2", LogOf::Current), json("2026-11-30T09:56:38.016Z")),
+        ];
+        assert_eq!(culprit(&pods[..1], &logs).as_deref(), Some("j-input-2: 2026-11-30T09:56:38.016Z ERROR in: bad"));
     }
 
     /// Everything fits within the bound; logs that do not are named, not kept in part.
@@ -375,9 +404,11 @@ mod tests {
 
     #[test]
     fn a_telling_line_is_the_last_error_else_the_last_line() {
-        assert_eq!(telling_line("a\nerror: x\nb\n"), Some("error: x"));
-        assert_eq!(telling_line("2026-11-30T10:00:04Z ERROR y\nb\n"), Some("2026-11-30T10:00:04Z ERROR y"));
-        assert_eq!(telling_line("a\nb\n\n"), Some("b"));
+        assert_eq!(telling_line("a\nerror: x\nb\n").as_deref(), Some("error: x"));
+        assert_eq!(telling_line("2026-11-30T10:00:04Z ERROR y\nb\n").as_deref(), Some("2026-11-30T10:00:04Z ERROR y"));
+        assert_eq!(telling_line("a\nb\n\n").as_deref(), Some("b"));
+        let json = r#"{"timestamp":"2026-11-30T09:56:38.15Z","level":"ERROR","fields":{"message":"bad tokenizer"},"target":"input"}"#;
+        assert_eq!(telling_line(json).as_deref(), Some("2026-11-30T09:56:38.15Z ERROR input: bad tokenizer"));
         assert_eq!(telling_line(""), None);
     }
 }
