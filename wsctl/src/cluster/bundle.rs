@@ -260,6 +260,7 @@ async fn records(cluster: &Cluster, job: &str, timeout: Duration, bundle: &mut B
     })
     .await;
     match pulled {
+        Ok(files) if files.is_empty() => bundle.missing("run/: the job recorded nothing (no step ran)".into()),
         Ok(files) => {
             for path in files {
                 let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
