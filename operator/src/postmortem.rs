@@ -181,6 +181,14 @@ pub async fn capture(client: &Client, subject: &Subject<'_>, pods: &[Pod]) -> Re
     Ok(culprit)
 }
 
+/// Whether the job `meta` has a post-mortem with a reason already (its failure's, or its deletion's).
+pub async fn kept(client: &Client, meta: &ObjectMeta) -> bool {
+    let (Some(ns), Some(name), Some(uid)) = (&meta.namespace, &meta.name, &meta.uid) else { return false };
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let found = api.get_opt(&config_map_name(name, uid)).await.ok().flatten();
+    found.and_then(|c| c.data).is_some_and(|d| d.contains_key(REASON_KEY))
+}
+
 /// Adds the logs of failed pods about to be replaced to the job's post-mortem (creating it if needed).
 pub async fn keep_replaced(client: &Client, job: &TrainingJob, failed: &[&Pod]) -> Result<(), Error> {
     let ns = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;

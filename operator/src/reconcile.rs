@@ -1062,15 +1062,17 @@ async fn cleanup(job: &ObjectMeta, retain: RetainPolicy, ctx: Arc<Context>) -> R
     Ok(Action::await_change())
 }
 
-/// Captures a deleted job's post-mortem from its pods (while they still exist), unless it failed, when its
-/// post-mortem was kept then and its released pods say less; only under `retain: Retain` (under `Delete` it
+/// Captures a deleted job's post-mortem from its pods (while they still exist), unless it failed or a capture
+/// was kept already (the failure's, whose released pods say more than what is left); only under `retain: Retain` (under `Delete` it
 /// would go with the job). Best effort: logged, never fatal.
 async fn deleted_postmortem(client: &Client, job: &ObjectMeta, selector: &ListParams) {
     let ns = job.namespace.clone().unwrap_or_default();
     let name = job.name.clone().unwrap_or_default();
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
-    let status = jobs.get_opt(&name).await.ok().flatten().and_then(|j| j.status);
-    if status.as_ref().and_then(|s| s.phase) == Some(Phase::Failed) {
+    // A job already gone (a second cleanup pass, after its finalizer went) has nothing more to show.
+    let Ok(Some(now)) = jobs.get_opt(&name).await else { return };
+    let status = now.status;
+    if status.as_ref().and_then(|s| s.phase) == Some(Phase::Failed) || postmortem::kept(client, job).await {
         return;
     }
     let pods = match Api::<Pod>::namespaced(client.clone(), &ns).list(selector).await {
