@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crds::contract::JOB_LABEL;
 use crds::contract::postmortem::{POSTMORTEM_LABEL, event_line, restarted};
-use k8s_openapi::api::core::v1::{ConfigMap, Event as KubeEvent, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, LogParams};
 
@@ -231,24 +231,12 @@ async fn pod_logs(pods: &Api<Pod>, pod: &Pod, bundle: &mut Bundle) {
     }
 }
 
-/// The Events of the job and its pods, oldest first, one a line.
+/// The Events of the job and its objects, oldest first, one a line.
 async fn events(cluster: &Cluster, job: &str, pods: &[Pod]) -> String {
-    let api: Api<KubeEvent> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
-    let names: std::collections::BTreeSet<String> = pods.iter().map(|p| p.name_any()).collect();
-    let list = match api.list(&ListParams::default().limit(5000)).await {
-        Ok(l) => l.items,
-        Err(e) => return format!("(the Events could not be read: {e})\n"),
-    };
-    let mut lines: Vec<String> = list
-        .into_iter()
-        .filter(|e| {
-            let name = e.involved_object.name.as_deref().unwrap_or_default();
-            name == job || names.contains(name) || name.starts_with(&format!("{job}-"))
-        })
-        .map(event_line)
-        .collect();
-    lines.sort();
-    lines.join("\n") + "\n"
+    match super::events::of_job(cluster, job, pods, 5000).await {
+        Ok(all) => all.into_iter().map(|e| event_line(e) + "\n").collect(),
+        Err(e) => format!("(the Events could not be read: {e})\n"),
+    }
 }
 
 /// The run's records, from the live MemoryX or the claim a stopped or deleted job left.

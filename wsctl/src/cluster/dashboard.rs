@@ -6,7 +6,7 @@
 use anyhow::Result;
 use crds::TrainingJob;
 use crds::contract::{JOB_LABEL, ROLE_LABEL, Role};
-use k8s_openapi::api::core::v1::{Event as KubeEvent, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, LogParams};
 use plan::wiring::Component as Part;
@@ -56,7 +56,9 @@ impl Source for ClusterJobs {
     }
 
     async fn detail(&self, key: &str) -> Result<Option<Detail>> {
-        let Some((ns, name)) = key.split_once('/').filter(|(ns, name)| is_name(ns) && is_name(name)) else {
+        let Some((ns, name)) =
+            key.split_once('/').filter(|(ns, name)| crds::is_dns_subdomain(ns) && crds::is_dns_subdomain(name))
+        else {
             return Ok(None);
         };
         if !self.all && ns != self.cluster.namespace {
@@ -69,13 +71,6 @@ impl Source for ClusterJobs {
         };
         Ok(Some(detail(&cluster, job).await?))
     }
-}
-
-/// Whether `s` can be a namespace's or object's name (a DNS subdomain): anything else is no job.
-fn is_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
 /// The job's row, as `wsctl get` words it; a failed job's reason is its failure.
@@ -209,42 +204,24 @@ fn appliance(job: &str, pods: &[Pod], live: &Live) -> Vec<Component> {
         .collect()
 }
 
-/// The newest Events of the job and its pods, oldest first.
+/// The newest Events of the job and its objects, oldest first.
 async fn events(cluster: &Cluster, job: &str, pods: &[Pod]) -> Result<Vec<Event>> {
-    let api: Api<KubeEvent> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
-    let action = format!("list the Events of namespace {}", cluster.namespace);
-    let list = api.list(&ListParams::default().limit(EVENTS_READ)).await.map_err(Error::other(action))?;
-    let names: std::collections::HashSet<String> = pods.iter().map(|p| p.name_any()).collect();
-    let mut mine: Vec<(String, Event)> = list
-        .items
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref().is_some_and(|n| n == job || names.contains(n)))
-        .map(|e| {
-            let time = e
-                .last_timestamp
-                .as_ref()
-                .map(|t| t.0.to_string())
-                .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()));
-            let time = time.unwrap_or_default();
-            let object = format!(
-                "{}/{}",
-                e.involved_object.kind.as_deref().unwrap_or("?"),
-                e.involved_object.name.as_deref().unwrap_or("?")
-            );
-            let count = e.count.filter(|&c| c > 1).map(|c| format!(" (×{c})")).unwrap_or_default();
-            let event = Event {
-                time: time.clone(),
-                kind: e.type_.unwrap_or_default(),
-                reason: e.reason.unwrap_or_default(),
-                object,
-                message: format!("{}{count}", e.message.unwrap_or_default()),
-            };
-            (time, event)
-        })
-        .collect();
-    mine.sort_by(|a, b| a.0.cmp(&b.0));
-    let skip = mine.len().saturating_sub(EVENTS_SHOWN);
-    Ok(mine.into_iter().skip(skip).map(|(_, e)| e).collect())
+    let all = super::events::of_job(cluster, job, pods, EVENTS_READ).await?;
+    let skip = all.len().saturating_sub(EVENTS_SHOWN);
+    let shown = all.into_iter().skip(skip).map(|e| {
+        let time = super::events::when(&e);
+        let o = &e.involved_object;
+        let object = format!("{}/{}", o.kind.as_deref().unwrap_or("?"), o.name.as_deref().unwrap_or("?"));
+        let count = e.count.filter(|&c| c > 1).map(|c| format!(" (×{c})")).unwrap_or_default();
+        Event {
+            time,
+            kind: e.type_.unwrap_or_default(),
+            reason: e.reason.unwrap_or_default(),
+            object,
+            message: format!("{}{count}", e.message.unwrap_or_default()),
+        }
+    });
+    Ok(shown.collect())
 }
 
 /// The tail of the first pod of each role, MemoryX's first; a pod without a log yet says so.

@@ -10,7 +10,7 @@
 //! [`portforward`] (a local port bridged to a pod through the API server), [`checkpoints`] (list and pull
 //! over that bridge with the job's mutual-TLS identity), [`retained`] (a deleted job's checkpoints, read from
 //! the claim it left through a short-lived reader pod), [`tensorboard`] (a job's records, fetched the same way),
-//! [`dashboard`] (the jobs as `wsctl dashboard`'s source) and [`admin`] (an upgrade's storage migration).
+//! [`events`] (a job's Events), [`dashboard`] (the jobs as `wsctl dashboard`'s source) and [`admin`] (an upgrade's storage migration).
 
 mod admin;
 mod bundle;
@@ -18,6 +18,7 @@ mod checkpoints;
 mod control;
 mod dashboard;
 mod error;
+mod events;
 mod get;
 pub(crate) mod logs;
 mod portforward;
