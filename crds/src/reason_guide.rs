@@ -49,12 +49,14 @@ impl Reason {
             Reason::Preempted => {
                 "A Warning Event and the `Checkpointing`/`Queued` transitions: a waiting job of a higher PriorityClass \
                  needed the CS-2s (the chart's `operator.preemption: allowed`); the job checkpointed, gave them back \
-                 and waits in the queue."
+                 and waits in the queue. `Admitted` keeps this reason, naming that job, until it is admitted again; \
+                 `Ready` says what it waits for meanwhile."
             }
             Reason::KueueEvicted => {
                 "A Warning Event and the `Checkpointing`/`Queued` transitions: Kueue evicted the job's Workload \
                  (preempted by a higher-priority workload, its queue stopped, its quota shrank); the job \
-                 checkpointed, gave its CS-2s back and waits for Kueue to admit it again."
+                 checkpointed, gave its CS-2s back and waits for Kueue to admit it again (`Admitted` keeps this \
+                 reason until then; `Ready` says what it waits for)."
             }
             Reason::Suspending => {
                 "Phase `Checkpointing`: a checkpoint is written before a suspend gives back the CS-2s."

@@ -355,10 +355,9 @@ async fn a_higher_class_preempts_a_lower_job_which_checkpoints_waits_and_resumes
 
     let low = wait_phase(&jobs, "low", Phase::Queued).await.status.unwrap_or_default();
     let admitted = low.conditions.iter().find(|c| c.type_ == "Admitted").cloned().expect("an Admitted condition");
-    // The pass that gave the CS-2s back says `Preempted` (the Warning Event below holds it); a pass after it may
-    // already say what the job waits for, the high job holding the pool.
-    let waiting = ["Preempted", "InsufficientCapacity", "WaitingForEarlierJobs"];
-    assert!(waiting.contains(&admitted.reason.as_str()), "{admitted:?}");
+    // Until it is admitted again, it says by whom it was preempted (the Warning Event below too).
+    assert_eq!(admitted.reason, "Preempted", "{admitted:?}");
+    assert!(admitted.message.contains(&format!("preempted by {ns}/high")), "{admitted:?}");
     assert_eq!((low.allocated_cs2, low.progress.last_checkpoint.map(|c| c.step)), (None, Some(20)));
     assert_eq!(op.coordinator.checkpoint_requests(), vec![format!("{ns}/low")], "one checkpoint first");
     let e = warning(&client, &ns, "low", "Preempted").await;

@@ -410,8 +410,14 @@ fn without_cs2(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, o
         }
         (Some(Verdict::Wait { reason, message }), None) => {
             d.phase(Phase::Queued, *reason, message.clone());
-            d.cond(ConditionType::Admitted, false);
             d.s.queue_position = obs.queue_position;
+            if gave_back(prev) && WAITS_FOR_CAPACITY.contains(reason) {
+                // Given back earlier (preempted, evicted, below minCs2): `Admitted` keeps saying why and by whom
+                // until the job is admitted again; `Ready` says what it waits for now.
+                d.cond_with(ConditionType::Ready, false, *reason, message.clone());
+            } else {
+                d.cond(ConditionType::Admitted, false);
+            }
             (Children::Nothing, false)
         }
         (_, None) => {
@@ -420,6 +426,21 @@ fn without_cs2(d: &mut Pass, spec: &TrainingJobSpec, prev: &TrainingJobStatus, o
             (Children::Nothing, false)
         }
     }
+}
+
+/// The reasons a job waits only for CS-2s to be free: a job that gave its CS-2s back waits for these still
+/// saying why it gave them back.
+const WAITS_FOR_CAPACITY: [Reason; 3] =
+    [Reason::InsufficientCapacity, Reason::WaitingForEarlierJobs, Reason::KueueQueued];
+
+/// Whether the job gave its CS-2s back (preempted, evicted by Kueue, below `spec.minCs2`) and has not been
+/// admitted since: its `Admitted` condition is `False` for one of those reasons.
+fn gave_back(prev: &TrainingJobStatus) -> bool {
+    prev.conditions.iter().any(|c| {
+        ConditionType::Admitted.of(c)
+            && !ConditionStatus::True.of(c)
+            && [Reason::Preempted, Reason::KueueEvicted, Reason::CapacityLost].iter().any(|r| r.of(c))
+    })
 }
 
 /// A job left with fewer CS-2s than it can run on, once its checkpoint (`at`) is written: it gives back the `holds`
@@ -444,7 +465,7 @@ fn requeue(d: &mut Pass, spec: &TrainingJobSpec, obs: &Observed, holds: u32, at:
             spec.cs2
         ),
     );
-    d.cond_with(ConditionType::Admitted, false, reason, format!("gave back its {holds} CS-2s"));
+    d.cond_with(ConditionType::Admitted, false, reason, format!("{why}: gave back its {holds} CS-2s"));
     d.cond_with(ConditionType::Ready, false, reason, "waiting in the queue");
     (Children::Release, false)
 }
@@ -1465,8 +1486,23 @@ mod tests {
         );
         assert!(d.transition.is_some_and(|t| t.message.contains("resumes from its checkpoint at step 51")));
         assert_eq!(cond(&j, ConditionType::Admitted).reason, "Preempted");
+        // While it waits for the higher job's CS-2s, it still says by whom it was preempted; Ready says for what.
         o.evicted = None;
         o.coordinator = None;
+        o.admission = Some(Verdict::Wait { reason: Reason::InsufficientCapacity, message: "needs 4, 0 free".into() });
+        step(&mut j, &o);
+        let admitted = cond(&j, ConditionType::Admitted);
+        assert_eq!(admitted.reason, "Preempted");
+        assert!(admitted.message.contains("preempted by ml/urgent"), "{}", admitted.message);
+        assert_eq!(
+            (cond(&j, ConditionType::Ready).reason.as_str(), j.status.as_ref().unwrap().phase),
+            ("InsufficientCapacity", Some(Phase::Queued))
+        );
+        // A wait for anything but CS-2s says so instead.
+        let mut other = j.clone();
+        o.admission = Some(Verdict::Wait { reason: Reason::PriorityClassNotFound, message: "gone".into() });
+        step(&mut other, &o);
+        assert_eq!(cond(&other, ConditionType::Admitted).reason, "PriorityClassNotFound");
         o.admission = Some(Verdict::Admit);
         let d = step(&mut j, &o);
         assert_eq!(d.children, Children::Assemble(4));
