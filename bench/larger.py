@@ -4,7 +4,8 @@ Writes bench/RESULTS-larger.md and bench/results-larger.json from, in one run on
   1. the ~100M GPT (width 1024, 8 blocks, 16 heads, 2,048 tokens a step) three ways: in one process with the model
      resident on the engine; as processes with every layer streamed from MemoryX (executionMode
      weightStreaming); and streamed from 2 weight servers that hold a quarter of MemoryX's state in memory and
-     the rest in their disk tiers;
+     the rest in their disk tiers; the engine on a CPU of its own (`--engine-cpus`, default the last CPU: the
+     resident process there alone, the streaming runs' other roles on the other CPUs, as an appliance's hosts);
   2. the 1 B example (examples/jobs/gpt-1b.yaml, a quarter of its state in memory) at 4,096 tokens a step as 4
      micro-batches against PyTorch eager training the same model in RAM on the same threads, accumulating its
      gradients over the same micro-batches;
@@ -24,6 +25,7 @@ process, the layers the plan says it holds in transit as the hub (`wsctl plan`).
 import argparse
 import json
 import math
+import os
 import re
 import shutil
 import statistics
@@ -77,8 +79,10 @@ def quarter_in_memory(text, servers, path):
     return path
 
 
-def jobs_100m():
-    """The three ~100M jobs: (name, path, wsctl run arguments)."""
+def jobs_100m(engine_cpus):
+    """The three ~100M jobs: (name, path, wsctl run arguments); with `engine_cpus` (a CPU list), the engine runs on
+    those CPUs and every other role on the rest, as on an appliance's own hosts, and the resident run (one
+    process) on those CPUs alone: the engine has the same cores in every row."""
     text = with_fields((REPO / "examples/jobs/gpt-small.yaml").read_text(), SHAPE_100M)
     text = re.sub(r"^(\s*name:).*$", r"\1 gpt-100m", text, count=1, flags=re.M)
     resident = WORK / "gpt-100m-resident.yaml"
@@ -87,9 +91,10 @@ def jobs_100m():
     streaming = WORK / "gpt-100m-streaming.yaml"
     streaming.write_text(streamed)
     tiered = quarter_in_memory(streamed, 2, WORK / "gpt-100m-tiered.yaml")
-    return [("resident, in process", resident, ["--in-process"]),
-            ("streaming every layer", streaming, []),
-            ("streaming, 1/4 in memory", tiered, [])]
+    pin = ["--engine-cpus", engine_cpus] if engine_cpus else []
+    return [("resident, in process", resident, ["--in-process", *pin]),
+            ("streaming every layer", streaming, pin),
+            ("streaming, 1/4 in memory", tiered, pin)]
 
 
 # The 1 B example at 4,096 tokens a step (its 1,024 as checked in do little work per streamed byte): 64 samples as
@@ -197,6 +202,9 @@ def render(r):
             continue
         tokens = next((x["batch_tokens"] for x in rows.values() if "batch_tokens" in x), None)
         title = f"{title} ({int(tokens):,} tokens a step)" if tokens else title
+        if section == "100m" and r.get("engine_cpus"):
+            title += (f", the engine on CPU {r['engine_cpus']} (the resident run's whole process there; "
+                      "MemoryX, SwarmX and the input workers on the others)")
         ref = rows[ref_name]["tokens_per_s"]
         lines += [f"## {title}", "", head, "|" + " --- |" * 8]
         for name, x in rows.items():
@@ -258,6 +266,10 @@ def main():
     ap.add_argument("--skip-100m", action="store_true", help="not the ~100M shape")
     ap.add_argument("--with-3b", action="store_true",
                     help="also the 3 B example (15-60 min; ~40 GiB of scratch disk, removed after)")
+    last = max(os.sched_getaffinity(0))
+    ap.add_argument("--engine-cpus", default=str(last),
+                    help="the ~100M runs' engine CPUs (`wsctl run --engine-cpus`; default the last CPU, the other "
+                         "roles on the rest); 'none' runs them unpinned")
     ap.add_argument("--out", type=Path, default=harness.BENCH)
     ap.add_argument("--from-json", type=Path, metavar="RESULTS_JSON", help="only write RESULTS-larger.md from it")
     a = ap.parse_args()
@@ -267,10 +279,12 @@ def main():
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     disk, gemm = machine_figures()
-    r = {"machine": harness.machine_description(), "rounds": a.rounds, "disk": disk, "gemm_flops_per_s": gemm}
+    engine_cpus = None if a.engine_cpus == "none" else a.engine_cpus
+    r = {"machine": harness.machine_description(), "rounds": a.rounds, "disk": disk, "gemm_flops_per_s": gemm,
+         "engine_cpus": engine_cpus}
     runs = {}
     for _ in range(0 if a.skip_100m else a.rounds):
-        for name, path, extra in jobs_100m():
+        for name, path, extra in jobs_100m(engine_cpus):
             runs.setdefault(name, []).append(weightstream(name, path, extra, warmup=1))
     if runs:
         r["100m"] = {name: medians(v) for name, v in runs.items()}

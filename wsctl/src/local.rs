@@ -18,13 +18,19 @@ use std::time::{Duration, Instant};
 
 use std::collections::HashMap;
 
+use crate::affinity::{CpuList, Pinning};
 use anyhow::{Context, Result, anyhow, bail};
 use crds::contract::{CommonArgs, Handshake, MemoryxArgs, ProgressReport, Role, RoleArgs};
 use plan::appliance::Plan;
 use plan::wiring::{Args, Component, Site, Wiring};
 
-/// Runs one role in this process: `wsctl node ROLE ARGS…`, parsed by the role program's own parser.
-pub fn node(role: &str, args: Vec<String>) -> Result<()> {
+/// Runs one role in this process: `wsctl node [--cpus LIST] ROLE ARGS…`, parsed by the role program's own
+/// parser; on `cpus` only when given (pinned before the role starts a thread, so all of them run there).
+pub fn node(role: &str, args: Vec<String>, cpus: Option<&CpuList>) -> Result<()> {
+    if let Some(cpus) = cpus {
+        let now = cpus.pin_this_thread().map_err(anyhow::Error::msg)?;
+        eprintln!("wsctl node {role}: on CPUs {now}");
+    }
     fn parse<A: RoleArgs>(args: Vec<String>) -> A {
         A::try_parse_from(std::iter::once(A::ROLE.binary().to_string()).chain(args)).unwrap_or_else(|e| e.exit())
     }
@@ -228,6 +234,8 @@ pub struct Appliance {
     /// Each started component's address (`host:port`) and name, so a failure that names an address says which
     /// component it is.
     addresses: Vec<(String, String)>,
+    /// The engines' CPUs and every other role's (`wsctl run --engine-cpus`); `None` leaves them all to the kernel.
+    pub pinning: Option<Pinning>,
 }
 
 impl Drop for Appliance {
@@ -318,6 +326,7 @@ impl Appliance {
             interrupted,
             watchdog,
             addresses: Vec::new(),
+            pinning: None,
         })
     }
 
@@ -331,8 +340,12 @@ impl Appliance {
         // first (it checkpoints) and the rest after.
         #[cfg(unix)]
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        command.arg("node");
+        if let Some(p) = &self.pinning {
+            let cpus = if args.role() == Role::Engine { &p.engines } else { &p.others };
+            command.arg("--cpus").arg(cpus.to_string());
+        }
         let mut child = command
-            .arg("node")
             .arg(args.role().as_str())
             .args(args.argv())
             .stdin(Stdio::piped())

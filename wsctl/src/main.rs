@@ -4,6 +4,7 @@
 //! fetches a job's checkpoints from MemoryX and `export` converts one for other tools (Hugging Face); `submit`,
 //! `get`, `logs`, `cancel`, `suspend`, `resume` and `checkpoint JOB` manage jobs on a cluster (see [`cluster`]).
 
+mod affinity;
 mod bench;
 mod checkpoint;
 mod cluster;
@@ -51,6 +52,10 @@ enum Command {
         /// Run every role in this process instead of as separate local processes.
         #[arg(long)]
         in_process: bool,
+        /// Run the engines on these CPUs only (`0-3,6`) and every other role (MemoryX, SwarmX, input workers)
+        /// on the rest, as on an appliance's own hosts; with --in-process, the whole process on these CPUs.
+        #[arg(long, value_name = "LIST", value_parser = affinity::CpuList::parse)]
+        engine_cpus: Option<affinity::CpuList>,
         /// Children per SwarmX node: engines are grouped under nodes of this fan-out, nodes under nodes (the
         /// operator's --swarmx-fan-out, the chart's operator.swarmxFanOut).
         #[arg(long, visible_alias = "fanout", default_value_t = crds::contract::DEFAULT_FAN_OUT)]
@@ -75,6 +80,9 @@ enum Command {
     /// takes exactly the arguments of the role's program (`memoryx`, `swarmx`, `sim-wse`).
     #[command(hide = true)]
     Node {
+        /// The CPUs the role runs on (`wsctl run --engine-cpus`), set before it starts any thread.
+        #[arg(long, value_name = "LIST", value_parser = affinity::CpuList::parse)]
+        cpus: Option<affinity::CpuList>,
         /// memoryx, swarmx or engine.
         role: String,
         /// The role program's arguments.
@@ -201,11 +209,32 @@ fn end_quietly_when_stdout_closes() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { job, out, cs2, in_process, swarmx_fan_out, checkpoint_dir, sample, volumes, json } => {
-            let opts = run::RunOptions { cs2, out, in_process, swarmx_fan_out, checkpoint_dir, sample, volumes, json };
+        Command::Run {
+            job,
+            out,
+            cs2,
+            in_process,
+            engine_cpus,
+            swarmx_fan_out,
+            checkpoint_dir,
+            sample,
+            volumes,
+            json,
+        } => {
+            let opts = run::RunOptions {
+                cs2,
+                out,
+                in_process,
+                engine_cpus,
+                swarmx_fan_out,
+                checkpoint_dir,
+                sample,
+                volumes,
+                json,
+            };
             run::run(&job, opts)
         }
-        Command::Node { role, args } => local::node(&role, args),
+        Command::Node { cpus, role, args } => local::node(&role, args, cpus.as_ref()),
         Command::Plan { job, cs2, json } => {
             end_quietly_when_stdout_closes();
             run::plan(&job, cs2, json)

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::affinity::{CpuList, Pinning};
 use anyhow::{Context, Result};
 use crds::contract::ProgressReport;
 use errors::units;
@@ -161,6 +162,9 @@ pub struct RunOptions {
     pub out: Option<PathBuf>,
     /// Run MemoryX, SwarmX and the engines as threads of this process instead of separate processes.
     pub in_process: bool,
+    /// The engines' CPUs (`--engine-cpus`); every other role gets the rest (with `in_process`, the whole process
+    /// runs on these).
+    pub engine_cpus: Option<CpuList>,
     /// Lines of text to decode from a trained language model.
     pub sample: usize,
     /// Children per SwarmX node.
@@ -197,6 +201,17 @@ pub fn parse_volume(s: &str) -> std::result::Result<(String, PathBuf), String> {
 
 /// `wsctl run`.
 pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
+    // Checked before anything starts; with --in-process, set before any thread is, so every thread inherits it.
+    let pinning = match &opts.engine_cpus {
+        Some(cpus) => Some(
+            Pinning::split(cpus.clone(), &CpuList::allowed().map_err(anyhow::Error::msg)?)
+                .map_err(anyhow::Error::msg)?,
+        ),
+        None => None,
+    };
+    if let (true, Some(p)) = (opts.in_process, &pinning) {
+        p.engines.pin_this_thread().map_err(anyhow::Error::msg)?;
+    }
     if opts.in_process {
         // The engines' activations are this process's working set, the same every step. Set before anything
         // else allocates, so every thread (the data loading's too) shares the arena it keeps.
@@ -227,6 +242,14 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
         plan.cs2,
         if opts.in_process { " in one process" } else { "" }
     );
+    if let Some(p) = &pinning {
+        match opts.in_process {
+            true => eprintln!("{name}: on CPUs {} (--engine-cpus)", p.engines),
+            false => {
+                eprintln!("{name}: engines on CPUs {}, MemoryX, SwarmX and input workers on {}", p.engines, p.others)
+            }
+        }
+    }
     if opts.json {
         let tokens = spec.model.kind.is_language_model().then_some(loaded.spec.model.context_length).flatten();
         let start = serde_json::json!({ "steps": total, "samplesPerStep": plan.batch, "cs2": plan.cs2, "tokensPerSample": tokens });
@@ -263,7 +286,8 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
         run_in_process(loaded, feed, &plan, outputs, show)
     } else {
         drop((loaded, feed));
-        run_local(&job, &plan, root, checkpoints, opts.sample, &out, show)
+        let local = LocalRun { data_root: root, checkpoint_dir: checkpoints, sample: opts.sample, pinning };
+        run_local(&job, &plan, local, &out, show)
     };
     let _ = std::fs::remove_dir_all(&tier);
     bar.finish_and_clear();
@@ -300,14 +324,24 @@ pub fn run(path: &Path, opts: RunOptions) -> Result<()> {
     Ok(())
 }
 
+/// What a run as processes is given besides the job and its plan.
+struct LocalRun {
+    /// The folder standing in for the job's data volume.
+    data_root: Option<PathBuf>,
+    /// Where MemoryX keeps checkpoints.
+    checkpoint_dir: Option<PathBuf>,
+    /// Lines of text to decode from a trained language model.
+    sample: usize,
+    /// The engines' CPUs and the other roles' (`--engine-cpus`).
+    pinning: Option<Pinning>,
+}
+
 /// The appliance as processes: input workers, engines, the SwarmX tree, MemoryX's weight servers and its
 /// coordinator, supervised until the coordinator finishes.
 fn run_local(
     job: &crds::TrainingJob,
     plan: &Plan,
-    data_root: Option<PathBuf>,
-    checkpoint_dir: Option<PathBuf>,
-    sample: usize,
+    run: LocalRun,
     out: &Path,
     show: impl FnMut(&ProgressReport),
 ) -> Result<Summary> {
@@ -318,13 +352,14 @@ fn run_local(
     let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
     let job_id = format!("{name}-{}", std::process::id());
     let mut appliance = crate::local::Appliance::new(job_file, job_id, out.join("logs"))?;
+    appliance.pinning = run.pinning;
     let outputs = crate::local::MemoryxOutputs {
         out: Some(out.to_path_buf()),
-        sample,
-        checkpoint_dir,
+        sample: run.sample,
+        checkpoint_dir: run.checkpoint_dir,
         tier_dir: Some(std::fs::canonicalize(out)?.join("tier")),
     };
-    let args = appliance.start(plan, data_root, &outputs)?;
+    let args = appliance.start(plan, run.data_root, &outputs)?;
     appliance.run_memoryx(&args, std::time::Duration::from_secs(plan.stop_seconds()), show)?;
     drop(appliance);
     let path = out.join("summary.json");

@@ -90,6 +90,77 @@ fn one_two_and_four_engines_give_the_same_curve() {
     assert!(common::processes_under(&dir).is_empty(), "no process is left behind");
 }
 
+/// This process's CPUs as the kernel lists them (`/proc/self/status`), each one.
+fn allowed_cpus() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string();
+    list.split(',')
+        .flat_map(|part| {
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap()
+        })
+        .collect()
+}
+
+/// `--engine-cpus`: the engines run on those CPUs and every other role on the rest (as each role's log says the
+/// kernel reported once pinned), the curve unchanged; with `--in-process` the whole run is pinned. A list that
+/// leaves the other roles nothing is refused before anything starts.
+#[test]
+fn engines_run_on_their_own_cpus_and_every_other_role_on_the_rest() {
+    let dir = scratch("cpus");
+    let job = dir.join("job.yaml");
+    std::fs::write(&job, JOB.replace("intervalSteps: 5", "intervalSteps: 0") + "  executionMode: weightStreaming\n")
+        .unwrap();
+    let cpus = allowed_cpus();
+    let all = format!("{}-{}", cpus[0], cpus[cpus.len() - 1]);
+    let refused = common::wsctl(&[
+        "run",
+        job.to_str().unwrap(),
+        "--out",
+        dir.join("all").to_str().unwrap(),
+        "--engine-cpus",
+        &all,
+    ]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("leaves no CPU for MemoryX"), "{said}");
+    assert!(!dir.join("all").exists(), "nothing started");
+    // This machine has 2 cores or more (the README's requirement); the last one is the engines'.
+    let engine = cpus[cpus.len() - 1].to_string();
+    // The others' CPUs as the kernel lists them: these are consecutive.
+    let rest = match &cpus[..cpus.len() - 1] {
+        [one] => one.to_string(),
+        more => format!("{}-{}", more[0], more[more.len() - 1]),
+    };
+    run_ok(&job, &dir.join("free"), &["--cs2", "2"]);
+    run_ok(&job, &dir.join("pinned"), &["--cs2", "2", "--engine-cpus", &engine]);
+    assert_eq!(losses(&dir.join("free")), losses(&dir.join("pinned")), "pinning changes no loss");
+    let mut roles = BTreeSet::new();
+    for entry in std::fs::read_dir(dir.join("pinned/logs")).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".log")) else {
+            continue;
+        };
+        let first = std::fs::read_to_string(&path).unwrap().lines().next().unwrap_or_default().to_string();
+        let on = first.rsplit_once("on CPUs ").map(|(_, c)| c.to_string()).unwrap_or_default();
+        let want = if name.starts_with("engine-") { &engine } else { &rest };
+        assert_eq!(&on, want, "{name}: {first}");
+        roles.insert(name.split('-').next().unwrap().to_string());
+    }
+    assert_eq!(roles.into_iter().collect::<Vec<_>>(), ["engine", "input", "memoryx", "swarmx"]);
+    let o = common::wsctl(&[
+        "run",
+        job.to_str().unwrap(),
+        "--out",
+        dir.join("one").to_str().unwrap(),
+        "--in-process",
+        "--engine-cpus",
+        &engine,
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && said.contains(&format!("on CPUs {engine} (--engine-cpus)")), "{said}");
+    assert!(common::processes_under(&dir).is_empty(), "no process is left behind");
+}
+
 /// An input worker killed mid-epoch and started again on its address: the step it broke is rerun, and the run
 /// gives the undisturbed curve with every step exactly once.
 #[test]
