@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod cost;
+pub mod funnel;
 pub mod node;
 pub mod report;
 

@@ -15,6 +15,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use crate::cost::{Cluster, LayerWork, Workload};
+use crate::funnel::{FunnelReport, draw_funnel, funnel_report};
 use plan::preset::EngineModel;
 
 /// Tokens per sample in every reported model.
@@ -103,6 +104,11 @@ pub fn sparsity_models() -> Vec<Transformer> {
         Transformer::gpt3("GPT-3 6.7B", 4096, 32, 2_000_000),
         Transformer::gpt3("GPT-3 175B", 12288, 96, 3_200_000),
     ]
+}
+
+/// The model of the funnel figure: the seeds' 175 B class.
+pub fn funnel_model() -> Transformer {
+    Transformer::gpt3("GPT-3 175B", 12288, 96, 3_200_000)
 }
 
 /// The models of the scaling figure: GPT-3 1.3B, 13B and 175B, and a 1T model.
@@ -272,6 +278,8 @@ pub struct Report {
     pub sparsity: SparsityReport,
     /// Figure 2.
     pub scaling: ScalingReport,
+    /// MemoryX's egress with and without the funnel through its coordinator.
+    pub funnel: FunnelReport,
 }
 
 /// Sparsities shown in the table of figure 1.
@@ -290,6 +298,7 @@ impl Report {
             memoryx_bandwidth: plan::preset::MEMORYX_BANDWIDTH,
             sparsity: sparsity_report(engine, &sparsity_models(), &sparsities, &[1, 16]),
             scaling: scaling_report(engine, &scaling_models(), 0.9, &engines),
+            funnel: funnel_report(engine, &funnel_model(), 192, 0.9, &(1..=64).collect::<Vec<_>>()),
         }
     }
 
@@ -346,10 +355,41 @@ impl Report {
                 c.model.batch_source
             );
         }
+        out += &self.funnel_table();
         out
     }
 
-    /// Writes `sparsity.svg` and `scaling.svg` into `dir`, returning their paths.
+    /// The funnel's table: MemoryX's egress, the step and the engines' busy share, both ways, by server count.
+    fn funnel_table(&self) -> String {
+        let f = &self.funnel;
+        let mut out = format!(
+            "\nMemoryX's egress for {} on {} engines at {:.0}% sparsity: the engines ask {:.2} TB/s; each weight \
+             server's link {:.2} TB/s (assumed)\n{:>8} {:>24} {:>24}\n",
+            f.model.name,
+            f.engines,
+            f.sparsity * 100.0,
+            f.demand_bytes_per_s / 1e12,
+            f.server_link / 1e12,
+            "servers",
+            "straight to SwarmX",
+            "through the coordinator"
+        );
+        for p in f.points.iter().filter(|p| p.servers.is_power_of_two() || p.servers == 48) {
+            let cell = |bytes: f64, step: f64, busy: f64| {
+                format!("{:.2} TB/s {:.2}s {:>3.0}%", bytes / 1e12, step, busy * 100.0)
+            };
+            let _ = writeln!(
+                out,
+                "{:>8} {:>24} {:>24}",
+                p.servers,
+                cell(p.direct_bytes_per_s, p.direct_step_s, p.direct_busy),
+                cell(p.funnel_bytes_per_s, p.funnel_step_s, p.funnel_busy)
+            );
+        }
+        out
+    }
+
+    /// Writes `sparsity.svg`, `scaling.svg` and `funnel.svg` into `dir`, returning their paths.
     pub fn write_svgs(&self, dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
         std::fs::create_dir_all(dir).map_err(|source| ReportError::Io { path: dir.to_path_buf(), source })?;
         let sparsity = dir.join("sparsity.svg");
@@ -360,19 +400,21 @@ impl Report {
         };
         draw_sparsity(&self.sparsity, self.engine.name, &sparsity).map_err(plot_err(&sparsity))?;
         draw_scaling(&self.scaling, self.engine.name, &scaling).map_err(plot_err(&scaling))?;
-        Ok(vec![sparsity, scaling])
+        let funnel = dir.join("funnel.svg");
+        draw_funnel(&self.funnel, self.engine.name, &funnel).map_err(plot_err(&funnel))?;
+        Ok(vec![sparsity, scaling, funnel])
     }
 }
 
 /// A white SVG canvas of the figures' size at `path`: both figures start from the same page.
-fn svg_root(path: &Path) -> Result<DrawingArea<SVGBackend<'_>, Shift>, String> {
+pub(crate) fn svg_root(path: &Path) -> Result<DrawingArea<SVGBackend<'_>, Shift>, String> {
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     Ok(root)
 }
 
 /// Draws the legend in the figures' one style and writes the file: the last step of both figures.
-fn finish<'a, CT: CoordTranslate>(
+pub(crate) fn finish<'a, CT: CoordTranslate>(
     mut chart: ChartContext<'a, SVGBackend<'a>, CT>,
     root: &DrawingArea<SVGBackend<'a>, Shift>,
 ) -> Result<(), String> {
@@ -386,7 +428,7 @@ fn finish<'a, CT: CoordTranslate>(
     root.present().map_err(|e| e.to_string())
 }
 
-const COLORS: [RGBColor; 4] =
+pub(crate) const COLORS: [RGBColor; 4] =
     [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
 
 fn draw_sparsity(r: &SparsityReport, engine: &str, path: &Path) -> Result<(), String> {
@@ -576,6 +618,7 @@ mod tests {
             memoryx_bandwidth: plan::preset::MEMORYX_BANDWIDTH,
             sparsity: sparsity_report(&WSE2, &sparsity_models()[..1], &[0.0, 0.5, 0.9], &[1, 16]),
             scaling: scaling_report(&WSE2, &scaling_models()[..1], 0.9, &[1, 2, 4]),
+            funnel: funnel_report(&WSE2, &funnel_model(), 192, 0.9, &[1, 2, 4]),
         };
         let dir = std::env::temp_dir().join(format!("sim-wse-report-{}", std::process::id()));
         let paths = r.write_svgs(&dir).unwrap();
@@ -584,7 +627,7 @@ mod tests {
             assert!(svg.contains("<svg") && svg.contains("GPT-3"), "{}", p.display());
         }
         let t = r.tables();
-        assert!(t.contains("90%") && t.contains("GPT-3 1.3B"), "{t}");
+        assert!(t.contains("90%") && t.contains("GPT-3 1.3B") && t.contains("through the coordinator"), "{t}");
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["scaling"]["curves"][0]["points"][2]["engines"], 4);
         let _ = std::fs::remove_dir_all(&dir);

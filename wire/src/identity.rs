@@ -223,7 +223,7 @@ impl Identity {
     /// A rustls server configuration that trusts only this job's CA. With `optional_clients`, a client without
     /// a certificate may connect (for `/healthz` probes); a client with a certificate of another CA never can.
     pub fn server_config(&self, optional_clients: bool) -> Result<rustls::ServerConfig> {
-        let mut config = self.server(optional_clients, rustls::DEFAULT_VERSIONS)?;
+        let mut config = self.server(optional_clients, rustls::DEFAULT_VERSIONS, provider())?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(config)
     }
@@ -232,7 +232,7 @@ impl Identity {
     /// presenting the job's certificate, HTTP/2, no session tickets (a role's clients keep their connections),
     /// and its traffic secrets handed to the record layer after the handshake.
     pub fn grpc_server_config(&self) -> Result<rustls::ServerConfig> {
-        let mut config = self.server(false, &[&rustls::version::TLS13])?;
+        let mut config = self.server(false, &[&rustls::version::TLS13], provider())?;
         config.alpn_protocols = vec![b"h2".to_vec()];
         config.send_tls13_tickets = 0;
         config.enable_secret_extraction = true;
@@ -243,12 +243,14 @@ impl Identity {
         &self,
         optional_clients: bool,
         versions: &[&'static rustls::SupportedProtocolVersion],
+        provider: Arc<rustls::crypto::CryptoProvider>,
     ) -> Result<rustls::ServerConfig> {
-        let builder = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(self.roots()?), provider());
+        let builder =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(self.roots()?), provider.clone());
         let builder = if optional_clients { builder.allow_unauthenticated() } else { builder };
         let verifier = builder.build().map_err(|e| tls_error("client verifier", e))?;
         let (chain, key) = self.chain()?;
-        rustls::ServerConfig::builder_with_provider(provider())
+        rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(versions)
             .map_err(|e| tls_error("TLS versions", e))?
             .with_client_cert_verifier(verifier)
@@ -259,27 +261,48 @@ impl Identity {
     /// A rustls client configuration that trusts only this job's CA and presents this identity: for HTTP clients
     /// (the operator's calls to MemoryX).
     pub fn client_config(&self) -> Result<rustls::ClientConfig> {
-        self.client(rustls::DEFAULT_VERSIONS)
+        self.client(rustls::DEFAULT_VERSIONS, provider())
     }
 
     /// The client configuration of a gRPC connection ([`crate::tls::record`]): TLS 1.3 only, HTTP/2, and its
     /// traffic secrets handed to the record layer after the handshake.
     pub fn grpc_client_config(&self) -> Result<rustls::ClientConfig> {
-        let mut config = self.client(&[&rustls::version::TLS13])?;
+        let mut config = self.client(&[&rustls::version::TLS13], provider())?;
         config.alpn_protocols = vec![b"h2".to_vec()];
         config.enable_secret_extraction = true;
         Ok(config)
     }
 
-    fn client(&self, versions: &[&'static rustls::SupportedProtocolVersion]) -> Result<rustls::ClientConfig> {
+    fn client(
+        &self,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+        provider: Arc<rustls::crypto::CryptoProvider>,
+    ) -> Result<rustls::ClientConfig> {
         let (chain, key) = self.chain()?;
-        rustls::ClientConfig::builder_with_provider(provider())
+        rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(versions)
             .map_err(|e| tls_error("TLS versions", e))?
             .with_root_certificates(self.roots()?)
             .with_client_auth_cert(chain, key)
             .map_err(|e| tls_error("certificate and key", e))
     }
+}
+
+/// rustls' own configurations for the peer of a record-layer connection in its tests: TLS 1.3 with `suite`
+/// only, so either side of a handshake with them negotiates it; the server answers `h2` as the roles' do.
+#[cfg(test)]
+pub(crate) fn rustls_peer(
+    id: &Identity,
+    suite: rustls::SupportedCipherSuite,
+) -> Result<(rustls::ServerConfig, rustls::ClientConfig)> {
+    let mut one = rustls::crypto::ring::default_provider();
+    one.cipher_suites = vec![suite];
+    let one = Arc::new(one);
+    let mut server = id.server(false, &[&rustls::version::TLS13], one.clone())?;
+    server.alpn_protocols = vec![b"h2".to_vec()];
+    let mut client = id.client(&[&rustls::version::TLS13], one)?;
+    client.alpn_protocols = vec![b"h2".to_vec()];
+    Ok((server, client))
 }
 
 #[cfg(test)]

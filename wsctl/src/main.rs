@@ -100,8 +100,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Reproduce the seeds' figures with the wafer's cost model: sparsity to acceleration, and speed-up against
-    /// engine count; prints two tables and writes sparsity.svg and scaling.svg.
+    /// Reproduce the seeds' figures with the wafer's cost model: sparsity to acceleration, speed-up against
+    /// engine count, and MemoryX's egress against the engines' demand with and without a funnel through its
+    /// coordinator; prints three tables and writes sparsity.svg, scaling.svg and funnel.svg.
     Simulate {
         /// Print JSON instead of tables.
         #[arg(long)]

@@ -1,4 +1,5 @@
-//! `wsctl simulate`: the seeds' sparsity and scaling figures reproduced by the wafer's cost model, as tables
+//! `wsctl simulate`: the seeds' sparsity and scaling figures reproduced by the wafer's cost model (and MemoryX's
+//! egress with and without a funnel through its coordinator), as tables
 //! for a person, JSON for a machine, and SVG plots for the docs. The logic lives in `sim_wse::report`; this is
 //! only the command line around it.
 
@@ -8,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use crds::EnginePreset;
 
-/// Prints both tables (or the JSON) and writes `sparsity.svg` and `scaling.svg` into `out`.
+/// Prints the tables (or the JSON) and writes `sparsity.svg`, `scaling.svg` and `funnel.svg` into `out`.
 pub fn simulate(preset: EnginePreset, json: bool, out: PathBuf) -> Result<()> {
     let engine = plan::preset::model(preset);
     let report = sim_wse::report::Report::new(&engine);

@@ -89,6 +89,24 @@ pub const MODEL_KEY: &str = "model";
 /// Metadata key of the seed the model's masks were drawn from.
 pub const SEED_KEY: &str = "seed";
 
+/// Metadata key of the checksum over the rest of the metadata (the step, job, uid, model, seed and the tensors'
+/// checksum): a step changed on disk would otherwise resume the run at another step. Checkpoints written before
+/// it was recorded are read without it.
+const META_CRC_KEY: &str = "meta_crc32";
+
+/// The checksum of `metadata` but its own entry: every other key and value, in key order.
+fn metadata_checksum(metadata: &HashMap<String, String>) -> String {
+    let mut entries: Vec<(&String, &String)> = metadata.iter().filter(|(k, _)| *k != META_CRC_KEY).collect();
+    entries.sort();
+    let mut h = crc32fast::Hasher::new();
+    for (k, v) in entries {
+        for part in [k.as_bytes(), &[0], v.as_bytes(), &[0]] {
+            h.update(part);
+        }
+    }
+    format!("{:08x}", h.finalize())
+}
+
 /// [`to_bytes`], recording also who the state belongs to.
 pub fn encode(step: u64, tensors: &Tensors, owner: &Owner<'_>) -> Result<Vec<u8>> {
     let (job, uid) = (owner.job, owner.uid);
@@ -118,6 +136,7 @@ pub fn encode(step: u64, tensors: &Tensors, owner: &Owner<'_>) -> Result<Vec<u8>
         metadata.insert(MODEL_KEY.to_string(), json);
         metadata.insert(SEED_KEY.to_string(), seed.to_string());
     }
+    metadata.insert(META_CRC_KEY.to_string(), metadata_checksum(&metadata));
     safetensors::tensor::serialize(views, Some(metadata))
         .map_err(|e| Error::Protocol(format!("serialising checkpoint: {e}")))
 }
@@ -300,6 +319,9 @@ fn decode(bytes: &[u8], what: &str) -> Result<(u64, Tensors, Option<String>)> {
     let bad = |why: String| Error::Protocol(format!("{what} is unusable: {why}"));
     let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
     let info = meta.metadata().clone().unwrap_or_default();
+    if let Some(want) = info.get(META_CRC_KEY).filter(|&want| *want != metadata_checksum(&info)) {
+        return Err(bad(format!("its metadata (step, job, model) does not match its checksum {want}")));
+    }
     let step: u64 =
         info.get("step").and_then(|s| s.parse().ok()).ok_or_else(|| bad("no step in its metadata".into()))?;
     let st = SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
@@ -358,6 +380,56 @@ pub fn latest_for(dir: &Path, uid: Option<&str>, max_bytes: u64) -> Result<Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// Fuzzing the parser (proptest): a checkpoint with any bytes changed, cut or grown reads back as the
+        /// tensors written or is refused with a reason; bytes that never were a checkpoint are refused; none panics.
+        #[test]
+        fn a_changed_checkpoint_reads_as_written_or_is_refused(
+            values in proptest::collection::vec(-1e3f32..1e3, 1..64),
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+            cut in proptest::option::of(any::<prop::sample::Index>()),
+            tail in proptest::collection::vec(any::<u8>(), 0..8),
+            noise in proptest::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let n = values.len();
+            let t: Tensors =
+                vec![("layer.0.weight".into(), values), ("layer.0.bias".into(), vec![0.5; n.div_ceil(2)])];
+            let good = to_bytes(7, &t, "job").unwrap();
+            prop_assert_eq!(from_bytes(&good, "it").unwrap(), (7, t.clone()));
+            let mut bad = good.clone();
+            for (at, x) in &edits {
+                let i = at.index(bad.len());
+                bad[i] ^= x | 1;
+            }
+            if let Some(c) = cut {
+                bad.truncate(c.index(bad.len()));
+            }
+            bad.extend(&tail);
+            match from_bytes(&bad, "it") {
+                Ok(read) => prop_assert_eq!(read, (7, t)),
+                Err(e) => prop_assert!(e.to_string().contains("it is unusable"), "{e}"),
+            }
+            prop_assert!(from_bytes(&noise, "noise").is_err());
+        }
+    }
+
+    /// The step, job and model a checkpoint records are checked like its tensors: a step changed on disk would
+    /// resume the run at another step (found by the fuzzing above: the tensors' checksum alone let it through).
+    #[test]
+    fn a_checkpoint_whose_recorded_step_changed_is_refused() {
+        let t: Tensors = vec![("layer.0.weight".into(), vec![1.0, 2.0])];
+        let good = to_bytes(17, &t, "job").unwrap();
+        let at = good.windows(6).position(|w| w == b"\"17\"}," || w == b"\"17\",\"").expect("the step");
+        let mut bad = good.clone();
+        bad[at + 2] = b'3';
+        let e = from_bytes(&bad, "it").unwrap_err().to_string();
+        assert!(e.contains("metadata") && e.contains("checksum"), "{e}");
+        assert_eq!(from_bytes(&good, "it").unwrap(), (17, t));
+    }
 
     #[test]
     fn round_trip_keep_and_corruption() {

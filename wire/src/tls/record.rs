@@ -609,6 +609,9 @@ pub async fn connect(tcp: TcpStream, config: Arc<rustls::ClientConfig>, server_n
 }
 
 #[cfg(test)]
+mod interop;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::identity::{Identity, SERVER_NAME, issue};

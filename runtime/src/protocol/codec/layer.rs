@@ -296,6 +296,7 @@ impl LayerAssembler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn sparse_stream() -> LayerStream {
         let p = SparsePattern::random(700, 900, 0.9, 1);
@@ -366,6 +367,191 @@ mod tests {
         }
         assert_eq!(recycled.take(8).capacity(), 8, "the smallest kept buffer that fits");
         assert_eq!(recycled.take(11).capacity(), 11, "none fits: a new one; only the largest few were kept");
+    }
+
+    /// One way to change a layer stream's chunks on the wire.
+    #[derive(Clone, Debug)]
+    enum Change {
+        /// Flips bits of one byte of one of a chunk's arrays.
+        Flip {
+            chunk: prop::sample::Index,
+            array: usize,
+            at: prop::sample::Index,
+            bits: u8,
+        },
+        /// Sets one of the header's numbers (outer, inner, indices, values, bias, encoding, pass) to any value.
+        Header {
+            field: usize,
+            value: u64,
+        },
+        /// Loses, repeats or swaps chunks.
+        Drop(prop::sample::Index),
+        Repeat(prop::sample::Index),
+        Swap(prop::sample::Index, prop::sample::Index),
+        /// Adds 1 to 3 bytes to one array of a chunk (no longer whole words).
+        Ragged {
+            chunk: prop::sample::Index,
+            array: usize,
+            extra: usize,
+        },
+        /// Another layer or step in a chunk after the header.
+        Stray {
+            chunk: prop::sample::Index,
+            layer: u32,
+            step: u64,
+        },
+    }
+
+    fn change() -> impl Strategy<Value = Change> {
+        let i = any::<prop::sample::Index>;
+        prop_oneof![
+            (i(), 0..5usize, i(), 1..=255u8).prop_map(|(chunk, array, at, bits)| Change::Flip {
+                chunk,
+                array,
+                at,
+                bits
+            }),
+            (0..7usize, prop_oneof![Just(u64::MAX), Just(0u64), 0..2_000u64])
+                .prop_map(|(field, value)| Change::Header { field, value }),
+            i().prop_map(Change::Drop),
+            i().prop_map(Change::Repeat),
+            (i(), i()).prop_map(|(a, b)| Change::Swap(a, b)),
+            (i(), 0..5usize, 1..4usize).prop_map(|(chunk, array, extra)| Change::Ragged { chunk, array, extra }),
+            (i(), 0..4u32, 0..3u64).prop_map(|(chunk, layer, step)| Change::Stray { chunk, layer, step }),
+        ]
+    }
+
+    fn array(c: &mut LayerChunk, i: usize) -> &mut Bytes {
+        [&mut c.order, &mut c.ptr, &mut c.indices, &mut c.values, &mut c.bias].into_iter().nth(i % 5).unwrap()
+    }
+
+    /// `chunks` (one stream) cut again: every array in pieces of `words` 4-byte words, one piece a chunk, the
+    /// header first and alone: another chunking a sender may choose.
+    fn rechunk(chunks: Vec<LayerChunk>, words: usize) -> Vec<LayerChunk> {
+        let mut header = chunks[0].clone();
+        let (job, step, layer) = (header.job.clone(), header.step, header.layer);
+        let arrays: Vec<Vec<u8>> =
+            (0..5).map(|i| chunks.iter().cloned().flat_map(|mut c| array(&mut c, i).to_vec()).collect()).collect();
+        for i in 0..5 {
+            *array(&mut header, i) = Bytes::new();
+        }
+        header.last = false;
+        let mut out = vec![header];
+        for (i, a) in arrays.iter().enumerate() {
+            for piece in a.chunks(4 * words) {
+                let mut c = LayerChunk { job: job.clone(), step, layer, ..LayerChunk::default() };
+                *array(&mut c, i) = Bytes::copy_from_slice(piece);
+                out.push(c);
+            }
+        }
+        if let Some(last) = out.last_mut() {
+            last.last = true;
+        }
+        out
+    }
+
+    fn apply(chunks: &mut Vec<LayerChunk>, change: &Change) {
+        let n = chunks.len();
+        match change {
+            Change::Flip { chunk, array: a, at, bits } => {
+                let field = array(&mut chunks[chunk.index(n)], *a);
+                if !field.is_empty() {
+                    let mut bytes = field.to_vec();
+                    let i = at.index(bytes.len());
+                    bytes[i] ^= bits;
+                    *field = bytes.into();
+                }
+            }
+            Change::Header { field, value } => {
+                let h = &mut chunks[0];
+                let v32 = u32::try_from(*value).unwrap_or(u32::MAX);
+                let i32v = i32::try_from(*value).unwrap_or(i32::MAX);
+                match field {
+                    0 => h.outer = v32,
+                    1 => h.inner = v32,
+                    2 => h.indices_len = *value,
+                    3 => h.values_len = *value,
+                    4 => h.bias_len = *value,
+                    5 => h.encoding = i32v,
+                    _ => h.pass = i32v,
+                }
+            }
+            Change::Drop(i) => {
+                chunks.remove(i.index(n));
+            }
+            Change::Repeat(i) => {
+                let c = chunks[i.index(n)].clone();
+                chunks.insert(i.index(n), c);
+            }
+            Change::Swap(a, b) => chunks.swap(a.index(n), b.index(n)),
+            Change::Ragged { chunk, array: a, extra } => {
+                let field = array(&mut chunks[chunk.index(n)], *a);
+                let mut bytes = field.to_vec();
+                bytes.extend(std::iter::repeat_n(7u8, *extra));
+                *field = bytes.into();
+            }
+            Change::Stray { chunk, layer, step } => {
+                let i = chunk.index(n).max(1).min(n - 1);
+                (chunks[i].layer, chunks[i].step) = (*layer, *step);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+        /// Fuzzing the layer codec (proptest): a stream in any chunking assembles to itself; changed on the way
+        /// (bytes, header numbers, chunks lost, repeated or reordered, ragged arrays, stray layers or steps), it
+        /// is refused with a reason or assembles to a layer consistent with itself and within the plan's shape,
+        /// and nothing panics or reserves beyond the plan.
+        #[test]
+        fn a_layer_stream_in_any_chunking_or_changed_assembles_or_is_refused(
+            rows in 1usize..60,
+            cols in 1usize..60,
+            density in 0.0f64..1.0,
+            words in 1usize..300,
+            changes in proptest::collection::vec(change(), 0..3),
+        ) {
+            let p = SparsePattern::random(rows, cols, density, 3);
+            let values: Vec<f32> = (0..p.nnz()).map(|k| k as f32).collect();
+            let s = LayerStream {
+                layer: 1,
+                pass: Pass::Forward,
+                weights: WeightPayload::Sparse { pattern: Arc::new(p.clone()), values: values.clone() },
+                bias: vec![0.25; rows],
+            };
+            let shape = plan::layout::LinearShape::new(cols, rows, true);
+            let limits = Limits { shard: 1, layers: vec![shape; 2], optimizer_values: 0 };
+            let mut chunks = rechunk(encode_layer(s, "job", 3), words);
+            for c in &changes {
+                apply(&mut chunks, c);
+            }
+            let mut a = LayerAssembler::default();
+            let got = chunks.into_iter().try_for_each(|c| a.push(c, "job", &limits)).and_then(|()| a.finish());
+            match got {
+                Ok((_, back)) => {
+                    if changes.is_empty() {
+                        let same = matches!(&back.weights,
+                            WeightPayload::Sparse { pattern, values: v } if **pattern == p && *v == values);
+                        prop_assert!(same, "the unchanged stream assembled to another layer");
+                        prop_assert_eq!(back.bias.len(), rows);
+                    }
+                    prop_assert!(back.bias.len() as u64 <= shape.vector_len() as u64);
+                    let lines = Limits::mask_lines(&shape) as usize;
+                    match &back.weights {
+                        WeightPayload::Sparse { pattern, values } => {
+                            prop_assert!(pattern.outer() <= lines && pattern.inner() <= lines);
+                            prop_assert_eq!(values.len(), pattern.nnz());
+                        }
+                        WeightPayload::Mask(pattern) => prop_assert!(pattern.outer() <= lines && pattern.inner() <= lines),
+                        // Its exact length the engine checks against the layer (`check_shape`); bounded here.
+                        WeightPayload::Dense(values) => prop_assert!(values.len() as u64 <= Limits::weight_values(&shape)),
+                        WeightPayload::Nothing => {}
+                    }
+                }
+                Err(e) => prop_assert!(!changes.is_empty(), "the unchanged stream was refused: {e}"),
+            }
+        }
     }
 
     #[test]
