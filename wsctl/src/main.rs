@@ -43,38 +43,9 @@ enum Command {
     Run {
         /// The TrainingJob manifest (YAML; `-` reads it from standard input).
         job: PathBuf,
-        /// Where to write metrics.jsonl and summary.json (default: runs/<job name>).
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Override the job's CS-2 count (spec.cs2).
-        #[arg(long)]
-        cs2: Option<u32>,
-        /// Run every role in this process instead of as separate local processes.
-        #[arg(long)]
-        in_process: bool,
-        /// Run the engines on these CPUs only (`0-3,6`) and every other role (MemoryX, SwarmX, input workers)
-        /// on the rest, as on an appliance's own hosts; with --in-process, the whole process on these CPUs.
-        #[arg(long, value_name = "LIST", value_parser = affinity::CpuList::parse)]
-        engine_cpus: Option<affinity::CpuList>,
-        /// Children per SwarmX node: engines are grouped under nodes of this fan-out, nodes under nodes (the
-        /// operator's --swarmx-fan-out, the chart's operator.swarmxFanOut).
-        #[arg(long, visible_alias = "fanout", default_value_t = crds::contract::DEFAULT_FAN_OUT)]
-        swarmx_fan_out: u32,
-        /// Where MemoryX keeps checkpoints and resumes from (default: OUT/checkpoints when the job sets
-        /// spec.checkpoint.intervalSteps).
-        #[arg(long)]
-        checkpoint_dir: Option<PathBuf>,
-        /// After training a language model, decode and print this many lines of text from it.
-        #[arg(long, default_value_t = 0)]
-        sample: usize,
-        /// A folder standing in for a PersistentVolumeClaim the job's data names (`spec.data.volume`), as
-        /// CLAIM=DIR; repeatable.
-        #[arg(long = "volume", value_name = "CLAIM=DIR", value_parser = run::parse_volume)]
-        volumes: Vec<(String, PathBuf)>,
-        /// Print one JSON object per line instead of the bar and the result line: `{"progress": …}` after each
-        /// step, then `{"summary": …, "out": DIR}`.
-        #[arg(long)]
-        json: bool,
+        /// How to run it.
+        #[command(flatten)]
+        opts: run::RunOptions,
     },
     /// Run one role of the appliance (what `wsctl run` starts for each component): `wsctl node ROLE ARGS…`
     /// takes exactly the arguments of the role's program (`memoryx`, `swarmx`, `sim-wse`).
@@ -210,31 +181,7 @@ fn end_quietly_when_stdout_closes() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run {
-            job,
-            out,
-            cs2,
-            in_process,
-            engine_cpus,
-            swarmx_fan_out,
-            checkpoint_dir,
-            sample,
-            volumes,
-            json,
-        } => {
-            let opts = run::RunOptions {
-                cs2,
-                out,
-                in_process,
-                engine_cpus,
-                swarmx_fan_out,
-                checkpoint_dir,
-                sample,
-                volumes,
-                json,
-            };
-            run::run(&job, opts)
-        }
+        Command::Run { job, opts } => run::run(&job, opts),
         Command::Node { cpus, role, args } => local::node(&role, args, cpus.as_ref()),
         Command::Plan { job, cs2, json } => {
             end_quietly_when_stdout_closes();

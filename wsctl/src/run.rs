@@ -154,26 +154,40 @@ pub fn model(folder: &Path) -> Result<()> {
     Ok(())
 }
 
-/// How `wsctl run` assembles the appliance.
+/// How `wsctl run` assembles the appliance: its command line.
+#[derive(clap::Args)]
 pub struct RunOptions {
-    /// Override of spec.cs2.
-    pub cs2: Option<u32>,
-    /// Where results go (default: runs/<job name>).
+    /// Where to write metrics.jsonl and summary.json (default: runs/<job name>).
+    #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Run MemoryX, SwarmX and the engines as threads of this process instead of separate processes.
+    /// Override the job's CS-2 count (spec.cs2).
+    #[arg(long)]
+    pub cs2: Option<u32>,
+    /// Run every role in this process instead of as separate local processes.
+    #[arg(long)]
     pub in_process: bool,
-    /// The engines' CPUs (`--engine-cpus`); every other role gets the rest (with `in_process`, the whole process
-    /// runs on these).
+    /// Run the engines on these CPUs only (`0-3,6`) and every other role (MemoryX, SwarmX, input workers)
+    /// on the rest, as on an appliance's own hosts; with --in-process, the whole process on these CPUs.
+    #[arg(long, value_name = "LIST", value_parser = CpuList::parse)]
     pub engine_cpus: Option<CpuList>,
-    /// Lines of text to decode from a trained language model.
-    pub sample: usize,
-    /// Children per SwarmX node.
+    /// Children per SwarmX node: engines are grouped under nodes of this fan-out, nodes under nodes (the
+    /// operator's --swarmx-fan-out, the chart's operator.swarmxFanOut).
+    #[arg(long, visible_alias = "fanout", default_value_t = crds::contract::DEFAULT_FAN_OUT)]
     pub swarmx_fan_out: u32,
-    /// Where MemoryX keeps checkpoints (default: OUT/checkpoints when spec.checkpoint.intervalSteps > 0).
+    /// Where MemoryX keeps checkpoints and resumes from (default: OUT/checkpoints when the job sets
+    /// spec.checkpoint.intervalSteps).
+    #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
-    /// Folders standing in for PersistentVolumeClaims (`--volume CLAIM=DIR`): where `spec.data.volume` is found.
+    /// After training a language model, decode and print this many lines of text from it.
+    #[arg(long, default_value_t = 0)]
+    pub sample: usize,
+    /// A folder standing in for a PersistentVolumeClaim the job's data names (`spec.data.volume`), as
+    /// CLAIM=DIR; repeatable.
+    #[arg(long = "volume", value_name = "CLAIM=DIR", value_parser = parse_volume)]
     pub volumes: Vec<(String, PathBuf)>,
-    /// JSON lines on stdout (progress, then the summary) instead of the bar and the result line.
+    /// Print one JSON object per line instead of the bar and the result line: `{"progress": …}` after each
+    /// step, then `{"summary": …, "out": DIR}`.
+    #[arg(long)]
     pub json: bool,
 }
 

@@ -622,7 +622,7 @@ mod tests {
     }
 
     /// Bytes no two positions of which are likely equal by chance, so a shifted or repeated piece shows.
-    fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    pub(super) fn pattern(n: usize, seed: u64) -> Vec<u8> {
         let mut x = seed | 1;
         (0..n)
             .map(|_| {

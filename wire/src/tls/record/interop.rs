@@ -11,6 +11,7 @@ use rustls::crypto::ring::cipher_suite;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::tests::pattern;
 use super::*;
 use crate::identity::{Identity, SERVER_NAME, issue, rustls_peer};
 
@@ -25,19 +26,6 @@ fn suites() -> [rustls::SupportedCipherSuite; 3] {
         cipher_suite::TLS13_AES_256_GCM_SHA384,
         cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
     ]
-}
-
-/// Bytes whose every position depends on `seed` and the position, so a shifted or repeated piece shows.
-fn pattern(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// What a relay between two sockets does to the bytes from the first to the second.
