@@ -126,6 +126,42 @@ fn parse_header(header: &str) -> std::result::Result<(Dtype, Vec<usize>), String
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
+        /// Fuzzing the header parser (proptest): a header numpy writes, with any characters changed, cut or
+        /// inserted, parses to a dtype and shape or is refused with a reason; any text at all does not panic.
+        #[test]
+        fn a_changed_header_parses_or_is_refused(
+            dims in proptest::collection::vec(0usize..100_000, 0..4),
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<char>(), 0u8..3), 0..4),
+            noise in ".{0,200}",
+        ) {
+            let shape: Vec<String> = dims.iter().map(usize::to_string).collect();
+            let mut header: Vec<char> =
+                format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}", shape.join(", "))
+                    .chars()
+                    .collect();
+            let pristine = edits.is_empty();
+            for (at, c, how) in edits {
+                let i = at.index(header.len() + 1);
+                match how {
+                    0 if i < header.len() => header[i] = c,
+                    1 => header.insert(i, c),
+                    _ => header.truncate(i),
+                }
+            }
+            let header: String = header.into_iter().collect();
+            match parse_header(&header) {
+                Ok((dtype, got)) if pristine => prop_assert_eq!((dtype, got), (Dtype::F32, dims)),
+                Ok(_) => {}
+                Err(e) => prop_assert!(!pristine && !e.is_empty(), "{e}"),
+            }
+            let _ = parse_header(&noise);
+        }
+    }
 
     /// Writes `data` as a `.npy` file of `descr` and `shape`, padded as numpy.save pads (version 1).
     pub(crate) fn write_npy(path: &Path, descr: &str, fortran: bool, shape: &[usize], data: &[u8]) {

@@ -171,6 +171,119 @@ pub async fn receive_grads(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// `grads` as a stream whose every layer's weights and bias are cut into pieces of `words` 4-byte words, one
+    /// piece a chunk after a header chunk of its own: another chunking a sender may choose.
+    fn rechunked(grads: &[LayerGrad], words: usize) -> Vec<GradChunk> {
+        let mut out = Vec::new();
+        for g in grads {
+            let layer = g.layer as u32;
+            out.push(GradChunk {
+                layer,
+                first: true,
+                weights_len: g.weights.len() as u64,
+                bias_len: g.bias.len() as u64,
+                ..GradChunk::default()
+            });
+            let (w, b): (Vec<u8>, Vec<u8>) = (
+                g.weights.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                g.bias.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            );
+            for piece in w.chunks(4 * words) {
+                out.push(GradChunk { layer, weights: Bytes::copy_from_slice(piece), ..GradChunk::default() });
+            }
+            for piece in b.chunks(4 * words) {
+                out.push(GradChunk { layer, bias: Bytes::copy_from_slice(piece), ..GradChunk::default() });
+            }
+            if let Some(last) = out.last_mut() {
+                last.last = true;
+            }
+        }
+        out
+    }
+
+    /// One change of a gradient stream on the wire: a byte, a header number, a flag, a chunk lost, repeated or
+    /// moved, or an array no longer whole words.
+    fn change(chunks: &mut Vec<GradChunk>, kind: u8, i: prop::sample::Index, j: prop::sample::Index, value: u64) {
+        let n = chunks.len();
+        let (a, b) = (i.index(n), j.index(n));
+        let c = &mut chunks[a];
+        match kind % 8 {
+            0 if !c.weights.is_empty() => {
+                let mut bytes = c.weights.to_vec();
+                let at = j.index(bytes.len());
+                bytes[at] ^= 0x5a;
+                c.weights = bytes.into();
+            }
+            1 => c.weights_len = value,
+            2 => c.bias_len = value,
+            3 => c.layer = u32::try_from(value).unwrap_or(u32::MAX),
+            4 => (c.first, c.last) = (!c.first, value % 2 == 0),
+            5 => {
+                chunks.remove(a);
+            }
+            6 => {
+                let copy = chunks[a].clone();
+                chunks.insert(b, copy);
+            }
+            _ => {
+                let mut bytes = c.bias.to_vec();
+                bytes.push(value as u8);
+                c.bias = bytes.into();
+                chunks.swap(a, b);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+        /// Fuzzing the gradient codec (proptest): a step's gradients in any chunking decode to themselves;
+        /// changed on the way, they are refused with a reason or decode to gradients within the plan's shapes,
+        /// each layer at most once; nothing panics.
+        #[test]
+        fn gradients_in_any_chunking_or_changed_decode_or_are_refused(
+            lens in proptest::collection::vec((0usize..=40, 0usize..=5), 1..=3),
+            words in 1usize..50,
+            changes in proptest::collection::vec(
+                (any::<u8>(), any::<prop::sample::Index>(), any::<prop::sample::Index>(),
+                 prop_oneof![Just(u64::MAX), 0u64..50]),
+                0..3,
+            ),
+        ) {
+            let shape = plan::layout::LinearShape::new(8, 5, true);
+            let limits = Limits { shard: 1, layers: vec![shape; 3], optimizer_values: 0 };
+            let grads: Vec<LayerGrad> = lens
+                .iter()
+                .enumerate()
+                .map(|(layer, &(w, b))| LayerGrad {
+                    layer,
+                    weights: (0..w).map(|i| i as f32 + layer as f32 / 8.0).collect(),
+                    bias: vec![layer as f32; b],
+                })
+                .collect();
+            let mut chunks = rechunked(&grads, words);
+            for &(kind, i, j, value) in &changes {
+                change(&mut chunks, kind, i, j, value);
+            }
+            match decode_grads(chunks, &limits) {
+                Ok(back) if changes.is_empty() => prop_assert_eq!(back, grads),
+                Ok(back) => {
+                    let mut layers: Vec<usize> = back.iter().map(|g| g.layer).collect();
+                    layers.sort_unstable();
+                    layers.dedup();
+                    prop_assert_eq!(layers.len(), back.len(), "a layer decoded twice");
+                    for g in &back {
+                        prop_assert!(g.layer < limits.layers.len());
+                        prop_assert!(g.weights.len() as u64 <= Limits::weight_values(&shape));
+                        prop_assert!(g.bias.len() <= shape.vector_len());
+                    }
+                }
+                Err(e) => prop_assert!(!changes.is_empty(), "the unchanged stream was refused: {e}"),
+            }
+        }
+    }
 
     /// Two layers of 600,000 weights and 5 outputs.
     fn limits() -> Limits {
