@@ -219,7 +219,7 @@ mod tests {
             1 => c.weights_len = value,
             2 => c.bias_len = value,
             3 => c.layer = u32::try_from(value).unwrap_or(u32::MAX),
-            4 => (c.first, c.last) = (!c.first, value % 2 == 0),
+            4 => (c.first, c.last) = (!c.first, value.is_multiple_of(2)),
             5 => {
                 chunks.remove(a);
             }
