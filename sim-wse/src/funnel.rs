@@ -8,7 +8,8 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use crate::cost::cluster::Cluster;
-use crate::report::{COLORS, Transformer, finish, svg_root};
+use crate::models::Transformer;
+use crate::plot::{COLORS, finish, svg_root};
 use plan::preset::EngineModel;
 
 /// A weight server host's link to the SwarmX fabric, bytes per second: twelve 100 GbE ports, a CS-2's own
@@ -167,11 +168,11 @@ pub(crate) fn draw_funnel(r: &FunnelReport, engine: &str, path: &Path) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::scaling_models;
+    use crate::models::funnel_model;
     use plan::preset::WSE2;
 
     fn gpt3_175b() -> Transformer {
-        scaling_models().into_iter().find(|m| m.name == "GPT-3 175B").unwrap()
+        funnel_model()
     }
 
     /// Through the funnel MemoryX's egress and the step stay where one server leaves them; straight to SwarmX,

@@ -7,7 +7,9 @@
 
 pub mod cost;
 pub mod funnel;
+pub mod models;
 pub mod node;
+mod plot;
 pub mod report;
 
 use plan::layout::ModelLayout;

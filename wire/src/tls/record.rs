@@ -613,6 +613,7 @@ mod interop;
 
 #[cfg(test)]
 mod tests {
+    use super::interop::{PAST_HANDSHAKE, Relay, through};
     use super::*;
     use crate::identity::{Identity, SERVER_NAME, issue};
     use tokio::net::TcpListener;
@@ -765,88 +766,24 @@ mod tests {
         assert!(client.await.unwrap() == pattern(70_000, 5));
     }
 
-    /// Forwards bytes between two sockets, handing each chunk from `a` to `b` through `change`.
-    async fn proxy(listener: TcpListener, to: SocketAddr, change: impl Fn(usize, &mut [u8]) + Send + Sync + 'static) {
-        let (mut a, _) = listener.accept().await.unwrap();
-        let mut b = TcpStream::connect(to).await.unwrap();
-        let (mut ar, mut aw) = a.split();
-        let (mut br, mut bw) = b.split();
-        let up = async {
-            let mut buf = vec![0; 1 << 16];
-            let mut total = 0;
-            loop {
-                let n = ar.read(&mut buf).await.unwrap_or(0);
-                if n == 0 {
-                    let _ = bw.shutdown().await;
-                    return;
-                }
-                change(total, &mut buf[..n]);
-                total += n;
-                if bw.write_all(&buf[..n]).await.is_err() {
-                    return;
-                }
-            }
-        };
-        let down = async {
-            let _ = tokio::io::copy(&mut br, &mut aw).await;
-            let _ = aw.shutdown().await;
-        };
-        tokio::join!(up, down);
-    }
-
-    /// What a server reads from a client whose bytes pass through `change` after the handshake.
-    async fn read_through(
-        change: impl Fn(usize, &mut [u8]) + Send + Sync + 'static,
-        data: Vec<u8>,
-        close: bool,
-    ) -> io::Result<Vec<u8>> {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (to, front_addr) = (listener.local_addr().unwrap(), front.local_addr().unwrap());
-        tokio::spawn(proxy(front, to, change));
-        let client = tokio::spawn(async move {
-            let tcp = TcpStream::connect(front_addr).await.unwrap();
-            let mut c = connect(tcp, Arc::new(identity_client()), SERVER_NAME).await.unwrap();
-            c.write_all(&data).await.unwrap();
-            if close {
-                c.shutdown().await.unwrap();
-            } else {
-                c.flush().await.unwrap();
-                // Dropped: the TCP connection ends without close_notify.
-            }
-        });
-        let config = Arc::new(IDENTITY.with(|id| id.grpc_server_config().unwrap()));
-        let mut server = accept(listener.accept().await.unwrap().0, config).await?;
-        let mut got = Vec::new();
-        let read = server.read_to_end(&mut got).await;
-        client.await.unwrap();
-        read.map(|_| got)
-    }
-
     #[tokio::test]
     async fn a_changed_byte_is_refused_and_none_of_its_record_is_read() {
         let data = pattern(200_000, 6);
-        let clean = read_through(|_, _| {}, data.clone(), true).await.unwrap();
-        assert!(clean == data, "through the proxy unchanged, every byte arrives");
+        let (clean, end) = through(Relay::default(), data.clone()).await;
+        end.unwrap();
+        assert!(clean == data, "through the relay unchanged, every byte arrives");
         // Far past the handshake (a few KiB): inside an application data record.
-        let err = read_through(
-            |at, buf| {
-                if (at..at + buf.len()).contains(&100_000) {
-                    buf[100_000 - at] ^= 1
-                }
-            },
-            data,
-            true,
-        )
-        .await
-        .unwrap_err();
+        let (_, end) = through(Relay { flip: Some(100_000), ..Relay::default() }, data).await;
+        let err = end.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
         assert!(err.to_string().contains("authentication"), "{err}");
     }
 
     #[tokio::test]
     async fn a_connection_cut_without_close_notify_is_an_error_not_an_end() {
-        let err = read_through(|_, _| {}, pattern(50_000, 7), false).await.unwrap_err();
+        let (_, end) =
+            through(Relay { cut: Some(PAST_HANDSHAKE + 20_000), ..Relay::default() }, pattern(50_000, 7)).await;
+        let err = end.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
     }
 

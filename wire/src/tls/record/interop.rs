@@ -30,13 +30,13 @@ fn suites() -> [rustls::SupportedCipherSuite; 3] {
 
 /// What a relay between two sockets does to the bytes from the first to the second.
 #[derive(Clone, Copy, Debug, Default)]
-struct Relay {
+pub(super) struct Relay {
     /// Hands them on in writes of at most this many bytes (records split across the reader's reads).
-    piece: Option<usize>,
+    pub(super) piece: Option<usize>,
     /// Flips a bit of the byte at this offset.
-    flip: Option<usize>,
+    pub(super) flip: Option<usize>,
     /// Ends the connection (a TCP close, no close_notify) after this many bytes.
-    cut: Option<usize>,
+    pub(super) cut: Option<usize>,
 }
 
 /// Accepts one connection on `listener` and relays it to `to`, changing the forward bytes as `relay` says.
@@ -221,7 +221,7 @@ async fn a_forged_record_draws_rustls_alert_which_this_side_reports() {
 }
 
 /// This side's server with this side's client through `relay`; what the server read and how its reading ended.
-async fn through(r: Relay, data: Vec<u8>) -> (Vec<u8>, io::Result<()>) {
+pub(super) async fn through(r: Relay, data: Vec<u8>) -> (Vec<u8>, io::Result<()>) {
     let (listener, front) = relayed(r).await;
     let want = data.len();
     let client = tokio::spawn(async move {
@@ -250,7 +250,7 @@ async fn through(r: Relay, data: Vec<u8>) -> (Vec<u8>, io::Result<()>) {
 
 /// The bytes the client sends before its first application record: a handshake flight with its certificate is
 /// under 4 KiB; changes past this offset fall on records.
-const PAST_HANDSHAKE: usize = 8 << 10;
+pub(super) const PAST_HANDSHAKE: usize = 8 << 10;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
