@@ -50,6 +50,14 @@ pub fn slice_range(len: usize, index: u32, count: u32) -> std::ops::Range<usize>
     len * i / n..len * (i + 1).min(n) / n
 }
 
+/// Whether the SwarmX root streams each layer straight from the weight servers and hands them their slices of
+/// the gradients, so MemoryX's bytes never pass through its coordinator (which keeps the plan, the step and the
+/// checkpoints): when MemoryX has servers besides the coordinator and the job has a SwarmX tree to stream into
+/// (more than one engine). The coordinator, the SwarmX root and the operator's NetworkPolicy decide it here.
+pub fn streams_from_servers(servers: u32, engines: u32) -> bool {
+    servers > 1 && engines > 1
+}
+
 impl MemoryxPlan {
     /// The spread of the job `spec`'s state.
     pub fn for_spec(spec: &TrainingJobSpec) -> Result<MemoryxPlan> {

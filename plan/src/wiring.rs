@@ -181,12 +181,15 @@ impl<'a> Wiring<'a> {
     }
 
     /// MemoryX's arguments: it drives the [stage](Self::stage), asks input worker 0 what the data holds and, as
-    /// the coordinator, reaches weight servers `1..` at the addresses given (`weight_servers`, in server order:
+    /// the coordinator, tells the SwarmX root where it serves its own slice (when the site knows its address in
+    /// advance) and reaches weight servers `1..` at the addresses given (`weight_servers`, in server order:
     /// a site whose servers' addresses are learned only once they run passes them when it has them).
     pub fn memoryx(&self, site: &impl Site, weight_servers: Vec<String>) -> MemoryxArgs {
+        let advertise = Some(site.address(Component::WeightServer(0))).filter(|a| !a.is_empty());
         MemoryxArgs {
             weight_servers,
             listen: site.listen(Role::Memoryx),
+            advertise,
             data_root: site.data_root().filter(|_| self.plan.reads_pretrained(Role::Memoryx)),
             ..MemoryxArgs::new(site.common(), site.address(self.stage()), site.address(Component::Input(0)))
         }

@@ -122,8 +122,7 @@ impl JobGuard {
 }
 
 /// Serves one gRPC service, its message limits already set, on `listener` until the process ends, over mutual
-/// TLS: only a client presenting a certificate of the job's CA completes the handshake. The one place every
-/// role's service meets `grpc_server`.
+/// TLS: only a client presenting a certificate of the job's CA completes the handshake.
 pub async fn serve<S>(svc: S, listener: tokio::net::TcpListener, identity: &Identity) -> Result<()>
 where
     S: tonic::codegen::Service<tonic::codegen::http::Request<tonic::body::Body>, Error = std::convert::Infallible>
@@ -135,11 +134,21 @@ where
     S::Response: axum::response::IntoResponse,
     S::Future: Send + 'static,
 {
+    serve_routes(tonic::service::Routes::new(svc), listener, identity).await
+}
+
+/// [`serve`] for several services on one listener (one process answering two protocols): the one
+/// place every role's services meet `grpc_server`.
+pub async fn serve_routes(
+    routes: tonic::service::Routes,
+    listener: tokio::net::TcpListener,
+    identity: &Identity,
+) -> Result<()> {
     let config = Arc::new(identity.grpc_server_config()?);
     let accepted = crate::tls::accept(listener, move |tcp| crate::tls::record::accept(tcp, config.clone()));
     let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted).map(|(tls, _)| Ok::<_, std::io::Error>(tls));
     grpc_server()
-        .add_service(svc)
+        .add_routes(routes)
         .serve_with_incoming(incoming)
         .await
         .map_err(|e| Error::Unavailable(format!("gRPC server stopped: {e}")))

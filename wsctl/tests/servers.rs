@@ -77,6 +77,15 @@ fn one_two_and_three_weight_servers_give_the_same_curve_bit_for_bit() {
                     "{model}, {mode}: the same model at the end"
                 );
                 assert!(out.join(format!("logs/memoryx-{}.log", servers - 1)).exists(), "the servers ran as processes");
+                // The SwarmX root takes every streamed layer straight from the servers (MemoryX without a
+                // funnel; pipelined, the held-out evaluation) and counts the same bytes the coordinator would have.
+                let root = std::fs::read_to_string(out.join("logs/swarmx-0-0.log")).unwrap();
+                assert!(root.contains("streaming straight from the weight servers"), "{model}, {mode}: {root}");
+                let reference = summary(&reference_out);
+                assert_eq!(
+                    s["bytes_streamed"], reference["bytes_streamed"],
+                    "{model}, {mode}: the same bytes streamed"
+                );
             }
             // In one process the servers are objects: the same curve again.
             let many = dir.join(format!("{model}-{mode}-3.yaml"));

@@ -155,9 +155,14 @@ pub struct MemoryxArgs {
     /// The coordinator's view of the other weight servers: their addresses, for servers 1, 2, … in order.
     #[arg(long, env = "WS_WEIGHT_SERVERS", value_delimiter = ',')]
     pub weight_servers: Vec<String>,
-    /// Address of a weight server's gRPC service (port 0 picks one); the coordinator does not listen on it.
+    /// Address of a weight server's gRPC service (port 0 picks one). The coordinator serves its own slice there
+    /// too when the job has other weight servers, for the SwarmX root that streams straight from them.
     #[arg(long, env = "WS_LISTEN", default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
+    /// The URL at which the SwarmX root reaches the coordinator's slice (default: `https://` and the address
+    /// `--listen` bound, which must then be a specific one).
+    #[arg(long, env = "WS_ADVERTISE")]
+    pub advertise: Option<String>,
     /// Where this server's disk tier keeps the part of its slice beyond `spec.memoryx.memoryBytes` (default: a
     /// `tier` directory beside the checkpoints). Its files are scratch, rebuilt from the checkpoint on restart.
     #[arg(long, env = "WS_TIER_DIR")]
@@ -188,6 +193,7 @@ impl MemoryxArgs {
             server_index: 0,
             weight_servers: Vec::new(),
             listen: ([127, 0, 0, 1], 0).into(),
+            advertise: None,
             tier_dir: None,
             data_root: None,
         }
@@ -230,6 +236,9 @@ impl RoleArgs for MemoryxArgs {
             v.extend(["--weight-servers".into(), self.weight_servers.join(",")]);
         }
         v.extend(["--listen".into(), self.listen.to_string()]);
+        if let Some(a) = &self.advertise {
+            v.extend(["--advertise".into(), a.clone()]);
+        }
         if let Some(d) = &self.tier_dir {
             v.extend(["--tier-dir".into(), d.display().to_string()]);
         }
@@ -402,6 +411,7 @@ mod tests {
         m.weight_servers =
             vec!["https://j-memoryx-1.j-memoryx:7400".into(), "https://j-memoryx-2.j-memoryx:7400".into()];
         m.listen = "0.0.0.0:7400".parse().unwrap();
+        m.advertise = Some("https://j-memoryx-0.j-memoryx:7400".into());
         m.tier_dir = Some("/ckpt/tier".into());
         round_trip(&m);
         round_trip(&MemoryxArgs::new(CommonArgs::new("job.yaml", "id"), "https://127.0.0.1:1", "https://127.0.0.1:2"));

@@ -20,7 +20,8 @@ use crate::Error;
 
 /// The job's NetworkPolicy: the data plane's endpoints take plaintext calls that read (`Snapshot`, `/status`)
 /// and replace (`Prime`, `Apply`, `/checkpoint`) the job's state, so its pods accept traffic only from
-/// - the same job's pods (the SwarmX tree and the engines call each other on every port);
+/// - the same job's pods (the SwarmX tree and the engines call each other on every port, and the SwarmX root
+///   streams straight from the weight servers on theirs);
 /// - the operator's pods ([`OperatorPeer`]), on the HTTP port only (it polls `/status` and asks for
 ///   checkpoints there);
 /// - pods in namespaces labelled [`METRICS_SCRAPER_LABEL`]` = "true"`, on the HTTP port only (`/metrics`,
@@ -198,6 +199,7 @@ mod tests {
             egress_allowed(np, Some(&server), "TCP", weights) && ingress_allowed(np, &server, weights),
             "weight servers reach each other"
         );
+        assert!(ingress_allowed(np, &job_pod, weights), "the SwarmX root streams straight from the weight servers");
         for (what, p) in &strangers {
             assert!(!ingress_allowed(np, p, weights), "{what} must not reach the weight servers");
         }

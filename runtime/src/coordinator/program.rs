@@ -23,6 +23,7 @@ use crate::memoryx::slice::SliceId;
 use crate::memoryx::store::MemoryX;
 use crate::memoryx::weight_server::{LocalSlice, Masking, WeightServer, layer_lengths};
 use crate::protocol::codec::chunk::Recycled;
+use crate::swarmx::Swarm;
 use crate::swarmx::remote::RemoteSwarm;
 use errors::{Error, Result};
 use wire::program::Program;
@@ -123,7 +124,13 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let usage = Usage::register(&mut registry);
-    let http = program.listen_http()?;
+    // With other weight servers, the coordinator serves its own slice too: the SwarmX root streams from it.
+    let (mut grpc, http) = if args.weight_servers.is_empty() {
+        (None, program.listen_http()?)
+    } else {
+        let (grpc, http) = program.listen(args.listen)?;
+        (Some(grpc), http)
+    };
     let routes = {
         let (status, want) = (status.clone(), want_checkpoint.clone());
         Router::new()
@@ -172,6 +179,7 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         if let Some(local) = store.local() {
             usage.clone().follow(local.clone());
         }
+        let store_masks = (store.local().cloned(), store.masks());
         let mut driver = Driver::new(job, outputs);
         driver.with_store(store);
         driver.share(status.clone(), want_checkpoint.clone());
@@ -185,6 +193,14 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
             program.dial(args.connect_timeout),
             program.limits.clone(),
         )?;
+        if let Some(listener) = grpc.take() {
+            let own = serve_own_slice(&program, driver.job(), &store_masks, listener, args.advertise.clone())?;
+            let (servers, engines) = (args.weight_servers.len() as u32 + 1, swarm.engines() as u32);
+            if plan::memoryx::streams_from_servers(servers, engines) {
+                swarm.stream_from([own].into_iter().chain(args.weight_servers.iter().cloned()).collect())?;
+                tracing::info!(servers, engines, "the SwarmX root streams straight from the weight servers");
+            }
+        }
         let mut steps_done = 0;
         driver.run(&mut swarm, &mut |m| {
             metrics.record(m);
@@ -243,6 +259,41 @@ fn remote_store(job: &Job, args: &MemoryxArgs, outputs: &Outputs, program: &Prog
         servers.push(Arc::new(RemoteServer::new(program.runtime.handle().clone(), url, &job.id, slice, &lengths, d)?));
     }
     MemoryX::over(layout, &masking, lengths, servers, Some(local))
+}
+
+/// Serves the coordinator's own slice (`local`, with the `masks` it chose) on `listener` in the background, for
+/// the SwarmX root that streams straight from the weight servers; returns the URL the root reaches it at
+/// (`advertise`, else the address bound, which must then be a specific one).
+fn serve_own_slice(
+    program: &Program,
+    job: &Job,
+    (local, masks): &(Option<Arc<LocalSlice>>, Vec<Option<Arc<kernels::sparse::SparsePattern>>>),
+    listener: tokio::net::TcpListener,
+    advertise: Option<String>,
+) -> Result<String> {
+    let local = local.clone().ok_or_else(|| Error::Protocol("the coordinator holds no slice of its own".into()))?;
+    let bound = listener.local_addr().map_err(|e| Error::io("reading the weight-server address bound", e))?;
+    let url = match advertise {
+        Some(url) => url,
+        None if bound.ip().is_unspecified() => {
+            return Err(Error::Plan(format!(
+                "the coordinator listens on {bound}, which the SwarmX root cannot dial: pass --advertise URL"
+            )));
+        }
+        None => format!("https://{bound}"),
+    };
+    let slice = local.slice();
+    let t = &job.spec.training;
+    let lengths = layer_lengths(&job.layout(), &t.optimizer, &Masking::of(&job.recipe()));
+    let sliced = lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect();
+    let service = WeightsService::new(job.id.clone(), local, sliced).with_masks(masks.clone());
+    let identity = program.identity.clone();
+    program.runtime.spawn(async move {
+        if let Err(e) = wire::grpc::serve(weights_service(Arc::new(service)), listener, &identity).await {
+            tracing::error!("the coordinator's weight-server service stopped: {e}");
+        }
+    });
+    Ok(url)
 }
 
 /// Keeps layer buffers for reuse ([`Recycled::layers`]): in a MemoryX process under a memory budget only within

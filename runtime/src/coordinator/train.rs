@@ -1,12 +1,11 @@
 //! The training loop: the coordinator's side of weight streaming. Each step streams the layers forward from
 //! MemoryX through SwarmX to the engines, collects the loss, streams them again in reverse, and hands the
-//! summed gradients to MemoryX. The next layer is always being fetched while the engines compute the current
-//! one, and never more than that one.
+//! summed gradients to MemoryX ([`crate::swarmx::stream`]); when MemoryX is spread over weight servers, the
+//! SwarmX root does that streaming straight from them and the loop sends only the batch. It commits each step.
 //!
 //! It is written against the [`WeightStore`] and [`Swarm`] traits only, so the same loop drives roles in one
 //! process or across the network.
 
-use std::sync::mpsc;
 use std::time::Instant;
 
 use crds::contract::ProgressReport;
@@ -16,8 +15,7 @@ use crate::engine::role::EngineStats;
 use crate::input::DataInfo;
 use crate::memoryx::store::WeightStore;
 use crate::model::loss::LossSum;
-use crate::protocol::LayerStream;
-use crate::swarmx::{StepRequest, Swarm};
+use crate::swarmx::{StepRequest, Swarm, stream};
 use data::Sampler;
 use data::shard::Split;
 use errors::{Error, Result};
@@ -108,29 +106,6 @@ fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f6
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
-/// Streams one pass's layers in the given order on a helper thread, one ahead of the consumer: the
-/// rendezvous channel means MemoryX prepares layer `l + 1` while the engines compute layer `l`, and no more.
-fn with_prefetch<T>(
-    store: &dyn WeightStore,
-    order: Vec<(usize, bool)>,
-    consume: impl FnOnce(&mut dyn FnMut() -> Result<LayerStream>) -> Result<T>,
-) -> Result<T> {
-    std::thread::scope(|scope| {
-        let (tx, rx) = mpsc::sync_channel::<Result<LayerStream>>(0);
-        scope.spawn(move || {
-            for (layer, forward) in order {
-                let stream = if forward { store.forward_stream(layer) } else { store.backward_stream(layer) };
-                let failed = stream.is_err();
-                if tx.send(stream).is_err() || failed {
-                    return;
-                }
-            }
-        });
-        let mut next = || rx.recv().map_err(|_| Error::Protocol("MemoryX stopped streaming mid-step".into()))?;
-        consume(&mut next)
-    })
-}
-
 /// What every step of a run shares: the model's stream length and how a batch of samples becomes the engines'
 /// work. Travels as one, from the plan.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -170,7 +145,8 @@ impl StepShape {
     }
 }
 
-/// Runs one training step over the global batch `samples` and returns the loss sums and bytes moved.
+/// Runs one training step over the global batch `samples` and returns the loss sums and bytes moved: streamed
+/// through the fabric from `store`, or, when the fabric's root streams from the weight servers itself, by it.
 ///
 /// Each layer's gradient is staged with MemoryX as it arrives and the step is committed only once every layer's
 /// has, so a step that fails midway (an engine lost, a bad message) leaves MemoryX exactly as it was and can
@@ -182,30 +158,13 @@ pub fn train_step(
     samples: Vec<u32>,
     step: u64,
 ) -> Result<(LossSum, u64)> {
-    let layers = shape.layers;
-    swarm.begin_step(&shape.train(step, samples))?;
-    let order = (0..layers).map(|l| (l, true)).chain((0..layers).rev().map(|l| (l, false))).collect();
-    let (loss, grads, bytes) = with_prefetch(store, order, |next| {
-        let mut bytes = 0;
-        let mut counted = || {
-            let s = next()?;
-            bytes += s.wire_bytes();
-            Ok(s)
-        };
-        let loss = swarm.forward_pass(layers, &mut counted)?;
-        let (mut grads, mut grad_bytes) = (0, 0);
-        swarm.backward_pass_into(layers, &mut counted, &mut |g| {
-            grads += 1;
-            grad_bytes += g.wire_bytes();
-            store.stage(g, step)
-        })?;
-        Ok((loss, grads, bytes + grad_bytes))
-    })?;
-    if grads != layers {
-        return Err(Error::Protocol(format!("{grads} layer gradients returned for {layers} layers")));
-    }
+    let request = shape.train(step, samples);
+    let streamed = match swarm.streamer() {
+        Some(root) => root.train(&request)?,
+        None => stream::train_passes(store, swarm, shape.layers, &request)?,
+    };
     store.commit(step)?;
-    Ok((loss, bytes))
+    Ok(streamed)
 }
 
 /// Forward passes over the held-out `samples` in batches of `batch`, split over the engines like training
@@ -218,12 +177,13 @@ pub fn evaluate(
     batch: usize,
     step: u64,
 ) -> Result<EvalReport> {
-    let layers = shape.layers;
     let mut total = LossSum::default();
     for chunk in samples.chunks(batch.max(1)) {
-        swarm.begin_step(&shape.eval(step, chunk.to_vec()))?;
-        let order = (0..layers).map(|l| (l, true)).collect();
-        let sum = with_prefetch(store, order, |next| swarm.forward_pass(layers, next))?;
+        let request = shape.eval(step, chunk.to_vec());
+        let sum = match swarm.streamer() {
+            Some(root) => root.evaluate(&request)?,
+            None => stream::eval_pass(store, swarm, shape.layers, &request)?,
+        };
         total.add(&sum);
     }
     let n = total.samples.max(1) as f64;

@@ -1,6 +1,7 @@
-//! The `Weights` gRPC service of a weight server other than the coordinator: its [`LocalSlice`] behind mutual TLS.
-//! Every request must name the server's job; every tensor that arrives is metered against the slice's lengths
-//! (which the server derives from the job it loaded, never from the sender) before it is kept.
+//! The `Weights` gRPC service of a weight server: its [`LocalSlice`] behind mutual TLS (the coordinator's too, when
+//! the SwarmX root streams straight from the servers, and then with the masks it chose). Every request must name
+//! the server's job; every tensor that arrives is metered against the slice's lengths (which the server derives
+//! from the job it loaded, never from the sender) before it is kept.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,13 +12,17 @@ use tonic::{Request, Response, Status, Streaming};
 use super::slice::{LayerLengths, LayerTensors};
 use super::weight_server::{LocalSlice, WeightServer};
 use crate::protocol::codec::chunk::{CHUNK_BYTES, Recycled, extend_words, pieces};
+use crate::protocol::codec::layer::encode_layer;
 use crate::protocol::pb::weights_server::Weights;
-use crate::protocol::pb::{Ack, TensorChunk, WeightsInfo, WeightsRequest};
+use crate::protocol::pb::{Ack, LayerChunk, TensorChunk, WeightsInfo, WeightsRequest};
+use crate::protocol::{LayerStream, Pass, WeightPayload};
 use errors::{Error, Result};
+use kernels::sparse::SparsePattern;
 use wire::grpc::JobGuard;
 use wire::status::to_status;
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<TensorChunk, Status>> + Send>>;
+type LayerChunks = Pin<Box<dyn Stream<Item = Result<LayerChunk, Status>> + Send>>;
 
 /// Tensor `k` of a layer as chunks carrying `pieces` of its bytes, or one empty chunk when the tensor is empty
 /// (`empty`), so an empty one is seen too: the one framing [`chunks`] and [`copied_chunks`] share.
@@ -205,12 +210,19 @@ pub struct WeightsService {
     job: JobGuard,
     shard: Arc<LocalSlice>,
     lengths: Vec<LayerLengths>,
+    /// Each layer's mask by output row (`None`: dense or tied), on the coordinator only.
+    masks: Option<Vec<Option<Arc<SparsePattern>>>>,
 }
 
 impl WeightsService {
     /// Serves `shard` (whose slice lengths are `lengths`) for `job`.
     pub fn new(job: String, shard: Arc<LocalSlice>, lengths: Vec<LayerLengths>) -> WeightsService {
-        WeightsService { job: JobGuard::new(job, "a weight server"), shard, lengths }
+        WeightsService { job: JobGuard::new(job, "a weight server"), shard, lengths, masks: None }
+    }
+
+    /// The coordinator's service: it also answers `Mask` with the `masks` it chose, one per layer.
+    pub fn with_masks(self, masks: Vec<Option<Arc<SparsePattern>>>) -> WeightsService {
+        WeightsService { masks: Some(masks), ..self }
     }
 
     /// Runs blocking work (the optimizer, the disk tier, a checkpoint) off the async threads.
@@ -304,6 +316,25 @@ impl Weights for WeightsService {
         let (layer, step, t) = self.receive(request.into_inner(), 6).await?;
         self.blocking(move |s| s.put(layer, step, t)).await?;
         Ok(Response::new(Ack {}))
+    }
+
+    type MaskStream = LayerChunks;
+
+    async fn mask(&self, request: Request<WeightsRequest>) -> Result<Response<LayerChunks>, Status> {
+        let r = request.into_inner();
+        self.job.check(&r.job)?;
+        let masks = self.masks.as_ref().ok_or_else(|| {
+            Status::failed_precondition("only the coordinator (weight server 0) holds the masks: ask it")
+        })?;
+        let layer = layer_of(&r);
+        let mask = masks.get(layer).ok_or_else(|| {
+            to_status(Error::Protocol(format!("a mask of layer {layer} asked; the model has {}", masks.len())))
+        })?;
+        let weights = mask.clone().map_or(WeightPayload::Nothing, WeightPayload::Mask);
+        let stream = LayerStream { layer, pass: Pass::Forward, weights, bias: Vec::new() };
+        let items: Vec<Result<LayerChunk, Status>> =
+            encode_layer(stream, self.job.job(), 0).into_iter().map(Ok).collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(items))))
     }
 }
 

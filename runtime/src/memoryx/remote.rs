@@ -2,15 +2,21 @@
 //! gRPC call over mutual TLS, bounded by the call timeout, with every tensor that comes back metered against the
 //! slice's lengths (which the coordinator derives from the plan) before it is kept.
 
+use std::sync::Arc;
+
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 use super::grpc_service::{Assembler, Filler, chunks, copied_chunks};
 use super::slice::{LayerLengths, LayerTensors, SliceId};
 use super::weight_server::{ServerUsage, WeightServer, check_room};
+use crate::protocol::WeightPayload;
+use crate::protocol::codec::layer::LayerAssembler;
 use crate::protocol::pb::weights_client::WeightsClient;
 use crate::protocol::pb::{TensorChunk, WeightsRequest};
 use errors::{Error, Result};
+use kernels::sparse::SparsePattern;
+use plan::limits::Limits;
 use wire::grpc::{Dial, channel};
 use wire::status::from_status;
 
@@ -71,6 +77,29 @@ impl RemoteServer {
             return Err(Error::Protocol(format!("{}: an oversized usage report", self.url)));
         }
         Ok(info)
+    }
+
+    /// Layer `layer`'s mask by output row (`None`: dense or tied), as the coordinator chose it: asked of server
+    /// 0 by a SwarmX root that streams straight from the servers. Metered against `limits` (the layer's shape in
+    /// the plan) as it arrives, and refused unless it is that layer's.
+    pub fn mask(&self, layer: usize, limits: &Limits) -> Result<Option<SparsePattern>> {
+        let mut client = self.client.clone();
+        let (_, stream) = self.handle.block_on(async {
+            let mut stream = client.mask(self.request(layer, 0)).await.map_err(|s| self.failed(s))?.into_inner();
+            let mut assembler = LayerAssembler::default();
+            while let Some(c) = stream.message().await.map_err(|s| self.failed(s))? {
+                assembler.push(c, &self.job, limits)?;
+            }
+            assembler.finish()
+        })?;
+        if stream.layer != layer {
+            return Err(Error::Protocol(format!("{}: layer {}'s mask sent for layer {layer}", self.url, stream.layer)));
+        }
+        match stream.weights {
+            WeightPayload::Mask(pattern) => Ok(Some(Arc::unwrap_or_clone(pattern))),
+            WeightPayload::Nothing => Ok(None),
+            _ => Err(Error::Protocol(format!("{}: layer {layer}'s mask came with values", self.url))),
+        }
     }
 
     fn failed(&self, s: tonic::Status) -> Error {

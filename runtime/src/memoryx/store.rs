@@ -251,8 +251,9 @@ impl MemoryX {
         Ok(Self::with_masks(layout, masks, lengths, servers, local))
     }
 
-    /// [`MemoryX::over`] with each layer's mask (by rows) already chosen.
-    fn with_masks(
+    /// [`MemoryX::over`] with each layer's mask (by rows) already chosen: a SwarmX root's view of the servers,
+    /// with the masks the coordinator chose (its `Mask` answers).
+    pub fn with_masks(
         layout: ModelLayout,
         masks: Vec<Option<SparsePattern>>,
         lengths: Vec<LayerLengths>,
@@ -270,6 +271,20 @@ impl MemoryX {
             .collect();
         let updates = (0..lengths.len()).map(|_| AtomicU64::new(0)).collect();
         MemoryX { layout, masks, lengths, servers, local, updates, tied_grad: TiedGrad::default() }
+    }
+
+    /// Each layer's mask by output row (`None`: dense or tied): what the coordinator tells a SwarmX root that
+    /// streams from the servers itself.
+    pub fn masks(&self) -> Vec<Option<Arc<SparsePattern>>> {
+        self.masks.iter().map(|m| m.as_ref().map(|m| m.by_row.clone())).collect()
+    }
+
+    /// Takes every layer to be at `step` (updates applied): the view of a SwarmX root, whose servers the
+    /// coordinator commits. A server at another step refuses the fetches that name this one.
+    pub fn expect_step(&self, step: u64) {
+        for u in &self.updates {
+            u.store(step, Ordering::SeqCst);
+        }
     }
 
     /// How many weight servers hold the state.

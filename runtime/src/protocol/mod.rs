@@ -22,10 +22,14 @@ pub async fn serve_stage<S: pb::stage_server::Stage>(
     listener: tokio::net::TcpListener,
     identity: &wire::identity::Identity,
 ) -> errors::Result<()> {
-    let svc = pb::stage_server::StageServer::from_arc(service)
+    wire::grpc::serve(stage_server(service), listener, identity).await
+}
+
+/// The `Stage` service of `service` for the network: each message a chunk of at most 1 MiB.
+pub fn stage_server<S: pb::stage_server::Stage>(service: Arc<S>) -> pb::stage_server::StageServer<S> {
+    pb::stage_server::StageServer::from_arc(service)
         .max_decoding_message_size(8 << 20)
-        .max_encoding_message_size(8 << 20);
-    wire::grpc::serve(svc, listener, identity).await
+        .max_encoding_message_size(8 << 20)
 }
 
 use std::sync::Arc;

@@ -4,10 +4,16 @@
 //!
 //! [`LocalSwarm`] holds its engines in this process; `relay` is a SwarmX node on the network whose children
 //! are engines or further SwarmX nodes, and `remote` is the client the training loop uses to reach one.
+//! [`stream`] is a step's layers streamed from MemoryX through a fabric; [`streamer`] the SwarmX root that
+//! streams them straight from the weight servers, so MemoryX's bytes do not pass through its coordinator, and
+//! [`direct`] the coordinator's client of it.
 
+pub mod direct;
 pub mod node;
 pub mod relay;
 pub mod remote;
+pub mod stream;
+pub mod streamer;
 
 use std::sync::Arc;
 
@@ -51,6 +57,16 @@ impl StepRequest {
 /// The source of a pass's layer streams, in order: the loop prefetches behind it.
 pub type StreamSource<'a> = &'a mut dyn FnMut() -> Result<LayerStream>;
 
+/// A fabric root that streams each step's layers from the weight servers itself and stages their gradients on
+/// them: the training loop sends it only the batch, and commits the step.
+pub trait Streamer {
+    /// Training step `request`, streamed and its gradients staged (not committed): the loss summed over the
+    /// engines, and the bytes streamed.
+    fn train(&mut self, request: &StepRequest) -> Result<(LossSum, u64)>;
+    /// A forward pass over the held-out batch `request`: the loss summed over the engines.
+    fn evaluate(&mut self, request: &StepRequest) -> Result<LossSum>;
+}
+
 /// What the training loop needs from the fabric; the network client implements it the same way.
 pub trait Swarm {
     /// Engines behind the fabric.
@@ -81,6 +97,12 @@ pub trait Swarm {
     fn stats(&mut self) -> Result<Vec<EngineStats>>;
     /// The smallest SRAM among the engines: what the plan's choice of execution mode is made against.
     fn sram_bytes(&self) -> u64;
+
+    /// The root's own streaming from the weight servers, when it does it ([`Streamer`]); `None`: the training
+    /// loop streams the layers from MemoryX through the fabric.
+    fn streamer(&mut self) -> Option<&mut dyn Streamer> {
+        None
+    }
 
     /// Whether the engines can hold the whole model as replicas (pipelined execution). Engines in this process
     /// share MemoryX's memory, so there is nothing to keep resident and the streaming loop serves both modes.

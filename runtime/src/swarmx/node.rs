@@ -1,6 +1,10 @@
-//! The SwarmX program: one node of the fabric, serving the `Stage` service in front of its children.
+//! The SwarmX program: one node of the fabric, serving the `Stage` service in front of its children, and the
+//! `Streamer` with which the root streams straight from the weight servers when the coordinator asks it to.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::service::Routes;
 
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -10,7 +14,8 @@ use errors::{Error, Result};
 use wire::program::Program;
 
 use super::relay::{Relay, connect};
-use crate::protocol::serve_stage;
+use super::streamer::{RootSite, StreamerService};
+use crate::protocol::stage_server;
 
 /// Runs a SwarmX node until it is stopped.
 pub fn main(args: SwarmxArgs) -> Result<()> {
@@ -34,7 +39,19 @@ pub fn main(args: SwarmxArgs) -> Result<()> {
     let (grpc, http) = program.listen(args.listen)?;
     tracing::info!(engines = relay.engines(), "SwarmX node ready");
     let http = program.serve_http(http, registry, axum::Router::new());
-    let served = program.runtime.block_on(serve_stage(Arc::new(relay), grpc, &program.identity));
+    let site = RootSite {
+        spec: program.job.spec.clone(),
+        job: program.job_id.clone(),
+        children: args.children.clone(),
+        engines: relay.engines(),
+        identity: program.identity.clone(),
+        connect: Duration::from_secs(args.connect_timeout),
+        call: program.dial(args.connect_timeout).call,
+        limits: program.limits.clone(),
+    };
+    let streamer = StreamerService::new(site, program.runtime.handle().clone());
+    let routes = Routes::new(stage_server(Arc::new(relay))).add_service(streamer.into_server());
+    let served = program.runtime.block_on(wire::grpc::serve_routes(routes, grpc, &program.identity));
     http.abort();
     served
 }

@@ -44,6 +44,8 @@ pub struct Child {
     pub url: String,
     /// A client that reconnects by itself when the child comes back.
     pub client: StageClient<Channel>,
+    /// Its channel, for the other services it serves (a SwarmX root's `Streamer`).
+    pub channel: Channel,
     /// Engines below it.
     pub engines: u32,
     /// The smallest SRAM among them.
@@ -53,8 +55,9 @@ pub struct Child {
 /// Connects to a stage at `url` for `job` as `dial` says, and learns its engines. Only `https://` addresses are
 /// dialled: a plaintext one would carry the job's weights to whoever listens.
 pub async fn connect(url: &str, job: &str, dial: Dial<'_>) -> Result<Child> {
+    let channel = channel(url, dial)?;
     let client =
-        StageClient::new(channel(url, dial)?).max_decoding_message_size(8 << 20).max_encoding_message_size(8 << 20);
+        StageClient::new(channel.clone()).max_decoding_message_size(8 << 20).max_encoding_message_size(8 << 20);
     let timeout = dial.connect;
     let deadline = Instant::now() + timeout;
     loop {
@@ -64,6 +67,7 @@ pub async fn connect(url: &str, job: &str, dial: Dial<'_>) -> Result<Child> {
                 return Ok(Child {
                     url: url.to_string(),
                     client,
+                    channel,
                     engines: reply.engines,
                     sram_bytes: reply.sram_bytes,
                 });
@@ -77,6 +81,23 @@ pub async fn connect(url: &str, job: &str, dial: Dial<'_>) -> Result<Child> {
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+}
+
+/// Each stage's part of a step's `samples`, for stages over `engines` engines each (in engine order): the batch
+/// is split as if over all the engines, and each stage gets its engines' consecutive parts, so the shards do
+/// not depend on the shape of the tree.
+pub(crate) fn shares(engines: impl Iterator<Item = u32>, samples: &[u32]) -> Vec<Vec<u32>> {
+    let engines: Vec<usize> = engines.map(|e| e as usize).collect();
+    let parts = split_even(samples, engines.iter().sum());
+    let mut next = 0;
+    engines
+        .iter()
+        .map(|&n| {
+            let mine = parts.get(next..next + n).map(<[&[u32]]>::concat).unwrap_or_default();
+            next += n;
+            mine
+        })
+        .collect()
 }
 
 /// The `Stage` service of a SwarmX node.
@@ -124,16 +145,9 @@ impl Relay {
             self.limits.samples(engines),
         )
         .map_err(to_status)?;
-        let parts = split_even(&r.samples, engines);
-        let mut next = 0;
-        Ok(self
-            .children
-            .iter()
-            .map(|child| {
-                let mine: Vec<u32> = parts[next..next + child.engines as usize].concat();
-                next += child.engines as usize;
-                BeginStepRequest { samples: mine, ..r.clone() }
-            })
+        Ok(shares(self.children.iter().map(|c| c.engines), &r.samples)
+            .into_iter()
+            .map(|samples| BeginStepRequest { samples, ..r.clone() })
             .collect())
     }
 
