@@ -5,6 +5,7 @@
 //!   input worker killed (SIGKILL to the container's process), then each of them frozen (SIGSTOP: the liveness
 //!   probe finds it); in the pipelined job then the kubelet restarted, the API server restarted, the
 //!   operator's leader killed and every pod of the job evicted (a drain: MemoryX checkpoints on SIGTERM).
+//!   Streaming, the SwarmX root takes the layers straight from the weight servers (MemoryX without a funnel).
 //!   After each fault the job must step on past it within a deadline; at the end it has `Succeeded` with
 //!   exactly its steps and the final loss of the same job run undisturbed (`wsctl run`, bit for bit), and once
 //!   deleted it leaves no pod and no volume behind.
@@ -264,6 +265,12 @@ async fn matrix(mode: ExecutionMode, faults: &[Fault], steps: u64) {
     let undisturbed = cluster::undisturbed_beside(&j, &["--swarmx-fan-out", "2"]);
     ok(jobs.create(&PostParams::default(), &j).await, "create the job");
     let (mut at, _) = steps_on(&jobs, name, 0, 20, "the job to start training").await;
+    if mode == ExecutionMode::WeightStreaming {
+        // Two weight servers and a tree: the root streams straight from the servers, through every fault.
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let root = ok(pods.logs(&format!("{name}-swarmx-0-0"), &Default::default()).await, "the root's log");
+        assert!(root.contains("streaming straight from the weight servers"), "{root}");
+    }
     let mut thawed = Vec::new();
     for &fault in faults {
         assert!(at < steps, "{mode:?}: the job finished before {fault:?}; give it more steps");
