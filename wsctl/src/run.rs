@@ -60,12 +60,18 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
         units::bytes(m.disk_bytes),
         units::bytes(m.min_memory_bytes)
     );
+    let streaming = plan.execution_mode != crds::ExecutionMode::Pipelined;
+    let hub = if streaming && plan::memoryx::streams_from_servers(m.servers, plan.cs2) {
+        "the SwarmX root, streaming straight from the servers,"
+    } else {
+        "the coordinator (server 0)"
+    };
     println!(
-        "              the coordinator (server 0) holds up to {} more in transit: {}",
+        "              {hub} holds up to {} more in transit: {}",
         units::bytes(plan.coordinator_transit_bytes),
-        match plan.execution_mode {
-            crds::ExecutionMode::Pipelined => "a step's gradients from the engines' replicas",
-            _ => "a layer going out to the engines, the next behind it, a gradient going back to the servers",
+        match streaming {
+            false => "a step's gradients from the engines' replicas",
+            true => "a layer going out to the engines, the next behind it, a gradient going back to the servers",
         }
     );
     match plan.swarmx.depth() {
