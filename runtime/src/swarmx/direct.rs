@@ -5,10 +5,10 @@ use tokio::runtime::Handle;
 use tonic::Response;
 use tonic::transport::Channel;
 
-use super::{Split, StepRequest, Streamer};
+use super::{StepRequest, Streamer};
 use crate::model::loss::LossSum;
 use crate::protocol::pb::streamer_client::StreamerClient;
-use crate::protocol::pb::{self, BeginStepRequest, StreamStepReply, StreamStepRequest};
+use crate::protocol::pb::{StreamStepReply, StreamStepRequest};
 use errors::{Error, Result};
 use wire::status::from_status;
 
@@ -36,17 +36,7 @@ impl DirectRoot {
     }
 
     fn call(&self, request: &StepRequest, train: bool) -> Result<StreamStepReply> {
-        let begin = BeginStepRequest {
-            job: self.job.clone(),
-            step: request.step,
-            samples: request.samples.clone(),
-            split: match request.split {
-                Split::Train => pb::Split::Train,
-                Split::Test => pb::Split::Test,
-            } as i32,
-            grad_scale: request.grad_scale,
-            micro_batch: u32::try_from(request.micro_batch).unwrap_or(u32::MAX),
-        };
+        let begin = request.to_pb(&self.job);
         let r = StreamStepRequest { job: self.job.clone(), begin: Some(begin), servers: self.servers.clone() };
         let (mut client, url) = (self.client.clone(), self.url.clone());
         self.handle.block_on(async move {

@@ -23,6 +23,7 @@ use crate::input::Feed;
 use crate::memoryx::checkpoint;
 use crate::memoryx::store::MemoryX;
 use crate::model::loss::LossSum;
+use crate::protocol::pb;
 use crate::protocol::reduce::Pairwise;
 use crate::protocol::{LayerGrad, LayerStream};
 use data::shard::Split;
@@ -48,6 +49,37 @@ pub struct StepRequest {
 }
 
 impl StepRequest {
+    /// The request as it travels to a stage (or a streaming root) of `job`.
+    pub fn to_pb(&self, job: &str) -> pb::BeginStepRequest {
+        pb::BeginStepRequest {
+            job: job.to_string(),
+            step: self.step,
+            samples: self.samples.clone(),
+            split: match self.split {
+                Split::Train => pb::Split::Train,
+                Split::Test => pb::Split::Test,
+            } as i32,
+            grad_scale: self.grad_scale,
+            micro_batch: u32::try_from(self.micro_batch).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// A request as it arrived (its job checked by the caller); an unknown split is refused.
+    pub fn from_pb(b: &pb::BeginStepRequest) -> Result<StepRequest> {
+        let split = match pb::Split::try_from(b.split) {
+            Ok(pb::Split::Train) => Split::Train,
+            Ok(pb::Split::Test) => Split::Test,
+            Err(_) => return Err(Error::Protocol(format!("unknown split {}", b.split))),
+        };
+        Ok(StepRequest {
+            step: b.step,
+            samples: b.samples.clone(),
+            split,
+            grad_scale: b.grad_scale,
+            micro_batch: b.micro_batch as usize,
+        })
+    }
+
     /// What an engine does with its shard of this step.
     pub fn work(&self) -> ShardWork {
         ShardWork { grad_scale: self.grad_scale, train: self.split == Split::Train, micro_batch: self.micro_batch }

@@ -14,7 +14,7 @@ use tonic::transport::Channel;
 
 use super::direct::DirectRoot;
 use super::relay::{Child, connect, shares};
-use super::{Split, StepRequest, StreamSource, Streamer, Swarm};
+use super::{StepRequest, StreamSource, Streamer, Swarm};
 use crate::engine::role::EngineStats;
 use crate::engine::server::stats_from_pb;
 use crate::model::loss::LossSum;
@@ -82,21 +82,6 @@ impl RemoteSwarm {
         match self.stages.as_slice() {
             [only] => Ok(only),
             _ => Err(Error::Protocol("pipelined execution is driven through the SwarmX root alone".into())),
-        }
-    }
-
-    /// A step's batch as it travels.
-    fn begin_request(&self, request: &StepRequest) -> BeginStepRequest {
-        BeginStepRequest {
-            job: self.job.clone(),
-            step: request.step,
-            samples: request.samples.clone(),
-            split: match request.split {
-                Split::Train => pb::Split::Train,
-                Split::Test => pb::Split::Test,
-            } as i32,
-            grad_scale: request.grad_scale,
-            micro_batch: u32::try_from(request.micro_batch).unwrap_or(u32::MAX),
         }
     }
 
@@ -173,7 +158,7 @@ impl Swarm for RemoteSwarm {
 
     fn begin_step(&mut self, request: &StepRequest) -> Result<()> {
         self.step = request.step;
-        let req = self.begin_request(request);
+        let req = request.to_pb(&self.job);
         let parts = shares(self.stages.iter().map(|s| s.engines), &req.samples);
         self.on_stages(|mut client, i| {
             let samples = parts.get(i).cloned().unwrap_or_default();
@@ -246,7 +231,7 @@ impl Swarm for RemoteSwarm {
     fn resident_step(&mut self, request: &StepRequest) -> Result<LossSum> {
         let root = self.only()?;
         let (mut client, url) = (root.client.clone(), root.url.clone());
-        let begin = Some(self.begin_request(request));
+        let begin = Some(request.to_pb(&self.job));
         let req = pb::ResidentStepRequest { job: self.job.clone(), step: request.step, reduce: true, begin };
         self.step = request.step;
         let loss = self.handle.block_on(async move {

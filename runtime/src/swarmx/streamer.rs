@@ -15,14 +15,15 @@ use tokio::runtime::Handle;
 use tonic::{Request, Response, Status};
 
 use super::remote::RemoteSwarm;
-use super::{Split, StepRequest, stream};
+use super::{StepRequest, stream};
 use crate::memoryx::remote::RemoteServer;
 use crate::memoryx::slice::{LayerLengths, SliceId};
 use crate::memoryx::store::MemoryX;
 use crate::memoryx::weight_server::{Masking, WeightServer, layer_lengths};
 use crate::optim::Recipe;
 use crate::protocol::pb::streamer_server::{self, Streamer as StreamerRpc};
-use crate::protocol::pb::{self, BeginStepRequest, StreamStepReply, StreamStepRequest};
+use crate::protocol::pb::{BeginStepRequest, StreamStepReply, StreamStepRequest};
+use data::shard::Split;
 use errors::{Error, Result};
 use kernels::sparse::SparsePattern;
 use plan::layout::ModelLayout;
@@ -141,18 +142,7 @@ impl StreamerRpc for StreamerService {
 /// below.
 fn step_request(b: &BeginStepRequest, limits: &Limits, engines: usize) -> Result<StepRequest> {
     Error::check_limit(|| "the samples of a streamed step".into(), b.samples.len() as u64, limits.samples(engines))?;
-    let split = match pb::Split::try_from(b.split) {
-        Ok(pb::Split::Train) => Split::Train,
-        Ok(pb::Split::Test) => Split::Test,
-        Err(_) => return Err(Error::Protocol(format!("unknown split {}", b.split))),
-    };
-    Ok(StepRequest {
-        step: b.step,
-        samples: b.samples.clone(),
-        split,
-        grad_scale: b.grad_scale,
-        micro_batch: b.micro_batch as usize,
-    })
+    StepRequest::from_pb(b)
 }
 
 /// The root's view of the servers at `servers` (the coordinator first) and of its children: every address
