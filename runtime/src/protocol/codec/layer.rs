@@ -452,6 +452,9 @@ mod tests {
 
     fn apply(chunks: &mut Vec<LayerChunk>, change: &Change) {
         let n = chunks.len();
+        if n == 0 {
+            return; // Earlier changes removed every chunk: nothing left to change.
+        }
         match change {
             Change::Flip { chunk, array: a, at, bits } => {
                 let field = array(&mut chunks[chunk.index(n)], *a);
