@@ -282,11 +282,7 @@ fn serve_own_slice(
         }
         None => format!("https://{bound}"),
     };
-    let slice = local.slice();
-    let t = &job.spec.training;
-    let lengths = layer_lengths(&job.layout(), &t.optimizer, &Masking::of(&job.recipe()));
-    let sliced = lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect();
-    let service = WeightsService::new(job.id.clone(), local, sliced).with_masks(masks.clone());
+    let service = slice_service(job, local).with_masks(masks.clone());
     let identity = program.identity.clone();
     program.runtime.spawn(async move {
         if let Err(e) = wire::grpc::serve(weights_service(Arc::new(service)), listener, &identity).await {
@@ -339,13 +335,17 @@ fn serve_slice(args: MemoryxArgs) -> Result<()> {
     let slice = SliceId { index: args.server_index, count: n };
     let outputs =
         Outputs { checkpoint_dir: args.checkpoint_dir.clone(), tier_dir: args.tier_dir.clone(), ..Outputs::default() };
-    let t = &job.spec.training;
-    let lengths = layer_lengths(&job.layout(), &t.optimizer, &Masking::of(&job.recipe()));
     let shard = Arc::new(job.local_slice(&outputs, slice)?);
     let (memory, disk) = shard.bytes();
     tracing::info!(%slice, memory, disk, "serving its slice");
     usage.follow(shard.clone());
-    let sliced = lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect();
-    let service = Arc::new(WeightsService::new(job_id, shard, sliced));
+    let service = Arc::new(slice_service(&job, shard));
     program.runtime.block_on(wire::grpc::serve(weights_service(service), grpc, &program.identity))
+}
+
+/// The `Weights` service of `job`'s weight server `shard`, its slice's lengths derived from the job.
+fn slice_service(job: &Job, shard: Arc<LocalSlice>) -> WeightsService {
+    let whole = layer_lengths(&job.layout(), &job.spec.training.optimizer, &Masking::of(&job.recipe()));
+    let lengths = shard.slice().lengths(&whole);
+    WeightsService::new(job.id.clone(), shard, lengths)
 }

@@ -54,7 +54,7 @@ impl RemoteServer {
             url: url.to_string(),
             job: job.to_string(),
             slice,
-            lengths: lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect(),
+            lengths: slice.lengths(lengths),
             client,
         })
     }

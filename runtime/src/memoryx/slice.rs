@@ -19,6 +19,11 @@ impl SliceId {
     pub fn range(self, len: usize) -> std::ops::Range<usize> {
         slice_range(len, self.index, self.count)
     }
+
+    /// This slice's lengths of every layer whose whole tensors have `whole` lengths.
+    pub fn lengths(self, whole: &[LayerLengths]) -> Vec<LayerLengths> {
+        whole.iter().map(|w| w.map(|len| self.range(len).len())).collect()
+    }
 }
 
 impl std::fmt::Display for SliceId {

@@ -368,7 +368,7 @@ impl LocalSlice {
             None => None,
         };
         let baseline_rss = crate::process::rss_bytes();
-        let sliced: Vec<LayerLengths> = lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect();
+        let sliced: Vec<LayerLengths> = slice.lengths(lengths);
         let tier = match storage.memory_bytes {
             Some(budget) => {
                 // A layer in memory also holds its staged gradient (weights and bias) during a step.
@@ -431,7 +431,7 @@ impl LocalSlice {
             optimizer,
             schedule,
             total_steps,
-            lengths: lengths.iter().map(|whole| whole.map(|len| slice.range(len).len())).collect(),
+            lengths: slice.lengths(lengths),
             layers,
             tier: None,
             budget: None,
