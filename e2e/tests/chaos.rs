@@ -81,9 +81,8 @@ async fn status(jobs: &Api<TrainingJob>, name: &str) -> crds::TrainingJobStatus 
 }
 
 /// Waits until the job has stepped `past` steps beyond `from` (recovered) or has succeeded; panics if it
-/// failed (its reason) or took longer than [`RECOVERY`]. Returns the step reached and how long it took.
-async fn steps_on(jobs: &Api<TrainingJob>, name: &str, from: u64, past: u64, what: &str) -> (u64, Duration) {
-    let started = Instant::now();
+/// failed (its reason) or took longer than [`RECOVERY`]. Returns the step reached.
+async fn steps_on(jobs: &Api<TrainingJob>, name: &str, from: u64, past: u64, what: &str) -> u64 {
     let r = wait_for(RECOVERY, what, || async {
         let s = jobs.get(name).await.ok()?.status?;
         match s.phase {
@@ -96,7 +95,7 @@ async fn steps_on(jobs: &Api<TrainingJob>, name: &str, from: u64, past: u64, wha
     })
     .await;
     match r {
-        Ok(Ok(step)) => (step, started.elapsed()),
+        Ok(Ok(step)) => step,
         Ok(Err(why)) => panic!("{what}: the job failed: {why}"),
         Err(e) => panic!("{e}: {:?}", status(jobs, name).await),
     }
@@ -106,15 +105,30 @@ async fn steps_on(jobs: &Api<TrainingJob>, name: &str, from: u64, past: u64, wha
 /// (the operator's, after the API server's restart) can still be the one the pod's status names for a moment,
 /// so the status is read again until the process it names exists.
 async fn pid_of(pods: &Api<Pod>, name: &str) -> u32 {
+    process_other_than(pods, name, None).await
+}
+
+/// Waits until pod `name` runs, ready, with a process other than `struck` (the kubelet restarted its container
+/// after a kill or a failed liveness probe, or the operator replaced the pod); returns the new process.
+async fn replaced(pods: &Api<Pod>, name: &str, struck: u32) -> u32 {
+    process_other_than(pods, name, Some(struck)).await
+}
+
+/// The host pid of ready pod `name`'s container, once it is not `struck`.
+async fn process_other_than(pods: &Api<Pod>, name: &str, struck: Option<u32>) -> u32 {
+    let what = match struck {
+        Some(pid) => format!("{name}'s process {pid} replaced"),
+        None => format!("{name} to be ready, with its container's process on this machine"),
+    };
     ok(
-        wait_for(RECOVERY, &format!("{name} to be ready, with its container's process on this machine"), || async {
+        wait_for(RECOVERY, &what, || async {
             let p = pods.get(name).await.ok()?;
             let ready =
                 p.status.as_ref()?.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
             if !ready || p.metadata.deletion_timestamp.is_some() {
                 return None;
             }
-            cluster::container_pid(&p).ok()
+            cluster::container_pid(&p).ok().filter(|&pid| Some(pid) != struck)
         })
         .await,
         name,
@@ -194,26 +208,36 @@ fn restart_cluster_part(name: &str) {
     eprintln!("{name}: pid {pid} killed, {} started with the same command", child.id());
 }
 
-/// Injects `fault` into job `name`; returns a guard that thaws a frozen process when dropped.
-async fn inject(client: &Client, ns: &str, name: &str, fault: Fault) -> Option<cluster::Stopped> {
+/// What injecting a fault left behind: a guard that thaws a frozen process when dropped, and the pod whose
+/// process was struck (its name and that process), which the matrix waits to see replaced.
+#[derive(Default)]
+struct Struck {
+    frozen: Option<cluster::Stopped>,
+    process: Option<(String, u32)>,
+}
+
+/// Injects `fault` into job `name`.
+async fn inject(client: &Client, ns: &str, name: &str, fault: Fault) -> Struck {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     match fault {
         Fault::Kill(pod) => {
-            let pid = pid_of(&pods, &format!("{name}-{pod}")).await;
+            let pod = format!("{name}-{pod}");
+            let pid = pid_of(&pods, &pod).await;
             kill(pid);
-            None
+            Struck { frozen: None, process: Some((pod, pid)) }
         }
         Fault::Freeze(pod) => {
-            let pid = pid_of(&pods, &format!("{name}-{pod}")).await;
-            Some(ok(cluster::Stopped::stop(pid), "SIGSTOP"))
+            let pod = format!("{name}-{pod}");
+            let pid = pid_of(&pods, &pod).await;
+            Struck { frozen: Some(ok(cluster::Stopped::stop(pid), "SIGSTOP")), process: Some((pod, pid)) }
         }
         Fault::KubeletRestart => {
             restart_cluster_part("kubelet");
-            None
+            Struck::default()
         }
         Fault::ApiServerRestart => {
             restart_cluster_part("kube-apiserver");
-            None
+            Struck::default()
         }
         Fault::OperatorLeaderKill => {
             let leases: Api<Lease> = Api::namespaced(client.clone(), cluster::SYSTEM_NAMESPACE);
@@ -231,7 +255,7 @@ async fn inject(client: &Client, ns: &str, name: &str, fault: Fault) -> Option<c
                 .expect("an operator replica holds the lease");
             let pid = pid_of(&system, &leader).await;
             kill(pid);
-            None
+            Struck::default()
         }
         Fault::Drain => {
             let mine = ListParams::default().labels(&format!("weightstream.dev/job={name}"));
@@ -247,7 +271,7 @@ async fn inject(client: &Client, ns: &str, name: &str, fault: Fault) -> Option<c
                 (!now.iter().any(|p| evicted.iter().any(|e| e.uid() == p.uid()))).then_some(())
             });
             ok(replaced.await, "the drain");
-            None
+            Struck::default()
         }
     }
 }
@@ -264,21 +288,30 @@ async fn matrix(mode: ExecutionMode, faults: &[Fault], steps: u64) {
     let j = job(name, steps, mode, 40);
     let undisturbed = cluster::undisturbed_beside(&j, &["--swarmx-fan-out", "2"]);
     ok(jobs.create(&PostParams::default(), &j).await, "create the job");
-    let (mut at, _) = steps_on(&jobs, name, 0, 20, "the job to start training").await;
+    let mut at = steps_on(&jobs, name, 0, 20, "the job to start training").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     if mode == ExecutionMode::WeightStreaming {
         // Two weight servers and a tree: the root streams straight from the servers, through every fault.
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
         let root = ok(pods.logs(&format!("{name}-swarmx-0-0"), &Default::default()).await, "the root's log");
         assert!(root.contains("streaming straight from the weight servers"), "{root}");
     }
     let mut thawed = Vec::new();
     for &fault in faults {
         assert!(at < steps, "{mode:?}: the job finished before {fault:?}; give it more steps");
-        let frozen = inject(&client, &ns, name, fault).await;
-        let (reached, took) =
-            steps_on(&jobs, name, at, 20, &format!("{mode:?}: the job to step on after {fault:?} at step {at}")).await;
-        eprintln!("{mode:?}: {fault:?} at step {at}: stepped on to {reached} in {took:.1?}");
-        thawed.extend(frozen);
+        let struck_at = Instant::now();
+        let struck = inject(&client, &ns, name, fault).await;
+        // Steps count once the struck process has been replaced: a pipelined job steps ~100 times a second, so
+        // the steps its buffers and the status's lag hold would otherwise pass for a recovery, and the next
+        // fault would land on this one.
+        let mut from = at;
+        if let Some((pod, pid)) = &struck.process {
+            replaced(&pods, pod, *pid).await;
+            from = from.max(status(&jobs, name).await.progress.step.unwrap_or(0));
+        }
+        let what = format!("{mode:?}: the job to step on after {fault:?} at step {at}");
+        let reached = steps_on(&jobs, name, from, 20, &what).await;
+        eprintln!("{mode:?}: {fault:?} at step {at}: stepped on to {reached} in {:.1?}", struck_at.elapsed());
+        thawed.extend(struck.frozen);
         at = reached;
     }
     drop(thawed);
@@ -291,7 +324,6 @@ async fn matrix(mode: ExecutionMode, faults: &[Fault], steps: u64) {
     assert_eq!(loss, want, "{mode:?}: the undisturbed final loss, bit for bit");
     assert_eq!(done.progress.eval_loss, Some(want_eval), "{mode:?}: the undisturbed held-out loss, bit for bit");
     ok(jobs.delete(name, &DeleteParams::default()).await, "delete the job");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
     let mine = ListParams::default().labels(&format!("weightstream.dev/job={name}"));
     ok(
@@ -364,7 +396,7 @@ async fn a_job_that_loses_two_cs2s_goes_on_with_two_and_grows_back() {
     undisturbed.spec.min_cs2 = None;
     let want = cluster::undisturbed_beside(&undisturbed, &["--swarmx-fan-out", "2"]);
     ok(jobs.create(&PostParams::default(), &j).await, "create the job");
-    let (at, _) = steps_on(&jobs, name, 0, 200, "the job to train").await;
+    let at = steps_on(&jobs, name, 0, 200, "the job to train").await;
     cs2_per_node(&kc, 2);
     let lost = Instant::now();
     let s = e2e::wait_job(&jobs, name, Duration::from_secs(300), "the job to go on with 2 CS-2s", |s| {
@@ -383,7 +415,7 @@ async fn a_job_that_loses_two_cs2s_goes_on_with_two_and_grows_back() {
         .iter()
         .any(|e| e.reason.as_deref() == Some("CapacityLost"));
     assert!(said, "a CapacityLost Event");
-    let (at, _) = steps_on(&jobs, name, s.progress.step.unwrap_or(0), 100, "the job to train on 2").await;
+    let at = steps_on(&jobs, name, s.progress.step.unwrap_or(0), 100, "the job to train on 2").await;
     cs2_per_node(&kc, cluster::CS2_PER_NODE);
     let returned = Instant::now();
     let grown = e2e::wait_job(&jobs, name, Duration::from_secs(300), "the job to grow back to 4", |s| {

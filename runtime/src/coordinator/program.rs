@@ -231,6 +231,10 @@ pub fn main(args: MemoryxArgs) -> Result<()> {
         }
     }
     if args.linger {
+        if let Err(e) = &result {
+            // Said now, not only on exit: the operator's post-mortem names the first error a pod logged.
+            tracing::error!("the run failed: {e}");
+        }
         tracing::info!("job finished; serving /status and /checkpoints until stopped");
         let _ = rt.block_on(http_task);
     }
