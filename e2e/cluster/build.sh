@@ -138,16 +138,37 @@ if [[ ! -x "$KUBE_ROUTER" ]]; then
   log "built kube-router in $(( $(date +%s) - start ))s"
 fi
 
-KWOK="$BIN/kwok-v$KWOK_VERSION"
+# kwok deletes a pod by its name alone, so a delete still queued for a pod that is gone removes its namesake,
+# which an operator creates again at once (a rescale reuses every name): it is built with the pod's UID as the
+# delete's precondition, as a kubelet deletes. The binary's name says so (a cached unpatched one is not reused).
+KWOK="$BIN/kwok-v$KWOK_VERSION-uid"
 if [[ ! -x "$KWOK" ]]; then
   start=$(date +%s)
-  log "building kwok v$KWOK_VERSION"
-  # The module's go.sum pins its dependencies; the checksum database vouches for the module itself.
-  (cd "$BIN" && CGO_ENABLED=0 GOBIN="$BIN/.kwok-$KWOK_VERSION" nice -n "${WS_NICE:-19}" \
-    go install -trimpath -ldflags "-s -w" \
-    "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION" >&2)
-  mv "$BIN/.kwok-$KWOK_VERSION/kwok" "$KWOK"
-  rmdir "$BIN/.kwok-$KWOK_VERSION"
+  log "building kwok v$KWOK_VERSION (deletes with the pod's UID as precondition)"
+  # The module's go.sum pins its dependencies; the checksum database vouches for the module itself. Built in a
+  # writable copy of the downloaded module, with its own go.mod and go.sum.
+  dir="$(cd "$BIN" && go mod download -json "sigs.k8s.io/kwok@v$KWOK_VERSION" | jq -r '.Dir')"
+  src="$BIN/.kwok-src-$KWOK_VERSION"
+  rm -rf "$src"
+  cp -r "$dir" "$src"
+  chmod -R u+w "$src"
+  file="$src/pkg/kwok/controllers/pod_controller.go"
+  grep -q 'Delete(ctx, pod.Name, deleteOpt)' "$file" \
+    || { log "kwok v$KWOK_VERSION: its pod delete is not where this script patches it"; exit 1; }
+  sed -i 's|Delete(ctx, pod.Name, deleteOpt)|Delete(ctx, pod.Name, deleteOfThisPod(pod))|' "$file"
+  cat >>"$file" <<'GO'
+
+// deleteOfThisPod is deleteOpt for this pod only: a namesake created since is left alone.
+func deleteOfThisPod(pod *corev1.Pod) metav1.DeleteOptions {
+	opt := deleteOpt
+	opt.Preconditions = metav1.NewUIDPreconditions(string(pod.UID))
+	return opt
+}
+GO
+  CGO_ENABLED=0 GOFLAGS=-mod=readonly nice -n "${WS_NICE:-19}" go build -C "$src" -trimpath -ldflags "-s -w" \
+    -o "$KWOK.tmp" ./cmd/kwok >&2
+  mv "$KWOK.tmp" "$KWOK"
+  rm -rf "$src"
   log "built kwok in $(( $(date +%s) - start ))s"
 fi
 

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod postmortem;
 pub mod reconcile;
+pub mod slow_start;
 pub mod status;
 
 /// JSON logs at `info` (or `RUST_LOG`), the same for the operator and the device plugin: both run as pods

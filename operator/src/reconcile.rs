@@ -47,6 +47,7 @@ use crate::kueue::{self, api::workloads::Workload, seen::Seen, workload::queue_o
 use crate::metrics::Shared;
 use crate::nodes;
 use crate::postmortem;
+use crate::slow_start::in_batches;
 use crate::status::{self, Children, Eviction, Observed, Refusal, Unready};
 use crate::{Error, FINALIZER, MANAGER, job_key};
 use crds::contract::postmortem::POSTMORTEM_LABEL;
@@ -917,14 +918,13 @@ async fn assemble(
     {
         tracing::warn!(job = %job.name_any(), error = %e, "cannot keep the failed pods' logs");
     }
-    for name in &census.delete {
+    // Many at once (a large appliance's first pass, a rescale), in batches that grow from one.
+    in_batches(&census.delete, |name| {
         tracing::info!(job = %job.name_any(), pod = %name, "replacing pod");
-        delete_ignoring_absent(&pods_api, name).await?;
-    }
-    for pod in &census.missing {
-        apply_one(&pods_api, pod).await?;
-    }
-    Ok(())
+        delete_ignoring_absent(&pods_api, name)
+    })
+    .await?;
+    in_batches(&census.missing, |pod| apply_one(&pods_api, pod)).await
 }
 
 /// Applies the job's identity (created once), ConfigMap, Services, NetworkPolicy and MemoryX's StatefulSet:
