@@ -375,7 +375,8 @@ async fn a_deleted_job_leaves_nothing_behind() {
     let (client, ns) = setup("delete").await;
     let jobs: Api<TrainingJob> = Api::namespaced(client.clone(), &ns);
     // `retain: Delete`: its checkpoint claims go with it too (the default keeps them: `cli.rs` shows that).
-    let mut doomed = sparse("doomed", 2);
+    // Mid-run steps: it is deleted once it trains, and at the default 500 it could end between two status writes.
+    let mut doomed = job_from("fc-mnist-sparse.yaml", "doomed", 2, mid_run_steps());
     doomed.spec.checkpoint.retain = crds::RetainPolicy::Delete;
     create(&jobs, &doomed).await;
     wait_training(&client, &ns, "doomed", 1).await;
