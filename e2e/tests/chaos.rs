@@ -220,16 +220,17 @@ struct Struck {
 async fn inject(client: &Client, ns: &str, name: &str, fault: Fault) -> Struck {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     match fault {
-        Fault::Kill(pod) => {
-            let pod = format!("{name}-{pod}");
+        Fault::Kill(role) | Fault::Freeze(role) => {
+            let pod = format!("{name}-{role}");
             let pid = pid_of(&pods, &pod).await;
-            kill(pid);
-            Struck { frozen: None, process: Some((pod, pid)) }
-        }
-        Fault::Freeze(pod) => {
-            let pod = format!("{name}-{pod}");
-            let pid = pid_of(&pods, &pod).await;
-            Struck { frozen: Some(ok(cluster::Stopped::stop(pid), "SIGSTOP")), process: Some((pod, pid)) }
+            let frozen = match fault {
+                Fault::Freeze(_) => Some(ok(cluster::Stopped::stop(pid), "SIGSTOP")),
+                _ => {
+                    kill(pid);
+                    None
+                }
+            };
+            Struck { frozen, process: Some((pod, pid)) }
         }
         Fault::KubeletRestart => {
             restart_cluster_part("kubelet");
