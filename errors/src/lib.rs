@@ -36,6 +36,17 @@ pub enum Error {
     /// model); the message gives the numbers and what to change.
     #[error("plan: {0}")]
     Plan(String),
+    /// A model program holds an operation the appliance cannot run (or runs only in another form): nothing was
+    /// planned or started for it.
+    #[error("unsupported model: {op} at {at}: {why}")]
+    UnsupportedModel {
+        /// The operation as the capture names it (e.g. `aten.fft_fft.default`).
+        op: String,
+        /// Where the model's source calls it (`file:line (code)`), or the graph node when no line was captured.
+        at: String,
+        /// Why it cannot run and what to write instead.
+        why: String,
+    },
     /// A role received a message that does not fit the job (unknown layer, wrong shape, out of order), or one
     /// names a layer, a shape or a count the plan does not have.
     #[error("protocol: {0}")]

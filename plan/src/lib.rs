@@ -4,6 +4,7 @@
 //!
 //! - [`layout`]: the model as stream units, from the spec alone.
 //! - [`preset`]: the figures of each engine generation (SRAM among them).
+//! - [`program`]: the model program, the graph of operations a captured PyTorch module becomes.
 //! - [`appliance`]: the [`appliance::Plan`] — execution mode, SRAM peak, MemoryX, the SwarmX tree, input workers.
 //! - [`memoryx`]: MemoryX's weight servers and tiers, and the cut of a layer into their slices.
 //! - [`limits`]: what any message or file of the job may make a role allocate.
@@ -15,4 +16,5 @@ pub mod layout;
 pub mod limits;
 pub mod memoryx;
 pub mod preset;
+pub mod program;
 pub mod wiring;

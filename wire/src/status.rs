@@ -28,6 +28,9 @@ const SRAM_AVAILABLE: &str = "ws-sram-available";
 const LIMIT_WHAT: &str = "ws-limit-what-bin";
 const LIMIT_VALUE: &str = "ws-limit-value";
 const LIMIT_MAX: &str = "ws-limit-max";
+const MODEL_OP: &str = "ws-model-op-bin";
+const MODEL_AT: &str = "ws-model-at-bin";
+const MODEL_WHY: &str = "ws-model-why-bin";
 const IO_CONTEXT: &str = "ws-io-context-bin";
 const IO_SOURCE: &str = "ws-io-source-bin";
 const IO_KIND: &str = "ws-io-kind";
@@ -47,11 +50,12 @@ enum Kind {
     Io,
     Identity,
     Plan,
+    UnsupportedModel,
     Stopped,
 }
 
 impl Kind {
-    const ALL: [Kind; 10] = [
+    const ALL: [Kind; 11] = [
         Kind::Protocol,
         Kind::Data,
         Kind::OutOfSram,
@@ -61,6 +65,7 @@ impl Kind {
         Kind::Io,
         Kind::Identity,
         Kind::Plan,
+        Kind::UnsupportedModel,
         Kind::Stopped,
     ];
 
@@ -75,6 +80,7 @@ impl Kind {
             Error::Io { .. } => Kind::Io,
             Error::Identity(_) => Kind::Identity,
             Error::Plan(_) => Kind::Plan,
+            Error::UnsupportedModel { .. } => Kind::UnsupportedModel,
             Error::Stopped { .. } => Kind::Stopped,
         }
     }
@@ -90,6 +96,7 @@ impl Kind {
             Kind::Io => "io",
             Kind::Identity => "identity",
             Kind::Plan => "plan",
+            Kind::UnsupportedModel => "unsupported-model",
             Kind::Stopped => "stopped",
         }
     }
@@ -133,6 +140,12 @@ pub fn to_status(e: Error) -> Status {
         Error::Data(m) => (Code::Internal, m),
         Error::Plan(m) => (Code::FailedPrecondition, m),
         Error::Identity(m) => (Code::Unauthenticated, m),
+        Error::UnsupportedModel { ref op, ref at, ref why } => {
+            md.insert_bin(MODEL_OP, text(op));
+            md.insert_bin(MODEL_AT, text(at));
+            md.insert_bin(MODEL_WHY, text(why));
+            (Code::FailedPrecondition, e.to_string())
+        }
         // A peer that stops is, to its callers, one that went away: the step is rerun once it is back.
         Error::Stopped { .. } => (Code::Unavailable, e.to_string()),
         Error::OutOfSram { ref engine, ref what, needed, available } => {
@@ -200,6 +213,9 @@ fn typed(s: &Status, peer: &str) -> Option<Error> {
         Kind::Data => Error::Data(from_peer(s.message())),
         Kind::Plan => Error::Plan(from_peer(s.message())),
         Kind::Identity => Error::Identity(from_peer(s.message())),
+        Kind::UnsupportedModel => {
+            Error::UnsupportedModel { op: text(MODEL_OP)?, at: text(MODEL_AT)?, why: from_peer(&text(MODEL_WHY)?) }
+        }
         Kind::Unavailable | Kind::Stopped => Error::Unavailable(from_peer(s.message())),
         Kind::OutOfSram => Error::OutOfSram {
             engine: from_peer(&text(SRAM_ENGINE)?),
@@ -292,6 +308,18 @@ mod tests {
                 let Error::OverLimit { value, limit, .. } = e else { unreachable!() };
                 assert_eq!((value, limit), (8_000_000, 64));
             }
+            other => panic!("{other:?}"),
+        }
+        let model = Error::UnsupportedModel {
+            op: "aten.fft_fft.default".into(),
+            at: "model.py:12 (x = torch.fft.fft(x))".into(),
+            why: "no Fourier transform".into(),
+        };
+        match round_trip(model) {
+            Error::UnsupportedModel { op, at, why } => assert_eq!(
+                (op.as_str(), at.as_str(), why.as_str()),
+                ("aten.fft_fft.default", "model.py:12 (x = torch.fft.fft(x))", "peer: no Fourier transform")
+            ),
             other => panic!("{other:?}"),
         }
         let io = Error::io("writing /ckpt/step-1", std::io::Error::new(std::io::ErrorKind::StorageFull, "disk full"));

@@ -22,6 +22,8 @@ pub enum ErrorFormat {
 pub enum Kind {
     /// The job is not runnable as written (manifest, spec, plan or data): nothing was started or sent.
     InvalidJob,
+    /// The model program holds an operation the appliance cannot run; the message names it and its line.
+    UnsupportedModel,
     /// No usable kubeconfig, or the cluster in it does not answer.
     Unreachable,
     /// The cluster does not serve the TrainingJob API: weightstream is not installed there.
@@ -63,6 +65,7 @@ pub fn kind(e: &anyhow::Error) -> Kind {
         }
         if let Some(w) = cause.downcast_ref::<errors::Error>() {
             return match w {
+                errors::Error::UnsupportedModel { .. } => Kind::UnsupportedModel,
                 errors::Error::Spec(_)
                 | errors::Error::Data(_)
                 | errors::Error::Plan(_)

@@ -23,6 +23,8 @@ class InvalidJobError(WeightstreamError, ValueError):
 class UnsupportedModelError(InvalidJobError):
     """A PyTorch module or Hugging Face model has a layer or an architecture weightstream cannot run (named)."""
 
+    kind = "unsupported-model"
+
 
 class ClusterUnreachableError(WeightstreamError, ConnectionError):
     """No usable kubeconfig, or the cluster in it does not answer."""
@@ -77,6 +79,7 @@ _BY_KIND: dict[str, type[WeightstreamError]] = {
     cls.kind: cls
     for cls in (
         InvalidJobError,
+        UnsupportedModelError,
         ClusterUnreachableError,
         NotInstalledError,
         JobNotFoundError,
