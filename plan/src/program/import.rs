@@ -564,7 +564,7 @@ impl<'c> Importer<'c> {
     fn alpha(&self, n: &CapturedNode) -> Result<()> {
         match n.kwargs.get("alpha").and_then(Arg::number) {
             None => Ok(()),
-            Some(a) if a == 1.0 => Ok(()),
+            Some(1.0) => Ok(()),
             Some(_) => Err(bad(n, "an add or a subtraction with alpha")),
         }
     }

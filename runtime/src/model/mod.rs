@@ -6,6 +6,7 @@ pub mod attention;
 pub mod linear;
 pub mod loss;
 pub mod norm;
+pub mod program;
 pub mod rmsnorm;
 pub mod rope;
 pub mod swiglu;
