@@ -409,13 +409,17 @@ pub enum ModelKind {
     /// pre-norm blocks of RMSNorm (with a learned gain), grouped-query attention with rotary positions and a
     /// SwiGLU MLP, a final RMSNorm and an LM head, no biases anywhere.
     Llama,
+    /// A model program: any decoder captured from PyTorch (`weightstream.from_torch(module,
+    /// example_input=...)`), read from the folder `from` names (`program.json` and `model.safetensors`). Its
+    /// shape is the program's: `contextLength` and `vocabSize` must agree with it.
+    Program,
 }
 
 impl ModelKind {
     /// Whether the family is a language model: it reads token ids (text, tokens or jsonl data) and predicts the
     /// next token.
     pub fn is_language_model(self) -> bool {
-        matches!(self, ModelKind::Gpt | ModelKind::Llama)
+        matches!(self, ModelKind::Gpt | ModelKind::Llama | ModelKind::Program)
     }
 }
 

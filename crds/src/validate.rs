@@ -76,7 +76,8 @@ pub fn parse_training_job_with(text: &str, pretrained: &PretrainedResolver<'_>) 
         ));
     }
     let mut job = job;
-    if let Some(from) = job.spec.model.from.clone()
+    // A program's folder holds its graph, not a Hugging Face config: its shape is checked where it is read.
+    if let Some(from) = job.spec.model.from.clone().filter(|_| job.spec.model.kind != ModelKind::Program)
         && let Some((shape, source)) = pretrained(&from)?
     {
         job.spec.model.adopt(&shape, &source)?;
@@ -320,6 +321,7 @@ impl TrainingJobSpec {
                 }
             }
             ModelKind::Gpt | ModelKind::Llama => self.validate_decoder()?,
+            ModelKind::Program => self.validate_program()?,
         }
         let language = matches!(self.data.kind, DataKind::Text | DataKind::Tokens | DataKind::Jsonl);
         if language != m.kind.is_language_model() {
@@ -419,6 +421,48 @@ impl TrainingJobSpec {
                 crate::pretrained::TOKENIZER_FILE,
             ),
         ))
+    }
+
+    /// A program's shape is its own: the job names its folder and the two figures the data must fit (context
+    /// and vocabulary, checked against the program where it is read), and none of a family's shape.
+    fn validate_program(&self) -> Result<(), ApiError> {
+        let m = &self.model;
+        if m.from.is_none() {
+            return Err(invalid(
+                "spec.model.from",
+                "a program is read from the folder weightstream.from_torch(module, example_input=...) saves it to: \
+                 name that folder",
+            ));
+        }
+        match m.context_length {
+            Some(c) if (2..=4096).contains(&c) => {}
+            _ => return Err(invalid("spec.model.contextLength", "a program needs its tokens per sequence, 2 to 4096")),
+        }
+        if !(2..=MAX_VOCAB).contains(&m.vocab_size) {
+            return Err(invalid("spec.model.vocabSize", format!("{} is out of range: use 2 to {MAX_VOCAB}", m.vocab_size)));
+        }
+        let family = [
+            ("layers", !m.layers.is_empty()),
+            ("width", m.width.is_some()),
+            ("heads", m.heads.is_some()),
+            ("blocks", m.blocks.is_some()),
+            ("kvHeads", m.kv_heads.is_some()),
+            ("intermediateSize", m.intermediate_size.is_some()),
+            ("ropeTheta", m.rope_theta.is_some()),
+            ("normEps", m.norm_eps.is_some()),
+            ("layerNorm", m.layer_norm.is_some()),
+        ];
+        if let Some((name, _)) = family.iter().find(|(_, set)| *set) {
+            return Err(invalid(format!("spec.model.{name}"), "shapes a built-in family; a program's shape is its own"));
+        }
+        let bytes = matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) && self.data.tokenizer.is_none();
+        if bytes && m.vocab_size < 256 {
+            return Err(invalid(
+                "spec.model.vocabSize",
+                format!("{} is too small for text read as bytes (256 tokens): name a tokenizer", m.vocab_size),
+            ));
+        }
+        Ok(())
     }
 
     fn validate_decoder(&self) -> Result<(), ApiError> {

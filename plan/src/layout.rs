@@ -2,6 +2,9 @@
 //! MemoryX sends and the engine computes in turn. The plan sizes everything from it, and every role builds the
 //! same layout from the same spec, so they agree on every unit's shape without telling each other.
 
+use std::sync::Arc;
+
+use crate::program::{Program, UnitKind};
 use crds::{Activation, LayerNorm, ModelKind, ModelSpec};
 
 /// A Llama's rotary base when the job does not set one (`transformers`' default).
@@ -21,6 +24,9 @@ pub enum InputNorm {
     Gain,
     /// A layer norm's gain and then its bias (`inputs` values each, starting at 1 and 0): a GPT-2's.
     GainBias,
+    /// The vector parameters a model program's stage reads (norm gains, biases other than the unit's own):
+    /// this many values in all, whatever the unit's width. They start from the captured module's values.
+    Values(usize),
 }
 
 impl InputNorm {
@@ -30,6 +36,15 @@ impl InputNorm {
             InputNorm::None => 0,
             InputNorm::Gain => 1,
             InputNorm::GainBias => 2,
+            InputNorm::Values(_) => 0,
+        }
+    }
+
+    /// Values in all for a unit of `inputs` input features.
+    pub fn values(self, inputs: usize) -> usize {
+        match self {
+            InputNorm::Values(n) => n,
+            other => other.per_input() * inputs,
         }
     }
 }
@@ -74,13 +89,13 @@ impl LinearShape {
     /// Values of the unit's vector, which it stores and streams beside the weights: its bias, then its input
     /// norm's parameters.
     pub fn vector_len(&self) -> usize {
-        self.bias_len() + self.norm.per_input() * self.inputs
+        self.bias_len() + self.norm.values(self.inputs)
     }
 
     /// The vector a fresh model starts with: the bias at 0, a norm's gain at 1 (the identity) and its bias at 0.
     pub fn initial_vector(&self) -> Vec<f32> {
         let mut v = vec![0.0; self.vector_len()];
-        if self.norm != InputNorm::None {
+        if matches!(self.norm, InputNorm::Gain | InputNorm::GainBias) {
             let gain = self.bias_len();
             v[gain..gain + self.inputs].fill(1.0);
         }
@@ -233,6 +248,17 @@ pub enum Arch {
     Gpt(GptShape),
     /// A Llama-architecture decoder.
     Llama(LlamaShape),
+    /// A model program (its graph in [`ModelLayout::program`]).
+    Program(ProgramShape),
+}
+
+/// What the roles need of a model program beyond its units: the sequences it reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgramShape {
+    /// Tokens per sequence.
+    pub context: usize,
+    /// Tokens of the vocabulary.
+    pub vocab: usize,
 }
 
 /// The model as a sequence of stream units, shared by MemoryX (what to store and send), the engine (what to
@@ -247,6 +273,8 @@ pub struct ModelLayout {
     pub activation: Activation,
     /// The fraction of zeros in every sparse layer's mask.
     pub sparsity: f64,
+    /// A model program's graph (with [`Arch::Program`]).
+    pub program: Option<Arc<Program>>,
 }
 
 impl ModelLayout {
@@ -257,10 +285,45 @@ impl ModelLayout {
                 let sparse = spec.sparsity > 0.0;
                 let linears =
                     spec.layers.windows(2).map(|w| LinearShape::new(w[0] as usize, w[1] as usize, sparse)).collect();
-                ModelLayout { linears, arch: Arch::Mlp, activation: spec.activation, sparsity: spec.sparsity }
+                ModelLayout { linears, arch: Arch::Mlp, activation: spec.activation, sparsity: spec.sparsity, program: None }
             }
             ModelKind::Gpt => Self::gpt(spec),
             ModelKind::Llama => Self::llama(spec),
+            ModelKind::Program => match crate::program::for_spec(spec) {
+                Ok(program) => Self::of_program(spec, program),
+                // The roles load the program before they lay it out and report why it failed; a layout without
+                // units is what any other reader of a program that cannot be read gets.
+                Err(_) => Self::of_program(spec, Arc::new(Program::empty(spec))),
+            },
+        }
+    }
+
+    /// A model program's stream units: its units in order, linear ones masked when the job is sparse (an
+    /// embedding and a tied head never), each with its bias and its stage's vector parameters.
+    pub fn of_program(spec: &ModelSpec, program: Arc<Program>) -> Self {
+        let linears = (0..program.units.len())
+            .map(|u| {
+                let unit = &program.units[u];
+                let bias = unit.bias.is_some();
+                let own = program.vector_len(u) - if bias { unit.outputs } else { 0 };
+                LinearShape {
+                    inputs: unit.inputs,
+                    outputs: unit.outputs,
+                    sparse: spec.sparsity > 0.0 && unit.kind == UnitKind::Linear && unit.tied_to.is_none(),
+                    bias,
+                    norm: if own > 0 { InputNorm::Values(own) } else { InputNorm::None },
+                    tied_to: unit.tied_to,
+                    init_std: Some(0.02),
+                }
+            })
+            .collect();
+        let shape = ProgramShape { context: program.context, vocab: program.vocab };
+        ModelLayout {
+            linears,
+            arch: Arch::Program(shape),
+            activation: Activation::Gelu,
+            sparsity: spec.sparsity,
+            program: Some(program),
         }
     }
 
@@ -305,7 +368,7 @@ impl ModelLayout {
             tied_to: spec.tied_embeddings.then_some(0),
             ..unit(g.width, g.vocab, false, gain, 0.02)
         });
-        ModelLayout { linears, arch: Arch::Llama(g), activation: Activation::Gelu, sparsity: spec.sparsity }
+        ModelLayout { linears, arch: Arch::Llama(g), activation: Activation::Gelu, sparsity: spec.sparsity, program: None }
     }
 
     /// A GPT's stream units: embedding rows (token rows, then position rows), per block QKV, attention output,
@@ -350,12 +413,17 @@ impl ModelLayout {
             tied_to: spec.tied_embeddings.then_some(0),
             ..unit(g.width, g.vocab, false, 0.02)
         });
-        ModelLayout { linears, arch: Arch::Gpt(g), activation: Activation::Gelu, sparsity: spec.sparsity }
+        ModelLayout { linears, arch: Arch::Gpt(g), activation: Activation::Gelu, sparsity: spec.sparsity, program: None }
     }
 
     /// A readable name for stream unit `l`, for plans and logs.
     pub fn unit_name(&self, l: usize) -> String {
         match self.arch {
+            Arch::Program(_) => match &self.program {
+                Some(p) if p.units[l].tied_to.is_some() => format!("{} (tied)", p.units[l].name),
+                Some(p) => p.units[l].name.clone(),
+                None => format!("unit{l}"),
+            },
             Arch::Mlp => format!("fc{}", l + 1),
             Arch::Llama(g) => match g.unit(l) {
                 DecoderUnit::Embed => "embedding".into(),
@@ -385,6 +453,7 @@ impl ModelLayout {
             Arch::Mlp => 1,
             Arch::Gpt(g) => g.context,
             Arch::Llama(g) => g.context,
+            Arch::Program(p) => p.context,
         }
     }
 
@@ -393,13 +462,13 @@ impl ModelLayout {
     pub fn inputs(&self) -> usize {
         match self.arch {
             Arch::Mlp => self.linears.first().map_or(0, |l| l.inputs),
-            Arch::Gpt(_) | Arch::Llama(_) => 1,
+            Arch::Gpt(_) | Arch::Llama(_) | Arch::Program(_) => 1,
         }
     }
 
     /// Whether the model reads token ids (a GPT or a Llama) rather than features.
     pub fn is_language_model(&self) -> bool {
-        matches!(self.arch, Arch::Gpt(_) | Arch::Llama(_))
+        matches!(self.arch, Arch::Gpt(_) | Arch::Llama(_) | Arch::Program(_))
     }
 
     /// Output features (classes) of the last layer.
@@ -409,12 +478,18 @@ impl ModelLayout {
 
     /// Engine bytes for one shard's activations (`shard` samples), all kept resident from the forward pass
     /// until the backward pass has used them: for an MLP the input plus each layer's pre-activation and
-    /// output; for a GPT see [`GptShape::resident_floats_per_token`].
+    /// output; for a GPT see [`GptShape::resident_floats_per_token`]; for a program every value its graph computes
+    /// and its gradient.
     pub fn activation_bytes(&self, shard: usize) -> u64 {
         let per_token: usize = match self.arch {
             Arch::Mlp => self.inputs() + self.linears.iter().map(|l| 2 * l.outputs).sum::<usize>(),
             Arch::Gpt(g) => g.resident_floats_per_token(),
             Arch::Llama(g) => g.resident_floats_per_token(),
+            Arch::Program(p) => {
+                let per_sequence = self.program.as_ref().map_or(0, |program| program.resident_floats(1));
+                // Values and, during the backward pass, their gradients.
+                return 8 * (per_sequence * shard) as u64 + 4 * (p.context * shard) as u64;
+            }
         };
         4 * (per_token * shard * self.tokens_per_sample()) as u64
     }

@@ -446,6 +446,16 @@ pub fn export(
             (hugging_face_tensors(&layout, &tensors, masking.as_ref())?, llama_config(&layout, g, &model))
         }
         (Format::Huggingface, Arch::Mlp) => bail!("an MLP cannot be exported as a Hugging Face GPT-2"),
+        // A program's tensors keep its module's state-dict names in either format: `to_torch` loads them into
+        // the user's own module.
+        (_, Arch::Program(_)) => {
+            if layout.linears.is_empty() {
+                plan::program::for_spec(&model)?;
+            }
+            let module = layout.program.as_ref().map(|p| p.module.clone()).unwrap_or_default();
+            let config = serde_json::json!({"model_type": "weightstream-program", "module": module});
+            (hugging_face_tensors(&layout, &tensors, masking.as_ref())?, config)
+        }
         (Format::Safetensors, _) => plain(&layout, &model, &tensors, masking.as_ref())?,
     };
     config["weightstream"] = serde_json::json!({

@@ -29,6 +29,10 @@ fn load_job(path: &Path, cs2: Option<u32>, volumes: &[(String, PathBuf)]) -> Res
         }
     };
     let mut job = crds::parse_training_job_with(&text, &resolve).with_context(|| label.clone())?;
+    if job.spec.model.kind == crds::ModelKind::Program {
+        // Read (and refused, naming the operation and its line) before anything is planned or started.
+        plan::program::for_spec(&job.spec.model).with_context(|| label.clone())?;
+    }
     if let Some(n) = cs2 {
         job.spec.cs2 = n;
         job.spec.min_cs2 = job.spec.min_cs2.filter(|&m| m <= n);
@@ -148,9 +152,23 @@ pub fn plan(path: &Path, cs2: Option<u32>, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// `wsctl model FOLDER`: the model spec a pretrained folder's config gives, as a job adopts it.
+/// `wsctl model FOLDER`: the model spec a pretrained folder's config gives, as a job adopts it; for a folder
+/// holding a captured program, the program's spec (refused, naming the operation and its line, when the
+/// appliance cannot run it).
 pub fn model(folder: &Path) -> Result<()> {
     let from = folder.display().to_string();
+    if folder.join(plan::program::capture::PROGRAM_FILE).is_file() {
+        let program = plan::program::load(folder)?;
+        let mut model = crds::ModelSpec {
+            kind: crds::ModelKind::Program,
+            context_length: Some(program.context as u32),
+            vocab_size: program.vocab as u32,
+            from: Some(from),
+            ..crds::ModelSpec::mlp(Vec::new(), crds::Activation::Relu, 0.0)
+        };
+        println!("{}", serde_json::to_string_pretty(&model)?);
+        return Ok(());
+    }
     let (shape, source) = runtime::memoryx::huggingface::resolve(&from)?
         .ok_or_else(|| anyhow::anyhow!("{from} does not exist: name a folder holding a Hugging Face config.json"))?;
     let mut model =

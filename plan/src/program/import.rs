@@ -743,6 +743,7 @@ impl<'c> Importer<'c> {
             output,
             context: self.context,
             vocab,
+            folder: std::path::PathBuf::new(),
         };
         for u in 0..program.units.len() {
             let mut offset = program.units[u].bias.as_ref().map_or(0, |_| program.units[u].outputs);

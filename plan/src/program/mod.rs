@@ -14,7 +14,13 @@
 pub mod capture;
 pub mod import;
 
+use std::collections::HashMap;
 use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crds::ModelSpec;
+use errors::{Error, Result};
 
 /// One size of a value's shape: fixed by the program, or the batch (sequences per engine), known at run time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -290,7 +296,7 @@ impl Param {
 }
 
 /// A checked model program.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Program {
     /// The module's class name.
     pub module: String,
@@ -308,6 +314,8 @@ pub struct Program {
     pub context: usize,
     /// The vocabulary the logits cover.
     pub vocab: usize,
+    /// The folder it was read from, whose weights file holds its buffers.
+    pub folder: PathBuf,
 }
 
 impl Program {
@@ -330,4 +338,55 @@ impl Program {
     pub fn resident_floats(&self, batch: usize) -> usize {
         self.nodes.iter().map(|n| resolve(&n.shape, batch).iter().product::<usize>()).sum()
     }
+}
+
+impl Program {
+    /// A program with no nodes or units, shaped as `spec` says: the layout of a program that could not be read.
+    pub fn empty(spec: &ModelSpec) -> Program {
+        Program {
+            module: String::new(),
+            nodes: Vec::new(),
+            units: Vec::new(),
+            params: Vec::new(),
+            constants: Vec::new(),
+            output: 0,
+            context: spec.context_length.unwrap_or(0) as usize,
+            vocab: spec.vocab_size as usize,
+            folder: PathBuf::new(),
+        }
+    }
+}
+
+/// Programs read so far in this process, by folder: every role lays the model out more than once.
+fn cache() -> &'static Mutex<HashMap<PathBuf, Arc<Program>>> {
+    static CACHE: OnceLock<Mutex<HashMap<PathBuf, Arc<Program>>>> = OnceLock::new();
+    CACHE.get_or_init(Mutex::default)
+}
+
+/// The program in `folder`, read once per process.
+pub fn load(folder: &Path) -> Result<Arc<Program>> {
+    if let Some(p) = cache().lock().ok().and_then(|c| c.get(folder).cloned()) {
+        return Ok(p);
+    }
+    let program = Arc::new(Program { folder: folder.to_path_buf(), ..import::read(folder)? });
+    if let Ok(mut c) = cache().lock() {
+        c.insert(folder.to_path_buf(), program.clone());
+    }
+    Ok(program)
+}
+
+/// The program a job of kind `program` names in `spec.model.from`, checked to read the sequences the job says
+/// (`contextLength`, `vocabSize`).
+pub fn for_spec(spec: &ModelSpec) -> Result<Arc<Program>> {
+    let from = spec.from.as_deref().ok_or_else(|| Error::Plan("a program job names its folder in spec.model.from".into()))?;
+    let program = load(Path::new(from))?;
+    let context = spec.context_length.unwrap_or(0) as usize;
+    if (program.context, program.vocab) != (context, spec.vocab_size as usize) {
+        return Err(Error::Plan(format!(
+            "the program in {from} reads sequences of {} tokens of a vocabulary of {}, but the job says \
+             contextLength {context} and vocabSize {}: set them to the program's (wsctl model {from} prints them)",
+            program.context, program.vocab, spec.vocab_size
+        )));
+    }
+    Ok(program)
 }

@@ -28,6 +28,8 @@ WEIGHTS_FILE = "model.safetensors"
 #: The file of a model folder that holds its tokenizer, which a job reading text then uses unless its data names
 #: another.
 TOKENIZER_FILE = "tokenizer.json"
+#: The ``model_type`` of the ``config.json`` ``wsctl export`` writes for a program.
+PROGRAM_MODEL_TYPE = "weightstream-program"
 #: How a job from :func:`from_torch` starts: from the module's own weights, or drawn from ``spec.training.seed``.
 INITS = ("module", "seed")
 
@@ -205,6 +207,7 @@ def from_torch(
     save_to: str | Path | None = None,
     tokenizer: Any = None,
     init: str = "module",
+    example_input: Any = None,
     **spec: Any,
 ) -> TrainingJob:
     """A job training ``module`` from its own weights. A ``torch.nn.Sequential`` becomes an MLP job started from
@@ -217,8 +220,16 @@ def from_torch(
     a decoder: saved into the folder the job starts from as ``tokenizer.json``, which wsctl uses for text whose
     ``data`` names no tokenizer (as it does a pretrained folder's own); where the job starts from no folder of
     this package's (a config, your own folder, ``init="seed"``) it is named in ``data.tokenizer`` instead.
+    With ``example_input`` (a ``(batch, tokens)`` tensor of token ids), any ``torch.nn.Module`` returning logits
+    becomes a ``program`` job: :func:`weightstream.program.capture` writes its graph and weights to ``save_to``,
+    and wsctl reads the program, refusing with :class:`UnsupportedModelError` (the operation and the source line)
+    what the appliance cannot run. It always starts from the module's own weights.
+
     ``data``, ``training`` and any other ``spec`` field are the YAML's."""
     torch = _torch()
+    if example_input is not None:
+        return _program_job(module, example_input, name=name, data=data, training=training, cs2=cs2,
+                            sparsity=sparsity, save_to=save_to, tokenizer=tokenizer, init=init, **spec)
     if init not in INITS:
         raise InvalidJobError(
             f"init={init!r}: use 'module' (start from the model's own weights) or 'seed' (draw them from "
@@ -251,6 +262,26 @@ def from_torch(
     return TrainingJob(name, cs2=cs2, model=model, data=data, training=dict(training), **spec)
 
 
+def _program_job(module: Any, example_input: Any, *, name: str, data: Mapping[str, Any], training: Mapping[str, Any],
+                 cs2: int, sparsity: float, save_to: str | Path | None, tokenizer: Any, init: str,
+                 **spec: Any) -> TrainingJob:
+    from .program import capture
+
+    if init != "module":
+        raise InvalidJobError("init='seed' is for the built-in families: a program starts from its module's weights")
+    folder = capture(module, example_input, _new_folder(save_to, "program"))
+    model = dict(_wsctl.run_json(["model", str(folder)]))
+    if sparsity:
+        model["sparsity"] = sparsity
+    data = dict(data)
+    if tokenizer is not None:
+        if data.get("tokenizer"):
+            raise InvalidJobError("the tokenizer is given twice (tokenizer= and data.tokenizer): give it once")
+        data["tokenizer"] = str(save_tokenizer(tokenizer, folder) if not isinstance(tokenizer, (str, Path))
+                                else _tokenizer_file(tokenizer))
+    return TrainingJob(name, cs2=cs2, model=model, data=data, training=dict(training), **spec)
+
+
 def _export(checkpoint: str | Path, fmt: str, out: str | Path | None, job: TrainingJob | None, tokenizer: str | Path | None) -> Path:
     target = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix=f"weightstream-{fmt}-")) / "model"
     args = ["export", str(checkpoint), "--format", fmt, "--out", str(target)]
@@ -265,12 +296,17 @@ def _export(checkpoint: str | Path, fmt: str, out: str | Path | None, job: Train
     return target
 
 
-def to_torch(checkpoint: str | Path, job: TrainingJob | None = None, out: str | Path | None = None) -> Any:
+def to_torch(checkpoint: str | Path, job: TrainingJob | None = None, out: str | Path | None = None,
+             module: Any = None) -> Any:
     """The model of a checkpoint as PyTorch: an MLP as a ``torch.nn.Sequential`` computing exactly what the
-    appliance evaluated; a GPT or Llama as its ``transformers`` model (see :func:`to_transformers`)."""
+    appliance evaluated; a GPT or Llama as its ``transformers`` model (see :func:`to_transformers`); a program
+    (a job from ``from_torch(module, example_input=...)``) loaded into ``module``, your own instance of the
+    module it was captured from, which is returned in eval mode."""
     torch = _torch()
     folder = _export(checkpoint, "safetensors", out, job, None)
     config = json.loads((folder / CONFIG_FILE).read_text())
+    if config.get("model_type") == PROGRAM_MODEL_TYPE:
+        return _load_program(folder, config, module)
     if config.get("model_type") != MLP_MODEL_TYPE or config.get("model", {}).get("kind") != "mlp":
         return to_transformers(checkpoint, job=job)
     from safetensors.torch import load_file
@@ -288,6 +324,28 @@ def to_torch(checkpoint: str | Path, job: TrainingJob | None = None, out: str | 
         if i < len(widths) - 2:
             layers.append(activation())
     return torch.nn.Sequential(*layers).eval()
+
+
+def _load_program(folder: Path, config: Mapping[str, Any], module: Any) -> Any:
+    from safetensors.torch import load_file
+
+    if module is None:
+        raise InvalidJobError(
+            f"the checkpoint holds a program captured from {config.get('module') or 'a module'}: pass an instance of "
+            "it, to_torch(checkpoint, module=...), to load the trained weights into"
+        )
+    tensors = load_file(str(folder / WEIGHTS_FILE))
+    missing, unexpected = module.load_state_dict(tensors, strict=False)
+    if unexpected:
+        raise InvalidJobError(f"{type(module).__name__} has no {', '.join(unexpected)}: pass the module the program was captured from")
+    # A tied weight is written once, under the name the capture kept; its alias is the same parameter.
+    state = module.state_dict(keep_vars=True)
+    loaded = {id(state[k]) for k in tensors if k in state}
+    parameters = dict(module.named_parameters(remove_duplicate=False))
+    lacking = [n for n in missing if n in parameters and id(parameters[n]) not in loaded]
+    if lacking:
+        raise InvalidJobError(f"the checkpoint has no {', '.join(lacking)}: pass the module the program was captured from")
+    return module.eval()
 
 
 def to_transformers(

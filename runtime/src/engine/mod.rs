@@ -11,7 +11,7 @@
 //!   [`role::EngineStats`] it reads.
 //! - `wse`: [`wse::Wse`], the engine program every model family shares.
 //! - `linear`: a weight layer over its streamed weights, the one place a kernel is chosen.
-//! - `mlp`, `gpt`: the model families' layers.
+//! - `mlp`, `gpt`, `llama`: the model families' layers; `program`: a model program's stages.
 
 mod gpt;
 pub mod hw;
@@ -19,6 +19,7 @@ mod linear;
 mod llama;
 mod mlp;
 mod net;
+pub mod program;
 pub mod replica;
 pub mod role;
 pub mod server;

@@ -8,7 +8,7 @@ use super::hw::{EngineHw, Work};
 use super::linear::StreamedLinear;
 use super::net::Net;
 use super::role::{EngineRole, EngineStats, ShardWork};
-use super::{gpt, llama, mlp};
+use super::{gpt, llama, mlp, program};
 use crate::model::loss::{LossSum, softmax_cross_entropy};
 use crate::protocol::reduce::Pairwise;
 use crate::protocol::{LayerGrad, LayerStream, Pass, WeightPayload};
@@ -16,6 +16,7 @@ use data::shard::Shard;
 use errors::{Error, Result};
 use kernels::tensor::Mat;
 use plan::layout::{Arch, ModelLayout};
+use plan::program::Program;
 
 /// Where the engine is within a step.
 struct StepState {
@@ -365,5 +366,10 @@ fn net_of(layout: &ModelLayout) -> Box<dyn Net> {
         Arch::Mlp => Box::new(mlp::MlpNet::new(layout)),
         Arch::Gpt(g) => Box::new(gpt::GptNet::new(g, layout)),
         Arch::Llama(g) => Box::new(llama::LlamaNet::new(g)),
+        Arch::Program(_) => {
+            let program = layout.program.clone().unwrap_or_else(|| std::sync::Arc::new(Program::default()));
+            let constants = program::shared_constants(&program);
+            Box::new(program::ProgramNet::new(program, constants))
+        }
     }
 }

@@ -238,6 +238,10 @@ pub struct Matrix {
 pub fn locate(spec: &crds::TrainingJobSpec, root: Option<&Path>) -> Result<Option<PathBuf>> {
     let Some(from) = &spec.model.from else { return Ok(None) };
     let dir = data::resolve(spec, root, from)?;
+    if spec.model.kind == crds::ModelKind::Program {
+        // A program's folder is held to the job where the program is read (`plan::program::for_spec`).
+        return Ok(Some(dir));
+    }
     let shape = shape_of(&dir)?;
     let mut model = spec.model.clone();
     model.adopt(&shape, &dir.join(CONFIG_FILE).display().to_string()).map_err(|e| bad(&dir, e))?;
@@ -269,6 +273,14 @@ pub fn unit_tensors(layout: &ModelLayout, l: usize) -> Option<UnitTensors> {
         Some(UnitTensors { weights, vector, constants })
     };
     match layout.arch {
+        Arch::Program(_) => {
+            let program = layout.program.as_ref()?;
+            let u = program.units.get(l)?;
+            let weights = if tied { Vec::new() } else { vec![matrix(u.name.clone(), u.outputs, false)] };
+            let mut vector: Vec<(String, usize)> = u.bias.iter().map(|b| (b.clone(), u.outputs)).collect();
+            vector.extend(u.vectors.iter().map(|&p| (program.params[p].name.clone(), program.params[p].len())));
+            unit(weights, vector, Vec::new())
+        }
         Arch::Mlp => unit(
             vec![matrix(format!("layers.{l}.weight"), shape.outputs, false)],
             vec![(format!("layers.{l}.bias"), shape.outputs)],
@@ -457,6 +469,11 @@ impl Folder {
             return Err(bad(&self.dir, format!("tensor {name} is {:?} but config.json makes it {:?}", e.shape, shape)));
         }
         Ok(e)
+    }
+
+    /// One tensor's values as `f32`, its shape checked first (a model program's buffers are read this way).
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.read(name, shape)
     }
 
     /// One tensor's values as `f32`, its shape checked first.

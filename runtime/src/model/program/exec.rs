@@ -4,6 +4,7 @@
 //! streamed to it (dense or sparse) and the tests over plain matrices ([`DenseUnits`]).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::ops;
 use super::tensor::Tensor;
@@ -31,9 +32,9 @@ pub trait Units {
 }
 
 /// One shard's run of a program.
-pub struct Exec<'p> {
-    program: &'p Program,
-    constants: &'p Constants,
+pub struct Exec {
+    program: Arc<Program>,
+    constants: Arc<Constants>,
     batch: usize,
     tokens: Vec<u32>,
     values: Vec<Option<Tensor>>,
@@ -44,10 +45,27 @@ fn missing(what: &str, i: usize) -> Error {
     Error::Protocol(format!("the program's node {i} has no {what}: its stages ran out of order"))
 }
 
-impl<'p> Exec<'p> {
+impl Exec {
     /// An interpreter for `program` reading `constants`.
-    pub fn new(program: &'p Program, constants: &'p Constants) -> Self {
+    pub fn new(program: Arc<Program>, constants: Arc<Constants>) -> Self {
         Exec { program, constants, batch: 0, tokens: Vec::new(), values: Vec::new(), grads: Vec::new() }
+    }
+
+    /// The program it runs.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// Sequences in the shard.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Drops every value, gradient and token held.
+    pub fn clear(&mut self) {
+        self.values.clear();
+        self.grads.clear();
+        self.tokens.clear();
     }
 
     /// Starts a shard: `tokens` hold whole sequences of the program's context. Drops the previous shard's values.
@@ -147,7 +165,7 @@ impl<'p> Exec<'p> {
     }
 
     fn node_backward(&mut self, u: usize, i: usize, dy: &Tensor, units: &mut dyn Units) -> Result<()> {
-        let program = self.program;
+        let program = self.program.clone();
         let node = &program.nodes[i];
         let learns = |j: usize| program.nodes[j].learns;
         match &node.op {

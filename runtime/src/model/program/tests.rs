@@ -184,7 +184,8 @@ fn matches_pytorch(name: &str) {
         .collect();
     let constants: Constants = program.constants.iter().map(|c| (c.name.clone(), tensors[&c.name].clone())).collect();
     let mut units = DenseUnits::new(&program, weights, vectors);
-    let mut exec = Exec::new(&program, &constants);
+    let program = std::sync::Arc::new(program);
+    let mut exec = Exec::new(program.clone(), std::sync::Arc::new(constants));
     let ids = &reference["ids"];
     exec.begin(ids.data.iter().map(|&t| t as u32).collect()).expect("whole sequences");
     let mut logits = None;
@@ -237,7 +238,7 @@ fn a_token_outside_the_vocabulary_fails_the_step() {
     let weights = program.units.iter().map(|u| vec![0.0; u.inputs * u.outputs]).collect();
     let vectors = (0..program.units.len()).map(|u| vec![0.0; program.vector_len(u)]).collect();
     let mut units = DenseUnits::new(&program, weights, vectors);
-    let mut exec = Exec::new(&program, &constants);
+    let mut exec = Exec::new(std::sync::Arc::new(program), std::sync::Arc::new(constants));
     assert!(exec.begin(vec![1; 7]).is_err(), "7 tokens are not whole sequences of 8");
     exec.begin(vec![40; 8]).expect("one sequence");
     let e = exec.forward(0, &mut units).expect_err("token 40 of 32");

@@ -1,0 +1,112 @@
+"""Any decoder written as a plain torch.nn.Module goes in through from_torch(module, example_input=...): the
+Qwen2-, GPT-J- and GPT-2-style examples of examples/programs/decoders.py are evaluated by the appliance as
+PyTorch evaluates them, come back through to_torch(checkpoint, module=...) unchanged after a step at a learning
+rate of 1e-12, train on 2 CS-2s, and a module using an operation the appliance lacks is refused naming it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import weightstream as ws
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "examples/programs"))
+import decoders  # noqa: E402
+
+TEXT = "examples/data/moby-dick/moby-dick.txt.gz"
+CONTEXT = 32
+SMALL = {
+    "qwen": lambda: decoders.QwenStyle(vocab=256, width=64, heads=4, kv_heads=2, blocks=2, hidden=128, context=CONTEXT),
+    "gptj": lambda: decoders.GptJStyle(vocab=256, width=64, heads=4, blocks=2, context=CONTEXT),
+    "gpt2": lambda: decoders.Gpt2Style(vocab=256, width=64, heads=4, blocks=2, context=CONTEXT),
+}
+
+
+def make(kind: str) -> torch.nn.Module:
+    torch.manual_seed(3)
+    return SMALL[kind]()
+
+
+def example() -> torch.Tensor:
+    return torch.randint(0, 256, (2, CONTEXT))
+
+
+def held_out_file(tmp_path: Path, windows: int = 24) -> Path:
+    """A held-out text of whole windows (and the one token the last window predicts)."""
+    text = (REPO / "examples/data/moby-dick/held-out-1b.txt").read_bytes()
+    path = tmp_path / "held-out.txt"
+    path.write_bytes(text[: windows * CONTEXT + 1])
+    return path
+
+
+def torch_held_out_loss(module: torch.nn.Module, path: Path) -> float:
+    """The mean next-token loss PyTorch gives over the file's windows, tiled without overlap."""
+    ids = torch.tensor(list(path.read_bytes()))
+    windows = (len(ids) - 1) // CONTEXT
+    inputs = ids[: windows * CONTEXT].view(windows, CONTEXT)
+    targets = ids[1 : windows * CONTEXT + 1].view(windows, CONTEXT)
+    with torch.no_grad():
+        logits = module.eval()(inputs).double()
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1)).item()
+
+
+@pytest.mark.parametrize("kind", ["qwen", "gptj", "gpt2"])
+def test_a_plain_module_is_evaluated_as_torch_evaluates_it_and_comes_back_unchanged(kind: str, tmp_path: Path) -> None:
+    module = make(kind)
+    held_out = held_out_file(tmp_path)
+    training = {"batchSize": 4, "steps": 1, "seed": 1, "optimizer": {"kind": "adamw", "learningRate": 1e-12}}
+    job = ws.from_torch(module, example_input=example(), name=f"py-{kind}", training=training, cs2=2,
+                        data={"kind": "text", "path": TEXT, "heldOutPath": str(held_out)},
+                        save_to=tmp_path / "program", checkpoint={"intervalSteps": 1})
+    assert (job.spec["model"]["kind"], job.spec["model"]["contextLength"]) == ("program", CONTEXT)
+    result = job.run_local(out=tmp_path / "run", progress=False)
+    theirs = torch_held_out_loss(module, held_out)
+    print(f"{kind}: appliance {result.eval['loss']:.6f} torch {theirs:.6f}")
+    assert result.eval["loss"] == pytest.approx(theirs, rel=1e-2), (result.eval["loss"], theirs)
+    back = ws.to_torch(result.checkpoints()[-1], module=make(kind))
+    for name, value in module.state_dict().items():
+        assert torch.allclose(back.state_dict()[name], value, rtol=1e-5, atol=1e-6), name
+    ids = example()
+    with torch.no_grad():
+        assert torch.allclose(back(ids), module(ids), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["qwen", "gptj"])
+def test_a_plain_module_trains_on_two_cs2s_and_exports_back(kind: str, tmp_path: Path) -> None:
+    module = make(kind)
+    training = {"batchSize": 8, "steps": 40, "seed": 1, "optimizer": {"kind": "adamw", "learningRate": 3e-3}}
+    job = ws.from_torch(module, example_input=example(), name=f"py-{kind}-train", training=training, cs2=2,
+                        data={"kind": "text", "path": TEXT}, save_to=tmp_path / "program",
+                        checkpoint={"intervalSteps": 40})
+    result = job.run_local(out=tmp_path / "run", progress=False)
+    losses = [m["loss"] for m in result.metrics]
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses
+    back = ws.to_torch(result.checkpoints()[-1], module=make(kind))
+    moved = [n for n, v in back.state_dict().items() if not torch.equal(v, module.state_dict()[n])]
+    assert moved, "training changed the weights"
+
+
+def test_a_module_with_an_operation_the_appliance_lacks_is_refused_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ws.UnsupportedModelError) as raised:
+        ws.from_torch(decoders.WithFft(), example_input=example(), name="py-fft", training={"steps": 1},
+                      data={"kind": "text", "path": TEXT}, save_to=tmp_path / "fft")
+    message = raised.value.message
+    assert "aten.fft_fft.default" in message and "decoders.py:" in message and "torch.fft.fft" in message, message
+
+
+def test_to_torch_of_a_program_needs_the_module(tmp_path: Path) -> None:
+    module = make("qwen")
+    training = {"batchSize": 4, "steps": 1, "seed": 1, "optimizer": {"kind": "adamw", "learningRate": 1e-12}}
+    job = ws.from_torch(module, example_input=example(), name="py-qwen-back", training=training,
+                        data={"kind": "text", "path": TEXT}, save_to=tmp_path / "program",
+                        checkpoint={"intervalSteps": 1})
+    checkpoint = job.run_local(out=tmp_path / "run", in_process=True, progress=False).checkpoints()[-1]
+    with pytest.raises(ws.InvalidJobError, match="QwenStyle"):
+        ws.to_torch(checkpoint)
+    with pytest.raises(ws.InvalidJobError, match="pass the module the program was captured from"):
+        ws.to_torch(checkpoint, module=make("gptj"))
