@@ -439,7 +439,10 @@ impl TrainingJobSpec {
             _ => return Err(invalid("spec.model.contextLength", "a program needs its tokens per sequence, 2 to 4096")),
         }
         if !(2..=MAX_VOCAB).contains(&m.vocab_size) {
-            return Err(invalid("spec.model.vocabSize", format!("{} is out of range: use 2 to {MAX_VOCAB}", m.vocab_size)));
+            return Err(invalid(
+                "spec.model.vocabSize",
+                format!("{} is out of range: use 2 to {MAX_VOCAB}", m.vocab_size),
+            ));
         }
         let family = [
             ("layers", !m.layers.is_empty()),
@@ -453,7 +456,10 @@ impl TrainingJobSpec {
             ("layerNorm", m.layer_norm.is_some()),
         ];
         if let Some((name, _)) = family.iter().find(|(_, set)| *set) {
-            return Err(invalid(format!("spec.model.{name}"), "shapes a built-in family; a program's shape is its own"));
+            return Err(invalid(
+                format!("spec.model.{name}"),
+                "shapes a built-in family; a program's shape is its own",
+            ));
         }
         let bytes = matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) && self.data.tokenizer.is_none();
         if bytes && m.vocab_size < 256 {

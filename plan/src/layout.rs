@@ -285,7 +285,13 @@ impl ModelLayout {
                 let sparse = spec.sparsity > 0.0;
                 let linears =
                     spec.layers.windows(2).map(|w| LinearShape::new(w[0] as usize, w[1] as usize, sparse)).collect();
-                ModelLayout { linears, arch: Arch::Mlp, activation: spec.activation, sparsity: spec.sparsity, program: None }
+                ModelLayout {
+                    linears,
+                    arch: Arch::Mlp,
+                    activation: spec.activation,
+                    sparsity: spec.sparsity,
+                    program: None,
+                }
             }
             ModelKind::Gpt => Self::gpt(spec),
             ModelKind::Llama => Self::llama(spec),
@@ -368,7 +374,13 @@ impl ModelLayout {
             tied_to: spec.tied_embeddings.then_some(0),
             ..unit(g.width, g.vocab, false, gain, 0.02)
         });
-        ModelLayout { linears, arch: Arch::Llama(g), activation: Activation::Gelu, sparsity: spec.sparsity, program: None }
+        ModelLayout {
+            linears,
+            arch: Arch::Llama(g),
+            activation: Activation::Gelu,
+            sparsity: spec.sparsity,
+            program: None,
+        }
     }
 
     /// A GPT's stream units: embedding rows (token rows, then position rows), per block QKV, attention output,
@@ -413,7 +425,13 @@ impl ModelLayout {
             tied_to: spec.tied_embeddings.then_some(0),
             ..unit(g.width, g.vocab, false, 0.02)
         });
-        ModelLayout { linears, arch: Arch::Gpt(g), activation: Activation::Gelu, sparsity: spec.sparsity, program: None }
+        ModelLayout {
+            linears,
+            arch: Arch::Gpt(g),
+            activation: Activation::Gelu,
+            sparsity: spec.sparsity,
+            program: None,
+        }
     }
 
     /// A readable name for stream unit `l`, for plans and logs.

@@ -91,6 +91,18 @@ def test_a_plain_module_trains_on_two_cs2s_and_exports_back(kind: str, tmp_path:
     assert moved, "training changed the weights"
 
 
+def test_both_execution_modes_train_a_program_alike(tmp_path: Path) -> None:
+    training = {"batchSize": 8, "steps": 6, "seed": 1, "optimizer": {"kind": "adamw", "learningRate": 3e-3}}
+    curves = {}
+    for mode in ("pipelined", "weightStreaming"):
+        job = ws.from_torch(make("gpt2"), example_input=example(), name=f"py-gpt2-{mode.lower()}", training=training,
+                            cs2=2, data={"kind": "text", "path": TEXT}, save_to=tmp_path / mode, executionMode=mode,
+                            sparsity=0.5)
+        curves[mode] = [m["loss"] for m in job.run_local(out=tmp_path / f"run-{mode}", progress=False).metrics]
+    assert curves["pipelined"] == pytest.approx(curves["weightStreaming"], rel=1e-4), curves
+    assert curves["pipelined"][-1] < curves["pipelined"][0]
+
+
 def test_a_module_with_an_operation_the_appliance_lacks_is_refused_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ws.UnsupportedModelError) as raised:
         ws.from_torch(decoders.WithFft(), example_input=example(), name="py-fft", training={"steps": 1},

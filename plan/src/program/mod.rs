@@ -378,7 +378,8 @@ pub fn load(folder: &Path) -> Result<Arc<Program>> {
 /// The program a job of kind `program` names in `spec.model.from`, checked to read the sequences the job says
 /// (`contextLength`, `vocabSize`).
 pub fn for_spec(spec: &ModelSpec) -> Result<Arc<Program>> {
-    let from = spec.from.as_deref().ok_or_else(|| Error::Plan("a program job names its folder in spec.model.from".into()))?;
+    let from =
+        spec.from.as_deref().ok_or_else(|| Error::Plan("a program job names its folder in spec.model.from".into()))?;
     let program = load(Path::new(from))?;
     let context = spec.context_length.unwrap_or(0) as usize;
     if (program.context, program.vocab) != (context, spec.vocab_size as usize) {

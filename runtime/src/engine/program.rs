@@ -84,7 +84,10 @@ struct Streamed<'a, 's> {
 impl Streamed<'_, '_> {
     fn check(&self, u: usize) -> Result<()> {
         if u != self.unit.layer {
-            return Err(Error::Protocol(format!("the program asked for unit {u} while unit {} streamed", self.unit.layer)));
+            return Err(Error::Protocol(format!(
+                "the program asked for unit {u} while unit {} streamed",
+                self.unit.layer
+            )));
         }
         Ok(())
     }
