@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::capture::{Arg, Captured, CapturedNode, FORMAT, MAX_PROGRAM_BYTES, PROGRAM_FILE, Size};
-use super::{Binary, Dim, Node, Op, Param, Program, Shape, Unary, Unit, UnitKind};
+use super::{Binary, Cmp, Dim, Mask, Node, Op, Param, Program, Shape, Unary, Unit, UnitKind};
 use errors::{Error, Result};
 
 /// The most nodes a program may have (a 200-block decoder has about 10,000).
@@ -132,7 +132,7 @@ impl<'c> Importer<'c> {
                     .iter()
                     .map(|d| match d {
                         Dim::Fixed(n) => Ok(*n),
-                        Dim::Batch => Err(bad(node, "a parameter or buffer sized by the batch")),
+                        Dim::Batch | Dim::PerBatch(_) => Err(bad(node, "a parameter or buffer sized by the batch")),
                     })
                     .collect()
             };
@@ -180,7 +180,7 @@ impl<'c> Importer<'c> {
             .map(|s| match s {
                 Size::Fixed(v) if (0..=MAX_DIM as i64).contains(v) => Ok(Dim::Fixed(*v as usize)),
                 Size::Fixed(v) => Err(bad(n, &format!("a dimension of {v}"))),
-                Size::Sym { .. } => Ok(Dim::Batch),
+                Size::Sym { sym } => batch_dim(sym).ok_or_else(|| bad(n, &format!("a size of {sym}"))),
             })
             .collect()
     }
@@ -235,7 +235,14 @@ impl<'c> Importer<'c> {
 
     /// The unit for the matrix argument `arg` of a `linear` or an `embedding`: a new unit on its first use, a
     /// tied one when another unit already holds it.
-    fn unit(&mut self, n: &CapturedNode, arg: &Arg, kind: UnitKind, bias: Option<String>) -> Result<usize> {
+    fn unit(
+        &mut self,
+        n: &CapturedNode,
+        arg: &Arg,
+        kind: UnitKind,
+        bias: Option<String>,
+        transposed: bool,
+    ) -> Result<usize> {
         let name = arg.node().ok_or_else(|| bad(n, "a weight that is not a parameter"))?;
         let Some(Value::Placeholder(Placeholder::Param { target, shape })) = self.values.get(name).cloned() else {
             return Err(unsupported(
@@ -247,10 +254,16 @@ impl<'c> Importer<'c> {
         let [rows, cols] = shape[..] else {
             return Err(bad(n, &format!("a weight of shape {shape:?}")));
         };
+        let (rows, cols) = if transposed { (cols, rows) } else { (rows, cols) };
         if self.vector_of.contains_key(&target) {
             return Err(bad(n, &format!("the parameter {target} read both as a matrix and by other operations")));
         }
         let tied_to = self.unit_of.get(&target).copied();
+        if let Some(t) = tied_to
+            && self.units[t].transposed != transposed
+        {
+            return Err(bad(n, &format!("the matrix {target} read both as stored and transposed")));
+        }
         let unit = Unit {
             name: target.clone(),
             kind,
@@ -258,6 +271,7 @@ impl<'c> Importer<'c> {
             outputs: rows,
             bias,
             tied_to,
+            transposed,
             node: self.nodes.len(),
             vectors: Vec::new(),
         };
@@ -266,20 +280,34 @@ impl<'c> Importer<'c> {
         Ok(self.units.len() - 1)
     }
 
-    /// The state-dict name of a `linear`'s bias argument: a parameter of the module, streamed first in the
-    /// unit's vector.
-    fn bias(&mut self, n: &CapturedNode, outputs: Option<usize>) -> Result<Option<String>> {
-        let Some(arg) = n.arg(2, "bias") else { return Ok(None) };
+    /// The state-dict name of a unit's bias argument `arg`: a parameter of the module (one value per output),
+    /// streamed first in the unit's vector.
+    fn bias_param(&mut self, n: &CapturedNode, arg: &Arg, outputs: Option<usize>) -> Result<String> {
         let name = arg.node().ok_or_else(|| bad(n, "a bias that is not a tensor"))?;
         match self.values.get(name).cloned() {
             Some(Value::Placeholder(Placeholder::Param { target, shape }))
-                if Some(shape[..].iter().product()) == outputs && shape.len() == 1 =>
+                if shape.len() == 1 && Some(shape[0]) == outputs =>
             {
                 self.values.remove(name);
-                Ok(Some(target))
+                Ok(target)
             }
             _ => Err(bad(n, "a linear whose bias is not a parameter of its own (one per output)")),
         }
+    }
+
+    /// Whether `arg` names a two-dimensional parameter not yet read (a weight applied as `x @ W`).
+    fn is_matrix_param(&self, arg: Option<&Arg>) -> bool {
+        let name = arg.and_then(Arg::node);
+        matches!(name.and_then(|n| self.values.get(n)), Some(Value::Placeholder(Placeholder::Param { shape, .. })) if shape.len() == 2)
+    }
+
+    /// Checks a unit's input and output sizes against its matrix.
+    fn check_linear(&self, n: &CapturedNode, x: usize, unit: usize, outputs: Option<usize>) -> Result<()> {
+        let u = &self.units[unit];
+        if self.nodes[x].shape.last() != Some(&Dim::Fixed(u.inputs)) || outputs != Some(u.outputs) {
+            return Err(bad(n, "a linear whose shapes do not match its weight"));
+        }
+        Ok(())
     }
 
     fn dim(&self, n: &CapturedNode, arg: Option<&Arg>, rank: usize) -> Result<usize> {
@@ -318,11 +346,16 @@ impl<'c> Importer<'c> {
             | "aten.to.dtype_layout"
             | "aten.lift_fresh_copy.default"
             | "aten.type_as.default"
+            | "aten.to.device"
             | "aten.dropout.default" => {
+                if n.target == "aten.dropout.default" && matches!(n.arg(2, "train"), Some(Arg::Bool(true))) {
+                    return Err(unsupported(n, "dropout while training: the appliance trains without dropout"));
+                }
                 if let Some(dtype) = &n.dtype
                     && !dtype.starts_with("float")
                     && !dtype.starts_with("bfloat")
                     && !dtype.starts_with("int")
+                    && dtype != "bool"
                 {
                     return Err(bad(n, &format!("a cast to {dtype}")));
                 }
@@ -353,13 +386,13 @@ impl<'c> Importer<'c> {
             "aten.linear.default" => {
                 let x = self.input(n, 0, "input")?;
                 let outputs = shape.last().map(|d| d.at(1));
-                let bias = self.bias(n, outputs)?;
+                let bias = match n.arg(2, "bias") {
+                    Some(arg) => Some(self.bias_param(n, arg, outputs)?),
+                    None => None,
+                };
                 let w = n.arg(1, "weight").cloned().ok_or_else(|| bad(n, "a linear without a weight"))?;
-                let unit = self.unit(n, &w, UnitKind::Linear, bias)?;
-                let u = &self.units[unit];
-                if self.nodes[x].shape.last() != Some(&Dim::Fixed(u.inputs)) || outputs != Some(u.outputs) {
-                    return Err(bad(n, "a linear whose shapes do not match its weight"));
-                }
+                let unit = self.unit(n, &w, UnitKind::Linear, bias, false)?;
+                self.check_linear(n, x, unit, outputs)?;
                 (Op::Linear { unit }, vec![x])
             }
             "aten.embedding.default" => {
@@ -368,7 +401,7 @@ impl<'c> Importer<'c> {
                     return Err(bad(n, "an embedding looked up by learned values"));
                 }
                 let w = n.arg(0, "weight").cloned().ok_or_else(|| bad(n, "an embedding without a weight"))?;
-                (Op::Embedding { unit: self.unit(n, &w, UnitKind::Embedding, None)? }, vec![ids])
+                (Op::Embedding { unit: self.unit(n, &w, UnitKind::Embedding, None, false)? }, vec![ids])
             }
             "aten.layer_norm.default" => {
                 let x = self.input(n, 0, "input")?;
@@ -518,6 +551,13 @@ impl<'c> Importer<'c> {
                 (Op::RepeatInterleave { repeats, dim }, vec![x])
             }
             "aten.scaled_dot_product_attention.default" => return self.attention(n, shape),
+            "aten.matmul.default" | "aten.mm.default" if self.is_matrix_param(n.arg(1, "mat2")) => {
+                let x = self.input(n, 0, "self")?;
+                let w = n.arg(1, "mat2").cloned().ok_or_else(|| bad(n, "a product without a weight"))?;
+                let unit = self.unit(n, &w, UnitKind::Linear, None, true)?;
+                self.check_linear(n, x, unit, shape.last().map(|d| d.at(1)))?;
+                (Op::Linear { unit }, vec![x])
+            }
             "aten.matmul.default" | "aten.bmm.default" | "aten.mm.default" => {
                 let (a, b) = (self.input(n, 0, "self")?, self.input(n, 1, "other")?);
                 if self.rank(a) < 2 || self.rank(b) < 2 {
@@ -546,9 +586,65 @@ impl<'c> Importer<'c> {
                 let b = self.push(n, Op::Reshape, vec![b], vec![Dim::Fixed(1), cols[0]]);
                 (Op::Binary(Binary::Mul), vec![a, b])
             }
-            "aten.eq.Scalar" => {
+            t if compare(t).is_some() => {
+                let cmp = compare(t).ok_or_else(|| bad(n, "a comparison"))?;
                 let x = self.input(n, 0, "self")?;
-                (Op::Equal { value: self.number(n, 1, "other", None)? as f32 }, vec![x])
+                match n.arg(1, "other") {
+                    Some(Arg::Node { .. }) => (Op::Compare { cmp, value: None }, vec![x, self.input(n, 1, "other")?]),
+                    _ => (Op::Compare { cmp, value: Some(self.number(n, 1, "other", None)? as f32) }, vec![x]),
+                }
+            }
+            "aten.__and__.Tensor" | "aten.logical_and.default" | "aten.bitwise_and.Tensor" => {
+                let (a, b) = (self.input(n, 0, "self")?, self.input(n, 1, "other")?);
+                (Op::Binary(Binary::Mul), vec![a, b])
+            }
+            "aten.__or__.Tensor" | "aten.logical_or.default" | "aten.bitwise_or.Tensor" => {
+                let (a, b) = (self.input(n, 0, "self")?, self.input(n, 1, "other")?);
+                let sum = self.push(n, Op::Binary(Binary::Add), vec![a, b], shape.clone());
+                (Op::Compare { cmp: Cmp::Gt, value: Some(0.0) }, vec![sum])
+            }
+            "aten.logical_not.default" | "aten.bitwise_not.default" => {
+                (Op::Compare { cmp: Cmp::Eq, value: Some(0.0) }, vec![self.input(n, 0, "self")?])
+            }
+            "aten.cumsum.default" => {
+                let x = self.input(n, 0, "self")?;
+                (Op::Cumsum { dim: self.dim(n, n.arg(1, "dim"), self.rank(x))? }, vec![x])
+            }
+            "aten.new_ones.default" | "aten.ones.default" | "aten.ones_like.default" => {
+                (Op::Fill { value: 1.0 }, vec![])
+            }
+            "aten.new_zeros.default" | "aten.zeros.default" | "aten.zeros_like.default" => {
+                (Op::Fill { value: 0.0 }, vec![])
+            }
+            "aten.full.default" => (Op::Fill { value: self.number(n, 1, "fill_value", None)? as f32 }, vec![]),
+            "aten.new_full.default" => (Op::Fill { value: self.number(n, 2, "fill_value", None)? as f32 }, vec![]),
+            "aten.full_like.default" => (Op::Fill { value: self.number(n, 1, "fill_value", None)? as f32 }, vec![]),
+            "aten.index.Tensor" => return self.index(n, shape),
+            "aten.where.self" => {
+                let c = self.input(n, 0, "condition")?;
+                let (a, b) = (self.input(n, 1, "self")?, self.input(n, 2, "other")?);
+                if self.nodes[c].learns {
+                    return Err(bad(n, "a condition computed from learned values"));
+                }
+                (Op::Where, vec![c, a, b])
+            }
+            "aten.diff.default" => return self.diff(n, shape),
+            "aten.addmm.default" => {
+                for k in ["beta", "alpha"] {
+                    if n.kwargs.get(k).and_then(Arg::number).is_some_and(|v| v != 1.0) {
+                        return Err(bad(n, &format!("an addmm with {k}")));
+                    }
+                }
+                let x = self.input(n, 1, "mat1")?;
+                let outputs = shape.last().map(|d| d.at(1));
+                let bias = match n.arg(0, "self") {
+                    Some(arg) => Some(self.bias_param(n, arg, outputs)?),
+                    None => None,
+                };
+                let w = n.arg(2, "mat2").cloned().ok_or_else(|| bad(n, "an addmm without a weight"))?;
+                let unit = self.unit(n, &w, UnitKind::Linear, bias, true)?;
+                self.check_linear(n, x, unit, outputs)?;
+                (Op::Linear { unit }, vec![x])
             }
             "aten.masked_fill.Scalar" => {
                 let (x, mask) = (self.input(n, 0, "self")?, self.input(n, 1, "mask")?);
@@ -659,9 +755,18 @@ impl<'c> Importer<'c> {
 
     fn attention(&mut self, n: &CapturedNode, shape: &Shape) -> Result<(Op, Vec<usize>)> {
         let (q, mut k, mut v) = (self.input(n, 0, "query")?, self.input(n, 1, "key")?, self.input(n, 2, "value")?);
-        if n.arg(3, "attn_mask").is_some() {
-            return Err(unsupported(n, "attention with a mask tensor: use is_causal=True"));
-        }
+        let mask = match n.arg(3, "attn_mask") {
+            None => None,
+            Some(arg) => {
+                let m = self.tensor(n, arg)?;
+                if self.nodes[m].learns {
+                    return Err(bad(n, "an attention mask computed from learned values"));
+                }
+                let dtype =
+                    self.c.nodes.iter().find(|c| Some(c.name.as_str()) == arg.node()).and_then(|c| c.dtype.clone());
+                Some((m, if dtype.as_deref() == Some("bool") { Mask::Keep } else { Mask::Additive }))
+            }
+        };
         if self.number(n, 4, "dropout_p", Some(0.0))? != 0.0 {
             return Err(unsupported(n, "attention dropout: set dropout_p=0.0"));
         }
@@ -689,7 +794,64 @@ impl<'c> Importer<'c> {
         {
             return Err(bad(n, "attention whose queries, keys and values disagree in shape"));
         }
-        Ok((Op::Attention { causal, scale }, vec![q, k, v]))
+        let mut inputs = vec![q, k, v];
+        inputs.extend(mask.map(|(m, _)| m));
+        Ok((Op::Attention { causal, scale, mask: mask.map(|(_, kind)| kind) }, inputs))
+    }
+
+    /// `x[i₀, i₁, …]`: index tensors (none of them learned) for `x`'s leading dimensions.
+    fn index(&mut self, n: &CapturedNode, shape: &Shape) -> Result<(Op, Vec<usize>)> {
+        let x = self.input(n, 0, "self")?;
+        let list = n.arg(1, "indices").and_then(Arg::list).ok_or_else(|| bad(n, "an index without indices"))?.to_vec();
+        if list.is_empty() || list.len() > self.rank(x) || list.iter().any(|a| a.node().is_none()) {
+            return Err(unsupported(n, "indexing other than by index tensors for the leading dimensions"));
+        }
+        let mut inputs = vec![x];
+        for arg in &list {
+            let i = self.tensor(n, arg)?;
+            if self.nodes[i].learns {
+                return Err(bad(n, "indices computed from learned values"));
+            }
+            inputs.push(i);
+        }
+        let rest = &self.nodes[x].shape[list.len()..];
+        if shape.len() < rest.len() || shape[shape.len() - rest.len()..] != *rest {
+            return Err(bad(n, "an index whose output does not end with the dimensions it keeps"));
+        }
+        Ok((Op::Index, inputs))
+    }
+
+    /// `diff(x, dim)` (with what it prepends and appends): the differences of neighbours along `dim`.
+    fn diff(&mut self, n: &CapturedNode, shape: &Shape) -> Result<(Op, Vec<usize>)> {
+        let x = self.input(n, 0, "self")?;
+        if n.arg(1, "n").and_then(Arg::int).unwrap_or(1) != 1 {
+            return Err(unsupported(n, "a diff of order other than 1"));
+        }
+        let rank = self.rank(x);
+        let dim = self.dim(n, Some(n.arg(2, "dim").unwrap_or(&Arg::Int(-1))), rank)?;
+        let mut parts = Vec::new();
+        if n.arg(3, "prepend").is_some() {
+            parts.push(self.input(n, 3, "prepend")?);
+        }
+        parts.push(x);
+        if n.arg(4, "append").is_some() {
+            parts.push(self.input(n, 4, "append")?);
+        }
+        let joined = if parts.len() == 1 {
+            x
+        } else {
+            let mut whole = self.nodes[x].shape.clone();
+            let total = parts.iter().map(|&p| fixed(n, self.nodes[p].shape[dim])).sum::<Result<usize>>()?;
+            whole[dim] = Dim::Fixed(total);
+            self.push(n, Op::Cat { dim }, parts, whole)
+        };
+        let size = fixed(n, self.nodes[joined].shape[dim])?;
+        if size == 0 || shape.get(dim) != Some(&Dim::Fixed(size - 1)) {
+            return Err(bad(n, "a diff whose shape is not one shorter than its input"));
+        }
+        let later = self.push(n, Op::Slice { dim, start: 1, end: size, step: 1 }, vec![joined], shape.clone());
+        let earlier = self.push(n, Op::Slice { dim, start: 0, end: size - 1, step: 1 }, vec![joined], shape.clone());
+        Ok((Op::Binary(Binary::Sub), vec![later, earlier]))
     }
 
     fn output(&mut self, n: &CapturedNode) -> Result<()> {
@@ -763,14 +925,33 @@ impl<'c> Importer<'c> {
 fn fixed(n: &CapturedNode, d: Dim) -> Result<usize> {
     match d {
         Dim::Fixed(v) => Ok(v),
-        Dim::Batch => Err(bad(n, "an operation along the batch dimension")),
+        Dim::Batch | Dim::PerBatch(_) => Err(bad(n, "an operation along the batch dimension")),
     }
+}
+
+/// A symbolic size as the batch (`s12`) or a multiple of it (`32*s12`); anything else is not a program's.
+fn batch_dim(sym: &str) -> Option<Dim> {
+    let is_symbol =
+        |t: &str| t.strip_prefix('s').is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+    if is_symbol(sym) {
+        return Some(Dim::Batch);
+    }
+    let (a, b) = sym.split_once('*')?;
+    let (a, b) = (a.trim(), b.trim());
+    let k = if is_symbol(b) {
+        a.parse().ok()?
+    } else if is_symbol(a) {
+        b.parse().ok()?
+    } else {
+        return None;
+    };
+    (1..=MAX_DIM).contains(&k).then_some(if k == 1 { Dim::Batch } else { Dim::PerBatch(k) })
 }
 
 /// Whether two shapes hold the same number of values for every batch.
 fn same_count(a: &[Dim], b: &[Dim]) -> bool {
     let count = |s: &[Dim]| {
-        let batch = s.iter().filter(|d| **d == Dim::Batch).count();
+        let batch = s.iter().filter(|d| matches!(d, Dim::Batch | Dim::PerBatch(_))).count();
         let fixed: usize = s.iter().map(|d| d.at(1)).product();
         (batch, fixed)
     };
@@ -817,10 +998,48 @@ fn mapped(target: &str) -> bool {
         "aten.arange.start_step",
         "aten.outer.default",
         "aten.ger.default",
-        "aten.eq.Scalar",
         "aten.masked_fill.Scalar",
+        "aten.__and__.Tensor",
+        "aten.logical_and.default",
+        "aten.bitwise_and.Tensor",
+        "aten.__or__.Tensor",
+        "aten.logical_or.default",
+        "aten.bitwise_or.Tensor",
+        "aten.logical_not.default",
+        "aten.bitwise_not.default",
+        "aten.cumsum.default",
+        "aten.new_ones.default",
+        "aten.ones.default",
+        "aten.ones_like.default",
+        "aten.new_zeros.default",
+        "aten.zeros.default",
+        "aten.zeros_like.default",
+        "aten.full.default",
+        "aten.new_full.default",
+        "aten.full_like.default",
+        "aten.index.Tensor",
+        "aten.where.self",
+        "aten.diff.default",
+        "aten.addmm.default",
     ];
-    MAPPED.contains(&target) || binary(target).is_some() || UNARY.contains(&target)
+    MAPPED.contains(&target) || binary(target).is_some() || UNARY.contains(&target) || compare(target).is_some()
+}
+
+/// The comparison a target makes, with a number or a second tensor.
+fn compare(target: &str) -> Option<Cmp> {
+    let (name, variant) = target.strip_prefix("aten.")?.split_once('.')?;
+    if variant != "Scalar" && variant != "Tensor" {
+        return None;
+    }
+    Some(match name {
+        "eq" => Cmp::Eq,
+        "ne" => Cmp::Ne,
+        "lt" => Cmp::Lt,
+        "le" => Cmp::Le,
+        "gt" => Cmp::Gt,
+        "ge" => Cmp::Ge,
+        _ => return None,
+    })
 }
 
 /// The element-wise functions [`unary`] maps.

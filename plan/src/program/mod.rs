@@ -27,6 +27,8 @@ use errors::{Error, Result};
 pub enum Dim {
     /// Sequences in the engine's shard.
     Batch,
+    /// This many values per sequence of the shard (the batch flattened with other dimensions).
+    PerBatch(usize),
     /// A size the program fixes.
     Fixed(usize),
 }
@@ -36,6 +38,7 @@ impl Dim {
     pub fn at(self, batch: usize) -> usize {
         match self {
             Dim::Batch => batch,
+            Dim::PerBatch(k) => k * batch,
             Dim::Fixed(n) => n,
         }
     }
@@ -95,6 +98,46 @@ pub enum Binary {
     Div,
     /// aᵇ (with a number on one side only).
     Pow,
+}
+
+/// Comparisons, giving 1 where they hold and 0 elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cmp {
+    /// a = b.
+    Eq,
+    /// a ≠ b.
+    Ne,
+    /// a < b.
+    Lt,
+    /// a ≤ b.
+    Le,
+    /// a > b.
+    Gt,
+    /// a ≥ b.
+    Ge,
+}
+
+impl Cmp {
+    /// Whether `a` and `b` compare so.
+    pub fn holds(self, a: f32, b: f32) -> bool {
+        match self {
+            Cmp::Eq => a == b,
+            Cmp::Ne => a != b,
+            Cmp::Lt => a < b,
+            Cmp::Le => a <= b,
+            Cmp::Gt => a > b,
+            Cmp::Ge => a >= b,
+        }
+    }
+}
+
+/// How an attention mask input reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mask {
+    /// Booleans: a key is attended where the mask is true.
+    Keep,
+    /// Numbers added to the scores (−∞ masks).
+    Additive,
 }
 
 /// One operation of a program. Its inputs are other nodes' outputs, in the order each variant names.
@@ -201,12 +244,15 @@ pub enum Op {
         /// The dimension.
         dim: usize,
     },
-    /// Scaled dot-product attention over `[.., heads, tokens, head_dim]`. Inputs: queries, keys, values.
+    /// Scaled dot-product attention over `[.., heads, tokens, head_dim]`. Inputs: queries, keys, values, and
+    /// the mask when there is one (broadcast to `[.., heads, tokens, keys]`).
     Attention {
         /// Whether each token attends only to itself and earlier ones.
         causal: bool,
         /// The scale of the scores; `None` for 1/√head_dim.
         scale: Option<f32>,
+        /// How the fourth input masks the scores, when there is one.
+        mask: Option<Mask>,
     },
     /// A batched matrix product over the last two dimensions, leading ones broadcast. Inputs: `a`, `b`.
     MatMul,
@@ -217,11 +263,27 @@ pub enum Op {
         /// The difference between neighbours.
         step: f32,
     },
-    /// 1 where `x == value`, else 0. Input: `x`.
-    Equal {
-        /// The number compared with.
+    /// 1 where `x` compares so with `value` (or, without one, with the second input, broadcast), else 0.
+    Compare {
+        /// The comparison.
+        cmp: Cmp,
+        /// The number compared with; `None` for a second input.
+        value: Option<f32>,
+    },
+    /// Running sums along `dim`. Input: `x`.
+    Cumsum {
+        /// The dimension.
+        dim: usize,
+    },
+    /// `value` everywhere, in the node's shape.
+    Fill {
+        /// The value.
         value: f32,
     },
+    /// `x[i₀, i₁, …]` with index tensors for its leading dimensions, broadcast together. Inputs: `x`, the indices.
+    Index,
+    /// `a` where the condition is non-zero, else `b`, broadcast. Inputs: the condition, `a`, `b`.
+    Where,
     /// `value` where the mask is non-zero, else `x`. Inputs: `x`, the mask (broadcast).
     MaskedFill {
         /// The value written.
@@ -268,6 +330,9 @@ pub struct Unit {
     pub bias: Option<String>,
     /// The unit whose matrix it reads instead of its own (a head tied to the embedding).
     pub tied_to: Option<usize>,
+    /// Whether the module stores the matrix `inputs × outputs` (`x @ W`, GPT-2's `Conv1D`) rather than
+    /// `outputs × inputs` (`nn.Linear`); the unit streams it `outputs × inputs` either way.
+    pub transposed: bool,
     /// The node that applies it.
     pub node: usize,
     /// The vector parameters its stage reads (after the bias), in the order they sit in its vector.

@@ -75,7 +75,16 @@ def capture(module: Any, example_input: Any, folder: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     module = module.eval()
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
-    exported = torch.export.export(module, (example_input,), dynamic_shapes=({0: batch},), strict=False)
+    # A Hugging Face model returns its key/value cache beside the logits unless its config says not to.
+    config = getattr(module, "config", None)
+    use_cache = getattr(config, "use_cache", None)
+    if use_cache:
+        config.use_cache = False
+    try:
+        exported = torch.export.export(module, (example_input,), dynamic_shapes=({0: batch},), strict=False)
+    finally:
+        if use_cache:
+            config.use_cache = use_cache
     signature = exported.graph_signature
     inputs = []
     for spec in signature.input_specs:

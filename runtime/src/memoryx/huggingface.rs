@@ -276,7 +276,7 @@ pub fn unit_tensors(layout: &ModelLayout, l: usize) -> Option<UnitTensors> {
         Arch::Program(_) => {
             let program = layout.program.as_ref()?;
             let u = program.units.get(l)?;
-            let weights = if tied { Vec::new() } else { vec![matrix(u.name.clone(), u.outputs, false)] };
+            let weights = if tied { Vec::new() } else { vec![matrix(u.name.clone(), u.outputs, u.transposed)] };
             let mut vector: Vec<(String, usize)> = u.bias.iter().map(|b| (b.clone(), u.outputs)).collect();
             vector.extend(u.vectors.iter().map(|&p| (program.params[p].name.clone(), program.params[p].len())));
             unit(weights, vector, Vec::new())

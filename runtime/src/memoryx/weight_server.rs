@@ -823,6 +823,7 @@ mod tests {
             arch: Arch::Mlp,
             activation: Activation::Relu,
             sparsity: 0.0,
+            program: None,
         };
         let optimizer = OptimizerSpec {
             kind: OptimizerKind::Adamw,

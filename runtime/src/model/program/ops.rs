@@ -5,7 +5,7 @@
 
 use super::tensor::{self, Tensor};
 use kernels::dense::{MatView, matmul};
-use plan::program::{Binary, Op, Unary};
+use plan::program::{Binary, Mask, Op, Unary};
 
 /// Runs `op` over `inputs`, its output in `shape`. The importer has checked ranks, dimensions and
 /// broadcasting, so a mismatch here is a bug of the importer.
@@ -36,13 +36,26 @@ pub fn forward(op: &Op, inputs: &[&Tensor], shape: &[usize]) -> Tensor {
         Op::Cat { dim } => tensor::cat(inputs, *dim),
         Op::Expand => tensor::broadcast_to(inputs[0], shape),
         Op::RepeatInterleave { repeats, dim } => tensor::repeat_interleave(inputs[0], *repeats, *dim),
-        Op::Attention { causal, scale } => attention(inputs, *causal, *scale).0,
+        Op::Attention { causal, scale, mask } => attention(inputs, *causal, *scale, *mask).0,
         Op::MatMul => batched_matmul(inputs[0], inputs[1], shape),
         Op::Arange { start, step } => {
             let n = shape.first().copied().unwrap_or(0);
             Tensor::new(shape.to_vec(), (0..n).map(|i| start + step * i as f32).collect())
         }
-        Op::Equal { value } => inputs[0].map(|x| f32::from(u8::from(x == *value))),
+        Op::Compare { cmp, value: Some(v) } => inputs[0].map(|x| f32::from(u8::from(cmp.holds(x, *v)))),
+        Op::Compare { cmp, value: None } => {
+            let (a, b) = (tensor::broadcast_to(inputs[0], shape), tensor::broadcast_to(inputs[1], shape));
+            a.zip(&b, |x, y| f32::from(u8::from(cmp.holds(x, y))))
+        }
+        Op::Cumsum { dim } => cumsum(inputs[0], *dim, false),
+        Op::Fill { value } => Tensor::new(shape.to_vec(), vec![*value; shape.iter().product()]),
+        Op::Index => index(inputs, shape),
+        Op::Where => {
+            let c = tensor::broadcast_to(inputs[0], shape);
+            let (a, b) = (tensor::broadcast_to(inputs[1], shape), tensor::broadcast_to(inputs[2], shape));
+            let data = c.data.iter().zip(a.data.iter().zip(&b.data)).map(|(&c, (&a, &b))| if c != 0.0 { a } else { b });
+            Tensor::new(shape.to_vec(), data.collect())
+        }
         Op::MaskedFill { value } => {
             let mask = tensor::broadcast_to(inputs[1], shape);
             let x = tensor::broadcast_to(inputs[0], shape);
@@ -117,14 +130,29 @@ pub fn backward(op: &Op, inputs: &[&Tensor], y: &Tensor, dy: &Tensor, wants: &[b
         }
         Op::Expand => one(tensor::reduce_to(dy, &inputs[0].shape)),
         Op::RepeatInterleave { repeats, dim } => one(tensor::unrepeat(dy, *repeats, *dim)),
-        Op::Attention { causal, scale } => attention_backward(inputs, dy, *causal, *scale),
+        Op::Attention { causal, scale, mask } => attention_backward(inputs, dy, *causal, *scale, *mask),
+        Op::Cumsum { dim } => one(cumsum(dy, *dim, true)),
+        Op::Index => {
+            let mut g = vec![Some(unindex(inputs, dy))];
+            g.extend(std::iter::repeat_n(None, inputs.len() - 1));
+            g
+        }
+        Op::Where => {
+            let c = tensor::broadcast_to(inputs[0], &dy.shape);
+            let pick = |keep: bool| dy.zip(&c, |g, c| if (c != 0.0) == keep { g } else { 0.0 });
+            vec![
+                None,
+                want(1).then(|| tensor::reduce_to(&pick(true), &inputs[1].shape)),
+                want(2).then(|| tensor::reduce_to(&pick(false), &inputs[2].shape)),
+            ]
+        }
         Op::MatMul => matmul_backward(inputs, dy, wants),
         Op::MaskedFill { .. } => {
             let mask = tensor::broadcast_to(inputs[1], &dy.shape);
             let g = dy.zip(&mask, |g, m| if m != 0.0 { 0.0 } else { g });
             vec![Some(tensor::reduce_to(&g, &inputs[0].shape)), None]
         }
-        Op::Arange { .. } | Op::Equal { .. } => vec![None; inputs.len()],
+        Op::Arange { .. } | Op::Compare { .. } | Op::Fill { .. } => vec![None; inputs.len()],
         Op::Tokens | Op::Constant { .. } | Op::Vector { .. } | Op::Linear { .. } | Op::Embedding { .. } => {
             unreachable!("the interpreter runs {op:?} itself")
         }
@@ -409,12 +437,18 @@ fn matmul_backward(inputs: &[&Tensor], dy: &Tensor, wants: &[bool]) -> Vec<Optio
 
 /// Scaled dot-product attention over `[.., tokens, head_dim]` (every leading dimension a separate head):
 /// the output and the probabilities.
-fn attention(inputs: &[&Tensor], causal: bool, scale: Option<f32>) -> (Tensor, Vec<f32>) {
+fn attention(inputs: &[&Tensor], causal: bool, scale: Option<f32>, mask: Option<Mask>) -> (Tensor, Vec<f32>) {
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
     let r = q.shape.len();
     let (t, d, s, dv) = (q.shape[r - 2], q.last(), k.shape[r - 2], v.last());
     let heads = q.len() / (t * d).max(1);
     let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
+    // The mask broadcast to every head's scores.
+    let masks = mask.zip(inputs.get(3)).map(|(kind, m)| {
+        let mut full = q.shape[..r - 2].to_vec();
+        full.extend([t, s]);
+        (kind, tensor::broadcast_to(m, &full))
+    });
     let mut probs = vec![0.0; heads * t * s];
     let mut out = vec![0.0; heads * t * dv];
     for h in 0..heads {
@@ -426,6 +460,16 @@ fn attention(inputs: &[&Tensor], causal: bool, scale: Option<f32>) -> (Tensor, V
             for (j, v) in row.iter_mut().enumerate() {
                 *v = if causal && j > i + s - t { f32::NEG_INFINITY } else { *v * scale };
             }
+            if let Some((kind, m)) = &masks {
+                let mrow = &m.data[(h * t + i) * s..][..s];
+                for (v, &m) in row.iter_mut().zip(mrow) {
+                    match kind {
+                        Mask::Keep if m == 0.0 => *v = f32::NEG_INFINITY,
+                        Mask::Keep => {}
+                        Mask::Additive => *v += m,
+                    }
+                }
+            }
             softmax_in_place(row);
         }
         let vh = MatView::new(&v.data[h * s * dv..][..s * dv], s, dv);
@@ -436,13 +480,19 @@ fn attention(inputs: &[&Tensor], causal: bool, scale: Option<f32>) -> (Tensor, V
     (Tensor::new(shape, out), probs)
 }
 
-fn attention_backward(inputs: &[&Tensor], dy: &Tensor, causal: bool, scale: Option<f32>) -> Vec<Option<Tensor>> {
+fn attention_backward(
+    inputs: &[&Tensor],
+    dy: &Tensor,
+    causal: bool,
+    scale: Option<f32>,
+    mask: Option<Mask>,
+) -> Vec<Option<Tensor>> {
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
     let r = q.shape.len();
     let (t, d, s, dv) = (q.shape[r - 2], q.last(), k.shape[r - 2], v.last());
     let heads = q.len() / (t * d).max(1);
     let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
-    let (_, probs) = attention(inputs, causal, Some(scale));
+    let (_, probs) = attention(inputs, causal, Some(scale), mask);
     let (mut dq, mut dk, mut dvv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
     let mut dp = vec![0.0; t * s];
     for h in 0..heads {
@@ -462,9 +512,78 @@ fn attention_backward(inputs: &[&Tensor], dy: &Tensor, causal: bool, scale: Opti
         matmul(&mut dq[h * t * d..][..t * d], ds, kh, false);
         matmul(&mut dk[h * s * d..][..s * d], ds.t(), qh, false);
     }
-    vec![
+    let mut grads = vec![
         Some(Tensor::new(q.shape.clone(), dq)),
         Some(Tensor::new(k.shape.clone(), dk)),
         Some(Tensor::new(v.shape.clone(), dvv)),
-    ]
+    ];
+    grads.extend(inputs.get(3).map(|_| None));
+    grads
+}
+
+/// Running sums of `x` along `dim` (from the end when `reverse`: the gradient of the forward sums).
+fn cumsum(x: &Tensor, dim: usize, reverse: bool) -> Tensor {
+    let size = x.shape[dim];
+    let inner: usize = x.shape[dim + 1..].iter().product();
+    let mut y = x.data.clone();
+    for block in y.chunks_mut((size * inner).max(1)) {
+        let order: Box<dyn Iterator<Item = usize>> =
+            if reverse { Box::new((0..size).rev()) } else { Box::new(0..size) };
+        let mut previous: Option<usize> = None;
+        for j in order {
+            if let Some(p) = previous {
+                for c in 0..inner {
+                    block[j * inner + c] += block[p * inner + c];
+                }
+            }
+            previous = Some(j);
+        }
+    }
+    Tensor::new(x.shape.clone(), y)
+}
+
+/// For every position of the broadcast index tensors (`inputs[1..]`, one per leading dimension of `x`), the
+/// flat offset of the slice of `x` it picks, and that slice's length.
+fn index_offsets(inputs: &[&Tensor], shape: &[usize]) -> (Vec<usize>, usize) {
+    let x = inputs[0];
+    let k = inputs.len() - 1;
+    let inner: usize = x.shape[k..].iter().product();
+    let lead = &shape[..shape.len() - (x.shape.len() - k)];
+    let strides = tensor::strides(&x.shape[..k]);
+    let idx: Vec<Tensor> = inputs[1..].iter().map(|i| tensor::broadcast_to(i, lead)).collect();
+    let count: usize = lead.iter().product();
+    let offsets = (0..count)
+        .map(|p| {
+            idx.iter()
+                .enumerate()
+                .map(|(d, i)| {
+                    let size = x.shape[d] as i64;
+                    let v = i.data[p] as i64;
+                    let v = if v < 0 { v + size } else { v };
+                    v.clamp(0, size - 1) as usize * strides[d]
+                })
+                .sum::<usize>()
+                * inner
+        })
+        .collect();
+    (offsets, inner)
+}
+
+fn index(inputs: &[&Tensor], shape: &[usize]) -> Tensor {
+    let x = inputs[0];
+    let (offsets, inner) = index_offsets(inputs, shape);
+    let mut data = Vec::with_capacity(offsets.len() * inner);
+    for o in offsets {
+        data.extend_from_slice(&x.data[o..o + inner]);
+    }
+    Tensor::new(shape.to_vec(), data)
+}
+
+fn unindex(inputs: &[&Tensor], dy: &Tensor) -> Tensor {
+    let (offsets, inner) = index_offsets(inputs, &dy.shape);
+    let mut g = vec![0.0; inputs[0].len()];
+    for (p, o) in offsets.into_iter().enumerate() {
+        g[o..o + inner].iter_mut().zip(&dy.data[p * inner..(p + 1) * inner]).for_each(|(a, b)| *a += b);
+    }
+    Tensor::new(inputs[0].shape.clone(), g)
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use super::exec::{Constants, DenseUnits, Exec};
 use super::ops;
 use super::tensor::Tensor;
-use plan::program::{Binary, Op, Program, Unary};
+use plan::program::{Binary, Cmp, Mask, Op, Program, Unary};
 
 /// Deterministic values in about [-1, 1].
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -113,21 +113,53 @@ fn attention_matches_central_differences_and_a_direct_computation() {
     let (q, k, v) = (random(&[2, 2, 4, 3], 16), random(&[2, 2, 4, 3], 17), random(&[2, 2, 4, 5], 18));
     for causal in [true, false] {
         for scale in [None, Some(0.3)] {
-            let op = Op::Attention { causal, scale };
+            let op = Op::Attention { causal, scale, mask: None };
             check(op, vec![q.clone(), k.clone(), v.clone()], &[2, 2, 4, 5], &[true; 3]);
         }
     }
     // Causal: the first token attends to itself alone, so its output is its own value row.
-    let y = ops::forward(&Op::Attention { causal: true, scale: None }, &[&q, &k, &v], &[2, 2, 4, 5]);
+    let causal = Op::Attention { causal: true, scale: None, mask: None };
+    let y = ops::forward(&causal, &[&q, &k, &v], &[2, 2, 4, 5]);
     assert_eq!(&y.data[..5], &v.data[..5]);
+    // A boolean mask of the causal pattern, and an additive one, compute what is_causal does.
+    let keep = Tensor::new(vec![4, 4], (0..16).map(|i| f32::from(u8::from(i % 4 <= i / 4))).collect());
+    let add = keep.map(|k| if k == 0.0 { f32::NEG_INFINITY } else { 0.0 });
+    for (kind, m) in [(Mask::Keep, keep), (Mask::Additive, add)] {
+        let masked = Op::Attention { causal: false, scale: None, mask: Some(kind) };
+        let z = ops::forward(&masked, &[&q, &k, &v, &m], &[2, 2, 4, 5]);
+        assert!(z.data.iter().zip(&y.data).all(|(a, b)| (a - b).abs() < 1e-6), "{kind:?}");
+        check(masked, vec![q.clone(), k.clone(), v.clone(), m], &[2, 2, 4, 5], &[true, true, true, false]);
+    }
 }
 
 #[test]
-fn arange_and_equal_compute_what_torch_does() {
+fn index_computations_compute_what_torch_does() {
     let a = ops::forward(&Op::Arange { start: 0.0, step: 2.0 }, &[], &[4]);
     assert_eq!(a.data, [0.0, 2.0, 4.0, 6.0]);
-    let e = ops::forward(&Op::Equal { value: 2.0 }, &[&a], &[4]);
+    let e = ops::forward(&Op::Compare { cmp: Cmp::Eq, value: Some(2.0) }, &[&a], &[4]);
     assert_eq!(e.data, [0.0, 1.0, 0.0, 0.0]);
+    let b = Tensor::new(vec![4, 1], vec![0.0, 2.0, 4.0, 6.0]);
+    let le = ops::forward(&Op::Compare { cmp: Cmp::Le, value: None }, &[&a, &b], &[4, 4]);
+    assert_eq!(&le.data[..8], &[1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+    let c = ops::forward(&Op::Cumsum { dim: 0 }, &[&a], &[4]);
+    assert_eq!(c.data, [0.0, 2.0, 6.0, 12.0]);
+    assert_eq!(ops::forward(&Op::Fill { value: 1.0 }, &[], &[2, 2]).data, [1.0; 4]);
+    // x[rows[:, None], cols[None, :]] picks a 2 × 2 block.
+    let x = random(&[3, 4, 2], 19);
+    let (rows, cols) = (Tensor::new(vec![2, 1], vec![2.0, 0.0]), Tensor::new(vec![1, 2], vec![1.0, 3.0]));
+    let y = ops::forward(&Op::Index, &[&x, &rows, &cols], &[2, 2, 2]);
+    assert_eq!(&y.data[..2], &x.data[(2 * 4 + 1) * 2..][..2]);
+    assert_eq!(&y.data[6..8], &x.data[3 * 2..][..2]);
+}
+
+#[test]
+fn index_where_and_cumsum_match_central_differences() {
+    let x = random(&[3, 4, 2], 20);
+    let (rows, cols) = (Tensor::new(vec![2, 1], vec![2.0, 0.0]), Tensor::new(vec![1, 2], vec![1.0, 1.0]));
+    check(Op::Index, vec![x.clone(), rows, cols], &[2, 2, 2], &[true, false, false]);
+    let cond = Tensor::new(vec![4, 1], vec![1.0, 0.0, 1.0, 0.0]);
+    check(Op::Where, vec![cond, x.clone(), random(&[2], 21)], &[3, 4, 2], &[false, true, true]);
+    check(Op::Cumsum { dim: 1 }, vec![x], &[3, 4, 2], &[true]);
 }
 
 /// A captured example and what PyTorch computed for it.
@@ -171,8 +203,12 @@ fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 fn matches_pytorch(name: &str) {
     let Reference { program, tensors, reference } = reference(name);
     let get = |n: &str| tensors.get(n).unwrap_or_else(|| panic!("{n} is in the weights")).data.clone();
+    let matrix = |u: &plan::program::Unit| {
+        let w = get(&u.name);
+        if u.transposed { kernels::small::transpose(&w, u.inputs, u.outputs) } else { w }
+    };
     let weights: Vec<Vec<f32>> =
-        program.units.iter().map(|u| if u.tied_to.is_some() { Vec::new() } else { get(&u.name) }).collect();
+        program.units.iter().map(|u| if u.tied_to.is_some() { Vec::new() } else { matrix(u) }).collect();
     let vectors: Vec<Vec<f32>> = program
         .units
         .iter()
@@ -200,12 +236,11 @@ fn matches_pytorch(name: &str) {
     }
     for (u, unit) in program.units.iter().enumerate() {
         if unit.tied_to.is_none() {
-            close(
-                &format!("{name} {}", unit.name),
-                &units.weight_grads[u],
-                &reference[&format!("grad.{}", unit.name)].data,
-                1e-3,
-            );
+            let want = &reference[&format!("grad.{}", unit.name)].data;
+            // A transposed unit's gradient is the module's (`inputs × outputs`) turned the unit's way.
+            let want =
+                if unit.transposed { kernels::small::transpose(want, unit.inputs, unit.outputs) } else { want.clone() };
+            close(&format!("{name} {}", unit.name), &units.weight_grads[u], &want, 1e-3);
         }
         let mut want = unit.bias.as_deref().map(|b| reference[&format!("grad.{b}")].data.clone()).unwrap_or_default();
         for &p in &unit.vectors {
@@ -243,4 +278,13 @@ fn a_token_outside_the_vocabulary_fails_the_step() {
     exec.begin(vec![40; 8]).expect("one sequence");
     let e = exec.forward(0, &mut units).expect_err("token 40 of 32");
     assert!(e.to_string().contains("index 40 is not a row of an embedding of 32 rows"), "{e}");
+}
+
+#[test]
+fn hugging_face_decoders_compute_what_pytorch_does() {
+    // Qwen2 (biases on Q, K and V, a tied head), Llama (untied) and GPT-2 (Conv1D weights stored transposed,
+    // learned positions), each with the attention mask transformers builds.
+    for name in ["hf-qwen2", "hf-llama", "hf-gpt2"] {
+        matches_pytorch(name);
+    }
 }
