@@ -86,6 +86,16 @@ impl Plan {
     /// Plans `spec` for engines of its preset's SRAM (or the spec's override, [`crate::preset::sram_bytes`])
     /// under a SwarmX tree of `fan_out` children per node: what the operator, `wsctl` and the roles all call.
     pub fn for_spec(spec: &TrainingJobSpec, fan_out: u32) -> Result<Plan> {
+        if spec.model.kind == crds::ModelKind::Program {
+            // A program is planned from its graph: where it cannot be read (an operator without the folder, a
+            // path that is not there) nothing is planned, and the error says so.
+            crate::program::for_spec(&spec.model).map_err(|e| {
+                Error::Plan(format!(
+                    "the model program in spec.model.from cannot be read here ({e}): a program job runs where its \
+                     folder is (wsctl run, or pods that mount it at that path)"
+                ))
+            })?;
+        }
         Plan::new(spec, crate::preset::sram_bytes(&spec.engine), fan_out)
     }
 

@@ -139,3 +139,16 @@ def test_to_torch_of_a_program_needs_the_module(tmp_path: Path) -> None:
         ws.to_torch(checkpoint)
     with pytest.raises(ws.InvalidJobError, match="pass the module the program was captured from"):
         ws.to_torch(checkpoint, module=make("gptj"))
+
+
+def test_a_hugging_face_model_no_preset_runs_comes_in_as_a_program(tmp_path: Path) -> None:
+    module = make("hf-qwen2")
+    training = {"batchSize": 4, "steps": 2, "seed": 1, "optimizer": {"kind": "adamw", "learningRate": 1e-12}}
+    job = ws.from_torch(module, name="py-hf-qwen2", data={"kind": "text", "path": TEXT}, training=training,
+                        save_to=tmp_path / "qwen2", checkpoint={"intervalSteps": 2})
+    assert (job.spec["model"]["kind"], job.spec["model"]["contextLength"]) == ("program", CONTEXT)
+    result = job.run_local(out=tmp_path / "run", in_process=True, progress=False)
+    back = ws.to_torch(result.checkpoints()[-1], module=make("hf-qwen2"))
+    ids = example()
+    with torch.no_grad():
+        assert torch.allclose(logits(back, ids), logits(module, ids), rtol=1e-4, atol=1e-5)

@@ -221,7 +221,8 @@ def from_torch(
     ``data`` names no tokenizer (as it does a pretrained folder's own); where the job starts from no folder of
     this package's (a config, your own folder, ``init="seed"``) it is named in ``data.tokenizer`` instead.
     With ``example_input`` (a ``(batch, tokens)`` tensor of token ids), any ``torch.nn.Module`` returning logits
-    becomes a ``program`` job: :func:`weightstream.program.capture` writes its graph and weights to ``save_to``,
+    becomes a ``program`` job (as does a Hugging Face model of an architecture no preset runs, such as Qwen2,
+    captured on sequences of ``context_length=`` tokens, by default its own up to 1,024): :func:`weightstream.program.capture` writes its graph and weights to ``save_to``,
     and wsctl reads the program, refusing with :class:`UnsupportedModelError` (the operation and the source line)
     what the appliance cannot run. It always starts from the module's own weights.
 
@@ -249,7 +250,17 @@ def from_torch(
             model["from"] = str(mlp_folder(module, _new_folder(save_to, "mlp")))
     else:
         folder, has_weights, ours = _decoder_folder(module, save_to, init == "module")
-        model = _decoder_spec(folder, has_weights)
+        try:
+            model = _decoder_spec(folder, has_weights)
+        except InvalidJobError as refused:
+            # An architecture no preset describes (Qwen2's Q/K/V biases, say) goes in as a program when the
+            # model itself is at hand: captured on a batch of its own context.
+            if not isinstance(module, torch.nn.Module) or init != "module" or "cannot run" not in refused.message:
+                raise
+            context = int(spec.pop("context_length", 0) or min(getattr(module.config, "max_position_embeddings", 0) or 1024, 1024))
+            example = torch.zeros((2, context), dtype=torch.long)
+            return _program_job(module, example, name=name, data=data, training=training, cs2=cs2, sparsity=sparsity,
+                                save_to=folder, tokenizer=tokenizer, init=init, **spec)
         if sparsity:
             model["sparsity"] = sparsity
         if tokenizer is not None:
