@@ -79,3 +79,31 @@ fn a_program_of_another_format_or_none_at_all_is_refused() {
     assert!(read(&dir).expect_err("refused").to_string().contains("weightstream.from_torch"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_value_too_large_to_plan_is_refused_before_anything_is_sized() {
+    let text = std::fs::read_to_string(folder("qwen").join("program.json")).expect("the fixture");
+    let mut program: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let nodes = program["nodes"].as_array_mut().expect("nodes");
+    let node = nodes.iter_mut().find(|n| n["target"] == "aten.silu.default").expect("a SiLU");
+    node["shape"] = serde_json::json!([{"sym": "s1"}, 1 << 24, 1 << 24]);
+    let dir = std::env::temp_dir().join(format!("ws-program-huge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a folder");
+    std::fs::write(dir.join("program.json"), program.to_string()).expect("written");
+    let e = read(&dir).expect_err("refused");
+    assert!(e.to_string().contains("values per sequence"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn hugging_face_decoders_import_through_the_same_path() {
+    for (name, units) in [("hf-qwen2", 1 + 2 * 7 + 1), ("hf-llama", 1 + 2 * 7 + 1), ("hf-gpt2", 2 + 2 * 4 + 1)] {
+        let p = read(&folder(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(p.units.len(), units, "{name}");
+    }
+    let qwen = read(&folder("hf-qwen2")).expect("imports");
+    assert_eq!(qwen.units[1].bias.as_deref(), Some("model.layers.0.self_attn.q_proj.bias"));
+    let gpt2 = read(&folder("hf-gpt2")).expect("imports");
+    assert!(gpt2.units[2].transposed, "GPT-2's Conv1D stores its weight inputs × outputs");
+    assert!(gpt2.nodes.iter().any(|n| matches!(n.op, Op::Attention { mask: Some(_), .. })));
+}

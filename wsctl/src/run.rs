@@ -159,7 +159,7 @@ pub fn model(folder: &Path) -> Result<()> {
     let from = folder.display().to_string();
     if folder.join(plan::program::capture::PROGRAM_FILE).is_file() {
         let program = plan::program::load(folder)?;
-        let mut model = crds::ModelSpec {
+        let model = crds::ModelSpec {
             kind: crds::ModelKind::Program,
             context_length: Some(program.context as u32),
             vocab_size: program.vocab as u32,

@@ -16,6 +16,9 @@ pub const MAX_NODES: usize = 1 << 17;
 pub const MAX_DIM: usize = 1 << 24;
 /// The most dimensions a value may have.
 pub const MAX_RANK: usize = 8;
+/// The most values one value of the graph may hold per sequence (a 1,024-token sequence's logits over a
+/// 262,144-token vocabulary are 2²⁸).
+pub const MAX_VALUES: usize = 1 << 30;
 
 /// Reads `program.json` from `folder` (at most [`MAX_PROGRAM_BYTES`]) and imports it.
 pub fn read(folder: &Path) -> Result<Program> {
@@ -175,14 +178,20 @@ impl<'c> Importer<'c> {
         {
             return Err(bad(n, &format!("a value of type {dtype}")));
         }
-        sizes
+        let shape: Shape = sizes
             .iter()
             .map(|s| match s {
                 Size::Fixed(v) if (0..=MAX_DIM as i64).contains(v) => Ok(Dim::Fixed(*v as usize)),
                 Size::Fixed(v) => Err(bad(n, &format!("a dimension of {v}"))),
                 Size::Sym { sym } => batch_dim(sym).ok_or_else(|| bad(n, &format!("a size of {sym}"))),
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        // Per sequence (the batch at 1), so every size the plan computes from it stays far from overflowing.
+        let values = shape.iter().try_fold(1usize, |acc, d| acc.checked_mul(d.at(1)));
+        if values.is_none_or(|v| v > MAX_VALUES) {
+            return Err(bad(n, &format!("a value of shape {sizes:?}, more than {MAX_VALUES} values per sequence")));
+        }
+        Ok(shape)
     }
 
     fn push(&mut self, n: &CapturedNode, op: Op, inputs: Vec<usize>, shape: Shape) -> usize {
