@@ -391,7 +391,19 @@ impl<'c> Importer<'c> {
         if let Some(op) = binary(t) {
             return self.binary(n, op);
         }
-        Ok(match t {
+        if let Some(mapped) = self.map_layer(n, shape)? {
+            return Ok(mapped);
+        }
+        if let Some(mapped) = self.map_shape(n, shape)? {
+            return Ok(mapped);
+        }
+        self.map_math(n, shape)?.ok_or_else(|| unsupported(n, UNKNOWN))
+    }
+
+    /// A unit (`linear`, `embedding`, `addmm`, a product by a weight) or a norm, or `None` for other targets.
+    fn map_layer(&mut self, n: &CapturedNode, shape: &Shape) -> Result<Option<(Op, Vec<usize>)>> {
+        let t = n.target.as_str();
+        Ok(Some(match t {
             "aten.linear.default" => {
                 let x = self.input(n, 0, "input")?;
                 let outputs = shape.last().map(|d| d.at(1));
@@ -437,45 +449,38 @@ impl<'c> Importer<'c> {
                 let eps = self.number(n, 3, "eps", Some(f64::from(f32::EPSILON)))? as f32;
                 (Op::RmsNorm { eps, gain }, inputs)
             }
-            "aten.pow.Tensor_Scalar" => {
+            "aten.matmul.default" | "aten.mm.default" if self.is_matrix_param(n.arg(1, "mat2")) => {
                 let x = self.input(n, 0, "self")?;
-                let value = self.number(n, 1, "exponent", None)? as f32;
-                (Op::Scalar { op: Binary::Pow, value, reversed: false }, vec![x])
+                let w = n.arg(1, "mat2").cloned().ok_or_else(|| bad(n, "a product without a weight"))?;
+                let unit = self.unit(n, &w, UnitKind::Linear, None, true)?;
+                self.check_linear(n, x, unit, shape.last().map(|d| d.at(1)))?;
+                (Op::Linear { unit }, vec![x])
             }
-            "aten.pow.Scalar" => {
-                let x = self.input(n, 1, "exponent")?;
-                let value = self.number(n, 0, "self", None)? as f32;
-                (Op::Scalar { op: Binary::Pow, value, reversed: true }, vec![x])
-            }
-            "aten.rsub.Scalar" => {
-                let x = self.input(n, 0, "self")?;
-                self.alpha(n)?;
-                (
-                    Op::Scalar { op: Binary::Sub, value: self.number(n, 1, "other", None)? as f32, reversed: true },
-                    vec![x],
-                )
-            }
-            "aten.mean.dim" | "aten.sum.dim_IntList" => {
-                let x = self.input(n, 0, "self")?;
-                let rank = self.rank(x);
-                let dims = match n.arg(1, "dim").and_then(Arg::list) {
-                    Some(l) => l.iter().map(|d| self.dim(n, Some(d), rank)).collect::<Result<Vec<_>>>()?,
-                    None => (0..rank).collect(),
+            "aten.addmm.default" => {
+                for k in ["beta", "alpha"] {
+                    if n.kwargs.get(k).and_then(Arg::number).is_some_and(|v| v != 1.0) {
+                        return Err(bad(n, &format!("an addmm with {k}")));
+                    }
+                }
+                let x = self.input(n, 1, "mat1")?;
+                let outputs = shape.last().map(|d| d.at(1));
+                let bias = match n.arg(0, "self") {
+                    Some(arg) => Some(self.bias_param(n, arg, outputs)?),
+                    None => None,
                 };
-                let keep = matches!(n.arg(2, "keepdim"), Some(Arg::Bool(true)));
-                if n.kwargs.contains_key("dtype") {
-                    return Err(bad(n, "a reduction with a dtype"));
-                }
-                let op = if t == "aten.mean.dim" { Op::Mean { dims, keep } } else { Op::Sum { dims, keep } };
-                (op, vec![x])
+                let w = n.arg(2, "mat2").cloned().ok_or_else(|| bad(n, "an addmm without a weight"))?;
+                let unit = self.unit(n, &w, UnitKind::Linear, bias, true)?;
+                self.check_linear(n, x, unit, outputs)?;
+                (Op::Linear { unit }, vec![x])
             }
-            "aten.softmax.int" | "aten._softmax.default" => {
-                let x = self.input(n, 0, "self")?;
-                if self.dim(n, n.arg(1, "dim"), self.rank(x))? + 1 != self.rank(x) {
-                    return Err(bad(n, "a softmax over a dimension other than the last"));
-                }
-                (Op::Softmax, vec![x])
-            }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// A shape operation, attention or a product of values, or `None` for other targets.
+    fn map_shape(&mut self, n: &CapturedNode, shape: &Shape) -> Result<Option<(Op, Vec<usize>)>> {
+        let t = n.target.as_str();
+        Ok(Some(match t {
             "aten.view.default"
             | "aten.reshape.default"
             | "aten._unsafe_view.default"
@@ -559,20 +564,62 @@ impl<'c> Importer<'c> {
                 let dim = self.dim(n, n.arg(2, "dim"), self.rank(x))?;
                 (Op::RepeatInterleave { repeats, dim }, vec![x])
             }
-            "aten.scaled_dot_product_attention.default" => return self.attention(n, shape),
-            "aten.matmul.default" | "aten.mm.default" if self.is_matrix_param(n.arg(1, "mat2")) => {
-                let x = self.input(n, 0, "self")?;
-                let w = n.arg(1, "mat2").cloned().ok_or_else(|| bad(n, "a product without a weight"))?;
-                let unit = self.unit(n, &w, UnitKind::Linear, None, true)?;
-                self.check_linear(n, x, unit, shape.last().map(|d| d.at(1)))?;
-                (Op::Linear { unit }, vec![x])
-            }
+            "aten.scaled_dot_product_attention.default" => return self.attention(n, shape).map(Some),
             "aten.matmul.default" | "aten.bmm.default" | "aten.mm.default" => {
                 let (a, b) = (self.input(n, 0, "self")?, self.input(n, 1, "other")?);
                 if self.rank(a) < 2 || self.rank(b) < 2 {
                     return Err(bad(n, "a matrix product of vectors"));
                 }
                 (Op::MatMul, vec![a, b])
+            }
+            "aten.index.Tensor" => return self.index(n, shape).map(Some),
+            "aten.diff.default" => return self.diff(n, shape).map(Some),
+            _ => return Ok(None),
+        }))
+    }
+
+    /// Arithmetic, reductions, comparisons, masks and positions, or `None` for other targets.
+    fn map_math(&mut self, n: &CapturedNode, shape: &Shape) -> Result<Option<(Op, Vec<usize>)>> {
+        let t = n.target.as_str();
+        Ok(Some(match t {
+            "aten.pow.Tensor_Scalar" => {
+                let x = self.input(n, 0, "self")?;
+                let value = self.number(n, 1, "exponent", None)? as f32;
+                (Op::Scalar { op: Binary::Pow, value, reversed: false }, vec![x])
+            }
+            "aten.pow.Scalar" => {
+                let x = self.input(n, 1, "exponent")?;
+                let value = self.number(n, 0, "self", None)? as f32;
+                (Op::Scalar { op: Binary::Pow, value, reversed: true }, vec![x])
+            }
+            "aten.rsub.Scalar" => {
+                let x = self.input(n, 0, "self")?;
+                self.alpha(n)?;
+                (
+                    Op::Scalar { op: Binary::Sub, value: self.number(n, 1, "other", None)? as f32, reversed: true },
+                    vec![x],
+                )
+            }
+            "aten.mean.dim" | "aten.sum.dim_IntList" => {
+                let x = self.input(n, 0, "self")?;
+                let rank = self.rank(x);
+                let dims = match n.arg(1, "dim").and_then(Arg::list) {
+                    Some(l) => l.iter().map(|d| self.dim(n, Some(d), rank)).collect::<Result<Vec<_>>>()?,
+                    None => (0..rank).collect(),
+                };
+                let keep = matches!(n.arg(2, "keepdim"), Some(Arg::Bool(true)));
+                if n.kwargs.contains_key("dtype") {
+                    return Err(bad(n, "a reduction with a dtype"));
+                }
+                let op = if t == "aten.mean.dim" { Op::Mean { dims, keep } } else { Op::Sum { dims, keep } };
+                (op, vec![x])
+            }
+            "aten.softmax.int" | "aten._softmax.default" => {
+                let x = self.input(n, 0, "self")?;
+                if self.dim(n, n.arg(1, "dim"), self.rank(x))? + 1 != self.rank(x) {
+                    return Err(bad(n, "a softmax over a dimension other than the last"));
+                }
+                (Op::Softmax, vec![x])
             }
             "aten.arange.default" | "aten.arange.start" | "aten.arange.start_step" => {
                 let (start, step) = match t {
@@ -628,7 +675,6 @@ impl<'c> Importer<'c> {
             "aten.full.default" => (Op::Fill { value: self.number(n, 1, "fill_value", None)? as f32 }, vec![]),
             "aten.new_full.default" => (Op::Fill { value: self.number(n, 2, "fill_value", None)? as f32 }, vec![]),
             "aten.full_like.default" => (Op::Fill { value: self.number(n, 1, "fill_value", None)? as f32 }, vec![]),
-            "aten.index.Tensor" => return self.index(n, shape),
             "aten.where.self" => {
                 let c = self.input(n, 0, "condition")?;
                 let (a, b) = (self.input(n, 1, "self")?, self.input(n, 2, "other")?);
@@ -637,24 +683,6 @@ impl<'c> Importer<'c> {
                 }
                 (Op::Where, vec![c, a, b])
             }
-            "aten.diff.default" => return self.diff(n, shape),
-            "aten.addmm.default" => {
-                for k in ["beta", "alpha"] {
-                    if n.kwargs.get(k).and_then(Arg::number).is_some_and(|v| v != 1.0) {
-                        return Err(bad(n, &format!("an addmm with {k}")));
-                    }
-                }
-                let x = self.input(n, 1, "mat1")?;
-                let outputs = shape.last().map(|d| d.at(1));
-                let bias = match n.arg(0, "self") {
-                    Some(arg) => Some(self.bias_param(n, arg, outputs)?),
-                    None => None,
-                };
-                let w = n.arg(2, "mat2").cloned().ok_or_else(|| bad(n, "an addmm without a weight"))?;
-                let unit = self.unit(n, &w, UnitKind::Linear, bias, true)?;
-                self.check_linear(n, x, unit, outputs)?;
-                (Op::Linear { unit }, vec![x])
-            }
             "aten.masked_fill.Scalar" => {
                 let (x, mask) = (self.input(n, 0, "self")?, self.input(n, 1, "mask")?);
                 if self.nodes[mask].learns {
@@ -662,8 +690,8 @@ impl<'c> Importer<'c> {
                 }
                 (Op::MaskedFill { value: self.number(n, 2, "value", None)? as f32 }, vec![x, mask])
             }
-            _ => return Err(unsupported(n, UNKNOWN)),
-        })
+            _ => return Ok(None),
+        }))
     }
 
     fn alpha(&self, n: &CapturedNode) -> Result<()> {
