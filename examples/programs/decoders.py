@@ -188,6 +188,52 @@ class Gpt2Style(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+class ResearchBlock(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.gain = nn.Parameter(torch.ones(width))
+        self.shift = nn.Parameter(torch.zeros(width))
+        self.qkv = nn.Linear(width, 3 * width, bias=False)
+        self.out = nn.Linear(width, width, bias=False)
+        self.w_in = nn.Parameter(torch.randn(width, 2 * width) / math.sqrt(width))
+        self.w_out = nn.Linear(2 * width, width)
+
+    def norm(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(-1, keepdim=True)
+        var = x.var(-1, keepdim=True, unbiased=False)
+        return (x - mean) / torch.sqrt(var + 1e-5) * self.gain + self.shift
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, t, 3, self.heads, c // self.heads).unbind(2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(c // self.heads)
+        causal = torch.tril(torch.ones(t, t, device=x.device))
+        scores = scores.masked_fill(causal == 0, float("-inf"))
+        y = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(b, t, c)
+        x = x + self.out(y)
+        h = self.norm(x) @ self.w_in
+        return x + self.w_out(torch.clamp(F.silu(h), -4.0, 4.0))
+
+
+class ResearchStyle(nn.Module):
+    """A research variant: LayerNorm written out with var, attention by einsum over a tril mask, Q/K/V unbound
+    from one projection, an MLP weight applied as x @ W, a clamp, and outputs averaged from two heads."""
+
+    def __init__(self, vocab: int = 256, width: int = 64, heads: int = 4, blocks: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(ResearchBlock(width, heads) for _ in range(blocks))
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head_b = nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return torch.stack([self.head(x), self.head_b(x)], dim=0).mean(0)
+
+
 class WithFft(nn.Module):
     """A module the appliance refuses: its mixing layer is a Fourier transform (FNet)."""
 

@@ -54,6 +54,17 @@ fn gpt_j_and_gpt_2_style_decoders_import() {
 }
 
 #[test]
+fn a_research_decoder_maps_its_einsums_onto_products() {
+    let p = read(&folder("research")).expect("imports");
+    // Per block qkv, out, the x @ W weight (transposed) and w_out; then two heads.
+    assert_eq!(p.units.len(), 1 + 2 * 4 + 2);
+    assert!(p.units[3].transposed, "x @ W stores W inputs × outputs");
+    assert_eq!(p.nodes.iter().filter(|n| n.op == Op::MatMul).count(), 4, "two einsums a block");
+    assert!(p.nodes.iter().any(|n| matches!(n.op, Op::Triangle { upper: false, diagonal: 0 })));
+    assert!(p.nodes.iter().any(|n| matches!(n.op, Op::Clamp { .. })));
+}
+
+#[test]
 fn an_fft_is_refused_naming_it_and_its_line() {
     let Err(e) = read(&folder("fft")) else { panic!("an FFT imported") };
     let text = e.to_string();

@@ -24,6 +24,7 @@ SMALL = {
     "qwen": lambda: decoders.QwenStyle(vocab=256, width=64, heads=4, kv_heads=2, blocks=2, hidden=128, context=CONTEXT),
     "gptj": lambda: decoders.GptJStyle(vocab=256, width=64, heads=4, blocks=2, context=CONTEXT),
     "gpt2": lambda: decoders.Gpt2Style(vocab=256, width=64, heads=4, blocks=2, context=CONTEXT),
+    "research": lambda: decoders.ResearchStyle(vocab=256, width=64, heads=4, blocks=2),
 }
 
 
@@ -72,7 +73,7 @@ def torch_held_out_loss(module: torch.nn.Module, path: Path) -> float:
     return torch.nn.functional.cross_entropy(scores.reshape(-1, 256), targets.reshape(-1)).item()
 
 
-@pytest.mark.parametrize("kind", ["qwen", "gptj", "gpt2", "hf-qwen2", "hf-llama", "hf-gpt2"])
+@pytest.mark.parametrize("kind", ["qwen", "gptj", "gpt2", "research", "hf-qwen2", "hf-llama", "hf-gpt2"])
 def test_a_plain_module_is_evaluated_as_torch_evaluates_it_and_comes_back_unchanged(kind: str, tmp_path: Path) -> None:
     module = make(kind)
     held_out = held_out_file(tmp_path)
@@ -93,7 +94,7 @@ def test_a_plain_module_is_evaluated_as_torch_evaluates_it_and_comes_back_unchan
         assert torch.allclose(logits(back, ids), logits(module, ids), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["qwen", "gptj", "hf-qwen2"])
+@pytest.mark.parametrize("kind", ["qwen", "gptj", "research", "hf-qwen2"])
 def test_a_plain_module_trains_on_two_cs2s_and_exports_back(kind: str, tmp_path: Path) -> None:
     module = make(kind)
     training = {"batchSize": 8, "steps": 40, "seed": 1, "optimizer": {"kind": "adamw", "learningRate": 3e-3}}

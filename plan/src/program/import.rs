@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::capture::{Arg, Captured, CapturedNode, FORMAT, MAX_PROGRAM_BYTES, PROGRAM_FILE, Size};
-use super::{Binary, Cmp, Dim, Mask, Node, Op, Param, Program, Shape, Unary, Unit, UnitKind};
+use super::{Binary, Cmp, Dim, Mask, Node, Op, Param, Program, Shape, Unary, Unit, UnitKind, resolve};
 use errors::{Error, Result};
 
 /// The most nodes a program may have (a 200-block decoder has about 10,000).
@@ -373,6 +373,7 @@ impl<'c> Importer<'c> {
                 return Ok(());
             }
             "aten.split.Tensor" | "aten.split_with_sizes.default" | "aten.chunk.default" => return self.split(n),
+            "aten.unbind.int" => return self.unbind(n),
             _ => {}
         }
         let shape = self.shape_of(n).map_err(|e| if mapped(t) { e } else { unsupported(n, UNKNOWN) })?;
@@ -574,6 +575,19 @@ impl<'c> Importer<'c> {
             }
             "aten.index.Tensor" => return self.index(n, shape).map(Some),
             "aten.diff.default" => return self.diff(n, shape).map(Some),
+            "aten.stack.default" => {
+                let list = n.arg(0, "tensors").and_then(Arg::list).ok_or_else(|| bad(n, "a stack without tensors"))?;
+                let dim = self.dim(n, Some(n.arg(1, "dim").unwrap_or(&Arg::Int(0))), shape.len())?;
+                let mut inputs = Vec::new();
+                for arg in list.to_vec() {
+                    let x = self.tensor(n, &arg)?;
+                    let mut one = self.nodes[x].shape.clone();
+                    one.insert(dim.min(one.len()), Dim::Fixed(1));
+                    inputs.push(self.push(n, Op::Reshape, vec![x], one));
+                }
+                (Op::Cat { dim }, inputs)
+            }
+            "aten.einsum.default" => return self.einsum(n, shape).map(Some),
             _ => return Ok(None),
         }))
     }
@@ -689,6 +703,40 @@ impl<'c> Importer<'c> {
                     return Err(bad(n, "a mask computed from learned values"));
                 }
                 (Op::MaskedFill { value: self.number(n, 2, "value", None)? as f32 }, vec![x, mask])
+            }
+            "aten.square.default" => {
+                (Op::Scalar { op: Binary::Pow, value: 2.0, reversed: false }, vec![self.input(n, 0, "self")?])
+            }
+            "aten.sum.default" | "aten.mean.default" => {
+                let x = self.input(n, 0, "self")?;
+                let dims: Vec<usize> = (0..self.rank(x)).collect();
+                let op = if t == "aten.sum.default" {
+                    Op::Sum { dims, keep: false }
+                } else {
+                    Op::Mean { dims, keep: false }
+                };
+                (op, vec![x])
+            }
+            "aten.var.dim" | "aten.var.correction" => return self.variance(n, shape).map(Some),
+            "aten.clamp.default" => {
+                let x = self.input(n, 0, "self")?;
+                let bound = |i: usize, name: &str| n.arg(i, name).and_then(Arg::number).map(|v| v as f32);
+                (Op::Clamp { min: bound(1, "min"), max: bound(2, "max") }, vec![x])
+            }
+            "aten.tril.default" | "aten.triu.default" => {
+                let x = self.input(n, 0, "self")?;
+                if self.rank(x) < 2 {
+                    return Err(bad(n, "a triangle of a vector"));
+                }
+                let diagonal = n.arg(1, "diagonal").and_then(Arg::int).unwrap_or(0);
+                (Op::Triangle { upper: t == "aten.triu.default", diagonal }, vec![x])
+            }
+            "aten.log_softmax.int" | "aten._log_softmax.default" => {
+                let x = self.input(n, 0, "self")?;
+                if self.dim(n, n.arg(1, "dim"), self.rank(x))? + 1 != self.rank(x) {
+                    return Err(bad(n, "a log-softmax over a dimension other than the last"));
+                }
+                (Op::LogSoftmax, vec![x])
             }
             _ => return Ok(None),
         }))
@@ -891,6 +939,135 @@ impl<'c> Importer<'c> {
         Ok((Op::Binary(Binary::Sub), vec![later, earlier]))
     }
 
+    /// `unbind(x, dim)`: one piece per index along `dim`, that dimension dropped.
+    fn unbind(&mut self, n: &CapturedNode) -> Result<()> {
+        let x = self.input(n, 0, "self")?;
+        let dim = self.dim(n, Some(n.arg(1, "dim").unwrap_or(&Arg::Int(0))), self.rank(x))?;
+        let size = fixed(n, self.nodes[x].shape[dim])?;
+        let mut pieces = Vec::new();
+        for i in 0..size {
+            let mut kept = self.nodes[x].shape.clone();
+            kept[dim] = Dim::Fixed(1);
+            let piece = self.push(n, Op::Slice { dim, start: i, end: i + 1, step: 1 }, vec![x], kept.clone());
+            kept.remove(dim);
+            pieces.push(self.push(n, Op::Reshape, vec![piece], kept));
+        }
+        self.values.insert(n.name.clone(), Value::Pieces(pieces));
+        Ok(())
+    }
+
+    /// `var(x, dims)` as the mean of squared deviations, divided by `count − correction`.
+    fn variance(&mut self, n: &CapturedNode, shape: &Shape) -> Result<(Op, Vec<usize>)> {
+        let x = self.input(n, 0, "self")?;
+        let rank = self.rank(x);
+        let dims = match n.arg(1, "dim").and_then(Arg::list) {
+            Some(l) => l.iter().map(|d| self.dim(n, Some(d), rank)).collect::<Result<Vec<_>>>()?,
+            None => (0..rank).collect(),
+        };
+        let correction = if n.target == "aten.var.dim" {
+            f64::from(u8::from(!matches!(n.arg(2, "unbiased"), Some(Arg::Bool(false)))))
+        } else {
+            n.kwargs.get("correction").and_then(Arg::number).unwrap_or(1.0)
+        };
+        let keep = matches!(n.kwargs.get("keepdim").or(n.args.get(3)), Some(Arg::Bool(true)));
+        let count = dims.iter().map(|&d| fixed(n, self.nodes[x].shape[d])).product::<Result<usize>>()? as f64;
+        if count - correction <= 0.0 {
+            return Err(bad(n, "a variance of too few values for its correction"));
+        }
+        let mut kept = self.nodes[x].shape.clone();
+        dims.iter().for_each(|&d| kept[d] = Dim::Fixed(1));
+        let full = self.nodes[x].shape.clone();
+        let mean = self.push(n, Op::Mean { dims: dims.clone(), keep: true }, vec![x], kept);
+        let deviation = self.push(n, Op::Binary(Binary::Sub), vec![x, mean], full.clone());
+        let square = self.push(n, Op::Scalar { op: Binary::Pow, value: 2.0, reversed: false }, vec![deviation], full);
+        let sum = self.push(n, Op::Sum { dims, keep }, vec![square], shape.clone());
+        Ok((Op::Scalar { op: Binary::Mul, value: (1.0 / (count - correction)) as f32, reversed: false }, vec![sum]))
+    }
+
+    /// A two-operand `einsum` (or a one-operand permutation) as permutes, reshapes and one batched product:
+    /// letters in both operands and the output are batch dimensions, in both and not the output are summed.
+    fn einsum(&mut self, n: &CapturedNode, shape: &Shape) -> Result<(Op, Vec<usize>)> {
+        let refuse = |why: &str| unsupported(n, &format!("einsum {why}: write it with matmul, transpose and sum"));
+        let Some(Arg::Str(equation)) = n.arg(0, "equation") else { return Err(refuse("without an equation")) };
+        let equation: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
+        let (lhs, out) = equation.split_once("->").ok_or_else(|| refuse("without an explicit output"))?;
+        let operands: Vec<&str> = lhs.split(',').collect();
+        let list = n.arg(1, "tensors").and_then(Arg::list).ok_or_else(|| refuse("without tensors"))?.to_vec();
+        let distinct = |s: &str| s.chars().collect::<std::collections::BTreeSet<_>>().len() == s.len();
+        if list.len() != operands.len()
+            || !operands.iter().chain([&out]).all(|s| distinct(s) && s.chars().all(char::is_alphabetic))
+        {
+            return Err(refuse(&format!("{equation:?}")));
+        }
+        let inputs = list.iter().map(|a| self.tensor(n, a)).collect::<Result<Vec<_>>>()?;
+        if operands.iter().zip(&inputs).any(|(s, &i)| s.len() != self.rank(i)) {
+            return Err(refuse("whose letters do not match its operands' dimensions"));
+        }
+        let out: Vec<char> = out.chars().collect();
+        if let [a] = inputs[..] {
+            let letters: Vec<char> = operands[0].chars().collect();
+            if letters.len() != out.len() {
+                return Err(refuse("that sums within one operand"));
+            }
+            let dims =
+                out.iter().map(|c| letters.iter().position(|l| l == c).ok_or_else(|| refuse("with a new letter")));
+            return Ok((Op::Permute { dims: dims.collect::<Result<_>>()? }, vec![a]));
+        }
+        let [a, b] = inputs[..] else { return Err(refuse("of more than two operands")) };
+        let (la, lb): (Vec<char>, Vec<char>) = (operands[0].chars().collect(), operands[1].chars().collect());
+        // Each letter's size, from the operand that has it (both agree where both do, or broadcast from 1).
+        let mut dim_of = std::collections::HashMap::new();
+        for (letters, node) in [(&la, a), (&lb, b)] {
+            for (p, &c) in letters.iter().enumerate() {
+                let d = self.nodes[node].shape[p];
+                if dim_of.get(&c).is_none_or(|&old| old == Dim::Fixed(1)) {
+                    dim_of.insert(c, d);
+                }
+            }
+        }
+        let in_b = |c: &char| lb.contains(c);
+        let batch: Vec<char> = la.iter().copied().filter(|c| in_b(c) && out.contains(c)).collect();
+        let summed: Vec<char> = la.iter().copied().filter(|c| in_b(c) && !out.contains(c)).collect();
+        let free_a: Vec<char> = la.iter().copied().filter(|c| !in_b(c)).collect();
+        let free_b: Vec<char> = lb.iter().copied().filter(|c| !la.contains(c)).collect();
+        if free_a.iter().chain(&free_b).any(|c| !out.contains(c))
+            || out.len() != batch.len() + free_a.len() + free_b.len()
+        {
+            return Err(refuse("that sums a letter of one operand alone"));
+        }
+        let product = |letters: &[char]| -> Result<usize> {
+            letters.iter().map(|c| dim_of.get(c).map_or(Ok(1), |&d| fixed(n, d))).product()
+        };
+        let (m, k, nn) = (product(&free_a)?, product(&summed)?, product(&free_b)?);
+        let batch_shape: Vec<Dim> = batch.iter().filter_map(|c| dim_of.get(c).copied()).collect();
+        // a: [batch.., free_a.., summed..] → [batch.., m, k]; b: [batch.., summed.., free_b..] → [batch.., k, n].
+        let batch_len = batch.len();
+        let arrange = |im: &mut Self, node: usize, letters: &[char], order: Vec<char>, rows: usize, cols: usize| {
+            let dims: Vec<usize> = order.iter().filter_map(|c| letters.iter().position(|l| l == c)).collect();
+            let permuted: Vec<Dim> = dims.iter().map(|&d| im.nodes[node].shape[d]).collect();
+            // The operand's own batch sizes: the product broadcasts a 1 against the other's.
+            let mut flat = permuted[..batch_len].to_vec();
+            let p = im.push(n, Op::Permute { dims }, vec![node], permuted);
+            flat.extend([Dim::Fixed(rows), Dim::Fixed(cols)]);
+            im.push(n, Op::Reshape, vec![p], flat)
+        };
+        let order_a = [batch.clone(), free_a.clone(), summed.clone()].concat();
+        let order_b = [batch.clone(), summed.clone(), free_b.clone()].concat();
+        let a2 = arrange(self, a, &la, order_a, m, k);
+        let b2 = arrange(self, b, &lb, order_b, k, nn);
+        let mut product_shape = batch_shape.clone();
+        product_shape.extend([Dim::Fixed(m), Dim::Fixed(nn)]);
+        let mm = self.push(n, Op::MatMul, vec![a2, b2], product_shape);
+        let natural: Vec<char> = [batch, free_a, free_b].concat();
+        let natural_shape: Vec<Dim> = natural.iter().map(|c| dim_of.get(c).copied().unwrap_or(Dim::Fixed(1))).collect();
+        let unflat = self.push(n, Op::Reshape, vec![mm], natural_shape);
+        let dims: Vec<usize> = out.iter().filter_map(|c| natural.iter().position(|l| l == c)).collect();
+        if dims.len() != out.len() || resolve(shape, 1).len() != out.len() {
+            return Err(refuse("whose output does not follow from its operands"));
+        }
+        Ok((Op::Permute { dims }, vec![unflat]))
+    }
+
     fn output(&mut self, n: &CapturedNode) -> Result<()> {
         let first = n.args.first().and_then(Arg::list).and_then(|l| l.first()).cloned();
         let mut outs = n.args.first().and_then(Arg::list).map_or(0, <[Arg]>::len);
@@ -1058,6 +1235,18 @@ fn mapped(target: &str) -> bool {
         "aten.where.self",
         "aten.diff.default",
         "aten.addmm.default",
+        "aten.square.default",
+        "aten.sum.default",
+        "aten.mean.default",
+        "aten.var.dim",
+        "aten.var.correction",
+        "aten.clamp.default",
+        "aten.tril.default",
+        "aten.triu.default",
+        "aten.log_softmax.int",
+        "aten._log_softmax.default",
+        "aten.stack.default",
+        "aten.einsum.default",
     ];
     MAPPED.contains(&target) || binary(target).is_some() || UNARY.contains(&target) || compare(target).is_some()
 }

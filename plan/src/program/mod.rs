@@ -284,6 +284,23 @@ pub enum Op {
     Index,
     /// `a` where the condition is non-zero, else `b`, broadcast. Inputs: the condition, `a`, `b`.
     Where,
+    /// `x` limited to `[min, max]` (either bound optional). Input: `x`.
+    Clamp {
+        /// The lower bound.
+        min: Option<f32>,
+        /// The upper bound.
+        max: Option<f32>,
+    },
+    /// `x` with the elements of its last two dimensions on one side of a diagonal set to 0: below it kept
+    /// (`tril`), or above it (`triu`). Input: `x`.
+    Triangle {
+        /// Whether the upper triangle is kept (`triu`).
+        upper: bool,
+        /// The diagonal, 0 the main one, positive above it.
+        diagonal: i64,
+    },
+    /// Log-softmax along the last dimension. Input: `x`.
+    LogSoftmax,
     /// `value` where the mask is non-zero, else `x`. Inputs: `x`, the mask (broadcast).
     MaskedFill {
         /// The value written.

@@ -135,7 +135,7 @@ impl Exec {
                 ops::forward(op, &inputs, &shape)
             }
         };
-        if y.shape != shape {
+        if y.shape != shape || y.data.len() != shape.iter().product::<usize>() {
             return Err(Error::Protocol(format!("node {i} computed {:?}, not {shape:?}", y.shape)));
         }
         Ok(y)

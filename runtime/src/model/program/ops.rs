@@ -48,6 +48,13 @@ pub fn forward(op: &Op, inputs: &[&Tensor], shape: &[usize]) -> Tensor {
             a.zip(&b, |x, y| f32::from(u8::from(cmp.holds(x, y))))
         }
         Op::Cumsum { dim } => cumsum(inputs[0], *dim, false),
+        Op::Clamp { min, max } => inputs[0].map(|x| min.map_or(x, |m| x.max(m)).min(max.unwrap_or(f32::INFINITY))),
+        Op::Triangle { upper, diagonal } => triangle(inputs[0], *upper, *diagonal),
+        Op::LogSoftmax => {
+            let mut y = softmax_rows(inputs[0]);
+            y.data.iter_mut().for_each(|p| *p = p.ln());
+            y
+        }
         Op::Fill { value } => Tensor::new(shape.to_vec(), vec![*value; shape.iter().product()]),
         Op::Index => index(inputs, shape),
         Op::Where => {
@@ -132,6 +139,21 @@ pub fn backward(op: &Op, inputs: &[&Tensor], y: &Tensor, dy: &Tensor, wants: &[b
         Op::RepeatInterleave { repeats, dim } => one(tensor::unrepeat(dy, *repeats, *dim)),
         Op::Attention { causal, scale, mask } => attention_backward(inputs, dy, *causal, *scale, *mask),
         Op::Cumsum { dim } => one(cumsum(dy, *dim, true)),
+        Op::Clamp { min, max } => {
+            let inside = |x: f32| min.is_none_or(|m| x >= m) && max.is_none_or(|m| x <= m);
+            one(inputs[0].zip(dy, |x, g| if inside(x) { g } else { 0.0 }))
+        }
+        Op::Triangle { upper, diagonal } => one(triangle(dy, *upper, *diagonal)),
+        Op::LogSoftmax => {
+            // dx = dy − softmax · Σ dy, row by row (softmax = exp(y)).
+            let c = y.last().max(1);
+            let mut dx = vec![0.0; y.len()];
+            for ((d, y), g) in dx.chunks_mut(c).zip(y.data.chunks(c)).zip(dy.data.chunks(c)) {
+                let total: f32 = g.iter().sum();
+                d.iter_mut().zip(y).zip(g).for_each(|((d, y), g)| *d = g - y.exp() * total);
+            }
+            one(Tensor::new(y.shape.clone(), dx))
+        }
         Op::Index => {
             let mut g = vec![Some(unindex(inputs, dy))];
             g.extend(std::iter::repeat_n(None, inputs.len() - 1));
@@ -519,6 +541,25 @@ fn attention_backward(
     ];
     grads.extend(inputs.get(3).map(|_| None));
     grads
+}
+
+/// `x` with the elements of its last two dimensions off one side of `diagonal` set to 0 (`tril`, or `triu`
+/// when `upper`).
+fn triangle(x: &Tensor, upper: bool, diagonal: i64) -> Tensor {
+    let r = x.shape.len();
+    let (rows, cols) = (x.shape[r - 2], x.shape[r - 1]);
+    let mut y = x.data.clone();
+    for block in y.chunks_mut((rows * cols).max(1)) {
+        for (i, row) in block.chunks_mut(cols.max(1)).enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                let offset = j as i64 - i as i64;
+                if (upper && offset < diagonal) || (!upper && offset > diagonal) {
+                    *v = 0.0;
+                }
+            }
+        }
+    }
+    Tensor::new(x.shape.clone(), y)
 }
 
 /// Running sums of `x` along `dim` (from the end when `reverse`: the gradient of the forward sums).

@@ -159,7 +159,17 @@ fn index_where_and_cumsum_match_central_differences() {
     check(Op::Index, vec![x.clone(), rows, cols], &[2, 2, 2], &[true, false, false]);
     let cond = Tensor::new(vec![4, 1], vec![1.0, 0.0, 1.0, 0.0]);
     check(Op::Where, vec![cond, x.clone(), random(&[2], 21)], &[3, 4, 2], &[false, true, true]);
-    check(Op::Cumsum { dim: 1 }, vec![x], &[3, 4, 2], &[true]);
+    check(Op::Cumsum { dim: 1 }, vec![x.clone()], &[3, 4, 2], &[true]);
+    // Away from the bounds, where the clamp's kink would spoil central differences.
+    let spread = Tensor::new(vec![3, 4, 2], values(24, 22).iter().map(|v| 2.0 * v + 0.05 * v.signum()).collect());
+    check(Op::Clamp { min: Some(-1.0), max: Some(1.0) }, vec![spread], &[3, 4, 2], &[true]);
+    for (upper, diagonal) in [(false, 0), (true, 1), (false, -1)] {
+        check(Op::Triangle { upper, diagonal }, vec![x.clone()], &[3, 4, 2], &[true]);
+    }
+    check(Op::LogSoftmax, vec![x], &[3, 4, 2], &[true]);
+    let tril =
+        ops::forward(&Op::Triangle { upper: false, diagonal: 0 }, &[&Tensor::new(vec![2, 2], vec![1.0; 4])], &[2, 2]);
+    assert_eq!(tril.data, [1.0, 0.0, 1.0, 1.0]);
 }
 
 /// A captured example and what PyTorch computed for it.
@@ -264,6 +274,12 @@ fn a_gpt_j_style_decoder_computes_what_pytorch_does() {
 #[test]
 fn a_gpt_2_style_decoder_computes_what_pytorch_does() {
     matches_pytorch("gpt2");
+}
+
+#[test]
+fn a_research_decoder_computes_what_pytorch_does() {
+    // LayerNorm written with var, einsum attention over a tril mask, unbind, x @ W, clamp, stack and mean.
+    matches_pytorch("research");
 }
 
 #[test]
