@@ -579,8 +579,8 @@ impl<'c> Importer<'c> {
                 let list = n.arg(0, "tensors").and_then(Arg::list).ok_or_else(|| bad(n, "a stack without tensors"))?;
                 let dim = self.dim(n, Some(n.arg(1, "dim").unwrap_or(&Arg::Int(0))), shape.len())?;
                 let mut inputs = Vec::new();
-                for arg in list.to_vec() {
-                    let x = self.tensor(n, &arg)?;
+                for arg in list {
+                    let x = self.tensor(n, arg)?;
                     let mut one = self.nodes[x].shape.clone();
                     one.insert(dim.min(one.len()), Dim::Fixed(1));
                     inputs.push(self.push(n, Op::Reshape, vec![x], one));
