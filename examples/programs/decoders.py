@@ -210,25 +210,29 @@ class ResearchBlock(nn.Module):
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(c // self.heads)
         causal = torch.tril(torch.ones(t, t, device=x.device))
         scores = scores.masked_fill(causal == 0, float("-inf"))
-        y = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(b, t, c)
+        scores = (scores - scores.max(-1, keepdim=True).values).exp()  # softmax written out
+        probs = scores / scores.sum(-1, keepdim=True)
+        y = torch.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, c)
         x = x + self.out(y)
         h = self.norm(x) @ self.w_in
         return x + self.w_out(torch.clamp(F.silu(h), -4.0, 4.0))
 
 
 class ResearchStyle(nn.Module):
-    """A research variant: LayerNorm written out with var, attention by einsum over a tril mask, Q/K/V unbound
-    from one projection, an MLP weight applied as x @ W, a clamp, and outputs averaged from two heads."""
+    """A research variant: a learned position table tiled over the batch, LayerNorm written out with var,
+    attention by einsum over a tril mask with its softmax written out, Q/K/V unbound from one projection, an MLP
+    weight applied as x @ W, a clamp, and outputs averaged from two heads."""
 
-    def __init__(self, vocab: int = 256, width: int = 64, heads: int = 4, blocks: int = 2) -> None:
+    def __init__(self, vocab: int = 256, width: int = 64, heads: int = 4, blocks: int = 2, context: int = 32) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
+        self.positions = nn.Parameter(0.02 * torch.randn(1, context, width))
         self.blocks = nn.ModuleList(ResearchBlock(width, heads) for _ in range(blocks))
         self.head = nn.Linear(width, vocab, bias=False)
         self.head_b = nn.Linear(width, vocab)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
+        x = self.embed(ids) + self.positions[:, : ids.shape[1]].repeat(ids.shape[0], 1, 1)
         for block in self.blocks:
             x = block(x)
         return torch.stack([self.head(x), self.head_b(x)], dim=0).mean(0)

@@ -24,7 +24,7 @@ SMALL = {
     "qwen": lambda: decoders.QwenStyle(vocab=256, width=64, heads=4, kv_heads=2, blocks=2, hidden=128, context=CONTEXT),
     "gptj": lambda: decoders.GptJStyle(vocab=256, width=64, heads=4, blocks=2, context=CONTEXT),
     "gpt2": lambda: decoders.Gpt2Style(vocab=256, width=64, heads=4, blocks=2, context=CONTEXT),
-    "research": lambda: decoders.ResearchStyle(vocab=256, width=64, heads=4, blocks=2),
+    "research": lambda: decoders.ResearchStyle(vocab=256, width=64, heads=4, blocks=2, context=CONTEXT),
 }
 
 

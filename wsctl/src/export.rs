@@ -177,7 +177,7 @@ fn hugging_face_tensors(layout: &ModelLayout, tensors: &Tensors, masking: Option
         for (name, len) in &unit.vector {
             let part =
                 values.get(done..done + len).ok_or_else(|| anyhow!("layer {l}'s vector is shorter than {name}"))?;
-            out.put(name.clone(), &[*len], part.to_vec());
+            out.put(name.clone(), &huggingface::vector_shape(layout, name, *len), part.to_vec());
             done += len;
         }
         for (name, len, value) in &unit.constants {

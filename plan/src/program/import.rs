@@ -71,6 +71,8 @@ enum Value {
     Size,
     /// The pieces of a `split`, each a node.
     Pieces(Vec<usize>),
+    /// An output the program cannot compute (a max's indices), refused only where something reads it.
+    Refused(String),
 }
 
 #[derive(Clone, Debug)]
@@ -218,6 +220,7 @@ impl<'c> Importer<'c> {
         let (op, shape) = match value {
             Value::Node(i) => return Ok(i),
             Value::Size | Value::Pieces(_) => return Err(bad(n, &format!("{name} used as a tensor"))),
+            Value::Refused(why) => return Err(unsupported(n, &why)),
             Value::Placeholder(Placeholder::Tokens { context }) => {
                 let i = self.push(n, Op::Tokens, vec![], vec![Dim::Batch, Dim::Fixed(context)]);
                 self.tokens = Some(i);
@@ -374,6 +377,7 @@ impl<'c> Importer<'c> {
             }
             "aten.split.Tensor" | "aten.split_with_sizes.default" | "aten.chunk.default" => return self.split(n),
             "aten.unbind.int" => return self.unbind(n),
+            "aten.max.dim" => return self.max_dim(n),
             _ => {}
         }
         let shape = self.shape_of(n).map_err(|e| if mapped(t) { e } else { unsupported(n, UNKNOWN) })?;
@@ -588,6 +592,7 @@ impl<'c> Importer<'c> {
                 (Op::Cat { dim }, inputs)
             }
             "aten.einsum.default" => return self.einsum(n, shape).map(Some),
+            "aten.repeat.default" => return self.repeat(n, shape).map(Some),
             _ => return Ok(None),
         }))
     }
@@ -738,6 +743,17 @@ impl<'c> Importer<'c> {
                 }
                 (Op::LogSoftmax, vec![x])
             }
+            "aten.amax.default" => {
+                let x = self.input(n, 0, "self")?;
+                let rank = self.rank(x);
+                let dims = match n.arg(1, "dim").and_then(Arg::list) {
+                    Some(l) if !l.is_empty() => {
+                        l.iter().map(|d| self.dim(n, Some(d), rank)).collect::<Result<Vec<_>>>()?
+                    }
+                    _ => (0..rank).collect(),
+                };
+                (Op::Amax { dims, keep: matches!(n.arg(2, "keepdim"), Some(Arg::Bool(true))) }, vec![x])
+            }
             _ => return Ok(None),
         }))
     }
@@ -832,9 +848,15 @@ impl<'c> Importer<'c> {
         let Some(Value::Pieces(pieces)) = source.cloned() else {
             return Err(unsupported(n, "indexing the result of this operation is not supported: index a split"));
         };
+        // A max over a dimension gives its values only: reading its indices (argmax) is not a program's.
         let i = n.arg(1, "index").and_then(Arg::int).and_then(|i| usize::try_from(i).ok());
-        let piece = i.and_then(|i| pieces.get(i)).ok_or_else(|| bad(n, "an index past the split's pieces"))?;
-        self.define(n, *piece);
+        match i.and_then(|i| pieces.get(i)) {
+            Some(&piece) => self.define(n, piece),
+            None => {
+                let why = "the indices of a max (argmax) are not a program's: use the values alone".to_string();
+                self.values.insert(n.name.clone(), Value::Refused(why));
+            }
+        }
         Ok(())
     }
 
@@ -937,6 +959,52 @@ impl<'c> Importer<'c> {
         let later = self.push(n, Op::Slice { dim, start: 1, end: size, step: 1 }, vec![joined], shape.clone());
         let earlier = self.push(n, Op::Slice { dim, start: 0, end: size - 1, step: 1 }, vec![joined], shape.clone());
         Ok((Op::Binary(Binary::Sub), vec![later, earlier]))
+    }
+
+    /// `max(x, dim)`: its values (the first piece); reading its indices is refused.
+    fn max_dim(&mut self, n: &CapturedNode) -> Result<()> {
+        let x = self.input(n, 0, "self")?;
+        let rank = self.rank(x);
+        let dim = self.dim(n, n.arg(1, "dim"), rank)?;
+        let keep = matches!(n.arg(2, "keepdim"), Some(Arg::Bool(true)));
+        let mut shape = self.nodes[x].shape.clone();
+        if keep {
+            shape[dim] = Dim::Fixed(1);
+        } else {
+            shape.remove(dim);
+        }
+        let values = self.push(n, Op::Amax { dims: vec![dim], keep }, vec![x], shape);
+        self.values.insert(n.name.clone(), Value::Pieces(vec![values]));
+        Ok(())
+    }
+
+    /// `repeat(x, reps)`: each dimension tiled, as a reshape that opens a size-1 dimension before each, an
+    /// expand of those to the repeats and a reshape that folds them back. The repeats are read from the output's
+    /// shape, so a repeat by the batch (`ids.shape[0]`) of a dimension of 1 is the batch.
+    fn repeat(&mut self, n: &CapturedNode, shape: &Shape) -> Result<(Op, Vec<usize>)> {
+        let x = self.input(n, 0, "self")?;
+        let mut sizes = self.nodes[x].shape.clone();
+        if sizes.len() > shape.len() {
+            return Err(bad(n, "fewer repeats than dimensions"));
+        }
+        while sizes.len() < shape.len() {
+            sizes.insert(0, Dim::Fixed(1));
+        }
+        let reps = sizes
+            .iter()
+            .zip(shape)
+            .map(|(&from, &to)| match (from, to) {
+                (Dim::Fixed(1), to) => Ok(to),
+                (from, to) if from == to => Ok(Dim::Fixed(1)),
+                (Dim::Fixed(f), Dim::Fixed(t)) if f > 0 && t % f == 0 => Ok(Dim::Fixed(t / f)),
+                _ => Err(bad(n, "a repeat whose output does not tile its input")),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let opened: Vec<Dim> = sizes.iter().flat_map(|&d| [Dim::Fixed(1), d]).collect();
+        let tiled: Vec<Dim> = sizes.iter().zip(&reps).flat_map(|(&d, &r)| [r, d]).collect();
+        let open = self.push(n, Op::Reshape, vec![x], opened);
+        let expand = self.push(n, Op::Expand, vec![open], tiled);
+        Ok((Op::Reshape, vec![expand]))
     }
 
     /// `unbind(x, dim)`: one piece per index along `dim`, that dimension dropped.
@@ -1247,6 +1315,8 @@ fn mapped(target: &str) -> bool {
         "aten._log_softmax.default",
         "aten.stack.default",
         "aten.einsum.default",
+        "aten.amax.default",
+        "aten.repeat.default",
     ];
     MAPPED.contains(&target) || binary(target).is_some() || UNARY.contains(&target) || compare(target).is_some()
 }
@@ -1281,6 +1351,9 @@ const UNARY: &[&str] = &[
     "aten.sqrt.default",
     "aten.reciprocal.default",
     "aten.tanh.default",
+    "aten.erf.default",
+    "aten.log.default",
+    "aten.abs.default",
     "aten.sigmoid.default",
 ];
 
@@ -1305,6 +1378,9 @@ fn unary(target: &str, n: &CapturedNode) -> Option<Result<Unary>> {
         "aten.reciprocal.default" => Unary::Reciprocal,
         "aten.tanh.default" => Unary::Tanh,
         "aten.sigmoid.default" => Unary::Sigmoid,
+        "aten.erf.default" => Unary::Erf,
+        "aten.log.default" => Unary::Log,
+        "aten.abs.default" => Unary::Abs,
         _ => return None,
     }))
 }

@@ -81,6 +81,12 @@ pub enum Unary {
     Tanh,
     /// σ(x).
     Sigmoid,
+    /// erf x.
+    Erf,
+    /// ln x.
+    Log,
+    /// |x|.
+    Abs,
     /// x, unchanged (`contiguous`, `clone`, dtype casts between floats).
     Identity,
 }
@@ -301,6 +307,13 @@ pub enum Op {
     },
     /// Log-softmax along the last dimension. Input: `x`.
     LogSoftmax,
+    /// The largest value over `dims` (its gradient goes to the first position holding it). Input: `x`.
+    Amax {
+        /// The dimensions reduced.
+        dims: Vec<usize>,
+        /// Whether they stay as size 1.
+        keep: bool,
+    },
     /// `value` where the mask is non-zero, else `x`. Inputs: `x`, the mask (broadcast).
     MaskedFill {
         /// The value written.

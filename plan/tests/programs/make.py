@@ -33,7 +33,7 @@ SMALL = {
     "qwen": lambda: decoders.QwenStyle(vocab=32, width=16, heads=4, kv_heads=2, blocks=2, hidden=24, context=8),
     "gptj": lambda: decoders.GptJStyle(vocab=32, width=16, heads=2, blocks=2, context=8),
     "gpt2": lambda: decoders.Gpt2Style(vocab=32, width=16, heads=2, blocks=2, context=8),
-    "research": lambda: decoders.ResearchStyle(vocab=32, width=16, heads=2, blocks=2),
+    "research": lambda: decoders.ResearchStyle(vocab=32, width=16, heads=2, blocks=2, context=8),
     "fft": lambda: decoders.WithFft(vocab=32, width=16),
     "hf-qwen2": lambda: hugging_face("qwen2"),
     "hf-llama": lambda: hugging_face("llama"),

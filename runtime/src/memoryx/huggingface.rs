@@ -373,6 +373,13 @@ pub fn unit_tensors(layout: &ModelLayout, l: usize) -> Option<UnitTensors> {
     }
 }
 
+/// The shape a unit's vector tensor `name` of `len` values has in a folder: a model program's parameter keeps its
+/// own (a learned position table may be `1 × context × width`); every other is a vector.
+pub fn vector_shape(layout: &ModelLayout, name: &str, len: usize) -> Vec<usize> {
+    let param = layout.program.as_ref().and_then(|p| p.params.iter().find(|q| q.name == name));
+    param.map_or_else(|| vec![len], |q| q.shape.clone())
+}
+
 /// Rows of each matrix [`unit_tensors`] names for unit `l`, in order: how its weights split back apart.
 pub fn unit_rows(layout: &ModelLayout, l: usize) -> Vec<usize> {
     unit_tensors(layout, l).map(|u| u.weights.iter().map(|m| m.rows).collect()).unwrap_or_default()
@@ -455,7 +462,7 @@ impl Folder {
                 self.entry(&m.name, &stored_shape(m, cols))?;
             }
             for (name, len) in &unit.vector {
-                self.entry(name, &[*len])?;
+                self.entry(name, &vector_shape(layout, name, *len))?;
             }
         }
         Ok(())
@@ -506,7 +513,7 @@ impl Folder {
         }
         let mut vector = Vec::new();
         for (name, len) in &unit.vector {
-            vector.extend(self.read(name, &[*len])?);
+            vector.extend(self.read(name, &vector_shape(layout, name, *len))?);
         }
         Ok((weights, vector))
     }

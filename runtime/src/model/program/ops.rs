@@ -50,6 +50,11 @@ pub fn forward(op: &Op, inputs: &[&Tensor], shape: &[usize]) -> Tensor {
         Op::Cumsum { dim } => cumsum(inputs[0], *dim, false),
         Op::Clamp { min, max } => inputs[0].map(|x| min.map_or(x, |m| x.max(m)).min(max.unwrap_or(f32::INFINITY))),
         Op::Triangle { upper, diagonal } => triangle(inputs[0], *upper, *diagonal),
+        Op::Amax { dims, .. } => {
+            let kept = kept_shape(&inputs[0].shape, dims);
+            let (max, _) = amax(inputs[0], &kept);
+            Tensor::new(shape.to_vec(), max)
+        }
         Op::LogSoftmax => {
             let mut y = softmax_rows(inputs[0]);
             y.data.iter_mut().for_each(|p| *p = p.ln());
@@ -144,6 +149,13 @@ pub fn backward(op: &Op, inputs: &[&Tensor], y: &Tensor, dy: &Tensor, wants: &[b
             one(inputs[0].zip(dy, |x, g| if inside(x) { g } else { 0.0 }))
         }
         Op::Triangle { upper, diagonal } => one(triangle(dy, *upper, *diagonal)),
+        Op::Amax { dims, .. } => {
+            let kept = kept_shape(&inputs[0].shape, dims);
+            let (_, at) = amax(inputs[0], &kept);
+            let mut g = vec![0.0; inputs[0].len()];
+            at.iter().zip(&dy.data).for_each(|(&i, &d)| g[i] += d);
+            one(Tensor::new(inputs[0].shape.clone(), g))
+        }
         Op::LogSoftmax => {
             // dx = dy − softmax · Σ dy, row by row (softmax = exp(y)).
             let c = y.last().max(1);
@@ -203,6 +215,9 @@ fn unary(u: Unary, x: f32) -> f32 {
         Unary::Reciprocal => 1.0 / x,
         Unary::Tanh => x.tanh(),
         Unary::Sigmoid => sigmoid(x),
+        Unary::Erf => libm::erff(x),
+        Unary::Log => x.ln(),
+        Unary::Abs => x.abs(),
         Unary::Identity => x,
     }
 }
@@ -234,6 +249,9 @@ fn slope(u: Unary, x: f32, y: f32) -> f32 {
         Unary::Reciprocal => -y * y,
         Unary::Tanh => 1.0 - y * y,
         Unary::Sigmoid => y * (1.0 - y),
+        Unary::Erf => 2.0 / std::f32::consts::PI.sqrt() * (-x * x).exp(),
+        Unary::Log => 1.0 / x,
+        Unary::Abs => x.signum(),
         Unary::Identity => 1.0,
     }
 }
@@ -541,6 +559,23 @@ fn attention_backward(
     ];
     grads.extend(inputs.get(3).map(|_| None));
     grads
+}
+
+/// The largest value of `x` over the dimensions `kept` holds at 1, and the flat position of the first holding
+/// it, for every position of `kept`.
+fn amax(x: &Tensor, kept: &[usize]) -> (Vec<f32>, Vec<usize>) {
+    let count: usize = kept.iter().product();
+    let (mut max, mut at) = (vec![f32::NEG_INFINITY; count], vec![usize::MAX; count]);
+    let own = tensor::strides(&x.shape);
+    let out = tensor::strides(kept);
+    for (i, &v) in x.data.iter().enumerate() {
+        let o: usize =
+            (0..x.shape.len()).map(|d| if kept[d] == 1 { 0 } else { (i / own[d]) % x.shape[d] * out[d] }).sum();
+        if v > max[o] || at[o] == usize::MAX {
+            (max[o], at[o]) = (v, i);
+        }
+    }
+    (max, at)
 }
 
 /// `x` with the elements of its last two dimensions off one side of `diagonal` set to 0 (`tril`, or `triu`

@@ -60,11 +60,11 @@ fn element_wise_operations_match_central_differences() {
     use Unary::*;
     // Away from 0, where ReLU's kink would make central differences of step 0.01 meaningless.
     let x = Tensor::new(vec![3, 5], values(15, 1).iter().map(|v| v + 0.1 * v.signum()).collect());
-    for u in [Neg, Relu, Silu, Gelu, GeluTanh, Exp, Cos, Sin, Tanh, Sigmoid, Identity] {
+    for u in [Neg, Relu, Silu, Gelu, GeluTanh, Exp, Cos, Sin, Tanh, Sigmoid, Erf, Abs, Identity] {
         check(Op::Unary(u), vec![x.clone()], &[3, 5], &[true]);
     }
     let positive = Tensor::new(vec![3, 5], values(15, 2).iter().map(|v| 1.5 + v).collect());
-    for u in [Rsqrt, Sqrt, Reciprocal] {
+    for u in [Rsqrt, Sqrt, Reciprocal, Log] {
         check(Op::Unary(u), vec![positive.clone()], &[3, 5], &[true]);
     }
     for b in [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div] {
@@ -167,6 +167,10 @@ fn index_where_and_cumsum_match_central_differences() {
         check(Op::Triangle { upper, diagonal }, vec![x.clone()], &[3, 4, 2], &[true]);
     }
     check(Op::LogSoftmax, vec![x], &[3, 4, 2], &[true]);
+    // Values 0.1 apart, so no step of the differences changes which one is largest.
+    let distinct = Tensor::new(vec![3, 4, 2], (0..24).map(|i| ((i * 7) % 24) as f32 * 0.1 - 1.2).collect());
+    check(Op::Amax { dims: vec![1], keep: true }, vec![distinct.clone()], &[3, 1, 2], &[true]);
+    check(Op::Amax { dims: vec![0, 2], keep: false }, vec![distinct], &[4], &[true]);
     let tril =
         ops::forward(&Op::Triangle { upper: false, diagonal: 0 }, &[&Tensor::new(vec![2, 2], vec![1.0; 4])], &[2, 2]);
     assert_eq!(tril.data, [1.0, 0.0, 1.0, 1.0]);
