@@ -238,6 +238,20 @@ class ResearchStyle(nn.Module):
         return torch.stack([self.head(x), self.head_b(x)], dim=0).mean(0)
 
 
+class NanoGptStyle(nn.Module):
+    """nanoGPT's calling convention: forward(idx, targets=None) returns (logits, loss), the loss None without
+    targets; here its blocks are Gpt2Style's."""
+
+    def __init__(self, vocab: int = 256, width: int = 64, heads: int = 4, blocks: int = 2, context: int = 32) -> None:
+        super().__init__()
+        self.gpt = Gpt2Style(vocab, width, heads, blocks, context)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        logits = self.gpt(idx)
+        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss
+
+
 class WithFft(nn.Module):
     """A module the appliance refuses: its mixing layer is a Fourier transform (FNet)."""
 

@@ -25,6 +25,7 @@ SMALL = {
     "gptj": lambda: decoders.GptJStyle(vocab=256, width=64, heads=4, blocks=2, context=CONTEXT),
     "gpt2": lambda: decoders.Gpt2Style(vocab=256, width=64, heads=4, blocks=2, context=CONTEXT),
     "research": lambda: decoders.ResearchStyle(vocab=256, width=64, heads=4, blocks=2, context=CONTEXT),
+    "nanogpt": lambda: decoders.NanoGptStyle(vocab=256, width=64, heads=4, blocks=2, context=CONTEXT),
 }
 
 
@@ -47,6 +48,7 @@ def make(kind: str) -> torch.nn.Module:
 
 def logits(module: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     out = module(ids)
+    out = out[0] if isinstance(out, tuple) else out  # nanoGPT's (logits, loss)
     return getattr(out, "logits", out)
 
 
@@ -73,7 +75,7 @@ def torch_held_out_loss(module: torch.nn.Module, path: Path) -> float:
     return torch.nn.functional.cross_entropy(scores.reshape(-1, 256), targets.reshape(-1)).item()
 
 
-@pytest.mark.parametrize("kind", ["qwen", "gptj", "gpt2", "research", "hf-qwen2", "hf-llama", "hf-gpt2"])
+@pytest.mark.parametrize("kind", ["qwen", "gptj", "gpt2", "research", "nanogpt", "hf-qwen2", "hf-llama", "hf-gpt2"])
 def test_a_plain_module_is_evaluated_as_torch_evaluates_it_and_comes_back_unchanged(kind: str, tmp_path: Path) -> None:
     module = make(kind)
     held_out = held_out_file(tmp_path)

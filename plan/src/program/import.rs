@@ -1136,19 +1136,21 @@ impl<'c> Importer<'c> {
         Ok((Op::Permute { dims }, vec![unflat]))
     }
 
+    /// The graph's output: the logits, alone or beside outputs that are `None` (a nanoGPT-style `(logits,
+    /// loss)` called without targets).
     fn output(&mut self, n: &CapturedNode) -> Result<()> {
-        let first = n.args.first().and_then(Arg::list).and_then(|l| l.first()).cloned();
-        let mut outs = n.args.first().and_then(Arg::list).map_or(0, <[Arg]>::len);
         if self.c.outputs.iter().any(|o| o.kind != "user_output") {
             return Err(bad(n, "a module that changes its buffers while it runs"));
         }
-        let first = first.ok_or_else(|| bad(n, "a module that returns nothing"))?;
-        let logits = self.tensor(n, &first)?;
-        outs = outs.saturating_sub(1);
-        if outs > 0 {
-            return Err(unsupported(n, "a module returning more than its logits: return the logits alone"));
-        }
-        self.output = Some(logits);
+        let returned: Vec<Arg> = n.args.first().and_then(Arg::list).unwrap_or_default().to_vec();
+        let tensors: Vec<&Arg> = returned.iter().filter(|a| **a != Arg::None).collect();
+        let [logits] = tensors[..] else {
+            return Err(unsupported(
+                n,
+                "a module returning more than its logits (or nothing): return the logits alone",
+            ));
+        };
+        self.output = Some(self.tensor(n, logits)?);
         Ok(())
     }
 
