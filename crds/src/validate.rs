@@ -461,11 +461,20 @@ impl TrainingJobSpec {
                 "shapes a built-in family; a program's shape is its own",
             ));
         }
+        self.validate_byte_vocabulary()
+    }
+
+    /// Text read as bytes has 256 tokens; a tokenizer's or a token file's vocabulary is checked on loading.
+    fn validate_byte_vocabulary(&self) -> Result<(), ApiError> {
         let bytes = matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) && self.data.tokenizer.is_none();
-        if bytes && m.vocab_size < 256 {
+        if bytes && self.model.vocab_size < 256 {
             return Err(invalid(
                 "spec.model.vocabSize",
-                format!("{} is too small for text read as bytes (256 tokens): name a tokenizer", m.vocab_size),
+                format!(
+                    "{} is too small for text read as bytes (256 tokens): set it to 256, or name a tokenizer in \
+                     spec.data.tokenizer",
+                    self.model.vocab_size
+                ),
             ));
         }
         Ok(())
@@ -506,18 +515,7 @@ impl TrainingJobSpec {
             ));
         }
         self.validate_pretrained_text()?;
-        // Text read as bytes has 256 tokens; a tokenizer's or a token file's vocabulary is checked on loading.
-        let bytes = matches!(self.data.kind, DataKind::Text | DataKind::Jsonl) && self.data.tokenizer.is_none();
-        if bytes && m.vocab_size < 256 {
-            return Err(invalid(
-                "spec.model.vocabSize",
-                format!(
-                    "{} is too small for text read as bytes (256 tokens): set it to 256, or name a tokenizer in \
-                     spec.data.tokenizer",
-                    m.vocab_size
-                ),
-            ));
-        }
+        self.validate_byte_vocabulary()?;
         if !(1..=16).contains(&m.mlp_ratio) {
             return Err(invalid(
                 "spec.model.mlpRatio",

@@ -93,7 +93,7 @@ impl Streamed<'_, '_> {
     }
 }
 
-/// `x` (`rows × cols`, row-major) as the engine's feature-major matrix (`cols × rows`).
+/// `x` (`[.., cols]`, row-major, every leading dimension a row) as the engine's feature-major matrix.
 fn features(x: &Tensor) -> Mat {
     let cols = x.last();
     let rows = x.len() / cols.max(1);
@@ -165,9 +165,7 @@ impl Units for Streamed<'_, '_> {
 }
 
 fn add(acc: &mut [f32], g: &[f32]) {
-    if acc.len() == g.len() {
-        acc.iter_mut().zip(g).for_each(|(a, b)| *a += b);
-    }
+    acc.iter_mut().zip(g).for_each(|(a, b)| *a += b);
 }
 
 /// The work of unit `u`'s stage beside its unit: element-wise passes over every value, products for

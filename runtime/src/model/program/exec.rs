@@ -16,7 +16,8 @@ pub type Constants = HashMap<String, Tensor>;
 
 /// The stream units as the interpreter reaches them: only the unit of the stage running is ever asked for.
 pub trait Units {
-    /// Unit `u`'s matrix applied to the rows of `x` (`[rows, inputs]`), its bias added: `[rows, outputs]`.
+    /// Unit `u`'s matrix applied to the rows of `x` (`[.., inputs]`, every leading dimension a row), its bias
+    /// added: `[rows, outputs]`.
     fn linear(&mut self, u: usize, x: &Tensor) -> Result<Tensor>;
     /// Backward through [`Units::linear`]: records the weight and bias gradients, returns the input's when
     /// `need_dx`.
@@ -119,12 +120,7 @@ impl Exec {
                 })?;
                 Tensor::new(shape.clone(), values.to_vec())
             }
-            Op::Linear { .. } => {
-                let x = self.value(node.inputs[0])?;
-                let rows = x.len() / x.last().max(1);
-                let flat = Tensor::new(vec![rows, x.last()], x.data.clone());
-                units.linear(u, &flat)?.reshaped(shape.clone())
-            }
+            Op::Linear { .. } => units.linear(u, self.value(node.inputs[0])?)?.reshaped(shape.clone()),
             Op::Embedding { unit } => {
                 let rows = self.program.units[*unit].outputs;
                 let ids = indices(self.value(node.inputs[0])?, rows)?;
@@ -174,19 +170,14 @@ impl Exec {
             Op::Linear { .. } => {
                 let j = node.inputs[0];
                 let x = self.value(j)?;
-                let (rows, inputs) = (x.len() / x.last().max(1), x.last());
-                let flat = Tensor::new(vec![rows, inputs], x.data.clone());
-                let outputs = dy.last();
-                let dyf = Tensor::new(vec![rows, outputs], dy.data.clone());
-                if let Some(dx) = units.linear_backward(u, &flat, &dyf, learns(j))? {
+                if let Some(dx) = units.linear_backward(u, x, dy, learns(j))? {
                     let shape = x.shape.clone();
                     self.add_grad(j, dx.reshaped(shape));
                 }
             }
             Op::Embedding { unit } => {
                 let ids = indices(self.value(node.inputs[0])?, program.units[*unit].outputs)?;
-                let width = dy.last();
-                units.embedding_backward(u, &ids, &Tensor::new(vec![ids.len(), width], dy.data.clone()))?;
+                units.embedding_backward(u, &ids, dy)?;
             }
             op => {
                 let wants: Vec<bool> = node.inputs.iter().map(|&j| learns(j)).collect();
