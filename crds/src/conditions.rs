@@ -194,11 +194,14 @@ pub enum Reason {
     DeadlineExceeded,
     /// `Failed=True`: more failures of MemoryX or engines than `spec.restartLimit`.
     RestartLimitExceeded,
+    /// `Failed=True`: a role refused the job's input (its data, model or plan) at run time, so it failed at once
+    /// rather than after `spec.restartLimit` runs that would fail the same way.
+    InputRefused,
 }
 
 impl Reason {
     /// Every reason, for code and tests that go through them all.
-    pub const ALL: [Reason; 36] = [
+    pub const ALL: [Reason; 37] = [
         Reason::AwaitingAdmission,
         Reason::PriorityClassNotFound,
         Reason::ExceedsPool,
@@ -235,6 +238,7 @@ impl Reason {
         Reason::DataPlaneFailed,
         Reason::DeadlineExceeded,
         Reason::RestartLimitExceeded,
+        Reason::InputRefused,
     ];
 
     /// The reason as it appears in the API (CamelCase, as Kubernetes reasons are).
@@ -276,6 +280,7 @@ impl Reason {
             Reason::DataPlaneFailed => "DataPlaneFailed",
             Reason::DeadlineExceeded => "DeadlineExceeded",
             Reason::RestartLimitExceeded => "RestartLimitExceeded",
+            Reason::InputRefused => "InputRefused",
         }
     }
 

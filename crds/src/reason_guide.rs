@@ -106,6 +106,11 @@ impl Reason {
             Reason::RestartLimitExceeded => {
                 "`Failed=True`: MemoryX or the engines failed more often than `spec.restartLimit` allows."
             }
+            Reason::InputRefused => {
+                "`Failed=True`: a role refused the job's input (a corrupt or missing data file or tokenizer, a model \
+                 it cannot run, an engine's SRAM exceeded); another run would fail the same way, so it was not \
+                 restarted."
+            }
         }
     }
 
@@ -195,6 +200,10 @@ impl Reason {
             Reason::RestartLimitExceeded => {
                 "Find the failing role with `wsctl logs JOB --role engine` or `--role memoryx` and `kubectl get events`; \
                  raise `spec.restartLimit` only for a flaky cluster."
+            }
+            Reason::InputRefused => {
+                "The condition's message names the pod and its line (`wsctl get JOB`, `wsctl logs export JOB` for \
+                 the post-mortem); fix what it names in the spec or on the data volume and submit the job again."
             }
         }
     }

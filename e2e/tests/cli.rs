@@ -850,7 +850,7 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
         "missing claim",
     );
     assert!(why.contains("no-such-claim") && why.contains("create it"), "{why}");
-    // Bad data on the claim: a corrupt tokenizer fails the job with the input worker's words in its status.
+    // Bad data on the claim: a corrupt tokenizer fails the job at once, with the input worker's words in its status.
     ok(std::fs::write(corpus.join("broken-tokenizer.json"), b"{\"model\": not json"), "corrupt tokenizer");
     let mut corrupt = j.clone();
     corrupt.metadata.name = Some("badtok".into());
@@ -869,6 +869,9 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
         .iter()
         .any(|c| c.message.contains("broken-tokenizer.json") && c.message.contains("tokenizer"));
     assert!(said, "the status names the bad file: {failed:#?}");
+    // The input worker refused its input: the job failed on that one failure, not after restartLimit reruns.
+    let reason = failed.conditions.iter().find(|c| c.type_ == "Failed").map(|c| c.reason.clone());
+    assert_eq!((reason.as_deref(), failed.restarts), (Some("InputRefused"), 1), "{failed:#?}");
     // `wsctl get` of the failed job says what failed it: the pod and its line, from the post-mortem.
     let got = wsctl_ok(&kc, &["get", "badtok", "-n", &ns]).await;
     assert!(got.contains("\nFailed: ") && got.contains("failed by pod badtok-"), "{got}");

@@ -111,6 +111,18 @@ impl Error {
         Ok(())
     }
 
+    /// Whether the job's input is what is wrong (its spec, data, model or plan): running the same job again
+    /// meets the same input and fails the same way, so a supervisor fails the job instead of restarting the
+    /// role. Faults of the moment (a lost peer, an I/O error, a message out of turn) are not refusals.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            Error::Spec(_) | Error::Data(_) | Error::OutOfSram { .. } | Error::Plan(_) => true,
+            Error::UnsupportedModel { .. } => true,
+            Error::Protocol(_) | Error::OverLimit { .. } | Error::Unavailable(_) | Error::Identity(_) => false,
+            Error::Stopped { .. } | Error::Io { .. } => false,
+        }
+    }
+
     /// An I/O error with the path or action it happened on.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { context: context.into(), source }

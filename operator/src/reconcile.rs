@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crds::conditions::{ConditionType, Reason};
+use crds::contract::exit::Exit;
 use crds::contract::{MemoryxStatus, Role};
 use crds::{Phase, RetainPolicy, TrainingJob, TrainingJobStatus};
 use futures::StreamExt;
@@ -254,6 +255,8 @@ async fn pool(ctx: &Context) -> Result<(Option<(u32, bool)>, BTreeSet<String>), 
 struct PodCensus {
     ready: bool,
     failed: Vec<String>,
+    /// Pods whose program refused the job's input ([`Exit::Refused`]): MemoryX's too, while its container restarts.
+    refused: Vec<String>,
     delete: Vec<String>,
     /// Pods of the job on lost nodes (MemoryX's too, and those already being deleted): their kubelet cannot
     /// stop them, so the operator removes them at once, and their replacements go elsewhere.
@@ -270,6 +273,16 @@ fn pod_ready(p: &Pod) -> bool {
         && st
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Whether a container of `p` (now or before its last restart) ended refusing the job's input.
+fn refused_input(p: &Pod) -> bool {
+    let statuses = p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).map_or(&[][..], |c| &c[..]);
+    statuses
+        .iter()
+        .flat_map(|c| [c.state.as_ref(), c.last_state.as_ref()])
+        .filter_map(|s| s?.terminated.as_ref())
+        .any(|t| Exit::of(t.exit_code) == Exit::Refused)
 }
 
 fn hash_of(p: &Pod) -> Option<&String> {
@@ -305,6 +318,9 @@ fn census(existing: &[Pod], desired: &[Pod], memoryx_set: &str, lost_nodes: &BTr
                 .map(|x| u32::try_from(x.restart_count).unwrap_or(0));
             if let Some(r) = restarts.filter(|_| p.metadata.deletion_timestamp.is_none()) {
                 c.memoryx_restarts = Some(c.memoryx_restarts.unwrap_or(0).saturating_add(r));
+                if refused_input(p) {
+                    c.refused.push(name);
+                }
             }
             continue;
         }
@@ -319,6 +335,9 @@ fn census(existing: &[Pod], desired: &[Pod], memoryx_set: &str, lost_nodes: &BTr
             Some(d) if hash_of(d) != hash_of(p) => c.delete.push(name),
             Some(_) if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed") => {
                 c.failed.push(name.clone());
+                if refused_input(p) {
+                    c.refused.push(name.clone());
+                }
                 c.delete.push(name);
             }
             Some(_) => {}
@@ -583,6 +602,7 @@ fn decide(
         plan,
         pods_ready: holds > 0 && pods.ready,
         failed_pods: pods.failed.clone(),
+        refused_pods: pods.refused.clone(),
         unready: pods.unready.clone(),
         memoryx_restarts: pods.memoryx_restarts,
         placement: status::placement(&r.existing),
@@ -1193,6 +1213,41 @@ mod tests {
         assert_eq!(census(&input_failed, &want, "j-memoryx", &BTreeSet::new()).failed, vec!["j-input-0".to_string()]);
         assert!(c.delete.contains(&"j-swarmx-0-0".to_string()));
         assert!(c.failed.is_empty());
+    }
+
+    #[test]
+    fn census_tells_a_refusal_from_a_fault() {
+        use crds::contract::exit::REFUSED_STATUS;
+        use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus};
+        // `p` ended with `code`: now (a failed pod), or before its last restart (`last`, a weight server).
+        let ended = |p: Pod, code: i32, last: bool| {
+            let restart_count = if last { 1 } else { 0 };
+            let mut p = with_status(p, if last { "Running" } else { "Failed" }, false);
+            let state = ContainerState {
+                terminated: Some(ContainerStateTerminated { exit_code: code, ..Default::default() }),
+                ..Default::default()
+            };
+            let (state, last_state) = if last { (None, Some(state)) } else { (Some(state), None) };
+            let status =
+                ContainerStatus { name: "memoryx".into(), state, last_state, restart_count, ..Default::default() };
+            p.status.as_mut().unwrap().container_statuses = Some(vec![status]);
+            p
+        };
+        let want = desired(2);
+        let mut pods: Vec<Pod> = want.iter().cloned().map(|p| with_status(p, "Running", true)).collect();
+        let input = pods.iter().position(|p| p.name_any() == "j-input-0").unwrap();
+        let engine = pods.iter().position(|p| p.name_any() == "j-engine-1").unwrap();
+        pods[input] = ended(pods[input].clone(), REFUSED_STATUS, false);
+        pods[engine] = ended(pods[engine].clone(), 137, false);
+        let c = census(&pods, &want, "j-memoryx", &BTreeSet::new());
+        assert_eq!(c.failed.len(), 2);
+        assert_eq!(c.refused, vec!["j-input-0".to_string()], "a killed engine is a fault, replaced");
+        // A weight server that restarted after refusing is named too; one that restarted after a crash is not.
+        let refusing = ended(server("j-memoryx-0", 1), REFUSED_STATUS, true);
+        let crashed = ended(server("j-memoryx-1", 1), 1, true);
+        assert!(refusing.name_any() == "j-memoryx-0" && crashed.name_any() == "j-memoryx-1");
+        let c = census(&[refusing, crashed], &want, "j-memoryx", &BTreeSet::new());
+        assert_eq!((c.refused, c.memoryx_restarts), (vec!["j-memoryx-0".to_string()], Some(2)));
     }
 
     fn server(name: &str, restarts: i32) -> Pod {

@@ -44,6 +44,9 @@ pub struct Observed {
     pub pods_ready: bool,
     /// Names of engine, SwarmX and input-worker pods that failed this pass (the operator replaces them).
     pub failed_pods: Vec<String>,
+    /// Names of the job's pods whose program refused the job's input (see [`crds::contract::exit::Exit`]):
+    /// another run would fail the same way, so the job fails at once.
+    pub refused_pods: Vec<String>,
     /// The first of those pods that is not ready, and why, when one is not.
     pub unready: Option<Unready>,
     /// Container restarts of the current MemoryX pod, when it exists.
@@ -506,6 +509,17 @@ fn past_limits(
         d.s.memoryx_restarts_seen = rc;
     }
     d.s.restarts = restarts;
+    if !obs.refused_pods.is_empty() {
+        d.fail(
+            Reason::InputRefused,
+            format!(
+                "{} refused the job's input: its data, model or plan is wrong, and another run would fail the same \
+                 way",
+                obs.refused_pods.join(", ")
+            ),
+        );
+        return Some((Children::Release, false));
+    }
     let ran = prev.start_time.as_ref().map_or(0, |t| obs.now.duration_since(t.0).as_secs().max(0) as u64);
     if let Some(limit) = spec.active_deadline_seconds.filter(|&limit| ran > limit) {
         d.fail(
@@ -816,6 +830,7 @@ mod tests {
             }),
             pods_ready: false,
             failed_pods: vec![],
+            refused_pods: vec![],
             unready: None,
             memoryx_restarts: None,
             placement: vec![],
@@ -1214,6 +1229,25 @@ mod tests {
             message.ends_with("restartLimit = 2; failed by pod j-engine-1 (exit 137): ERROR out of memory"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_pod_refusing_the_jobs_input_fails_the_job_at_once() {
+        let mut j = job(2);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        step(&mut j, &o);
+        o.admission = None;
+        o.pods_ready = false;
+        o.failed_pods = vec!["j-input-0".into()];
+        o.refused_pods = vec!["j-input-0".into()];
+        let d = step(&mut j, &o);
+        assert_eq!((d.status.phase, d.status.restarts), (Some(Phase::Failed), 1), "one failure, far below the limit");
+        assert_eq!((d.children, d.status.allocated_cs2), (Children::Release, None));
+        let failed = cond(&j, ConditionType::Failed);
+        assert_eq!(failed.reason, "InputRefused");
+        assert!(failed.message.starts_with("j-input-0 refused the job's input"), "{}", failed.message);
+        assert!(d.transition.unwrap().warning);
     }
 
     #[test]

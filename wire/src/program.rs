@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::Router;
 use axum::routing::get;
+use crds::contract::exit::{REFUSED_STATUS, STOPPED_STATUS};
 use crds::contract::{CommonArgs, Handshake, Role};
 use plan::limits::Limits;
 use prometheus_client::encoding::text::encode;
@@ -135,9 +136,6 @@ async fn serve_http(
     crate::https::serve(listener, identity, open, protected).await
 }
 
-/// The exit status of a program stopped by a termination signal, as a shell reports one killed by SIGTERM.
-pub const STOPPED_STATUS: i32 = 143;
-
 /// What a termination signal does to this program: exit at once, or (while [`Program::stop_gracefully`] holds)
 /// ask it to stop at its next safe point.
 struct Termination {
@@ -214,6 +212,10 @@ pub fn exit(result: Result<()>) -> std::process::ExitCode {
         Err(e @ Error::Stopped { .. }) => {
             eprintln!("{e}");
             std::process::ExitCode::from(STOPPED_STATUS as u8)
+        }
+        Err(e) if e.is_refusal() => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::from(REFUSED_STATUS as u8)
         }
         Err(e) => {
             eprintln!("error: {e}");

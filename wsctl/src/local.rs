@@ -39,7 +39,7 @@ pub fn node(role: &str, args: Vec<String>, cpus: Option<&CpuList>) -> Result<()>
             // Stopped on a signal with its state saved: the status a stopped role program ends with.
             Err(e @ errors::Error::Stopped { .. }) => {
                 eprintln!("{e}");
-                std::process::exit(wire::program::STOPPED_STATUS);
+                std::process::exit(crds::contract::exit::STOPPED_STATUS);
             }
             other => other?,
         },

@@ -430,7 +430,7 @@ fn run_in_process(
     let flag = stop.clone();
     let _ = ctrlc::set_handler(move || {
         if flag.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            std::process::exit(wire::program::STOPPED_STATUS);
+            std::process::exit(crds::contract::exit::STOPPED_STATUS);
         }
         eprintln!("interrupted: checkpointing the step in flight (Ctrl-C again to stop at once)");
     });

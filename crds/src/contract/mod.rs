@@ -7,6 +7,7 @@
 //! compile error or a failing round-trip test, never a pod that crashes at run time.
 
 mod args;
+pub mod exit;
 mod handshake;
 pub mod postmortem;
 mod role;
