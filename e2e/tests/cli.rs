@@ -856,22 +856,28 @@ async fn a_job_trained_on_a_volume_comes_back_as_a_hugging_face_model() {
     corrupt.metadata.name = Some("badtok".into());
     corrupt.spec.data.tokenizer = Some("moby-dick/broken-tokenizer.json".into());
     ok(jobs.create(&Default::default(), &corrupt).await, "create the job with a corrupt tokenizer");
-    let failed = ok(
-        wait_for(Duration::from_secs(300), "the corrupt tokenizer's job to fail", || async {
-            let s = jobs.get("badtok").await.ok()?.status?;
-            (s.phase == Some(Phase::Failed)).then_some(s)
-        })
-        .await,
-        "failed job",
-    );
+    // As long as the submit above: the pool (4 CS-2s on kind) is shared with this file's other tests, so the job
+    // may wait in the queue before it starts and fails.
+    let failing = wait_for(Duration::from_secs(900), "the corrupt tokenizer's job to fail", || async {
+        let s = jobs.get("badtok").await.ok()?.status?;
+        (s.phase == Some(Phase::Failed)).then_some(s)
+    });
+    let failed = match failing.await {
+        Ok(s) => s,
+        Err(e) => panic!("{e}; the job's status: {:#?}", jobs.get("badtok").await.ok().and_then(|j| j.status)),
+    };
     let said = failed
         .conditions
         .iter()
         .any(|c| c.message.contains("broken-tokenizer.json") && c.message.contains("tokenizer"));
     assert!(said, "the status names the bad file: {failed:#?}");
-    // The input worker refused its input: the job failed on that one failure, not after restartLimit reruns.
+    // The input worker refused its input: the job failed on that first refusal (MemoryX reports it, or the
+    // operator sees the refusing pod first), not after restartLimit reruns.
     let reason = failed.conditions.iter().find(|c| c.type_ == "Failed").map(|c| c.reason.clone());
-    assert_eq!((reason.as_deref(), failed.restarts), (Some("InputRefused"), 1), "{failed:#?}");
+    assert!(
+        matches!(reason.as_deref(), Some("DataPlaneFailed" | "InputRefused")) && failed.restarts <= 1,
+        "{failed:#?}"
+    );
     // `wsctl get` of the failed job says what failed it: the pod and its line, from the post-mortem.
     let got = wsctl_ok(&kc, &["get", "badtok", "-n", &ns]).await;
     assert!(got.contains("\nFailed: ") && got.contains("failed by pod badtok-"), "{got}");
