@@ -85,10 +85,15 @@ async fn relayed(r: Relay) -> (TcpListener, SocketAddr) {
     (server, front_addr)
 }
 
-/// Reads until `want` bytes came or the stream ended; returns them, or the error with what came before it.
-async fn read_all<R: AsyncRead + Unpin>(r: &mut R, want: usize) -> (Vec<u8>, io::Result<()>) {
+/// The sizes of the buffers readers read into: one smaller than a record, so records are opened in the
+/// connection's buffer and copied out, and one that holds several, so they are opened where they land in it.
+pub(super) const READERS: [usize; 2] = [7_001, 70_001];
+
+/// Reads until `want` bytes came or the stream ended, `reader` bytes at a time; returns them, or the error with
+/// what came before it.
+async fn read_all<R: AsyncRead + Unpin>(r: &mut R, want: usize, reader: usize) -> (Vec<u8>, io::Result<()>) {
     let mut got = Vec::new();
-    let mut buf = vec![0; 7_001];
+    let mut buf = vec![0; reader];
     while got.len() < want {
         match r.read(&mut buf).await {
             Ok(0) => return (got, Ok(())),
@@ -110,7 +115,7 @@ async fn write_in<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8], piece: usize) {
 /// This module's client against rustls' server with one `suite`: both directions carry every byte, through a
 /// key update rustls asks for and this side's own at its limit; rustls seals `fragment`-byte records (many to
 /// one read) and the relay splits everything into `piece`-byte writes (one record over many reads).
-async fn client_against_rustls(suite: rustls::SupportedCipherSuite, fragment: usize, piece: usize) {
+async fn client_against_rustls(suite: rustls::SupportedCipherSuite, fragment: usize, piece: usize, reader: usize) {
     let (mut server_config, _) = IDENTITY.with(|id| rustls_peer(id, suite)).unwrap();
     server_config.max_fragment_size = Some(fragment);
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config));
@@ -125,7 +130,7 @@ async fn client_against_rustls(suite: rustls::SupportedCipherSuite, fragment: us
         write_in(&mut tls, first, 9_000).await;
         tls.get_mut().1.refresh_traffic_keys().unwrap();
         write_in(&mut tls, second, 9_000).await;
-        let (got, end) = read_all(&mut tls, up2.len()).await;
+        let (got, end) = read_all(&mut tls, up2.len(), reader).await;
         end.unwrap();
         assert!(got == up2, "rustls received other bytes than were sent ({:?})", suite.suite());
         tls.shutdown().await.unwrap();
@@ -134,7 +139,7 @@ async fn client_against_rustls(suite: rustls::SupportedCipherSuite, fragment: us
     let mut client =
         connect(tcp, Arc::new(IDENTITY.with(|id| id.grpc_client_config().unwrap())), SERVER_NAME).await.unwrap();
     client.tx_limit = 3;
-    let (got, end) = read_all(&mut client, down.len()).await;
+    let (got, end) = read_all(&mut client, down.len(), reader).await;
     end.unwrap();
     assert!(got == down, "the record layer received other bytes than rustls sent ({:?})", suite.suite());
     assert_eq!(client.rx.seq, 1, "it followed rustls' key update ({:?})", suite.suite());
@@ -147,7 +152,7 @@ async fn client_against_rustls(suite: rustls::SupportedCipherSuite, fragment: us
 }
 
 /// rustls' client with one `suite` against this module's server, the same way round.
-async fn rustls_against_server(suite: rustls::SupportedCipherSuite, fragment: usize, piece: usize) {
+async fn rustls_against_server(suite: rustls::SupportedCipherSuite, fragment: usize, piece: usize, reader: usize) {
     let (_, mut client_config) = IDENTITY.with(|id| rustls_peer(id, suite)).unwrap();
     client_config.max_fragment_size = Some(fragment);
     let connector = tokio_rustls::TlsConnector::from(Arc::new(client_config));
@@ -162,7 +167,7 @@ async fn rustls_against_server(suite: rustls::SupportedCipherSuite, fragment: us
         write_in(&mut tls, first, 5_000).await;
         tls.get_mut().1.refresh_traffic_keys().unwrap();
         write_in(&mut tls, second, 5_000).await;
-        let (got, end) = read_all(&mut tls, down2.len()).await;
+        let (got, end) = read_all(&mut tls, down2.len(), reader).await;
         end.unwrap();
         assert!(got == down2, "rustls received other bytes than were sent ({:?})", suite.suite());
         tls.shutdown().await.unwrap();
@@ -170,7 +175,7 @@ async fn rustls_against_server(suite: rustls::SupportedCipherSuite, fragment: us
     let config = Arc::new(IDENTITY.with(|id| id.grpc_server_config().unwrap()));
     let mut server = accept(listener.accept().await.unwrap().0, config).await.unwrap();
     server.tx_limit = 4;
-    let (got, end) = read_all(&mut server, up.len()).await;
+    let (got, end) = read_all(&mut server, up.len(), reader).await;
     end.unwrap();
     assert!(got == up, "the record layer received other bytes than rustls sent ({:?})", suite.suite());
     assert_eq!(server.rx.seq, 1, "it followed rustls' key update ({:?})", suite.suite());
@@ -185,8 +190,10 @@ async fn every_suite_interoperates_with_rustls_both_ways_through_key_updates_fra
     for suite in suites() {
         // Small records coalesced into one read, then records split into 1-byte and odd-sized pieces.
         for (fragment, piece) in [(64, 1 << 16), (16_384, 1), (1_000, 777)] {
-            client_against_rustls(suite, fragment, piece).await;
-            rustls_against_server(suite, fragment, piece).await;
+            for reader in READERS {
+                client_against_rustls(suite, fragment, piece, reader).await;
+                rustls_against_server(suite, fragment, piece, reader).await;
+            }
         }
     }
 }
@@ -220,8 +227,9 @@ async fn a_forged_record_draws_rustls_alert_which_this_side_reports() {
     assert!(err.to_string().contains("alert 20"), "{err}");
 }
 
-/// This side's server with this side's client through `relay`; what the server read and how its reading ended.
-pub(super) async fn through(r: Relay, data: Vec<u8>) -> (Vec<u8>, io::Result<()>) {
+/// This side's server with this side's client through `relay`; what the server read, `reader` bytes at a time,
+/// and how its reading ended.
+pub(super) async fn through(r: Relay, data: Vec<u8>, reader: usize) -> (Vec<u8>, io::Result<()>) {
     let (listener, front) = relayed(r).await;
     let want = data.len();
     let client = tokio::spawn(async move {
@@ -237,7 +245,7 @@ pub(super) async fn through(r: Relay, data: Vec<u8>) -> (Vec<u8>, io::Result<()>
     let out = match accepted {
         Ok(mut server) => {
             let deadline = std::time::Duration::from_secs(20);
-            match tokio::time::timeout(deadline, read_all(&mut server, want + 1)).await {
+            match tokio::time::timeout(deadline, read_all(&mut server, want + 1, reader)).await {
                 Ok(read) => read,
                 Err(_) => (Vec::new(), Err(io::Error::new(io::ErrorKind::TimedOut, "the server hung"))),
             }
@@ -268,11 +276,12 @@ proptest! {
         cut in any::<bool>(),
         piece in prop_oneof![Just(None), (1usize..3_000).prop_map(Some)],
         seed in any::<u64>(),
+        reader in proptest::sample::select(&READERS[..]),
     ) {
         let data = pattern(len, seed);
         let at = PAST_HANDSHAKE + at;
         let r = if cut { Relay { cut: Some(at), piece, ..Relay::default() } } else { Relay { flip: Some(at), piece, ..Relay::default() } };
-        let (got, end) = runtime().block_on(through(r, data.clone()));
+        let (got, end) = runtime().block_on(through(r, data.clone(), reader));
         prop_assert!(data.starts_with(&got), "the server read bytes that were not sent");
         // A change past everything sent changes nothing: all of it arrives, and close_notify ends it.
         if got.len() < data.len() {
@@ -284,7 +293,11 @@ proptest! {
 
     /// Bytes that are not records, after a good handshake: an error, none of them read as data.
     #[test]
-    fn bytes_that_are_not_records_are_refused(noise in proptest::collection::vec(any::<u8>(), 1..6_000), typed in any::<bool>()) {
+    fn bytes_that_are_not_records_are_refused(
+        noise in proptest::collection::vec(any::<u8>(), 1..6_000),
+        typed in any::<bool>(),
+        reader in proptest::sample::select(&READERS[..]),
+    ) {
         let mut noise = noise;
         if typed && noise.len() > 5 {
             // Shaped like a record, so the opener gets past the header: a length within bounds, and a body.
@@ -306,7 +319,7 @@ proptest! {
             // The noise may arrive with the handshake's last message: refused by the handshake, or after it.
             let read = match accept(listener.accept().await.unwrap().0, config).await {
                 Ok(mut server) => {
-                    tokio::time::timeout(std::time::Duration::from_secs(20), read_all(&mut server, 1 << 20)).await
+                    tokio::time::timeout(std::time::Duration::from_secs(20), read_all(&mut server, 1 << 20, reader)).await
                 }
                 Err(e) => Ok((Vec::new(), Err(e))),
             };
