@@ -273,6 +273,8 @@ def main():
     ap.add_argument("--out", type=Path, default=harness.BENCH)
     ap.add_argument("--from-json", type=Path, metavar="RESULTS_JSON", help="only write RESULTS-larger.md from it")
     a = ap.parse_args()
+    # Made first: a run of many minutes must not end unable to write what it measured.
+    a.out.mkdir(parents=True, exist_ok=True)
     if a.from_json:
         (a.out / "RESULTS-larger.md").write_text(render(json.loads(a.from_json.read_text())) + "\n")
         return
