@@ -5,9 +5,11 @@
 //!
 //! - [`reduce`]: summing engines' gradients, the reduction SwarmX performs.
 //! - [`codec`]: the chunked codecs of every message.
+//! - [`zero_copy`]: layer streams sent from the chunks' own buffers.
 
 pub mod codec;
 pub mod reduce;
+pub mod zero_copy;
 
 /// The generated gRPC messages and `Stage` service.
 #[allow(missing_docs, clippy::all)]

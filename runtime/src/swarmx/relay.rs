@@ -26,6 +26,7 @@ use crate::protocol::pb::{
     StateChunk, StepChunk,
 };
 use crate::protocol::reduce::Pairwise;
+use crate::protocol::zero_copy;
 use data::split_even;
 use errors::{Error, Result};
 use plan::limits::Limits;
@@ -184,12 +185,12 @@ impl Relay {
     /// Passes a layer stream on to every child as it arrives: each chunk, metered against the layer's shape, is
     /// sent to all children before the next is read, so a layer crosses the node once rather than being gathered
     /// first, and the node holds at most [`CUT_THROUGH`] chunks per child. `call` makes the call of child `i`
-    /// (in the node's order) from its client and the stream of chunks; the replies come back in child order. A
+    /// (in the node's order) from its channel and the stream of chunks; the replies come back in child order. A
     /// parent's stream that fails part-way ends the children's streams early (they refuse a truncated layer)
     /// and is the error returned.
     async fn relay_down<R, F, Fut>(&self, mut stream: Streaming<LayerChunk>, call: F) -> Result<Vec<R>, Status>
     where
-        F: Fn(usize, StageClient<Channel>, ReceiverStream<LayerChunk>) -> Fut,
+        F: Fn(usize, Channel, ReceiverStream<LayerChunk>) -> Fut,
         Fut: std::future::Future<Output = Result<R, Status>>,
     {
         let (senders, receivers): (Vec<_>, Vec<_>) = self.children.iter().map(|_| mpsc::channel(CUT_THROUGH)).unzip();
@@ -198,7 +199,7 @@ impl Relay {
                 .iter()
                 .zip(receivers)
                 .enumerate()
-                .map(|(i, (child, rx))| call(i, child.client.clone(), ReceiverStream::new(rx))),
+                .map(|(i, (child, rx))| call(i, child.channel.clone(), ReceiverStream::new(rx))),
         );
         let feed = async move {
             let mut meter = LayerMeter::default();
@@ -224,13 +225,12 @@ impl Relay {
     /// The parent (in the end MemoryX) decodes and checks the gradient as it would a sum.
     async fn pass_up(&self, layer: Streaming<LayerChunk>) -> Result<Response<GradStream>, Status> {
         let mut replies = self
-            .relay_down(layer, |i, mut client, chunks| async move {
+            .relay_down(layer, |i, channel, chunks| async move {
                 let child = &self.children[i];
-                client
-                    .backward(chunks)
+                zero_copy::backward(channel, chunks)
                     .await
                     .map_err(|s| Self::child_error(child, s))
-                    .map(|r| (child.clone(), r.into_inner()))
+                    .map(|r| (child.clone(), r))
             })
             .await?;
         let (child, stream) = replies.pop().ok_or_else(|| Status::internal("SwarmX node has no children"))?;
@@ -288,8 +288,8 @@ impl Stage for Relay {
     }
 
     async fn forward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<Ack>, Status> {
-        self.relay_down(request.into_inner(), |i, mut c, chunks| async move {
-            c.forward(chunks).await.map_err(|s| Self::child_error(&self.children[i], s))
+        self.relay_down(request.into_inner(), |i, channel, chunks| async move {
+            zero_copy::forward(channel, chunks).await.map_err(|s| Self::child_error(&self.children[i], s))
         })
         .await?;
         Ok(Response::new(Ack {}))
@@ -316,9 +316,9 @@ impl Stage for Relay {
         }
         let started = std::time::Instant::now();
         let grads = self
-            .relay_down(request.into_inner(), |i, mut client, chunks| async move {
+            .relay_down(request.into_inner(), |i, channel, chunks| async move {
                 let child = &self.children[i];
-                let stream = client.backward(chunks).await.map_err(|s| Self::child_error(child, s))?.into_inner();
+                let stream = zero_copy::backward(channel, chunks).await.map_err(|s| Self::child_error(child, s))?;
                 let parts = self.child_grads(child, stream, |c| Some(std::mem::take(c)), |_| ()).await?;
                 decode_grad(parts, &self.limits).map_err(|e| Self::child_refused(child, e))
             })

@@ -25,6 +25,7 @@ use crate::protocol::codec::state::{StateMeter, decode_state, encode_state};
 use crate::protocol::pb::stage_client::StageClient;
 use crate::protocol::pb::{self, BeginStepRequest, LayerChunk};
 use crate::protocol::reduce::Pairwise;
+use crate::protocol::zero_copy;
 use errors::{Error, Result};
 use plan::limits::Limits;
 use wire::grpc::Dial;
@@ -33,9 +34,8 @@ use wire::status::from_status;
 /// Layers sent ahead of the one the engines are computing.
 const PREFETCH: usize = 1;
 
-/// One stage's call of a layer: its client, the layer's chunks, and its address for errors.
-type LayerCall<T> =
-    Arc<dyn Fn(StageClient<Channel>, Vec<LayerChunk>, String) -> BoxFuture<'static, Result<T>> + Send + Sync>;
+/// One stage's call of a layer: its channel, the layer's chunks, and its address for errors.
+type LayerCall<T> = Arc<dyn Fn(Channel, Vec<LayerChunk>, String) -> BoxFuture<'static, Result<T>> + Send + Sync>;
 
 /// A client of the stages below: the root SwarmX node (or a single engine: they speak the same service), or a
 /// SwarmX root's children, in engine order.
@@ -110,8 +110,7 @@ impl RemoteSwarm {
         sink: &mut dyn FnMut(T) -> Result<()>,
     ) -> Result<()> {
         let (job, step, handle) = (self.job.clone(), self.step, self.handle.clone());
-        let stages: Vec<(StageClient<Channel>, String)> =
-            self.stages.iter().map(|s| (s.client.clone(), s.url.clone())).collect();
+        let stages: Vec<(Channel, String)> = self.stages.iter().map(|s| (s.channel.clone(), s.url.clone())).collect();
         let first = stages.first().map(|(_, url)| url.clone()).unwrap_or_default();
         let mut inflight: VecDeque<JoinHandle<Result<T>>> = VecDeque::new();
         let wait =
@@ -169,9 +168,9 @@ impl Swarm for RemoteSwarm {
     }
 
     fn forward_pass(&mut self, layers: usize, next: StreamSource<'_>) -> Result<LossSum> {
-        let call: LayerCall<()> = Arc::new(|mut client, chunks, url| {
+        let call: LayerCall<()> = Arc::new(|channel, chunks, url| {
             Box::pin(async move {
-                client.forward(tokio_stream::iter(chunks)).await.map(|_| ()).map_err(|s| from_status(s, &url))
+                zero_copy::forward(channel, tokio_stream::iter(chunks)).await.map_err(|s| from_status(s, &url))
             })
         });
         self.pass_into(layers, next, call, acked, &mut |()| Ok(()))?;
@@ -190,11 +189,11 @@ impl Swarm for RemoteSwarm {
         sink: &mut dyn FnMut(LayerGrad) -> Result<()>,
     ) -> Result<()> {
         let limits = self.limits.clone();
-        let call: LayerCall<LayerGrad> = Arc::new(move |mut client, chunks, url| {
+        let call: LayerCall<LayerGrad> = Arc::new(move |channel, chunks, url| {
             let limits = limits.clone();
             Box::pin(async move {
                 let mut stream =
-                    client.backward(tokio_stream::iter(chunks)).await.map_err(|s| from_status(s, &url))?.into_inner();
+                    zero_copy::backward(channel, tokio_stream::iter(chunks)).await.map_err(|s| from_status(s, &url))?;
                 let mut meter = GradMeter::new(&limits);
                 let mut parts = Vec::new();
                 while let Some(c) = stream.message().await.map_err(|s| from_status(s, &url))? {

@@ -1,10 +1,10 @@
 //! `wsctl bench transport`: how fast a layer streams over loopback through the real protocol, against a raw
 //! TCP socket copying the same bytes. The gRPC path is the one MemoryX and the engines use: the layer is cut
-//! by `protocol::codec::layer::encode_layer` into chunks of at most 1 MiB (slices of the layer's own buffer), sent on a `Stage.Forward` call over a
-//! channel built by `swarmx::relay::connect` to a server started by `transport::serve_stage` (same windows and
-//! frame sizes), and put back together with `LayerAssembler` into a recycled buffer as an engine does, every
-//! length checked. The raw path is the floor
-//! any protocol pays: one length word, the bytes, and a count back.
+//! by `protocol::codec::layer::encode_layer` into chunks of at most 1 MiB (slices of the layer's own buffer),
+//! sent from those buffers (`protocol::zero_copy::forward`) on a `Stage.Forward` call over a channel built by
+//! `swarmx::relay::connect` to a server started by `transport::serve_stage` (same windows and frame sizes), and
+//! put back together with `LayerAssembler` into a recycled buffer as an engine does, every length checked. The
+//! raw path is the floor any protocol pays: one length word, the bytes, and a count back.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -16,9 +16,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use plan::limits::Limits;
 use runtime::protocol::codec::chunk::Recycled;
 use runtime::protocol::codec::layer::{LayerAssembler, encode_layer};
-use runtime::protocol::pb::stage_client::StageClient;
 use runtime::protocol::pb::stage_server::{Stage, StageServer};
 use runtime::protocol::pb::{self, Ack, BeginStepRequest, InfoReply, InfoRequest, LayerChunk};
+use runtime::protocol::zero_copy;
 use runtime::protocol::{LayerStream, Pass, WeightPayload};
 use serde::Serialize;
 use tonic::transport::Channel;
@@ -148,16 +148,15 @@ impl Stage for Sink {
     }
 }
 
-/// One transfer of a fresh copy of `layer` on `client`'s `Stage.Forward`: its seconds and messages. The copy is
-/// made before the clock starts, as MemoryX hands over a new stream per layer.
-async fn forward_once(client: &StageClient<Channel>, layer: &LayerStream, step: u64) -> Result<(f64, usize)> {
+/// One transfer of a fresh copy of `layer` on `channel`'s `Stage.Forward`, sent as the roles send it
+/// ([`zero_copy::forward`]): its seconds and messages. The copy is made before the clock starts, as MemoryX
+/// hands over a new stream per layer.
+async fn forward_once(channel: &Channel, layer: &LayerStream, step: u64) -> Result<(f64, usize)> {
     let fresh = layer.clone();
     let start = Instant::now();
     let chunks = encode_layer(fresh, JOB, step);
     let messages = chunks.len();
-    client
-        .clone()
-        .forward(tokio_stream::iter(chunks))
+    zero_copy::forward(channel.clone(), tokio_stream::iter(chunks))
         .await
         .map_err(|s| anyhow!("streaming a layer: {}", s.message()))?;
     Ok((start.elapsed().as_secs_f64(), messages))
@@ -180,9 +179,9 @@ fn sink_for(layer: &LayerStream) -> Result<Arc<Sink>> {
 /// The job the benchmark's streams belong to.
 const JOB: &str = "bench-transport";
 
-/// A client of a sink served through the runtime's gRPC transport on loopback, over mutual TLS as the roles
+/// A channel to a sink served through the runtime's gRPC transport on loopback, over mutual TLS as the roles
 /// talk: the figure includes the encryption a job pays.
-async fn grpc(sink: Arc<Sink>) -> Result<StageClient<Channel>> {
+async fn grpc(sink: Arc<Sink>) -> Result<Channel> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind a loopback port")?;
     let identity = wire::identity::issue(JOB, &[])?.job_identity();
     let url = format!("https://{}", listener.local_addr()?);
@@ -190,12 +189,12 @@ async fn grpc(sink: Arc<Sink>) -> Result<StageClient<Channel>> {
     tokio::spawn(async move { runtime::protocol::serve_stage(sink, listener, &served).await });
     let child =
         runtime::swarmx::relay::connect(&url, JOB, wire::grpc::Dial::new(&identity, Duration::from_secs(10))).await?;
-    Ok(child.client)
+    Ok(child.channel)
 }
 
-/// A client of a sink served with the same windows and frames but no TLS: no role talks this way (they speak
+/// A channel to a sink served with the same windows and frames but no TLS: no role talks this way (they speak
 /// only mutual TLS); it is measured so the report can say what the encryption costs.
-async fn grpc_plaintext(sink: Arc<Sink>) -> Result<StageClient<Channel>> {
+async fn grpc_plaintext(sink: Arc<Sink>) -> Result<Channel> {
     use wire::grpc::{FRAME, WINDOW};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind a loopback port")?;
     let url = format!("http://{}", listener.local_addr()?);
@@ -217,7 +216,7 @@ async fn grpc_plaintext(sink: Arc<Sink>) -> Result<StageClient<Channel>> {
         .connect()
         .await
         .context("cannot connect to the plaintext sink")?;
-    Ok(StageClient::new(channel).max_encoding_message_size(8 << 20))
+    Ok(channel)
 }
 
 /// Receives transfers on one connection: a little-endian u64 length, that many bytes into a reused buffer,
