@@ -905,6 +905,16 @@ mod tests {
         d
     }
 
+    /// A job of `cs2` CS-2s after the pass that admitted it, and observations with the admission taken.
+    fn admitted(cs2: u32) -> (TrainingJob, Observed) {
+        let mut j = job(cs2);
+        let mut o = obs();
+        o.admission = Some(Verdict::Admit);
+        step(&mut j, &o);
+        o.admission = None;
+        (j, o)
+    }
+
     fn cond(j: &TrainingJob, t: ConditionType) -> &Condition {
         j.status.as_ref().unwrap().conditions.iter().find(|c| t.of(c)).unwrap()
     }
@@ -915,11 +925,7 @@ mod tests {
         use k8s_openapi::api::core::v1::{
             ContainerState, ContainerStateWaiting, ContainerStatus, PodCondition, PodStatus,
         };
-        let mut j = job(2);
-        let mut o = obs();
-        o.admission = Some(Verdict::Admit);
-        step(&mut j, &o);
-        o.admission = None;
+        let (mut j, mut o) = admitted(2);
         let mut pod = Pod::default();
         pod.metadata.name = Some("j-engine-1".into());
         pod.status = Some(PodStatus {
@@ -1019,11 +1025,7 @@ mod tests {
 
     #[test]
     fn a_pass_that_observes_nothing_new_changes_nothing() {
-        let mut j = job(2);
-        let mut o = obs();
-        o.admission = Some(Verdict::Admit);
-        step(&mut j, &o);
-        o.admission = None;
+        let (mut j, mut o) = admitted(2);
         o.pods_ready = true;
         o.coordinator = running(3, None);
         step(&mut j, &o);
@@ -1036,11 +1038,7 @@ mod tests {
 
     #[test]
     fn unreachable_memoryx_keeps_the_job_starting_with_the_reason() {
-        let mut j = job(2);
-        let mut o = obs();
-        o.admission = Some(Verdict::Admit);
-        step(&mut j, &o);
-        o.admission = None;
+        let (mut j, mut o) = admitted(2);
         o.pods_ready = true;
         o.coordinator = Some(Err("connection refused".into()));
         let d = step(&mut j, &o);
@@ -1191,11 +1189,7 @@ mod tests {
 
     #[test]
     fn failed_engines_are_replaced_until_the_restart_limit() {
-        let mut j = job(2);
-        let mut o = obs();
-        o.admission = Some(Verdict::Admit);
-        step(&mut j, &o);
-        o.admission = None;
+        let (mut j, mut o) = admitted(2);
         o.pods_ready = false;
         o.coordinator = running(5, None);
         o.failed_pods = vec!["j-engine-1".into()];
@@ -1233,11 +1227,7 @@ mod tests {
 
     #[test]
     fn a_pod_refusing_the_jobs_input_fails_the_job_at_once() {
-        let mut j = job(2);
-        let mut o = obs();
-        o.admission = Some(Verdict::Admit);
-        step(&mut j, &o);
-        o.admission = None;
+        let (mut j, mut o) = admitted(2);
         o.pods_ready = false;
         o.failed_pods = vec!["j-input-0".into()];
         o.refused_pods = vec!["j-input-0".into()];
@@ -1300,11 +1290,7 @@ mod tests {
 
     #[test]
     fn suspend_checkpoints_first_then_releases_and_resume_readmits() {
-        let mut j = job(2);
-        let mut o = obs();
-        o.admission = Some(Verdict::Admit);
-        step(&mut j, &o);
-        o.admission = None;
+        let (mut j, mut o) = admitted(2);
         o.pods_ready = true;
         o.coordinator = running(40, Some(30));
         step(&mut j, &o);
@@ -1338,11 +1324,7 @@ mod tests {
 
     #[test]
     fn rescale_checkpoints_then_reassembles_at_the_new_size() {
-        let mut j = job(2);
-        let mut o = obs();
-        o.admission = Some(Verdict::Admit);
-        step(&mut j, &o);
-        o.admission = None;
+        let (mut j, mut o) = admitted(2);
         o.pods_ready = true;
         o.coordinator = running(10, None);
         step(&mut j, &o);
@@ -1545,11 +1527,7 @@ mod tests {
 
     #[test]
     fn memoryx_success_completes_and_releases() {
-        let mut j = job(2);
-        let mut o = obs();
-        o.admission = Some(Verdict::Admit);
-        step(&mut j, &o);
-        o.admission = None;
+        let (mut j, mut o) = admitted(2);
         o.coordinator = Some(Ok(MemoryxStatus::at(MemoryxPhase::Succeeded, 100)));
         let d = step(&mut j, &o);
         assert_eq!((d.status.phase, d.status.allocated_cs2), (Some(Phase::Succeeded), None));
