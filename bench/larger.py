@@ -7,12 +7,13 @@ Writes bench/RESULTS-larger.md and bench/results-larger.json from, in one run on
      the rest in their disk tiers; the engine on a CPU of its own (`--engine-cpus`, default the last CPU: the
      resident process there alone, the streaming runs' other roles on the other CPUs, as an appliance's hosts);
   2. the 1 B example (examples/jobs/gpt-1b.yaml, a quarter of its state in memory) at 4,096 tokens a step as 4
-     micro-batches against PyTorch eager training the same model in RAM on the same threads, accumulating its
-     gradients over the same micro-batches;
+     micro-batches against PyTorch eager training the same model in RAM on the engine's CPUs (as many threads),
+     accumulating its gradients over the same micro-batches;
   3. with --with-3b, the 3 B example (examples/jobs/gpt-3b.yaml: 34 GiB of AdamW state on a 24 GiB machine, an
      eighth in memory, 2,048 tokens a step as 8 micro-batches; PyTorch cannot run it here) against what its
-     compute alone would allow: the engines' FLOPs per step at the machine's best GEMM rate (`wsctl bench
-     machine`, same threads).
+     compute alone would allow: the engines' FLOPs per step at the best GEMM rate of the engine's CPUs (`wsctl
+     bench machine`, as many threads).
+Every weightstream run has its engine on the same CPUs (`--engine-cpus`) and the other roles on the rest.
 Configurations take turns within a round; medians over rounds. For each weightstream run: tokens/s, engines'
 busy share, bytes each hop carried per step, the disk tier's MB/s against `wsctl bench machine`'s disk figures,
 and every weight server's peak RSS against its budget plus the allowance the tier test grants (the process
@@ -91,7 +92,7 @@ def jobs_100m(engine_cpus):
     streaming = WORK / "gpt-100m-streaming.yaml"
     streaming.write_text(streamed)
     tiered = quarter_in_memory(streamed, 2, WORK / "gpt-100m-tiered.yaml")
-    pin = ["--engine-cpus", engine_cpus] if engine_cpus else []
+    pin = pin_args(engine_cpus)
     return [("resident, in process", resident, ["--in-process", *pin]),
             ("streaming every layer", streaming, pin),
             ("streaming, 1/4 in memory", tiered, pin)]
@@ -103,12 +104,29 @@ def jobs_100m(engine_cpus):
 FIELDS_1B = {"batchSize": 64, "microBatchSize": 16, "steps": 3, "sramBytes": 12 << 30}
 
 
-def job_1b():
-    """The 1 B example (it already asks for a quarter of its state in memory) at FIELDS_1B's batch."""
+def job_1b(engine_cpus):
+    """The 1 B example (it already asks for a quarter of its state in memory) at FIELDS_1B's batch, its engine on
+    `engine_cpus` (None: unpinned)."""
     text = with_fields(ONE_B.read_text(), FIELDS_1B)
     path = WORK / "gpt-1b-4096.yaml"
     path.write_text(text)
-    return ("1 B streaming, 1/4 in memory", path, [])
+    return ("1 B streaming, 1/4 in memory", path, pin_args(engine_cpus))
+
+
+def pin_args(engine_cpus):
+    """`wsctl run`'s arguments putting the engines on `engine_cpus` and the other roles on the rest."""
+    return ["--engine-cpus", engine_cpus] if engine_cpus else []
+
+
+def cpu_set(engine_cpus):
+    """The CPUs of a `--engine-cpus` list (`0-3,6`), or every CPU this process may use when it is None."""
+    if not engine_cpus:
+        return set(os.sched_getaffinity(0))
+    cpus = set()
+    for part in engine_cpus.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
 
 
 def weightstream(name, path, extra, warmup):
@@ -157,17 +175,24 @@ def read_run(out, path, warmup):
     }
 
 
-def pytorch_1b(path, steps):
+def pytorch_1b(path, steps, cpus):
     """PyTorch eager on the job at `path`'s model and batch, its gradients accumulated over the job's
-    micro-batches (the whole batch's activations beside the model's AdamW state would not fit in RAM)."""
+    micro-batches (the whole batch's activations beside the model's AdamW state would not fit in RAM), on the
+    CPUs `cpus` with a thread each: the engine's."""
     text = path.read_text()
     cfg = {k: field(text, k, int) for k in ("width", "heads", "blocks", "contextLength", "batchSize", "microBatchSize",
                                             "mlpRatio", "seed")}
-    log(f"PyTorch eager: the 1 B model, {steps} timed steps")
-    return torch_gpt.train(width=cfg["width"], heads=cfg["heads"], blocks=cfg["blocks"], context=cfg["contextLength"],
-                           batch=cfg["batchSize"], mlp_ratio=cfg["mlpRatio"], steps=steps, warmup=1,
-                           lr=field(text, "learningRate", float), weight_decay=field(text, "weightDecay", float),
-                           threads=harness.THREADS, seed=cfg["seed"], micro_batch=cfg["microBatchSize"])
+    log(f"PyTorch eager: the 1 B model, {steps} timed steps, on CPUs {sorted(cpus)}")
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)  # the threads torch starts from here on inherit it
+    try:
+        return torch_gpt.train(width=cfg["width"], heads=cfg["heads"], blocks=cfg["blocks"],
+                               context=cfg["contextLength"], batch=cfg["batchSize"], mlp_ratio=cfg["mlpRatio"],
+                               steps=steps, warmup=1, lr=field(text, "learningRate", float),
+                               weight_decay=field(text, "weightDecay", float),
+                               threads=len(cpus), seed=cfg["seed"], micro_batch=cfg["microBatchSize"])
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def medians(runs):
@@ -202,9 +227,13 @@ def render(r):
             continue
         tokens = next((x["batch_tokens"] for x in rows.values() if "batch_tokens" in x), None)
         title = f"{title} ({int(tokens):,} tokens a step)" if tokens else title
-        if section == "100m" and r.get("engine_cpus"):
-            title += (f", the engine on CPU {r['engine_cpus']} (the resident run's whole process there; "
+        cpus = rows[ref_name].get("engine_cpus", r.get("engine_cpus") if section == "100m" else None)
+        if section == "100m" and cpus:
+            title += (f", the engine on CPU {cpus} (the resident run's whole process there; "
                       "MemoryX, SwarmX and the input workers on the others)")
+        elif cpus:
+            title += (f", the engine on CPU {cpus} (MemoryX and the input workers on the others), PyTorch on "
+                      "the same CPUs")
         ref = rows[ref_name]["tokens_per_s"]
         lines += [f"## {title}", "", head, "|" + " --- |" * 8]
         for name, x in rows.items():
@@ -230,10 +259,12 @@ def render(r):
 def render_3b(x, r):
     """The 3 B section: the run against its compute alone, and every budget it ran within."""
     peak = x.get("gemm_flops_per_s", r["gemm_flops_per_s"])  # the peak measured beside the 3 B run
+    threads = x.get("gemm_threads", harness.THREADS)
+    where = f", the engine on CPU {x['engine_cpus']}" if x.get("engine_cpus") else ""
     alone = x["batch_tokens"] / (x["flops_per_step"] / peak)
     servers = ", ".join(f"{gib(s['peak_rss'])} ({gib(s['budget'])} + {gib(s['allowance'])})" for s in x["servers"])
     losses = " → ".join(f"{v:.4f}" for v in x["losses"])
-    return ["## The 3 B example (2,048 tokens a step, AdamW state larger than the machine's memory)", "",
+    return [f"## The 3 B example (2,048 tokens a step, AdamW state larger than the machine's memory{where})", "",
             "| tokens/s | its compute alone | ratio | engines busy | step | MemoryX out + in a step "
             "| engine in / out a step | disk tier read / write | engine SRAM peak (budget) "
             "| weight servers' peak RSS (budget + allowance) |",
@@ -244,16 +275,16 @@ def render_3b(x, r):
             f"| {x['tier_read_mb_s']:.0f} / {x['tier_written_mb_s']:.0f} MB/s "
             f"| {gib(x['peak_sram'])} ({gib(x['sram_budget'])}) | {servers} |", "",
             f"Its compute alone: {x['flops_per_step'] / 1e12:.1f} TFLOP a step (the engines' count) at "
-            f"{peak / 1e9:.0f} GFLOP/s, the best {harness.THREADS}-thread GEMM of `wsctl bench machine`. "
+            f"{peak / 1e9:.0f} GFLOP/s, the best {threads}-thread GEMM of `wsctl bench machine` (the engine's CPUs). "
             f"Loss by step: {losses}.", ""]
 
 
 def machine_figures():
     """From `wsctl bench machine`: the disk's sequential write and read rates (MB/s) where the tiers are
-    written, and the best GEMM FLOP/s on the bench's threads."""
+    written, and the best GEMM FLOP/s by thread count."""
     WORK.mkdir(parents=True, exist_ok=True)
     m = harness.wsctl_json("bench", "machine", "--json", "--disk-dir", str(WORK))
-    gemm = next(g["best"] for g in m["gemm_flops_per_s"] if g["threads"] == harness.THREADS)
+    gemm = {g["threads"]: g["best"] for g in m["gemm_flops_per_s"]}
     return ({"write_mb_s": m["disk_write_bytes_per_s"]["median"] / 1e6,
              "read_mb_s": m["disk_read_bytes_per_s"]["median"] / 1e6}, gemm)
 
@@ -268,8 +299,8 @@ def main():
                     help="also the 3 B example (15-60 min; ~40 GiB of scratch disk, removed after)")
     last = max(os.sched_getaffinity(0))
     ap.add_argument("--engine-cpus", default=str(last),
-                    help="the ~100M runs' engine CPUs (`wsctl run --engine-cpus`; default the last CPU, the other "
-                         "roles on the rest); 'none' runs them unpinned")
+                    help="the engine's CPUs in every run (`wsctl run --engine-cpus`; default the last CPU, the other "
+                         "roles on the rest; PyTorch's 1 B run on them too); 'none' runs them unpinned")
     ap.add_argument("--out", type=Path, default=harness.BENCH)
     ap.add_argument("--from-json", type=Path, metavar="RESULTS_JSON", help="only write RESULTS-larger.md from it")
     a = ap.parse_args()
@@ -282,8 +313,11 @@ def main():
     WORK.mkdir(parents=True)
     disk, gemm = machine_figures()
     engine_cpus = None if a.engine_cpus == "none" else a.engine_cpus
-    r = {"machine": harness.machine_description(), "rounds": a.rounds, "disk": disk, "gemm_flops_per_s": gemm,
-         "engine_cpus": engine_cpus}
+    threads = len(cpu_set(engine_cpus))
+    if threads not in gemm:
+        raise SystemExit(f"bench: `wsctl bench machine` measured no {threads}-thread GEMM (it did {sorted(gemm)})")
+    r = {"machine": harness.machine_description(), "rounds": a.rounds, "disk": disk,
+         "gemm_flops_per_s": gemm[threads], "gemm_threads": threads, "engine_cpus": engine_cpus}
     runs = {}
     for _ in range(0 if a.skip_100m else a.rounds):
         for name, path, extra in jobs_100m(engine_cpus):
@@ -291,15 +325,17 @@ def main():
     if runs:
         r["100m"] = {name: medians(v) for name, v in runs.items()}
     if not a.skip_1b:
-        name, path, extra = job_1b()
+        name, path, extra = job_1b(engine_cpus)
         steps = field(path.read_text(), "steps", int)
         pair = {}
         for _ in range(a.rounds_1b):
             pair.setdefault(name, []).append(weightstream(name, path, extra, warmup=1))
-            pair.setdefault("PyTorch eager, in RAM", []).append(pytorch_1b(path, steps - 1))
+            pair.setdefault("PyTorch eager, in RAM", []).append(pytorch_1b(path, steps - 1, cpu_set(engine_cpus)))
         r["1b"] = {k: medians(v) for k, v in pair.items()}
+        r["1b"]["PyTorch eager, in RAM"]["engine_cpus"] = engine_cpus
     if a.with_3b:
-        r["3b"] = dict(weightstream("3 B streaming, 1/8 in memory", THREE_B, [], warmup=1), gemm_flops_per_s=gemm)
+        r["3b"] = dict(weightstream("3 B streaming, 1/8 in memory", THREE_B, pin_args(engine_cpus), warmup=1),
+                       gemm_flops_per_s=gemm[threads], gemm_threads=threads, engine_cpus=engine_cpus)
     (a.out / "results-larger.json").write_text(json.dumps(r, indent=1) + "\n")
     (a.out / "RESULTS-larger.md").write_text(render(r) + "\n")
     log(f"wrote {a.out / 'RESULTS-larger.md'}")
