@@ -70,7 +70,7 @@ pub fn main(args: EngineArgs) -> Result<()> {
         }
     });
     tracing::info!(index = args.index, "engine ready");
-    program.runtime.block_on(runtime::protocol::serve_stage(server, grpc, &program.identity))
+    program.runtime.block_on(runtime::protocol::serve_layer_stage(server, grpc, &program.identity))
 }
 
 /// The engine's counters as Prometheus gauges, refreshed every second.

@@ -1,13 +1,14 @@
 //! An engine on the network: the `Stage` gRPC service in front of one engine program. Layers arrive as
 //! concurrent streams — the next one is received into a buffer (the prefetch) while the current one computes —
-//! and are computed strictly in the order of the step: forward 1..L, loss, backward L..1.
+//! and are computed strictly in the order of the step: forward 1..L, loss, backward L..1. On the network the layer
+//! calls are read from HTTP/2's frames ([`crate::protocol::direct`]); tonic's generated path reads the same.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -22,6 +23,7 @@ use crate::protocol::codec::grad::{decode_grads, encode_grad_owned};
 use crate::protocol::codec::layer::LayerAssembler;
 use crate::protocol::codec::state::{StateMeter, encode_state};
 use crate::protocol::codec::step::encode_step;
+use crate::protocol::direct::{Chunks, LayerCalls};
 use crate::protocol::pb::stage_server::Stage;
 use crate::protocol::pb::{
     self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
@@ -201,12 +203,41 @@ impl EngineServer {
         Ok(())
     }
 
-    async fn receive(&self, mut stream: Streaming<LayerChunk>) -> Result<(u64, LayerStream), Status> {
+    async fn receive(&self, mut chunks: Chunks) -> Result<(u64, LayerStream), Status> {
         let mut asm = LayerAssembler::recycling(self.recycled.clone());
-        while let Some(chunk) = stream.message().await? {
-            asm.push(chunk, self.job.job(), &self.limits).map_err(to_status)?;
+        while let Some(chunk) = chunks.next().await {
+            asm.push(chunk?, self.job.job(), &self.limits).map_err(to_status)?;
         }
         asm.finish().map_err(to_status)
+    }
+}
+
+impl LayerCalls for EngineServer {
+    async fn forward_layer(&self, chunks: Chunks) -> Result<(), Status> {
+        let (step, stream) = self.receive(chunks).await?;
+        if stream.pass != Pass::Forward || stream.layer >= self.layers {
+            return Err(Status::invalid_argument(format!(
+                "forward call carried layer {} ({:?} pass)",
+                stream.layer, stream.pass
+            )));
+        }
+        let turn = self.wait_turn(step, stream.layer).await?;
+        self.compute_layer(turn, stream, |e, s| e.forward(s)).await?;
+        Ok(())
+    }
+
+    async fn backward_layer(&self, chunks: Chunks) -> Result<Vec<GradChunk>, Status> {
+        let (step, stream) = self.receive(chunks).await?;
+        if stream.pass != Pass::Backward || stream.layer >= self.layers {
+            return Err(Status::invalid_argument(format!(
+                "backward call carried layer {} ({:?} pass)",
+                stream.layer, stream.pass
+            )));
+        }
+        let op = self.layers + 1 + (self.layers - 1 - stream.layer);
+        let turn = self.wait_turn(step, op).await?;
+        let grad = self.compute_layer(turn, stream, |e, s| e.backward(s)).await?;
+        Ok(encode_grad_owned(grad))
     }
 }
 
@@ -228,16 +259,7 @@ impl Stage for EngineServer {
     }
 
     async fn forward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<Ack>, Status> {
-        let (step, stream) = self.receive(request.into_inner()).await?;
-        if stream.pass != Pass::Forward || stream.layer >= self.layers {
-            return Err(Status::invalid_argument(format!(
-                "forward call carried layer {} ({:?} pass)",
-                stream.layer, stream.pass
-            )));
-        }
-        let turn = self.wait_turn(step, stream.layer).await?;
-        self.compute_layer(turn, stream, |e, s| e.forward(s)).await?;
-        Ok(Response::new(Ack {}))
+        self.forward_layer(Box::pin(request.into_inner())).await.map(|()| Response::new(Ack {}))
     }
 
     async fn loss(&self, request: Request<pb::LossRequest>) -> Result<Response<pb::LossReply>, Status> {
@@ -251,17 +273,8 @@ impl Stage for EngineServer {
     type BackwardStream = GradStream;
 
     async fn backward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<GradStream>, Status> {
-        let (step, stream) = self.receive(request.into_inner()).await?;
-        if stream.pass != Pass::Backward || stream.layer >= self.layers {
-            return Err(Status::invalid_argument(format!(
-                "backward call carried layer {} ({:?} pass)",
-                stream.layer, stream.pass
-            )));
-        }
-        let op = self.layers + 1 + (self.layers - 1 - stream.layer);
-        let turn = self.wait_turn(step, op).await?;
-        let grad = self.compute_layer(turn, stream, |e, s| e.backward(s)).await?;
-        Ok(Response::new(Box::pin(tokio_stream::iter(encode_grad_owned(grad).into_iter().map(Ok)))))
+        let grads = self.backward_layer(Box::pin(request.into_inner())).await?;
+        Ok(Response::new(Box::pin(tokio_stream::iter(grads.into_iter().map(Ok)))))
     }
 
     async fn stats(&self, request: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {

@@ -6,8 +6,12 @@
 //! - [`reduce`]: summing engines' gradients, the reduction SwarmX performs.
 //! - [`codec`]: the chunked codecs of every message.
 //! - [`zero_copy`]: layer streams sent from the chunks' own buffers.
+//! - [`direct`] (over [`frames`]): a stage's layer calls read from HTTP/2's frames, gradients answered from their
+//!   own buffers.
 
 pub mod codec;
+pub mod direct;
+mod frames;
 pub mod reduce;
 pub mod zero_copy;
 
@@ -27,11 +31,25 @@ pub async fn serve_stage<S: pb::stage_server::Stage>(
     wire::grpc::serve(stage_server(service), listener, identity).await
 }
 
+/// [`serve_stage`] for a stage whose layer calls read their chunks from HTTP/2's frames and answer from their own
+/// buffers ([`direct::DirectStage`]): an engine.
+pub async fn serve_layer_stage<S: direct::LayerCalls>(
+    service: Arc<S>,
+    listener: tokio::net::TcpListener,
+    identity: &wire::identity::Identity,
+) -> errors::Result<()> {
+    let direct = direct::DirectStage::new(service.clone(), stage_server(service), STAGE_MESSAGE_BYTES);
+    wire::grpc::serve(direct, listener, identity).await
+}
+
+/// The largest message a `Stage` service takes or sends: a chunk of at most 1 MiB, with room to spare.
+pub const STAGE_MESSAGE_BYTES: usize = 8 << 20;
+
 /// The `Stage` service of `service` for the network: each message a chunk of at most 1 MiB.
 pub fn stage_server<S: pb::stage_server::Stage>(service: Arc<S>) -> pb::stage_server::StageServer<S> {
     pb::stage_server::StageServer::from_arc(service)
-        .max_decoding_message_size(8 << 20)
-        .max_encoding_message_size(8 << 20)
+        .max_decoding_message_size(STAGE_MESSAGE_BYTES)
+        .max_encoding_message_size(STAGE_MESSAGE_BYTES)
 }
 
 use std::sync::Arc;

@@ -5,7 +5,8 @@
 //! (encoded by prost), then each array after its key and length. HTTP/2 chains a large `Bytes` into its write
 //! without copying it, and the TLS record layer seals it from where it lies: a layer's bytes are copied once on
 //! the sending side, into the sealed record. The replies are decoded by tonic as any call's are, and the server
-//! side is the generated `Stage` service, so a receiver cannot tell these calls from the generated client's.
+//! side is the generated `Stage` service or [`super::direct`]'s, so a receiver cannot tell these calls from the
+//! generated client's.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::StreamExt;
@@ -20,12 +21,9 @@ use tonic_prost::ProstCodec;
 
 use crate::protocol::pb::{Ack, GradChunk, LayerChunk};
 
-/// The largest reply message taken, as the generated clients are configured.
-const MAX_REPLY: usize = 8 << 20;
-
 /// The method paths, as the generated `Stage` service routes them.
-const FORWARD: &str = "/weightstream.v1alpha1.Stage/Forward";
-const BACKWARD: &str = "/weightstream.v1alpha1.Stage/Backward";
+pub(crate) const FORWARD: &str = "/weightstream.v1alpha1.Stage/Forward";
+pub(crate) const BACKWARD: &str = "/weightstream.v1alpha1.Stage/Backward";
 
 /// A message whose `bytes` fields are payloads: sent as they are, after the rest of the message.
 pub trait Payloads: Message + Default + Send + 'static {
@@ -46,9 +44,22 @@ impl Payloads for LayerChunk {
     }
 }
 
+impl Payloads for GradChunk {
+    fn take_payloads(&mut self) -> Vec<(u32, Bytes)> {
+        let fields = [(6, &mut self.weights), (7, &mut self.bias)];
+        fields.into_iter().filter(|(_, b)| !b.is_empty()).map(|(tag, b)| (tag, std::mem::take(b))).collect()
+    }
+}
+
+impl Payloads for Ack {
+    fn take_payloads(&mut self) -> Vec<(u32, Bytes)> {
+        Vec::new()
+    }
+}
+
 /// `message` as gRPC frames it, in pieces: the 5-byte prefix with the small fields, then each payload after its
 /// key and length, the payload itself not copied.
-fn pieces<M: Payloads>(mut message: M) -> Result<Vec<Bytes>, Status> {
+pub(crate) fn pieces<M: Payloads>(mut message: M) -> Result<Vec<Bytes>, Status> {
     let payloads = message.take_payloads();
     let framed = |(tag, b): &(u32, Bytes)| key_len(*tag) + encoded_len_varint(b.len() as u64) + b.len();
     let len = message.encoded_len() + payloads.iter().map(framed).sum::<usize>();
@@ -100,7 +111,9 @@ where
         // Trailers only: the call ended before any reply.
         Some(status) if status.code() != Code::Ok => Err(status),
         Some(_) => Ok(Streaming::new_empty(decoder, response.into_body())),
-        None => Ok(Streaming::new_response(decoder, response.into_body(), code, None, Some(MAX_REPLY))),
+        None => {
+            Ok(Streaming::new_response(decoder, response.into_body(), code, None, Some(super::STAGE_MESSAGE_BYTES)))
+        }
     }
 }
 

@@ -2,8 +2,9 @@
 //! TCP socket copying the same bytes. The gRPC path is the one MemoryX and the engines use: the layer is cut
 //! by `protocol::codec::layer::encode_layer` into chunks of at most 1 MiB (slices of the layer's own buffer),
 //! sent from those buffers (`protocol::zero_copy::forward`) on a `Stage.Forward` call over a channel built by
-//! `swarmx::relay::connect` to a server started by `transport::serve_stage` (same windows and frame sizes), and
-//! put back together with `LayerAssembler` into a recycled buffer as an engine does, every length checked. The
+//! `swarmx::relay::connect` to a server started by `protocol::serve_layer_stage` (same windows and frame sizes), read
+//! from the frames as an engine reads them (`protocol::direct`) and put back together with `LayerAssembler` into a
+//! recycled buffer, every length checked. The
 //! raw path is the floor any protocol pays: one length word, the bytes, and a count back.
 
 use std::io::{Read, Write};
@@ -13,13 +14,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use futures::StreamExt;
 use plan::limits::Limits;
 use runtime::protocol::codec::chunk::Recycled;
 use runtime::protocol::codec::layer::{LayerAssembler, encode_layer};
+use runtime::protocol::direct::{Chunks, DirectStage, LayerCalls};
 use runtime::protocol::pb::stage_server::{Stage, StageServer};
 use runtime::protocol::pb::{self, Ack, BeginStepRequest, InfoReply, InfoRequest, LayerChunk};
-use runtime::protocol::zero_copy;
 use runtime::protocol::{LayerStream, Pass, WeightPayload};
+use runtime::protocol::{STAGE_MESSAGE_BYTES, zero_copy};
 use serde::Serialize;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
@@ -91,6 +94,23 @@ fn bench_limits(values: usize) -> Limits {
     Limits { shard: 1, layers: vec![plan::layout::LinearShape::new(values, 1, false)], optimizer_values: 0 }
 }
 
+impl LayerCalls for Sink {
+    async fn forward_layer(&self, mut chunks: Chunks) -> Result<(), Status> {
+        let mut asm = LayerAssembler::recycling(self.recycled.clone());
+        while let Some(chunk) = chunks.next().await {
+            asm.push(chunk?, &self.job, &self.limits).map_err(wire::status::to_status)?;
+        }
+        let (_, layer) = asm.finish().map_err(wire::status::to_status)?;
+        self.received.store(layer.weights.wire_bytes(), Ordering::SeqCst);
+        self.recycled.give(layer.weights.into_values());
+        Ok(())
+    }
+
+    async fn backward_layer(&self, _: Chunks) -> Result<Vec<pb::GradChunk>, Status> {
+        Err(Status::unimplemented("the transport benchmark only streams layers"))
+    }
+}
+
 #[tonic::async_trait]
 impl Stage for Sink {
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
@@ -102,15 +122,7 @@ impl Stage for Sink {
     }
 
     async fn forward(&self, request: Request<Streaming<LayerChunk>>) -> Result<Response<Ack>, Status> {
-        let mut stream = request.into_inner();
-        let mut asm = LayerAssembler::recycling(self.recycled.clone());
-        while let Some(chunk) = stream.message().await? {
-            asm.push(chunk, &self.job, &self.limits).map_err(wire::status::to_status)?;
-        }
-        let (_, layer) = asm.finish().map_err(wire::status::to_status)?;
-        self.received.store(layer.weights.wire_bytes(), Ordering::SeqCst);
-        self.recycled.give(layer.weights.into_values());
-        Ok(Response::new(Ack {}))
+        self.forward_layer(Box::pin(request.into_inner())).await.map(|()| Response::new(Ack {}))
     }
 
     async fn loss(&self, _: Request<pb::LossRequest>) -> Result<Response<pb::LossReply>, Status> {
@@ -186,7 +198,7 @@ async fn grpc(sink: Arc<Sink>) -> Result<Channel> {
     let identity = wire::identity::issue(JOB, &[])?.job_identity();
     let url = format!("https://{}", listener.local_addr()?);
     let served = identity.clone();
-    tokio::spawn(async move { runtime::protocol::serve_stage(sink, listener, &served).await });
+    tokio::spawn(async move { runtime::protocol::serve_layer_stage(sink, listener, &served).await });
     let child =
         runtime::swarmx::relay::connect(&url, JOB, wire::grpc::Dial::new(&identity, Duration::from_secs(10))).await?;
     Ok(child.channel)
@@ -198,7 +210,8 @@ async fn grpc_plaintext(sink: Arc<Sink>) -> Result<Channel> {
     use wire::grpc::{FRAME, WINDOW};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot bind a loopback port")?;
     let url = format!("http://{}", listener.local_addr()?);
-    let svc = StageServer::from_arc(sink).max_decoding_message_size(8 << 20);
+    let generated = StageServer::from_arc(sink.clone()).max_decoding_message_size(STAGE_MESSAGE_BYTES);
+    let svc = DirectStage::new(sink, generated, STAGE_MESSAGE_BYTES);
     tokio::spawn(
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
