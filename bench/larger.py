@@ -6,11 +6,11 @@ Writes bench/RESULTS-larger.md and bench/results-larger.json from, in one run on
      weightStreaming); and streamed from 2 weight servers that hold a quarter of MemoryX's state in memory and
      the rest in their disk tiers; the engine on a CPU of its own (`--engine-cpus`, default the last CPU: the
      resident process there alone, the streaming runs' other roles on the other CPUs, as an appliance's hosts);
-  2. the 1 B example (examples/jobs/gpt-1b.yaml, a quarter of its state in memory) at 4,096 tokens a step as 4
-     micro-batches against PyTorch eager training the same model in RAM on the engine's CPUs (as many threads),
-     accumulating its gradients over the same micro-batches;
+  2. the 1 B example (examples/jobs/gpt-1b.yaml, a quarter of its state in memory) at 4,096 tokens a step in one
+     micro-batch against PyTorch eager training the same model in RAM on the engine's CPUs (as many threads),
+     accumulating its gradients over 4 micro-batches (the most its RAM holds);
   3. with --with-3b, the 3 B example (examples/jobs/gpt-3b.yaml: 34 GiB of AdamW state on a 24 GiB machine, an
-     eighth in memory, 2,048 tokens a step as 8 micro-batches; PyTorch cannot run it here) against what its
+     eighth in memory, 2,048 tokens a step in one micro-batch; PyTorch cannot run it here) against what its
      compute alone would allow: the engines' FLOPs per step at the best GEMM rate of the engine's CPUs (`wsctl
      bench machine`, as many threads).
 Every weightstream run has its engine on the same CPUs (`--engine-cpus`) and the other roles on the rest.
@@ -26,6 +26,7 @@ process, the layers the plan says it holds in transit as the hub (`wsctl plan`).
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import re
 import shutil
@@ -98,10 +99,17 @@ def jobs_100m(engine_cpus):
             ("streaming, 1/4 in memory", tiered, pin)]
 
 
-# The 1 B example at 4,096 tokens a step (its 1,024 as checked in do little work per streamed byte): 64 samples as
-# 4 micro-batches of 16, each streamed layer used for all 4; the engine's SRAM raised to hold the batch's
-# activations (9.4 GiB at peak, as `wsctl plan` says). Three steps, the first a warm-up.
-FIELDS_1B = {"batchSize": 64, "microBatchSize": 16, "steps": 3, "sramBytes": 12 << 30}
+# The 1 B example at 4,096 tokens a step (its 1,024 as checked in do little work per streamed byte): 64 samples in
+# one micro-batch, each streamed layer computing all 64 at once. The engine holds the whole batch's activations in
+# its SRAM however the batch is cut (9.4 GiB at peak, as `wsctl plan` says: its SRAM is raised to 12 GiB). PyTorch
+# cannot hold them beside the model's AdamW state in RAM: it accumulates its gradients over micro-batches of
+# PYTORCH_MICRO_1B samples, the most that fit. Three steps, the first a warm-up.
+FIELDS_1B = {"batchSize": 64, "microBatchSize": 64, "steps": 3, "sramBytes": 12 << 30}
+PYTORCH_MICRO_1B = 16
+
+# The 3 B example's 32 samples in one micro-batch, as the 1 B's: the engine's SRAM holds the batch's activations
+# either way, and a streamed layer computes all 32 at once (2,048 tokens) instead of 8 products of 256.
+FIELDS_3B = {"microBatchSize": 32}
 
 
 def job_1b(engine_cpus):
@@ -111,6 +119,13 @@ def job_1b(engine_cpus):
     path = WORK / "gpt-1b-4096.yaml"
     path.write_text(text)
     return ("1 B streaming, 1/4 in memory", path, pin_args(engine_cpus))
+
+
+def job_3b():
+    """The 3 B example at FIELDS_3B."""
+    path = WORK / "gpt-3b-one-micro-batch.yaml"
+    path.write_text(with_fields(THREE_B.read_text(), FIELDS_3B))
+    return path
 
 
 def pin_args(engine_cpus):
@@ -176,21 +191,23 @@ def read_run(out, path, warmup):
 
 
 def pytorch_1b(path, steps, cpus):
-    """PyTorch eager on the job at `path`'s model and batch, its gradients accumulated over the job's
-    micro-batches (the whole batch's activations beside the model's AdamW state would not fit in RAM), on the
-    CPUs `cpus` with a thread each: the engine's."""
+    """PyTorch eager on the job at `path`'s model and batch, its gradients accumulated over micro-batches of
+    PYTORCH_MICRO_1B samples (the whole batch's activations beside the model's AdamW state would not fit in RAM),
+    on the CPUs `cpus` with a thread each: the engine's."""
     text = path.read_text()
-    cfg = {k: field(text, k, int) for k in ("width", "heads", "blocks", "contextLength", "batchSize", "microBatchSize",
-                                            "mlpRatio", "seed")}
+    cfg = {k: field(text, k, int) for k in ("width", "heads", "blocks", "contextLength", "batchSize", "mlpRatio",
+                                            "seed")}
     log(f"PyTorch eager: the 1 B model, {steps} timed steps, on CPUs {sorted(cpus)}")
+    args = dict(width=cfg["width"], heads=cfg["heads"], blocks=cfg["blocks"], context=cfg["contextLength"],
+                batch=cfg["batchSize"], mlp_ratio=cfg["mlpRatio"], steps=steps, warmup=1,
+                lr=field(text, "learningRate", float), weight_decay=field(text, "weightDecay", float),
+                threads=len(cpus), seed=cfg["seed"], micro_batch=PYTORCH_MICRO_1B)
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)  # the threads torch starts from here on inherit it
+    os.sched_setaffinity(0, cpus)  # the process started next, and every thread it starts, inherit it
     try:
-        return torch_gpt.train(width=cfg["width"], heads=cfg["heads"], blocks=cfg["blocks"],
-                               context=cfg["contextLength"], batch=cfg["batchSize"], mlp_ratio=cfg["mlpRatio"],
-                               steps=steps, warmup=1, lr=field(text, "learningRate", float),
-                               weight_decay=field(text, "weightDecay", float),
-                               threads=len(cpus), seed=cfg["seed"], micro_batch=cfg["microBatchSize"])
+        # A process of its own: the model's 16 GB are the machine's again when it ends (the 3 B run needs them).
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            return pool.apply(torch_gpt.train, kwds=args)
     finally:
         os.sched_setaffinity(0, before)
 
@@ -334,7 +351,7 @@ def main():
         r["1b"] = {k: medians(v) for k, v in pair.items()}
         r["1b"]["PyTorch eager, in RAM"]["engine_cpus"] = engine_cpus
     if a.with_3b:
-        r["3b"] = dict(weightstream("3 B streaming, 1/8 in memory", THREE_B, pin_args(engine_cpus), warmup=1),
+        r["3b"] = dict(weightstream("3 B streaming, 1/8 in memory", job_3b(), pin_args(engine_cpus), warmup=1),
                        gemm_flops_per_s=gemm[threads], gemm_threads=threads, engine_cpus=engine_cpus)
     (a.out / "results-larger.json").write_text(json.dumps(r, indent=1) + "\n")
     (a.out / "RESULTS-larger.md").write_text(render(r) + "\n")
