@@ -20,7 +20,7 @@ and every weight server's peak RSS against its budget plus the allowance the tie
 before its slice, 48 MiB, four of its largest layer slices in transit), and for server 0, the coordinator's
 process, the layers the plan says it holds in transit as the hub (`wsctl plan`).
 
-    bash bench/run.sh --only-larger [--rounds N] [--skip-100m] [--skip-1b] [--with-3b]
+    bash bench/run.sh --only-larger [--rounds N] [--skip-100m] [--skip-1b] [--with-3b] [--job JOB.yaml]
 """
 
 import argparse
@@ -81,11 +81,18 @@ def quarter_in_memory(text, servers, path):
     return path
 
 
-def jobs_100m(engine_cpus):
+def jobs_100m(engine_cpus, job=None):
     """The three ~100M jobs: (name, path, wsctl run arguments); with `engine_cpus` (a CPU list), the engine runs on
     those CPUs and every other role on the rest, as on an appliance's own hosts, and the resident run (one
-    process) on those CPUs alone: the engine has the same cores in every row."""
-    text = with_fields((REPO / "examples/jobs/gpt-small.yaml").read_text(), SHAPE_100M)
+    process) on those CPUs alone: the engine has the same cores in every row. `job` (a job YAML) replaces the
+    ~100M shape: its model, data and batch, run the same three ways."""
+    if job is None:
+        text = with_fields((REPO / "examples/jobs/gpt-small.yaml").read_text(), SHAPE_100M)
+    else:
+        text = job.read_text()
+        if re.search(r"^\s*(executionMode|memoryx):", text, re.M):
+            raise SystemExit(f"bench: {job} sets executionMode or memoryx itself; the bench sets both for its "
+                             "three runs: take them out of the job")
     text = re.sub(r"^(\s*name:).*$", r"\1 gpt-100m", text, count=1, flags=re.M)
     resident = WORK / "gpt-100m-resident.yaml"
     resident.write_text(text)
@@ -237,7 +244,8 @@ def render(r):
     lines += [f"{note}\n" for note in r.get("notes", [])]
     head = ("| run | tokens/s | vs reference | engines busy | MemoryX out + in a step | engine in / out a step "
             "| disk tier read / write | weight servers' peak RSS (budget) |")
-    for title, section, ref_name in (("The ~100M GPT", "100m", "resident, in process"),
+    first = f"The GPT of `{r['job']}`" if r.get("job") else "The ~100M GPT"
+    for title, section, ref_name in ((first, "100m", "resident, in process"),
                                      ("The 1 B example", "1b", "PyTorch eager, in RAM")):
         rows = r.get(section)
         if not rows:
@@ -318,6 +326,8 @@ def main():
     ap.add_argument("--engine-cpus", default=str(last),
                     help="the engine's CPUs in every run (`wsctl run --engine-cpus`; default the last CPU, the other "
                          "roles on the rest; PyTorch's 1 B run on them too); 'none' runs them unpinned")
+    ap.add_argument("--job", type=Path, help="a GPT job YAML to run the ~100M section's three ways instead of its "
+                    "built-in shape (without its own executionMode or memoryx)")
     ap.add_argument("--out", type=Path, default=harness.BENCH)
     ap.add_argument("--from-json", type=Path, metavar="RESULTS_JSON", help="only write RESULTS-larger.md from it")
     a = ap.parse_args()
@@ -334,10 +344,11 @@ def main():
     if threads not in gemm:
         raise SystemExit(f"bench: `wsctl bench machine` measured no {threads}-thread GEMM (it did {sorted(gemm)})")
     r = {"machine": harness.machine_description(), "rounds": a.rounds, "disk": disk,
-         "gemm_flops_per_s": gemm[threads], "gemm_threads": threads, "engine_cpus": engine_cpus}
+         "gemm_flops_per_s": gemm[threads], "gemm_threads": threads, "engine_cpus": engine_cpus,
+         "job": str(a.job) if a.job else None}
     runs = {}
     for _ in range(0 if a.skip_100m else a.rounds):
-        for name, path, extra in jobs_100m(engine_cpus):
+        for name, path, extra in jobs_100m(engine_cpus, a.job):
             runs.setdefault(name, []).append(weightstream(name, path, extra, warmup=1))
     if runs:
         r["100m"] = {name: medians(v) for name, v in runs.items()}

@@ -2,7 +2,7 @@
 # Weightstream against PyTorch, from a fresh clone, in one command:
 #   bash bench/run.sh [--quick] [--steps N] [--runs N]
 #   bash bench/run.sh --only-llama [--steps N] [--runs N]   (Llama-shaped: bench/llama.py -> bench/RESULTS-llama.md)
-#   bash bench/run.sh --only-larger [--rounds N] [--skip-100m] [--skip-1b] [--with-3b] (larger than memory:
+#   bash bench/run.sh --only-larger [--rounds N] [--skip-100m] [--skip-1b] [--with-3b] [--job J] (larger than memory:
 #       bench/larger.py -> bench/RESULTS-larger.md; the 1 B pair takes 12–30 min, the 3 B run 15–60)
 # Builds wsctl (release), creates bench/.venv with PyTorch from PyPI unless it already imports, then runs
 # bench/harness.py, which writes bench/RESULTS.md, bench/results.json and bench/speedup.svg.
