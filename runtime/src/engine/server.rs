@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -23,7 +23,7 @@ use crate::protocol::codec::grad::{decode_grads, encode_grad_owned};
 use crate::protocol::codec::layer::LayerAssembler;
 use crate::protocol::codec::state::{StateMeter, encode_state};
 use crate::protocol::codec::step::encode_step;
-use crate::protocol::direct::{Chunks, LayerCalls};
+use crate::protocol::direct::{Chunks, LayerCalls, assemble};
 use crate::protocol::pb::stage_server::Stage;
 use crate::protocol::pb::{
     self, Ack, BeginStepRequest, GradChunk, InfoReply, InfoRequest, LayerChunk, ResidentStepRequest, SnapshotRequest,
@@ -203,12 +203,8 @@ impl EngineServer {
         Ok(())
     }
 
-    async fn receive(&self, mut chunks: Chunks) -> Result<(u64, LayerStream), Status> {
-        let mut asm = LayerAssembler::recycling(self.recycled.clone());
-        while let Some(chunk) = chunks.next().await {
-            asm.push(chunk?, self.job.job(), &self.limits).map_err(to_status)?;
-        }
-        asm.finish().map_err(to_status)
+    async fn receive(&self, chunks: Chunks) -> Result<(u64, LayerStream), Status> {
+        assemble(chunks, LayerAssembler::recycling(self.recycled.clone()), self.job.job(), &self.limits).await
     }
 }
 

@@ -10,18 +10,22 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures::Stream;
 use futures::future::BoxFuture;
+use futures::{Stream, StreamExt};
 use http_body::Frame;
 use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::Service;
 use tonic::server::NamedService;
+use wire::status::to_status;
 
+use crate::protocol::LayerStream;
+use crate::protocol::codec::layer::LayerAssembler;
 use crate::protocol::frames::Messages;
 use crate::protocol::pb::stage_server::{Stage, StageServer};
 use crate::protocol::pb::{Ack, GradChunk, LayerChunk};
 use crate::protocol::zero_copy::{BACKWARD, FORWARD, Payloads, pieces};
+use plan::limits::Limits;
 
 /// The chunks of a layer call, as a stage reads them: from tonic's `Streaming` or from the frames.
 pub type Chunks = Pin<Box<dyn Stream<Item = Result<LayerChunk, Status>> + Send>>;
@@ -33,6 +37,20 @@ pub trait LayerCalls: Stage {
     fn forward_layer(&self, chunks: Chunks) -> impl Future<Output = Result<(), Status>> + Send;
     /// A `Backward` call's layer: its gradient, in chunks.
     fn backward_layer(&self, chunks: Chunks) -> impl Future<Output = Result<Vec<GradChunk>, Status>> + Send;
+}
+
+/// The layer `chunks` carry, put together by `asm`: every chunk checked against `job` and `limits` before it is
+/// kept (what an engine, or a sink that stands for one, does with a layer call).
+pub async fn assemble(
+    mut chunks: Chunks,
+    mut asm: LayerAssembler,
+    job: &str,
+    limits: &Limits,
+) -> Result<(u64, LayerStream), Status> {
+    while let Some(chunk) = chunks.next().await {
+        asm.push(chunk?, job, limits).map_err(to_status)?;
+    }
+    asm.finish().map_err(to_status)
 }
 
 /// The chunks of a request body, read from its frames, each message at most `max` bytes.
@@ -129,7 +147,6 @@ mod tests {
     use super::*;
     use crate::protocol::pb::{InfoReply, InfoRequest};
     use bytes::Bytes;
-    use futures::StreamExt;
     use http_body_util::BodyExt;
     use tonic::{Request, Response, Streaming};
 

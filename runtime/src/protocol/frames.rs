@@ -57,9 +57,21 @@ impl Buf for Frames {
         self.frames.front().map_or(&[], |f| f.as_ref())
     }
 
-    /// Skips `cnt` bytes (at most all there are).
+    /// Skips `cnt` bytes (at most all there are): prost calls it for every key and small field, so it keeps no
+    /// frame it passes over.
     fn advance(&mut self, cnt: usize) {
-        drop(self.split_to(cnt));
+        let mut left = cnt.min(self.remaining);
+        self.remaining -= left;
+        while left > 0 {
+            let Some(front) = self.frames.front_mut() else { break };
+            if front.len() <= left {
+                left -= front.len();
+                self.frames.pop_front();
+            } else {
+                front.advance(left);
+                left = 0;
+            }
+        }
     }
 
     /// The next `len` bytes (at most all there are): a slice of the first frame when they lie in it.

@@ -31,23 +31,26 @@ pub trait Payloads: Message + Default + Send + 'static {
     fn take_payloads(&mut self) -> Vec<(u32, Bytes)>;
 }
 
+/// The non-empty ones of a message's payload `fields` (field number, field), taken out with their numbers.
+fn non_empty<const N: usize>(fields: [(u32, &mut Bytes); N]) -> Vec<(u32, Bytes)> {
+    fields.into_iter().filter(|(_, b)| !b.is_empty()).map(|(tag, b)| (tag, std::mem::take(b))).collect()
+}
+
 impl Payloads for LayerChunk {
     fn take_payloads(&mut self) -> Vec<(u32, Bytes)> {
-        let fields = [
+        non_empty([
             (13, &mut self.order),
             (14, &mut self.ptr),
             (15, &mut self.indices),
             (16, &mut self.values),
             (17, &mut self.bias),
-        ];
-        fields.into_iter().filter(|(_, b)| !b.is_empty()).map(|(tag, b)| (tag, std::mem::take(b))).collect()
+        ])
     }
 }
 
 impl Payloads for GradChunk {
     fn take_payloads(&mut self) -> Vec<(u32, Bytes)> {
-        let fields = [(6, &mut self.weights), (7, &mut self.bias)];
-        fields.into_iter().filter(|(_, b)| !b.is_empty()).map(|(tag, b)| (tag, std::mem::take(b))).collect()
+        non_empty([(6, &mut self.weights), (7, &mut self.bias)])
     }
 }
 

@@ -14,11 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use futures::StreamExt;
 use plan::limits::Limits;
 use runtime::protocol::codec::chunk::Recycled;
 use runtime::protocol::codec::layer::{LayerAssembler, encode_layer};
-use runtime::protocol::direct::{Chunks, DirectStage, LayerCalls};
+use runtime::protocol::direct::{Chunks, DirectStage, LayerCalls, assemble};
 use runtime::protocol::pb::stage_server::{Stage, StageServer};
 use runtime::protocol::pb::{self, Ack, BeginStepRequest, InfoReply, InfoRequest, LayerChunk};
 use runtime::protocol::{LayerStream, Pass, WeightPayload};
@@ -95,12 +94,9 @@ fn bench_limits(values: usize) -> Limits {
 }
 
 impl LayerCalls for Sink {
-    async fn forward_layer(&self, mut chunks: Chunks) -> Result<(), Status> {
-        let mut asm = LayerAssembler::recycling(self.recycled.clone());
-        while let Some(chunk) = chunks.next().await {
-            asm.push(chunk?, &self.job, &self.limits).map_err(wire::status::to_status)?;
-        }
-        let (_, layer) = asm.finish().map_err(wire::status::to_status)?;
+    async fn forward_layer(&self, chunks: Chunks) -> Result<(), Status> {
+        let asm = LayerAssembler::recycling(self.recycled.clone());
+        let (_, layer) = assemble(chunks, asm, &self.job, &self.limits).await?;
         self.received.store(layer.weights.wire_bytes(), Ordering::SeqCst);
         self.recycled.give(layer.weights.into_values());
         Ok(())
