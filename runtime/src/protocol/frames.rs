@@ -32,19 +32,24 @@ impl Frames {
     /// The first `n` bytes (at most all there are), as frames of their own.
     fn split_to(&mut self, n: usize) -> Frames {
         let mut out = Frames::default();
+        self.take_front(n, |piece| out.push(piece));
+        out
+    }
+
+    /// Takes the first `n` bytes (at most all there are) off, handing each frame's share of them to `each`.
+    fn take_front(&mut self, n: usize, mut each: impl FnMut(Bytes)) {
         let mut left = n.min(self.remaining);
         self.remaining -= left;
         while left > 0 {
             let Some(front) = self.frames.front_mut() else { break };
             if front.len() <= left {
                 left -= front.len();
-                out.push(self.frames.pop_front().unwrap_or_default());
+                each(self.frames.pop_front().unwrap_or_default());
             } else {
-                out.push(front.split_to(left));
+                each(front.split_to(left));
                 left = 0;
             }
         }
-        out
     }
 }
 
@@ -57,21 +62,10 @@ impl Buf for Frames {
         self.frames.front().map_or(&[], |f| f.as_ref())
     }
 
-    /// Skips `cnt` bytes (at most all there are): prost calls it for every key and small field, so it keeps no
-    /// frame it passes over.
+    /// Skips `cnt` bytes (at most all there are): prost calls it for every key and small field, so the bytes
+    /// skipped are dropped as they are taken, not gathered first.
     fn advance(&mut self, cnt: usize) {
-        let mut left = cnt.min(self.remaining);
-        self.remaining -= left;
-        while left > 0 {
-            let Some(front) = self.frames.front_mut() else { break };
-            if front.len() <= left {
-                left -= front.len();
-                self.frames.pop_front();
-            } else {
-                front.advance(left);
-                left = 0;
-            }
-        }
+        self.take_front(cnt, drop);
     }
 
     /// The next `len` bytes (at most all there are): a slice of the first frame when they lie in it.
