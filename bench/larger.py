@@ -190,11 +190,26 @@ def read_run(out, path, warmup):
         "engine_sent_per_step": sum(e["bytes_sent"] for e in engines) / steps,
         "tier_read_mb_s": sum(s["tierReadBytes"] for s in servers) / wall / 1e6,
         "tier_written_mb_s": sum(s["tierWrittenBytes"] for s in servers) / wall / 1e6,
+        "tier_direct_share": direct_share(servers),
         "servers": [{"index": s["index"], "peak_rss": s["peakRssBytes"], "budget": s["budgetBytes"],
                      "in_memory": s["memoryBytes"], "on_disk": s["diskBytes"],
                      "allowance": s["baselineRssBytes"] + (48 << 20) + 4 * s["largestLayerBytes"]
                      + (transit if s["index"] == 0 else 0)} for s in servers],
     }
+
+
+def direct_share(servers):
+    """The share of the weight servers' disk tier traffic that went direct (not through the page cache); None
+    without a tier, or from a build that did not count it."""
+    moved = sum(s["tierReadBytes"] + s["tierWrittenBytes"] for s in servers)
+    direct = sum(s.get("tierDirectBytes", 0) for s in servers)
+    return direct / moved if moved and "tierDirectBytes" in (servers[0] if servers else {}) else None
+
+
+def direct(x):
+    """', N% direct' for a row whose disk tier traffic was counted so, else nothing."""
+    share = x.get("tier_direct_share")
+    return "" if share is None else f", {100 * share:.0f}% direct"
 
 
 def pytorch_1b(path, steps, cpus):
@@ -226,7 +241,22 @@ def medians(runs):
         if isinstance(v, (int, float)) and v is not None:
             out[k] = statistics.median(r[k] for r in runs)
     out["rounds"] = len(runs)
+    out["tokens_per_s_by_round"] = [r["tokens_per_s"] for r in runs]  # the spread the median is taken over
     return out
+
+
+def by_round(rows, ref_name):
+    """Each round's tokens/s and its ratio to the reference's run in the same round: the spread under the
+    medians (for results that kept them)."""
+    ref = rows[ref_name].get("tokens_per_s_by_round")
+    if not ref or len(ref) < 2:
+        return []
+    out = ["By round (tokens/s, and against the reference's run of the same round):", ""]
+    for name, x in rows.items():
+        runs = x.get("tokens_per_s_by_round", [])
+        cells = ", ".join(f"{t:.1f}" + ("" if name == ref_name else f" ({t / q:.3f}×)") for t, q in zip(runs, ref))
+        out.append(f"- {name}: {cells}")
+    return out + [""]
 
 
 def gib(b):
@@ -271,11 +301,12 @@ def render(r):
             limit = x.get("disk", r["disk"])  # a section merged from another run keeps that run's disk figures
             disk = "—" if not x["tier_read_mb_s"] else (f"{x['tier_read_mb_s']:.0f} / {x['tier_written_mb_s']:.0f} MB/s "
                     f"({100 * x['tier_read_mb_s'] / limit['read_mb_s']:.1f}% / "
-                    f"{100 * x['tier_written_mb_s'] / limit['write_mb_s']:.1f}% of the disk)")
+                    f"{100 * x['tier_written_mb_s'] / limit['write_mb_s']:.1f}% of the disk){direct(x)}")
             lines.append(f"| {name} | {x['tokens_per_s']:.1f} | {ratio:.2f}× | {100 * x['busy']:.0f}% "
                          f"| {gib(x['memoryx_to_swarmx_per_step'])} | {gib(x['engine_received_per_step'])} / "
                          f"{gib(x['engine_sent_per_step'])} | {disk} | {rss} |")
         lines.append("")
+        lines += by_round(rows, ref_name)
     if r.get("3b"):
         lines += render_3b(r["3b"], r)
     return "\n".join(lines)
@@ -297,7 +328,7 @@ def render_3b(x, r):
             f"| {x['tokens_per_s']:.2f} | {alone:.2f} | {x['tokens_per_s'] / alone:.2f}× | {100 * x['busy']:.0f}% "
             f"| {x['step_s']:.0f} s | {gib(x['memoryx_to_swarmx_per_step'])} "
             f"| {gib(x['engine_received_per_step'])} / {gib(x['engine_sent_per_step'])} "
-            f"| {x['tier_read_mb_s']:.0f} / {x['tier_written_mb_s']:.0f} MB/s "
+            f"| {x['tier_read_mb_s']:.0f} / {x['tier_written_mb_s']:.0f} MB/s{direct(x)} "
             f"| {gib(x['peak_sram'])} ({gib(x['sram_budget'])}) | {servers} |", "",
             f"Its compute alone: {x['flops_per_step'] / 1e12:.1f} TFLOP a step (the engines' count) at "
             f"{peak / 1e9:.0f} GFLOP/s, the best {threads}-thread GEMM of `wsctl bench machine` (the engine's CPUs). "

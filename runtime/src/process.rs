@@ -91,6 +91,23 @@ impl HugePages {
     /// process stops reusing heap memory and maps fresh ([`tighten_allocator`]).
     pub const PAGE: usize = 2 << 20;
 
+    /// Where an allocation of a [`HugePages::PAGE`] or more starts: on a 4 KiB boundary, which is what direct
+    /// I/O asks of a buffer (4 KiB covers every logical block size Linux file systems use). A weight server's
+    /// disk tier reads and writes its layers straight between such buffers and the disk
+    /// (`memoryx::tier_file`); glibc alone starts a mapped buffer 16 bytes into its first page.
+    pub const ALIGN: usize = 4096;
+
+    /// The layout this allocator asks the system for, for `layout`: the same, but aligned to
+    /// [`HugePages::ALIGN`] from a huge page up. A function of the layout alone, so freeing a buffer asks for
+    /// what allocating it did.
+    fn backing(layout: std::alloc::Layout) -> std::alloc::Layout {
+        if layout.size() >= Self::PAGE && layout.align() < Self::ALIGN {
+            std::alloc::Layout::from_size_align(layout.size(), Self::ALIGN).unwrap_or(layout)
+        } else {
+            layout
+        }
+    }
+
     /// Asks for huge pages under the whole huge pages inside `[ptr, ptr + len)`; a range holding none is left.
     fn advise(ptr: *mut u8, len: usize) {
         if ptr.is_null() || len < Self::PAGE {
@@ -109,33 +126,50 @@ impl HugePages {
     }
 }
 
-// SAFETY: every call is forwarded to `System` unchanged; `advise` only touches the backing of memory `System`
-// has just handed out.
+// SAFETY: every call is forwarded to `System` with the layout [`HugePages::backing`] gives, a function of the
+// caller's layout alone, so a buffer is freed or grown with the layout it was allocated with; `advise` only
+// touches the backing of memory `System` has just handed out.
 unsafe impl std::alloc::GlobalAlloc for HugePages {
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: forwarded with the caller's guarantees.
-        let ptr = unsafe { std::alloc::System.alloc(layout) };
+        // SAFETY: forwarded with the caller's guarantees; the backing layout has the same non-zero size.
+        let ptr = unsafe { std::alloc::System.alloc(Self::backing(layout)) };
         Self::advise(ptr, layout.size());
         ptr
     }
 
     unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: forwarded with the caller's guarantees.
-        let ptr = unsafe { std::alloc::System.alloc_zeroed(layout) };
+        // SAFETY: as in `alloc`.
+        let ptr = unsafe { std::alloc::System.alloc_zeroed(Self::backing(layout)) };
         Self::advise(ptr, layout.size());
         ptr
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { std::alloc::System.dealloc(ptr, layout) }
+        // SAFETY: `ptr` was allocated with `Self::backing(layout)` (by `alloc`, `alloc_zeroed` or `realloc`).
+        unsafe { std::alloc::System.dealloc(ptr, Self::backing(layout)) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: forwarded with the caller's guarantees.
-        let grown = unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
-        Self::advise(grown, new_size);
-        grown
+        // SAFETY: the caller guarantees `new_size`, rounded up to `layout.align()`, does not overflow isize.
+        let grown = unsafe { std::alloc::Layout::from_size_align_unchecked(new_size, layout.align()) };
+        let (old, new) = (Self::backing(layout), Self::backing(grown));
+        if old.align() == new.align() {
+            // SAFETY: forwarded with the caller's guarantees and the layout `ptr` was allocated with.
+            let ptr = unsafe { std::alloc::System.realloc(ptr, old, new_size) };
+            Self::advise(ptr, new_size);
+            return ptr;
+        }
+        // Across a huge page the alignment changes, which `System.realloc` keeps: move the buffer.
+        // SAFETY: `grown` is a valid non-zero layout; the copy stays within both buffers, which do not overlap;
+        // `ptr` is freed with the layout it was allocated with, once, and only when the move succeeded.
+        unsafe {
+            let moved = self.alloc(grown);
+            if !moved.is_null() {
+                std::ptr::copy_nonoverlapping(ptr, moved, layout.size().min(new_size));
+                self.dealloc(ptr, layout);
+            }
+            moved
+        }
     }
 }
 
@@ -168,6 +202,35 @@ mod tests {
                 assert!((0..size).all(|i| *q.add(i) == (i % 251) as u8));
                 a.dealloc(q, Layout::from_size_align(bigger, 64).expect("layout"));
             }
+        }
+    }
+
+    /// From a huge page up, a buffer starts on a direct-I/O boundary however it came to be that large (allocated,
+    /// zeroed, grown from a small one), and keeps its contents when grown or shrunk across the line.
+    #[test]
+    fn large_buffers_start_on_a_direct_io_boundary() {
+        let a = HugePages;
+        let aligned = |p: *mut u8| (p as usize).is_multiple_of(HugePages::ALIGN);
+        let small = Layout::from_size_align(100, 4).expect("layout");
+        let large = Layout::from_size_align(HugePages::PAGE + 4, 4).expect("layout");
+        // SAFETY: every pointer is checked, written and read within its current size and freed once, with the
+        // layout (size and alignment) it was last allocated or grown with.
+        unsafe {
+            for p in [a.alloc(large), a.alloc_zeroed(large)] {
+                assert!(!p.is_null() && aligned(p), "{p:p}");
+                a.dealloc(p, large);
+            }
+            let p = a.alloc(small);
+            for i in 0..100 {
+                *p.add(i) = i as u8;
+            }
+            let grown = a.realloc(p, small, large.size());
+            assert!(!grown.is_null() && aligned(grown), "grown past a huge page: {grown:p}");
+            assert!((0..100).all(|i| *grown.add(i) == i as u8), "kept its contents");
+            let shrunk = a.realloc(grown, large, 50);
+            assert!(!shrunk.is_null());
+            assert!((0..50).all(|i| *shrunk.add(i) == i as u8), "kept its contents");
+            a.dealloc(shrunk, Layout::from_size_align(50, 4).expect("layout"));
         }
     }
 }
