@@ -16,8 +16,8 @@ use std::path::Path;
 
 use crate::process::HugePages;
 
-/// What direct I/O needs aligned: a buffer's address, a file offset and a length. Large buffers of the roles'
-/// allocator start on it.
+/// What direct I/O needs aligned: a buffer's address, a file offset and a length. A weight server's large
+/// buffers start on it ([`HugePages::align_large_buffers`]); another process's go through the page cache.
 pub(crate) const ALIGN: usize = HugePages::ALIGN;
 
 /// The bytes a tensor of `values` takes in a tier file: its own, rounded up to [`ALIGN`] so the next one starts
@@ -180,6 +180,7 @@ mod tests {
     /// that is not aligned goes through the cache and reads the same.
     #[test]
     fn tensors_go_straight_between_their_buffers_and_the_disk() {
+        HugePages::align_large_buffers();
         let path = on_disk("direct");
         let file = TierFile::create(&path).expect("create");
         let lengths = [(HugePages::PAGE / 4) + 1000, 7, HugePages::PAGE / 4];
