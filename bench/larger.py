@@ -199,17 +199,17 @@ def read_run(out, path, warmup):
 
 
 def direct_share(servers):
-    """The share of the weight servers' disk tier traffic that went direct (not through the page cache); None
+    """The share of the weight servers' disk tier reads that went direct (not through the page cache); None
     without a tier, or from a build that did not count it."""
-    moved = sum(s["tierReadBytes"] + s["tierWrittenBytes"] for s in servers)
+    read = sum(s["tierReadBytes"] for s in servers)
     direct = sum(s.get("tierDirectBytes", 0) for s in servers)
-    return direct / moved if moved and "tierDirectBytes" in (servers[0] if servers else {}) else None
+    return direct / read if read and "tierDirectBytes" in (servers[0] if servers else {}) else None
 
 
 def direct(x):
-    """', N% direct' for a row whose disk tier traffic was counted so, else nothing."""
+    """', N% of reads direct' for a row whose disk tier reads were counted so, else nothing."""
     share = x.get("tier_direct_share")
-    return "" if share is None else f", {100 * share:.0f}% direct"
+    return "" if share is None else f", {100 * share:.0f}% of reads direct"
 
 
 def pytorch_1b(path, steps, cpus):

@@ -83,7 +83,7 @@ impl Usage {
         r.register("ws_memoryx_tier_written_bytes", "Bytes written to the disk tier", u.tier_written.clone());
         r.register(
             "ws_memoryx_tier_direct_bytes",
-            "Bytes of the disk tier's reads and writes that went direct, not through the page cache",
+            "Bytes the disk tier read direct, not through the page cache",
             u.tier_direct.clone(),
         );
         u

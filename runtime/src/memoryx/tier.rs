@@ -14,8 +14,9 @@
 //! last layer used until the next read, within the allowance a server's budget grants layers in transit
 //! (`wsctl/tests/servers.rs`).
 //!
-//! The files are read and written with direct I/O where the file system takes it ([`TierFile`]): a layer goes
-//! straight between its buffer and the disk, and the page cache neither copies it nor holds it a second time.
+//! Layers are read with direct I/O where the file system takes it ([`TierFile`]): straight from the disk into
+//! their buffers, and the page cache neither copies them nor keeps a second copy after they are read; writes go
+//! through the cache, off the stream's path.
 //!
 //! The files are scratch: the state they hold is checkpointed like any other, and a restarted server rebuilds
 //! them from its checkpoint.
@@ -113,23 +114,24 @@ impl Tier {
                 let _ = std::fs::remove_file(e.path());
             }
         }
-        let scratch = |prefix: &str, l: usize| -> Result<TierFile> {
+        let scratch = |prefix: &str, l: usize, direct: bool| -> Result<TierFile> {
             let path = dir.join(format!("{prefix}-{l:05}.f32"));
-            TierFile::create(&path).map_err(|e| Error::io(format!("creating {}", path.display()), e))
+            TierFile::create(&path, direct).map_err(|e| Error::io(format!("creating {}", path.display()), e))
         };
         let on_disk: Vec<usize> =
             (0..lengths.len()).filter(|&l| layout.on_disk.get(l).copied().unwrap_or(false)).collect();
         let mut files: Vec<Option<Arc<TierFile>>> = vec![None; lengths.len()];
         let mut grads: Vec<Option<TierFile>> = (0..lengths.len()).map(|_| None).collect();
         for l in on_disk {
-            files[l] = Some(Arc::new(scratch("layer", l)?));
-            grads[l] = Some(scratch("grad", l)?);
+            files[l] = Some(Arc::new(scratch("layer", l, true)?));
+            grads[l] = Some(scratch("grad", l, false)?);
         }
         if files.iter().flatten().any(|f| !f.direct()) {
             tracing::warn!(
                 dir = %dir.display(),
-                "the disk tier's file system refuses direct I/O (O_DIRECT): its layers go through the page cache, \
-                 which copies them once more and holds a second copy in memory; put the tier on a disk's file system"
+                "the disk tier's file system refuses direct I/O (O_DIRECT): its layers are read through the page \
+                 cache, which copies them once more and keeps a second copy in memory; put the tier on a disk's file \
+                 system"
             );
         }
         Ok(Tier {
@@ -165,7 +167,7 @@ impl Tier {
         (self.read.load(Ordering::Relaxed), self.written.load(Ordering::Relaxed))
     }
 
-    /// Of [`Tier::traffic`], the bytes read or written with direct I/O.
+    /// Of [`Tier::traffic`], the bytes read with direct I/O.
     pub fn direct_bytes(&self) -> u64 {
         self.direct.load(Ordering::Relaxed)
     }
@@ -204,12 +206,10 @@ impl Tier {
             .get(l)
             .and_then(Option::as_ref)
             .ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
-        let direct = file
-            .write_bytes(bytemuck::cast_slice(weights), 0)
-            .and_then(|w| Ok(w + file.write_bytes(bytemuck::cast_slice(bias), region(weights.len()))?))
+        file.write_bytes(bytemuck::cast_slice(weights), 0)
+            .and_then(|()| file.write_bytes(bytemuck::cast_slice(bias), region(weights.len())))
             .map_err(|e| Error::io(format!("staging layer {l}'s gradient in the disk tier"), e))?;
         self.written.fetch_add(4 * (weights.len() + bias.len()) as u64, Ordering::Relaxed);
-        self.direct.fetch_add(direct, Ordering::Relaxed);
         Ok(())
     }
 
@@ -222,12 +222,10 @@ impl Tier {
             .ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
         let (nw, nb) = (self.lengths[l][0], self.lengths[l][1]);
         let (mut w, mut b) = (self.recycled.take(nw), self.recycled.take(nb));
-        let direct = file
-            .read_values(&mut w, nw, 0)
-            .and_then(|d| Ok(d + file.read_values(&mut b, nb, region(nw))?))
+        file.read_values(&mut w, nw, 0)
+            .and_then(|_| file.read_values(&mut b, nb, region(nw)))
             .map_err(|e| Error::io(format!("reading layer {l}'s staged gradient from the disk tier"), e))?;
         self.read.fetch_add(4 * (nw + nb) as u64, Ordering::Relaxed);
-        self.direct.fetch_add(direct, Ordering::Relaxed);
         Ok((w, b))
     }
 
@@ -247,11 +245,9 @@ impl Tier {
             if t.len() != want {
                 return Err(Error::Protocol(format!("layer {l}: a tensor of {} values where {want} belong", t.len())));
             }
-            let direct = file
-                .write_bytes(bytemuck::cast_slice(t), at)
+            file.write_bytes(bytemuck::cast_slice(t), at)
                 .map_err(|e| Error::io(format!("writing layer {l} to the disk tier"), e))?;
             self.written.fetch_add(4 * want as u64, Ordering::Relaxed);
-            self.direct.fetch_add(direct, Ordering::Relaxed);
             at += region(want);
         }
         // A write makes any read-ahead of the layer stale: one in flight is waited for, then dropped.

@@ -42,8 +42,8 @@ pub struct ServerUsage {
     pub tier_read_bytes: u64,
     /// Bytes its disk tier has written.
     pub tier_written_bytes: u64,
-    /// Of those read and written, the bytes that went straight between their buffers and the disk (direct
-    /// I/O), not through the page cache.
+    /// Of those read, the bytes read straight from the disk into their buffers (direct I/O), not through the
+    /// page cache.
     #[serde(default)]
     pub tier_direct_bytes: u64,
     /// Its process's resident memory before the slice was built (the program, its runtime, TLS, the data's
