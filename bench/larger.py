@@ -190,26 +190,11 @@ def read_run(out, path, warmup):
         "engine_sent_per_step": sum(e["bytes_sent"] for e in engines) / steps,
         "tier_read_mb_s": sum(s["tierReadBytes"] for s in servers) / wall / 1e6,
         "tier_written_mb_s": sum(s["tierWrittenBytes"] for s in servers) / wall / 1e6,
-        "tier_direct_share": direct_share(servers),
         "servers": [{"index": s["index"], "peak_rss": s["peakRssBytes"], "budget": s["budgetBytes"],
                      "in_memory": s["memoryBytes"], "on_disk": s["diskBytes"],
                      "allowance": s["baselineRssBytes"] + (48 << 20) + 4 * s["largestLayerBytes"]
                      + (transit if s["index"] == 0 else 0)} for s in servers],
     }
-
-
-def direct_share(servers):
-    """The share of the weight servers' disk tier reads that went direct (not through the page cache); None
-    without a tier, or from a build that did not count it."""
-    read = sum(s["tierReadBytes"] for s in servers)
-    direct = sum(s.get("tierDirectBytes", 0) for s in servers)
-    return direct / read if read and "tierDirectBytes" in (servers[0] if servers else {}) else None
-
-
-def direct(x):
-    """', N% of reads direct' for a row whose disk tier reads were counted so, else nothing."""
-    share = x.get("tier_direct_share")
-    return "" if share is None else f", {100 * share:.0f}% of reads direct"
 
 
 def pytorch_1b(path, steps, cpus):
@@ -301,7 +286,7 @@ def render(r):
             limit = x.get("disk", r["disk"])  # a section merged from another run keeps that run's disk figures
             disk = "—" if not x["tier_read_mb_s"] else (f"{x['tier_read_mb_s']:.0f} / {x['tier_written_mb_s']:.0f} MB/s "
                     f"({100 * x['tier_read_mb_s'] / limit['read_mb_s']:.1f}% / "
-                    f"{100 * x['tier_written_mb_s'] / limit['write_mb_s']:.1f}% of the disk){direct(x)}")
+                    f"{100 * x['tier_written_mb_s'] / limit['write_mb_s']:.1f}% of the disk)")
             lines.append(f"| {name} | {x['tokens_per_s']:.1f} | {ratio:.2f}× | {100 * x['busy']:.0f}% "
                          f"| {gib(x['memoryx_to_swarmx_per_step'])} | {gib(x['engine_received_per_step'])} / "
                          f"{gib(x['engine_sent_per_step'])} | {disk} | {rss} |")
@@ -328,7 +313,7 @@ def render_3b(x, r):
             f"| {x['tokens_per_s']:.2f} | {alone:.2f} | {x['tokens_per_s'] / alone:.2f}× | {100 * x['busy']:.0f}% "
             f"| {x['step_s']:.0f} s | {gib(x['memoryx_to_swarmx_per_step'])} "
             f"| {gib(x['engine_received_per_step'])} / {gib(x['engine_sent_per_step'])} "
-            f"| {x['tier_read_mb_s']:.0f} / {x['tier_written_mb_s']:.0f} MB/s{direct(x)} "
+            f"| {x['tier_read_mb_s']:.0f} / {x['tier_written_mb_s']:.0f} MB/s "
             f"| {gib(x['peak_sram'])} ({gib(x['sram_budget'])}) | {servers} |", "",
             f"Its compute alone: {x['flops_per_step'] / 1e12:.1f} TFLOP a step (the engines' count) at "
             f"{peak / 1e9:.0f} GFLOP/s, the best {threads}-thread GEMM of `wsctl bench machine` (the engine's CPUs). "

@@ -25,9 +25,3 @@ pub mod process;
 pub mod protocol;
 pub mod swarmx;
 pub mod tensorboard;
-
-/// The unit tests run on the allocator every role's program installs, so what they check of buffers (a disk
-/// tier's direct I/O, which needs them aligned) is what the roles get.
-#[cfg(test)]
-#[global_allocator]
-static TEST_ALLOCATOR: process::HugePages = process::HugePages;

@@ -65,7 +65,6 @@ pub fn keep_allocator_warm() {
 /// 2.3–3.0 M to 0.7 M, MemoryX's system time from 200 to 150 s, a step from 132 to 112 s; the coordinator's
 /// peak RSS rose 141 MB, the others' 6–41 MB, all within their budgets' allowance.
 pub fn tighten_allocator() {
-    HugePages::align_large_buffers();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; it is called before the process allocates its state.
     unsafe {
@@ -92,49 +91,6 @@ impl HugePages {
     /// process stops reusing heap memory and maps fresh ([`tighten_allocator`]).
     pub const PAGE: usize = 2 << 20;
 
-    /// Where an allocation of a [`HugePages::PAGE`] or more starts once [`HugePages::align_large_buffers`] was
-    /// called: on a 4 KiB boundary, which is what direct I/O asks of a buffer (4 KiB covers every logical block
-    /// size Linux file systems use). A weight server's disk tier reads and writes its layers straight between
-    /// such buffers and the disk (`memoryx::tier_file`); glibc alone starts a mapped buffer 16 bytes into its
-    /// first page.
-    pub const ALIGN: usize = 4096;
-
-    /// Starts every allocation of a [`HugePages::PAGE`] or more on a [`HugePages::ALIGN`] boundary from now on:
-    /// for a weight server, whose disk tier reads and writes with direct I/O and whose large buffers are mapped
-    /// fresh anyway ([`tighten_allocator`]), so aligning one costs a page of address space. A process that reuses
-    /// heap memory for its buffers ([`keep_allocator_warm`]) is better without: aligned there, an in-process
-    /// ~100M GPT run's peak RSS rose from 5.90 to 6.47 GiB. Buffers allocated before keep their alignment; every
-    /// buffer is freed alike.
-    pub fn align_large_buffers() {
-        ALIGN_LARGE.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The alignment to ask the system for, for `size` bytes the caller wants aligned to `align`.
-    fn alignment(size: usize, align: usize) -> usize {
-        if size >= Self::PAGE && ALIGN_LARGE.load(std::sync::atomic::Ordering::Relaxed) {
-            align.max(Self::ALIGN)
-        } else {
-            align
-        }
-    }
-
-    /// `size` bytes aligned to `align` from the C allocator: `malloc` when its own alignment is enough (as
-    /// `std::alloc::System` does), `posix_memalign` otherwise. Either is given back with `free`, so how a buffer
-    /// was aligned never has to be known to free it.
-    fn allocate(size: usize, align: usize) -> *mut u8 {
-        if align <= MALLOC_ALIGN && align <= size {
-            // SAFETY: malloc has no preconditions; a null return is passed on as the failure it is.
-            return unsafe { libc::malloc(size) }.cast();
-        }
-        let mut ptr = std::ptr::null_mut();
-        // SAFETY: `align` is a power of two (a layout's, or ALIGN) at least a pointer's size, as posix_memalign
-        // requires; on failure `ptr` stays null.
-        match unsafe { libc::posix_memalign(&mut ptr, align.max(std::mem::size_of::<usize>()), size) } {
-            0 => ptr.cast(),
-            _ => std::ptr::null_mut(),
-        }
-    }
-
     /// Asks for huge pages under the whole huge pages inside `[ptr, ptr + len)`; a range holding none is left.
     fn advise(ptr: *mut u8, len: usize) {
         if ptr.is_null() || len < Self::PAGE {
@@ -153,65 +109,33 @@ impl HugePages {
     }
 }
 
-/// Large buffers are aligned for direct I/O in processes that asked ([`HugePages::align_large_buffers`]).
-static ALIGN_LARGE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// What `malloc` aligns every allocation to (glibc: two words, and 16 bytes on x86).
-const MALLOC_ALIGN: usize = 2 * std::mem::size_of::<usize>();
-
-// SAFETY: every allocation comes from the C allocator aligned as the caller's layout asks (or more) and is freed
-// with `free`, which takes what `malloc`, `calloc`, `realloc` and `posix_memalign` gave alike; `advise` only
-// touches the backing of memory just handed out.
+// SAFETY: every call is forwarded to `System` unchanged; `advise` only touches the backing of memory `System`
+// has just handed out.
 unsafe impl std::alloc::GlobalAlloc for HugePages {
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        let ptr = Self::allocate(layout.size(), Self::alignment(layout.size(), layout.align()));
+        // SAFETY: forwarded with the caller's guarantees.
+        let ptr = unsafe { std::alloc::System.alloc(layout) };
         Self::advise(ptr, layout.size());
         ptr
     }
 
     unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
-        let (size, align) = (layout.size(), Self::alignment(layout.size(), layout.align()));
-        let ptr: *mut u8 = if align <= MALLOC_ALIGN && align <= size {
-            // SAFETY: calloc has no preconditions (its pages come zeroed from the kernel when fresh).
-            unsafe { libc::calloc(1, size) }.cast()
-        } else {
-            let ptr = Self::allocate(size, align);
-            if !ptr.is_null() {
-                // SAFETY: `ptr` holds `size` bytes just allocated.
-                unsafe { std::ptr::write_bytes(ptr, 0, size) };
-            }
-            ptr
-        };
-        Self::advise(ptr, size);
+        // SAFETY: forwarded with the caller's guarantees.
+        let ptr = unsafe { std::alloc::System.alloc_zeroed(layout) };
+        Self::advise(ptr, layout.size());
         ptr
     }
 
-    unsafe fn dealloc(&self, ptr: *mut u8, _layout: std::alloc::Layout) {
-        // SAFETY: `ptr` came from this allocator, so from the C allocator, and is freed once (the caller's
-        // contract).
-        unsafe { libc::free(ptr.cast()) }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
-        let align = Self::alignment(new_size, layout.align());
-        if align <= MALLOC_ALIGN && align <= new_size {
-            // SAFETY: `ptr` came from the C allocator; realloc keeps malloc's alignment, which is enough here.
-            let grown: *mut u8 = unsafe { libc::realloc(ptr.cast(), new_size) }.cast();
-            Self::advise(grown, new_size);
-            return grown;
-        }
-        // An alignment realloc may not keep: move the buffer.
-        let moved = Self::allocate(new_size, align);
-        if !moved.is_null() {
-            // SAFETY: both buffers hold at least the bytes copied and do not overlap; `ptr` is freed once, and only
-            // when the move succeeded (a failed realloc leaves it to the caller).
-            unsafe {
-                std::ptr::copy_nonoverlapping(ptr, moved, layout.size().min(new_size));
-                libc::free(ptr.cast());
-            }
-        }
-        Self::advise(moved, new_size);
-        moved
+        // SAFETY: forwarded with the caller's guarantees.
+        let grown = unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
+        Self::advise(grown, new_size);
+        grown
     }
 }
 
@@ -244,40 +168,6 @@ mod tests {
                 assert!((0..size).all(|i| *q.add(i) == (i % 251) as u8));
                 a.dealloc(q, Layout::from_size_align(bigger, 64).expect("layout"));
             }
-        }
-    }
-
-    /// In a process that asked, a buffer of a huge page or more starts on a direct-I/O boundary however it came
-    /// to be that large (allocated, zeroed, grown from a small one), and keeps its contents when grown or shrunk
-    /// across the line.
-    #[test]
-    fn large_buffers_start_on_a_direct_io_boundary() {
-        HugePages::align_large_buffers();
-        let a = HugePages;
-        let aligned = |p: *mut u8| (p as usize).is_multiple_of(HugePages::ALIGN);
-        let small = Layout::from_size_align(100, 4).expect("layout");
-        let large = Layout::from_size_align(HugePages::PAGE + 4, 4).expect("layout");
-        // SAFETY: every pointer is checked, written and read within its current size and freed once, with the
-        // layout (size and alignment) it was last allocated or grown with.
-        unsafe {
-            for p in [a.alloc(large), a.alloc_zeroed(large)] {
-                assert!(!p.is_null() && aligned(p), "{p:p}");
-                a.dealloc(p, large);
-            }
-            let z = a.alloc_zeroed(large);
-            assert!(std::slice::from_raw_parts(z, large.size()).iter().all(|&b| b == 0), "zeroed");
-            a.dealloc(z, large);
-            let p = a.alloc(small);
-            for i in 0..100 {
-                *p.add(i) = i as u8;
-            }
-            let grown = a.realloc(p, small, large.size());
-            assert!(!grown.is_null() && aligned(grown), "grown past a huge page: {grown:p}");
-            assert!((0..100).all(|i| *grown.add(i) == i as u8), "kept its contents");
-            let shrunk = a.realloc(grown, large, 50);
-            assert!(!shrunk.is_null());
-            assert!((0..50).all(|i| *shrunk.add(i) == i as u8), "kept its contents");
-            a.dealloc(shrunk, Layout::from_size_align(50, 4).expect("layout"));
         }
     }
 }

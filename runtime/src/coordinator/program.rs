@@ -66,7 +66,6 @@ struct Usage {
     disk: Gauge<i64>,
     tier_read: Gauge<i64>,
     tier_written: Gauge<i64>,
-    tier_direct: Gauge<i64>,
 }
 
 impl Usage {
@@ -81,11 +80,6 @@ impl Usage {
         r.register("ws_memoryx_disk_bytes", "Bytes of state this weight server keeps in its disk tier", u.disk.clone());
         r.register("ws_memoryx_tier_read_bytes", "Bytes read from the disk tier", u.tier_read.clone());
         r.register("ws_memoryx_tier_written_bytes", "Bytes written to the disk tier", u.tier_written.clone());
-        r.register(
-            "ws_memoryx_tier_direct_bytes",
-            "Bytes the disk tier read direct, not through the page cache",
-            u.tier_direct.clone(),
-        );
         u
     }
 
@@ -100,7 +94,6 @@ impl Usage {
                 self.disk.set(disk as i64);
                 self.tier_read.set(read as i64);
                 self.tier_written.set(written as i64);
-                self.tier_direct.set(shard.tier_direct_bytes() as i64);
                 std::thread::sleep(Duration::from_secs(1));
             }
         });

@@ -7,8 +7,7 @@
 //! - [`weight_server`]: a weight server ([`weight_server::WeightServer`]) and the one in this process
 //!   ([`weight_server::LocalSlice`]).
 //! - [`slice`]: which part of every layer a server owns ([`slice::SliceId`]), and the tensors it keeps of it.
-//! - [`tier`]: a server's disk tier, read ahead in stream order; `tier_file`: one of its files, read and written
-//!   with direct I/O where the file system takes it.
+//! - [`tier`]: a server's disk tier, read ahead in stream order.
 //! - [`remote`] and [`grpc_service`]: a weight server on the network, and the gRPC service it answers with.
 //! - `tied`: a tied layer's gradient, held until its target layer's arrives.
 //! - [`checkpoint`]: the tensors' names and the checkpoint files they are written to; [`manifest`]: the
@@ -26,5 +25,4 @@ pub mod slice;
 pub mod store;
 mod tied;
 pub mod tier;
-mod tier_file;
 pub mod weight_server;

@@ -14,19 +14,17 @@
 //! last layer used until the next read, within the allowance a server's budget grants layers in transit
 //! (`wsctl/tests/servers.rs`).
 //!
-//! Layers are read with direct I/O where the file system takes it ([`TierFile`]): straight from the disk into
-//! their buffers, and the page cache neither copies them nor keeps a second copy after they are read; writes go
-//! through the cache, off the stream's path.
-//!
 //! The files are scratch: the state they hold is checkpointed like any other, and a restarted server rebuilds
 //! them from its checkpoint.
 
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::slice::{LayerLengths, LayerTensors};
-use super::tier_file::{TierFile, region};
 use crate::protocol::codec::chunk::Recycled;
 use errors::{Error, Result};
 
@@ -89,16 +87,14 @@ pub struct Tier {
     dir: PathBuf,
     layout: TierLayout,
     lengths: Vec<LayerLengths>,
-    files: Vec<Option<Arc<TierFile>>>,
+    files: Vec<Option<Arc<File>>>,
     /// Per on-disk layer, the file its staged gradient waits in until it is applied (after the step's commit).
-    grads: Vec<Option<TierFile>>,
+    grads: Vec<Option<File>>,
     ahead: Arc<(Mutex<Ahead>, Condvar)>,
     /// The last layer used, to tell the direction of travel.
     last: Mutex<Option<usize>>,
     read: Arc<AtomicU64>,
     written: AtomicU64,
-    /// Of those, the bytes that went straight between their buffers and the disk.
-    direct: Arc<AtomicU64>,
     /// Buffers of layers and gradients used, for the next reads to fill.
     recycled: Arc<Recycled>,
 }
@@ -114,25 +110,23 @@ impl Tier {
                 let _ = std::fs::remove_file(e.path());
             }
         }
-        let scratch = |prefix: &str, l: usize, direct: bool| -> Result<TierFile> {
+        let scratch = |prefix: &str, l: usize| -> Result<File> {
             let path = dir.join(format!("{prefix}-{l:05}.f32"));
-            TierFile::create(&path, direct).map_err(|e| Error::io(format!("creating {}", path.display()), e))
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .map_err(|e| Error::io(format!("creating {}", path.display()), e))
         };
         let on_disk: Vec<usize> =
             (0..lengths.len()).filter(|&l| layout.on_disk.get(l).copied().unwrap_or(false)).collect();
-        let mut files: Vec<Option<Arc<TierFile>>> = vec![None; lengths.len()];
-        let mut grads: Vec<Option<TierFile>> = (0..lengths.len()).map(|_| None).collect();
+        let mut files: Vec<Option<Arc<File>>> = vec![None; lengths.len()];
+        let mut grads: Vec<Option<File>> = (0..lengths.len()).map(|_| None).collect();
         for l in on_disk {
-            files[l] = Some(Arc::new(scratch("layer", l, true)?));
-            grads[l] = Some(scratch("grad", l, false)?);
-        }
-        if files.iter().flatten().any(|f| !f.direct()) {
-            tracing::warn!(
-                dir = %dir.display(),
-                "the disk tier's file system refuses direct I/O (O_DIRECT): its layers are read through the page \
-                 cache, which copies them once more and keeps a second copy in memory; put the tier on a disk's file \
-                 system"
-            );
+            files[l] = Some(Arc::new(scratch("layer", l)?));
+            grads[l] = Some(scratch("grad", l)?);
         }
         Ok(Tier {
             dir,
@@ -144,7 +138,6 @@ impl Tier {
             last: Mutex::new(None),
             read: Arc::default(),
             written: AtomicU64::new(0),
-            direct: Arc::default(),
             recycled: Arc::new(Recycled::layer_sized()),
         })
     }
@@ -167,16 +160,7 @@ impl Tier {
         (self.read.load(Ordering::Relaxed), self.written.load(Ordering::Relaxed))
     }
 
-    /// Of [`Tier::traffic`], the bytes read with direct I/O.
-    pub fn direct_bytes(&self) -> u64 {
-        self.direct.load(Ordering::Relaxed)
-    }
-
-    fn counters(&self) -> Counters {
-        Counters { read: self.read.clone(), direct: self.direct.clone() }
-    }
-
-    fn file(&self, l: usize) -> Result<Arc<TierFile>> {
+    fn file(&self, l: usize) -> Result<Arc<File>> {
         self.files
             .get(l)
             .cloned()
@@ -191,7 +175,7 @@ impl Tier {
         let ahead = self.take_ahead(l, all);
         let tensors = match ahead {
             Some(t) => t,
-            None => read_layer(self.file(l)?.as_ref(), &self.lengths[l], all, &self.counters(), &self.recycled),
+            None => read_layer(self.file(l)?.as_ref(), &self.lengths[l], all, &self.read, &self.recycled),
         };
         if let Some((n, all)) = next {
             self.prefetch(n, all);
@@ -206,8 +190,9 @@ impl Tier {
             .get(l)
             .and_then(Option::as_ref)
             .ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
-        file.write_bytes(bytemuck::cast_slice(weights), 0)
-            .and_then(|()| file.write_bytes(bytemuck::cast_slice(bias), region(weights.len())))
+        let w: &[u8] = bytemuck::cast_slice(weights);
+        file.write_all_at(w, 0)
+            .and_then(|()| file.write_all_at(bytemuck::cast_slice(bias), w.len() as u64))
             .map_err(|e| Error::io(format!("staging layer {l}'s gradient in the disk tier"), e))?;
         self.written.fetch_add(4 * (weights.len() + bias.len()) as u64, Ordering::Relaxed);
         Ok(())
@@ -222,8 +207,8 @@ impl Tier {
             .ok_or_else(|| Error::Protocol(format!("layer {l} is not in the disk tier")))?;
         let (nw, nb) = (self.lengths[l][0], self.lengths[l][1]);
         let (mut w, mut b) = (self.recycled.take(nw), self.recycled.take(nb));
-        file.read_values(&mut w, nw, 0)
-            .and_then(|_| file.read_values(&mut b, nb, region(nw)))
+        read_values(file, &mut w, nw, 0)
+            .and_then(|()| read_values(file, &mut b, nb, 4 * nw as u64))
             .map_err(|e| Error::io(format!("reading layer {l}'s staged gradient from the disk tier"), e))?;
         self.read.fetch_add(4 * (nw + nb) as u64, Ordering::Relaxed);
         Ok((w, b))
@@ -245,11 +230,11 @@ impl Tier {
             if t.len() != want {
                 return Err(Error::Protocol(format!("layer {l}: a tensor of {} values where {want} belong", t.len())));
             }
-            file.write_bytes(bytemuck::cast_slice(t), at)
-                .map_err(|e| Error::io(format!("writing layer {l} to the disk tier"), e))?;
-            self.written.fetch_add(4 * want as u64, Ordering::Relaxed);
-            at += region(want);
+            let bytes: &[u8] = bytemuck::cast_slice(t);
+            file.write_all_at(bytes, at).map_err(|e| Error::io(format!("writing layer {l} to the disk tier"), e))?;
+            at += bytes.len() as u64;
         }
+        self.written.fetch_add(at, Ordering::Relaxed);
         // A write makes any read-ahead of the layer stale: one in flight is waited for, then dropped.
         let (lock, ready) = &*self.ahead;
         if let Ok(mut a) = lock.lock()
@@ -298,10 +283,10 @@ impl Tier {
             }
             *a = Ahead { layer: Some((l, all)), tensors: None };
         }
-        let (ahead, lengths, counters, recycled) =
-            (self.ahead.clone(), self.lengths[l], self.counters(), self.recycled.clone());
+        let (ahead, lengths, read, recycled) =
+            (self.ahead.clone(), self.lengths[l], self.read.clone(), self.recycled.clone());
         std::thread::spawn(move || {
-            let tensors = read_layer(&file, &lengths, all, &counters, &recycled);
+            let tensors = read_layer(&file, &lengths, all, &read, &recycled);
             let (lock, ready) = &*ahead;
             if let Ok(mut a) = lock.lock() {
                 a.tensors = Some(tensors);
@@ -346,22 +331,15 @@ impl Drop for Tier {
     }
 }
 
-/// The tier's byte counters, shared with its read-ahead thread.
-struct Counters {
-    read: Arc<AtomicU64>,
-    direct: Arc<AtomicU64>,
-}
-
 /// Reads a layer's tensors from its file into buffers from `recycled`: all six tensors, or only the weights and
-/// bias (the others left empty). Each tensor starts at an aligned [`region`] of the file. What `recycled` keeps
-/// beyond them is then freed, but for the one buffer a whole read (the forward pass) leaves for its layer's
-/// staged gradient, read beside it to be applied: freeing that one too mapped every gradient fresh, ~2.5% of the
-/// machine for each weight server of a 3 B-shaped run.
+/// bias (the others left empty). What `recycled` keeps beyond them is then freed, but for the one buffer a whole
+/// read (the forward pass) leaves for its layer's staged gradient, read beside it to be applied: freeing that
+/// one too mapped every gradient fresh, ~2.5% of the machine for each weight server of a 3 B-shaped run.
 fn read_layer(
-    file: &TierFile,
+    file: &File,
     lengths: &LayerLengths,
     all: bool,
-    counters: &Counters,
+    counter: &AtomicU64,
     recycled: &Recycled,
 ) -> Result<LayerTensors> {
     let wanted = |k: usize| all || k < 2;
@@ -373,15 +351,48 @@ fn read_layer(
     let mut at = 0u64;
     for (k, &len) in lengths.iter().enumerate() {
         if wanted(k) {
-            let direct = file
-                .read_values(&mut out[k], len, at)
-                .map_err(|e| Error::io("reading a layer from the disk tier", e))?;
-            counters.read.fetch_add(4 * len as u64, Ordering::Relaxed);
-            counters.direct.fetch_add(direct, Ordering::Relaxed);
+            read_values(file, &mut out[k], len, at).map_err(|e| Error::io("reading a layer from the disk tier", e))?;
+            counter.fetch_add(4 * len as u64, Ordering::Relaxed);
         }
-        at += region(len);
+        at += 4 * len as u64;
     }
     Ok(out)
+}
+
+/// Reads `len` values at byte `offset` of `file` into `out` (emptied first), straight into its spare room: a
+/// kept buffer zero-filled only for the read to overwrite it was a tenth of a tiered step's update phase.
+fn read_values(file: &File, out: &mut Vec<f32>, len: usize, offset: u64) -> std::io::Result<()> {
+    out.clear();
+    out.reserve_exact(len);
+    let bytes = len * std::mem::size_of::<f32>();
+    let room = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+    let mut done = 0;
+    while done < bytes {
+        let at = libc::off_t::try_from(offset + done as u64).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "a disk tier offset past the file API's range")
+        })?;
+        // SAFETY: `room + done .. room + bytes` lies within the spare capacity reserved above, which `pread`
+        // only writes; nothing else holds the buffer.
+        let n = unsafe { libc::pread(file.as_raw_fd(), room.add(done).cast(), bytes - done, at) };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the disk tier file ends before the layer does",
+                ));
+            }
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    // SAFETY: the reads above wrote all `len` values.
+    unsafe { out.set_len(len) };
+    Ok(())
 }
 
 #[cfg(test)]

@@ -42,10 +42,6 @@ pub struct ServerUsage {
     pub tier_read_bytes: u64,
     /// Bytes its disk tier has written.
     pub tier_written_bytes: u64,
-    /// Of those read, the bytes read straight from the disk into their buffers (direct I/O), not through the
-    /// page cache.
-    #[serde(default)]
-    pub tier_direct_bytes: u64,
     /// Its process's resident memory before the slice was built (the program, its runtime, TLS, the data's
     /// description): the overhead beside the state.
     pub baseline_rss_bytes: u64,
@@ -606,11 +602,6 @@ impl LocalSlice {
         self.tier.as_ref().map_or((0, 0), |t| t.traffic())
     }
 
-    /// Of [`LocalSlice::tier_traffic`], the bytes moved with direct I/O.
-    pub fn tier_direct_bytes(&self) -> u64 {
-        self.tier.as_ref().map_or(0, |t| t.direct_bytes())
-    }
-
     /// Whether layer `layer` is held in memory (not in the disk tier).
     pub fn resident(&self, layer: usize) -> bool {
         self.lock(layer).is_ok_and(|s| s.tensors.is_some())
@@ -808,7 +799,6 @@ impl WeightServer for LocalSlice {
             largest_layer_bytes: self.lengths.iter().map(|s| 4 * s.iter().sum::<usize>() as u64).max().unwrap_or(0),
             tier_read_bytes,
             tier_written_bytes,
-            tier_direct_bytes: self.tier_direct_bytes(),
             baseline_rss_bytes: self.baseline_rss,
             peak_rss_bytes: crate::process::peak_rss_bytes(),
         })
