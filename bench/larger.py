@@ -238,7 +238,9 @@ def by_round(rows, ref_name):
         return []
     out = ["By round (tokens/s, and against the reference's run of the same round):", ""]
     for name, x in rows.items():
-        runs = x.get("tokens_per_s_by_round", [])
+        runs = x.get("tokens_per_s_by_round")
+        if not runs:  # a row from a run that did not keep its rounds
+            continue
         cells = ", ".join(f"{t:.1f}" + ("" if name == ref_name else f" ({t / q:.3f}×)") for t, q in zip(runs, ref))
         out.append(f"- {name}: {cells}")
     return out + [""]
