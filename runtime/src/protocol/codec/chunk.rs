@@ -19,8 +19,9 @@ pub(crate) fn extend_words<T: bytemuck::Pod>(out: &mut Vec<T>, bytes: &[u8], wha
         )));
     }
     // Each word is written once, straight from the message (whose bytes need not be aligned): no zero-fill
-    // of the room first, which doubled the writes of a megabyte chunk.
-    out.extend(bytes.chunks_exact(size).map(bytemuck::pod_read_unaligned::<T>));
+    // of the room first, which doubled the writes of a megabyte chunk. A layer-sized buffer is written around
+    // the cache.
+    super::uncached::extend(out, bytes);
     Ok(())
 }
 

@@ -580,6 +580,29 @@ mod tests {
         assert_eq!(back.bias, s.bias);
     }
 
+    /// A layer larger than a core's cache is assembled with stores around it (`uncached`): its values come back
+    /// bit for bit across every chunk boundary, NaN payloads included.
+    #[test]
+    fn a_layer_larger_than_the_cache_round_trips() {
+        let (rows, cols) = (1100, 1024);
+        assert!(rows * cols * 4 > super::super::uncached::MIN_BUFFER);
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|k| if k % 4099 == 0 { f32::from_bits(0x7fc0_0000 | k as u32 & 0xffff) } else { k as f32 * 0.25 })
+            .collect();
+        let s =
+            LayerStream { layer: 1, pass: Pass::Backward, weights: WeightPayload::Dense(values.clone()), bias: vec![] };
+        let shape = plan::layout::LinearShape::new(cols, rows, false);
+        let limits = Limits { shard: 1, layers: vec![shape; 2], optimizer_values: 0 };
+        let mut a = LayerAssembler::default();
+        for c in encode_layer(s, "job-a", 3) {
+            a.push(c, "job-a", &limits).unwrap();
+        }
+        let (_, back) = a.finish().unwrap();
+        let WeightPayload::Dense(got) = back.weights else { panic!("a dense stream came back {:?}", back.weights) };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&values));
+    }
+
     #[test]
     fn bad_streams_are_refused() {
         let chunks = encode_layer(sparse_stream(), "job-a", 1);

@@ -6,10 +6,11 @@
 //!
 //! One codec per message kind — `layer` (what MemoryX streams), `grad` (what engines send back), `state` (a
 //! pipelined replica), `step` (a pipelined step's reply) — over the chunking helpers of `chunk`, which they all
-//! share.
+//! share, and `uncached`, the copy of a large layer's words around the cache.
 
 pub mod chunk;
 pub mod grad;
 pub mod layer;
 pub mod state;
 pub mod step;
+mod uncached;
