@@ -85,14 +85,24 @@ unsafe fn stream(d: *mut u8, s: *const u8, len: usize) {
         // SAFETY: the caller's contract, and the CPU has AVX-512F.
         unsafe { stream_avx512(d, s, len) };
     } else {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-        for i in (0..len).step_by(16) {
-            // SAFETY: the caller's contract; `d + i` is 16-byte aligned.
-            unsafe { _mm_stream_si128(d.add(i).cast::<__m128i>(), _mm_loadu_si128(s.add(i).cast::<__m128i>())) };
-        }
+        // SAFETY: the caller's contract.
+        unsafe { stream_sse2(d, s, len) };
     }
     // SAFETY: `sfence` has no memory operands; SSE is part of x86-64.
     unsafe { std::arch::x86_64::_mm_sfence() };
+}
+
+/// [`stream`]'s loop on every x86-64 (SSE2), 16 bytes a store.
+///
+/// # Safety
+/// [`stream`]'s.
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_sse2(d: *mut u8, s: *const u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    for i in (0..len).step_by(16) {
+        // SAFETY: the caller's contract; `d + i` is 16-byte aligned.
+        unsafe { _mm_stream_si128(d.add(i).cast::<__m128i>(), _mm_loadu_si128(s.add(i).cast::<__m128i>())) };
+    }
 }
 
 /// [`stream`]'s AVX-512 loop.
@@ -150,6 +160,36 @@ mod tests {
         }
         assert!(fast.capacity() * 4 >= MIN_BUFFER, "the last appends took the fast path");
         assert_eq!(fast, slow);
+    }
+
+    /// One of [`stream`]'s loops.
+    #[cfg(target_arch = "x86_64")]
+    type StoreLoop = unsafe fn(*mut u8, *const u8, usize);
+
+    /// Both loops, whichever this CPU would take: CI's machines need not have AVX-512.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn both_store_loops_copy_every_byte() {
+        let src = message(64 * 50 + 7);
+        let loops: [(&str, StoreLoop); 2] = [("SSE2", stream_sse2), ("AVX-512", stream_avx512)];
+        for (name, run) in loops {
+            if name == "AVX-512" && !std::arch::is_x86_feature_detected!("avx512f") {
+                continue;
+            }
+            for offset in [0, 1, 7] {
+                let mut dst = vec![0u8; 64 * 52];
+                let head = dst.as_ptr().align_offset(64);
+                let len = 64 * 50;
+                // SAFETY: `dst` holds `head + len` bytes from an aligned start, `src` `offset + len`; the CPU has
+                // the loop's instructions (checked above); one is a fresh vector, the other shared.
+                unsafe {
+                    run(dst.as_mut_ptr().add(head), src.as_ptr().add(offset), len);
+                    std::arch::x86_64::_mm_sfence();
+                }
+                assert_eq!(&dst[head..head + len], &src[offset..offset + len], "{name}, offset {offset}");
+                assert!(dst[..head].iter().chain(&dst[head + len..]).all(|&b| b == 0), "{name} wrote outside");
+            }
+        }
     }
 
     #[test]
