@@ -5,7 +5,7 @@
 //! writes is first read from memory, and the copy runs at memory's speed for two passes, not one. The ~100M
 //! GPT's engine spent 1.5% of its core there (1,024 × 4,096 layers of 16 MiB). Non-temporal stores write whole
 //! lines without reading them: the same copy of 16 MiB layers ran at 19 GB/s (AVX-512) and 15–17 GB/s (SSE2)
-//! against 9 GB/s, and reading the layer afterwards, as the kernels do, ran 6–10% slower (the copy no longer
+//! against 9 GB/s, and reading the layer afterwards, as the kernels do, ran 2–10% slower (the copy no longer
 //! leaves its lines in a cache too small to keep them until then). A buffer that fits the cache keeps ordinary
 //! stores, which leave it there for the kernels.
 
@@ -44,7 +44,7 @@ pub(super) fn extend<T: bytemuck::Pod>(out: &mut Vec<T>, bytes: &[u8]) {
 
 /// What [`extend`] does, word by word through ordinary stores: the reference it is tested against, and its path
 /// for small buffers and short copies.
-pub(super) fn reference<T: bytemuck::Pod>(out: &mut Vec<T>, bytes: &[u8]) {
+fn reference<T: bytemuck::Pod>(out: &mut Vec<T>, bytes: &[u8]) {
     out.extend(bytes.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned::<T>));
 }
 
